@@ -1,0 +1,356 @@
+"""The per-host agent: starts, watches and stops the tasks of one host.
+
+Runs on the host (over SSH, or as a plain subprocess for simulated hosts) and
+speaks newline-delimited JSON with the supervisor, one object per line.
+
+supervisor -> agent (`op`): start {task, generation, argv, cwd, env, tf_config},
+signal {task, signum}, stop {tasks|null, grace_s}, exec_check {id, argv}.
+agent -> supervisor (`ev`, each with `t`): hello, started {task, pid},
+start_failed {task, error}, output {task, stream, text}, progress {task, data},
+exited {task, code|signal, stopping, tail, error}, heartbeat {tasks: {cpu,
+rss_mb}}, exec_result, log, bye.
+
+Guarantees:
+- every task runs in its own session/process group; stopping a task signals
+  the whole group (and every descendant psutil can still see);
+- TF_CONFIG is written to a 0600 file in the run directory and exported to the
+  task; it never appears on a command line;
+- when stdin closes (the launcher died, or the SSH connection dropped) every
+  task is stopped and the agent exits: no orphan outlives its launcher.
+
+Shipped to hosts as-is: standard library only (psutil is used when present).
+Must not import anything of the launcher side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+try:  # Optional on hosts: adds CPU/RSS to heartbeats and finds escaped children.
+    import psutil
+except ImportError:  # pragma: no cover - depends on the host
+    psutil = None
+
+from launcher import __version__
+
+HEARTBEAT_EVERY_S = 1.0
+TAIL_LINES = 30
+# After a task exits, how long to let its output pipes drain (a grandchild
+# that inherited them may keep them open forever).
+DRAIN_S = 1.0
+PR_SET_PDEATHSIG = 1
+
+
+def _pdeathsig_preexec():
+    """In the child: own session, and SIGKILL if the agent itself dies abruptly."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    except OSError:  # not Linux
+        libc = None
+
+    def preexec() -> None:
+        os.setsid()
+        if libc is not None:
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+    return preexec
+
+
+class Emitter:
+    """Writes events to the supervisor; one lock so lines never interleave."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+        self._lock = threading.Lock()
+
+    def __call__(self, event: str, **fields: Any) -> None:
+        fields["ev"] = event
+        fields.setdefault("t", time.time())
+        data = (json.dumps(fields, separators=(",", ":")) + "\n").encode()
+        with self._lock:
+            try:
+                self._stream.write(data)
+                self._stream.flush()
+            except (BrokenPipeError, ValueError, OSError):
+                pass  # the supervisor is gone; stdin EOF will stop us
+
+
+class RunningTask:
+    def __init__(self, name: str, generation: int, proc: subprocess.Popen, error_file: str):
+        self.name = name
+        self.generation = generation
+        self.proc = proc
+        self.error_file = error_file
+        self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        self.readers: list[threading.Thread] = []
+        self.stopping = False
+        self.ps = psutil.Process(proc.pid) if psutil else None
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def signal_tree(self, signum: int) -> None:
+        """Signal the task's process group and any descendant that left it."""
+        victims = []
+        if self.ps is not None:
+            try:
+                victims = self.ps.children(recursive=True)
+            except psutil.Error:
+                victims = []
+        try:
+            os.killpg(self.proc.pid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass
+        for child in victims:
+            try:
+                child.send_signal(signum)
+            except psutil.Error:
+                pass
+
+
+class Agent:
+    def __init__(self, host: str, run_dir: str, emit: Emitter, eof_grace_s: float) -> None:
+        self.host = host
+        self.run_dir = os.path.abspath(os.path.expanduser(run_dir))
+        self.emit = emit
+        self.eof_grace_s = eof_grace_s
+        self.tasks: dict[str, RunningTask] = {}
+        self.lock = threading.Lock()
+        self.code_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        self.preexec = _pdeathsig_preexec()
+        self.progress_fds: dict[int, str] = {}
+
+    # ------------------------------------------------------------------ commands
+
+    def handle(self, message: dict[str, Any]) -> None:
+        op = message.get("op")
+        if op == "start":
+            self.start(message)
+        elif op == "signal":
+            task = self.tasks.get(message["task"])
+            if task is not None and task.alive():
+                task.signal_tree(int(message["signum"]))
+        elif op == "stop":
+            self.stop(message.get("tasks"), float(message.get("grace_s", 3.0)))
+        elif op == "exec_check":
+            self.exec_check(message)
+        else:
+            self.emit("log", text=f"unknown op {op!r}")
+
+    def _private_dir(self, *parts: str) -> str:
+        path = os.path.join(self.run_dir, *parts)
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        return path
+
+    def start(self, message: dict[str, Any]) -> None:
+        name = message["task"]
+        generation = int(message.get("generation", 0))
+        with self.lock:
+            old = self.tasks.get(name)
+            if old is not None and old.alive():
+                self.emit("start_failed", task=name, generation=generation,
+                          error=f"task {name} is still running (pid {old.proc.pid})")
+                return
+        try:
+            config_dir = self._private_dir("tf_config")
+            tf_config_file = os.path.join(config_dir, f"{name}.json")
+            fd = os.open(tf_config_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            os.fchmod(fd, 0o600)  # the file may predate us with wider bits
+            with os.fdopen(fd, "w") as handle:
+                handle.write(message["tf_config"])
+            error_file = os.path.join(self._private_dir("errors"), f"{name}-gen{generation}.json")
+            if os.path.exists(error_file):
+                os.unlink(error_file)
+            progress_read, progress_write = os.pipe()
+            env = dict(os.environ)
+            env.update(message.get("env", {}))
+            env["TF_CONFIG"] = message["tf_config"]
+            env["MGPU_TF_CONFIG_FILE"] = tf_config_file
+            env["MGPU_ERROR_FILE"] = error_file
+            env["MGPU_PROGRESS_FD"] = str(progress_write)
+            env["PYTHONPATH"] = os.pathsep.join(
+                p for p in (self.code_dir, env.get("PYTHONPATH", "")) if p
+            )
+            proc = subprocess.Popen(
+                message["argv"],
+                cwd=message.get("cwd") or None,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                pass_fds=(progress_write,),
+                preexec_fn=self.preexec,
+            )
+        except (OSError, KeyError, ValueError) as exc:
+            if "progress_write" in locals():
+                os.close(progress_read)
+                os.close(progress_write)
+            self.emit("start_failed", task=name, generation=generation,
+                      error=f"{type(exc).__name__}: {exc}")
+            return
+        os.close(progress_write)  # the task holds the only write end now
+        task = RunningTask(name, generation, proc, error_file)
+        with self.lock:
+            self.tasks[name] = task
+        self.emit("started", task=name, generation=generation, pid=proc.pid)
+        for stream_name, stream in (("stdout", proc.stdout), ("stderr", proc.stderr)):
+            reader = threading.Thread(
+                target=self._read_output, args=(task, stream_name, stream), daemon=True
+            )
+            reader.start()
+            task.readers.append(reader)
+        threading.Thread(target=self._read_progress, args=(task, progress_read),
+                         daemon=True).start()
+        threading.Thread(target=self._wait, args=(task,), daemon=True).start()
+
+    def _read_output(self, task: RunningTask, stream_name: str, stream) -> None:
+        for raw in iter(stream.readline, b""):
+            text = raw.decode("utf-8", "replace").rstrip("\r\n")
+            task.tail.append(text)
+            self.emit("output", task=task.name, generation=task.generation,
+                      stream=stream_name, text=text)
+        stream.close()
+
+    def _read_progress(self, task: RunningTask, fd: int) -> None:
+        with os.fdopen(fd, "rb") as stream:
+            for raw in stream:
+                try:
+                    data = json.loads(raw)
+                except ValueError:
+                    continue
+                if isinstance(data, dict):
+                    self.emit("progress", task=task.name, generation=task.generation, data=data)
+
+    def _wait(self, task: RunningTask) -> None:
+        code = task.proc.wait()
+        for reader in task.readers:
+            reader.join(timeout=DRAIN_S)
+        error = None
+        try:
+            with open(task.error_file) as handle:
+                error = json.load(handle)
+        except (OSError, ValueError):
+            pass
+        self.emit(
+            "exited",
+            task=task.name,
+            generation=task.generation,
+            code=code if code >= 0 else None,
+            signal=-code if code < 0 else None,
+            stopping=task.stopping,
+            tail=list(task.tail),
+            error=error,
+        )
+
+    def stop(self, names: list[str] | None, grace_s: float) -> None:
+        """SIGTERM now, SIGKILL whatever is left after the grace period."""
+        with self.lock:
+            victims = [t for n, t in self.tasks.items() if (names is None or n in names)]
+        victims = [t for t in victims if t.alive()]
+        for task in victims:
+            task.stopping = True
+            task.signal_tree(signal.SIGTERM)
+        if victims:
+            timer = threading.Timer(grace_s, self._kill_leftovers, args=(victims,))
+            timer.daemon = True
+            timer.start()
+
+    def _kill_leftovers(self, victims: list[RunningTask]) -> None:
+        for task in victims:
+            if task.alive():
+                task.signal_tree(signal.SIGKILL)
+
+    def exec_check(self, message: dict[str, Any]) -> None:
+        """Run a short command (used by `mgpu-launch check`) and report its output."""
+        try:
+            done = subprocess.run(message["argv"], capture_output=True, text=True,
+                                  timeout=float(message.get("timeout_s", 60)),
+                                  cwd=message.get("cwd") or None)
+            self.emit("exec_result", id=message.get("id"), code=done.returncode,
+                      stdout=done.stdout[-20000:], stderr=done.stderr[-5000:])
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            self.emit("exec_result", id=message.get("id"), code=None,
+                      stdout="", stderr=f"{type(exc).__name__}: {exc}")
+
+    # ------------------------------------------------------------------ background
+
+    def heartbeat_forever(self) -> None:
+        while True:
+            stats = {}
+            with self.lock:
+                tasks = list(self.tasks.values())
+            for task in tasks:
+                if task.alive() and task.ps is not None:
+                    stats[task.name] = _tree_usage(task.ps)
+            self.emit("heartbeat", tasks=stats)
+            time.sleep(HEARTBEAT_EVERY_S)
+
+    def shutdown(self) -> None:
+        """stdin closed: stop every task, wait for them, then return."""
+        self.stop(None, self.eof_grace_s)
+        deadline = time.monotonic() + self.eof_grace_s + 2.0
+        for task in list(self.tasks.values()):
+            remaining = max(0.0, deadline - time.monotonic())
+            try:
+                task.proc.wait(timeout=remaining)
+            except subprocess.TimeoutExpired:
+                task.signal_tree(signal.SIGKILL)
+
+
+def _tree_usage(proc) -> dict[str, float]:
+    cpu, rss = 0.0, 0
+    try:
+        members = [proc, *proc.children(recursive=True)]
+    except psutil.Error:
+        return {"cpu": 0.0, "rss_mb": 0.0}
+    for member in members:
+        try:
+            cpu += member.cpu_percent(None)
+            rss += member.memory_info().rss
+        except psutil.Error:
+            continue
+    return {"cpu": round(cpu, 1), "rss_mb": round(rss / 2**20, 1)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="launcher.agent")
+    parser.add_argument("--host", required=True, help="host name as the launcher knows it")
+    parser.add_argument("--run-dir", required=True)
+    parser.add_argument("--eof-grace", type=float, default=2.0,
+                        help="SIGTERM->SIGKILL grace when the launcher goes away")
+    args = parser.parse_args(argv)
+    # Ctrl-C in the launcher's terminal is the launcher's to handle.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    emit = Emitter(sys.stdout.buffer)
+    agent = Agent(args.host, args.run_dir, emit, args.eof_grace)
+    os.makedirs(agent.run_dir, mode=0o700, exist_ok=True)
+    emit("hello", host=args.host, pid=os.getpid(), version=__version__,
+         python=sys.executable, python_version=sys.version.split()[0],
+         hostname=socket.gethostname(), run_dir=agent.run_dir, psutil=psutil is not None)
+    threading.Thread(target=agent.heartbeat_forever, daemon=True).start()
+    for raw in sys.stdin.buffer:
+        try:
+            message = json.loads(raw)
+        except ValueError:
+            emit("log", text=f"ignored a line that is not JSON: {raw[:80]!r}")
+            continue
+        agent.handle(message)
+    agent.shutdown()
+    emit("bye")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""Runs the user's training script inside a task: `python -m launcher.bootstrap SCRIPT ARGS`.
+
+Owns what must happen in the task process before and around the user's code:
+- the script runs as `__main__` with `sys.argv` and `sys.path[0]` exactly as
+  `python SCRIPT ARGS` would set them, so an unmodified script works;
+- an uncaught exception is written (type, message, traceback) to
+  `MGPU_ERROR_FILE`, so the launcher can name the root cause without asking
+  the user to decorate their code.
+
+Shipped to hosts; standard library only. Must not import the launcher side.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import sys
+import traceback
+
+
+def _write_error(exc: BaseException) -> None:
+    path = os.environ.get("MGPU_ERROR_FILE")
+    if not path:
+        return
+    frames = traceback.extract_tb(exc.__traceback__)
+    # Hide this module's own frames: the user's code starts below runpy.
+    frames = [f for f in frames if not f.filename.endswith(("bootstrap.py", "runpy.py"))]
+    record = {
+        "type": type(exc).__name__,
+        "message": str(exc)[:2000],
+        "traceback": "".join(traceback.format_list(frames[-12:]))[-6000:],
+    }
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            json.dump(record, handle)
+    except OSError:
+        pass
+
+
+def main() -> None:
+    if len(sys.argv) < 2:
+        sys.exit("usage: python -m launcher.bootstrap SCRIPT [ARGS...]")
+    script = sys.argv[1]
+    sys.argv = sys.argv[1:]
+    sys.path[0] = os.path.dirname(os.path.abspath(script))
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit:
+        raise
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:
+        _write_error(exc)
+        raise
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,283 @@
+"""The command line: parse arguments, read files and environment, print, exit.
+
+Owns every exit code and every top-level message. The only module that turns
+outcomes (RunResult) and faults (ConfigError, TransportError, ...) into text
+and exit codes:
+
+    0 the job finished   1 the job failed   2 bad configuration or usage
+    130 interrupted (SIGINT)   143 terminated (SIGTERM)
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import queue
+import signal
+import socket
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from . import __version__
+from .config import ConfigError, LoadedConfig, dump_config, load_config, local_config
+from .plan import Plan, PlanError, build_plan, ports_needed, render_plan, resolve_script
+from .printer import Printer
+from .rundir import RunRecorder
+from .supervisor import RestartPolicy, RunResult, Supervisor
+from .transport import TransportError
+from .transport.local import LocalTransport
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+# Subcommand -> module with `main(argv) -> int`, imported only when used.
+SUBCOMMANDS = {
+    "check": "launcher.check",        # check a cluster before a run
+    "simulate": "launcher.sshsim",    # start simulated SSH hosts on loopback
+    "status": "launcher.records",     # read a run directory
+    "logs": "launcher.records",
+    "export": "launcher.export",      # Slurm / Kubernetes TFJob
+}
+
+USAGE = """\
+mgpu-launch [OPTIONS] CLUSTER.yaml SCRIPT [ARGS...]   run SCRIPT on every task of the cluster
+mgpu-launch [OPTIONS] --local N SCRIPT [ARGS...]      run N simulated hosts on this machine
+mgpu-launch --dry-run [--json] CLUSTER.yaml SCRIPT    print the plan, start nothing"""
+
+
+class UsageError(Exception):
+    pass
+
+
+def _run_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mgpu-launch", usage=USAGE,
+        description="Run a TensorFlow/Keras training script on many hosts.",
+        epilog="Other commands: mgpu-launch check CLUSTER.yaml",
+    )
+    parser.add_argument("--version", action="version", version=f"mgpu-launch {__version__}")
+    parser.add_argument("--local", type=int, metavar="N",
+                        help="run N simulated hosts on this machine (no YAML needed)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print every task's host, role, ports, env and TF_CONFIG; start nothing")
+    parser.add_argument("--json", action="store_true", help="with --dry-run: print JSON")
+    parser.add_argument("--run-dir", help="run directory (default runs/<name>-<timestamp>)")
+    parser.add_argument("--max-restarts", type=int, metavar="N",
+                        help="override restart.max_restarts of the YAML")
+    parser.add_argument("--quiet", action="store_true",
+                        help="do not stream task output (it still goes to the log files)")
+    parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in SUBCOMMANDS:
+        try:
+            module = importlib.import_module(SUBCOMMANDS[argv[0]])
+        except ModuleNotFoundError as exc:
+            print(f"mgpu-launch: `{argv[0]}` is not available in this build ({exc})",
+                  file=sys.stderr)
+            return EXIT_USAGE
+        return module.main(argv)
+    try:
+        return _run(argv)
+    except UsageError as exc:
+        print(f"mgpu-launch: {exc}\nusage:\n{USAGE}", file=sys.stderr)
+        return EXIT_USAGE
+    except ConfigError as exc:
+        print(f"mgpu-launch: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except PlanError as exc:
+        print(f"mgpu-launch: cannot plan the job: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _load(args: argparse.Namespace) -> tuple[LoadedConfig, list[str]]:
+    rest = list(args.rest)
+    if rest and rest[0] == "--":
+        rest = rest[1:]
+    if args.local is not None:
+        if args.local < 1:
+            raise UsageError("--local needs a number of hosts >= 1")
+        if not rest:
+            raise UsageError("no training script given")
+        return local_config(args.local), rest
+    if len(rest) < 2:
+        raise UsageError("expected a cluster YAML and a training script")
+    return load_config(rest[0]), rest[1:]
+
+
+def _default_run_dir(name: str) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return Path("runs") / f"{name}-{stamp}-{os.getpid()}"
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct ports that are free on this machine right now."""
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind(("", 0))
+            sockets.append(sock)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def busy_ports(ports: Sequence[int]) -> list[int]:
+    """The ports among `ports` that something on this machine already holds."""
+    busy = []
+    for port in ports:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("", port))
+            except OSError:
+                busy.append(port)
+    return busy
+
+
+def _describe_port_holder(port: int) -> str:
+    try:
+        import psutil
+
+        for conn in psutil.net_connections(kind="inet"):
+            if conn.laddr and conn.laddr.port == port and conn.status == psutil.CONN_LISTEN:
+                if conn.pid:
+                    proc = psutil.Process(conn.pid)
+                    return f" (held by pid {conn.pid}: {' '.join(proc.cmdline())[:80]})"
+    except Exception:  # best effort: psutil may lack the rights to look
+        pass
+    return ""
+
+
+def _run(argv: list[str]) -> int:
+    args = _run_parser().parse_args(argv)
+    if args.json and not args.dry_run:
+        raise UsageError("--json goes with --dry-run")
+    loaded, command = _load(args)
+    config = loaded.config
+    local = config.transport == "local"
+    launch_cwd = Path.cwd()
+    if local:
+        command = list(resolve_script(command, launch_cwd))
+        if not Path(command[0]).exists():
+            raise UsageError(f"training script not found: {command[0]}")
+    run_dir = Path(args.run_dir) if args.run_dir else _default_run_dir(config.name)
+    run_dir = run_dir.resolve()
+    default_python = sys.executable if local else "python3"
+    num_ports = ports_needed(config)
+
+    def make_plan(generation: int) -> Plan:
+        ports = None
+        if config.ports.base == "auto":
+            ports = free_ports(num_ports) if not args.dry_run else None
+        return build_plan(loaded, command, run_dir=str(run_dir), ports=ports,
+                          generation=generation, default_python=default_python,
+                          launch_cwd=str(launch_cwd))
+
+    if args.dry_run:
+        plan = build_plan(
+            loaded, command, run_dir=str(run_dir), default_python=default_python,
+            launch_cwd=str(launch_cwd),
+            ports=None if config.ports.base != "auto" else list(range(1, num_ports + 1)),
+        )
+        if args.json:
+            print(json.dumps(plan.to_json(), indent=2))
+        else:
+            if config.ports.base == "auto":
+                print("(ports.base is auto: ports are picked at launch; shown as 1, 2, ...)")
+            print(render_plan(plan))
+        return EXIT_OK
+
+    first_plan = make_plan(0)
+    if local:
+        busy = busy_ports([t.port for t in first_plan.tasks if t.port])
+        if busy:
+            details = ", ".join(f"{p}{_describe_port_holder(p)}" for p in busy)
+            print(f"mgpu-launch: port(s) already in use on this machine: {details}\n"
+                  "  stop what holds them, set `ports: {base: <other port>}`, "
+                  "or `ports: {base: auto}`", file=sys.stderr)
+            return EXIT_USAGE
+    max_restarts = config.restart.max_restarts if args.max_restarts is None else args.max_restarts
+    return _launch(loaded, first_plan, make_plan, run_dir, args, max_restarts)
+
+
+def _launch(loaded: LoadedConfig, first_plan: Plan, make_plan, run_dir: Path,
+            args: argparse.Namespace, max_restarts: int) -> int:
+    config = loaded.config
+    printer = Printer([t.label for t in first_plan.tasks], quiet=args.quiet)
+    if config.transport == "local":
+        transport = LocalTransport()
+    else:
+        from .transport.ssh import SSHTransport  # paramiko is imported only when needed
+
+        transport = SSHTransport()
+    events: queue.Queue = queue.Queue()
+    printer.notice(
+        f"job {config.name!r}: {len(first_plan.tasks)} tasks on {len(first_plan.hosts)} "
+        f"{'simulated ' if config.transport == 'local' else ''}hosts, "
+        f"strategy {config.strategy}; run dir {run_dir}"
+    )
+    try:
+        links = transport.connect(first_plan.hosts, str(run_dir), events)
+    except TransportError as exc:
+        print(f"mgpu-launch: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+    recorder = RunRecorder(run_dir)
+    recorder.write_config(dump_config(loaded))
+    supervisor = Supervisor(
+        make_plan=lambda g: first_plan if g == 0 else make_plan(g),
+        links=links, events=events, recorder=recorder, printer=printer,
+        policy=RestartPolicy(max_restarts=max_restarts, backoff_s=config.restart.backoff_s),
+    )
+    previous = {
+        sig: signal.signal(sig, lambda signum, _frame: supervisor.request_stop(signum))
+        for sig in (signal.SIGINT, signal.SIGTERM)
+    }
+    try:
+        result = supervisor.run()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for link in links.values():
+            link.close()
+        transport.close()
+    recorder.write_summary(result.to_json())
+    recorder.close()
+    _print_outcome(printer, result, run_dir)
+    return exit_code(result)
+
+
+def exit_code(result: RunResult) -> int:
+    if result.status == "succeeded":
+        return EXIT_OK
+    if result.status == "interrupted":
+        return 128 + (result.interrupted_by or signal.SIGINT)
+    return EXIT_FAILED
+
+
+def _print_outcome(printer: Printer, result: RunResult, run_dir: Path) -> None:
+    restarts = f"{result.restarts} restart{'s' if result.restarts != 1 else ''}"
+    printer.notice(f"job {result.status} in {result.wall_s:.1f} s ({restarts})")
+    if result.root_cause is not None:
+        cause = result.root_cause
+        printer.notice(f"root cause: {cause.describe()}")
+        if cause.error and cause.error.get("traceback"):
+            printer.notice("traceback (most recent call last):\n" + cause.error["traceback"]
+                           .rstrip())
+        if cause.last_lines:
+            printer.notice("its last lines:")
+            for line in cause.last_lines[-10:]:
+                printer.notice(f"  {line}")
+    printer.notice(f"logs: {run_dir / 'logs'}   summary: {run_dir / 'summary.json'}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

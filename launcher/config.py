@@ -1,0 +1,365 @@
+"""Load and validate the cluster YAML.
+
+Owns: the schema of the cluster file (pydantic models), YAML line numbers for
+every key, and the translation of validation failures into `ConfigError`s that
+name the file, the line, the key path and what was expected.
+
+Must not import: plan, transport, supervisor, cli (the flow is one-way).
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+ROLES = ("chief", "worker", "ps", "evaluator")
+DEFAULT_PORT_BASE = 23456
+
+
+class _Strict(BaseModel):
+    # An unknown key is an error: a typo must never be silently ignored.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SSHSettings(_Strict):
+    user: str | None = None
+    port: int = Field(default=22, ge=1, le=65535)
+    identity_file: str | None = None
+    known_hosts: str = "~/.ssh/known_hosts"
+    host_key_policy: Literal["strict", "accept-new"] = "strict"
+    config_file: str | None = "~/.ssh/config"
+    connect_timeout_s: float = Field(default=10.0, gt=0)
+
+
+class HostSpec(_Strict):
+    address: str = Field(min_length=1)
+    # Display name used in output prefixes and log file names (default: address).
+    name: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.\-]+$")
+    gpus: list[int] = Field(default_factory=list)
+    roles: dict[Literal["chief", "worker", "ps", "evaluator"], int] = Field(
+        default_factory=lambda: {"worker": 1}
+    )
+    python: str | None = None
+    # Per-host overrides of the `ssh:` section.
+    user: str | None = None
+    port: int | None = Field(default=None, ge=1, le=65535)
+    identity_file: str | None = None
+    known_hosts: str | None = None
+    host_key_policy: Literal["strict", "accept-new"] | None = None
+    config_file: str | None = None
+    connect_timeout_s: float | None = Field(default=None, gt=0)
+
+    @field_validator("roles")
+    @classmethod
+    def _counts_non_negative(cls, roles: dict[str, int]) -> dict[str, int]:
+        for role, count in roles.items():
+            if count < 0:
+                raise ValueError(f"count of {role!r} must be 0 or more, got {count}")
+        return roles
+
+    @field_validator("gpus")
+    @classmethod
+    def _gpu_ids(cls, gpus: list[int]) -> list[int]:
+        if any(g < 0 for g in gpus) or len(set(gpus)) != len(gpus):
+            raise ValueError("GPU ids must be distinct non-negative integers")
+        return gpus
+
+
+class CheckpointSettings(_Strict):
+    dir: str | None = None
+    save_freq: Literal["epoch"] | int = "epoch"
+
+    @field_validator("save_freq")
+    @classmethod
+    def _positive_steps(cls, value: str | int) -> str | int:
+        if isinstance(value, int) and value <= 0:
+            raise ValueError("save_freq must be 'epoch' or a positive number of steps")
+        return value
+
+
+class RestartPolicy(_Strict):
+    max_restarts: int = Field(default=3, ge=0)
+    backoff_s: float = Field(default=1.0, ge=0)
+    heartbeat_timeout_s: float = Field(default=10.0, gt=0)
+    hang_timeout_s: float = Field(default=300.0, gt=0)
+    on_host_loss: Literal["wait", "shrink"] = "wait"
+    min_workers: int = Field(default=1, ge=1)
+    # SIGTERM -> SIGKILL grace when tasks are stopped (teardown, Ctrl-C).
+    grace_s: float = Field(default=3.0, ge=0)
+
+
+class PortSettings(_Strict):
+    base: Literal["auto"] | int = DEFAULT_PORT_BASE
+
+    @field_validator("base")
+    @classmethod
+    def _port_range(cls, value: str | int) -> str | int:
+        if isinstance(value, int) and not 1024 <= value <= 65000:
+            raise ValueError("ports.base must be 'auto' or a port between 1024 and 65000")
+        return value
+
+
+class ClusterConfig(_Strict):
+    name: str = Field(default="job", pattern=r"^[A-Za-z0-9_.\-]+$")
+    transport: Literal["ssh", "local"] = "ssh"
+    python: str | None = None
+    workdir: str | None = None
+    strategy: Literal["multi_worker_mirrored", "parameter_server", "legacy_server"] = (
+        "multi_worker_mirrored"
+    )
+    keras: Literal["auto", "keras3", "tf_keras"] = "auto"
+    env: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    ssh: SSHSettings = Field(default_factory=SSHSettings)
+    hosts: list[HostSpec] = Field(min_length=1)
+    checkpoint: CheckpointSettings = Field(default_factory=CheckpointSettings)
+    restart: RestartPolicy = Field(default_factory=RestartPolicy)
+    ports: PortSettings = Field(default_factory=PortSettings)
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, env: dict[str, Any]) -> dict[str, Any]:
+        for key in env:
+            if not key.replace("_", "a").isalnum() or key[0].isdigit():
+                raise ValueError(f"{key!r} is not a valid environment variable name")
+            if key == "TF_CONFIG" or key.startswith("MGPU_"):
+                raise ValueError(f"{key} is set by mgpu-launch for each task; remove it")
+        return env
+
+    def env_strings(self) -> dict[str, str]:
+        """`env` with every value as the string a process sees."""
+        out = {}
+        for key, value in self.env.items():
+            out[key] = ("1" if value else "0") if isinstance(value, bool) else str(value)
+        return out
+
+
+@dataclass(frozen=True)
+class LoadedConfig:
+    """A validated config plus where it came from (for messages and paths)."""
+
+    config: ClusterConfig
+    source: Path | None  # None for configs built in code (e.g. --local N)
+    base_dir: Path  # relative paths in the YAML resolve against this
+
+    def resolve_path(self, value: str | None) -> Path | None:
+        if value is None:
+            return None
+        path = Path(os.path.expanduser(value))
+        return path if path.is_absolute() else (self.base_dir / path).resolve()
+
+
+class ConfigError(Exception):
+    """A cluster file that cannot be used. `problems` holds one line per issue."""
+
+    def __init__(self, source: str, problems: list[str]):
+        self.source = source
+        self.problems = problems
+        listing = "\n".join(f"  {p}" for p in problems)
+        super().__init__(f"invalid cluster config {source}:\n{listing}")
+
+
+# --------------------------------------------------------------------------- YAML
+
+
+def _key_lines(text: str, source: str) -> dict[tuple, int]:
+    """Map every key path (('hosts', 0, 'roles'), ...) to its 1-based YAML line.
+
+    Also rejects duplicate keys, which PyYAML would silently collapse.
+    """
+    root = yaml.compose(text, Loader=yaml.SafeLoader)
+    lines: dict[tuple, int] = {}
+    duplicates: list[str] = []
+
+    def walk(node: yaml.Node, path: tuple) -> None:
+        lines.setdefault(path, node.start_mark.line + 1)
+        if isinstance(node, yaml.MappingNode):
+            seen: set = set()
+            for key_node, value_node in node.value:
+                key = key_node.value if isinstance(key_node, yaml.ScalarNode) else str(key_node)
+                if key in seen:
+                    duplicates.append(
+                        f"{source}:{key_node.start_mark.line + 1}: "
+                        f"{_dotted(path + (key,))}: duplicate key"
+                    )
+                seen.add(key)
+                lines[path + (key,)] = key_node.start_mark.line + 1
+                walk(value_node, path + (key,))
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                walk(item, path + (i,))
+
+    if root is not None:
+        walk(root, ())
+    if duplicates:
+        raise ConfigError(source, duplicates)
+    return lines
+
+
+def _dotted(path: tuple) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"
+
+
+def _line_for(lines: dict[tuple, int], path: tuple) -> int | None:
+    for end in range(len(path), -1, -1):
+        if path[:end] in lines:
+            return lines[path[:end]]
+    return None
+
+
+def _model_for(path: tuple) -> type[BaseModel] | None:
+    """The pydantic model that owns the mapping at `path` (for key suggestions)."""
+    model: type[BaseModel] | None = ClusterConfig
+    for part in path:
+        if model is None:
+            return None
+        if isinstance(part, int):
+            continue
+        field = model.model_fields.get(part)
+        if field is None:
+            return None
+        annotation = field.annotation
+        args = getattr(annotation, "__args__", ()) or ()
+        candidates = [annotation, *args]
+        model = next(
+            (c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None
+        )
+    return model
+
+
+def _describe(error: dict) -> tuple[tuple, str]:
+    loc = tuple(p for p in error["loc"] if p not in ("[key]",))
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        parent, key = loc[:-1], loc[-1]
+        model = _model_for(parent)
+        allowed = sorted(model.model_fields) if model else []
+        close = difflib.get_close_matches(str(key), allowed, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        return loc, f"unknown key {key!r}{hint} (expected one of: {', '.join(allowed)})"
+    if kind == "missing":
+        return loc, "required key is missing"
+    if kind == "literal_error" and "[key]" in error["loc"]:
+        return loc, f"unknown role {loc[-1]!r} (expected one of: {', '.join(ROLES)})"
+    message = error["msg"]
+    if message.startswith("Value error, "):
+        message = message[len("Value error, ") :]
+    got = error.get("input")
+    if kind not in ("missing",) and not isinstance(got, dict | list):
+        message += f" (got {got!r})"
+    return loc, message
+
+
+def parse_config(text: str, source: str = "<string>", base_dir: Path | None = None) -> LoadedConfig:
+    """Validate YAML text. Raises ConfigError with one line per problem."""
+    try:
+        lines = _key_lines(text, source)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+        where = f"{source}:{mark.line + 1}" if mark else source
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(source, [f"{where}: not valid YAML: {problem}"]) from None
+    if not isinstance(data, dict):
+        raise ConfigError(source, [f"{source}:1: expected a mapping of keys (name, hosts, ...)"])
+    try:
+        config = ClusterConfig.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            loc, message = _describe(error)
+            line = _line_for(lines, loc)
+            where = f"{source}:{line}" if line else source
+            problems.append(f"{where}: {_dotted(loc)}: {message}")
+        raise ConfigError(source, problems) from None
+    problems = [f"{source}:{_line_for(lines, loc)}: {_dotted(loc)}: {msg}"
+                for loc, msg in _semantic_problems(config)]
+    if problems:
+        raise ConfigError(source, problems)
+    return LoadedConfig(config=config, source=None, base_dir=base_dir or Path.cwd())
+
+
+def _semantic_problems(config: ClusterConfig) -> list[tuple[tuple, str]]:
+    """Checks that span several keys (pydantic sees one field at a time)."""
+    problems: list[tuple[tuple, str]] = []
+    totals = {role: sum(h.roles.get(role, 0) for h in config.hosts) for role in ROLES}
+    names = [h.name or h.address for h in config.hosts]
+    for i, host in enumerate(config.hosts):
+        if not any(host.roles.values()):
+            problems.append((("hosts", i, "roles"), "this host runs no task; give it a role"))
+        if names.count(names[i]) > 1 and host.name is None and names.index(names[i]) != i:
+            problems.append(
+                (("hosts", i, "address"),
+                 f"address {host.address!r} is listed twice; give each entry a distinct `name:`")
+            )
+        elif names.count(names[i]) > 1 and names.index(names[i]) != i:
+            problems.append((("hosts", i, "name"), f"name {names[i]!r} is used twice"))
+    if totals["chief"] > 1:
+        problems.append((("hosts",), f"at most one chief, found {totals['chief']}"))
+    if totals["evaluator"] > 1:
+        problems.append((("hosts",), f"at most one evaluator, found {totals['evaluator']}"))
+    if config.strategy == "multi_worker_mirrored":
+        if totals["ps"]:
+            problems.append(
+                (("strategy",), "multi_worker_mirrored has no ps tasks; "
+                 "remove `ps` roles or use strategy: parameter_server")
+            )
+        if totals["worker"] + totals["chief"] == 0:
+            problems.append((("hosts",), "no worker: give at least one host `roles: {worker: 1}`"))
+    elif config.strategy == "parameter_server":
+        if totals["chief"] != 1 or totals["ps"] < 1 or totals["worker"] < 1:
+            problems.append(
+                (("strategy",), "parameter_server needs one chief, at least one ps and one worker "
+                 f"(found chief={totals['chief']}, ps={totals['ps']}, worker={totals['worker']})")
+            )
+    elif config.strategy == "legacy_server" and totals["worker"] + totals["chief"] == 0:
+        problems.append((("hosts",), "legacy_server needs at least one worker"))
+    addresses = {h.address for h in config.hosts}
+    if config.transport == "ssh" and len(addresses) > 1 and not config.checkpoint.dir:
+        problems.append(
+            (("checkpoint",), "checkpoint.dir is required for a multi-host ssh cluster: "
+             "a directory every host sees (NFS or similar), e.g. /shared/ckpt/NAME")
+        )
+    workers = totals["worker"] + totals["chief"]
+    if config.restart.min_workers > workers:
+        problems.append(
+            (("restart", "min_workers"),
+             f"min_workers={config.restart.min_workers} but the cluster has {workers} workers")
+        )
+    return problems
+
+
+def load_config(path: str | os.PathLike) -> LoadedConfig:
+    """Read and validate a cluster file; relative paths resolve against its folder."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(str(path), [f"{path}: cannot read: {exc.strerror}"]) from None
+    loaded = parse_config(text, source=str(path), base_dir=path.resolve().parent)
+    return LoadedConfig(config=loaded.config, source=path, base_dir=loaded.base_dir)
+
+
+def local_config(num_hosts: int, name: str = "local") -> LoadedConfig:
+    """The config behind `mgpu-launch --local N`: N simulated hosts on this machine."""
+    data = {
+        "name": name,
+        "transport": "local",
+        "hosts": [{"address": "127.0.0.1", "name": f"host{i}"} for i in range(num_hosts)],
+        "ports": {"base": "auto"},
+    }
+    return LoadedConfig(config=ClusterConfig.model_validate(data), source=None,
+                        base_dir=Path.cwd())
+
+
+def dump_config(loaded: LoadedConfig) -> str:
+    """The resolved config as YAML (written to the run directory)."""
+    return yaml.safe_dump(loaded.config.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,328 @@
+"""The plan: which task runs where, on which port, with which environment.
+
+Owns: `build_plan(loaded_config, ...) -> Plan`, a pure function returning frozen
+dataclasses. Given the same inputs it returns the same plan; it touches no
+file, socket or environment variable. `--dry-run` prints exactly this.
+
+Must not import: transport, supervisor, cli.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from .config import ClusterConfig, HostSpec, LoadedConfig
+
+# Order of roles in TF_CONFIG and in the task list: the chief first.
+ROLE_ORDER = ("chief", "worker", "ps", "evaluator")
+# Roles that belong to TF_CONFIG's `cluster`; the evaluator stays outside it,
+# as TensorFlow expects for sidecar evaluation.
+CLUSTER_ROLES = ("chief", "worker", "ps")
+
+
+class PlanError(Exception):
+    """The config is valid YAML but cannot be turned into a runnable plan."""
+
+
+@dataclass(frozen=True)
+class HostTarget:
+    """One machine (or simulated machine) and how to reach it."""
+
+    name: str
+    address: str
+    python: str
+    gpus: tuple[int, ...]
+    ssh_user: str | None
+    ssh_port: int
+    identity_file: str | None
+    known_hosts: str
+    host_key_policy: str
+    ssh_config_file: str | None
+    connect_timeout_s: float
+
+
+@dataclass(frozen=True)
+class Task:
+    """One process of the job: a role and index on a host."""
+
+    host: str  # HostTarget.name
+    role: str
+    index: int
+    address: str
+    port: int | None  # None for the evaluator, which serves no port
+    python: str
+    cwd: str
+    command: tuple[str, ...]  # script and its arguments
+    env: Mapping[str, str] = field(hash=False)
+    tf_config: Mapping[str, Any] = field(hash=False)
+
+    @property
+    def name(self) -> str:
+        """`worker0`, `chief0`, `ps1`: unique within a job."""
+        return f"{self.role}{self.index}"
+
+    @property
+    def label(self) -> str:
+        """`host0/worker0`: how the task is shown in output."""
+        return f"{self.host}/{self.name}"
+
+    @property
+    def log_name(self) -> str:
+        return f"{self.host}-{self.name}.log"
+
+    def tf_config_json(self) -> str:
+        return json.dumps(_plain(self.tf_config), sort_keys=True)
+
+    def shell_preview(self) -> str:
+        """How the task is started, for humans (the agent execs argv directly)."""
+        argv = [self.python, "-m", "launcher.bootstrap", *self.command]
+        return shlex.join(argv)
+
+
+@dataclass(frozen=True)
+class Plan:
+    name: str
+    strategy: str
+    transport: str
+    generation: int
+    run_dir: str
+    checkpoint_dir: str
+    hosts: tuple[HostTarget, ...]
+    tasks: tuple[Task, ...]
+    grace_s: float
+
+    def host(self, name: str) -> HostTarget:
+        return next(h for h in self.hosts if h.name == name)
+
+    def tasks_on(self, host_name: str) -> tuple[Task, ...]:
+        return tuple(t for t in self.tasks if t.host == host_name)
+
+    @property
+    def num_workers(self) -> int:
+        return sum(1 for t in self.tasks if t.role in ("chief", "worker"))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "strategy": self.strategy,
+            "transport": self.transport,
+            "generation": self.generation,
+            "run_dir": self.run_dir,
+            "checkpoint_dir": self.checkpoint_dir,
+            "hosts": [
+                {"name": h.name, "address": h.address, "python": h.python, "gpus": list(h.gpus)}
+                for h in self.hosts
+            ],
+            "tasks": [
+                {
+                    "host": t.host,
+                    "address": t.address,
+                    "role": t.role,
+                    "index": t.index,
+                    "port": t.port,
+                    "cwd": t.cwd,
+                    "command": t.shell_preview(),
+                    "env": dict(t.env),
+                    "tf_config": _plain(t.tf_config),
+                }
+                for t in self.tasks
+            ],
+        }
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, tuple | list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _freeze(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return MappingProxyType({k: _freeze(v) for k, v in value.items()})
+    if isinstance(value, list | tuple):
+        return tuple(_freeze(v) for v in value)
+    return value
+
+
+def host_targets(config: ClusterConfig, default_python: str) -> tuple[HostTarget, ...]:
+    return tuple(_host_target(config, h, default_python) for h in config.hosts)
+
+
+def _host_target(config: ClusterConfig, host: HostSpec, default_python: str) -> HostTarget:
+    ssh = config.ssh
+
+    def pick(own: Any, shared: Any) -> Any:
+        return shared if own is None else own
+
+    return HostTarget(
+        name=host.name or host.address,
+        address=host.address,
+        python=host.python or config.python or default_python,
+        gpus=tuple(host.gpus),
+        ssh_user=pick(host.user, ssh.user),
+        ssh_port=pick(host.port, ssh.port),
+        identity_file=pick(host.identity_file, ssh.identity_file),
+        known_hosts=pick(host.known_hosts, ssh.known_hosts),
+        host_key_policy=pick(host.host_key_policy, ssh.host_key_policy),
+        ssh_config_file=pick(host.config_file, ssh.config_file),
+        connect_timeout_s=pick(host.connect_timeout_s, ssh.connect_timeout_s),
+    )
+
+
+def ports_needed(config: ClusterConfig) -> int:
+    """How many ports a plan of this config uses (one per chief, worker and ps)."""
+    return sum(count for h in config.hosts for role, count in h.roles.items()
+               if role in CLUSTER_ROLES)
+
+
+def _keras_env(keras: str) -> dict[str, str]:
+    # tf.keras resolves to tf_keras only when this is set before TensorFlow is
+    # imported; `auto` picks tf_keras because Keras 3's Model.fit fails under
+    # MultiWorkerMirroredStrategy on this stack (DESIGN.md).
+    if keras in ("tf_keras", "auto"):
+        return {"TF_USE_LEGACY_KERAS": "1"}
+    return {"TF_USE_LEGACY_KERAS": "0"}
+
+
+def default_checkpoint_dir(loaded: LoadedConfig) -> str:
+    configured = loaded.resolve_path(loaded.config.checkpoint.dir)
+    if configured is not None:
+        return str(configured)
+    # Stable across runs of the same config, so a new launch resumes.
+    return str((loaded.base_dir / "checkpoints" / loaded.config.name).resolve())
+
+
+def build_plan(
+    loaded: LoadedConfig,
+    command: Sequence[str],
+    *,
+    run_dir: str,
+    ports: Sequence[int] | None = None,
+    generation: int = 0,
+    default_python: str = "python3",
+    launch_cwd: str = "/",
+    exclude_hosts: Sequence[str] = (),
+) -> Plan:
+    """Compute every task of the job.
+
+    `ports` are the ports to give the tasks that serve one, in task order; by
+    default `ports.base`, `ports.base + 1`, ... Ports are unique across the
+    whole job (not per host): TensorFlow's gRPC server binds every interface,
+    so simulated hosts sharing one machine would otherwise collide.
+    """
+    config = loaded.config
+    if not command:
+        raise PlanError("no training script given")
+    targets = [h for h in host_targets(config, default_python) if h.name not in exclude_hosts]
+    if not targets:
+        raise PlanError("every host is excluded; nothing to run")
+    specs = {(h.name or h.address): h for h in config.hosts}
+
+    # (role, host) slots in role order, each role indexed across hosts in order.
+    slots: list[tuple[str, int, HostTarget]] = []
+    for role in ROLE_ORDER:
+        index = 0
+        for target in targets:
+            for _ in range(specs[target.name].roles.get(role, 0)):
+                slots.append((role, index, target))
+                index += 1
+    serving = [s for s in slots if s[0] in CLUSTER_ROLES]
+    if ports is None:
+        base = config.ports.base
+        if not isinstance(base, int):
+            raise PlanError("ports.base is 'auto': the caller must pick the ports")
+        ports = [base + i for i in range(len(serving))]
+    if len(ports) < len(serving):
+        raise PlanError(f"{len(serving)} ports needed, {len(ports)} given")
+    port_of = {(role, index): ports[i] for i, (role, index, _) in enumerate(serving)}
+
+    cluster: dict[str, list[str]] = {}
+    for role, index, target in serving:
+        cluster.setdefault(role, []).append(f"{target.address}:{port_of[(role, index)]}")
+    num_workers = len(cluster.get("chief", [])) + len(cluster.get("worker", []))
+
+    checkpoint_dir = default_checkpoint_dir(loaded)
+    workdir = str(loaded.resolve_path(config.workdir) or launch_cwd)
+    shared_env = {
+        **config.env_strings(),
+        **_keras_env(config.keras),
+        # Lines reach the launcher as they are printed, not at exit.
+        "PYTHONUNBUFFERED": "1",
+        "MGPU_RUN_DIR": run_dir,
+        "MGPU_CHECKPOINT_DIR": checkpoint_dir,
+        "MGPU_GENERATION": str(generation),
+        "MGPU_NUM_WORKERS": str(num_workers),
+        "MGPU_STRATEGY": config.strategy,
+        "MGPU_SAVE_FREQ": str(config.checkpoint.save_freq),
+    }
+
+    tasks = []
+    for role, index, target in slots:
+        env = dict(shared_env)
+        env.update(MGPU_TASK_TYPE=role, MGPU_TASK_INDEX=str(index), MGPU_HOST=target.name)
+        if target.gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in target.gpus)
+        tf_config = {"cluster": cluster, "task": {"type": role, "index": index}}
+        tasks.append(
+            Task(
+                host=target.name,
+                role=role,
+                index=index,
+                address=target.address,
+                port=port_of.get((role, index)),
+                python=target.python,
+                cwd=workdir,
+                command=tuple(command),
+                env=MappingProxyType(dict(sorted(env.items()))),
+                tf_config=_freeze(tf_config),
+            )
+        )
+    return Plan(
+        name=config.name,
+        strategy=config.strategy,
+        transport=config.transport,
+        generation=generation,
+        run_dir=run_dir,
+        checkpoint_dir=checkpoint_dir,
+        hosts=tuple(targets),
+        tasks=tuple(tasks),
+        grace_s=config.restart.grace_s,
+    )
+
+
+def render_plan(plan: Plan) -> str:
+    """The human-readable form of `--dry-run`."""
+    out = [
+        f"job {plan.name!r}: strategy {plan.strategy}, transport {plan.transport}, "
+        f"{len(plan.tasks)} tasks on {len(plan.hosts)} hosts, generation {plan.generation}",
+        f"run dir:        {plan.run_dir}",
+        f"checkpoint dir: {plan.checkpoint_dir}",
+        "",
+    ]
+    for task in plan.tasks:
+        port = f":{task.port}" if task.port else " (no port)"
+        out.append(f"{task.label}  {task.address}{port}")
+        out.append(f"  cwd:       {task.cwd}")
+        out.append(f"  command:   {task.shell_preview()}")
+        out.append(f"  TF_CONFIG: {task.tf_config_json()}")
+        for key, value in task.env.items():
+            out.append(f"  env:       {key}={value}")
+        out.append("")
+    return "\n".join(out)
+
+
+def resolve_script(command: Sequence[str], cwd: Path) -> tuple[str, ...]:
+    """Make the script path absolute when it exists here (local transport)."""
+    script, *args = command
+    path = Path(script)
+    if not path.is_absolute() and (cwd / path).exists():
+        script = str((cwd / path).resolve())
+    return (script, *args)

@@ -1,0 +1,59 @@
+"""The run directory: `config.yaml`, `logs/`, `events.jsonl`, `summary.json`.
+
+Owns every file the launcher writes about a run. Written only from the
+supervisor thread. Files are created readable by the user only: logs can
+contain anything a training script prints.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import IO, Any
+
+
+def _private_open(path: Path, mode: str) -> IO[str]:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | (os.O_APPEND if "a" in mode else os.O_TRUNC),
+                 0o600)
+    return os.fdopen(fd, mode, buffering=1)
+
+
+class RunRecorder:
+    def __init__(self, run_dir: Path, clock=time.time) -> None:
+        self.run_dir = Path(run_dir)
+        self.logs_dir = self.run_dir / "logs"
+        self.logs_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(self.run_dir, 0o700)
+        self._clock = clock
+        self._events = _private_open(self.run_dir / "events.jsonl", "a")
+        self._logs: dict[str, IO[str]] = {}
+
+    def write_config(self, text: str) -> None:
+        with _private_open(self.run_dir / "config.yaml", "w") as handle:
+            handle.write(text)
+
+    def event(self, event: str, **fields: Any) -> dict[str, Any]:
+        record = {"t": round(self._clock(), 6), "event": event, **fields}
+        self._events.write(json.dumps(record, default=str) + "\n")
+        return record
+
+    def log_line(self, log_name: str, text: str) -> None:
+        handle = self._logs.get(log_name)
+        if handle is None:
+            handle = self._logs[log_name] = _private_open(self.logs_dir / log_name, "a")
+        handle.write(text + "\n")
+
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        path = self.run_dir / "summary.json"
+        tmp = path.with_suffix(".json.tmp")
+        with _private_open(tmp, "w") as handle:
+            json.dump(summary, handle, indent=2, default=str)
+            handle.write("\n")
+        os.replace(tmp, path)
+
+    def close(self) -> None:
+        for handle in self._logs.values():
+            handle.close()
+        self._events.close()

@@ -1,0 +1,55 @@
+"""Transports: how the supervisor gets a pipe to one agent per host.
+
+Owns the small protocol every transport implements (`Transport.connect`) and
+the host-by-host error it raises. Local and SSH transports are siblings; the
+supervisor never knows which one it talks to.
+
+Must not import: supervisor, cli.
+"""
+
+from __future__ import annotations
+
+import queue
+from collections.abc import Sequence
+from typing import Protocol
+
+from ..plan import HostTarget
+from .link import AgentLink, AgentMessage
+
+
+class HostProblem(Exception):
+    """One host could not be used; `reason` says why and what to do."""
+
+    def __init__(self, host: str, reason: str):
+        self.host = host
+        self.reason = reason
+        super().__init__(f"{host}: {reason}")
+
+
+class TransportError(Exception):
+    """Some hosts could not be reached or prepared: every one of them is listed."""
+
+    def __init__(self, problems: Sequence[HostProblem]):
+        self.problems = list(problems)
+        lines = "\n".join(f"  {p.host}: {p.reason}" for p in self.problems)
+        count = len(self.problems)
+        super().__init__(f"{count} host{'s' if count > 1 else ''} not ready:\n{lines}")
+
+
+class Transport(Protocol):
+    def connect(
+        self, hosts: Sequence[HostTarget], run_dir: str, events: queue.Queue[AgentMessage]
+    ) -> dict[str, AgentLink]:
+        """Start one agent per host (in parallel) and wait for each one's hello.
+
+        Raises TransportError naming every host that failed; on error, agents
+        already started are shut down.
+        """
+        ...
+
+    def close(self) -> None:
+        """Release connections (agents stop their tasks when their stdin closes)."""
+        ...
+
+
+__all__ = ["AgentLink", "AgentMessage", "HostProblem", "Transport", "TransportError"]
