@@ -176,6 +176,8 @@ class Agent:
             progress_read, progress_write = os.pipe()
             env = dict(os.environ)
             env.update(message.get("env", {}))
+            if env.get("MGPU_RUN_DIR", "").startswith("~"):
+                env["MGPU_RUN_DIR"] = os.path.expanduser(env["MGPU_RUN_DIR"])
             env["TF_CONFIG"] = message["tf_config"]
             env["MGPU_TF_CONFIG_FILE"] = tf_config_file
             env["MGPU_ERROR_FILE"] = error_file

@@ -61,7 +61,8 @@ def _run_parser() -> argparse.ArgumentParser:
     parser.add_argument("--local", type=int, metavar="N",
                         help="run N simulated hosts on this machine (no YAML needed)")
     parser.add_argument("--dry-run", action="store_true",
-                        help="print every task's host, role, ports, env and TF_CONFIG; start nothing")
+                        help="print every task's host, role, ports, env and TF_CONFIG; "
+                        "start nothing")
     parser.add_argument("--json", action="store_true", help="with --dry-run: print JSON")
     parser.add_argument("--run-dir", help="run directory (default runs/<name>-<timestamp>)")
     parser.add_argument("--max-restarts", type=int, metavar="N",
@@ -146,8 +147,8 @@ def _describe_port_holder(port: int) -> str:
         import psutil
 
         for conn in psutil.net_connections(kind="inet"):
-            if conn.laddr and conn.laddr.port == port and conn.status == psutil.CONN_LISTEN:
-                if conn.pid:
+            listening = conn.laddr and conn.status == psutil.CONN_LISTEN
+            if listening and conn.laddr.port == port and conn.pid:
                     proc = psutil.Process(conn.pid)
                     return f" (held by pid {conn.pid}: {' '.join(proc.cmdline())[:80]})"
     except Exception:  # best effort: psutil may lack the rights to look

@@ -177,6 +177,18 @@ def _host_target(config: ClusterConfig, host: HostSpec, default_python: str) -> 
     )
 
 
+def host_run_dir(run_dir: str, transport: str, host: str) -> str:
+    """Where the agent of `host` keeps its files (TF_CONFIG, error reports).
+
+    Simulated hosts share this machine, so they live inside the run directory;
+    a real host gets a private folder under its user's home (the agent expands
+    the leading `~`), since the launcher's run directory is not on that host.
+    """
+    if transport == "local":
+        return str(Path(run_dir) / "hosts" / host)
+    return f"~/.mgpu-launch/runs/{Path(run_dir).name}/{host}"
+
+
 def ports_needed(config: ClusterConfig) -> int:
     """How many ports a plan of this config uses (one per chief, worker and ps)."""
     return sum(count for h in config.hosts for role, count in h.roles.items()
@@ -256,7 +268,6 @@ def build_plan(
         **_keras_env(config.keras),
         # Lines reach the launcher as they are printed, not at exit.
         "PYTHONUNBUFFERED": "1",
-        "MGPU_RUN_DIR": run_dir,
         "MGPU_CHECKPOINT_DIR": checkpoint_dir,
         "MGPU_GENERATION": str(generation),
         "MGPU_NUM_WORKERS": str(num_workers),
@@ -267,7 +278,8 @@ def build_plan(
     tasks = []
     for role, index, target in slots:
         env = dict(shared_env)
-        env.update(MGPU_TASK_TYPE=role, MGPU_TASK_INDEX=str(index), MGPU_HOST=target.name)
+        env.update(MGPU_TASK_TYPE=role, MGPU_TASK_INDEX=str(index), MGPU_HOST=target.name,
+                   MGPU_RUN_DIR=host_run_dir(run_dir, config.transport, target.name))
         if target.gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in target.gpus)
         tf_config = {"cluster": cluster, "task": {"type": role, "index": index}}

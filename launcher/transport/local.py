@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..plan import HostTarget
+from ..plan import HostTarget, host_run_dir
 from ..shipping import install_local
 from . import HostProblem, TransportError
 from .link import AgentLink, AgentMessage
@@ -60,7 +60,7 @@ class LocalTransport:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(code_dir), env.get("PYTHONPATH")) if p)
         argv = [host.python, "-m", "launcher.agent", "--host", host.name,
-                "--run-dir", os.path.join(run_dir, "hosts", host.name),
+                "--run-dir", host_run_dir(run_dir, "local", host.name),
                 "--eof-grace", str(self._eof_grace_s)]
         proc = subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
