@@ -149,8 +149,8 @@ def _describe_port_holder(port: int) -> str:
         for conn in psutil.net_connections(kind="inet"):
             listening = conn.laddr and conn.status == psutil.CONN_LISTEN
             if listening and conn.laddr.port == port and conn.pid:
-                    proc = psutil.Process(conn.pid)
-                    return f" (held by pid {conn.pid}: {' '.join(proc.cmdline())[:80]})"
+                proc = psutil.Process(conn.pid)
+                return f" (held by pid {conn.pid}: {' '.join(proc.cmdline())[:80]})"
     except Exception:  # best effort: psutil may lack the rights to look
         pass
     return ""
