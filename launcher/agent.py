@@ -326,6 +326,23 @@ def _tree_usage(proc) -> dict[str, float]:
     return {"cpu": round(cpu, 1), "rss_mb": round(rss / 2**20, 1)}
 
 
+def _installed_versions() -> dict[str, str | None]:
+    """Versions of what tasks need, read from package metadata (nothing is imported)."""
+    from importlib import metadata
+
+    versions: dict[str, str | None] = {}
+    for name, dists in (("tensorflow", ("tensorflow", "tensorflow-cpu")),
+                        ("keras", ("keras",)), ("tf_keras", ("tf-keras",))):
+        versions[name] = None
+        for dist in dists:
+            try:
+                versions[name] = metadata.version(dist)
+                break
+            except metadata.PackageNotFoundError:
+                continue
+    return versions
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="launcher.agent")
     parser.add_argument("--host", required=True, help="host name as the launcher knows it")
@@ -340,7 +357,8 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(agent.run_dir, mode=0o700, exist_ok=True)
     emit("hello", host=args.host, pid=os.getpid(), version=__version__,
          python=sys.executable, python_version=sys.version.split()[0],
-         hostname=socket.gethostname(), run_dir=agent.run_dir, psutil=psutil is not None)
+         hostname=socket.gethostname(), run_dir=agent.run_dir, psutil=psutil is not None,
+         packages=_installed_versions())
     threading.Thread(target=agent.heartbeat_forever, daemon=True).start()
     for raw in sys.stdin.buffer:
         try:

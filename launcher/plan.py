@@ -272,6 +272,7 @@ def build_plan(
         "MGPU_GENERATION": str(generation),
         "MGPU_NUM_WORKERS": str(num_workers),
         "MGPU_STRATEGY": config.strategy,
+        "MGPU_KERAS": config.keras,
         "MGPU_SAVE_FREQ": str(config.checkpoint.save_freq),
     }
 
