@@ -176,22 +176,18 @@ def _run(argv: list[str]) -> int:
     def make_plan(generation: int) -> Plan:
         ports = None
         if config.ports.base == "auto":
-            ports = free_ports(num_ports) if not args.dry_run else None
+            ports = free_ports(num_ports)
         return build_plan(loaded, command, run_dir=str(run_dir), ports=ports,
                           generation=generation, default_python=default_python,
                           launch_cwd=str(launch_cwd))
 
     if args.dry_run:
-        plan = build_plan(
-            loaded, command, run_dir=str(run_dir), default_python=default_python,
-            launch_cwd=str(launch_cwd),
-            ports=None if config.ports.base != "auto" else list(range(1, num_ports + 1)),
-        )
+        plan = make_plan(0)
         if args.json:
             print(json.dumps(plan.to_json(), indent=2))
         else:
             if config.ports.base == "auto":
-                print("(ports.base is auto: ports are picked at launch; shown as 1, 2, ...)")
+                print("# ports.base is auto: these ports are free now; a launch picks again")
             print(render_plan(plan))
         return EXIT_OK
 

@@ -46,6 +46,8 @@ class HostSpec(_Strict):
         default_factory=lambda: {"worker": 1}
     )
     python: str | None = None
+    # `per_gpu`: one worker per entry of `gpus` instead of one over all of them.
+    tasks_per_host: Literal["one", "per_gpu"] | None = None
     # Per-host overrides of the `ssh:` section.
     user: str | None = None
     port: int | None = Field(default=None, ge=1, le=65535)
@@ -114,6 +116,7 @@ class ClusterConfig(_Strict):
         "multi_worker_mirrored"
     )
     keras: Literal["auto", "keras3", "tf_keras"] = "auto"
+    tasks_per_host: Literal["one", "per_gpu"] = "one"
     env: dict[str, str | int | float | bool] = Field(default_factory=dict)
     ssh: SSHSettings = Field(default_factory=SSHSettings)
     hosts: list[HostSpec] = Field(min_length=1)
@@ -267,6 +270,9 @@ def parse_config(text: str, source: str = "<string>", base_dir: Path | None = No
         mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
         where = f"{source}:{mark.line + 1}" if mark else source
         problem = getattr(exc, "problem", None) or str(exc)
+        context, start = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+        if context and start is not None and mark is not None and start.line != mark.line:
+            problem += f" ({context} started at line {start.line + 1})"
         raise ConfigError(source, [f"{where}: not valid YAML: {problem}"]) from None
     if not isinstance(data, dict):
         raise ConfigError(source, [f"{source}:1: expected a mapping of keys (name, hosts, ...)"])
@@ -287,10 +293,29 @@ def parse_config(text: str, source: str = "<string>", base_dir: Path | None = No
     return LoadedConfig(config=config, source=None, base_dir=base_dir or Path.cwd())
 
 
+def effective_roles(config: ClusterConfig, host: HostSpec) -> dict[str, int]:
+    """The tasks a host runs: `roles`, with `worker` = len(gpus) under `per_gpu`."""
+    roles = dict(host.roles)
+    if (host.tasks_per_host or config.tasks_per_host) == "per_gpu" and roles.get("worker"):
+        roles["worker"] = len(host.gpus)
+    return roles
+
+
 def _semantic_problems(config: ClusterConfig) -> list[tuple[tuple, str]]:
     """Checks that span several keys (pydantic sees one field at a time)."""
     problems: list[tuple[tuple, str]] = []
-    totals = {role: sum(h.roles.get(role, 0) for h in config.hosts) for role in ROLES}
+    for i, host in enumerate(config.hosts):
+        if (host.tasks_per_host or config.tasks_per_host) != "per_gpu":
+            continue
+        if not host.gpus:
+            problems.append((("hosts", i, "gpus"),
+                             "tasks_per_host is per_gpu but this host lists no `gpus`"))
+        if host.roles.get("worker", 0) > 1:
+            problems.append((("hosts", i, "roles", "worker"),
+                             "with tasks_per_host: per_gpu the worker count comes from `gpus`; "
+                             "set `worker: 1`"))
+    totals = {role: sum(effective_roles(config, h).get(role, 0) for h in config.hosts)
+              for role in ROLES}
     names = [h.name or h.address for h in config.hosts]
     for i, host in enumerate(config.hosts):
         if not any(host.roles.values()):

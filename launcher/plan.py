@@ -17,13 +17,28 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from .config import ClusterConfig, HostSpec, LoadedConfig
+from .config import ClusterConfig, HostSpec, LoadedConfig, effective_roles
 
 # Order of roles in TF_CONFIG and in the task list: the chief first.
 ROLE_ORDER = ("chief", "worker", "ps", "evaluator")
 # Roles that belong to TF_CONFIG's `cluster`; the evaluator stays outside it,
 # as TensorFlow expects for sidecar evaluation.
 CLUSTER_ROLES = ("chief", "worker", "ps")
+
+
+# ParameterServerStrategy's workers and ps only serve: the launcher starts a
+# TensorFlow server for them; the chief (coordinator) runs the script.
+SERVER_COMMAND = ("-m", "launcher.runtime.server")
+
+
+def _lifetime(strategy: str, role: str) -> str:
+    """`service` tasks never exit by themselves (TF servers, TF1 ps that join()):
+    the launcher stops them once every `job` task has finished."""
+    if strategy == "parameter_server" and role in ("worker", "ps"):
+        return "service"
+    if strategy == "legacy_server" and role == "ps":
+        return "service"
+    return "job"
 
 
 class PlanError(Exception):
@@ -58,7 +73,8 @@ class Task:
     port: int | None  # None for the evaluator, which serves no port
     python: str
     cwd: str
-    command: tuple[str, ...]  # script and its arguments
+    command: tuple[str, ...]  # script and its arguments, or SERVER_COMMAND
+    lifetime: str  # "job": must exit 0 by itself; "service": runs until the launcher stops it
     env: Mapping[str, str] = field(hash=False)
     tf_config: Mapping[str, Any] = field(hash=False)
 
@@ -79,10 +95,16 @@ class Task:
     def tf_config_json(self) -> str:
         return json.dumps(_plain(self.tf_config), sort_keys=True)
 
+    @property
+    def argv(self) -> tuple[str, ...]:
+        """What the agent executes (no shell involved)."""
+        if self.command == SERVER_COMMAND:
+            return (self.python, *SERVER_COMMAND)
+        return (self.python, "-m", "launcher.bootstrap", *self.command)
+
     def shell_preview(self) -> str:
-        """How the task is started, for humans (the agent execs argv directly)."""
-        argv = [self.python, "-m", "launcher.bootstrap", *self.command]
-        return shlex.join(argv)
+        """`argv` as one line, for humans."""
+        return shlex.join(self.argv)
 
 
 @dataclass(frozen=True)
@@ -126,6 +148,7 @@ class Plan:
                     "role": t.role,
                     "index": t.index,
                     "port": t.port,
+                    "lifetime": t.lifetime,
                     "cwd": t.cwd,
                     "command": t.shell_preview(),
                     "env": dict(t.env),
@@ -191,7 +214,7 @@ def host_run_dir(run_dir: str, transport: str, host: str) -> str:
 
 def ports_needed(config: ClusterConfig) -> int:
     """How many ports a plan of this config uses (one per chief, worker and ps)."""
-    return sum(count for h in config.hosts for role, count in h.roles.items()
+    return sum(count for h in config.hosts for role, count in effective_roles(config, h).items()
                if role in CLUSTER_ROLES)
 
 
@@ -238,13 +261,17 @@ def build_plan(
         raise PlanError("every host is excluded; nothing to run")
     specs = {(h.name or h.address): h for h in config.hosts}
 
-    # (role, host) slots in role order, each role indexed across hosts in order.
-    slots: list[tuple[str, int, HostTarget]] = []
+    # (role, index, host, gpus) in role order, each role indexed across hosts in order.
+    slots: list[tuple[str, int, HostTarget, tuple[int, ...]]] = []
     for role in ROLE_ORDER:
         index = 0
         for target in targets:
-            for _ in range(specs[target.name].roles.get(role, 0)):
-                slots.append((role, index, target))
+            spec = specs[target.name]
+            count = effective_roles(config, spec).get(role, 0)
+            per_gpu = (spec.tasks_per_host or config.tasks_per_host) == "per_gpu"
+            for k in range(count):
+                gpus = (target.gpus[k],) if per_gpu and role == "worker" else target.gpus
+                slots.append((role, index, target, gpus))
                 index += 1
     serving = [s for s in slots if s[0] in CLUSTER_ROLES]
     if ports is None:
@@ -254,10 +281,10 @@ def build_plan(
         ports = [base + i for i in range(len(serving))]
     if len(ports) < len(serving):
         raise PlanError(f"{len(serving)} ports needed, {len(ports)} given")
-    port_of = {(role, index): ports[i] for i, (role, index, _) in enumerate(serving)}
+    port_of = {(role, index): ports[i] for i, (role, index, _, _) in enumerate(serving)}
 
     cluster: dict[str, list[str]] = {}
-    for role, index, target in serving:
+    for role, index, target, _ in serving:
         cluster.setdefault(role, []).append(f"{target.address}:{port_of[(role, index)]}")
     num_workers = len(cluster.get("chief", [])) + len(cluster.get("worker", []))
 
@@ -274,16 +301,22 @@ def build_plan(
         "MGPU_STRATEGY": config.strategy,
         "MGPU_KERAS": config.keras,
         "MGPU_SAVE_FREQ": str(config.checkpoint.save_freq),
+        # Shorter than TF's 10 s default: a hung peer is noticed in ~3 s (DESIGN.md).
+        "MGPU_TF_HEARTBEAT_S": "3",
     }
+    if config.strategy == "parameter_server":
+        # Fail an RPC to a dead worker at once so the coordinator reschedules it.
+        shared_env["GRPC_FAIL_FAST"] = "use_caller"
 
     tasks = []
-    for role, index, target in slots:
+    for role, index, target, gpus in slots:
         env = dict(shared_env)
         env.update(MGPU_TASK_TYPE=role, MGPU_TASK_INDEX=str(index), MGPU_HOST=target.name,
                    MGPU_RUN_DIR=host_run_dir(run_dir, config.transport, target.name))
-        if target.gpus:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in target.gpus)
+        if gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
         tf_config = {"cluster": cluster, "task": {"type": role, "index": index}}
+        runs_server = config.strategy == "parameter_server" and role in ("worker", "ps")
         tasks.append(
             Task(
                 host=target.name,
@@ -293,7 +326,8 @@ def build_plan(
                 port=port_of.get((role, index)),
                 python=target.python,
                 cwd=workdir,
-                command=tuple(command),
+                command=SERVER_COMMAND if runs_server else tuple(command),
+                lifetime=_lifetime(config.strategy, role),
                 env=MappingProxyType(dict(sorted(env.items()))),
                 tf_config=_freeze(tf_config),
             )

@@ -27,6 +27,8 @@ POLL_S = 0.1
 # After the grace period's SIGKILL, how long to wait for agents to confirm
 # every exit before giving up on a task (its host is then unreachable).
 TEARDOWN_SLACK_S = 5.0
+# A ParameterServerStrategy worker that keeps dying is a real failure.
+MAX_SINGLE_WORKER_RESTARTS = 5
 
 
 class TaskState(enum.Enum):
@@ -152,6 +154,7 @@ class _Generation:
     failure: Failure | None = None
     teardown_deadline: float | None = None
     interrupted: int | None = None
+    single_restarts: dict[str, int] = field(default_factory=dict)
 
     @property
     def tearing_down(self) -> bool:
@@ -160,8 +163,14 @@ class _Generation:
     def all_terminal(self) -> bool:
         return all(r.state.terminal for r in self.records.values())
 
-    def all_succeeded(self) -> bool:
-        return all(r.state is TaskState.SUCCEEDED for r in self.records.values())
+    def jobs_done(self) -> bool:
+        """Every task that must finish by itself has exited 0."""
+        return all(r.state is TaskState.SUCCEEDED
+                   for r in self.records.values() if r.task.lifetime == "job")
+
+    def services_left(self) -> bool:
+        return any(not r.state.terminal
+                   for r in self.records.values() if r.task.lifetime == "service")
 
 
 class Supervisor:
@@ -282,9 +291,13 @@ class Supervisor:
                 if self._clock() > gen.teardown_deadline:
                     self._give_up_on_stragglers(gen)
                     break
-            elif gen.all_succeeded():
-                return gen
             elif gen.failure is not None:
+                self._begin_teardown(gen)
+            elif gen.jobs_done():
+                if not gen.services_left():
+                    return gen
+                # Servers (ps, PS-strategy workers) never exit by themselves.
+                self._printer.notice("training finished; stopping the servers")
                 self._begin_teardown(gen)
         self._recorder.event("teardown_done", generation=plan.generation)
         return gen
@@ -297,7 +310,7 @@ class Supervisor:
             "op": "start",
             "task": task.name,
             "generation": gen.plan.generation,
-            "argv": [task.python, "-m", "launcher.bootstrap", *task.command],
+            "argv": list(task.argv),
             "cwd": task.cwd,
             "env": dict(task.env),
             "tf_config": task.tf_config_json(),
@@ -359,8 +372,16 @@ class Supervisor:
         )
         if gen.tearing_down or record.state is TaskState.STOPPING:
             record.state = TaskState.STOPPED
-        elif record.exit_code == 0:
+        elif record.exit_code == 0 and record.task.lifetime == "job":
             record.state = TaskState.SUCCEEDED
+        elif self._worker_restarts_alone(gen, record):
+            self._printer.notice(
+                f"{record.task.label} {_exit_text(record)}; ParameterServerStrategy "
+                "reschedules its work: restarting that worker alone")
+            self._recorder.event("task_restarted", generation=gen.plan.generation,
+                                 task=record.task.name, host=record.task.host,
+                                 exit_code=record.exit_code, signal=record.signal)
+            self._start(gen, record.task)
         else:
             self._fail(
                 gen, record,
@@ -369,6 +390,15 @@ class Supervisor:
                 last_lines=tuple(body.get("tail") or ()),
                 error=body.get("error"),
             )
+
+    def _worker_restarts_alone(self, gen: _Generation, record: TaskRecord) -> bool:
+        """Under ParameterServerStrategy a worker's death does not fail the job:
+        the coordinator reschedules its closures; the worker is started again
+        on the same address so the cluster regains its capacity."""
+        if gen.plan.strategy != "parameter_server" or record.task.role != "worker":
+            return False
+        gen.single_restarts[record.task.name] = gen.single_restarts.get(record.task.name, 0) + 1
+        return gen.single_restarts[record.task.name] <= MAX_SINGLE_WORKER_RESTARTS
 
     def _on_agent_lost(self, gen: _Generation, host: str, detail: str) -> None:
         self._printer.notice(f"lost the agent of host {host}: {detail or 'connection closed'}")
@@ -428,6 +458,12 @@ class Supervisor:
             if not record.state.terminal:
                 record.state = TaskState.LOST
                 self._printer.notice(f"{record.task.label}: no exit confirmed by its agent")
+
+
+def _exit_text(record: TaskRecord) -> str:
+    if record.signal is not None:
+        return f"was killed by signal {record.signal}"
+    return f"exited with code {record.exit_code}"
 
 
 def _final_state(record: TaskRecord) -> dict[str, Any]:

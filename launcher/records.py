@@ -1,0 +1,586 @@
+"""`mgpu-launch status RUN_DIR` and `mgpu-launch logs RUN_DIR [TASK]`: read a run directory.
+
+Owns reading what the launcher wrote (`config.yaml`, `events.jsonl`, `logs/`,
+`summary.json`) into a `RunView`, printing it, and following logs of a job that
+is still running. Works on a finished run and on one still going: without
+`summary.json` the state of each task is replayed from `events.jsonl`.
+
+Read-only: never writes into the run directory. Must not import supervisor,
+transport or cli (a run directory is data; reading it needs none of them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal as signals
+import socket
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import yaml
+
+EXIT_OK, EXIT_USAGE = 0, 2
+_TASK_NAME = re.compile(r"^(chief|worker|ps|evaluator)(\d+)$")
+# How often `logs -f` looks for new lines and for summary.json.
+FOLLOW_POLL_S = 0.2
+
+
+class RunDirError(Exception):
+    """RUN_DIR is not a run directory (or not one we can read)."""
+
+
+@dataclass
+class TaskView:
+    """One task as last recorded: its latest generation wins."""
+
+    label: str  # host0/worker0
+    host: str
+    role: str
+    index: int
+    generation: int
+    state: str = "pending"
+    address: str | None = None
+    port: int | None = None
+    pid: int | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    last_step: int | None = None
+    last_progress: dict[str, Any] = field(default_factory=dict)
+    last_progress_t: float | None = None
+    log_path: Path | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.role}{self.index}"
+
+    def exit_text(self) -> str:
+        if self.signal is not None:
+            try:
+                return f"signal {self.signal} ({signals.Signals(self.signal).name})"
+            except ValueError:
+                return f"signal {self.signal}"
+        return "" if self.exit_code is None else str(self.exit_code)
+
+
+@dataclass
+class RunView:
+    run_dir: Path
+    name: str | None
+    strategy: str | None
+    transport: str | None
+    status: str  # running | succeeded | failed | interrupted | aborted
+    status_detail: str
+    generation: int
+    restarts: int
+    started_t: float | None
+    wall_s: float | None
+    tasks: list[TaskView]
+    root_cause: dict[str, Any] | None
+    failures: list[dict[str, Any]]
+    last_event_t: float | None
+
+    @property
+    def finished(self) -> bool:
+        return self.status != "running"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "run_dir": str(self.run_dir),
+            "name": self.name,
+            "strategy": self.strategy,
+            "transport": self.transport,
+            "status": self.status,
+            "status_detail": self.status_detail,
+            "generation": self.generation,
+            "restarts": self.restarts,
+            "started_t": self.started_t,
+            "wall_s": self.wall_s,
+            "root_cause": self.root_cause,
+            "failures": self.failures,
+            "logs_dir": str(self.run_dir / "logs"),
+            "tasks": [
+                {
+                    "task": t.label, "host": t.host, "role": t.role, "index": t.index,
+                    "generation": t.generation, "state": t.state, "address": t.address,
+                    "port": t.port, "pid": t.pid, "exit_code": t.exit_code, "signal": t.signal,
+                    "last_step": t.last_step, "last_progress": t.last_progress,
+                    "log": str(t.log_path) if t.log_path else None,
+                }
+                for t in self.tasks
+            ],
+        }
+
+
+# ------------------------------------------------------------------- reading
+
+
+def read_events(path: Path) -> list[dict[str, Any]]:
+    """Every complete event; a half-written last line (job still running) is skipped."""
+    events = []
+    try:
+        text = path.read_text(errors="replace")
+    except FileNotFoundError:
+        return []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict):
+            events.append(record)
+    return events
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _split_name(task: str) -> tuple[str, int]:
+    match = _TASK_NAME.match(task)
+    if match is None:
+        return task, 0
+    return match.group(1), int(match.group(2))
+
+
+def launcher_alive(launch: dict[str, Any], this_host: str | None = None) -> bool | None:
+    """Whether the launcher that wrote `launch` still runs; None when it cannot be told.
+
+    Needs `launcher_pid` and `launcher_host` in the `launch` event. A pid whose
+    process started after the launch event was reused by another program.
+    """
+    pid, host = launch.get("launcher_pid"), launch.get("launcher_host")
+    if not isinstance(pid, int) or not host:
+        return None
+    if host != (this_host or socket.gethostname()):
+        return None
+    try:
+        import psutil
+
+        created = psutil.Process(pid).create_time()
+    except Exception:  # NoSuchProcess, AccessDenied, or psutil missing
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    return created <= float(launch.get("t", created)) + 1.0
+
+
+def load_run(run_dir: str | os.PathLike,
+             alive: Callable[[dict[str, Any]], bool | None] = launcher_alive) -> RunView:
+    """Read a run directory, finished or not."""
+    run_dir = Path(run_dir)
+    events_path = run_dir / "events.jsonl"
+    if not run_dir.is_dir():
+        raise RunDirError(f"{run_dir}: no such directory")
+    if not events_path.exists() and not (run_dir / "summary.json").exists():
+        raise RunDirError(f"{run_dir}: not a run directory (no events.jsonl or summary.json)")
+    config = _read_config(run_dir / "config.yaml")
+    events = read_events(events_path)
+    summary = _read_json(run_dir / "summary.json")
+    logs_dir = run_dir / "logs"
+
+    tasks: dict[str, TaskView] = {}  # by task name (worker0): unique within a generation
+    generation = 0
+    restarts = 0
+    first_launch: dict[str, Any] | None = None
+    current_failures: dict[int, dict[str, Any]] = {}
+    for event in events:
+        kind = event.get("event")
+        gen = event.get("generation", generation)
+        if kind == "launch":
+            generation = int(gen)
+            first_launch = first_launch or event
+            for entry in event.get("tasks", []):
+                role, index = _split_name(str(entry.get("task")))
+                host = str(entry.get("host"))
+                previous = tasks.get(str(entry.get("task")))
+                view = TaskView(label=f"{host}/{entry.get('task')}", host=host, role=role,
+                                index=index, generation=generation,
+                                address=entry.get("address"), port=entry.get("port"))
+                if previous is not None:  # progress survives a restart: training resumes
+                    view.last_step, view.last_progress = previous.last_step, previous.last_progress
+                tasks[str(entry.get("task"))] = view
+        elif kind == "restart":
+            restarts = int(event.get("restarts", restarts + 1))
+        elif kind == "failure_detected":
+            current_failures.setdefault(int(gen), event)
+        view = tasks.get(str(event.get("task")))
+        if view is None or kind == "launch" or gen != view.generation:
+            continue
+        if kind == "task_started":
+            view.state, view.pid = "running", event.get("pid")
+        elif kind == "progress":
+            view.last_step = event.get("step", view.last_step)
+            view.last_progress = {k: v for k, v in event.items()
+                                  if k not in ("t", "event", "generation", "task", "host")}
+            view.last_progress_t = event.get("t")
+        elif kind == "task_exited":
+            view.exit_code, view.signal = event.get("exit_code"), event.get("signal")
+            if event.get("stopped_by_launcher"):
+                view.state = "stopped"
+            elif view.exit_code == 0 and view.signal is None:
+                view.state = "succeeded"
+            else:
+                view.state = "failed"
+        elif kind == "failure_detected" and view.state not in ("failed",):
+            view.state = "failed"
+        elif kind in ("task_lost", "host_lost"):
+            view.state = "lost"
+
+    for view in tasks.values():
+        log = logs_dir / f"{view.host}-{view.name}.log"
+        view.log_path = log
+
+    started_t = first_launch.get("t") if first_launch else None
+    last_t = events[-1].get("t") if events else None
+    root_cause, failures, wall_s = None, [], None
+    if summary is not None:
+        status = str(summary.get("status", "unknown"))
+        restarts = int(summary.get("restarts", restarts))
+        wall_s = summary.get("wall_s")
+        root_cause = summary.get("root_cause")
+        failures = list(summary.get("failures") or [])
+        _merge_summary(tasks, summary)
+        detail = f"{status} in {wall_s:.1f} s" if isinstance(wall_s, int | float) else status
+        if summary.get("interrupted_by"):
+            detail += f" (signal {summary['interrupted_by']})"
+    else:
+        failures = [_failure_from_event(e) for _, e in sorted(current_failures.items())]
+        verdict = alive(first_launch) if first_launch else None
+        if verdict is False:
+            status = "aborted"
+            detail = ("the launcher is gone and wrote no summary.json "
+                      "(killed, or its machine went down); tasks shown as last recorded")
+        else:
+            status = "running"
+            since = f" for {time.time() - started_t:.0f} s" if started_t else ""
+            detail = f"running{since}"
+            if verdict is None and first_launch is not None:
+                detail += " (no summary.json yet)"
+    return RunView(
+        run_dir=run_dir, name=config.get("name"), strategy=config.get("strategy"),
+        transport=config.get("transport"), status=status, status_detail=detail,
+        generation=generation, restarts=restarts, started_t=started_t, wall_s=wall_s,
+        tasks=list(tasks.values()), root_cause=root_cause, failures=failures,
+        last_event_t=last_t,
+    )
+
+
+def _merge_summary(tasks: dict[str, TaskView], summary: dict[str, Any]) -> None:
+    """summary.json's final states win over the replay of events."""
+    for label, final in (summary.get("tasks") or {}).items():
+        host, _, name = label.partition("/")
+        view = tasks.get(name)
+        if view is None or view.host != host:
+            role, index = _split_name(name)
+            view = tasks[name] = TaskView(label=label, host=host, role=role, index=index,
+                                          generation=0)
+        view.state = final.get("state", view.state)
+        view.exit_code = final.get("exit_code", view.exit_code)
+        view.signal = final.get("signal", view.signal)
+        view.pid = final.get("pid", view.pid)
+        progress = final.get("last_progress") or {}
+        if progress:
+            view.last_progress = progress
+            view.last_step = progress.get("step", view.last_step)
+
+
+def _failure_from_event(event: dict[str, Any]) -> dict[str, Any]:
+    task = f"{event.get('host')}/{event.get('task')}"
+    kind = event.get("kind")
+    if kind == "signal":
+        what = f"was killed by signal {event.get('signal')}"
+    elif kind == "exit":
+        what = f"exited with code {event.get('exit_code')}"
+    else:
+        what = str(kind)
+    return {"task": task, "host": event.get("host"), "generation": event.get("generation"),
+            "t": event.get("t"), "kind": kind, "exit_code": event.get("exit_code"),
+            "signal": event.get("signal"),
+            "description": f"{task} (host {event.get('host')}, generation "
+                           f"{event.get('generation')}) {what}"}
+
+
+# ------------------------------------------------------------------- status
+
+
+def render_status(view: RunView, now: float | None = None) -> str:
+    now = time.time() if now is None else now
+    restarts = f"{view.restarts} restart{'s' if view.restarts != 1 else ''}"
+    lines = [
+        f"run:        {view.run_dir}",
+        f"job:        {view.name or '?'} (strategy {view.strategy or '?'}, "
+        f"transport {view.transport or '?'})",
+        f"status:     {view.status} - {view.status_detail}",
+        f"generation: {view.generation} ({restarts})",
+        "",
+    ]
+    header = ("TASK", "ROLE", "STATE", "EXIT", "STEP", "LAST REPORT", "LOG")
+    rows = []
+    for task in view.tasks:
+        age = ""
+        if task.last_progress_t is not None and not view.finished:
+            age = f"{max(0.0, now - task.last_progress_t):.0f} s ago"
+        log = ""
+        if task.log_path is not None:
+            try:
+                log = str(task.log_path.relative_to(view.run_dir))
+            except ValueError:
+                log = str(task.log_path)
+            if not task.log_path.exists():
+                log += " (no output yet)"
+        rows.append((task.label, f"{task.role} {task.index}", task.state, task.exit_text(),
+                     "" if task.last_step is None else str(task.last_step), age, log))
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    for row in [header, *rows]:
+        lines.append("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip())
+    if not rows:
+        lines.append("(no task launched yet)")
+    cause = view.root_cause
+    if cause:
+        lines += ["", f"root cause: {cause.get('description') or cause.get('task')}"]
+        error = cause.get("error") or {}
+        if error.get("traceback"):
+            lines.append("traceback (most recent call last):")
+            lines += ["  " + line for line in str(error["traceback"]).rstrip().splitlines()]
+        if cause.get("last_lines"):
+            lines.append("its last lines:")
+            lines += [f"  {line}" for line in cause["last_lines"][-10:]]
+    earlier = [f for f in view.failures if f is not cause and f != cause]
+    if earlier:
+        lines += ["", "failures that caused a restart:" if view.finished or view.restarts
+                  else "failures:"]
+        lines += [f"  {f.get('description') or f.get('task')}" for f in earlier]
+    lines += ["", f"logs:       {view.run_dir / 'logs'}"]
+    if view.finished:
+        lines.append(f"summary:    {view.run_dir / 'summary.json'}")
+    return "\n".join(lines)
+
+
+def _status_main(argv: list[str], out: TextIO) -> int:
+    parser = argparse.ArgumentParser(prog="mgpu-launch status",
+                                     description="Show the state of a run (finished or not).")
+    parser.add_argument("run_dir", metavar="RUN_DIR")
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    args = parser.parse_args(argv)
+    try:
+        view = load_run(args.run_dir)
+    except RunDirError as exc:
+        print(f"mgpu-launch status: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.json:
+        out.write(json.dumps(view.to_json(), indent=2, default=str) + "\n")
+    else:
+        out.write(render_status(view) + "\n")
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------- logs
+
+
+def _log_files(run_dir: Path) -> list[Path]:
+    logs = run_dir / "logs"
+    return sorted(logs.glob("*.log")) if logs.is_dir() else []
+
+
+def resolve_task_logs(view: RunView, task: str | None) -> list[tuple[str, Path]]:
+    """(label, log path) of TASK, given as `worker0`, `host1/worker1` or `host1-worker1`.
+
+    Without TASK: every task of the latest generation, then any other log file.
+    A task that has not printed yet has a path that does not exist yet.
+    """
+    known = [(t.label, t.log_path) for t in view.tasks if t.log_path is not None]
+    files = _log_files(view.run_dir)
+    if task is None:
+        seen = {p for _, p in known}
+        extra = [(p.stem, p) for p in files if p not in seen]
+        return known + extra
+    wanted = task[:-4] if task.endswith(".log") else task
+    for label, path in known:
+        if wanted in (label, label.replace("/", "-"), path.stem):
+            return [(label, path)]
+    for path in files:
+        if path.stem == wanted:
+            return [(path.stem, path)]
+    by_name = [(label, path) for label, path in known if label.split("/", 1)[1] == wanted]
+    if by_name:
+        return by_name
+    older = [(p.stem, p) for p in files if p.stem.endswith(f"-{wanted}")]
+    if older:  # e.g. a task that ran on another host in an earlier generation
+        return older
+    choices = ", ".join(label for label, _ in known) or "none"
+    raise RunDirError(f"no task {task!r} in {view.run_dir} (tasks: {choices})")
+
+
+def _tail(path: Path, count: int | None) -> tuple[list[str], int]:
+    """The last `count` complete lines of `path` and the offset just after them."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return [], 0
+    end = data.rfind(b"\n") + 1  # a partial last line is printed once it is complete
+    lines = data[:end].decode(errors="replace").splitlines()
+    if count is not None:
+        lines = lines[-count:] if count > 0 else []
+    return lines, end
+
+
+class _Follower:
+    """Reads what was appended to one log file since the last look."""
+
+    def __init__(self, label: str, path: Path, offset: int) -> None:
+        self.label, self.path, self.offset = label, path, offset
+        self.partial = b""
+
+    def new_lines(self, final: bool = False) -> list[str]:
+        try:
+            with open(self.path, "rb") as handle:
+                handle.seek(self.offset)
+                data = handle.read()
+        except FileNotFoundError:
+            return []
+        self.offset += len(data)
+        data = self.partial + data
+        end = len(data) if final else data.rfind(b"\n") + 1
+        self.partial = data[end:]
+        return data[:end].decode(errors="replace").splitlines()
+
+
+def follow_logs(run_dir: Path, targets: list[tuple[str, Path]], offsets: dict[Path, int],
+                write: Callable[[str, str], None], timeout_s: float | None = None,
+                poll_s: float = FOLLOW_POLL_S, clock: Callable[[], float] = time.monotonic,
+                sleep: Callable[[float], None] = time.sleep,
+                alive: Callable[[dict[str, Any]], bool | None] = launcher_alive) -> str:
+    """Print lines as they are appended until the job ends; returns why it stopped.
+
+    Ends when summary.json appears (after printing what was written before
+    it), when the launcher is known to be gone, or after `timeout_s`.
+    """
+    followers = [_Follower(label, path, offsets.get(path, 0)) for label, path in targets]
+    summary = run_dir / "summary.json"
+    deadline = None if timeout_s is None else clock() + timeout_s
+    launch = next((e for e in read_events(run_dir / "events.jsonl")
+                   if e.get("event") == "launch"), None)
+    last_alive_check = clock()
+    while True:
+        done = summary.exists()  # checked before reading: lines written before it are shown
+        for follower in followers:
+            for line in follower.new_lines(final=done):
+                write(follower.label, line)
+        if done:
+            return "finished"
+        if deadline is not None and clock() >= deadline:
+            return "timeout"
+        if clock() - last_alive_check > 2.0:
+            last_alive_check = clock()
+            if launch is None:
+                launch = next((e for e in read_events(run_dir / "events.jsonl")
+                               if e.get("event") == "launch"), None)
+            if launch is not None and alive(launch) is False:
+                for follower in followers:
+                    for line in follower.new_lines(final=True):
+                        write(follower.label, line)
+                return "launcher gone"
+        sleep(poll_s)
+
+
+def _logs_main(argv: list[str], out: TextIO) -> int:
+    parser = argparse.ArgumentParser(
+        prog="mgpu-launch logs",
+        description="Print a task's log (TASK as worker0, host1/worker1 or host1-worker1); "
+        "without TASK, every task's log with a host/task prefix.")
+    parser.add_argument("run_dir", metavar="RUN_DIR")
+    parser.add_argument("task", metavar="TASK", nargs="?")
+    parser.add_argument("-f", "--follow", action="store_true",
+                        help="keep printing new lines until the job ends")
+    parser.add_argument("-n", "--lines", type=int, metavar="N",
+                        help="only the last N lines (of each log)")
+    parser.add_argument("--list", action="store_true", help="list the log files and exit")
+    parser.add_argument("--timeout", type=float, metavar="S",
+                        help="with -f: stop after S seconds even if the job still runs")
+    args = parser.parse_args(argv)
+    try:
+        view = load_run(args.run_dir)
+        targets = resolve_task_logs(view, args.task)
+    except RunDirError as exc:
+        print(f"mgpu-launch logs: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+    if args.list:
+        for label, path in targets:
+            size = f"{path.stat().st_size} bytes" if path.exists() else "no output yet"
+            out.write(f"{label}  {path}  ({size})\n")
+        return EXIT_OK
+
+    prefixed = args.task is None and len(targets) > 1
+    width = max((len(label) for label, _ in targets), default=0)
+
+    def write(label: str, line: str) -> None:
+        out.write(f"{label:<{width}} | {line}\n" if prefixed else line + "\n")
+        out.flush()
+
+    offsets: dict[Path, int] = {}
+    for label, path in targets:
+        lines, offsets[path] = _tail(path, args.lines)
+        for line in lines:
+            write(label, line)
+    if not args.follow:
+        return EXIT_OK
+    if view.finished:
+        # Nothing more will come; print a partial last line, if any.
+        for label, path in targets:
+            for line in _Follower(label, path, offsets[path]).new_lines(final=True):
+                write(label, line)
+        return EXIT_OK
+    try:
+        follow_logs(view.run_dir, targets, offsets, write, timeout_s=args.timeout)
+    except KeyboardInterrupt:
+        return 130
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------- entry
+
+
+def main(argv: Sequence[str]) -> int:
+    """`argv[0]` is `status` or `logs` (as dispatched by the CLI)."""
+    argv = list(argv)
+    if not argv or argv[0] not in ("status", "logs"):
+        print("usage: mgpu-launch status RUN_DIR [--json] | "
+              "mgpu-launch logs RUN_DIR [TASK] [-f] [-n N]", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        if argv[0] == "status":
+            return _status_main(argv[1:], sys.stdout)
+        return _logs_main(argv[1:], sys.stdout)
+    except BrokenPipeError:  # `mgpu-launch logs RUN | head`
+        try:
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - keep Python's exit flush quiet
+        except OSError:
+            pass
+        return EXIT_OK

@@ -1,0 +1,89 @@
+"""Shared helpers: run the real CLI in a subprocess and wait on events with a bound."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+EXAMPLES = REPO / "examples"
+PYTHON = sys.executable
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"  # keep TF's start-up chatter out of test output
+    env.update(extra)
+    return env
+
+
+def run_cli(args: list[str], cwd: Path, timeout: float = 300, **env: str
+            ) -> subprocess.CompletedProcess:
+    return subprocess.run([PYTHON, "-m", "launcher", *args], cwd=cwd, env=cli_env(**env),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def start_cli(args: list[str], cwd: Path, **env: str) -> subprocess.Popen:
+    return subprocess.Popen([PYTHON, "-m", "launcher", *args], cwd=cwd, env=cli_env(**env),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def wait_for(predicate: Callable[[], object], timeout: float, what: str,
+             interval: float = 0.05) -> object:
+    """Poll `predicate` until it returns something truthy; fail after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def read_events(run_dir: Path) -> list[dict]:
+    path = run_dir / "events.jsonl"
+    if not path.exists():
+        return []
+    events = []
+    for line in path.read_text().splitlines():
+        try:
+            events.append(json.loads(line))
+        except ValueError:
+            pass  # a line being written right now
+    return events
+
+
+def read_summary(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def task_pids(run_dir: Path) -> dict[str, int]:
+    return {e["task"]: e["pid"] for e in read_events(run_dir) if e["event"] == "task_started"}
+
+
+def alive(pids) -> list[int]:
+    out = []
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            if proc.status() != psutil.STATUS_ZOMBIE:
+                out.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Path:
+    """A scratch folder to launch from (run and checkpoint dirs land here)."""
+    return tmp_path

@@ -1,0 +1,117 @@
+"""Unit tests of the cluster YAML: what loads, and what each mistake says."""
+
+from pathlib import Path
+
+import pytest
+
+from launcher.config import ConfigError, load_config, parse_config
+from tests.conftest import run_cli
+
+GOOD = """\
+name: digits
+transport: ssh
+python: python3
+strategy: multi_worker_mirrored
+env: {TF_CPP_MIN_LOG_LEVEL: "2", RETRIES: 3}
+ssh:
+  user: ubuntu
+  port: 22
+  host_key_policy: strict
+hosts:
+  - address: node1
+    gpus: [0, 1]
+  - address: node2
+    port: 2222
+    roles: {worker: 1}
+checkpoint:
+  dir: ckpt/digits
+  save_freq: 100
+restart:
+  max_restarts: 3
+  on_host_loss: shrink
+ports:
+  base: 23456
+"""
+
+
+def problems_of(text: str) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        parse_config(text, source="cluster.yaml")
+    return info.value.problems
+
+
+def test_full_config_loads_with_defaults_and_overrides(tmp_path: Path):
+    path = tmp_path / "cluster.yaml"
+    path.write_text(GOOD)
+    loaded = load_config(path)
+    config = loaded.config
+    assert config.hosts[1].port == 2222 and config.ssh.port == 22
+    assert config.checkpoint.save_freq == 100
+    assert config.restart.on_host_loss == "shrink" and config.restart.heartbeat_timeout_s == 10
+    assert config.env_strings() == {"TF_CPP_MIN_LOG_LEVEL": "2", "RETRIES": "3"}
+    # Relative paths resolve against the YAML's folder, not the current directory.
+    assert loaded.resolve_path(config.checkpoint.dir) == tmp_path / "ckpt" / "digits"
+
+
+def test_misspelt_key_names_line_path_and_suggestion():
+    text = GOOD.replace("    roles: {worker: 1}", "    rolse: {worker: 1}")
+    (problem,) = problems_of(text)
+    assert problem.startswith("cluster.yaml:15: hosts[1].rolse: unknown key 'rolse'")
+    assert "did you mean 'roles'" in problem
+
+
+def test_malformed_yaml_names_the_line():
+    text = GOOD.replace("  max_restarts: 3", "  max_restarts: [3")
+    (problem,) = problems_of(text)
+    assert problem == ("cluster.yaml:21: not valid YAML: expected ',' or ']', but got ':' "
+                       "(while parsing a flow sequence started at line 20)")
+
+
+def test_wrong_type_and_enum_say_what_was_expected():
+    problems = problems_of(GOOD.replace("on_host_loss: shrink", "on_host_loss: shrnk")
+                           .replace("port: 2222", "port: http"))
+    joined = "\n".join(problems)
+    assert "cluster.yaml:14: hosts[1].port:" in joined and "'http'" in joined
+    assert "cluster.yaml:21: restart.on_host_loss:" in joined and "'wait' or 'shrink'" in joined
+
+
+def test_unknown_role_and_duplicate_key():
+    problems = problems_of(GOOD.replace("roles: {worker: 1}", "roles: {wroker: 1}"))
+    assert any("hosts[1].roles.wroker: unknown role" in p and "chief, worker, ps" in p
+               for p in problems)
+    problems = problems_of(GOOD.replace("name: digits\n", "name: digits\nname: again\n"))
+    assert problems == ["cluster.yaml:2: name: duplicate key"]
+
+
+def test_cross_field_rules():
+    no_ckpt = GOOD.replace("checkpoint:\n  dir: ckpt/digits\n", "checkpoint:\n")
+    assert any("checkpoint.dir is required for a multi-host ssh cluster" in p
+               for p in problems_of(no_ckpt))
+    ps_in_mwms = GOOD.replace("roles: {worker: 1}", "roles: {ps: 1}")
+    assert any("multi_worker_mirrored has no ps tasks" in p for p in problems_of(ps_in_mwms))
+    ps_without_chief = ps_in_mwms.replace("strategy: multi_worker_mirrored",
+                                          "strategy: parameter_server")
+    assert any("parameter_server needs one chief" in p for p in problems_of(ps_without_chief))
+    assert any("hosts[1].name" in p or "listed twice" in p
+               for p in problems_of(GOOD.replace("address: node2", "address: node1")))
+    assert any("TF_CONFIG is set by mgpu-launch" in p
+               for p in problems_of(GOOD.replace("RETRIES: 3", "TF_CONFIG: x")))
+
+
+def test_missing_hosts_and_not_a_mapping():
+    assert any("hosts: required key is missing" in p for p in problems_of("name: x\n"))
+    assert problems_of("- a\n- b\n") == [
+        "cluster.yaml:1: expected a mapping of keys (name, hosts, ...)"]
+
+
+def test_cli_exits_2_and_names_the_line(tmp_path: Path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(GOOD.replace("  max_restarts: 3", "  max_restart: 3"))
+    result = run_cli([str(bad), "train.py"], cwd=tmp_path, timeout=60)
+    assert result.returncode == 2
+    assert f"{bad}:20: restart.max_restart: unknown key" in result.stderr
+    malformed = tmp_path / "malformed.yaml"
+    malformed.write_text("hosts:\n  - address: a\n   gpus: [0]\n")
+    result = run_cli([str(malformed), "train.py"], cwd=tmp_path, timeout=60)
+    assert result.returncode == 2
+    assert f"{malformed}:3: not valid YAML" in result.stderr

@@ -1,0 +1,147 @@
+"""End to end on simulated local hosts: real agents, real TensorFlow workers, real faults."""
+
+import os
+import re
+import signal
+import stat
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.conftest import (
+    EXAMPLES,
+    SCRIPTS,
+    alive,
+    read_events,
+    read_summary,
+    run_cli,
+    start_cli,
+    task_pids,
+    wait_for,
+)
+
+pytestmark = pytest.mark.e2e
+
+
+def test_example_trains_on_two_simulated_hosts(workdir: Path):
+    run_dir = workdir / "run"
+    result = run_cli(["--local", "2", "--run-dir", str(run_dir),
+                      str(EXAMPLES / "digits" / "train.py"), "--epochs", "6",
+                      "--save", str(workdir / "digits.keras")], cwd=workdir)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    out = result.stdout
+    accuracies = re.findall(r"^(host[01]/worker[01]) +\| test accuracy: ([0-9.]+)", out, re.M)
+    assert sorted(label for label, _ in accuracies) == ["host0/worker0", "host1/worker1"]
+    assert all(float(acc) > 0.85 for _, acc in accuracies), accuracies
+    summary = read_summary(run_dir)
+    assert summary["status"] == "succeeded" and summary["restarts"] == 0
+    assert summary["root_cause"] is None
+    assert {t["state"] for t in summary["tasks"].values()} == {"succeeded"}
+    events = [e["event"] for e in read_events(run_dir)]
+    assert events[0] == "launch" and events[-1] == "job_done"
+    assert events.count("task_started") == 2 and "progress" in events
+    logs = sorted(p.name for p in (run_dir / "logs").iterdir())
+    assert logs == ["host0-worker0.log", "host1-worker1.log"]
+    assert "test accuracy" in (run_dir / "logs" / "host1-worker1.log").read_text()
+    assert (run_dir / "config.yaml").exists()
+    # Only the chief saved the model; TF_CONFIG files are private to the user.
+    assert (workdir / "digits.keras").exists()
+    tf_config_file = run_dir / "hosts" / "host1" / "tf_config" / "worker1.json"
+    assert stat.S_IMODE(tf_config_file.stat().st_mode) == 0o600
+
+
+def test_unmodified_tutorial_script_trains_to_identical_weights(workdir: Path):
+    run_dir = workdir / "run"
+    result = run_cli(["--local", "2", "--run-dir", str(run_dir),
+                      str(SCRIPTS / "tutorial_mwms.py"), str(workdir / "ckpt")], cwd=workdir)
+    assert result.returncode == 0, result.stdout[-3000:]
+    sums = re.findall(r"^(host[01]/worker[01]) +\| WEIGHTS_CHECKSUM ([0-9.]+)",
+                      result.stdout, re.M)
+    assert len(sums) == 2, result.stdout[-2000:]
+    assert sums[0][1] == sums[1][1]
+
+
+def test_kill_9_of_a_worker_stops_the_peer_and_names_the_root_cause(workdir: Path):
+    run_dir = workdir / "run"
+    proc = start_cli(["--local", "2", "--max-restarts", "0", "--run-dir", str(run_dir),
+                      str(EXAMPLES / "digits" / "train.py"), "--epochs", "200"], cwd=workdir)
+    try:
+        wait_for(lambda: {e["task"] for e in read_events(run_dir) if e["event"] == "progress"}
+                 == {"worker0", "worker1"}, timeout=120, what="both workers training")
+        pids = task_pids(run_dir)
+        os.kill(pids["worker1"], signal.SIGKILL)
+        killed_at = time.monotonic()
+        code = proc.wait(timeout=30)
+        elapsed = time.monotonic() - killed_at
+    finally:
+        proc.kill()
+    output = proc.stdout.read()
+    assert code == 1, output[-2000:]
+    assert elapsed < 5.0, f"launcher took {elapsed:.1f} s to stop after the kill"
+    cause = read_summary(run_dir)["root_cause"]
+    assert cause["task"] == "host1/worker1" and cause["signal"] == 9
+    assert "root cause: host1/worker1 (host host1, generation 0) was killed by signal 9" in output
+    assert alive(pids.values()) == []
+
+
+def test_sigkill_of_the_launcher_leaves_no_process_behind(workdir: Path):
+    run_dir = workdir / "run"
+    proc = start_cli(["--local", "2", "--run-dir", str(run_dir),
+                      str(EXAMPLES / "digits" / "train.py"), "--epochs", "200"], cwd=workdir)
+    try:
+        wait_for(lambda: len(task_pids(run_dir)) == 2, timeout=60, what="both tasks started")
+        family = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
+        assert len(family) >= 4  # two agents and two workers at least
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+        wait_for(lambda: alive(family) == [], timeout=5,
+                 what=f"every process of the job to exit (left: {alive(family)})")
+    finally:
+        proc.kill()
+
+
+def test_ctrl_c_stops_everything_and_exits_130(workdir: Path):
+    run_dir = workdir / "run"
+    proc = start_cli(["--local", "2", "--run-dir", str(run_dir),
+                      str(SCRIPTS / "fail_on_worker1.py")], cwd=workdir)
+    try:
+        wait_for(lambda: len(task_pids(run_dir)) == 2, timeout=60, what="both tasks started")
+        family = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
+        # worker1 fails on its own; restarts would follow: interrupt during them.
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(timeout=30)
+    finally:
+        proc.kill()
+    assert code == 130
+    assert read_summary(run_dir)["status"] == "interrupted"
+    wait_for(lambda: alive(family) == [], timeout=5, what="no process left")
+
+
+def test_python_exception_is_the_root_cause_with_its_traceback(workdir: Path):
+    run_dir = workdir / "run"
+    result = run_cli(["--local", "2", "--max-restarts", "0", "--run-dir", str(run_dir),
+                      str(SCRIPTS / "fail_on_worker1.py")], cwd=workdir, timeout=60)
+    assert result.returncode == 1
+    cause = read_summary(run_dir)["root_cause"]
+    assert cause["task"] == "host1/worker1" and cause["exit_code"] == 1
+    assert cause["error"]["type"] == "FileNotFoundError"
+    assert "load_settings" in cause["error"]["traceback"]
+    assert "root cause: host1/worker1" in result.stdout
+    assert "FileNotFoundError" in result.stdout
+
+
+def test_busy_port_is_a_clear_error(workdir: Path):
+    import socket
+
+    with socket.socket() as holder:
+        holder.bind(("", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        (workdir / "cluster.yaml").write_text(
+            f"transport: local\nports: {{base: {port}}}\nhosts:\n  - {{address: 127.0.0.1}}\n")
+        result = run_cli(["cluster.yaml", str(SCRIPTS / "fail_on_worker1.py")], cwd=workdir,
+                         timeout=60)
+    assert result.returncode == 2
+    assert f"port(s) already in use on this machine: {port}" in result.stderr
