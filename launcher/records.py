@@ -229,6 +229,11 @@ def load_run(run_dir: str | os.PathLike,
             restarts = int(event.get("restarts", restarts + 1))
         elif kind == "failure_detected":
             current_failures.setdefault(int(gen), event)
+        elif kind == "host_lost":
+            for view in tasks.values():
+                if view.host == event.get("host") and view.generation == gen and \
+                        view.state in ("pending", "starting", "running"):
+                    view.state = "lost"
         view = tasks.get(str(event.get("task")))
         if view is None or kind == "launch" or gen != view.generation:
             continue
@@ -249,8 +254,8 @@ def load_run(run_dir: str | os.PathLike,
                 view.state = "failed"
         elif kind == "failure_detected" and view.state not in ("failed",):
             view.state = "failed"
-        elif kind in ("task_lost", "host_lost"):
-            view.state = "lost"
+        elif kind == "task_restarted":  # a parameter-server worker, restarted alone
+            view.state, view.exit_code, view.signal = "starting", None, None
 
     for view in tasks.values():
         log = logs_dir / f"{view.host}-{view.name}.log"
@@ -266,7 +271,7 @@ def load_run(run_dir: str | os.PathLike,
         root_cause = summary.get("root_cause")
         failures = list(summary.get("failures") or [])
         _merge_summary(tasks, summary)
-        detail = f"{status} in {wall_s:.1f} s" if isinstance(wall_s, int | float) else status
+        detail = f"took {wall_s:.1f} s" if isinstance(wall_s, int | float) else "finished"
         if summary.get("interrupted_by"):
             detail += f" (signal {summary['interrupted_by']})"
     else:
@@ -278,10 +283,10 @@ def load_run(run_dir: str | os.PathLike,
                       "(killed, or its machine went down); tasks shown as last recorded")
         else:
             status = "running"
-            since = f" for {time.time() - started_t:.0f} s" if started_t else ""
-            detail = f"running{since}"
-            if verdict is None and first_launch is not None:
-                detail += " (no summary.json yet)"
+            since = f" {time.time() - started_t:.0f} s" if started_t else ""
+            detail = f"started{since} ago" if since else "no task launched yet"
+            if verdict is None:
+                detail += "; no summary.json yet"
     return RunView(
         run_dir=run_dir, name=config.get("name"), strategy=config.get("strategy"),
         transport=config.get("transport"), status=status, status_detail=detail,
@@ -313,7 +318,9 @@ def _merge_summary(tasks: dict[str, TaskView], summary: dict[str, Any]) -> None:
 def _failure_from_event(event: dict[str, Any]) -> dict[str, Any]:
     task = f"{event.get('host')}/{event.get('task')}"
     kind = event.get("kind")
-    if kind == "signal":
+    if event.get("reason"):
+        what = str(event["reason"])
+    elif kind == "signal":
         what = f"was killed by signal {event.get('signal')}"
     elif kind == "exit":
         what = f"exited with code {event.get('exit_code')}"
@@ -336,7 +343,7 @@ def render_status(view: RunView, now: float | None = None) -> str:
         f"run:        {view.run_dir}",
         f"job:        {view.name or '?'} (strategy {view.strategy or '?'}, "
         f"transport {view.transport or '?'})",
-        f"status:     {view.status} - {view.status_detail}",
+        f"status:     {view.status} ({view.status_detail})",
         f"generation: {view.generation} ({restarts})",
         "",
     ]
