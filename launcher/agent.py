@@ -95,7 +95,8 @@ class RunningTask:
         self.error_file = error_file
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self.readers: list[threading.Thread] = []
-        self.stopping = False
+        self.stopping = False  # the agent sent SIGTERM
+        self.killed = False  # the agent sent SIGKILL
         self.ps = psutil.Process(proc.pid) if psutil else None
 
     def alive(self) -> bool:
@@ -237,6 +238,7 @@ class Agent:
 
     def _wait(self, task: RunningTask) -> None:
         code = task.proc.wait()
+        exited_at = time.time()  # before draining: the root cause is the earliest exit
         for reader in task.readers:
             reader.join(timeout=DRAIN_S)
         error = None
@@ -251,9 +253,10 @@ class Agent:
             generation=task.generation,
             code=code if code >= 0 else None,
             signal=-code if code < 0 else None,
-            stopping=task.stopping,
+            stopping=_stopped_by_us(task, code),
             tail=list(task.tail),
             error=error,
+            t=exited_at,
         )
 
     def stop(self, names: list[str] | None, grace_s: float) -> None:
@@ -264,6 +267,8 @@ class Agent:
         for task in victims:
             task.stopping = True
             task.signal_tree(signal.SIGTERM)
+            # A stopped (SIGSTOP) process acts on SIGTERM only once continued.
+            task.signal_tree(signal.SIGCONT)
         if victims:
             timer = threading.Timer(grace_s, self._kill_leftovers, args=(victims,))
             timer.daemon = True
@@ -272,6 +277,7 @@ class Agent:
     def _kill_leftovers(self, victims: list[RunningTask]) -> None:
         for task in victims:
             if task.alive():
+                task.killed = True
                 task.signal_tree(signal.SIGKILL)
 
     def exec_check(self, message: dict[str, Any]) -> None:
@@ -309,6 +315,14 @@ class Agent:
                 task.proc.wait(timeout=remaining)
             except subprocess.TimeoutExpired:
                 task.signal_tree(signal.SIGKILL)
+
+
+def _stopped_by_us(task: RunningTask, code: int) -> bool:
+    """Did our stop end it? A SIGKILL we never sent means someone else killed it
+    (the stop may have raced with an exit not yet reaped)."""
+    if not task.stopping:
+        return False
+    return not (code == -signal.SIGKILL and not task.killed)
 
 
 def _tree_usage(proc) -> dict[str, float]:

@@ -23,11 +23,28 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from . import __version__
-from .config import ConfigError, LoadedConfig, dump_config, load_config, local_config
-from .plan import Plan, PlanError, build_plan, ports_needed, render_plan, resolve_script
+from .config import (
+    ConfigError,
+    LoadedConfig,
+    dump_config,
+    effective_roles,
+    load_config,
+    local_config,
+)
+from .plan import (
+    Plan,
+    PlanError,
+    build_plan,
+    host_targets,
+    ports_needed,
+    render_plan,
+    resolve_script,
+)
 from .printer import Printer
+from .recovery import HostInfo
 from .rundir import RunRecorder
-from .supervisor import RestartPolicy, RunResult, Supervisor
+from .states import RunResult
+from .supervisor import RestartPolicy, Supervisor
 from .transport import TransportError
 from .transport.local import LocalTransport
 
@@ -171,16 +188,7 @@ def _run(argv: list[str]) -> int:
     run_dir = Path(args.run_dir) if args.run_dir else _default_run_dir(config.name)
     run_dir = run_dir.resolve()
     default_python = sys.executable if local else "python3"
-    num_ports = ports_needed(config)
-
-    def make_plan(generation: int) -> Plan:
-        ports = None
-        if config.ports.base == "auto":
-            ports = free_ports(num_ports)
-        return build_plan(loaded, command, run_dir=str(run_dir), ports=ports,
-                          generation=generation, default_python=default_python,
-                          launch_cwd=str(launch_cwd))
-
+    make_plan = _plan_factory(loaded, command, str(run_dir), default_python, str(launch_cwd))
     if args.dry_run:
         plan = make_plan(0)
         if args.json:
@@ -201,11 +209,56 @@ def _run(argv: list[str]) -> int:
                   "or `ports: {base: auto}`", file=sys.stderr)
             return EXIT_USAGE
     max_restarts = config.restart.max_restarts if args.max_restarts is None else args.max_restarts
-    return _launch(loaded, first_plan, make_plan, run_dir, args, max_restarts)
+    return _launch(loaded, first_plan, make_plan, run_dir, args, max_restarts, default_python)
+
+
+def _plan_factory(loaded: LoadedConfig, command: list[str], run_dir: str, default_python: str,
+                  launch_cwd: str):
+    """`make_plan(generation, active_hosts=None)` for this job, picking ports as needed."""
+    config = loaded.config
+    local = config.transport == "local"
+
+    def make_plan(generation: int, active_hosts: Sequence[str] | None = None) -> Plan:
+        needed = ports_needed(config, active_hosts)
+        ports = None
+        if config.ports.base == "auto":
+            ports = free_ports(needed)
+        elif local and generation > 0:
+            fixed = [config.ports.base + i for i in range(needed)]
+            if busy_ports(fixed):  # something still holds the old ports: take fresh ones
+                ports = free_ports(needed)
+        return build_plan(loaded, command, run_dir=run_dir, ports=ports, generation=generation,
+                          default_python=default_python, launch_cwd=launch_cwd,
+                          active_hosts=active_hosts)
+
+    return make_plan
+
+
+def _checkpoint_probe(directory: str):
+    """Newest modification time under the checkpoint directory, as this machine
+    sees it (None when it is not visible here, e.g. on a remote-only path)."""
+
+    def probe() -> float | None:
+        root = Path(directory)
+        if not root.is_dir():
+            return None
+        newest, seen = root.stat().st_mtime, 0
+        for folder, _dirs, files in os.walk(root):
+            for name in files:
+                seen += 1
+                if seen > 10000:
+                    return newest
+                try:
+                    newest = max(newest, os.stat(os.path.join(folder, name)).st_mtime)
+                except OSError:
+                    continue
+        return newest
+
+    return probe
 
 
 def _launch(loaded: LoadedConfig, first_plan: Plan, make_plan, run_dir: Path,
-            args: argparse.Namespace, max_restarts: int) -> int:
+            args: argparse.Namespace, max_restarts: int, default_python: str) -> int:
     config = loaded.config
     printer = Printer([t.label for t in first_plan.tasks], quiet=args.quiet)
     if config.transport == "local":
@@ -220,8 +273,10 @@ def _launch(loaded: LoadedConfig, first_plan: Plan, make_plan, run_dir: Path,
         f"{'simulated ' if config.transport == 'local' else ''}hosts, "
         f"strategy {config.strategy}; run dir {run_dir}"
     )
+    targets = {t.name: t for t in host_targets(config, default_python)}
     try:
-        links = transport.connect(first_plan.hosts, str(run_dir), events)
+        # Spares too: a spare that cannot be reached is better known now.
+        links = transport.connect(list(targets.values()), str(run_dir), events)
     except TransportError as exc:
         print(f"mgpu-launch: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -229,10 +284,24 @@ def _launch(loaded: LoadedConfig, first_plan: Plan, make_plan, run_dir: Path,
         return 130
     recorder = RunRecorder(run_dir)
     recorder.write_config(dump_config(loaded))
+
+    def reconnect(host: str):
+        return transport.connect([targets[host]], str(run_dir), events)[host]
+
+    restart = config.restart
     supervisor = Supervisor(
-        make_plan=lambda g: first_plan if g == 0 else make_plan(g),
+        make_plan=lambda g, active: first_plan if g == 0 else make_plan(g, active),
+        hosts=[HostInfo(name, _workers_on(config, name), spec.spare)
+               for name, spec in ((h.name or h.address, h) for h in config.hosts)],
         links=links, events=events, recorder=recorder, printer=printer,
-        policy=RestartPolicy(max_restarts=max_restarts, backoff_s=config.restart.backoff_s),
+        policy=RestartPolicy(
+            max_restarts=max_restarts, backoff_s=restart.backoff_s,
+            heartbeat_timeout_s=restart.heartbeat_timeout_s,
+            hang_timeout_s=restart.hang_timeout_s, on_host_loss=restart.on_host_loss,
+            min_workers=restart.min_workers, host_wait_s=restart.host_wait_s,
+        ),
+        reconnect=reconnect,
+        checkpoint_probe=_checkpoint_probe(first_plan.checkpoint_dir),
     )
     previous = {
         sig: signal.signal(sig, lambda signum, _frame: supervisor.request_stop(signum))
@@ -243,13 +312,19 @@ def _launch(loaded: LoadedConfig, first_plan: Plan, make_plan, run_dir: Path,
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        for link in links.values():
+        for link in supervisor.links.values():
             link.close()
         transport.close()
     recorder.write_summary(result.to_json())
     recorder.close()
     _print_outcome(printer, result, run_dir)
     return exit_code(result)
+
+
+def _workers_on(config, host_name: str) -> int:
+    spec = next(h for h in config.hosts if (h.name or h.address) == host_name)
+    roles = effective_roles(config, spec)
+    return roles.get("chief", 0) + roles.get("worker", 0)
 
 
 def exit_code(result: RunResult) -> int:
@@ -263,6 +338,8 @@ def exit_code(result: RunResult) -> int:
 def _print_outcome(printer: Printer, result: RunResult, run_dir: Path) -> None:
     restarts = f"{result.restarts} restart{'s' if result.restarts != 1 else ''}"
     printer.notice(f"job {result.status} in {result.wall_s:.1f} s ({restarts})")
+    if result.message:
+        printer.notice(result.message)
     if result.root_cause is not None:
         cause = result.root_cause
         printer.notice(f"root cause: {cause.describe()}")

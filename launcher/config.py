@@ -46,6 +46,8 @@ class HostSpec(_Strict):
         default_factory=lambda: {"worker": 1}
     )
     python: str | None = None
+    # A spare host runs nothing until another host is lost; then it takes over.
+    spare: bool = False
     # `per_gpu`: one worker per entry of `gpus` instead of one over all of them.
     tasks_per_host: Literal["one", "per_gpu"] | None = None
     # Per-host overrides of the `ssh:` section.
@@ -92,6 +94,8 @@ class RestartPolicy(_Strict):
     hang_timeout_s: float = Field(default=300.0, gt=0)
     on_host_loss: Literal["wait", "shrink"] = "wait"
     min_workers: int = Field(default=1, ge=1)
+    # With on_host_loss: wait, how long to wait for a lost host to come back.
+    host_wait_s: float = Field(default=300.0, gt=0)
     # SIGTERM -> SIGKILL grace when tasks are stopped (teardown, Ctrl-C).
     grace_s: float = Field(default=3.0, ge=0)
 
@@ -314,7 +318,8 @@ def _semantic_problems(config: ClusterConfig) -> list[tuple[tuple, str]]:
             problems.append((("hosts", i, "roles", "worker"),
                              "with tasks_per_host: per_gpu the worker count comes from `gpus`; "
                              "set `worker: 1`"))
-    totals = {role: sum(effective_roles(config, h).get(role, 0) for h in config.hosts)
+    totals = {role: sum(effective_roles(config, h).get(role, 0)
+                        for h in config.hosts if not h.spare)
               for role in ROLES}
     names = [h.name or h.address for h in config.hosts]
     for i, host in enumerate(config.hosts):
@@ -353,6 +358,10 @@ def _semantic_problems(config: ClusterConfig) -> list[tuple[tuple, str]]:
             (("checkpoint",), "checkpoint.dir is required for a multi-host ssh cluster: "
              "a directory every host sees (NFS or similar), e.g. /shared/ckpt/NAME")
         )
+    for i, host in enumerate(config.hosts):
+        if host.spare and set(r for r, n in host.roles.items() if n) - {"worker"}:
+            problems.append((("hosts", i, "roles"), "a spare host stands in for a worker: "
+                             "give it `roles: {worker: 1}` (the default)"))
     workers = totals["worker"] + totals["chief"]
     if config.restart.min_workers > workers:
         problems.append(

@@ -212,10 +212,16 @@ def host_run_dir(run_dir: str, transport: str, host: str) -> str:
     return f"~/.mgpu-launch/runs/{Path(run_dir).name}/{host}"
 
 
-def ports_needed(config: ClusterConfig) -> int:
-    """How many ports a plan of this config uses (one per chief, worker and ps)."""
-    return sum(count for h in config.hosts for role, count in effective_roles(config, h).items()
-               if role in CLUSTER_ROLES)
+def default_active_hosts(config: ClusterConfig) -> list[str]:
+    """Every host but the spares, by name."""
+    return [h.name or h.address for h in config.hosts if not h.spare]
+
+
+def ports_needed(config: ClusterConfig, active_hosts: Sequence[str] | None = None) -> int:
+    """How many ports a plan of these hosts uses (one per chief, worker and ps)."""
+    active = default_active_hosts(config) if active_hosts is None else active_hosts
+    return sum(count for h in config.hosts if (h.name or h.address) in active
+               for role, count in effective_roles(config, h).items() if role in CLUSTER_ROLES)
 
 
 def _keras_env(keras: str) -> dict[str, str]:
@@ -244,7 +250,7 @@ def build_plan(
     generation: int = 0,
     default_python: str = "python3",
     launch_cwd: str = "/",
-    exclude_hosts: Sequence[str] = (),
+    active_hosts: Sequence[str] | None = None,
 ) -> Plan:
     """Compute every task of the job.
 
@@ -256,9 +262,10 @@ def build_plan(
     config = loaded.config
     if not command:
         raise PlanError("no training script given")
-    targets = [h for h in host_targets(config, default_python) if h.name not in exclude_hosts]
+    active = default_active_hosts(config) if active_hosts is None else list(active_hosts)
+    targets = [h for h in host_targets(config, default_python) if h.name in active]
     if not targets:
-        raise PlanError("every host is excluded; nothing to run")
+        raise PlanError("no host left to run on")
     specs = {(h.name or h.address): h for h in config.hosts}
 
     # (role, index, host, gpus) in role order, each role indexed across hosts in order.

@@ -5,22 +5,28 @@ queue; only the supervisor thread mutates state, writes the run directory and
 prints. Outcomes are values (`RunResult`); exceptions are for the launcher's
 own faults. Signals only set a flag (`request_stop`), read by the loop.
 
+A failure is acted on when it is first seen — a task's exit, a fatal
+TensorFlow error in its output, a silent task, a silent host — because TF
+peers of a dead or hung worker take many seconds to exit by themselves.
+
 Must not import: cli. Talks to hosts only through `AgentLink`s.
 """
 
 from __future__ import annotations
 
-import enum
 import queue
 import signal as signals
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .classify import RESTART_ME_EXIT, classify_exit
 from .plan import Plan, Task
 from .printer import Printer
+from .recovery import Budget, HostInfo, NotEnoughHosts, choose_hosts, restart_counts
 from .rundir import RunRecorder
+from .states import Failure, RunResult, TaskRecord, TaskState, final_state
 from .transport import AgentLink, AgentMessage
 
 POLL_S = 0.1
@@ -31,120 +37,15 @@ TEARDOWN_SLACK_S = 5.0
 MAX_SINGLE_WORKER_RESTARTS = 5
 
 
-class TaskState(enum.Enum):
-    """Lifecycle of one task within one generation.
-
-    PENDING  -> STARTING   start sent to the agent
-    STARTING -> RUNNING    agent reported `started`
-    RUNNING  -> SUCCEEDED  exited 0 (on its own)
-    STARTING/RUNNING -> FAILED    non-zero exit, signal, start failure, host lost
-    STARTING/RUNNING -> STOPPING  teardown began (SIGTERM sent)
-    STOPPING -> STOPPED    exit confirmed during teardown
-    STOPPING -> LOST       no confirmation within grace + slack (host unreachable)
-    """
-
-    PENDING = "pending"
-    STARTING = "starting"
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    STOPPING = "stopping"
-    STOPPED = "stopped"
-    LOST = "lost"
-
-    @property
-    def terminal(self) -> bool:
-        return self in (TaskState.SUCCEEDED, TaskState.FAILED, TaskState.STOPPED, TaskState.LOST)
-
-
-@dataclass
-class TaskRecord:
-    """What the supervisor knows of one task (mutated by the supervisor thread only)."""
-
-    task: Task
-    state: TaskState = TaskState.PENDING
-    pid: int | None = None
-    exit_code: int | None = None
-    signal: int | None = None
-    started_at: float | None = None
-    last_output_at: float | None = None
-    last_progress: dict[str, Any] = field(default_factory=dict)
-    usage: dict[str, float] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Failure:
-    """The first thing that went wrong in a generation: the root cause."""
-
-    task: str  # label, e.g. host1/worker1
-    host: str
-    generation: int
-    t: float
-    kind: str  # exit | signal | start_failed | host_lost
-    exit_code: int | None = None
-    signal: int | None = None
-    last_lines: tuple[str, ...] = ()
-    error: dict[str, Any] | None = None
-    detail: str = ""
-
-    def describe(self) -> str:
-        if self.kind == "signal" and self.signal is not None:
-            try:
-                name = signals.Signals(self.signal).name
-            except ValueError:
-                name = f"signal {self.signal}"
-            what = f"was killed by signal {self.signal} ({name})"
-        elif self.kind == "exit":
-            what = f"exited with code {self.exit_code}"
-        elif self.kind == "start_failed":
-            what = f"could not start: {self.detail}"
-        else:
-            what = f"lost its host: {self.detail or 'agent connection closed'}"
-        if self.error:
-            what += f" after {self.error.get('type')}: {self.error.get('message', '')[:300]}"
-        return f"{self.task} (host {self.host}, generation {self.generation}) {what}"
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "task": self.task,
-            "host": self.host,
-            "generation": self.generation,
-            "t": self.t,
-            "kind": self.kind,
-            "exit_code": self.exit_code,
-            "signal": self.signal,
-            "description": self.describe(),
-            "last_lines": list(self.last_lines),
-            "error": self.error,
-        }
-
-
-@dataclass(frozen=True)
-class RunResult:
-    status: str  # succeeded | failed | interrupted
-    restarts: int
-    wall_s: float
-    root_cause: Failure | None
-    tasks: dict[str, dict[str, Any]]
-    interrupted_by: int | None = None  # signal number for `interrupted`
-    failures: tuple[Failure, ...] = ()
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "status": self.status,
-            "restarts": self.restarts,
-            "wall_s": round(self.wall_s, 3),
-            "root_cause": self.root_cause.to_json() if self.root_cause else None,
-            "interrupted_by": self.interrupted_by,
-            "failures": [f.to_json() for f in self.failures],
-            "tasks": self.tasks,
-        }
-
-
 @dataclass(frozen=True)
 class RestartPolicy:
     max_restarts: int = 0
     backoff_s: float = 1.0
+    heartbeat_timeout_s: float = 10.0
+    hang_timeout_s: float = 300.0
+    on_host_loss: str = "wait"
+    min_workers: int = 1
+    host_wait_s: float = 300.0
 
 
 @dataclass
@@ -154,6 +55,8 @@ class _Generation:
     failure: Failure | None = None
     teardown_deadline: float | None = None
     interrupted: int | None = None
+    advanced: bool = False  # an epoch/checkpoint completed in this generation
+    lost_hosts: set[str] = field(default_factory=set)
     single_restarts: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -172,30 +75,45 @@ class _Generation:
         return any(not r.state.terminal
                    for r in self.records.values() if r.task.lifetime == "service")
 
+    def record_of(self, role: str, index: int) -> TaskRecord | None:
+        return self.records.get(f"{role}{index}")
+
 
 class Supervisor:
     def __init__(
         self,
-        make_plan: Callable[[int], Plan],
+        make_plan: Callable[[int, Sequence[str]], Plan],
+        hosts: Sequence[HostInfo],
         links: dict[str, AgentLink],
         events: queue.Queue[AgentMessage],
         recorder: RunRecorder,
         printer: Printer,
         policy: RestartPolicy,
+        reconnect: Callable[[str], AgentLink] | None = None,
+        checkpoint_probe: Callable[[], float | None] = lambda: None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self._make_plan = make_plan
+        self._hosts = list(hosts)
         self._links = links
         self._events = events
         self._recorder = recorder
         self._printer = printer
         self._policy = policy
+        self._reconnect = reconnect
+        self._checkpoint_probe = checkpoint_probe
         self._clock = clock
         self._wall = wall_clock
         self._stop_signal: int | None = None
         self._stop_count = 0
-        self._labels: dict[str, str] = {}
+        self._handled_stops = 0
+        self.current: _Generation | None = None  # read-only for observers (live view)
+
+    @property
+    def links(self) -> dict[str, AgentLink]:
+        """The agent links in use now (a reconnected host has a new one)."""
+        return self._links
 
     # ----------------------------------------------------------------- control
 
@@ -208,36 +126,55 @@ class Supervisor:
 
     def run(self) -> RunResult:
         started = self._clock()
-        restarts = 0
+        restarts, budget = 0, Budget(self._policy.max_restarts)
         failures: list[Failure] = []
-        generation = 0
+        active = [h.name for h in self._hosts if not h.spare]
+        generation, message = 0, ""
         while True:
-            plan = self._make_plan(generation)
-            state = self._run_generation(plan)
-            tasks = {r.task.label: _final_state(r) for r in state.records.values()}
-            if state.interrupted is not None:
-                status, interrupted_by = "interrupted", state.interrupted
+            plan = self._make_plan(generation, active)
+            checkpoint_before = self._checkpoint_probe()
+            gen = self._run_generation(plan)
+            tasks = {r.task.label: final_state(r, generation) for r in gen.records.values()}
+            if gen.interrupted is not None:
+                status = "interrupted"
                 break
-            if state.failure is None:
-                status, interrupted_by = "succeeded", None
+            if gen.failure is None:
+                status = "succeeded"
                 break
-            failures.append(state.failure)
-            if restarts >= self._policy.max_restarts:
-                status, interrupted_by = "failed", None
-                if self._policy.max_restarts:
-                    self._printer.notice(f"giving up after {restarts} restarts")
+            failures.append(gen.failure)
+            after = self._checkpoint_probe()
+            advanced = gen.advanced or (after is not None and after != checkpoint_before)
+            counts = restart_counts(advanced, preempted=gen.failure.kind == "preempted")
+            if self._policy.max_restarts == 0 or (counts and budget.exhausted):
+                status = "failed"
+                if self._policy.max_restarts and budget.spent:
+                    message = (f"gave up after {budget.spent} restart(s) in a row without "
+                               "progress (the checkpoint did not advance): a crash loop")
+                break
+            budget = budget.after(counts)
+            try:
+                active = self._hosts_for_next(gen, active)
+            except NotEnoughHosts as exc:
+                status, message = "failed", str(exc)
+                break
+            if active is None:
+                status = "interrupted" if self._stop_signal else "failed"
+                message = "" if self._stop_signal else "a lost host did not come back in time"
                 break
             restarts += 1
             generation += 1
+            why = "the checkpoint advanced: not counted" if not counts else \
+                f"{budget.spent} of {self._policy.max_restarts} allowed without progress"
             self._recorder.event("restart", generation=generation, restarts=restarts,
-                                 backoff_s=self._policy.backoff_s)
-            self._printer.notice(
-                f"restarting (restart {restarts} of at most {self._policy.max_restarts}) "
-                f"in {self._policy.backoff_s:g} s; workers resume from the last checkpoint"
-            )
-            if self._wait_backoff():
-                status, interrupted_by = "interrupted", self._stop_signal
+                                 counted=counts, hosts=list(active))
+            self._printer.notice(f"restarting as generation {generation} in "
+                                 f"{self._policy.backoff_s:g} s ({why}); workers resume "
+                                 "from the last checkpoint")
+            if self._wait(self._policy.backoff_s):
+                status = "interrupted"
                 break
+        if message:
+            self._printer.notice(message)
         result = RunResult(
             status=status,
             restarts=restarts,
@@ -245,21 +182,63 @@ class Supervisor:
             # The failure that ended the job; earlier generations' are in `failures`.
             root_cause=failures[-1] if failures and status == "failed" else None,
             tasks=tasks,
-            interrupted_by=interrupted_by,
+            interrupted_by=self._stop_signal if status == "interrupted" else None,
             failures=tuple(failures),
+            message=message,
         )
         self._recorder.event("job_done", status=result.status, restarts=restarts,
                              wall_s=round(result.wall_s, 3))
         return result
 
-    def _wait_backoff(self) -> bool:
-        """Sleep the backoff, draining events; True when interrupted meanwhile."""
-        deadline = self._clock() + self._policy.backoff_s
+    def _hosts_for_next(self, gen: _Generation, active: list[str]) -> list[str] | None:
+        """Hosts of the next generation; None when waiting was cut short."""
+        if not gen.lost_hosts:
+            return active
+        choice = choose_hosts(self._hosts, active, gen.lost_hosts,
+                              self._policy.on_host_loss, self._policy.min_workers)
+        if choice.message:
+            self._printer.notice(choice.message)
+        # Lost hosts we wait for, and any chosen host whose agent went away.
+        reconnect = [n for n in choice.active if n in gen.lost_hosts or not self._link_alive(n)]
+        for name in reconnect:
+            if not self._wait_for_host(name, self._policy.host_wait_s):
+                return None
+        return list(choice.active)
+
+    def _link_alive(self, host: str) -> bool:
+        link = self._links.get(host)
+        return link is not None and not link.closed
+
+    def _wait_for_host(self, host: str, timeout: float) -> bool:
+        """Reconnect to `host` until it answers; False on timeout or interruption."""
+        if self._reconnect is None:
+            return False
+        deadline = self._clock() + timeout
+        attempt = 0
         while self._clock() < deadline:
-            if self._stop_signal is not None:
+            attempt += 1
+            try:
+                self._links[host] = self._reconnect(host)
+                self._recorder.event("host_back", host=host, attempts=attempt)
+                self._printer.notice(f"host {host} is back")
                 return True
-            self._next_message(min(POLL_S, max(0.0, deadline - self._clock())))
-        return self._stop_signal is not None
+            except Exception as exc:  # noqa: BLE001 - any failure means "not yet"
+                if attempt == 1:
+                    self._printer.notice(f"waiting up to {timeout:g} s for host {host}: {exc}")
+            if self._wait(max(1.0, self._policy.backoff_s)):
+                return False
+        return False
+
+    def _wait(self, seconds: float) -> bool:
+        """Sleep while draining events; True when a stop was requested meanwhile."""
+        deadline = self._clock() + seconds
+        while self._clock() < deadline:
+            if self._stop_count > self._handled_stops:
+                return True
+            message = self._next_message(min(POLL_S, max(0.0, deadline - self._clock())))
+            if message is not None and message.event == "output":
+                self._print_output(None, message)
+        return self._stop_count > self._handled_stops
 
     def _next_message(self, timeout: float) -> AgentMessage | None:
         try:
@@ -267,9 +246,11 @@ class Supervisor:
         except queue.Empty:
             return None
 
+    # -------------------------------------------------------------- generation
+
     def _run_generation(self, plan: Plan) -> _Generation:
         gen = _Generation(plan, {t.name: TaskRecord(t) for t in plan.tasks})
-        self._labels = {t.name: t.label for t in plan.tasks}
+        self.current = gen
         self._recorder.event(
             "launch", generation=plan.generation,
             tasks=[{"task": t.name, "host": t.host, "address": t.address, "port": t.port}
@@ -277,14 +258,17 @@ class Supervisor:
         )
         for task in plan.tasks:
             self._start(gen, task)
-        handled_stops = 0
+        next_watch = self._clock()
         while True:
-            if self._stop_count > handled_stops:
-                handled_stops = self._stop_count
-                self._on_stop_request(gen, hurry=handled_stops > 1)
+            if self._stop_count > self._handled_stops:
+                self._handled_stops = self._stop_count
+                self._on_stop_request(gen, hurry=gen.interrupted is not None)
             message = self._next_message(POLL_S)
             if message is not None:
                 self._handle(gen, message)
+            if self._clock() >= next_watch:
+                next_watch = self._clock() + 0.5
+                self._watch_silence(gen)
             if gen.tearing_down:
                 if gen.all_terminal():
                     break
@@ -304,9 +288,10 @@ class Supervisor:
 
     def _start(self, gen: _Generation, task: Task) -> None:
         record = gen.records[task.name]
-        link = self._links[task.host]
         record.state = TaskState.STARTING
-        sent = link.send({
+        record.started_at = record.last_activity = self._clock()
+        link = self._links.get(task.host)
+        sent = link is not None and link.send({
             "op": "start",
             "task": task.name,
             "generation": gen.plan.generation,
@@ -316,7 +301,27 @@ class Supervisor:
             "tf_config": task.tf_config_json(),
         })
         if not sent:
-            self._fail(gen, record, kind="host_lost", detail="agent connection is closed")
+            self._host_lost(gen, task.host, "agent connection is closed")
+
+    def _watch_silence(self, gen: _Generation) -> None:
+        """Hosts whose agent stopped talking, tasks that stopped making progress."""
+        now = self._clock()
+        for host in {t.host for t in gen.plan.tasks} - gen.lost_hosts:
+            link = self._links.get(host)
+            if link is not None and now - link.last_seen > self._policy.heartbeat_timeout_s:
+                self._host_lost(gen, host, f"no heartbeat from its agent for "
+                                f"{now - link.last_seen:.0f} s")
+        if gen.tearing_down:
+            return
+        for record in gen.records.values():
+            if record.state is not TaskState.RUNNING or record.task.lifetime != "job":
+                continue
+            silent = now - (record.last_activity or now)
+            if silent > self._policy.hang_timeout_s:
+                self._fail(gen, record, kind="hang",
+                           reason=f"made no progress for {silent:.0f} s (no output, no "
+                           f"progress report; restart.hang_timeout_s="
+                           f"{self._policy.hang_timeout_s:g})")
 
     # --------------------------------------------------------------- messages
 
@@ -324,43 +329,83 @@ class Supervisor:
         body = message.message
         event = message.event
         if event == "agent_lost":
-            self._on_agent_lost(gen, message.host, body.get("detail", ""))
+            if message.host in {t.host for t in gen.plan.tasks}:
+                self._host_lost(gen, message.host, body.get("detail") or "connection closed")
+            return
+        if event == "output":
+            self._print_output(gen, message)
             return
         name = body.get("task")
         record = gen.records.get(name) if name else None
-        current = record is not None and body.get("generation", -1) == gen.plan.generation
-        if event == "output":
-            label = self._labels.get(name, f"{message.host}/{name}")
-            log_name = record.task.log_name if record else f"{message.host}-{name}.log"
-            self._printer.task_line(label, body.get("text", ""))
-            self._recorder.log_line(log_name, body.get("text", ""))
-            if record is not None and current:
-                record.last_output_at = self._clock()
-        elif not current:
+        if event == "heartbeat":
+            for task_name, usage in (body.get("tasks") or {}).items():
+                if task_name in gen.records:
+                    gen.records[task_name].usage = usage
+            return
+        if record is None or body.get("generation", -1) != gen.plan.generation:
             return  # a late message about a previous generation
-        elif event == "started":
+        if event == "started":
             record.pid = body.get("pid")
-            record.started_at = self._clock()
             if record.state is TaskState.STARTING:
                 record.state = TaskState.RUNNING
             self._recorder.event("task_started", generation=gen.plan.generation,
                                  task=name, host=record.task.host, pid=record.pid)
         elif event == "start_failed":
-            self._fail(gen, record, kind="start_failed", detail=body.get("error", ""),
-                       t=body.get("t"))
+            self._fail(gen, record, kind="start_failed", t=body.get("t"),
+                       reason=f"could not start: {body.get('error', '')}")
         elif event == "exited":
             self._on_exit(gen, record, body)
         elif event == "progress":
             record.last_progress = body.get("data", {})
+            record.last_activity = self._clock()
+            if record.last_progress.get("epoch_end") or record.last_progress.get("checkpoint"):
+                gen.advanced = True
             self._recorder.event("progress", generation=gen.plan.generation, task=name,
                                  host=record.task.host, **_safe_progress(record.last_progress))
-        elif event == "heartbeat":
-            pass  # per-task usage arrives keyed by task name, below
 
-        if event == "heartbeat":
-            for task_name, usage in (body.get("tasks") or {}).items():
-                if task_name in gen.records:
-                    gen.records[task_name].usage = usage
+    def _print_output(self, gen: _Generation | None, message: AgentMessage) -> None:
+        body = message.message
+        name, text = body.get("task"), body.get("text", "")
+        record = gen.records.get(name) if gen and name else None
+        label = record.task.label if record else f"{message.host}/{name}"
+        self._printer.task_line(label, text)
+        self._recorder.log_line(f"{message.host}-{name}.log", text)
+        if record is None or gen is None or body.get("generation") != gen.plan.generation:
+            return
+        record.last_activity = self._clock()
+        if gen.plan.strategy == "multi_worker_mirrored" and not gen.tearing_down:
+            self._watch_output(gen, record, text)
+        elif gen.failure is not None and gen.failure.kind == "collective_abort":
+            self._refine_root_cause(gen, record, text)
+
+    def _watch_output(self, gen: _Generation, record: TaskRecord, text: str) -> None:
+        """A collective abort in a task's output fails the group now, seconds
+        before the task would exit by itself."""
+        alarm = record.watcher.feed(text)
+        if alarm is not None and gen.failure is None:
+            self._fail(gen, record, kind="collective_abort",
+                       reason=f"aborted its collective ops ({alarm.code}): a peer died or hung",
+                       last_lines=(alarm.line,))
+
+    def _refine_root_cause(self, gen: _Generation, record: TaskRecord, text: str) -> None:
+        """TF names the peer that stopped sending heartbeats a line after the
+        abort: that peer, not the reporter, is the root cause."""
+        record.watcher.feed(text)
+        culprit = record.watcher.culprit
+        failure = gen.failure
+        if culprit is None or failure is None or failure.task != record.task.label:
+            return
+        blamed = gen.record_of(*culprit)
+        if blamed is None or blamed is record:
+            return
+        gen.failure = Failure(
+            task=blamed.task.label, host=blamed.task.host, generation=gen.plan.generation,
+            t=failure.t, kind="hang",
+            reason="stopped sending TensorFlow heartbeats (hung, stopped, or cut off); "
+                   f"reported by {record.task.label}",
+            last_lines=failure.last_lines,
+        )
+        self._printer.notice(f"root cause: {gen.failure.describe()}")
 
     def _on_exit(self, gen: _Generation, record: TaskRecord, body: dict[str, Any]) -> None:
         record.exit_code = body.get("code")
@@ -370,26 +415,31 @@ class Supervisor:
             host=record.task.host, exit_code=record.exit_code, signal=record.signal,
             stopped_by_launcher=bool(body.get("stopping")),
         )
+        tail = tuple(body.get("tail") or ())
+        reason = classify_exit(record.exit_code, record.signal, body.get("error"), tail)
         if gen.tearing_down or record.state is TaskState.STOPPING:
             record.state = TaskState.STOPPED
-        elif record.exit_code == 0 and record.task.lifetime == "job":
+            if not body.get("stopping") and record.exit_code != 0:
+                # It died by itself, maybe before what started the teardown (its
+                # exit report waits for its output to drain): it may be the cause.
+                self._consider(gen, self._failure(gen, record, kind=_exit_kind(record),
+                                                  reason=reason, t=body.get("t"),
+                                                  last_lines=tail, error=body.get("error")))
+            return
+        if record.exit_code == 0 and record.task.lifetime == "job":
             record.state = TaskState.SUCCEEDED
-        elif self._worker_restarts_alone(gen, record):
+            return
+        if self._worker_restarts_alone(gen, record):
             self._printer.notice(
-                f"{record.task.label} {_exit_text(record)}; ParameterServerStrategy "
-                "reschedules its work: restarting that worker alone")
+                f"{record.task.label} {reason}; ParameterServerStrategy reschedules its "
+                "work: restarting that worker alone")
             self._recorder.event("task_restarted", generation=gen.plan.generation,
                                  task=record.task.name, host=record.task.host,
                                  exit_code=record.exit_code, signal=record.signal)
             self._start(gen, record.task)
-        else:
-            self._fail(
-                gen, record,
-                kind="signal" if record.signal is not None else "exit",
-                t=body.get("t"),
-                last_lines=tuple(body.get("tail") or ()),
-                error=body.get("error"),
-            )
+            return
+        self._fail(gen, record, kind=_exit_kind(record), t=body.get("t"), reason=reason,
+                   last_lines=tail, error=body.get("error"))
 
     def _worker_restarts_alone(self, gen: _Generation, record: TaskRecord) -> bool:
         """Under ParameterServerStrategy a worker's death does not fail the job:
@@ -400,33 +450,56 @@ class Supervisor:
         gen.single_restarts[record.task.name] = gen.single_restarts.get(record.task.name, 0) + 1
         return gen.single_restarts[record.task.name] <= MAX_SINGLE_WORKER_RESTARTS
 
-    def _on_agent_lost(self, gen: _Generation, host: str, detail: str) -> None:
-        self._printer.notice(f"lost the agent of host {host}: {detail or 'connection closed'}")
+    def _host_lost(self, gen: _Generation, host: str, detail: str) -> None:
+        if host in gen.lost_hosts:
+            return
+        gen.lost_hosts.add(host)
+        self._recorder.event("host_lost", generation=gen.plan.generation, host=host,
+                             detail=detail)
+        self._printer.notice(f"lost host {host}: {detail}")
+        link = self._links.get(host)
+        if link is not None:
+            link.close()  # if the agent is merely stuck, EOF makes it kill its tasks
         for record in gen.records.values():
             if record.task.host != host or record.state.terminal:
                 continue
             if gen.tearing_down:
                 record.state = TaskState.LOST
             else:
-                self._fail(gen, record, kind="host_lost", detail=detail)
+                self._fail(gen, record, kind="host_lost", reason=f"lost its host: {detail}")
+                record.state = TaskState.LOST
 
-    def _fail(self, gen: _Generation, record: TaskRecord, *, kind: str, t: float | None = None,
-              detail: str = "", last_lines: tuple[str, ...] = (),
-              error: dict[str, Any] | None = None) -> None:
-        record.state = TaskState.FAILED
-        failure = Failure(
+    def _failure(self, gen: _Generation, record: TaskRecord, *, kind: str, reason: str,
+                 t: float | None = None, last_lines: tuple[str, ...] = (),
+                 error: dict[str, Any] | None = None) -> Failure:
+        return Failure(
             task=record.task.label, host=record.task.host, generation=gen.plan.generation,
-            t=t if t is not None else self._wall(), kind=kind, exit_code=record.exit_code,
-            signal=record.signal, last_lines=last_lines, error=error, detail=detail,
+            t=t if t is not None else self._wall(), kind=kind, reason=reason,
+            exit_code=record.exit_code, signal=record.signal, last_lines=last_lines,
+            error=error,
         )
-        # The earliest failure is the root cause, not the peers that failed after it.
-        if gen.failure is None or failure.t < gen.failure.t:
-            if gen.failure is None:
-                self._recorder.event("failure_detected", generation=gen.plan.generation,
-                                     task=record.task.name, host=record.task.host,
-                                     kind=kind, exit_code=record.exit_code,
-                                     signal=record.signal)
-                self._printer.notice(f"failure: {failure.describe()}")
+
+    def _fail(self, gen: _Generation, record: TaskRecord, **details: Any) -> None:
+        record.state = TaskState.FAILED
+        failure = self._failure(gen, record, **details)
+        if gen.failure is None:
+            self._recorder.event("failure_detected", generation=gen.plan.generation,
+                                 task=record.task.name, host=record.task.host,
+                                 kind=failure.kind, exit_code=record.exit_code,
+                                 signal=record.signal, reason=failure.reason)
+            self._printer.notice(f"failure: {failure.describe()}")
+        self._consider(gen, failure)
+
+    def _consider(self, gen: _Generation, failure: Failure) -> None:
+        """The earliest primary failure is the root cause, not the peers that
+        failed because of it (their symptoms may even be reported first)."""
+        current = gen.failure
+        if current is None or (
+            (failure.secondary, failure.t) < (current.secondary, current.t)
+            and failure.task != current.task
+        ):
+            if current is not None:
+                self._printer.notice(f"root cause: {failure.describe()}")
             gen.failure = failure
 
     # -------------------------------------------------------------- teardown
@@ -441,15 +514,16 @@ class Supervisor:
         self._begin_teardown(gen, grace_s=0.0 if hurry else None)
 
     def _begin_teardown(self, gen: _Generation, grace_s: float | None = None) -> None:
-        grace = gen.plan.grace_s if grace_s is None else grace_s
         if gen.tearing_down and grace_s is None:
             return
+        grace = gen.plan.grace_s if grace_s is None else grace_s
         for record in gen.records.values():
             if not record.state.terminal:
                 record.state = TaskState.STOPPING
-        for host, link in self._links.items():
-            if any(r.task.host == host and r.state is TaskState.STOPPING
-                   for r in gen.records.values()):
+        for host in {r.task.host for r in gen.records.values()
+                     if r.state is TaskState.STOPPING} - gen.lost_hosts:
+            link = self._links.get(host)
+            if link is not None:
                 link.send({"op": "stop", "tasks": None, "grace_s": grace})
         gen.teardown_deadline = self._clock() + grace + TEARDOWN_SLACK_S
 
@@ -460,23 +534,10 @@ class Supervisor:
                 self._printer.notice(f"{record.task.label}: no exit confirmed by its agent")
 
 
-def _exit_text(record: TaskRecord) -> str:
-    if record.signal is not None:
-        return f"was killed by signal {record.signal}"
-    return f"exited with code {record.exit_code}"
-
-
-def _final_state(record: TaskRecord) -> dict[str, Any]:
-    return {
-        "host": record.task.host,
-        "role": record.task.role,
-        "index": record.task.index,
-        "state": record.state.value,
-        "exit_code": record.exit_code,
-        "signal": record.signal,
-        "pid": record.pid,
-        "last_progress": record.last_progress,
-    }
+def _exit_kind(record: TaskRecord) -> str:
+    if record.exit_code == RESTART_ME_EXIT:
+        return "preempted"
+    return "signal" if record.signal is not None else "exit"
 
 
 def _safe_progress(data: dict[str, Any]) -> dict[str, Any]:

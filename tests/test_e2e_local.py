@@ -82,7 +82,7 @@ def test_kill_9_of_a_worker_stops_the_peer_and_names_the_root_cause(workdir: Pat
     assert elapsed < 5.0, f"launcher took {elapsed:.1f} s to stop after the kill"
     cause = read_summary(run_dir)["root_cause"]
     assert cause["task"] == "host1/worker1" and cause["signal"] == 9
-    assert "root cause: host1/worker1 (host host1, generation 0) was killed by signal 9" in output
+    assert "root cause: host1/worker1 (host host1, generation 0) killed (SIGKILL" in output
     assert alive(pids.values()) == []
 
 

@@ -47,6 +47,7 @@ class AgentLink:
         self.hello: dict[str, Any] | None = None
         self.hello_seen = threading.Event()
         self.last_seen = time.monotonic()
+        self.closed = False  # True once we closed it or the agent's side ended
         self._reader = threading.Thread(target=self._read, name=f"agent-{host}", daemon=True)
 
     def start_reading(self) -> None:
@@ -66,6 +67,7 @@ class AgentLink:
                 self._events.put(AgentMessage(self.host, message))
         except (OSError, ValueError):
             pass
+        self.closed = True
         self.hello_seen.set()  # wake anyone waiting: the agent is gone
         self._events.put(
             AgentMessage(self.host, {"ev": "agent_lost", "t": time.time(),
@@ -85,6 +87,7 @@ class AgentLink:
 
     def close(self) -> None:
         """Close the agent's stdin: it stops its tasks and exits."""
+        self.closed = True
         with self._lock:
             try:
                 self._to_agent.close()

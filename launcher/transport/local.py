@@ -85,7 +85,15 @@ class LocalTransport:
             detail = " | ".join(list(stderr_tail)[-3:])
             return f"agent exited with {code}: {detail}" if code is not None else detail
 
-        link = AgentLink(host.name, proc.stdin, proc.stdout, events, diagnostics=diagnostics)
+        def on_close() -> None:
+            # A stuck (e.g. SIGSTOPped) agent cannot act on EOF: kill it once the
+            # grace has passed; its tasks follow through PR_SET_PDEATHSIG.
+            timer = threading.Timer(self._eof_grace_s + 3.0, _kill_if_running, args=(proc,))
+            timer.daemon = True
+            timer.start()
+
+        link = AgentLink(host.name, proc.stdin, proc.stdout, events, on_close=on_close,
+                         diagnostics=diagnostics)
         link.start_reading()
         return link
 
@@ -96,3 +104,8 @@ class LocalTransport:
             except subprocess.TimeoutExpired:
                 proc.kill()
 
+
+
+def _kill_if_running(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.kill()

@@ -1,0 +1,94 @@
+"""Read what went wrong: classify task exits and spot fatal TensorFlow errors in output.
+
+Pure functions over exit codes, signals, error reports and output lines; no I/O.
+Used by the supervisor to act on the *first* sign of failure (a peer of a dead
+worker prints its collective abort seconds before it exits) and to name the
+root cause in words a user can act on.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+from dataclasses import dataclass
+
+# Exit code a task uses to say "restart me" (TensorFlow's preemption handling
+# and our runtime exit with it after saving a checkpoint on SIGTERM).
+RESTART_ME_EXIT = 42
+
+# A collective was aborted: MultiWorkerMirroredStrategy cannot continue.
+_COLLECTIVE_ABORT = re.compile(r"BaseCollectiveExecutor::StartAbort (\w+)")
+# TF's coordination service names the culprit on the following line(s).
+_UNHEALTHY = re.compile(r"following tasks are unhealthy \(stopped sending heartbeats\)")
+_TASK_NAME = re.compile(r"/job:(\w+)/replica:\d+/task:(\d+)")
+_DEADLINE = re.compile(r"DEADLINE_EXCEEDED|DeadlineExceededError")
+_UNAVAILABLE = re.compile(r"UNAVAILABLE|UnavailableError")
+
+
+@dataclass(frozen=True)
+class OutputAlarm:
+    """A fatal error seen in a task's output before the task exits."""
+
+    kind: str  # collective_abort | peer_unhealthy
+    code: str  # TF status code, e.g. UNAVAILABLE, DEADLINE_EXCEEDED
+    line: str
+
+
+class OutputWatcher:
+    """Feeds on one task's lines; reports the first fatal TF error, and the
+    peer TF blamed for it when TF names one (`culprit`, e.g. ("worker", 1))."""
+
+    def __init__(self) -> None:
+        self.alarm: OutputAlarm | None = None
+        self.culprit: tuple[str, int] | None = None
+        self._expect_culprit = 0
+
+    def feed(self, line: str) -> OutputAlarm | None:
+        """Returns an alarm the first time one is seen, else None."""
+        if self._expect_culprit:
+            self._expect_culprit -= 1
+            match = _TASK_NAME.search(line)
+            if match and self.culprit is None:
+                self.culprit = (match.group(1), int(match.group(2)))
+        if _UNHEALTHY.search(line):
+            self._expect_culprit = 2
+            match = _TASK_NAME.search(line.split("heartbeats)", 1)[-1])
+            if match:
+                self.culprit = (match.group(1), int(match.group(2)))
+        if self.alarm is not None:
+            return None
+        abort = _COLLECTIVE_ABORT.search(line)
+        if abort:
+            self.alarm = OutputAlarm("collective_abort", abort.group(1), line.strip())
+            if _UNHEALTHY.search(line):
+                self.alarm = OutputAlarm("peer_unhealthy", abort.group(1), line.strip())
+            return self.alarm
+        return None
+
+
+def signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def classify_exit(exit_code: int | None, signum: int | None, error: dict | None,
+                  last_lines: list[str] | tuple[str, ...]) -> str:
+    """One phrase for why a task ended, most specific first."""
+    text = "\n".join(last_lines)
+    if signum == signal.SIGKILL or exit_code == 137:
+        return ("killed (SIGKILL: by a user, or the kernel's out-of-memory killer — "
+                "check `dmesg` for oom-kill)")
+    if signum is not None:
+        return f"killed by signal {signum} ({signal_name(signum)})"
+    if exit_code == RESTART_ME_EXIT:
+        return "preempted: saved a checkpoint and asked to be restarted (exit 42)"
+    error_type = (error or {}).get("type", "")
+    if _DEADLINE.search(error_type) or (not error and _DEADLINE.search(text)):
+        return "collective timed out (DeadlineExceeded): a peer stopped taking part"
+    if _UNAVAILABLE.search(error_type) or (not error and _UNAVAILABLE.search(text)):
+        return "gRPC UNAVAILABLE: lost a peer (it died, hung, or the network dropped)"
+    if error:
+        return f"Python exception {error_type}: {str(error.get('message', ''))[:200]}"
+    return f"exited with code {exit_code}"

@@ -1,0 +1,140 @@
+"""Values the supervisor works with: task states, failures, the run's result.
+
+Owns no behaviour beyond describing itself; the supervisor mutates
+`TaskRecord`s from its own thread only. `RunResult` is what `run()` returns
+and what `summary.json` holds.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from .classify import OutputWatcher
+from .plan import Task
+
+
+class TaskState(enum.Enum):
+    """Lifecycle of one task within one generation.
+
+    PENDING  -> STARTING   start sent to the agent
+    STARTING -> RUNNING    agent reported `started`
+    RUNNING  -> SUCCEEDED  exited 0 by itself (a `job` task)
+    STARTING/RUNNING -> FAILED    non-zero exit, signal, start failure, hang, host lost
+    STARTING/RUNNING -> STOPPING  teardown began (SIGTERM sent)
+    STOPPING -> STOPPED    exit confirmed during teardown
+    STOPPING -> LOST       no confirmation within grace + slack (host unreachable)
+    FAILED   -> STARTING   only a ParameterServerStrategy worker, restarted alone
+    """
+
+    PENDING = "pending"
+    STARTING = "starting"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+    LOST = "lost"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (TaskState.SUCCEEDED, TaskState.FAILED, TaskState.STOPPED, TaskState.LOST)
+
+
+@dataclass
+class TaskRecord:
+    """What the supervisor knows of one task in the current generation."""
+
+    task: Task
+    state: TaskState = TaskState.PENDING
+    pid: int | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    started_at: float | None = None
+    last_activity: float | None = None  # output line or progress report (monotonic)
+    last_progress: dict[str, Any] = field(default_factory=dict)
+    usage: dict[str, float] = field(default_factory=dict)
+    watcher: OutputWatcher = field(default_factory=OutputWatcher)
+
+
+# Exit reasons (from classify_exit) that follow from a peer's failure.
+SECONDARY_REASONS = ("gRPC UNAVAILABLE", "collective timed out")
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One thing that went wrong; the earliest of a generation is its root cause."""
+
+    task: str  # label, e.g. host1/worker1
+    host: str
+    generation: int
+    t: float  # Unix time it happened (as the host saw it when known)
+    kind: str  # exit | signal | preempted | start_failed | host_lost | hang | collective_abort
+    reason: str  # one phrase a user can act on
+    exit_code: int | None = None
+    signal: int | None = None
+    last_lines: tuple[str, ...] = ()
+    error: dict[str, Any] | None = None
+
+    def describe(self) -> str:
+        return f"{self.task} (host {self.host}, generation {self.generation}) {self.reason}"
+
+    @property
+    def secondary(self) -> bool:
+        """A symptom of another task's failure (a collective aborted because a
+        peer vanished), never the root cause when the primary one is known."""
+        return self.kind == "collective_abort" or (
+            self.kind == "exit" and self.reason.startswith(SECONDARY_REASONS))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "task": self.task,
+            "host": self.host,
+            "generation": self.generation,
+            "t": self.t,
+            "kind": self.kind,
+            "exit_code": self.exit_code,
+            "signal": self.signal,
+            "description": self.describe(),
+            "last_lines": list(self.last_lines),
+            "error": self.error,
+        }
+
+
+@dataclass(frozen=True)
+class RunResult:
+    status: str  # succeeded | failed | interrupted
+    restarts: int
+    wall_s: float
+    root_cause: Failure | None
+    tasks: dict[str, dict[str, Any]]
+    interrupted_by: int | None = None  # the signal, for `interrupted`
+    failures: tuple[Failure, ...] = ()  # every generation's first failure, in order
+    message: str = ""  # why the launcher gave up, when it did
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "status": self.status,
+            "restarts": self.restarts,
+            "wall_s": round(self.wall_s, 3),
+            "root_cause": self.root_cause.to_json() if self.root_cause else None,
+            "message": self.message,
+            "interrupted_by": self.interrupted_by,
+            "failures": [f.to_json() for f in self.failures],
+            "tasks": self.tasks,
+        }
+
+
+def final_state(record: TaskRecord, generation: int) -> dict[str, Any]:
+    return {
+        "host": record.task.host,
+        "role": record.task.role,
+        "index": record.task.index,
+        "generation": generation,
+        "state": record.state.value,
+        "exit_code": record.exit_code,
+        "signal": record.signal,
+        "pid": record.pid,
+        "last_progress": record.last_progress,
+    }
