@@ -302,6 +302,7 @@ def _launch(loaded: LoadedConfig, first_plan: Plan, make_plan, run_dir: Path,
         ),
         reconnect=reconnect,
         checkpoint_probe=_checkpoint_probe(first_plan.checkpoint_dir),
+        launcher_info={"launcher_pid": os.getpid(), "launcher_host": socket.gethostname()},
     )
     previous = {
         sig: signal.signal(sig, lambda signum, _frame: supervisor.request_stop(signum))
@@ -315,6 +316,7 @@ def _launch(loaded: LoadedConfig, first_plan: Plan, make_plan, run_dir: Path,
         for link in supervisor.links.values():
             link.close()
         transport.close()
+    printer.close()
     recorder.write_summary(result.to_json())
     recorder.close()
     _print_outcome(printer, result, run_dir)

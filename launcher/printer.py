@@ -38,6 +38,13 @@ class Printer:
         self.stream.write(f"{self._prefix(label, self._colour_of.get(label, '37'))} {text}\n")
         self.stream.flush()
 
+    def refresh(self, rows) -> None:
+        """Called by the supervisor a few times a second with `TaskRow`s; plain
+        output has no live view (see `live.py` for the terminal one)."""
+
+    def close(self) -> None:
+        """End of the run: release the terminal."""
+
     def notice(self, text: str) -> None:
         """A line from the launcher itself (always shown)."""
         for line in text.splitlines() or [""]:

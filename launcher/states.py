@@ -55,6 +55,8 @@ class TaskRecord:
     last_activity: float | None = None  # output line or progress report (monotonic)
     last_progress: dict[str, Any] = field(default_factory=dict)
     usage: dict[str, float] = field(default_factory=dict)
+    # (monotonic time, step) of the last two progress reports, for steps/s.
+    step_marks: list[tuple[float, int]] = field(default_factory=list)
     watcher: OutputWatcher = field(default_factory=OutputWatcher)
 
 
@@ -124,6 +126,24 @@ class RunResult:
             "failures": [f.to_json() for f in self.failures],
             "tasks": self.tasks,
         }
+
+
+@dataclass(frozen=True)
+class TaskRow:
+    """One line of the live status table (a snapshot, safe to hand to a view)."""
+
+    label: str  # host0/worker0
+    host: str
+    task: str  # worker0
+    state: str
+    generation: int
+    restarts: int
+    step: int | None
+    steps_per_s: float | None
+    loss: float | None
+    cpu_percent: float | None
+    rss_mb: float | None
+    silent_s: float | None  # seconds since the last output line or progress report
 
 
 def final_state(record: TaskRecord, generation: int) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from .plan import Plan, Task
 from .printer import Printer
 from .recovery import Budget, HostInfo, NotEnoughHosts, choose_hosts, restart_counts
 from .rundir import RunRecorder
-from .states import Failure, RunResult, TaskRecord, TaskState, final_state
+from .states import Failure, RunResult, TaskRecord, TaskRow, TaskState, final_state
 from .transport import AgentLink, AgentMessage
 
 POLL_S = 0.1
@@ -91,6 +91,7 @@ class Supervisor:
         policy: RestartPolicy,
         reconnect: Callable[[str], AgentLink] | None = None,
         checkpoint_probe: Callable[[], float | None] = lambda: None,
+        launcher_info: dict[str, Any] | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
@@ -103,6 +104,8 @@ class Supervisor:
         self._policy = policy
         self._reconnect = reconnect
         self._checkpoint_probe = checkpoint_probe
+        self._launcher_info = dict(launcher_info or {})
+        self._restarts = 0
         self._clock = clock
         self._wall = wall_clock
         self._stop_signal: int | None = None
@@ -162,6 +165,7 @@ class Supervisor:
                 message = "" if self._stop_signal else "a lost host did not come back in time"
                 break
             restarts += 1
+            self._restarts = restarts
             generation += 1
             why = "the checkpoint advanced: not counted" if not counts else \
                 f"{budget.spent} of {self._policy.max_restarts} allowed without progress"
@@ -252,7 +256,7 @@ class Supervisor:
         gen = _Generation(plan, {t.name: TaskRecord(t) for t in plan.tasks})
         self.current = gen
         self._recorder.event(
-            "launch", generation=plan.generation,
+            "launch", generation=plan.generation, **self._launcher_info,
             tasks=[{"task": t.name, "host": t.host, "address": t.address, "port": t.port}
                    for t in plan.tasks],
         )
@@ -269,6 +273,7 @@ class Supervisor:
             if self._clock() >= next_watch:
                 next_watch = self._clock() + 0.5
                 self._watch_silence(gen)
+                self._printer.refresh(self.snapshot())
             if gen.tearing_down:
                 if gen.all_terminal():
                     break
@@ -358,6 +363,9 @@ class Supervisor:
         elif event == "progress":
             record.last_progress = body.get("data", {})
             record.last_activity = self._clock()
+            if isinstance(record.last_progress.get("step"), int | float):
+                record.step_marks = [*record.step_marks[-1:],
+                                     (self._clock(), int(record.last_progress["step"]))]
             if record.last_progress.get("epoch_end") or record.last_progress.get("checkpoint"):
                 gen.advanced = True
             self._recorder.event("progress", generation=gen.plan.generation, task=name,
@@ -501,6 +509,29 @@ class Supervisor:
             if current is not None:
                 self._printer.notice(f"root cause: {failure.describe()}")
             gen.failure = failure
+
+    def snapshot(self) -> list[TaskRow]:
+        """The live status of every task of the current generation."""
+        gen = self.current
+        if gen is None:
+            return []
+        now = self._clock()
+        rows = []
+        for record in gen.records.values():
+            progress = record.last_progress
+            rate = None
+            if len(record.step_marks) == 2:
+                (t0, s0), (t1, s1) = record.step_marks
+                rate = (s1 - s0) / (t1 - t0) if t1 > t0 else None
+            rows.append(TaskRow(
+                label=record.task.label, host=record.task.host, task=record.task.name,
+                state=record.state.value, generation=gen.plan.generation,
+                restarts=self._restarts,
+                step=progress.get("step"), steps_per_s=rate, loss=progress.get("loss"),
+                cpu_percent=record.usage.get("cpu"), rss_mb=record.usage.get("rss_mb"),
+                silent_s=None if record.last_activity is None else now - record.last_activity,
+            ))
+        return rows
 
     # -------------------------------------------------------------- teardown
 
