@@ -298,6 +298,9 @@ def build_plan(
     checkpoint_dir = default_checkpoint_dir(loaded)
     workdir = str(loaded.resolve_path(config.workdir) or launch_cwd)
     shared_env = {
+        # TensorFlow's INFO start-up chatter hides what matters; warnings and
+        # errors (the collective aborts the supervisor watches for) still show.
+        "TF_CPP_MIN_LOG_LEVEL": "1",
         **config.env_strings(),
         **_keras_env(config.keras),
         # Lines reach the launcher as they are printed, not at exit.
