@@ -5,9 +5,16 @@ Owns what must happen in the task process before and around the user's code:
   `python SCRIPT ARGS` would set them, so an unmodified script works;
 - an uncaught exception is written (type, message, traceback) to
   `MGPU_ERROR_FILE`, so the launcher can name the root cause without asking
-  the user to decorate their code.
+  the user to decorate their code;
+- post-import hooks (nothing is imported ahead of the script) that make Keras
+  3 `Model.fit` work under MultiWorkerMirroredStrategy on tested Keras
+  versions and refuse on others (`runtime.keras_compat`), say which Keras the
+  task uses, stop a worker of a multi-worker job that builds a single-host
+  strategy, and shorten TensorFlow's coordination heartbeat when
+  `MGPU_TF_HEARTBEAT_S` is set (`runtime.guards`).
 
-Shipped to hosts; standard library only. Must not import the launcher side.
+Shipped to hosts; standard library and the runtime only. Must not import the
+launcher side.
 """
 
 from __future__ import annotations
@@ -39,12 +46,24 @@ def _write_error(exc: BaseException) -> None:
         pass
 
 
+def install_hooks() -> None:
+    from launcher.runtime import guards, hooks, keras_compat
+
+    for name, hook in keras_compat.HOOKS.items():
+        hooks.when_imported(name, hook)
+    for name, hook in guards.HOOKS.items():
+        if name == guards.COLLECTIVE and not guards.several_workers():
+            continue  # the heartbeat matters only between several workers
+        hooks.when_imported(name, hook)
+
+
 def main() -> None:
     if len(sys.argv) < 2:
         sys.exit("usage: python -m launcher.bootstrap SCRIPT [ARGS...]")
     script = sys.argv[1]
     sys.argv = sys.argv[1:]
     sys.path[0] = os.path.dirname(os.path.abspath(script))
+    install_hooks()
     try:
         runpy.run_path(script, run_name="__main__")
     except SystemExit:

@@ -19,6 +19,15 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 ROLES = ("chief", "worker", "ps", "evaluator")
+# MGPU_* variables a user may set in `env:` to tune the runtime in the tasks
+# (all other MGPU_* names are set by the launcher for each task).
+RUNTIME_KNOBS = frozenset({
+    "MGPU_CPU_DEVICES",  # split the CPU into N logical devices (replicas without GPUs)
+    "MGPU_COLLECTIVE_TIMEOUT_S",  # bound a stuck collective in runtime.strategy()
+    "MGPU_TF_HEARTBEAT_S",  # TF coordination heartbeat (default 3)
+    "MGPU_KERAS_UNTESTED",  # run the Keras 3 patches on an untested Keras version
+    "MGPU_ALLOW_SINGLE_HOST_STRATEGY",  # allow MirroredStrategy in a multi-worker job
+})
 DEFAULT_PORT_BASE = 23456
 
 
@@ -134,7 +143,7 @@ class ClusterConfig(_Strict):
         for key in env:
             if not key.replace("_", "a").isalnum() or key[0].isdigit():
                 raise ValueError(f"{key!r} is not a valid environment variable name")
-            if key == "TF_CONFIG" or key.startswith("MGPU_"):
+            if key == "TF_CONFIG" or (key.startswith("MGPU_") and key not in RUNTIME_KNOBS):
                 raise ValueError(f"{key} is set by mgpu-launch for each task; remove it")
         return env
 

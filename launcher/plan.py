@@ -311,9 +311,9 @@ def build_plan(
         "MGPU_STRATEGY": config.strategy,
         "MGPU_KERAS": config.keras,
         "MGPU_SAVE_FREQ": str(config.checkpoint.save_freq),
-        # Shorter than TF's 10 s default: a hung peer is noticed in ~3 s (DESIGN.md).
-        "MGPU_TF_HEARTBEAT_S": "3",
     }
+    # Shorter than TF's 10 s default: a hung peer is noticed in ~3 s (DESIGN.md).
+    shared_env.setdefault("MGPU_TF_HEARTBEAT_S", "3")
     if config.strategy == "parameter_server":
         # Fail an RPC to a dead worker at once so the coordinator reschedules it.
         shared_env["GRPC_FAIL_FAST"] = "use_caller"

@@ -26,11 +26,46 @@ import tempfile
 import time
 from typing import Any
 
+# Input sharding lives in its own module; it imports TensorFlow only when used.
+from .data import (
+    InputPipeline,
+    ShardingError,
+    ShardingWarning,
+    check_dataset,
+    check_ps_input,
+    dataset_fn,
+    distribute,
+    global_batch_size,
+    input_pipeline,
+    list_files,
+    make_dataset,
+    per_replica_batch_size,
+    shard,
+    shard_files,
+)
+
 __all__ = [
+    "InputPipeline",
+    "ShardingError",
+    "ShardingWarning",
+    "check_dataset",
+    "check_ps_input",
+    "dataset_fn",
+    "distribute",
+    "global_batch_size",
+    "input_pipeline",
+    "list_files",
+    "make_dataset",
+    "per_replica_batch_size",
+    "shard",
+    "shard_files",
     "callbacks",
     "checkpoint_dir",
     "is_chief",
+    "legacy_device_setter",
+    "legacy_session",
     "num_workers",
+    "plain_model",
     "report_progress",
     "save_model",
     "strategy",
@@ -86,7 +121,7 @@ def checkpoint_dir() -> str:
 # ------------------------------------------------------------------- strategies
 
 
-def strategy(collective_timeout_s: float | None = None):
+def strategy(collective_timeout_s: float | None = None, cpu_devices: int | None = None):
     """The strategy this task should train under.
 
     - `MultiWorkerMirroredStrategy` when `TF_CONFIG` names several workers;
@@ -94,18 +129,47 @@ def strategy(collective_timeout_s: float | None = None):
       collective, so a worker whose peer vanished fails instead of hanging;
     - `MirroredStrategy` over the local GPUs on one host with several;
     - the default strategy otherwise.
+
+    `cpu_devices=N` (or `MGPU_CPU_DEVICES=N`) splits the CPU of a host without
+    GPUs into N logical devices, each a replica: 2 workers x 2 devices train
+    with 4 replicas in sync, the code path of 2 hosts with 2 GPUs each. Call it
+    before any TensorFlow op runs.
     """
     import tensorflow as tf
 
+    from . import strategies
+
+    cpus = strategies.cpu_devices_wanted(cpu_devices)
     if num_workers() > 1:
         timeout = collective_timeout_s
         if timeout is None and os.environ.get("MGPU_COLLECTIVE_TIMEOUT_S"):
             timeout = float(os.environ["MGPU_COLLECTIVE_TIMEOUT_S"])
         options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=timeout)
-        return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+        return strategies.multi_worker_mirrored(options, cpus)
     if len(tf.config.list_physical_devices("GPU")) > 1:
         return tf.distribute.MirroredStrategy()
+    if cpus > 1 and not tf.config.list_physical_devices("GPU"):
+        return strategies.mirrored_over_cpus(cpus)
     return tf.distribute.get_strategy()
+
+
+def legacy_session(config=None):
+    """TF1 between-graph training: start this task's server, set the Keras session.
+
+    Builds `tf.compat.v1.train.Server` from `TF_CONFIG` and sets a session on it
+    with `tf.compat.v1.keras.backend.set_session`, in graph mode. On a `ps`
+    task it never returns: the task serves until the launcher stops it.
+    """
+    from .legacy import legacy_session as start
+
+    return start(config)
+
+
+def legacy_device_setter():
+    """Device function for `tf.compat.v1.device(...)`: variables on ps, ops here."""
+    from .legacy import device_setter
+
+    return device_setter()
 
 
 # -------------------------------------------------------------------- progress
@@ -131,11 +195,41 @@ def report_progress(step: int, **metrics: float) -> None:
         pass  # progress is best effort; never break training over it
 
 
-def _keras():
-    """The Keras that `tf.keras` resolves to in this process (tf_keras or Keras 3)."""
+def _keras(model=None):
+    """The Keras the script uses: tf_keras or Keras 3 (their callbacks do not mix).
+
+    Taken from `model`'s class when given; else Keras 3 if the script imported
+    it (`import keras`), else what `tf.keras` resolves to (tf_keras when
+    `TF_USE_LEGACY_KERAS=1`, which TensorFlow imports eagerly).
+    """
+    import sys
+
+    for klass in type(model).__mro__ if model is not None else ():
+        root = klass.__module__.split(".")[0]
+        if root == "tf_keras":
+            import tf_keras
+
+            return tf_keras
+        if root == "keras":
+            import keras
+
+            return _keras3(keras)
+    if "keras.src.backend.tensorflow.trainer" in sys.modules:
+        import keras
+
+        return _keras3(keras)
     import tensorflow as tf
 
-    return tf.keras
+    keras = tf.keras
+    return _keras3(keras) if keras.__name__.startswith("keras") else keras
+
+
+def _keras3(keras):
+    """Keras 3, with the multi-worker fixes applied (also without the bootstrap)."""
+    from . import keras_compat
+
+    keras_compat.apply_to_loaded()
+    return keras
 
 
 def _save_freq(value: str | int | None) -> str | int:
@@ -146,22 +240,30 @@ def _save_freq(value: str | int | None) -> str | int:
     return value
 
 
-def callbacks(save_freq: str | int | None = None, progress_every_s: float = 0.5) -> list:
+def callbacks(save_freq: str | int | None = None, progress_every_s: float = 0.5,
+              model=None) -> list:
     """Keras callbacks for a fault-tolerant multi-worker `fit`.
 
     - `BackupAndRestore` in `<checkpoint_dir>/backup`: a restarted job resumes
-      where the last checkpoint left it (TensorFlow writes the chief's copy
-      there and gives the other workers temporary paths);
+      where the last checkpoint left it. Only the chief writes there; the other
+      workers write to temporary paths deleted at once (tf_keras does this
+      itself; for Keras 3 the runtime's `keras_compat` does), and every worker
+      restores from it;
     - progress reports to the launcher (step, loss, metrics).
+
+    The callbacks are those of the Keras the script uses (see `_keras`); pass
+    `model=` to decide when a script imports both tf_keras and Keras 3.
     """
-    keras = _keras()
+    keras = _keras(model)
     backup = keras.callbacks.BackupAndRestore(
         backup_dir=os.path.join(checkpoint_dir(), "backup"), save_freq=_save_freq(save_freq)
     )
-    return [backup, _progress_callback(keras, progress_every_s)]
+    # The PS coordinator cannot run batch-level callbacks (Keras refuses them).
+    batch_level = os.environ.get("MGPU_STRATEGY") != "parameter_server"
+    return [backup, _progress_callback(keras, progress_every_s, batch_level)]
 
 
-def _progress_callback(keras, every_s: float):
+def _progress_callback(keras, every_s: float, batch_level: bool = True):
     class ProgressReporter(keras.callbacks.Callback):
         """Reports step and metrics at most every `every_s` seconds and per epoch."""
 
@@ -184,7 +286,15 @@ def _progress_callback(keras, every_s: float):
         def on_epoch_end(self, epoch, logs=None):
             report_progress(self.step, epoch=epoch, epoch_end=1, **_scalars(logs))
 
-    return ProgressReporter()
+    class EpochProgressReporter(keras.callbacks.Callback):
+        """Per-epoch reports only: ParameterServerStrategy refuses batch-level callbacks."""
+
+        def on_epoch_end(self, epoch, logs=None):
+            steps = (self.params or {}).get("steps") or 0
+            report_progress((epoch + 1) * int(steps), epoch=epoch, epoch_end=1,
+                            **_scalars(logs))
+
+    return ProgressReporter() if batch_level else EpochProgressReporter()
 
 
 def _scalars(logs: dict | None) -> dict[str, float]:
@@ -200,20 +310,44 @@ def _scalars(logs: dict | None) -> dict[str, float]:
 # ---------------------------------------------------------------------- saving
 
 
+def plain_model(model):
+    """The template model inside a data-parallel wrapper; `model` itself otherwise.
+
+    `multi_gpu_model(model, gpus=N)` and `make_parallel` returned a wrapper:
+    the inputs sliced by `Lambda` layers, the template called once per slice,
+    the outputs joined by `Concatenate`. Saving that wrapper (the classic
+    mistake) nests the model one level deeper at each reload.
+    """
+    layers = list(getattr(model, "layers", []))
+    inner = [layer for layer in layers if hasattr(layer, "layers") and hasattr(layer, "save")]
+    kinds = [type(layer).__name__ for layer in layers if layer not in inner]
+    if (len(inner) == 1 and kinds.count("Lambda") >= 2 and "Concatenate" in kinds
+            and set(kinds) <= {"InputLayer", "Lambda", "Concatenate"}):
+        return inner[0]
+    return model
+
+
 def save_model(model, path: str, **save_kwargs) -> str | None:
     """Save the plain model from the chief; returns the path written, or None.
 
     Every worker must call this: saving under a multi-worker strategy may run
     collective ops. Non-chief workers write to a temporary directory that is
-    deleted at once, so only the chief's file lands at `path`. Pass the model
-    you built, not a wrapper: what is saved is exactly `model`.
+    deleted at once, so only the chief's file lands at `path`. What is saved
+    is the plain model: given a parallel wrapper (see `plain_model`), the
+    template inside it is saved, and a line says so.
     """
+    plain = plain_model(model)
+    if plain is not model:
+        print(f"mgpu-launch: save_model: saving the template model {plain.name!r}, "
+              f"not the parallel wrapper {model.name!r}", flush=True)
     if is_chief():
-        model.save(path, **save_kwargs)
+        parent = os.path.dirname(os.path.abspath(path))
+        os.makedirs(parent, exist_ok=True)  # Keras 3 does not create it
+        plain.save(path, **save_kwargs)
         return path
     scratch = tempfile.mkdtemp(prefix=f"mgpu-{task_type()}{task_index()}-")
     try:
-        model.save(os.path.join(scratch, os.path.basename(path.rstrip("/")) or "model"),
+        plain.save(os.path.join(scratch, os.path.basename(path.rstrip("/")) or "model"),
                    **save_kwargs)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

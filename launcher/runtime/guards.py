@@ -1,0 +1,183 @@
+"""TensorFlow adjustments the bootstrap makes in a task before the script runs.
+
+Owns post-import hooks on TensorFlow's distribute modules:
+
+- single-host strategies in a multi-worker job: `MirroredStrategy` (and
+  `OneDeviceStrategy`) ignore `TF_CONFIG`, so a script written for one machine,
+  started as several workers, would train alone in every process and have all of
+  them write the same checkpoints. A worker of a multi-worker cluster that builds
+  one fails at once with an error naming the fix.
+- a shorter coordination-service heartbeat (`MGPU_TF_HEARTBEAT_S`): MWMS
+  configures TensorFlow's coordination service only when nothing configured it
+  before (`context().coordination_service is None`); configuring it just before
+  MWMS does, with the same jobs and leader plus a heartbeat timeout, makes a
+  hung or vanished peer noticed in seconds instead of ~10 s, without touching
+  the script. The shutdown barrier is left alone (shortening it hangs exits).
+- `Server.join()` waits in Python, so the launcher's SIGTERM ends a ps task
+  with exit code 0 instead of death by signal.
+
+Standard library at import time; TensorFlow is reached only through the modules
+the hooks receive. Must not import the launcher side.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from types import ModuleType
+
+SERVER_LIB = "tensorflow.python.training.server_lib"
+MIRRORED = "tensorflow.python.distribute.mirrored_strategy"
+ONE_DEVICE = "tensorflow.python.distribute.one_device_strategy"
+COLLECTIVE = "tensorflow.python.distribute.collective_all_reduce_strategy"
+_MARK = "_mgpu_guarded"
+
+
+class SingleHostStrategyError(RuntimeError):
+    """A worker of a multi-worker job built a strategy that ignores TF_CONFIG."""
+
+
+def _num_workers() -> int:
+    try:
+        return int(os.environ.get("MGPU_NUM_WORKERS", "1"))
+    except ValueError:
+        return 1
+
+
+def single_host_strategy_message(name: str) -> str:
+    kind = os.environ.get("MGPU_TASK_TYPE", "worker")
+    index = os.environ.get("MGPU_TASK_INDEX", "0")
+    return (
+        f"{kind}{index} of {_num_workers()} workers builds tf.distribute.{name}, a "
+        "single-host strategy: use tf.distribute.MultiWorkerMirroredStrategy() or "
+        "runtime.strategy() instead. Why: it ignores TF_CONFIG, so every worker would "
+        "train alone on its own copy of the model and all of them would write the same "
+        "checkpoints. MultiWorkerMirroredStrategy uses every GPU of every host. To run "
+        "it anyway, set MGPU_ALLOW_SINGLE_HOST_STRATEGY=1."
+    )
+
+
+def _should_refuse() -> bool:
+    return (
+        _num_workers() > 1
+        and os.environ.get("MGPU_TASK_TYPE", "worker") in ("chief", "worker")
+        and os.environ.get("MGPU_ALLOW_SINGLE_HOST_STRATEGY") != "1"
+    )
+
+
+def _guard_class(cls: type, name: str) -> None:
+    if cls.__dict__.get(_MARK):
+        return
+    original = cls.__init__
+
+    def __init__(self, *args, **kwargs):
+        if _should_refuse():
+            raise SingleHostStrategyError(single_host_strategy_message(name))
+        original(self, *args, **kwargs)
+
+    __init__.__doc__ = original.__doc__
+    cls.__init__ = __init__
+    setattr(cls, _MARK, True)
+
+
+def on_mirrored(module: ModuleType) -> None:
+    for cls_name in ("MirroredStrategy", "MirroredStrategyV1"):
+        cls = getattr(module, cls_name, None)
+        if cls is not None:
+            _guard_class(cls, "MirroredStrategy")
+
+
+def on_one_device(module: ModuleType) -> None:
+    for cls_name in ("OneDeviceStrategy", "OneDeviceStrategyV1"):
+        cls = getattr(module, cls_name, None)
+        if cls is not None:
+            _guard_class(cls, "OneDeviceStrategy")
+
+
+def heartbeat_s() -> float | None:
+    raw = os.environ.get("MGPU_TF_HEARTBEAT_S", "").strip()
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        return None
+    return value if value > 0 else None
+
+
+def on_collective(module: ModuleType) -> None:
+    """Configure the coordination service (with our heartbeat) just before MWMS does."""
+    seconds = heartbeat_s()
+    extended = module.CollectiveAllReduceExtended
+    if seconds is None or extended.__dict__.get(_MARK):
+        return
+    original = extended._initialize_multi_worker
+
+    def _initialize_multi_worker(self, cluster_resolver):
+        configure_coordination_service(cluster_resolver, seconds)
+        return original(self, cluster_resolver)
+
+    extended._initialize_multi_worker = _initialize_multi_worker
+    setattr(extended, _MARK, True)
+
+
+def configure_coordination_service(cluster_resolver, seconds: float) -> bool:
+    """What MWMS would configure, plus `heartbeat_timeout_in_ms`; False if not ours to do."""
+    from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
+    from tensorflow.python.distribute import multi_worker_util
+    from tensorflow.python.eager import context
+
+    if context.context().coordination_service is not None:
+        return False  # the script (or TF) configured it already: leave theirs
+    cluster_spec = multi_worker_util.normalize_cluster_spec(cluster_resolver.cluster_spec())
+    if cluster_resolver.task_type not in ("chief", "worker"):
+        return False
+    jobs = [
+        coordination_config_pb2.CoordinatedJob(name=job, num_tasks=cluster_spec.num_tasks(job))
+        for job in ("chief", "worker")
+        if job in cluster_spec.jobs
+    ]
+    context.context().configure_coordination_service(
+        service_type="standalone",
+        service_leader=multi_worker_util.coordination_leader(cluster_spec),
+        coordinated_jobs=jobs,
+        heartbeat_timeout_in_ms=int(seconds * 1000),
+    )
+    return True
+
+
+def on_server_lib(module: ModuleType) -> None:
+    """`Server.join()` that the launcher can stop: exit 0 on SIGTERM, not death by signal.
+
+    A TF1 ps (or a TF2 PS-strategy worker script) ends in `server.join()`,
+    which blocks in C++ forever, where Python never runs a signal handler. The
+    launcher stops such tasks when training is done; waiting in Python instead
+    lets that stop end the task cleanly.
+    """
+    cls = module.Server
+    if cls.__dict__.get(_MARK) or not os.environ.get("MGPU_TASK_TYPE"):
+        return
+
+    def join(self):
+        from . import server
+
+        kind = os.environ.get("MGPU_TASK_TYPE", "?")
+        index = os.environ.get("MGPU_TASK_INDEX", "0")
+        server.serve_forever(self, kind, int(index), self.target)
+
+    join.__doc__ = cls.join.__doc__
+    cls.join = join
+    setattr(cls, _MARK, True)
+
+
+HOOKS = {MIRRORED: on_mirrored, ONE_DEVICE: on_one_device, COLLECTIVE: on_collective,
+         SERVER_LIB: on_server_lib}
+
+
+def several_workers() -> bool:
+    """TF_CONFIG names more than one chief/worker (the MWMS case)."""
+    try:
+        cluster = json.loads(os.environ.get("TF_CONFIG") or "{}").get("cluster", {})
+    except ValueError:
+        return False
+    return len(cluster.get("chief", [])) + len(cluster.get("worker", [])) > 1

@@ -1,0 +1,91 @@
+"""Post-import hooks: run a function on a module right after it is first imported.
+
+Owns the `sys.meta_path` finder the bootstrap installs so that the runtime can
+adjust TensorFlow and Keras (see `keras_compat` and `guards`) without importing
+them itself: a task that never imports Keras 3 never pays for it, and a script
+that sets `TF_USE_LEGACY_KERAS` or `TF_CPP_MIN_LOG_LEVEL` before importing
+TensorFlow keeps working, since nothing is imported ahead of the script.
+
+Standard library only. Must not import the launcher side, TensorFlow or Keras.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import sys
+import threading
+from collections.abc import Callable
+from types import ModuleType
+
+Hook = Callable[[ModuleType], None]
+
+
+class _HookedLoader(importlib.abc.Loader):
+    """Delegates to the real loader, then runs the hook on the fresh module."""
+
+    def __init__(self, loader: importlib.abc.Loader, hook: Hook) -> None:
+        self._loader = loader
+        self._hook = hook
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        self._loader.exec_module(module)
+        self._hook(module)
+
+    def __getattr__(self, name: str):  # get_source, get_filename, is_package, ...
+        return getattr(self._loader, name)
+
+
+class PostImportFinder(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: wraps the loader the other finders return."""
+
+    def __init__(self) -> None:
+        self.hooks: dict[str, list[Hook]] = {}
+        self._busy = threading.local()
+
+    def find_spec(self, fullname, path, target=None):
+        hooks = self.hooks.get(fullname)
+        if not hooks or getattr(self._busy, "name", None) == fullname:
+            return None
+        self._busy.name = fullname  # the other finders may recurse into find_spec
+        try:
+            spec = None
+            for finder in sys.meta_path:
+                if finder is self or not hasattr(finder, "find_spec"):
+                    continue
+                spec = finder.find_spec(fullname, path, target)
+                if spec is not None:
+                    break
+        finally:
+            self._busy.name = None
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        spec.loader = _HookedLoader(spec.loader, _run_all(hooks))
+        return spec
+
+
+def _run_all(hooks: list[Hook]) -> Hook:
+    def run(module: ModuleType) -> None:
+        for hook in hooks:
+            hook(module)
+
+    return run
+
+
+_finder: PostImportFinder | None = None
+
+
+def when_imported(name: str, hook: Hook) -> None:
+    """Run `hook(module)` once `name` is imported (at once if it already is)."""
+    global _finder
+    module = sys.modules.get(name)
+    if module is not None:
+        hook(module)
+        return
+    if _finder is None:
+        _finder = PostImportFinder()
+        sys.meta_path.insert(0, _finder)
+    _finder.hooks.setdefault(name, []).append(hook)

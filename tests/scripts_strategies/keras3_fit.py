@@ -1,0 +1,52 @@
+"""An unmodified Keras 3 multi-worker script: `import keras`, MWMS, `model.fit`.
+
+Nothing here knows about mgpu-launch. It prints one line the tests read:
+`RESULT {"weights": <sha256 of the final weights>, "loss": ..., ...}`.
+"""
+
+import argparse
+import hashlib
+import json
+import os
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--epochs", type=int, default=2)
+parser.add_argument("--backup", default="")
+parser.add_argument("--checkpoint", default="")
+parser.add_argument("--save", default="")
+args = parser.parse_args()
+
+strategy = tf.distribute.MultiWorkerMirroredStrategy()
+keras.utils.set_random_seed(0)
+rng = np.random.default_rng(0)
+x = rng.normal(size=(256, 8)).astype("float32")
+y = (x @ rng.normal(size=(8, 1))).astype("float32")
+batch = 16 * strategy.num_replicas_in_sync
+dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch).repeat()
+
+with strategy.scope():
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
+                              keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse", metrics=["mae"])
+
+callbacks = []
+if args.backup:
+    callbacks.append(keras.callbacks.BackupAndRestore(args.backup, delete_checkpoint=False))
+if args.checkpoint:
+    callbacks.append(keras.callbacks.ModelCheckpoint(args.checkpoint))
+history = model.fit(dataset, epochs=args.epochs, steps_per_epoch=8, callbacks=callbacks,
+                    verbose=2)
+digest = hashlib.sha256(b"".join(np.asarray(w).tobytes() for w in model.get_weights()))
+print("RESULT " + json.dumps({
+    "weights": digest.hexdigest(),
+    "loss": [round(float(v), 6) for v in history.history["loss"]],
+    "mae": [round(float(v), 6) for v in history.history["mae"]],
+    "replicas": strategy.num_replicas_in_sync,
+    "task": os.environ.get("MGPU_TASK_TYPE", "?") + os.environ.get("MGPU_TASK_INDEX", "?"),
+}), flush=True)
+if args.save:
+    model.save(args.save) if strategy.extended.should_checkpoint else None

@@ -1,0 +1,162 @@
+"""Unit tests of the runtime's pure parts: hooks, version gate, guards, plain models."""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from launcher.runtime import guards, hooks, keras_compat, server, strategies
+
+
+def test_post_import_hook_runs_once_on_first_import(tmp_path: Path, monkeypatch):
+    (tmp_path / "mgpu_probe_mod.py").write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen = []
+    hooks.when_imported("mgpu_probe_mod", lambda module: seen.append(module.VALUE))
+    import mgpu_probe_mod  # noqa: F401
+
+    assert seen == [1]
+    hooks.when_imported("mgpu_probe_mod", lambda module: seen.append("now"))  # already loaded
+    assert seen == [1, "now"]
+    monkeypatch.delitem(sys.modules, "mgpu_probe_mod")
+
+
+@pytest.mark.parametrize(("version", "tested"), [("3.15.1", True), ("3.15.0", True),
+                                                  ("3.16.0", False), ("3.1.5", False)])
+def test_keras_version_gate(version: str, tested: bool):
+    assert keras_compat.is_tested(version) is tested
+
+
+def test_multi_worker_job_reads_the_task_environment(monkeypatch):
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    monkeypatch.setenv("MGPU_NUM_WORKERS", "2")
+    monkeypatch.setenv("MGPU_STRATEGY", "multi_worker_mirrored")
+    assert keras_compat.multi_worker_job()
+    monkeypatch.setenv("MGPU_STRATEGY", "parameter_server")
+    assert not keras_compat.multi_worker_job()
+    monkeypatch.setenv("MGPU_STRATEGY", "multi_worker_mirrored")
+    monkeypatch.setenv("MGPU_NUM_WORKERS", "1")
+    assert not keras_compat.multi_worker_job()
+    # Started by hand, without the launcher: TF_CONFIG decides.
+    monkeypatch.delenv("MGPU_NUM_WORKERS")
+    monkeypatch.delenv("MGPU_STRATEGY")
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"worker": ["a:1", "b:1"]},
+                                                "task": {"type": "worker", "index": 1}}))
+    assert keras_compat.multi_worker_job()
+    assert not keras_compat._is_chief()
+
+
+class _FakeStrategy:
+    pass
+
+
+def _fake_trainer(multi: bool) -> types.ModuleType:
+    trainer = types.ModuleType("fake_trainer")
+
+    class TensorFlowTrainer:
+        _distribute_strategy = _FakeStrategy()
+
+        def fit(self, *args, **kwargs):
+            return "trained"
+
+    trainer.TensorFlowTrainer = TensorFlowTrainer
+    trainer._collective_all_reduce_multi_worker = lambda strategy: multi
+    return trainer
+
+
+def test_untested_version_refuses_fit_with_the_way_out(monkeypatch):
+    monkeypatch.setenv("MGPU_KERAS_VERSION_OVERRIDE", "3.99.0")
+    monkeypatch.setenv("MGPU_NUM_WORKERS", "2")
+    monkeypatch.setenv("MGPU_STRATEGY", "multi_worker_mirrored")
+    monkeypatch.delenv("MGPU_KERAS_UNTESTED", raising=False)
+    trainer = _fake_trainer(multi=True)
+    keras_compat.on_trainer(trainer)
+    # A fake strategy is not an MWMS: the guard lets it through...
+    assert trainer.TensorFlowTrainer().fit() == "trained"
+    # ...and refuses once the internals cannot tell (assume the worst).
+    monkeypatch.setitem(sys.modules, "tensorflow", None)
+    with pytest.raises(keras_compat.UntestedKerasError) as refused:
+        trainer.TensorFlowTrainer().fit()
+    message = str(refused.value)
+    assert "Keras 3.99.0" in message and "keras: tf_keras" in message
+    assert "keras==3.15.*" in message and "keras-team/keras#20585" in message
+
+
+def test_refusal_names_the_fix_first():
+    # The launcher shows the first ~200 characters as the root cause.
+    assert "keras: tf_keras" in keras_compat.refusal_message("3.99.0")[:200]
+    assert "MultiWorkerMirroredStrategy()" in guards.single_host_strategy_message(
+        "MirroredStrategy")[:200]
+
+
+def test_single_host_strategy_guard(monkeypatch):
+    class Mirrored:
+        def __init__(self, devices=None):
+            self.devices = devices
+
+    module = types.SimpleNamespace(MirroredStrategy=Mirrored)
+    guards.on_mirrored(module)
+    monkeypatch.setenv("MGPU_TASK_TYPE", "worker")
+    monkeypatch.delenv("MGPU_ALLOW_SINGLE_HOST_STRATEGY", raising=False)
+    monkeypatch.setenv("MGPU_NUM_WORKERS", "1")
+    assert Mirrored(["/cpu:0"]).devices == ["/cpu:0"]  # one worker: fine
+    monkeypatch.setenv("MGPU_NUM_WORKERS", "2")
+    with pytest.raises(guards.SingleHostStrategyError, match="runtime.strategy()"):
+        Mirrored()
+    monkeypatch.setenv("MGPU_TASK_TYPE", "evaluator")  # outside the training cluster
+    assert Mirrored().devices is None
+    monkeypatch.setenv("MGPU_TASK_TYPE", "worker")
+    monkeypatch.setenv("MGPU_ALLOW_SINGLE_HOST_STRATEGY", "1")
+    assert Mirrored().devices is None
+
+
+def test_heartbeat_setting(monkeypatch):
+    for raw, expected in (("3", 3.0), ("0.5", 0.5), ("", None), ("0", None), ("x", None)):
+        monkeypatch.setenv("MGPU_TF_HEARTBEAT_S", raw)
+        assert guards.heartbeat_s() == expected
+
+
+def test_cpu_devices_wanted(monkeypatch):
+    monkeypatch.delenv("MGPU_CPU_DEVICES", raising=False)
+    assert strategies.cpu_devices_wanted(None) == 1
+    monkeypatch.setenv("MGPU_CPU_DEVICES", "4")
+    assert strategies.cpu_devices_wanted(None) == 4
+    assert strategies.cpu_devices_wanted(2) == 2
+    with pytest.raises(ValueError):
+        strategies.cpu_devices_wanted(0)
+
+
+def test_server_refuses_a_task_outside_the_cluster(monkeypatch):
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"ps": ["a:1"]},
+                                                "task": {"type": "evaluator", "index": 0}}))
+    with pytest.raises(SystemExit, match="not in TF_CONFIG's cluster"):
+        server.task_from_env()
+
+
+def test_save_model_saves_the_template_not_the_parallel_wrapper(tmp_path: Path, monkeypatch):
+    """The multi_gpu_model mistake: a wrapper saved and reloaded nests the model."""
+    import keras
+
+    from launcher import runtime
+
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    template = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, name="d1"),
+                                 keras.layers.Dense(1, name="d2")], name="template")
+    # What multi_gpu_model(template, gpus=2) built: slice, call per slice, concatenate.
+    inputs = keras.Input((4,))
+    halves = [keras.layers.Lambda(lambda x, i=i: x[i::2], output_shape=(4,))(inputs)
+              for i in range(2)]
+    wrapper = keras.Model(inputs, keras.layers.Concatenate(axis=0)(
+        [template(half) for half in halves]), name="parallel")
+    assert runtime.plain_model(wrapper) is template
+    assert runtime.plain_model(template) is template
+
+    path = tmp_path / "out" / "model.keras"
+    assert runtime.save_model(wrapper, str(path)) == str(path)
+    reloaded = keras.saving.load_model(path)
+    assert [layer.name for layer in reloaded.layers] == ["d1", "d2"]
+    assert not any(hasattr(layer, "layers") for layer in reloaded.layers)  # nothing nested
