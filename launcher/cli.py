@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from . import __version__
+from .classify import signal_name
 from .config import (
     ConfigError,
     LoadedConfig,
@@ -31,6 +32,7 @@ from .config import (
     load_config,
     local_config,
 )
+from .live import format_duration
 from .plan import (
     Plan,
     PlanError,
@@ -43,7 +45,7 @@ from .plan import (
 from .printer import Printer
 from .recovery import HostInfo
 from .rundir import RunRecorder
-from .states import RunResult
+from .states import Failure, RunResult
 from .supervisor import RestartPolicy, Supervisor
 from .transport import TransportError
 from .transport.local import LocalTransport
@@ -84,8 +86,14 @@ def _run_parser() -> argparse.ArgumentParser:
     parser.add_argument("--run-dir", help="run directory (default runs/<name>-<timestamp>)")
     parser.add_argument("--max-restarts", type=int, metavar="N",
                         help="override restart.max_restarts of the YAML")
-    parser.add_argument("--quiet", action="store_true",
-                        help="do not stream task output (it still goes to the log files)")
+    parser.add_argument("-q", "--quiet", action="store_true",
+                        help="do not stream task output (it still goes to the log files); "
+                        "launcher notices, the live table and the summary remain")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="also print task state changes and, when not on a terminal, "
+                        "every task's status (step, loss, CPU, memory) every 10 s")
+    parser.add_argument("--no-live", dest="live", action="store_false",
+                        help="no live status table on a terminal: plain prefixed lines only")
     parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     return parser
 
@@ -260,7 +268,8 @@ def _checkpoint_probe(directory: str):
 def _launch(loaded: LoadedConfig, first_plan: Plan, make_plan, run_dir: Path,
             args: argparse.Namespace, max_restarts: int, default_python: str) -> int:
     config = loaded.config
-    printer = Printer([t.label for t in first_plan.tasks], quiet=args.quiet)
+    printer = Printer([t.label for t in first_plan.tasks], quiet=args.quiet,
+                      verbose=args.verbose, live=None if args.live else False)
     if config.transport == "local":
         transport = LocalTransport()
     else:
@@ -338,21 +347,89 @@ def exit_code(result: RunResult) -> int:
 
 
 def _print_outcome(printer: Printer, result: RunResult, run_dir: Path) -> None:
-    restarts = f"{result.restarts} restart{'s' if result.restarts != 1 else ''}"
-    printer.notice(f"job {result.status} in {result.wall_s:.1f} s ({restarts})")
-    if result.message:
-        printer.notice(result.message)
-    if result.root_cause is not None:
-        cause = result.root_cause
+    """The end of a run in a few lines: how it went, each task, why it failed,
+    where to look next."""
+    restarts = (f"{result.restarts} restart{'s' if result.restarts != 1 else ''}"
+                if result.restarts else "no restarts")
+    status = result.status
+    if result.interrupted_by:
+        status += f" by {signal_name(result.interrupted_by)}"
+    printer.notice(f"job {status} in {format_duration(result.wall_s)} ({restarts})")
+    for line in _task_summary(result.tasks):
+        printer.notice(f"  {line}")
+    cause = result.root_cause
+    earlier = [f for f in result.failures if f is not cause]
+    if earlier:
+        printer.notice("restarted after:")
+        for failure in earlier:
+            printer.notice(f"  {failure.describe()}")
+    where = _shown(run_dir)
+    if cause is not None:
         printer.notice(f"root cause: {cause.describe()}")
-        if cause.error and cause.error.get("traceback"):
-            printer.notice("traceback (most recent call last):\n" + cause.error["traceback"]
-                           .rstrip())
-        if cause.last_lines:
-            printer.notice("its last lines:")
-            for line in cause.last_lines[-10:]:
-                printer.notice(f"  {line}")
-    printer.notice(f"logs: {run_dir / 'logs'}   summary: {run_dir / 'summary.json'}")
+        _print_last_words(printer, cause)
+        printer.notice(f"its log: {where / 'logs' / (cause.task.replace('/', '-') + '.log')}")
+    printer.notice(f"logs: {where / 'logs'}/   summary: {where / 'summary.json'}")
+    task = cause.task if cause is not None else "[TASK]"
+    printer.notice(f"more: mgpu-launch status {where}   mgpu-launch logs {where} {task}")
+
+
+def _print_last_words(printer: Printer, cause: Failure) -> None:
+    """The root cause's last output lines and, when it raised, its traceback
+    once (the output's copy of it is left out)."""
+    lines = list(cause.last_lines)
+    error = cause.error or {}
+    if error.get("traceback"):
+        starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent")]
+        lines = lines[:starts[-1]] if starts else []  # the rest is the traceback below
+    if lines:
+        printer.notice("its last lines:")
+        for line in lines[-10:]:
+            printer.notice(f"  {line}")
+    if error.get("traceback"):
+        printer.notice("traceback (most recent call last):\n" + error["traceback"].rstrip())
+        if error.get("type"):
+            printer.notice(f"{error['type']}: {error.get('message', '')}")
+
+
+# Beyond this many tasks the summary counts states and lists only the odd ones.
+SUMMARY_TASKS = 8
+
+
+def _task_summary(tasks: dict[str, dict]) -> list[str]:
+    """One line per task: final state, exit, last step and loss."""
+    shown = list(tasks.items())
+    lines = []
+    if len(shown) > SUMMARY_TASKS:
+        counts: dict[str, int] = {}
+        for _, task in shown:
+            counts[task["state"]] = counts.get(task["state"], 0) + 1
+        lines.append(f"{len(shown)} tasks: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
+        common = max(counts, key=lambda s: counts[s])
+        shown = [(label, t) for label, t in shown if t["state"] != common][:SUMMARY_TASKS]
+    width = max((len(label) for label, _ in shown), default=0)
+    for label, task in shown:
+        parts = [f"{label:<{width}}", f"{task['state']:<9}"]
+        if task["state"] in ("stopped", "succeeded"):
+            pass  # how the launcher stopped it, or a clean exit: nothing to say
+        elif task.get("signal"):
+            parts.append(f"signal {task['signal']} ({signal_name(task['signal'])})")
+        elif task.get("exit_code") not in (None, 0):
+            parts.append(f"exit code {task['exit_code']}")
+        progress = task.get("last_progress") or {}
+        if isinstance(progress.get("step"), int | float):
+            parts.append(f"step {int(progress['step'])}")
+        if isinstance(progress.get("loss"), int | float):
+            parts.append(f"loss {progress['loss']:.4g}")
+        lines.append("  ".join(parts).rstrip())
+    return lines
+
+
+def _shown(path: Path) -> Path:
+    """`path` relative to the current directory when it lies below it (shorter)."""
+    try:
+        return path.relative_to(Path.cwd())
+    except ValueError:
+        return path
 
 
 if __name__ == "__main__":
