@@ -32,7 +32,8 @@ def _write_error(exc: BaseException) -> None:
         return
     frames = traceback.extract_tb(exc.__traceback__)
     # Hide this module's own frames: the user's code starts below runpy.
-    frames = [f for f in frames if not f.filename.endswith(("bootstrap.py", "runpy.py"))]
+    frames = [f for f in frames
+              if not f.filename.endswith(("bootstrap.py", "runpy.py", "<frozen runpy>"))]
     record = {
         "type": type(exc).__name__,
         "message": str(exc)[:2000],
