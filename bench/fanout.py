@@ -1,0 +1,148 @@
+"""Fan-out: launch until a trivial Python task has run on all of N SSH hosts.
+
+Side by side, on the same simulated hosts (one real sshd per loopback address,
+see launcher/sshsim.py), N = 1, 8, 32:
+
+- mgpu-launch: `python -m launcher cluster.yaml trivial.py`. Reported twice:
+  until the last task has run (the last `task_exited` in events.jsonl, from
+  the moment the command was started) and the whole command (teardown and
+  interpreter exit included).
+- pdsh: `pdsh -R ssh -f 64 -w HOSTS PYTHON trivial.py` with OpenSSH, the same
+  client key and known_hosts.
+
+Prints the median of a few runs each and the ratios, plus the CPU time each
+client spent (the launcher process vs pdsh and its ssh processes). Simulated
+hosts share this machine's cores with the client, so at N=32 the hosts' own
+work (sshd, the login shell's rc files, Python starting) dominates the wall
+time of both tools; the client CPU column is what still scales on real hosts.
+Targets: mgpu-launch <= 1.0x pdsh at N=32, and N=32 within 3x of N=1.
+
+    /work/.venv/bin/python bench/fanout.py [--sizes 1,8,32] [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from launcher.sshsim import SimCluster, start_cluster  # noqa: E402
+
+TRIVIAL = "import os\nprint('ran on', os.environ.get('MGPU_HOST', os.uname().nodename))\n"
+
+
+def cluster_yaml(cluster: SimCluster, count: int, path: Path) -> Path:
+    config = cluster.config_dict()
+    config["hosts"] = config["hosts"][:count]
+    # The tasks do not talk to each other: the default strategy keeps TF out of it.
+    config["strategy"] = "multi_worker_mirrored"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_launcher(yaml_path: Path, script: Path, work: Path) -> tuple[float, float]:
+    """(seconds until the last task exited, seconds for the whole command)."""
+    run_dir = Path(tempfile.mkdtemp(prefix="run-", dir=work))
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    started = time.time()
+    done = subprocess.run([sys.executable, "-m", "launcher", "--quiet", "--run-dir",
+                           str(run_dir), str(yaml_path), str(script)],
+                          cwd=work, env=env, capture_output=True, text=True)
+    whole = time.time() - started
+    if done.returncode != 0:
+        raise RuntimeError(f"mgpu-launch failed ({done.returncode}):\n{done.stdout}{done.stderr}")
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    last_exit = max(e["t"] for e in events if e["event"] == "task_exited")
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return last_exit - started, whole
+
+
+def run_pdsh(cluster: SimCluster, count: int, script: Path) -> float:
+    hosts = ",".join(h.address for h in cluster.hosts[:count])
+    ssh_args = (f"-p {cluster.hosts[0].port} -i {cluster.client_key} -o BatchMode=yes "
+                f"-o UserKnownHostsFile={cluster.known_hosts} -o StrictHostKeyChecking=yes "
+                "-o LogLevel=ERROR -l %u %h")
+    env = dict(os.environ, PDSH_SSH_ARGS=ssh_args, PDSH_RCMD_TYPE="ssh")
+    started = time.time()
+    done = subprocess.run(["pdsh", "-R", "ssh", "-f", "64", "-w", hosts, cluster.python,
+                           str(script)], env=env, capture_output=True, text=True)
+    elapsed = time.time() - started
+    ran = sum(1 for line in done.stdout.splitlines() if " ran on " in line)
+    if done.returncode != 0 or ran != count:
+        raise RuntimeError(f"pdsh failed ({done.returncode}, {ran}/{count} ran):\n"
+                           f"{done.stdout}{done.stderr}")
+    return elapsed
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="1,8,32")
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    if not shutil.which("pdsh"):
+        print("pdsh is not installed (apt-get install pdsh)", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="mgpu-fanout-") as tmp:
+        work = Path(tmp)
+        script = work / "trivial.py"
+        script.write_text(TRIVIAL)
+        cluster = start_cluster(max(sizes), work / "sim", sys.executable)
+        try:
+            rows = []
+            for count in sizes:
+                yaml_path = cluster_yaml(cluster, count, work / f"cluster-{count}.yaml")
+                run_launcher(yaml_path, script, work)  # warm-up: uploads the agent bundle
+                run_pdsh(cluster, count, script)
+                ours, whole, theirs, cpu_ours, cpu_theirs = [], [], [], [], []
+                for _ in range(args.repeat):  # interleaved: both see the same load
+                    before = children_cpu()
+                    ran, total = run_launcher(yaml_path, script, work)
+                    middle = children_cpu()
+                    theirs.append(run_pdsh(cluster, count, script))
+                    cpu_theirs.append(children_cpu() - middle)
+                    cpu_ours.append(middle - before)
+                    ours.append(ran)
+                    whole.append(total)
+                rows.append((count, statistics.median(ours), statistics.median(whole),
+                             statistics.median(theirs), statistics.median(cpu_ours),
+                             statistics.median(cpu_theirs)))
+        finally:
+            cluster.stop()
+    load = os.getloadavg()[0]
+    print(f"fan-out to N simulated SSH hosts, median of {args.repeat} "
+          f"({os.cpu_count()} CPUs, load average {load:.1f} at the end)")
+    print(f"{'N':>3}  {'mgpu: all ran':>13}  {'mgpu: command':>13}  {'pdsh':>7}  "
+          f"{'ran/pdsh':>8}  {'command/pdsh':>12}  {'client CPU mgpu':>15}  {'pdsh':>6}  "
+          f"{'ratio':>6}")
+    for count, ran, total, pdsh, cpu, cpu_pdsh in rows:
+        print(f"{count:>3}  {ran:>12.2f}s  {total:>12.2f}s  {pdsh:>6.2f}s  {ran / pdsh:>7.2f}x"
+              f"  {total / pdsh:>11.2f}x  {cpu:>14.2f}s  {cpu_pdsh:>5.2f}s  "
+              f"{cpu / cpu_pdsh:>5.2f}x")
+    if len(rows) > 1:
+        first, last = rows[0], rows[-1]
+        print(f"mgpu-launch N={last[0]} vs N={first[0]}: {last[1] / first[1]:.2f}x "
+              f"(all ran), {last[2] / first[2]:.2f}x (command)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,474 @@
+"""`mgpu-launch check CLUSTER.yaml`: would a run start on this cluster?
+
+For every host at once, through the same agents a run uses: reachable and
+authenticated; Python, TensorFlow, Keras and tf-keras versions, differences
+between hosts flagged; the planned ports free (each host briefly listens on
+its own); every worker able to reach every other worker's port; the checkpoint
+directory shared (a nonce written from one host, read on the others) and its
+free space; GPUs visible. Prints one row per host, the problems host by host,
+and a verdict. Exit 0 only when the run would start, 2 otherwise.
+
+Small probes run on the hosts as `python -c` through the agent's `exec_check`
+op (standard library only). Owns only this report: never starts training.
+
+Must not import: supervisor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import secrets
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .config import ConfigError, LoadedConfig, load_config
+from .plan import HostTarget, PlanError, build_plan, host_targets, ports_needed
+from .transport import AgentLink, AgentMessage, HostProblem, TransportError
+
+EXIT_READY, EXIT_NOT_READY = 0, 2
+PROBE_TIMEOUT_S = 30.0  # one probe on one host: a few socket connects and a stat
+PEER_TIMEOUT_S = 3.0  # a TCP connect between two hosts of one cluster
+
+# Binds each planned port on every interface with SO_REUSEADDR, as
+# TensorFlow's gRPC server does (so connections of an earlier run lingering in
+# TIME_WAIT do not count as busy, but a listening process does); reports which
+# were busy, then accepts connections until stopped.
+LISTEN = r"""
+import json, socket, sys, time
+ports, report = json.loads(sys.argv[1]), {"listening": [], "busy": {}}
+held = []
+for port in ports:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(("", port)); sock.listen(64); held.append(sock)
+        report["listening"].append(port)
+    except OSError as exc:
+        report["busy"][str(port)] = exc.strerror or str(exc)
+        sock.close()
+print(json.dumps(report), flush=True)
+deadline, accepted = time.time() + 120, []
+for sock in held:
+    sock.settimeout(0.05)
+while held and time.time() < deadline:
+    for sock in held:
+        try:  # kept open: the peer closes first, so no TIME_WAIT lingers on this port
+            accepted.append(sock.accept()[0])
+        except OSError:
+            pass
+"""
+
+WRITE_NONCE = r"""
+import json, os, sys
+folder, name, nonce = json.loads(sys.argv[1])
+try:
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, name), "w") as handle:
+        handle.write(nonce)
+    print(json.dumps({"ok": True}))
+except OSError as exc:
+    print(json.dumps({"ok": False, "error": f"{exc.strerror or exc} ({folder})"}))
+"""
+
+# Removes the nonce file (if given) and this check's run folder on the host.
+REMOVE = r"""
+import json, os, shutil, sys
+nonce_file, run_dir = json.loads(sys.argv[1])
+if nonce_file and os.path.exists(nonce_file):
+    os.unlink(nonce_file)
+shutil.rmtree(run_dir, ignore_errors=True)
+try:
+    os.rmdir(os.path.dirname(run_dir))  # check-<time>/, once no host uses it any more
+except OSError:
+    pass
+"""
+
+# Peers, checkpoint directory and GPUs, seen from one host.
+PROBE = r"""
+import json, os, shutil, socket, subprocess, sys
+from concurrent.futures import ThreadPoolExecutor
+args = json.loads(sys.argv[1])
+out = {"peers": {}, "checkpoint": {}, "gpus": None}
+
+def reach(peer):
+    try:
+        socket.create_connection((peer[0], peer[1]), timeout=args["peer_timeout"]).close()
+        return None
+    except OSError as exc:
+        return exc.strerror or str(exc) or type(exc).__name__
+
+peers = args["peers"]
+if peers:
+    with ThreadPoolExecutor(min(16, len(peers))) as pool:
+        for peer, error in zip(peers, pool.map(reach, peers)):
+            out["peers"][f"{peer[0]}:{peer[1]}"] = error
+folder = args["checkpoint_dir"]
+check = out["checkpoint"]
+try:
+    with open(os.path.join(folder, args["nonce_name"])) as handle:
+        check["nonce_seen"] = handle.read() == args["nonce"]
+except OSError:
+    check["nonce_seen"] = False
+check["exists"] = os.path.isdir(folder)
+if check["exists"]:
+    usage = shutil.disk_usage(folder)
+    check["free_gb"] = round(usage.free / 1e9, 1)
+    check["writable"] = os.access(folder, os.W_OK)
+smi = shutil.which("nvidia-smi")
+if smi:
+    try:
+        done = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=20)
+        out["gpus"] = [line for line in done.stdout.splitlines() if line.startswith("GPU")]
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        out["gpus_error"] = str(exc)
+out["cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES")
+print(json.dumps(out))
+"""
+
+
+@dataclass
+class HostReport:
+    """What `check` found on one host; `problems` decide the verdict."""
+
+    host: HostTarget
+    hello: dict[str, Any] | None = None
+    ports: list[int] = field(default_factory=list)
+    busy: dict[str, str] = field(default_factory=dict)
+    peers: dict[str, str | None] = field(default_factory=dict)
+    checkpoint: dict[str, Any] = field(default_factory=dict)
+    gpus: list[str] | None = None
+    problems: list[str] = field(default_factory=list)
+
+    def packages(self) -> dict[str, str | None]:
+        return (self.hello or {}).get("packages") or {}
+
+
+class Agents:
+    """Send ops to connected agents and collect their answers from one queue."""
+
+    def __init__(self, links: dict[str, AgentLink], events: queue.Queue[AgentMessage]) -> None:
+        self.links = links
+        self.events = events
+        self._ids = 0
+
+    def python(self, host: str) -> str:
+        return str(self.links[host].hello["python"])
+
+    def exec_all(self, argv_of: dict[str, list[str]], timeout: float = PROBE_TIMEOUT_S
+                 ) -> dict[str, dict[str, Any] | None]:
+        """Run one command per host at once; each host's parsed JSON stdout (or None)."""
+        waiting: dict[str, str] = {}
+        for host, argv in argv_of.items():
+            self._ids += 1
+            ident = f"check-{self._ids}"
+            if self.links[host].send({"op": "exec_check", "id": ident, "argv": argv,
+                                      "timeout_s": timeout}):
+                waiting[ident] = host
+        results: dict[str, dict[str, Any] | None] = {h: None for h in argv_of}
+        for message in self._collect(lambda: bool(waiting), timeout + 5):
+            body = message.message
+            if message.event == "exec_result" and body.get("id") in waiting:
+                host = waiting.pop(body["id"])
+                results[host] = _last_json(body.get("stdout", "")) or {
+                    "error": (body.get("stderr") or "").strip()[-300:] or f"exit {body['code']}"}
+            elif message.event == "agent_lost":
+                for ident in [i for i, h in waiting.items() if h == message.host]:
+                    waiting.pop(ident)
+        return results
+
+    def _collect(self, pending, timeout: float):
+        deadline = time.monotonic() + timeout
+        while pending() and time.monotonic() < deadline:
+            try:
+                yield self.events.get(timeout=min(0.2, max(0.0, deadline - time.monotonic())))
+            except queue.Empty:
+                continue
+
+    def start_listeners(self, ports_of: dict[str, list[int]], timeout: float = PROBE_TIMEOUT_S
+                        ) -> dict[str, dict[str, Any] | None]:
+        """Start LISTEN on each host; return its report once it prints it."""
+        for host, ports in ports_of.items():
+            self.links[host].send({"op": "start", "task": "check-listen", "generation": 0,
+                                   "argv": [self.python(host), "-c", LISTEN, json.dumps(ports)],
+                                   "env": {}, "tf_config": "{}"})
+        reports: dict[str, dict[str, Any] | None] = {h: None for h in ports_of}
+        pending = set(ports_of)
+        for message in self._collect(lambda: bool(pending), timeout):
+            body = message.message
+            if message.host not in pending or body.get("task") not in (None, "check-listen"):
+                continue
+            if message.event == "output" and body.get("stream") == "stdout":
+                reports[message.host] = _last_json(body.get("text", ""))
+                pending.discard(message.host)
+            elif message.event in ("start_failed", "exited", "agent_lost"):
+                pending.discard(message.host)
+        return reports
+
+    def stop_listeners(self, hosts: Sequence[str]) -> None:
+        for host in hosts:
+            self.links[host].send({"op": "stop", "tasks": ["check-listen"], "grace_s": 1.0})
+
+
+def _last_json(text: str) -> dict[str, Any] | None:
+    for line in reversed(text.strip().splitlines()):
+        try:
+            value = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            return value
+    return None
+
+
+# ---------------------------------------------------------------- judging
+
+
+def judge_versions(reports: list[HostReport], keras_mode: str) -> None:
+    """Flag missing packages and versions that differ from the other hosts."""
+    alive = [r for r in reports if r.hello is not None]
+    labels = {"python": "Python", "tensorflow": "TensorFlow", "keras": "Keras",
+              "tf_keras": "tf-keras"}
+    values = {r.host.name: {"python": ".".join(str(r.hello.get("python_version", "?"))
+                                               .split(".")[:2]), **r.packages()}
+              for r in alive}
+    for report in alive:
+        mine = values[report.host.name]
+        if not mine.get("tensorflow"):
+            report.problems.append(f"TensorFlow is not installed for {report.hello['python']}: "
+                                   "install it, or set `python:` for this host")
+        if keras_mode in ("auto", "tf_keras") and mine.get("tensorflow") and not mine.get(
+                "tf_keras"):
+            report.problems.append(
+                f"tf-keras is not installed: with `keras: {keras_mode}` tf.keras is tf_keras "
+                "on the hosts that have it but Keras 3 here, and Keras 3's fit fails under "
+                "MultiWorkerMirroredStrategy; "
+                f"`pip install tf-keras~={_minor(mine['tensorflow'])}.0`")
+        if keras_mode == "keras3" and not str(mine.get("keras") or "").startswith("3"):
+            report.problems.append(f"`keras: keras3` needs Keras 3; found {mine.get('keras')}")
+        tf, tfk = mine.get("tensorflow"), mine.get("tf_keras")
+        if tf and tfk and _minor(tf) != _minor(tfk):
+            report.problems.append(f"tf-keras {tfk} does not match TensorFlow {tf}: "
+                                   f"`pip install tf-keras~={_minor(tf)}.0`")
+    for key, label in labels.items():
+        groups: dict[str | None, list[str]] = {}
+        for report in alive:
+            groups.setdefault(values[report.host.name].get(key), []).append(report.host.name)
+        if len(groups) < 2:
+            continue
+        order = [r.host.name for r in alive]
+        common = max(groups, key=lambda v: (len(groups[v]), -order.index(groups[v][0])))
+        for report in alive:
+            value = values[report.host.name].get(key)
+            if value != common:
+                report.problems.append(
+                    f"{label} {value or 'missing'} here, but {common or 'missing'} on "
+                    f"{', '.join(groups[common])}: every host needs the same versions")
+
+
+def _minor(version: str) -> str:
+    return ".".join(version.split(".")[:2])
+
+
+def judge_probe(report: HostReport, probe: dict[str, Any] | None, names: dict[str, str],
+                checkpoint_dir: str, writer: str | None) -> None:
+    if probe is None or "error" in probe:
+        why = (probe or {}).get("error", "no answer")
+        report.problems.append(f"the check probe failed here: {why}")
+        return
+    report.peers = probe.get("peers", {})
+    for peer, error in report.peers.items():
+        if error:
+            report.problems.append(f"cannot reach {names.get(peer, peer)} at {peer} ({error}): "
+                                   "a firewall between the hosts?")
+    report.checkpoint = probe.get("checkpoint", {})
+    if not report.checkpoint.get("exists"):
+        report.problems.append(f"checkpoint dir {checkpoint_dir} does not exist here: it must "
+                               "be one directory every host sees (NFS or similar)")
+    elif writer is not None and not report.checkpoint.get("nonce_seen"):
+        report.problems.append(f"checkpoint dir {checkpoint_dir} is not shared: a file written "
+                               f"there from {writer} is not visible here")
+    elif not report.checkpoint.get("writable"):
+        report.problems.append(f"checkpoint dir {checkpoint_dir} is not writable here")
+    report.gpus = probe.get("gpus")
+    wanted = list(report.host.gpus)
+    if wanted and (report.gpus is None or len(report.gpus) < max(wanted) + 1):
+        seen = "nvidia-smi not found" if report.gpus is None else f"{len(report.gpus)} visible"
+        report.problems.append(f"gpus {wanted} configured but {seen}")
+
+
+# ---------------------------------------------------------------- output
+
+
+def render(reports: list[HostReport], checkpoint_dir: str, ports_fixed: bool) -> str:
+    header = ["HOST", "ADDRESS", "SSH", "PYTHON", "TENSORFLOW", "KERAS", "TF-KERAS", "PORTS",
+              "PEERS", "CHECKPOINT", "GPUS"]
+    rows = [header]
+    for r in reports:
+        if r.hello is None:
+            rows.append([r.host.name, r.host.address, "FAILED"] + ["-"] * (len(header) - 3))
+            continue
+        packages = r.packages()
+        if not ports_fixed:
+            ports = "auto"
+        elif not r.ports:
+            ports = "none"
+        else:
+            ports = ",".join(f"{p} BUSY" if str(p) in r.busy else str(p) for p in r.ports)
+        bad_peers = sum(1 for e in r.peers.values() if e)
+        peers = f"{len(r.peers) - bad_peers}/{len(r.peers)}" if r.peers else "-"
+        ck = r.checkpoint
+        if not ck:
+            checkpoint = "?"
+        elif not ck.get("exists"):
+            checkpoint = "MISSING"
+        else:
+            shared = "shared" if ck.get("nonce_seen") else "NOT SHARED"
+            checkpoint = f"{shared}, {ck.get('free_gb', '?')} GB free"
+        gpus = "none" if not r.gpus else str(len(r.gpus))
+        rows.append([r.host.name, r.host.address, "ok", str(r.hello.get("python_version")),
+                     packages.get("tensorflow") or "MISSING", packages.get("keras") or "-",
+                     packages.get("tf_keras") or "-", ports, peers, checkpoint, gpus])
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+             for row in rows]
+    lines.append(f"checkpoint dir: {checkpoint_dir}")
+    bad = [r for r in reports if r.problems]
+    if bad:
+        lines.append("problems:")
+        lines += [f"  {r.host.name}: {p}" for r in bad for p in r.problems]
+        count = sum(len(r.problems) for r in bad)
+        lines.append(f"verdict: NOT READY - {count} problem{'s' if count > 1 else ''} on "
+                     f"{len(bad)} host{'s' if len(bad) > 1 else ''} of {len(reports)}")
+    else:
+        lines.append(f"verdict: ready - all {len(reports)} hosts can start the run")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- the run
+
+
+def run_check(loaded: LoadedConfig) -> tuple[list[HostReport], str]:
+    """Check every host; (one report per host, the checkpoint dir checked)."""
+    config = loaded.config
+    local = config.transport == "local"
+    default_python = sys.executable if local else "python3"
+    targets = host_targets(config, default_python)
+    ports_fixed = isinstance(config.ports.base, int)
+    plan = build_plan(loaded, ["<check>"], run_dir="check",
+                      ports=None if ports_fixed else [0] * ports_needed(config),
+                      default_python=default_python, launch_cwd=os.getcwd())
+    reports = {h.name: HostReport(h) for h in targets}
+    for task in plan.tasks:
+        if ports_fixed and task.port:
+            reports[task.host].ports.append(task.port)
+    run_dir = (tempfile.mkdtemp(prefix="mgpu-check-") if local
+               else f"check-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+    events: queue.Queue[AgentMessage] = queue.Queue()
+    transport, links, problems = _connect(local, targets, run_dir, events)
+    for problem in problems:
+        reports[problem.host].problems.append(problem.reason)
+    try:
+        for name, link in links.items():
+            reports[name].hello = link.hello
+        if links:
+            _probe(Agents(links, events), reports, plan.checkpoint_dir, ports_fixed)
+    finally:
+        for link in links.values():
+            link.close()
+        transport.close()
+    judge_versions(list(reports.values()), config.keras)
+    return list(reports.values()), plan.checkpoint_dir
+
+
+def _connect(local: bool, targets: Sequence[HostTarget], run_dir: str,
+             events: queue.Queue[AgentMessage]
+             ) -> tuple[Any, dict[str, AgentLink], list[HostProblem]]:
+    if local:
+        from .transport.local import LocalTransport
+
+        transport = LocalTransport()
+        try:
+            return transport, transport.connect(targets, run_dir, events), []
+        except TransportError as exc:
+            return transport, {}, exc.problems
+    from .transport.ssh import SSHTransport
+
+    transport = SSHTransport(require_tensorflow=False)
+    links, problems = transport.connect_each(targets, run_dir, events)
+    return transport, links, problems
+
+
+def _probe(agents: Agents, reports: dict[str, HostReport], checkpoint_dir: str,
+           ports_fixed: bool) -> None:
+    hosts = list(agents.links)
+    # 1. Each host listens on its planned ports; one host writes the nonce.
+    listen = {h: reports[h].ports for h in hosts if reports[h].ports}
+    listening = agents.start_listeners(listen) if listen else {}
+    names: dict[str, str] = {}
+    peers: list[tuple[str, str, int]] = []  # (host, address, port)
+    for host, report in listening.items():
+        if report is None:
+            reports[host].problems.append("could not listen on the planned ports (no report)")
+            continue
+        reports[host].busy = report.get("busy", {})
+        for port, error in reports[host].busy.items():
+            reports[host].problems.append(
+                f"port {port} is busy ({error}): stop what holds it, or change `ports.base`")
+        for port in report.get("listening", []):
+            address = reports[host].host.address
+            peers.append((host, address, port))
+            names[f"{address}:{port}"] = host
+    writer = hosts[0]
+    nonce, nonce_name = secrets.token_hex(16), f".mgpu-check-{secrets.token_hex(4)}"
+    wrote = agents.exec_all({writer: [agents.python(writer), "-c", WRITE_NONCE,
+                                      json.dumps([checkpoint_dir, nonce_name, nonce])]})
+    if not (wrote[writer] or {}).get("ok"):
+        error = (wrote[writer] or {}).get("error", "no answer")
+        reports[writer].problems.append(f"cannot write to the checkpoint dir: {error}")
+        writer_name = None
+    else:
+        writer_name = writer
+    # 2. Every host: reach the others' ports, read the nonce, look for GPUs.
+    argv_of = {}
+    for host in hosts:
+        args = {"peers": [[a, p] for h, a, p in peers if h != host],
+                "peer_timeout": PEER_TIMEOUT_S, "checkpoint_dir": checkpoint_dir,
+                "nonce": nonce, "nonce_name": nonce_name}
+        argv_of[host] = [agents.python(host), "-c", PROBE, json.dumps(args)]
+    results = agents.exec_all(argv_of)
+    for host in hosts:
+        judge_probe(reports[host], results[host], names, checkpoint_dir, writer_name)
+    # 3. Clean up: listeners, the nonce, the agents' run directories.
+    agents.stop_listeners(list(listen))
+    cleanup = {h: [agents.python(h), "-c", REMOVE, json.dumps(
+        [os.path.join(checkpoint_dir, nonce_name) if h == writer else None,
+         str(agents.links[h].hello.get("run_dir"))])] for h in hosts}
+    agents.exec_all(cleanup, timeout=10)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="mgpu-launch check",
+        description="Check every host of a cluster before a run: SSH, versions, ports, "
+        "peer reachability, shared checkpoint dir, GPUs. Exit 0 when the run would start.")
+    parser.add_argument("cluster", help="the cluster YAML")
+    args = parser.parse_args(argv[1:])
+    try:
+        loaded = load_config(args.cluster)
+    except ConfigError as exc:
+        print(f"mgpu-launch: {exc}", file=sys.stderr)
+        return EXIT_NOT_READY
+    try:
+        reports, checkpoint_dir = run_check(loaded)
+    except PlanError as exc:
+        print(f"mgpu-launch: cannot plan the job: {exc}", file=sys.stderr)
+        return EXIT_NOT_READY
+    print(render(reports, checkpoint_dir, isinstance(loaded.config.ports.base, int)))
+    return EXIT_READY if not any(r.problems for r in reports) else EXIT_NOT_READY

@@ -1,0 +1,398 @@
+"""Simulated SSH hosts: one real OpenSSH `sshd` per loopback address.
+
+`mgpu-launch simulate N [--dir DIR] [--python PY]` starts N private `sshd`s on
+127.0.0.2, 127.0.0.3, ... (all of 127.0.0.0/8 is loopback on Linux), each with
+its own generated host key, all accepting one generated client key, and writes
+a known_hosts file and a matching cluster YAML into DIR. Nothing of the
+machine's own SSH setup is read or changed: every file lives in DIR and every
+`sshd` runs with `-f DIR/hostN/sshd_config`. (OpenSSH insists on its compiled-in
+privilege-separation directory `/run/sshd`; it is created, empty, if missing.)
+
+The same code is the test fixture: `start_cluster(...)` returns a `SimCluster`
+that can stop, restart or kill single hosts.
+
+Owns: sshd configs, key generation, the simulated cluster YAML. Must not
+import: transport, supervisor, cli.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ed25519
+
+SSHD = os.environ.get("MGPU_SSHD", "/usr/sbin/sshd")
+PRIVSEP_DIR = "/run/sshd"
+START_TIMEOUT_S = 10.0  # an sshd binds its port in a few ms; a loaded machine is slower
+
+SSHD_CONFIG = """\
+# Private sshd of simulated host {name} (mgpu-launch simulate). Not the system's.
+ListenAddress {address}:{port}
+HostKey {host_key}
+# The pid is tracked by the simulator itself.
+PidFile none
+AuthorizedKeysFile {authorized_keys}
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+# Simulated hosts log in as the current user, root included, by key only.
+PermitRootLogin prohibit-password
+# The key files live in a user-chosen directory whose parents may be group-writable.
+StrictModes no
+# PAM would read the machine's own login configuration.
+UsePAM no
+# SFTP uploads of the agent bundle need an sftp subsystem; this one needs no binary.
+Subsystem sftp internal-sftp
+# ProxyJump through a simulated host opens a direct-tcpip channel.
+AllowTcpForwarding yes
+# Many launchers may connect at once (bench/fanout.py); the default drops beyond 10.
+MaxStartups 200:30:400
+PrintMotd no
+PrintLastLog no
+LogLevel {log_level}
+"""
+
+
+@dataclass
+class SimHost:
+    index: int
+    name: str
+    address: str
+    port: int
+    dir: Path
+    host_key_line: str  # `ssh-ed25519 AAAA...`
+    private_mounts: tuple[str, ...] = ()
+    proc: subprocess.Popen | None = None
+
+    @property
+    def known_hosts_name(self) -> str:
+        return self.address if self.port == 22 else f"[{self.address}]:{self.port}"
+
+    @property
+    def pid_file(self) -> Path:
+        return self.dir / "sshd.pid"
+
+    def listener_pid(self) -> int | None:
+        try:
+            return int(self.pid_file.read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+
+
+@dataclass
+class SimCluster:
+    dir: Path
+    hosts: list[SimHost]
+    python: str
+    client_key: Path
+    known_hosts: Path
+    yaml_path: Path
+    port_base: int
+    user: str = field(default_factory=getpass.getuser)
+
+    # ------------------------------------------------------------ configuration
+
+    def config_dict(self) -> dict:
+        """The cluster YAML as a dict (tests edit it and write variants)."""
+        return {
+            "name": "sim",
+            "transport": "ssh",
+            "python": self.python,
+            "ssh": {
+                "user": self.user,
+                "port": self.hosts[0].port,
+                "identity_file": str(self.client_key),
+                "known_hosts": str(self.known_hosts),
+                "host_key_policy": "strict",
+                # Never read the user's own ~/.ssh/config for simulated hosts.
+                "config_file": None,
+                "connect_timeout_s": 10,
+            },
+            "hosts": [
+                {"address": h.address, "name": h.name,
+                 **({"port": h.port} if h.port != self.hosts[0].port else {})}
+                for h in self.hosts
+            ],
+            # Every simulated host shares this machine's filesystem.
+            "checkpoint": {"dir": str(self.dir / "checkpoints")},
+            # Fixed ports: the launcher cannot ask remote hosts for free ones.
+            "ports": {"base": self.port_base},
+        }
+
+    def write_yaml(self, path: Path | None = None, config: dict | None = None) -> Path:
+        path = path or self.yaml_path
+        path.write_text(yaml.safe_dump(config or self.config_dict(), sort_keys=False))
+        return path
+
+    # ------------------------------------------------------------ processes
+
+    def start_host(self, index: int) -> None:
+        host = self.hosts[index]
+        if host.proc is not None and host.proc.poll() is None:
+            return
+        host.proc = _start_sshd(host)
+        host.pid_file.write_text(f"{host.proc.pid}\n")
+        _wait_listening(host)
+
+    def stop_host(self, index: int, sig: int = signal.SIGTERM) -> None:
+        """Stop a host's sshd listener (open sessions are left alone)."""
+        host = self.hosts[index]
+        pid = host.proc.pid if host.proc is not None else host.listener_pid()
+        if pid is not None:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        if host.proc is not None:
+            try:
+                host.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                host.proc.kill()
+                host.proc.wait()
+            host.proc = None
+        host.pid_file.unlink(missing_ok=True)
+
+    def session_pids(self, index: int) -> list[int]:
+        """Pids of the sshd processes serving this host's open connections."""
+        import psutil
+
+        pid = self.hosts[index].listener_pid()
+        if pid is None:
+            return []
+        try:
+            return [p.pid for p in psutil.Process(pid).children(recursive=True)]
+        except psutil.Error:
+            return []
+
+    def stop(self) -> None:
+        for host in self.hosts:
+            self.stop_host(host.index)
+
+
+def _free_on_all(addresses: list[str], port: int) -> bool:
+    for address in [*addresses, ""]:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((address, port))
+            except OSError:
+                return False
+    return True
+
+
+def pick_ssh_port(addresses: list[str], start: int = 2222) -> int:
+    """The first port from `start` on that is free on every simulated address."""
+    for port in range(start, start + 2000):
+        if _free_on_all(addresses, port):
+            return port
+    raise RuntimeError(f"no free port in {start}..{start + 2000} on {addresses}")
+
+
+def pick_port_base(count: int, start: int = 21000, avoid: tuple[int, ...] = ()) -> int:
+    """A base for `count` consecutive task ports free on every interface.
+
+    Below the kernel's ephemeral range (32768+), so `ports: auto` runs of other
+    jobs on this machine do not take them between now and the launch.
+    """
+    base = start
+    while base + count < 32768:
+        span = range(base, base + count)
+        if not any(p in avoid for p in span) and all(_free_on_all([], p) for p in span):
+            return base
+        base += count + 1
+    raise RuntimeError(f"no {count} consecutive free ports between {start} and 32768")
+
+
+def generate_key(path: Path, comment: str) -> str:
+    """Write an ed25519 private key (0600) and its `.pub`; return `type base64`."""
+    key = ed25519.Ed25519PrivateKey.generate()
+    private = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+                               serialization.NoEncryption())
+    public = key.public_key().public_bytes(serialization.Encoding.OpenSSH,
+                                           serialization.PublicFormat.OpenSSH).decode()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(private)
+    Path(f"{path}.pub").write_text(f"{public} {comment}\n")
+    return public
+
+
+def _start_sshd(host: SimHost) -> subprocess.Popen:
+    os.makedirs(PRIVSEP_DIR, mode=0o755, exist_ok=True)
+    argv = [SSHD, "-D", "-f", str(host.dir / "sshd_config"), "-E", str(host.dir / "sshd.log")]
+    if host.private_mounts:
+        # This host gets its own mount namespace with an empty tmpfs over each
+        # path: the same path names a different directory there, exactly like
+        # a directory that is local to each machine instead of shared.
+        mounts = " && ".join(f"mkdir -p {_q(p)} && mount -t tmpfs mgpu-private {_q(p)}"
+                             for p in host.private_mounts)
+        argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                f"{mounts} && exec {' '.join(_q(a) for a in argv)}"]
+    # Own session: a Ctrl-C meant for the simulator's terminal is handled by it.
+    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+def _q(value: str) -> str:
+    import shlex
+
+    return shlex.quote(value)
+
+
+def _wait_listening(host: SimHost) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if host.proc is not None and host.proc.poll() is not None:
+            log = (host.dir / "sshd.log").read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"sshd of {host.name} exited with {host.proc.returncode}: {log}")
+        try:
+            with socket.create_connection((host.address, host.port), timeout=1.0) as sock:
+                if sock.recv(4).startswith(b"SSH-"):
+                    return
+        except OSError:
+            pass
+        time.sleep(0.02)
+    raise RuntimeError(f"sshd of {host.name} is not listening on {host.address}:{host.port}")
+
+
+def start_cluster(
+    count: int,
+    directory: Path,
+    python: str | None = None,
+    *,
+    first_address: str = "127.0.0.2",
+    port: int | None = None,
+    port_base: int | None = None,
+    private_mounts: dict[int, tuple[str, ...]] | None = None,
+    log_level: str = "ERROR",
+) -> SimCluster:
+    """Generate keys and configs in `directory` and start `count` sshds.
+
+    `private_mounts` gives some hosts an empty private directory over the given
+    paths (see `_start_sshd`); used to simulate a checkpoint dir that is not
+    shared.
+    """
+    directory = Path(directory).resolve()
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    prefix, last = first_address.rsplit(".", 1)
+    addresses = [f"{prefix}.{int(last) + i}" for i in range(count)]
+    if int(last) + count - 1 > 254:
+        raise ValueError(f"{count} hosts from {first_address} run past .254")
+    port = port or pick_ssh_port(addresses)
+    client_key = directory / "client_key"
+    client_public = generate_key(client_key, "mgpu-launch-simulate")
+    authorized = directory / "authorized_keys"
+    authorized.write_text(client_public + "\n")
+    os.chmod(authorized, 0o600)
+    (directory / "checkpoints").mkdir(exist_ok=True)
+    hosts = []
+    for i, address in enumerate(addresses):
+        host_dir = directory / f"host{i}"
+        host_dir.mkdir(exist_ok=True, mode=0o700)
+        host_key = host_dir / "ssh_host_ed25519_key"
+        line = generate_key(host_key, f"simulated-host{i}")
+        (host_dir / "sshd_config").write_text(SSHD_CONFIG.format(
+            name=f"host{i}", address=address, port=port, host_key=host_key,
+            authorized_keys=authorized, log_level=log_level))
+        hosts.append(SimHost(i, f"host{i}", address, port, host_dir, line,
+                             tuple((private_mounts or {}).get(i, ()))))
+    known_hosts = directory / "known_hosts"
+    known_hosts.write_text("".join(f"{h.known_hosts_name} {h.host_key_line}\n" for h in hosts))
+    os.chmod(known_hosts, 0o600)
+    cluster = SimCluster(
+        dir=directory, hosts=hosts, python=python or sys.executable, client_key=client_key,
+        known_hosts=known_hosts, yaml_path=directory / "cluster.yaml",
+        port_base=port_base or pick_port_base(count, avoid=(port,)),
+    )
+    cluster.write_yaml()
+    try:
+        for host in hosts:
+            cluster.start_host(host.index)
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
+
+
+def stop_directory(directory: Path) -> int:
+    """Stop the sshds of a simulated cluster started with --detach."""
+    stopped = 0
+    for pid_file in sorted(Path(directory).glob("host*/sshd.pid")):
+        try:
+            os.kill(int(pid_file.read_text().split()[0]), signal.SIGTERM)
+            stopped += 1
+        except (ValueError, IndexError, ProcessLookupError):
+            pass
+        pid_file.unlink(missing_ok=True)
+    return stopped
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="mgpu-launch simulate",
+        description="Start N simulated SSH hosts (one private sshd per loopback address) "
+        "and write a matching cluster YAML.",
+        epilog="`mgpu-launch simulate stop --dir DIR` stops a detached cluster.",
+    )
+    parser.add_argument("count", help="number of hosts, or `stop`")
+    parser.add_argument("--dir", default="simulated-cluster",
+                        help="where keys, configs, logs and cluster.yaml go")
+    parser.add_argument("--python", default=sys.executable,
+                        help="interpreter the hosts use (default: this one)")
+    parser.add_argument("--first-address", default="127.0.0.2")
+    parser.add_argument("--port", type=int, help="sshd port (default: 2222 or the next free)")
+    parser.add_argument("--detach", action="store_true",
+                        help="leave the sshds running in the background and return")
+    args = parser.parse_args(argv[1:])
+    if args.count == "stop":
+        count = stop_directory(Path(args.dir))
+        print(f"stopped {count} simulated host(s) in {args.dir}")
+        return 0
+    try:
+        count = int(args.count)
+        if not 1 <= count <= 250:
+            raise ValueError
+    except ValueError:
+        parser.error("count must be a number of hosts between 1 and 250, or `stop`")
+    if os.geteuid() != 0 and not os.access(PRIVSEP_DIR, os.F_OK):
+        print(f"mgpu-launch simulate: {PRIVSEP_DIR} is missing and only root can create it "
+              "(OpenSSH needs it)", file=sys.stderr)
+        return 2
+    try:
+        cluster = start_cluster(count, Path(args.dir), args.python,
+                                first_address=args.first_address, port=args.port)
+    except (RuntimeError, ValueError, OSError) as exc:
+        print(f"mgpu-launch simulate: {exc}", file=sys.stderr)
+        return 2
+    first, last = cluster.hosts[0], cluster.hosts[-1]
+    print(f"{count} simulated host(s): {first.address} .. {last.address}, sshd port "
+          f"{first.port}\ncluster YAML: {cluster.yaml_path}\n"
+          f"try:   mgpu-launch check {cluster.yaml_path}\n"
+          f"       mgpu-launch {cluster.yaml_path} train.py")
+    if args.detach:
+        print(f"stop:  mgpu-launch simulate stop --dir {args.dir}")
+        return 0
+    print("press Ctrl-C to stop them")
+
+    def stop_on_term(_signum, _frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop_on_term)  # `kill` stops the sshds too
+    try:
+        while all(h.proc is not None and h.proc.poll() is None for h in cluster.hosts):
+            time.sleep(0.5)
+        print("a simulated sshd exited; stopping the others", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        cluster.stop()

@@ -1,0 +1,315 @@
+"""The SSH transport against real OpenSSH sshds on loopback (simulated hosts).
+
+Everything goes through the real CLI in a subprocess, except the upload and
+ProxyJump checks, which use the transport's API to look at what it did.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import queue
+import re
+import signal
+import subprocess
+from pathlib import Path
+
+import psutil
+import pytest
+
+from launcher.config import load_config
+from launcher.plan import HostTarget, host_targets
+from launcher.shipping import bundle_id
+from launcher.sshsim import generate_key
+from launcher.transport import TransportError
+from launcher.transport.ssh import SSHTransport, agent_command, merge_endpoint, parse_jump
+from tests.conftest import read_events, run_cli, start_cli, wait_for
+from tests.sshcluster import (
+    MARKER,
+    SLEEPER,
+    TINY_TRAIN,
+    make_venv,
+    sim_cluster,
+    write_script,
+    write_yaml,
+)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    with sim_cluster(tmp_path_factory.mktemp("sim"), 2) as sim:
+        yield sim
+
+
+@pytest.fixture
+def marker_dir(tmp_path) -> Path:
+    path = tmp_path / "markers"
+    path.mkdir()
+    return path
+
+
+def run_marker(cluster, tmp_path: Path, config: dict, marker_dir: Path):
+    yaml_path = write_yaml(tmp_path / "cluster.yaml", config)
+    script = write_script(tmp_path, "marker.py", MARKER)
+    return run_cli(["--run-dir", str(tmp_path / "run"), str(yaml_path), str(script),
+                    str(marker_dir)], cwd=tmp_path)
+
+
+def fingerprint_of(public_key_file: Path) -> str:
+    out = subprocess.run(["ssh-keygen", "-lf", str(public_key_file)], capture_output=True,
+                         text=True, check=True).stdout
+    return out.split()[1]
+
+
+# --------------------------------------------------------------------- a real job
+
+
+@pytest.mark.e2e
+def test_two_host_training_over_ssh_ends_with_identical_weights(cluster, tmp_path):
+    script = write_script(tmp_path, "tiny_train.py", TINY_TRAIN)
+    done = run_cli(["--run-dir", str(tmp_path / "run"), str(cluster.yaml_path), str(script)],
+                   cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    digests = dict(re.findall(r"(host\d)/worker\d\s*\| weights digest (\w+)", done.stdout))
+    assert set(digests) == {"host0", "host1"}, done.stdout
+    assert digests["host0"] == digests["host1"]
+
+
+# --------------------------------------------------------------------- host keys
+
+
+def test_unknown_host_key_is_refused_under_strict(cluster, tmp_path, marker_dir):
+    config = cluster.config_dict()
+    config["ssh"]["known_hosts"] = str(tmp_path / "empty_known_hosts")
+    done = run_marker(cluster, tmp_path, config, marker_dir)
+    assert done.returncode == 2, done.stdout + done.stderr
+    host = cluster.hosts[0]
+    assert "host0: unknown host key" in done.stderr
+    assert "ssh-ed25519" in done.stderr
+    assert fingerprint_of(host.dir / "ssh_host_ed25519_key.pub") in done.stderr
+    assert f"ssh-keyscan -p {host.port} {host.address} >> " in done.stderr
+    assert "host1: unknown host key" in done.stderr  # every bad host is named
+    assert list(marker_dir.iterdir()) == []
+
+
+def test_accept_new_records_unknown_keys_then_strict_accepts_them(cluster, tmp_path,
+                                                                  marker_dir):
+    known = tmp_path / "ssh" / "known_hosts"  # neither the file nor its folder exist yet
+    config = cluster.config_dict()
+    config["ssh"].update(known_hosts=str(known), host_key_policy="accept-new")
+    done = run_marker(cluster, tmp_path, config, marker_dir)
+    assert done.returncode == 0, done.stdout + done.stderr
+    recorded = set(known.read_text().splitlines())
+    assert recorded == {f"[{h.address}]:{h.port} {h.host_key_line}" for h in cluster.hosts}
+    assert known.stat().st_mode & 0o777 == 0o600
+    config["ssh"]["host_key_policy"] = "strict"
+    again = run_marker(cluster, tmp_path, config, marker_dir)
+    assert again.returncode == 0, again.stdout + again.stderr
+
+
+@pytest.mark.parametrize("policy", ["strict", "accept-new"])
+def test_changed_host_key_is_refused_under_every_policy(cluster, tmp_path, marker_dir, policy):
+    impostor = generate_key(tmp_path / "impostor", "impostor")
+    host0, host1 = cluster.hosts
+    known = tmp_path / "known_hosts"
+    known.write_text(f"[{host0.address}]:{host0.port} {impostor}\n"
+                     f"[{host1.address}]:{host1.port} {host1.host_key_line}\n")
+    config = cluster.config_dict()
+    config["ssh"].update(known_hosts=str(known), host_key_policy=policy)
+    done = run_marker(cluster, tmp_path, config, marker_dir)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"host0: HOST KEY CHANGED for [{host0.address}]:{host0.port}" in done.stderr
+    assert fingerprint_of(host0.dir / "ssh_host_ed25519_key.pub") in done.stderr
+    assert f"ssh-keygen -f {known} -R '[{host0.address}]:{host0.port}'" in done.stderr
+    assert "host1" not in done.stderr
+    assert known.read_text().count("\n") == 2  # nothing was recorded
+    assert list(marker_dir.iterdir()) == []
+
+
+# --------------------------------------------------------------------- bad hosts
+
+
+def _with_bad_host(cluster, tmp_path: Path, kind: str) -> tuple[dict, str, str]:
+    """(config, bad host's name, expected words) for one kind of bad host."""
+    config = copy.deepcopy(cluster.config_dict())
+    host1 = config["hosts"][1]
+    if kind == "wrong-python":
+        host1["python"] = "/usr/bin/pythn"
+        return config, "host1", "python '/usr/bin/pythn' not found on host1 (127.0.0.3)"
+    if kind == "unreachable":
+        # Nothing listens on this loopback address: the connection is refused.
+        config["hosts"].append({"address": "127.0.0.250", "name": "ghost"})
+        return config, "ghost", "connection refused by 127.0.0.250"
+    if kind == "rejected-key":
+        generate_key(tmp_path / "stranger_key", "stranger")
+        host1["identity_file"] = str(tmp_path / "stranger_key")
+        return config, "host1", f"authentication as {cluster.user!r} rejected by 127.0.0.3"
+    if kind == "no-tensorflow":
+        host1["python"] = str(make_venv(tmp_path / "bare-venv"))
+        return config, "host1", "TensorFlow is not installed for python"
+    raise AssertionError(kind)
+
+
+@pytest.mark.parametrize("kind", ["wrong-python", "unreachable", "rejected-key",
+                                  "no-tensorflow"])
+def test_a_bad_host_is_named_before_anything_runs(cluster, tmp_path, marker_dir, kind):
+    config, bad, words = _with_bad_host(cluster, tmp_path, kind)
+    done = run_marker(cluster, tmp_path, config, marker_dir)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "1 host not ready" in done.stderr
+    assert f"{bad}: " in done.stderr and words in done.stderr, done.stderr
+    assert list(marker_dir.iterdir()) == []  # no task started anywhere
+
+
+def test_two_bad_hosts_are_both_named(cluster, tmp_path, marker_dir):
+    config = cluster.config_dict()
+    config["hosts"][1]["python"] = "/usr/bin/pythn"
+    config["hosts"].append({"address": "127.0.0.250", "name": "ghost"})
+    done = run_marker(cluster, tmp_path, config, marker_dir)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "2 hosts not ready" in done.stderr
+    assert "host1: python '/usr/bin/pythn' not found" in done.stderr
+    assert "ghost: connection refused by 127.0.0.250" in done.stderr
+    assert "host0" not in done.stderr.split("not ready")[1]
+    assert list(marker_dir.iterdir()) == []
+
+
+# --------------------------------------------------------------------- dropped connection
+
+
+def test_killing_a_hosts_ssh_session_kills_its_tasks(cluster, tmp_path):
+    script = write_script(tmp_path, "sleeper.py", SLEEPER)
+    run_dir = tmp_path / "run"
+    cli = start_cli(["--run-dir", str(run_dir), "--max-restarts", "0", str(cluster.yaml_path),
+                     str(script)], cwd=tmp_path)
+    try:
+        def started() -> dict[str, int]:
+            found = {e["host"]: e["pid"] for e in read_events(run_dir)
+                     if e["event"] == "task_started"}
+            return found if len(found) == 2 else {}
+
+        pids = wait_for(started, 60, "both tasks to start")
+        task = psutil.Process(pids["host1"])
+        wait_for(lambda: task.children(), 10, "the task's own child process")
+        victims = [task, *task.children(recursive=True)]
+        agent = task.parent()
+        session = agent.parent()
+        assert "launcher.agent" in " ".join(agent.cmdline())
+        assert session.name().startswith("sshd") and session.pid in cluster.session_pids(1)
+        session.send_signal(signal.SIGKILL)
+
+        def all_gone() -> bool:
+            return all(not p.is_running() or p.status() == psutil.STATUS_ZOMBIE
+                       for p in victims)
+
+        wait_for(all_gone, 5, "host1's task processes to die")
+        assert cli.wait(timeout=60) == 1  # the host is reported lost; the job fails
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+            cli.wait()
+    output = cli.stdout.read()
+    assert "host1" in output and "lost its host" in output, output
+
+
+# --------------------------------------------------------------------- API-level checks
+
+
+def _targets(cluster) -> tuple[HostTarget, ...]:
+    return host_targets(load_config(cluster.yaml_path).config, "python3")
+
+
+def test_bundle_is_uploaded_once_private_and_reused(cluster, tmp_path):
+    cache = f"mgpu-test-cache-{tmp_path.name}"
+    root = Path.home() / cache
+    events: queue.Queue = queue.Queue()
+    try:
+        for _ in range(2):
+            transport = SSHTransport(remote_cache=cache)
+            links = transport.connect(_targets(cluster), str(tmp_path / "run"), events)
+            assert set(links) == {"host0", "host1"}
+            for link in links.values():
+                link.close()
+            transport.close()
+            agent = root / bundle_id() / "launcher" / "agent.py"
+            if _ == 0:
+                first_inode = agent.stat().st_ino
+        assert agent.stat().st_ino == first_inode  # reused, not uploaded again
+        assert agent.stat().st_mode & 0o777 == 0o600
+        assert (root / bundle_id()).stat().st_mode & 0o777 == 0o700
+        assert [p.name for p in root.iterdir()] == [bundle_id()]  # no staging left over
+    finally:
+        subprocess.run(["rm", "-rf", str(root)], check=True)
+
+
+def test_proxy_jump_goes_through_the_jump_host(cluster, tmp_path):
+    host0, host1 = cluster.hosts
+    ssh_config = tmp_path / "ssh_config"
+    ssh_config.write_text(
+        f"Host behind-the-bastion\n  HostName {host1.address}\n  Port {host1.port}\n"
+        f"  ProxyJump {cluster.user}@{host0.address}:{host0.port}\n")
+    target = _targets(cluster)[1]
+    target = dataclasses.replace(target, address="behind-the-bastion",
+                                 ssh_config_file=str(ssh_config))
+    transport = SSHTransport()
+    events: queue.Queue = queue.Queue()
+    links = transport.connect([target], str(tmp_path / "run"), events)
+    try:
+        # The connection to host1's sshd is held by host0's sshd, not by us.
+        jump_pids = set(cluster.session_pids(0))
+        held = [c for pid in jump_pids for c in psutil.Process(pid).net_connections("tcp")
+                if c.raddr and (c.raddr.ip, c.raddr.port) == (host1.address, host1.port)]
+        assert held, "no connection from the jump host to host1"
+        assert links["host1"].hello["host"] == "host1"
+    finally:
+        for link in links.values():
+            link.close()
+        transport.close()
+
+
+def test_transport_error_names_the_host_and_keeps_the_others_closed(cluster, tmp_path):
+    targets = list(_targets(cluster))
+    targets[0] = dataclasses.replace(targets[0], python="/nonexistent/python")
+    with pytest.raises(TransportError) as caught:
+        SSHTransport().connect(targets, str(tmp_path / "run"), queue.Queue())
+    assert [p.host for p in caught.value.problems] == ["host0"]
+
+
+# --------------------------------------------------------------------- pure pieces
+
+
+def test_agent_command_quotes_every_value():
+    command = agent_command("/opt/my python/bin/python3", "x/0.1.0-abc", "h; rm -rf /",
+                            "~/.mgpu-launch/runs/r/h", 2.0)
+    assert "'/opt/my python/bin/python3'" in command
+    assert "'h; rm -rf /'" in command
+    assert command.startswith('test -f "$HOME"/x/0.1.0-abc/launcher/agent.py || exit 98; exec env')
+    assert "--run-dir '~/.mgpu-launch/runs/r/h'" in command  # the agent expands ~
+
+
+def _target(**changes) -> HostTarget:
+    base = dict(name="n1", address="node1", python="python3", gpus=(), ssh_user=None,
+                ssh_port=22, identity_file=None, known_hosts="~/.ssh/known_hosts",
+                host_key_policy="strict", ssh_config_file=None, connect_timeout_s=10.0)
+    return HostTarget(**{**base, **changes})
+
+
+def test_yaml_values_win_over_the_ssh_config():
+    options = {"hostname": "10.0.0.5", "user": "cfguser", "port": "2200",
+               "identityfile": ["~/.ssh/cfg_key"], "proxyjump": "bastion"}
+    ep = merge_endpoint(_target(), options, "me")
+    assert (ep.hostname, ep.user, ep.port, ep.proxy_jump) == ("10.0.0.5", "cfguser", 2200,
+                                                              "bastion")
+    ep = merge_endpoint(_target(ssh_user="yamluser", ssh_port=2222, identity_file="/k"),
+                        options, "me")
+    assert (ep.user, ep.port) == ("yamluser", 2222)
+    assert ep.identity_files[0] == "/k" and ep.identity_files[1].endswith("/.ssh/cfg_key")
+    assert merge_endpoint(_target(), {}, "me").user == "me"
+    assert merge_endpoint(_target(), {}, "me").known_hosts_name == "node1"
+    assert merge_endpoint(_target(ssh_port=2222), {}, "me").known_hosts_name == "[node1]:2222"
+
+
+def test_parse_jump():
+    assert parse_jump("bastion") == (None, "bastion", None)
+    assert parse_jump("me@bastion:2222") == ("me", "bastion", 2222)
+    assert parse_jump("[::1]:22") == (None, "::1", 22)
