@@ -371,6 +371,12 @@ def _semantic_problems(config: ClusterConfig) -> list[tuple[tuple, str]]:
         if host.spare and set(r for r, n in host.roles.items() if n) - {"worker"}:
             problems.append((("hosts", i, "roles"), "a spare host stands in for a worker: "
                              "give it `roles: {worker: 1}` (the default)"))
+    remote = [h.address for h in config.hosts if not _is_loopback(h.address)]
+    if config.transport == "ssh" and config.ports.base == "auto" and remote:
+        problems.append(
+            (("ports", "base"), "auto picks ports that are free on this machine, which says "
+             f"nothing about {remote[0]}: set a fixed base (check it with `mgpu-launch check`)")
+        )
     workers = totals["worker"] + totals["chief"]
     if config.restart.min_workers > workers:
         problems.append(
@@ -378,6 +384,10 @@ def _semantic_problems(config: ClusterConfig) -> list[tuple[tuple, str]]:
              f"min_workers={config.restart.min_workers} but the cluster has {workers} workers")
         )
     return problems
+
+
+def _is_loopback(address: str) -> bool:
+    return address == "localhost" or address.startswith("127.") or address == "::1"
 
 
 def load_config(path: str | os.PathLike) -> LoadedConfig:
