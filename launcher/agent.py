@@ -8,7 +8,7 @@ signal {task, signum}, stop {tasks|null, grace_s}, exec_check {id, argv}.
 agent -> supervisor (`ev`, each with `t`): hello, started {task, pid},
 start_failed {task, error}, output {task, stream, text}, progress {task, data},
 exited {task, code|signal, stopping, tail, error}, heartbeat {tasks: {cpu,
-rss_mb}}, exec_result, log, bye.
+rss_mb, status}}, exec_result, log, bye.
 
 Guarantees:
 - every task runs in its own session/process group; stopping a task signals
@@ -325,10 +325,13 @@ def _stopped_by_us(task: RunningTask, code: int) -> bool:
     return not (code == -signal.SIGKILL and not task.killed)
 
 
-def _tree_usage(proc) -> dict[str, float]:
+def _tree_usage(proc) -> dict[str, float | str]:
+    """CPU and memory of a task's tree, and the task's own process status
+    (`stopped` is a SIGSTOPped task: the supervisor blames it for a hang)."""
     cpu, rss = 0.0, 0
     try:
         members = [proc, *proc.children(recursive=True)]
+        status = proc.status()
     except psutil.Error:
         return {"cpu": 0.0, "rss_mb": 0.0}
     for member in members:
@@ -337,7 +340,7 @@ def _tree_usage(proc) -> dict[str, float]:
             rss += member.memory_info().rss
         except psutil.Error:
             continue
-    return {"cpu": round(cpu, 1), "rss_mb": round(rss / 2**20, 1)}
+    return {"cpu": round(cpu, 1), "rss_mb": round(rss / 2**20, 1), "status": status}
 
 
 def _installed_versions() -> dict[str, str | None]:

@@ -65,15 +65,28 @@ def choose_hosts(hosts: Sequence[HostInfo], active: Sequence[str], lost: set[str
     return HostChoice(tuple(sorted(keep, key=order.__getitem__)), (), message)
 
 
+# Restarts that neither advanced the checkpoint nor counted (a task exiting 42
+# again and again without saving anything) are free, but not endless.
+MAX_FREE_RESTARTS_IN_A_ROW = 10
+
+
 @dataclass(frozen=True)
 class Budget:
-    """Restarts spent without progress; progress (or a preemption) is free."""
+    """Restarts spent without progress; progress (or a preemption) is free.
+
+    `spent` counts every restart after which the checkpoint had not advanced
+    (not only consecutive ones: a job that alternates progress and crash
+    loops still ends). `free_in_a_row` counts preemptions without progress
+    since the last progress, so a task that exits 42 forever is stopped too.
+    """
 
     max_restarts: int
     spent: int = 0
+    free_in_a_row: int = 0
 
-    def after(self, counts: bool) -> Budget:
-        return Budget(self.max_restarts, self.spent + (1 if counts else 0))
+    def after(self, counts: bool, advanced: bool = False) -> Budget:
+        free = 0 if advanced or counts else self.free_in_a_row + 1
+        return Budget(self.max_restarts, self.spent + (1 if counts else 0), free)
 
     @property
     def exhausted(self) -> bool:
@@ -84,3 +97,32 @@ def restart_counts(advanced: bool, preempted: bool) -> bool:
     """A restart counts against the budget only when the failed generation
     neither advanced the checkpoint nor was preempted (exit 42, SIGTERM)."""
     return not (advanced or preempted)
+
+
+@dataclass(frozen=True)
+class RestartDecision:
+    restart: bool
+    counts: bool  # against restart.max_restarts
+    budget: Budget  # after this restart (unchanged when giving up)
+    message: str  # why the launcher gives up ("" when it restarts, or for max_restarts 0)
+
+
+def decide_restart(budget: Budget, advanced: bool, preempted: bool) -> RestartDecision:
+    """Start another generation after a failed one?
+
+    `max_restarts: 0` means never restart, not even after a preemption.
+    """
+    counts = restart_counts(advanced, preempted)
+    if budget.max_restarts == 0:
+        return RestartDecision(False, counts, budget, "")
+    if counts and budget.exhausted:
+        return RestartDecision(False, counts, budget, (
+            f"gave up: {budget.spent + 1} failures without progress (restart.max_restarts="
+            f"{budget.max_restarts}; the checkpoint did not advance in between): a crash loop"))
+    following = budget.after(counts, advanced)
+    if following.free_in_a_row > MAX_FREE_RESTARTS_IN_A_ROW:
+        return RestartDecision(False, counts, budget, (
+            f"gave up: {following.free_in_a_row} preemptions (exit 42) in a row without "
+            "progress (the checkpoint did not advance): a task asks to be restarted "
+            "without saving anything"))
+    return RestartDecision(True, counts, following, "")

@@ -21,10 +21,15 @@ class TaskState(enum.Enum):
     PENDING  -> STARTING   start sent to the agent
     STARTING -> RUNNING    agent reported `started`
     RUNNING  -> SUCCEEDED  exited 0 by itself (a `job` task)
-    STARTING/RUNNING -> FAILED    non-zero exit, signal, start failure, hang, host lost
+    STARTING/RUNNING -> FAILED    non-zero exit, signal, start failure (the process is over)
+    STARTING/RUNNING -> LOST      its host was lost (its agent kills it, unconfirmed)
     STARTING/RUNNING -> STOPPING  teardown began (SIGTERM sent)
     STOPPING -> STOPPED    exit confirmed during teardown
     STOPPING -> LOST       no confirmation within grace + slack (host unreachable)
+
+A task that hangs or reports a collective abort has failed but is still
+running: it stays RUNNING (the failure is the generation's) until the
+teardown confirms its exit. Only terminal states count as gone.
     FAILED   -> STARTING   only a ParameterServerStrategy worker, restarted alone
     """
 
@@ -54,7 +59,7 @@ class TaskRecord:
     started_at: float | None = None
     last_activity: float | None = None  # output line or progress report (monotonic)
     last_progress: dict[str, Any] = field(default_factory=dict)
-    usage: dict[str, float] = field(default_factory=dict)
+    usage: dict[str, Any] = field(default_factory=dict)  # cpu, rss_mb, status (heartbeat)
     # (monotonic time, step) of the last two progress reports, for steps/s.
     step_marks: list[tuple[float, int]] = field(default_factory=list)
     watcher: OutputWatcher = field(default_factory=OutputWatcher)

@@ -24,7 +24,7 @@ from typing import Any
 from .classify import RESTART_ME_EXIT, classify_exit
 from .plan import Plan, Task
 from .printer import Printer
-from .recovery import Budget, HostInfo, NotEnoughHosts, choose_hosts, restart_counts
+from .recovery import Budget, HostInfo, NotEnoughHosts, choose_hosts, decide_restart
 from .rundir import RunRecorder
 from .states import Failure, RunResult, TaskRecord, TaskRow, TaskState, final_state
 from .transport import AgentLink, AgentMessage
@@ -33,6 +33,13 @@ POLL_S = 0.1
 # After the grace period's SIGKILL, how long to wait for agents to confirm
 # every exit before giving up on a task (its host is then unreachable).
 TEARDOWN_SLACK_S = 5.0
+# Grace of a teardown after a crash or hang (the full `grace_s` is kept for a
+# stop the user asked for and for preemption, where tasks save a checkpoint).
+# TensorFlow's coordination service catches SIGTERM in every MWMS worker (its
+# preemption notifier) and the worker keeps running, and the peers of a dead
+# worker cannot save a consistent checkpoint anyway: a long grace only delays
+# the restart. Measured: the whole grace was spent on every crash teardown.
+CRASH_GRACE_S = 0.5
 # A ParameterServerStrategy worker that keeps dying is a real failure.
 MAX_SINGLE_WORKER_RESTARTS = 5
 
@@ -70,6 +77,12 @@ class _Generation:
         """Every task that must finish by itself has exited 0."""
         return all(r.state is TaskState.SUCCEEDED
                    for r in self.records.values() if r.task.lifetime == "job")
+
+    def finishing(self) -> bool:
+        """A task finished training and exited 0: the others are winding down.
+        TF's coordination service then reports the departed peer as
+        "unhealthy" from the survivors; that is no failure."""
+        return any(r.state is TaskState.SUCCEEDED for r in self.records.values())
 
     def services_left(self) -> bool:
         return any(not r.state.terminal
@@ -147,14 +160,12 @@ class Supervisor:
             failures.append(gen.failure)
             after = self._checkpoint_probe()
             advanced = gen.advanced or (after is not None and after != checkpoint_before)
-            counts = restart_counts(advanced, preempted=gen.failure.kind == "preempted")
-            if self._policy.max_restarts == 0 or (counts and budget.exhausted):
-                status = "failed"
-                if self._policy.max_restarts and budget.spent:
-                    message = (f"gave up after {budget.spent} restart(s) in a row without "
-                               "progress (the checkpoint did not advance): a crash loop")
+            decision = decide_restart(budget, advanced,
+                                      preempted=gen.failure.kind == "preempted")
+            if not decision.restart:
+                status, message = "failed", decision.message
                 break
-            budget = budget.after(counts)
+            budget, counts = decision.budget, decision.counts
             try:
                 active = self._hosts_for_next(gen, active)
             except NotEnoughHosts as exc:
@@ -169,12 +180,17 @@ class Supervisor:
             generation += 1
             why = "the checkpoint advanced: not counted" if not counts else \
                 f"{budget.spent} of {self._policy.max_restarts} allowed without progress"
+            if gen.failure.kind == "preempted" and not counts:
+                why = "preempted: not counted"
+            # Back off only when the last generation made no progress: after
+            # progress the failure was not a loop, and every second counts.
+            delay = self._policy.backoff_s if counts else 0.0
             self._recorder.event("restart", generation=generation, restarts=restarts,
-                                 counted=counts, hosts=list(active))
+                                 counted=counts, hosts=list(active), backoff_s=delay)
             self._printer.notice(f"restarting as generation {generation} in "
-                                 f"{self._policy.backoff_s:g} s ({why}); workers resume "
+                                 f"{delay:g} s ({why}); workers resume "
                                  "from the last checkpoint")
-            if self._wait(self._policy.backoff_s):
+            if self._wait(delay):
                 status = "interrupted"
                 break
         if message:
@@ -281,7 +297,7 @@ class Supervisor:
                     self._give_up_on_stragglers(gen)
                     break
             elif gen.failure is not None:
-                self._begin_teardown(gen)
+                self._begin_teardown(gen, grace_s=self._failure_grace(gen.failure, gen.plan))
             elif gen.jobs_done():
                 if not gen.services_left():
                     return gen
@@ -323,7 +339,7 @@ class Supervisor:
                 continue
             silent = now - (record.last_activity or now)
             if silent > self._policy.hang_timeout_s:
-                self._fail(gen, record, kind="hang",
+                self._fail(gen, record, gone=False, kind="hang",
                            reason=f"made no progress for {silent:.0f} s (no output, no "
                            f"progress report; restart.hang_timeout_s="
                            f"{self._policy.hang_timeout_s:g})")
@@ -381,7 +397,8 @@ class Supervisor:
         if record is None or gen is None or body.get("generation") != gen.plan.generation:
             return
         record.last_activity = self._clock()
-        if gen.plan.strategy == "multi_worker_mirrored" and not gen.tearing_down:
+        if (gen.plan.strategy == "multi_worker_mirrored" and not gen.tearing_down
+                and not gen.finishing()):
             self._watch_output(gen, record, text)
         elif gen.failure is not None and gen.failure.kind == "collective_abort":
             self._refine_root_cause(gen, record, text)
@@ -391,28 +408,42 @@ class Supervisor:
         before the task would exit by itself."""
         alarm = record.watcher.feed(text)
         if alarm is not None and gen.failure is None:
-            self._fail(gen, record, kind="collective_abort",
+            self._fail(gen, record, gone=False, kind="collective_abort",
                        reason=f"aborted its collective ops ({alarm.code}): a peer died or hung",
                        last_lines=(alarm.line,))
+            self._blame_culprit(gen, record)
 
     def _refine_root_cause(self, gen: _Generation, record: TaskRecord, text: str) -> None:
-        """TF names the peer that stopped sending heartbeats a line after the
-        abort: that peer, not the reporter, is the root cause."""
         record.watcher.feed(text)
-        culprit = record.watcher.culprit
+        self._blame_culprit(gen, record)
+
+    def _blame_culprit(self, gen: _Generation, reporter: TaskRecord) -> None:
+        """A collective abort is a symptom; blame the peer behind it when known:
+        the one TF names a line after the abort ("stopped sending heartbeats"),
+        else a peer its agent saw stopped (SIGSTOP): when the coordination
+        leader itself is stopped, the others only see a deadline pass."""
         failure = gen.failure
-        if culprit is None or failure is None or failure.task != record.task.label:
+        if failure is None or failure.kind != "collective_abort" \
+                or failure.task != reporter.task.label:
             return
-        blamed = gen.record_of(*culprit)
-        if blamed is None or blamed is record:
+        culprit = reporter.watcher.culprit
+        blamed = gen.record_of(*culprit) if culprit else None
+        reason = ("stopped sending TensorFlow heartbeats (hung, stopped, or cut off); "
+                  f"reported by {reporter.task.label}")
+        if blamed is None:
+            blamed = next((r for r in gen.records.values()
+                           if r is not reporter and r.usage.get("status") == "stopped"), None)
+            reason = ("was stopped (SIGSTOP, Ctrl-Z or a debugger): its peers' collectives "
+                      f"aborted; reported by {reporter.task.label}")
+        if blamed is None or blamed is reporter:
             return
         gen.failure = Failure(
             task=blamed.task.label, host=blamed.task.host, generation=gen.plan.generation,
-            t=failure.t, kind="hang",
-            reason="stopped sending TensorFlow heartbeats (hung, stopped, or cut off); "
-                   f"reported by {record.task.label}",
-            last_lines=failure.last_lines,
+            t=failure.t, kind="hang", reason=reason, last_lines=failure.last_lines,
         )
+        self._recorder.event("root_cause", generation=gen.plan.generation,
+                             task=blamed.task.name, host=blamed.task.host, kind="hang",
+                             reason=reason)
         self._printer.notice(f"root cause: {gen.failure.describe()}")
 
     def _on_exit(self, gen: _Generation, record: TaskRecord, body: dict[str, Any]) -> None:
@@ -474,7 +505,8 @@ class Supervisor:
             if gen.tearing_down:
                 record.state = TaskState.LOST
             else:
-                self._fail(gen, record, kind="host_lost", reason=f"lost its host: {detail}")
+                self._fail(gen, record, gone=False, kind="host_lost",
+                           reason=f"lost its host: {detail}")
                 record.state = TaskState.LOST
 
     def _failure(self, gen: _Generation, record: TaskRecord, *, kind: str, reason: str,
@@ -487,8 +519,13 @@ class Supervisor:
             error=error,
         )
 
-    def _fail(self, gen: _Generation, record: TaskRecord, **details: Any) -> None:
-        record.state = TaskState.FAILED
+    def _fail(self, gen: _Generation, record: TaskRecord, gone: bool = True,
+              **details: Any) -> None:
+        """Record a failure of `record`; `gone` when its process is known to be
+        over. A hung or aborting task is still running: it stays so until the
+        teardown confirms its exit."""
+        if gone:
+            record.state = TaskState.FAILED
         failure = self._failure(gen, record, **details)
         if gen.failure is None:
             self._recorder.event("failure_detected", generation=gen.plan.generation,
@@ -538,6 +575,8 @@ class Supervisor:
     def _on_stop_request(self, gen: _Generation, hurry: bool) -> None:
         if gen.interrupted is None:
             gen.interrupted = self._stop_signal
+            self._recorder.event("stop_requested", generation=gen.plan.generation,
+                                 signal=self._stop_signal)
             name = signals.Signals(self._stop_signal).name if self._stop_signal else "stop"
             self._printer.notice(
                 f"{name}: stopping every task (SIGTERM, SIGKILL after "
@@ -551,12 +590,20 @@ class Supervisor:
         for record in gen.records.values():
             if not record.state.terminal:
                 record.state = TaskState.STOPPING
-        for host in {r.task.host for r in gen.records.values()
-                     if r.state is TaskState.STOPPING} - gen.lost_hosts:
+        # Every host of the job, whatever we believe of its tasks: stopping is
+        # idempotent, and a task we think is over may still be running.
+        for host in {t.host for t in gen.plan.tasks} - gen.lost_hosts:
             link = self._links.get(host)
             if link is not None:
                 link.send({"op": "stop", "tasks": None, "grace_s": grace})
         gen.teardown_deadline = self._clock() + grace + TEARDOWN_SLACK_S
+
+    @staticmethod
+    def _failure_grace(failure: Failure, plan: Plan) -> float:
+        """A preempted task's peers are saving their checkpoint too: full grace."""
+        if failure.kind == "preempted":
+            return plan.grace_s
+        return min(plan.grace_s, CRASH_GRACE_S)
 
     def _give_up_on_stragglers(self, gen: _Generation) -> None:
         for record in gen.records.values():

@@ -1,0 +1,419 @@
+"""Real faults against real jobs: kill -9, SIGSTOP, crash loops, SIGTERM, lost hosts.
+
+Every test runs the real CLI (`python -m launcher`) with real agents and, where
+TensorFlow matters, real MultiWorkerMirroredStrategy workers; the faults are
+real signals sent to real pids read from `events.jsonl`. Timings are read from
+the launcher's own event timestamps, never from wall time around a busy
+machine. After every test, no process of the job may be left.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.conftest import (
+    SCRIPTS,
+    alive,
+    read_events,
+    read_summary,
+    start_cli,
+    wait_for,
+)
+
+pytestmark = pytest.mark.e2e
+
+TRAIN = str(SCRIPTS / "fault_train.py")
+STEPS = str(SCRIPTS / "fault_steps.py")
+
+
+class Job:
+    """A launcher run in a subprocess, and every process it ever started."""
+
+    def __init__(self, args: list[str], cwd: Path, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.proc = start_cli(["--run-dir", str(run_dir), *args], cwd=cwd)
+        self.family: set[int] = set()
+        self.output = ""
+
+    def events(self, name: str | None = None, **match) -> list[dict]:
+        self.look()
+        return [e for e in read_events(self.run_dir)
+                if (name is None or e["event"] == name)
+                and all(e.get(k) == v for k, v in match.items())]
+
+    def look(self) -> None:
+        """Remember the launcher's descendants (agents, tasks) as they come and go."""
+        try:
+            self.family.update(p.pid for p in psutil.Process(self.proc.pid).children(True))
+        except psutil.Error:
+            pass
+
+    def agent(self, host: str) -> psutil.Process:
+        """The agent process of a simulated host (a child of the launcher)."""
+        for child in psutil.Process(self.proc.pid).children():
+            try:
+                argv = child.cmdline()
+            except psutil.Error:
+                continue
+            if "launcher.agent" in argv and argv[argv.index("--host") + 1] == host:
+                self.family.add(child.pid)
+                return child
+        raise AssertionError(f"no agent for {host}")
+
+    def pids(self) -> dict[tuple[int, str], int]:
+        return {(e["generation"], e["task"]): e["pid"] for e in self.events("task_started")}
+
+    def wait_event(self, name: str, timeout: float, **match) -> dict:
+        found = wait_for(lambda: self.events(name, **match), timeout=timeout,
+                         what=f"event {name} {match}")
+        return found[0]
+
+    def finish(self, timeout: float) -> int:
+        try:
+            self.output, _ = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.output, _ = self.proc.communicate()
+            raise AssertionError("launcher did not finish:\n" + self.output[-3000:]) from None
+        return self.proc.returncode
+
+    def assert_nothing_left(self) -> None:
+        everyone = self.family | set(self.pids().values())
+        wait_for(lambda: not alive(everyone), timeout=10,
+                 what=f"every process of the job to exit (left: {alive(everyone)})")
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.communicate()
+
+
+@pytest.fixture
+def jobs():
+    started: list[Job] = []
+    yield started
+    for job in started:
+        job.kill()
+        # A failed test must not leave its processes to the next one either.
+        for pid in alive(job.family | set(job.pids().values())):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def launch(jobs: list[Job], args: list[str], cwd: Path, name: str = "run") -> Job:
+    job = Job(args, cwd, cwd / name)
+    jobs.append(job)
+    return job
+
+
+def write_yaml(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def checksums(output: str) -> dict[str, str]:
+    return dict(re.findall(r"^(\S+?) +\| WEIGHTS_CHECKSUM ([0-9.]+)", output, re.M))
+
+
+def training_epochs(job: Job, generation: int) -> set[int]:
+    return {e["epoch"] for e in job.events("progress", generation=generation) if "epoch" in e}
+
+
+# ---------------------------------------------------------------------- crashes
+
+
+def test_kill_9_mid_epoch_resumes_from_the_checkpoint(workdir: Path, jobs):
+    job = launch(jobs, ["--local", "2", TRAIN, "--epochs", "6"], workdir)
+    # Both workers in (0-based) epoch 2 = the middle of epoch 3 of 6.
+    wait_for(lambda: all(any(e.get("epoch") == 2 and not e.get("epoch_end")
+                             for e in job.events("progress", task=t))
+                         for t in ("worker0", "worker1")),
+             timeout=180, what="both workers in epoch 3")
+    os.kill(job.pids()[(0, "worker1")], signal.SIGKILL)
+    killed_at = time.time()
+    code = job.finish(timeout=180)
+    assert code == 0, job.output[-4000:]
+    summary = read_summary(job.run_dir)
+    assert summary["status"] == "succeeded" and summary["restarts"] == 1
+    assert summary["failures"][0]["task"] == "host1/worker1"
+    assert summary["failures"][0]["signal"] == 9
+    detected = job.events("failure_detected")[0]
+    assert detected["t"] - killed_at < 5, detected  # bench/recovery.py measures it closely
+    # Generation 1 resumed at epoch 3 (0-based 2), never from the start.
+    resumed = training_epochs(job, 1)
+    assert resumed and min(resumed) >= 2, resumed
+    assert re.search(r"\| BEGIN gen=1 epoch=2$", job.output, re.M), job.output[-3000:]
+    assert not re.search(r"\| BEGIN gen=1 epoch=[01]$", job.output, re.M)
+    sums = checksums(job.output)
+    assert len(sums) == 2 and len(set(sums.values())) == 1, sums
+    job.assert_nothing_left()
+
+
+@pytest.mark.parametrize("victim", ["worker1", "worker0"])
+def test_sigstop_of_a_worker_is_a_hang_detected_in_seconds(workdir: Path, jobs, victim: str):
+    job = launch(jobs, ["--local", "2", TRAIN, "--epochs", "4"], workdir)
+    wait_for(lambda: all(any(e.get("epoch", -1) >= 1 for e in job.events("progress", task=t))
+                         for t in ("worker0", "worker1")),
+             timeout=180, what="both workers in epoch 2")
+    stopped = job.pids()[(0, victim)]
+    os.kill(stopped, signal.SIGSTOP)
+    stopped_at = time.time()
+    code = job.finish(timeout=180)
+    assert code == 0, job.output[-4000:]
+    summary = read_summary(job.run_dir)
+    assert summary["status"] == "succeeded" and summary["restarts"] == 1
+    # worker0 reports TF's "unhealthy (stopped sending heartbeats)"; the
+    # stopped task it names is the root cause, not the reporter.
+    cause = summary["failures"][0]
+    label = {"worker0": "host0/worker0", "worker1": "host1/worker1"}[victim]
+    assert cause["task"] == label and cause["kind"] == "hang", cause
+    detected = job.events("failure_detected", generation=0)[0]
+    assert detected["t"] - stopped_at < 5.0, detected["t"] - stopped_at
+    # The teardown ended the stopped process (SIGTERM + SIGCONT, SIGKILL after grace).
+    exited = job.events("task_exited", generation=0, task=victim)
+    assert exited and exited[0]["stopped_by_launcher"], exited
+    assert min(training_epochs(job, 1)) >= 1
+    job.assert_nothing_left()
+
+
+def test_a_silent_task_fails_after_hang_timeout(workdir: Path, jobs):
+    config = write_yaml(workdir / "cluster.yaml", """\
+name: silent
+transport: local
+ports: {base: auto}
+hosts:
+  - {address: 127.0.0.1, name: host0}
+  - {address: 127.0.0.1, name: host1}
+restart: {hang_timeout_s: 3, backoff_s: 0}
+""")
+    job = launch(jobs, [str(config), STEPS, "--steps", "40", "--fault", "silent"], workdir)
+    code = job.finish(timeout=120)
+    assert code == 0, job.output[-3000:]
+    summary = read_summary(job.run_dir)
+    assert summary["restarts"] == 1
+    cause = summary["failures"][0]
+    assert cause["task"] == "host1/worker1" and cause["kind"] == "hang", cause
+    assert "hang_timeout_s=3" in cause["description"]
+    last = max(e["t"] for e in job.events("progress", generation=0, task="worker1"))
+    detected = job.events("failure_detected", generation=0)[0]["t"]
+    assert 3.0 <= detected - last < 5.0, detected - last
+    resumed = re.search(r"host1/worker1 +\| RESUME gen=1 step=(\d+)", job.output)
+    assert resumed and int(resumed.group(1)) > 0, job.output[-3000:]
+    job.assert_nothing_left()
+
+
+def test_a_task_failing_every_time_stops_after_max_restarts(workdir: Path, jobs):
+    job = launch(jobs, ["--local", "2", "--max-restarts", "2",
+                        str(SCRIPTS / "fail_on_worker1.py")], workdir)
+    code = job.finish(timeout=120)
+    assert code == 1, job.output[-3000:]
+    summary = read_summary(job.run_dir)
+    assert summary["status"] == "failed" and summary["restarts"] == 2
+    assert "crash loop" in summary["message"]
+    cause = summary["root_cause"]
+    assert cause["task"] == "host1/worker1" and cause["error"]["type"] == "FileNotFoundError"
+    assert len(summary["failures"]) == 3
+    assert "crash loop" in job.output and "root cause: host1/worker1" in job.output
+    job.assert_nothing_left()
+
+
+# ------------------------------------------------------------------ preemption
+
+
+def test_exit_42_restarts_without_counting_as_a_crash(workdir: Path, jobs):
+    config = write_yaml(workdir / "cluster.yaml", """\
+name: preempted
+transport: local
+ports: {base: auto}
+hosts:
+  - {address: 127.0.0.1, name: host0}
+  - {address: 127.0.0.1, name: host1}
+restart: {max_restarts: 1, backoff_s: 0}
+""")
+    # The chief asks to be restarted before any step, twice: no progress at all,
+    # yet two restarts with max_restarts: 1.
+    job = launch(jobs, [str(config), STEPS, "--steps", "5", "--fault", "exit42",
+                        "--fault-task", "worker0", "--fault-gens", "2", "--at", "1"], workdir)
+    code = job.finish(timeout=120)
+    assert code == 0, job.output[-3000:]
+    summary = read_summary(job.run_dir)
+    assert summary["status"] == "succeeded" and summary["restarts"] == 2
+    assert [f["kind"] for f in summary["failures"]] == ["preempted", "preempted"]
+    assert [e["counted"] for e in job.events("restart")] == [False, False]
+    job.assert_nothing_left()
+
+
+def test_sigterm_to_the_launcher_saves_and_a_new_launch_resumes(workdir: Path, jobs):
+    config = write_yaml(workdir / "cluster.yaml", """\
+name: preemptible
+transport: local
+ports: {base: auto}
+hosts:
+  - {address: 127.0.0.1, name: host0}
+  - {address: 127.0.0.1, name: host1}
+restart: {grace_s: 15}
+""")
+    args = [str(config), TRAIN, "--epochs", "4", "--preemption"]
+    job = launch(jobs, args, workdir, name="first")
+    wait_for(lambda: all(any(e.get("epoch") == 1 and e.get("step", 0) >= 13
+                             for e in job.events("progress", task=t))
+                         for t in ("worker0", "worker1")),
+             timeout=180, what="both workers in the middle of epoch 2")
+    job.proc.send_signal(signal.SIGTERM)
+    code = job.finish(timeout=60)
+    assert code == 143, job.output[-4000:]
+    assert read_summary(job.run_dir)["status"] == "interrupted"
+    # Each task got SIGTERM; TensorFlow's PreemptionCheckpointHandler saved
+    # the step all of them agreed on, then exited 42 within the grace period.
+    exits = {e["task"]: e for e in job.events("task_exited")}
+    assert {t: e["exit_code"] for t, e in exits.items()} == {"worker0": 42, "worker1": 42}, exits
+    backup = workdir / "checkpoints" / "preemptible" / "backup" / "chief"
+    assert (backup / "checkpoint").exists(), list(backup.parent.rglob("*"))
+    job.assert_nothing_left()
+
+    again = launch(jobs, args, workdir, name="second")
+    assert again.finish(timeout=180) == 0, again.output[-4000:]
+    stop = job.events("stop_requested")[0]
+    assert stop["signal"] == signal.SIGTERM
+    assert all(e["t"] - stop["t"] < 15 for e in exits.values())  # within grace_s
+    reached = max(e["step"] for e in job.events("progress", task="worker0"))
+    restored = re.findall(r"^host[01]/worker[01] +\| RESTORED step=(\d+)$", again.output, re.M)
+    # Both restored the same step, the one saved at SIGTERM (not an epoch end's).
+    assert len(restored) == 2 and len(set(restored)) == 1, again.output[-3000:]
+    assert int(restored[0]) >= reached >= 13, (restored, reached)
+    begins = re.findall(r"^host0/worker0 +\| BEGIN gen=0 epoch=(\d)$", again.output, re.M)
+    assert begins and int(begins[0]) == 1, again.output[-3000:]  # epoch 2 (0-based 1) again
+    sums = checksums(again.output)
+    assert len(sums) == 2 and len(set(sums.values())) == 1, sums
+    again.assert_nothing_left()
+
+
+# ------------------------------------------------------------------- host loss
+
+TWO_HOSTS = """\
+name: {name}
+transport: local
+ports: {{base: auto}}
+hosts:
+  - {{address: 127.0.0.1, name: host0}}
+  - {{address: 127.0.0.1, name: host1}}
+"""
+
+
+def test_lost_host_with_shrink_finishes_on_the_remaining_host(workdir: Path, jobs):
+    config = write_yaml(workdir / "cluster.yaml", TWO_HOSTS.format(name="shrink") +
+                        "restart: {on_host_loss: shrink, min_workers: 1, backoff_s: 0}\n")
+    job = launch(jobs, [str(config), TRAIN, "--epochs", "4"], workdir)
+    wait_for(lambda: all(any(e.get("epoch", -1) >= 1 for e in job.events("progress", task=t))
+                         for t in ("worker0", "worker1")),
+             timeout=180, what="both workers in epoch 2")
+    job.agent("host1").kill()  # the whole simulated host: its task dies with its agent
+    code = job.finish(timeout=180)
+    assert code == 0, job.output[-4000:]
+    summary = read_summary(job.run_dir)
+    assert summary["status"] == "succeeded" and summary["restarts"] == 1
+    assert summary["failures"][0]["kind"] == "host_lost"
+    assert job.events("host_lost")[0]["host"] == "host1"
+    relaunch = job.events("launch", generation=1)[0]
+    assert [t["host"] for t in relaunch["tasks"]] == ["host0"]
+    assert min(training_epochs(job, 1)) >= 1  # resumed from the two workers' checkpoint
+    assert "continuing without host1" in job.output
+    job.assert_nothing_left()
+
+
+def test_lost_host_with_wait_resumes_when_it_is_back(workdir: Path, jobs):
+    config = write_yaml(workdir / "cluster.yaml", TWO_HOSTS.format(name="wait") +
+                        "restart: {on_host_loss: wait, host_wait_s: 30, backoff_s: 0}\n")
+    job = launch(jobs, [str(config), STEPS, "--steps", "40"], workdir)
+    wait_for(lambda: len(job.events("progress", task="worker1")) >= 5, timeout=60,
+             what="worker1 stepping")
+    job.agent("host1").kill()
+    code = job.finish(timeout=120)
+    assert code == 0, job.output[-3000:]
+    summary = read_summary(job.run_dir)
+    assert summary["restarts"] == 1 and summary["failures"][0]["kind"] == "host_lost"
+    assert job.events("host_back")[0]["host"] == "host1"
+    relaunch = job.events("launch", generation=1)[0]
+    assert [t["host"] for t in relaunch["tasks"]] == ["host0", "host1"]
+    resumed = re.search(r"host1/worker1 +\| RESUME gen=1 step=(\d+)", job.output)
+    assert resumed and int(resumed.group(1)) > 0, job.output[-3000:]
+    job.assert_nothing_left()
+
+
+def test_stopped_agent_is_a_lost_host_and_a_spare_replaces_it(workdir: Path, jobs):
+    config = write_yaml(workdir / "cluster.yaml", TWO_HOSTS.format(name="spare") + """\
+  - {address: 127.0.0.1, name: host2, spare: true}
+restart: {heartbeat_timeout_s: 3, backoff_s: 0}
+""")
+    job = launch(jobs, [str(config), STEPS, "--steps", "40"], workdir)
+    wait_for(lambda: len(job.events("progress", task="worker1")) >= 5, timeout=60,
+             what="worker1 stepping")
+    job.agent("host2")  # remembered for the final check
+    job.agent("host1").suspend()
+    stopped_at = time.time()
+    code = job.finish(timeout=120)
+    assert code == 0, job.output[-3000:]
+    lost = job.events("host_lost")[0]
+    assert lost["host"] == "host1" and "no heartbeat" in lost["detail"]
+    assert 3.0 <= lost["t"] - stopped_at < 6.0, lost["t"] - stopped_at
+    relaunch = job.events("launch", generation=1)[0]
+    assert sorted(t["host"] for t in relaunch["tasks"]) == ["host0", "host2"]
+    assert "host2 replaces host1" in job.output
+    resumed = re.search(r"host2/worker1 +\| RESUME gen=1 step=(\d+)", job.output)
+    assert resumed and int(resumed.group(1)) > 0, job.output[-3000:]
+    job.assert_nothing_left()
+
+
+# ------------------------------------------------------- ParameterServerStrategy
+
+PS_CLUSTER = """\
+name: {name}
+transport: local
+strategy: parameter_server
+ports: {{base: auto}}
+hosts:
+  - {{address: 127.0.0.1, name: host0, roles: {{chief: 1}}}}
+  - {{address: 127.0.0.1, name: host1, roles: {{worker: 1}}}}
+  - {{address: 127.0.0.1, name: host2, roles: {{ps: 1}}}}
+restart: {{backoff_s: 0}}
+"""
+
+
+@pytest.mark.parametrize("victim", ["worker0", "ps0"])
+def test_parameter_server_job_survives_a_killed_task(workdir: Path, jobs, victim: str):
+    config = write_yaml(workdir / "cluster.yaml", PS_CLUSTER.format(name=f"ps-{victim}"))
+    job = launch(jobs, [str(config), str(SCRIPTS / "fault_ps.py"), "--steps", "40"], workdir)
+    wait_for(lambda: any(e["step"] >= 10 for e in job.events("progress", task="chief0")),
+             timeout=180, what="the chief at step 10")
+    os.kill(job.pids()[(0, victim)], signal.SIGKILL)
+    code = job.finish(timeout=180)
+    assert code == 0, job.output[-4000:]
+    summary = read_summary(job.run_dir)
+    assert summary["status"] == "succeeded"
+    assert re.search(r"host0/chief0 +\| DONE step=40", job.output), job.output[-3000:]
+    if victim == "worker0":
+        # The coordinator reschedules the dead worker's closures; the launcher
+        # starts that worker alone again, on the same address.
+        assert summary["restarts"] == 0 and summary["failures"] == []
+        again = job.events("task_restarted", generation=0)
+        assert [e["task"] for e in again] == ["worker0"]
+        assert len(job.events("task_started", task="worker0")) == 2
+        assert len(job.events("task_started", task="chief0")) == 1
+    else:
+        assert summary["restarts"] == 1
+        assert summary["failures"][0]["task"] == "host2/ps0"
+        assert {e["task"] for e in job.events("task_started", generation=1)} == {
+            "chief0", "worker0", "ps0"}
+        resumed = re.search(r"host0/chief0 +\| RESUME gen=1 step=(\d+)", job.output)
+        assert resumed and int(resumed.group(1)) >= 10, job.output[-3000:]
+    job.assert_nothing_left()

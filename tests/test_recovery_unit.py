@@ -1,0 +1,195 @@
+"""Unit tests of the pure parts of fault handling: restart policy and exit/output reading."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from launcher.classify import OutputWatcher, classify_exit
+from launcher.recovery import (
+    MAX_FREE_RESTARTS_IN_A_ROW,
+    Budget,
+    HostInfo,
+    NotEnoughHosts,
+    choose_hosts,
+    decide_restart,
+    restart_counts,
+)
+
+HOSTS = [HostInfo("a", 1, False), HostInfo("b", 1, False), HostInfo("c", 2, False),
+         HostInfo("s1", 1, True), HostInfo("s2", 1, True)]
+
+# Lines as TensorFlow 2.21 prints them (measured on this machine).
+UNHEALTHY = ("E0000 00:00:1795363543.292824   11641 base_collective_executor.cc:252] "
+             "BaseCollectiveExecutor::StartAbort UNAVAILABLE: Error reported from "
+             "/job:worker/task:1: The following tasks are unhealthy (stopped sending "
+             "heartbeats):")
+RESET = ("E0000 00:00:1795363543.292824   11641 base_collective_executor.cc:252] "
+         "BaseCollectiveExecutor::StartAbort UNAVAILABLE: recvmsg:Connection reset by peer")
+DEADLINE = ("E0000 00:00:1795365039.425205    2428 base_collective_executor.cc:252] "
+            "BaseCollectiveExecutor::StartAbort DEADLINE_EXCEEDED: Deadline Exceeded")
+CUINIT = ("E0000 00:00:1795363540.1 11641 cuda_executor.cc:1309] failed call to cuInit: "
+          "INTERNAL: CUDA error: Failed call to cuInit: UNKNOWN ERROR (303)")
+
+
+# ------------------------------------------------------------------ choose_hosts
+
+
+def test_nothing_lost_keeps_the_hosts():
+    choice = choose_hosts(HOSTS, ["a", "b", "c"], set(), "wait", 1)
+    assert choice.active == ("a", "b", "c") and choice.wait_for == () and choice.message == ""
+
+
+def test_a_spare_replaces_a_lost_host_whatever_the_policy():
+    for policy in ("wait", "shrink"):
+        choice = choose_hosts(HOSTS, ["a", "b", "c"], {"b"}, policy, 4)
+        assert choice.active == ("a", "c", "s1")
+        assert choice.wait_for == ()
+        assert choice.message == "s1 replaces b"
+
+
+def test_spares_in_use_or_lost_are_not_taken_again():
+    choice = choose_hosts(HOSTS, ["a", "s1", "c"], {"a", "s2"}, "shrink", 1)
+    assert choice.active == ("c", "s1")
+    assert "continuing without a" in choice.message
+
+
+def test_wait_keeps_the_lost_host_and_says_so():
+    choice = choose_hosts(HOSTS[:3], ["a", "b", "c"], {"b"}, "wait", 1)
+    assert choice.active == ("a", "b", "c") and choice.wait_for == ("b",)
+    assert choice.message == "waiting for b to come back"
+
+
+def test_shrink_drops_the_lost_host_while_enough_workers_remain():
+    choice = choose_hosts(HOSTS[:3], ["a", "b", "c"], {"c"}, "shrink", 2)
+    assert choice.active == ("a", "b")
+    assert choice.message == "continuing without c (2 worker(s) left)"
+
+
+def test_shrink_below_min_workers_is_an_error_that_says_why():
+    with pytest.raises(NotEnoughHosts, match="1 worker\\(s\\) left, fewer than "
+                       "restart.min_workers=2"):
+        choose_hosts(HOSTS[:3], ["a", "c"], {"c"}, "shrink", 2)
+
+
+# ------------------------------------------------------------------- the budget
+
+
+def test_restart_counts_only_without_progress_or_preemption():
+    assert restart_counts(advanced=False, preempted=False)
+    assert not restart_counts(advanced=True, preempted=False)
+    assert not restart_counts(advanced=False, preempted=True)
+
+
+def test_budget_spends_only_counted_restarts():
+    budget = Budget(2)
+    assert not budget.exhausted
+    budget = budget.after(counts=False, advanced=True).after(counts=True)
+    assert budget.spent == 1 and not budget.exhausted
+    assert budget.after(counts=True).exhausted
+
+
+def test_a_crash_loop_stops_after_max_restarts_with_a_message():
+    budget, restarts = Budget(3), 0
+    while True:
+        decision = decide_restart(budget, advanced=False, preempted=False)
+        if not decision.restart:
+            break
+        budget, restarts = decision.budget, restarts + 1
+    assert restarts == 3
+    assert "crash loop" in decision.message and "max_restarts=3" in decision.message
+
+
+def test_progress_makes_a_restart_free():
+    budget = Budget(1).after(counts=True)
+    decision = decide_restart(budget, advanced=True, preempted=False)
+    assert decision.restart and not decision.counts and decision.budget.spent == 1
+
+
+def test_preemptions_are_free_but_not_endless():
+    budget, restarts = Budget(1), 0
+    while True:
+        decision = decide_restart(budget, advanced=False, preempted=True)
+        if not decision.restart:
+            break
+        assert not decision.counts
+        budget, restarts = decision.budget, restarts + 1
+    assert restarts == MAX_FREE_RESTARTS_IN_A_ROW
+    assert "exit 42" in decision.message
+    # Progress in between resets the streak.
+    assert Budget(1, 0, 5).after(counts=False, advanced=True).free_in_a_row == 0
+
+
+def test_max_restarts_zero_never_restarts():
+    for advanced, preempted in ((False, False), (True, False), (False, True)):
+        decision = decide_restart(Budget(0), advanced, preempted)
+        assert not decision.restart and decision.message == ""
+
+
+# ----------------------------------------------------------------- classify_exit
+
+
+@pytest.mark.parametrize(("code", "signum", "error", "lines", "expected"), [
+    (None, signal.SIGKILL, None, [], "killed (SIGKILL"),
+    (137, None, None, [], "out-of-memory killer"),
+    (None, signal.SIGSEGV, None, [], "killed by signal 11 (SIGSEGV)"),
+    (42, None, None, [], "preempted: saved a checkpoint"),
+    (1, None, {"type": "DeadlineExceededError", "message": "x"}, [], "collective timed out"),
+    (1, None, {"type": "UnavailableError", "message": "x"}, [], "gRPC UNAVAILABLE"),
+    (1, None, None, ["tensorflow...UnavailableError: Collective ops is aborted"],
+     "gRPC UNAVAILABLE"),
+    (1, None, {"type": "ValueError", "message": "bad shape"}, [],
+     "Python exception ValueError: bad shape"),
+    (3, None, None, ["something"], "exited with code 3"),
+])
+def test_classify_exit(code, signum, error, lines, expected):
+    assert expected in classify_exit(code, signum, error, lines)
+
+
+def test_a_python_error_is_not_mistaken_for_a_peer_failure():
+    # The error file wins over lines that mention UNAVAILABLE in passing.
+    reason = classify_exit(1, None, {"type": "KeyError", "message": "'x'"},
+                           ["retrying after UNAVAILABLE"])
+    assert reason.startswith("Python exception KeyError")
+
+
+# ----------------------------------------------------------------- OutputWatcher
+
+
+def test_watcher_names_the_culprit_on_the_line_after_the_abort():
+    watcher = OutputWatcher()
+    alarm = watcher.feed(UNHEALTHY)
+    assert alarm is not None and alarm.kind == "peer_unhealthy" and alarm.code == "UNAVAILABLE"
+    assert watcher.culprit is None
+    assert watcher.feed("/job:worker/replica:0/task:1") is None  # no second alarm
+    assert watcher.culprit == ("worker", 1)
+
+
+def test_watcher_reads_a_culprit_on_the_same_line():
+    watcher = OutputWatcher()
+    watcher.feed(UNHEALTHY + " /job:chief/replica:0/task:0")
+    assert watcher.culprit == ("chief", 0)
+
+
+def test_watcher_after_a_kill_9_alarms_without_a_culprit():
+    watcher = OutputWatcher()
+    alarm = watcher.feed(RESET)
+    assert alarm is not None and alarm.kind == "collective_abort"
+    assert alarm.code == "UNAVAILABLE" and "Connection reset" in alarm.line
+    watcher.feed("The error could be from a previous operation. Restart your program.")
+    assert watcher.culprit is None
+
+
+def test_watcher_reports_a_deadline_once():
+    watcher = OutputWatcher()
+    assert watcher.feed(DEADLINE).code == "DEADLINE_EXCEEDED"
+    assert watcher.feed(DEADLINE) is None and watcher.feed(RESET) is None
+
+
+def test_watcher_ignores_harmless_tensorflow_errors():
+    watcher = OutputWatcher()
+    for line in (CUINIT, "Epoch 1/6", "WARNING: All log messages before absl::InitializeLog()",
+                 "job:worker/replica:0/task:1 is mentioned in passing"):
+        assert watcher.feed(line) is None
+    assert watcher.alarm is None and watcher.culprit is None
