@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import importlib.util
 import json
 import os
 import signal
@@ -36,12 +37,27 @@ import threading
 import time
 from typing import Any
 
-try:  # Optional on hosts: adds CPU/RSS to heartbeats and finds escaped children.
-    import psutil
-except ImportError:  # pragma: no cover - depends on the host
-    psutil = None
-
 from launcher import __version__
+
+# Optional on hosts: adds CPU/RSS to heartbeats and finds escaped children.
+# Imported on first use (a heartbeat with a running task, or a stop), not at
+# start-up: ~30 ms of CPU that a fan-out to many hosts would pay on each.
+psutil = None
+_psutil_lock = threading.Lock()
+_psutil_tried = False
+
+
+def _load_psutil():
+    global psutil, _psutil_tried
+    with _psutil_lock:
+        if not _psutil_tried:
+            _psutil_tried = True
+            try:
+                import psutil as module
+            except ImportError:  # pragma: no cover - depends on the host
+                module = None
+            psutil = module
+    return psutil
 
 HEARTBEAT_EVERY_S = 1.0
 TAIL_LINES = 30
@@ -97,7 +113,17 @@ class RunningTask:
         self.readers: list[threading.Thread] = []
         self.stopping = False  # the agent sent SIGTERM
         self.killed = False  # the agent sent SIGKILL
-        self.ps = psutil.Process(proc.pid) if psutil else None
+        self._ps = None
+
+    @property
+    def ps(self):
+        """The task's psutil.Process (None without psutil, or once it is gone)."""
+        if self._ps is None and _load_psutil() is not None:
+            try:
+                self._ps = psutil.Process(self.proc.pid)
+            except psutil.Error:
+                return None
+        return self._ps
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -344,19 +370,27 @@ def _tree_usage(proc) -> dict[str, float | str]:
 
 
 def _installed_versions() -> dict[str, str | None]:
-    """Versions of what tasks need, read from package metadata (nothing is imported)."""
-    from importlib import metadata
+    """Versions of what tasks need, read from the names of `*.dist-info` folders.
 
-    versions: dict[str, str | None] = {}
-    for name, dists in (("tensorflow", ("tensorflow", "tensorflow-cpu")),
-                        ("keras", ("keras",)), ("tf_keras", ("tf-keras",))):
-        versions[name] = None
-        for dist in dists:
-            try:
-                versions[name] = metadata.version(dist)
-                break
-            except metadata.PackageNotFoundError:
+    The first match on sys.path wins, as for an import. Nothing is imported,
+    not even importlib.metadata (~20-50 ms of CPU per agent start, which a
+    fan-out to dozens of hosts pays on each of them).
+    """
+    wanted = {"tensorflow": "tensorflow", "tensorflow_cpu": "tensorflow",
+              "keras": "keras", "tf_keras": "tf_keras"}
+    versions: dict[str, str | None] = {"tensorflow": None, "keras": None, "tf_keras": None}
+    for entry in sys.path:
+        try:
+            names = os.listdir(entry or ".")
+        except OSError:
+            continue
+        for name in names:
+            if not name.endswith((".dist-info", ".egg-info")):
                 continue
+            parts = name.rsplit(".", 1)[0].split("-")
+            key = wanted.get(parts[0].lower().replace(".", "_"))
+            if key and len(parts) > 1 and versions[key] is None:
+                versions[key] = parts[1]
     return versions
 
 
@@ -374,7 +408,8 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(agent.run_dir, mode=0o700, exist_ok=True)
     emit("hello", host=args.host, pid=os.getpid(), version=__version__,
          python=sys.executable, python_version=sys.version.split()[0],
-         hostname=socket.gethostname(), run_dir=agent.run_dir, psutil=psutil is not None,
+         hostname=socket.gethostname(), run_dir=agent.run_dir,
+         psutil=importlib.util.find_spec("psutil") is not None,
          packages=_installed_versions())
     threading.Thread(target=agent.heartbeat_forever, daemon=True).start()
     for raw in sys.stdin.buffer:

@@ -248,18 +248,17 @@ def _checkpoint_probe(directory: str):
 
     def probe() -> float | None:
         root = Path(directory)
-        if not root.is_dir():
-            return None
-        newest, seen = root.stat().st_mtime, 0
+        newest, seen = None, 0
         for folder, _dirs, files in os.walk(root):
             for name in files:
                 seen += 1
-                if seen > 10000:
+                if seen > 10000:  # a huge directory: what we saw is enough
                     return newest
                 try:
-                    newest = max(newest, os.stat(os.path.join(folder, name)).st_mtime)
+                    mtime = os.stat(os.path.join(folder, name)).st_mtime
                 except OSError:
                     continue
+                newest = mtime if newest is None else max(newest, mtime)
         return newest
 
     return probe

@@ -353,6 +353,9 @@ class Supervisor:
             if message.host in {t.host for t in gen.plan.tasks}:
                 self._host_lost(gen, message.host, body.get("detail") or "connection closed")
             return
+        if event == "log":  # the agent's own diagnostics
+            self._printer.debug(f"agent {message.host}: {body.get('text', '')}")
+            return
         if event == "output":
             self._print_output(gen, message)
             return

@@ -241,7 +241,7 @@ def _save_freq(value: str | int | None) -> str | int:
 
 
 def callbacks(save_freq: str | int | None = None, progress_every_s: float = 0.5,
-              model=None) -> list:
+              model=None, save_on_sigterm: bool = False) -> list:
     """Keras callbacks for a fault-tolerant multi-worker `fit`.
 
     - `BackupAndRestore` in `<checkpoint_dir>/backup`: a restarted job resumes
@@ -253,14 +253,47 @@ def callbacks(save_freq: str | int | None = None, progress_every_s: float = 0.5,
 
     The callbacks are those of the Keras the script uses (see `_keras`); pass
     `model=` to decide when a script imports both tf_keras and Keras 3.
+
+    `save_on_sigterm=True` (tf_keras under MultiWorkerMirroredStrategy) saves
+    the current step when the launcher stops the job with SIGTERM (Ctrl-C,
+    preemption), then exits 42 so a new launch resumes from that very step.
+    Off by default: with it on, a restart after a worker was *killed* (not
+    terminated) failed here with mismatched collectives (TF 2.21, tf_keras 2.21).
     """
     keras = _keras(model)
+    options = {}
+    if save_on_sigterm and _preemption_save_possible(keras):
+        options["save_before_preemption"] = True
     backup = keras.callbacks.BackupAndRestore(
-        backup_dir=os.path.join(checkpoint_dir(), "backup"), save_freq=_save_freq(save_freq)
+        backup_dir=os.path.join(checkpoint_dir(), "backup"), save_freq=_save_freq(save_freq),
+        **options,
     )
     # The PS coordinator cannot run batch-level callbacks (Keras refuses them).
     batch_level = os.environ.get("MGPU_STRATEGY") != "parameter_server"
     return [backup, _progress_callback(keras, progress_every_s, batch_level)]
+
+
+def _preemption_save_possible(keras) -> bool:
+    """Save on SIGTERM (then exit 42, "restart me") with TensorFlow's own
+    PreemptionCheckpointHandler: tf_keras under MultiWorkerMirroredStrategy only
+    (the handler refuses ParameterServerStrategy; Keras 3 has no equivalent).
+
+    tf_keras turns the option on only when the GCE metadata server answers; off
+    GCP the handler works as is (it treats SIGTERM as the termination notice),
+    so the runtime tells tf_keras it is supported.
+    """
+    if not keras.__name__.startswith("tf_keras") or num_workers() < 2:
+        return False
+    if os.environ.get("MGPU_STRATEGY", "multi_worker_mirrored") != "multi_worker_mirrored":
+        return False
+    try:
+        from tf_keras.src.distribute import worker_training_state
+    except ImportError:
+        return False
+    if not hasattr(worker_training_state, "support_on_demand_checkpoint_callback"):
+        return False  # another tf_keras layout: keep its own behaviour
+    worker_training_state.support_on_demand_checkpoint_callback = lambda strategy: True
+    return True
 
 
 def _progress_callback(keras, every_s: float, batch_level: bool = True):

@@ -7,12 +7,9 @@ MGPU_CHECKPOINT_DIR, progress reports with the epoch). Prints
 `RESTORED step=S` when training
 begins, `BEGIN gen=G epoch=E` at each epoch start and `WEIGHTS_CHECKSUM x` at the end.
 
-`--preemption` replaces the runtime's BackupAndRestore with tf_keras's own
-`save_before_preemption=True`, which hands SIGTERM to TensorFlow's
-`PreemptionCheckpointHandler`: every worker saves at the same step, then exits
-42. tf_keras turns that on only on Google Cloud (it probes the GCE metadata
-server); off GCP TensorFlow's handler watches SIGTERM itself, so the probe is
-answered here.
+`--preemption` asks the runtime to save on SIGTERM (`callbacks(save_on_sigterm=True)`:
+TensorFlow's `PreemptionCheckpointHandler`): every worker saves at the same
+step, then exits 42.
 """
 
 import argparse
@@ -68,18 +65,7 @@ class Pace(tf.keras.callbacks.Callback):
         time.sleep(args.step_s)
 
 
-callbacks = runtime.callbacks()
-if args.preemption:
-    from tf_keras.src.distribute import worker_training_state
-
-    # tf_keras enables save_before_preemption only when the GCE metadata server
-    # answers; TensorFlow's handler itself works anywhere (SIGTERM -> save -> 42).
-    worker_training_state.support_on_demand_checkpoint_callback = lambda strategy: True
-    backup = tf.keras.callbacks.BackupAndRestore(
-        os.path.join(runtime.checkpoint_dir(), "backup"), save_freq="epoch",
-        save_before_preemption=True)
-    callbacks = [backup, *[c for c in callbacks
-                           if not isinstance(c, tf.keras.callbacks.BackupAndRestore)]]
+callbacks = runtime.callbacks(save_on_sigterm=args.preemption)
 model.fit(dataset, epochs=args.epochs, steps_per_epoch=args.steps,
           callbacks=[*callbacks, Pace()], verbose=0)
 checksum = float(sum(np.abs(w).sum() for w in model.get_weights()))
