@@ -38,6 +38,10 @@ def _lifetime(strategy: str, role: str) -> str:
         return "service"
     if strategy == "legacy_server" and role == "ps":
         return "service"
+    if role == "evaluator":
+        # A sidecar evaluator waits for new checkpoints for ever: it is stopped
+        # with the servers once training is over (or may finish by itself).
+        return "service"
     return "job"
 
 

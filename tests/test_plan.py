@@ -90,6 +90,7 @@ hosts:
     assert by_name["chief0"].argv[-3:] == ("train.py", "--epochs", "2")
     assert by_name["worker1"].command == SERVER_COMMAND
     assert by_name["ps0"].lifetime == "service" and by_name["chief0"].lifetime == "job"
+    assert by_name["evaluator0"].lifetime == "service"  # stopped once training is over
     assert all(t.env["GRPC_FAIL_FAST"] == "use_caller" for t in plan.tasks)
 
 
