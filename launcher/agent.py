@@ -178,7 +178,7 @@ class Agent:
 
     def _private_dir(self, *parts: str) -> str:
         path = os.path.join(self.run_dir, *parts)
-        os.makedirs(path, mode=0o700, exist_ok=True)
+        _makedirs_private(path)
         return path
 
     def start(self, message: dict[str, Any]) -> None:
@@ -265,6 +265,12 @@ class Agent:
     def _wait(self, task: RunningTask) -> None:
         code = task.proc.wait()
         exited_at = time.time()  # before draining: the root cause is the earliest exit
+        # Whatever the task left behind in its group (data-loader workers,
+        # multiprocessing children) dies with it: no orphan may hold a GPU.
+        try:
+            os.killpg(task.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
         for reader in task.readers:
             reader.join(timeout=DRAIN_S)
         error = None
@@ -304,7 +310,7 @@ class Agent:
         for task in victims:
             if task.alive():
                 task.killed = True
-                task.signal_tree(signal.SIGKILL)
+            task.signal_tree(signal.SIGKILL)  # the group, even if its leader is gone
 
     def exec_check(self, message: dict[str, Any]) -> None:
         """Run a short command (used by `mgpu-launch check`) and report its output."""
@@ -405,23 +411,50 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     emit = Emitter(sys.stdout.buffer)
     agent = Agent(args.host, args.run_dir, emit, args.eof_grace)
-    os.makedirs(agent.run_dir, mode=0o700, exist_ok=True)
+    _makedirs_private(agent.run_dir)
     emit("hello", host=args.host, pid=os.getpid(), version=__version__,
          python=sys.executable, python_version=sys.version.split()[0],
          hostname=socket.gethostname(), run_dir=agent.run_dir,
          psutil=importlib.util.find_spec("psutil") is not None,
          packages=_installed_versions())
     threading.Thread(target=agent.heartbeat_forever, daemon=True).start()
-    for raw in sys.stdin.buffer:
-        try:
-            message = json.loads(raw)
-        except ValueError:
-            emit("log", text=f"ignored a line that is not JSON: {raw[:80]!r}")
-            continue
-        agent.handle(message)
-    agent.shutdown()
-    emit("bye")
+    # SIGTERM to the agent stops its tasks like a closed stdin does.
+    signal.signal(signal.SIGTERM, _exit_on_signal)
+    try:
+        for raw in sys.stdin.buffer:
+            try:
+                message = json.loads(raw)
+                if not isinstance(message, dict):
+                    raise ValueError("not a JSON object")
+                agent.handle(message)
+            except Exception as exc:  # one bad command must not take the tasks' keeper down
+                emit("log", text=f"ignored command {raw[:80]!r}: {type(exc).__name__}: {exc}")
+    finally:
+        agent.shutdown()
+        emit("bye")
     return 0
+
+
+def _exit_on_signal(signum: int, _frame) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _makedirs_private(path: str) -> None:
+    """Create `path` and every missing parent with mode 0700 (os.makedirs
+    applies the mode to the last folder only)."""
+    missing = []
+    current = path
+    while current and not os.path.isdir(current):
+        missing.append(current)
+        parent = os.path.dirname(current)
+        if parent == current:
+            break
+        current = parent
+    for folder in reversed(missing):
+        try:
+            os.mkdir(folder, 0o700)
+        except FileExistsError:
+            pass
 
 
 if __name__ == "__main__":

@@ -359,7 +359,7 @@ def run_check(loaded: LoadedConfig) -> tuple[list[HostReport], str]:
     config = loaded.config
     local = config.transport == "local"
     default_python = sys.executable if local else "python3"
-    targets = host_targets(config, default_python)
+    targets = host_targets(config, default_python, loaded.base_dir)
     ports_fixed = isinstance(config.ports.base, int)
     plan = build_plan(loaded, ["<check>"], run_dir="check",
                       ports=None if ports_fixed else [0] * ports_needed(config),

@@ -195,6 +195,9 @@ def _run(argv: list[str]) -> int:
             raise UsageError(f"training script not found: {command[0]}")
     run_dir = Path(args.run_dir) if args.run_dir else _default_run_dir(config.name)
     run_dir = run_dir.resolve()
+    if run_dir.exists() and any(run_dir.iterdir()) and not args.dry_run:
+        raise UsageError(f"run directory {run_dir} is not empty: give a new --run-dir "
+                         "(each run keeps its own logs, events and summary)")
     default_python = sys.executable if local else "python3"
     make_plan = _plan_factory(loaded, command, str(run_dir), default_python, str(launch_cwd))
     if args.dry_run:
@@ -216,6 +219,8 @@ def _run(argv: list[str]) -> int:
                   "  stop what holds them, set `ports: {base: <other port>}`, "
                   "or `ports: {base: auto}`", file=sys.stderr)
             return EXIT_USAGE
+    if args.max_restarts is not None and args.max_restarts < 0:
+        raise UsageError("--max-restarts needs a number >= 0")
     max_restarts = config.restart.max_restarts if args.max_restarts is None else args.max_restarts
     return _launch(loaded, first_plan, make_plan, run_dir, args, max_restarts, default_python)
 
@@ -281,7 +286,7 @@ def _launch(loaded: LoadedConfig, first_plan: Plan, make_plan, run_dir: Path,
         f"{'simulated ' if config.transport == 'local' else ''}hosts, "
         f"strategy {config.strategy}; run dir {run_dir}"
     )
-    targets = {t.name: t for t in host_targets(config, default_python)}
+    targets = {t.name: t for t in host_targets(config, default_python, loaded.base_dir)}
     try:
         # Spares too: a spare that cannot be reached is better known now.
         links = transport.connect(list(targets.values()), str(run_dir), events)
@@ -316,17 +321,24 @@ def _launch(loaded: LoadedConfig, first_plan: Plan, make_plan, run_dir: Path,
         sig: signal.signal(sig, lambda signum, _frame: supervisor.request_stop(signum))
         for sig in (signal.SIGINT, signal.SIGTERM)
     }
+    started = time.monotonic()
     try:
         result = supervisor.run()
+    except Exception as exc:  # still stop everything, and report
+        why = (f"cannot go on: {exc}" if isinstance(exc, PlanError)  # e.g. hosts lost
+               else f"mgpu-launch itself failed: {type(exc).__name__}: {exc}")
+        result = RunResult(status="failed", restarts=0, wall_s=time.monotonic() - started,
+                           root_cause=None, tasks={}, message=why)
+        printer.notice(result.message)
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
         for link in supervisor.links.values():
             link.close()
         transport.close()
-    printer.close()
+        printer.close()
     recorder.write_summary(result.to_json())
     recorder.close()
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
     _print_outcome(printer, result, run_dir)
     return exit_code(result)
 

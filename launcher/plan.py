@@ -179,15 +179,26 @@ def _freeze(value: Any) -> Any:
     return value
 
 
-def host_targets(config: ClusterConfig, default_python: str) -> tuple[HostTarget, ...]:
-    return tuple(_host_target(config, h, default_python) for h in config.hosts)
+def host_targets(config: ClusterConfig, default_python: str,
+                 base_dir: Path | None = None) -> tuple[HostTarget, ...]:
+    """How to reach each host. Relative key, known_hosts and ssh config paths
+    resolve against `base_dir` (the YAML's folder); `~` is left for the
+    launcher's user to expand, as ssh does."""
+    return tuple(_host_target(config, h, default_python, base_dir) for h in config.hosts)
 
 
-def _host_target(config: ClusterConfig, host: HostSpec, default_python: str) -> HostTarget:
+def _host_target(config: ClusterConfig, host: HostSpec, default_python: str,
+                 base_dir: Path | None) -> HostTarget:
     ssh = config.ssh
 
     def pick(own: Any, shared: Any) -> Any:
         return shared if own is None else own
+
+    def path(own: str | None, shared: str | None) -> str | None:
+        value = pick(own, shared)
+        if value is None or base_dir is None or value.startswith("~") or Path(value).is_absolute():
+            return value
+        return str((base_dir / value).resolve())
 
     return HostTarget(
         name=host.name or host.address,
@@ -196,10 +207,10 @@ def _host_target(config: ClusterConfig, host: HostSpec, default_python: str) -> 
         gpus=tuple(host.gpus),
         ssh_user=pick(host.user, ssh.user),
         ssh_port=pick(host.port, ssh.port),
-        identity_file=pick(host.identity_file, ssh.identity_file),
-        known_hosts=pick(host.known_hosts, ssh.known_hosts),
+        identity_file=path(host.identity_file, ssh.identity_file),
+        known_hosts=path(host.known_hosts, ssh.known_hosts),
         host_key_policy=pick(host.host_key_policy, ssh.host_key_policy),
-        ssh_config_file=pick(host.config_file, ssh.config_file),
+        ssh_config_file=path(host.config_file, ssh.config_file),
         connect_timeout_s=pick(host.connect_timeout_s, ssh.connect_timeout_s),
     )
 
@@ -267,7 +278,8 @@ def build_plan(
     if not command:
         raise PlanError("no training script given")
     active = default_active_hosts(config) if active_hosts is None else list(active_hosts)
-    targets = [h for h in host_targets(config, default_python) if h.name in active]
+    targets = [h for h in host_targets(config, default_python, loaded.base_dir)
+               if h.name in active]
     if not targets:
         raise PlanError("no host left to run on")
     specs = {(h.name or h.address): h for h in config.hosts}
@@ -284,6 +296,7 @@ def build_plan(
                 gpus = (target.gpus[k],) if per_gpu and role == "worker" else target.gpus
                 slots.append((role, index, target, gpus))
                 index += 1
+    _check_roles(config.strategy, [role for role, *_ in slots])
     serving = [s for s in slots if s[0] in CLUSTER_ROLES]
     if ports is None:
         base = config.ports.base
@@ -357,6 +370,19 @@ def build_plan(
         tasks=tuple(tasks),
         grace_s=config.restart.grace_s,
     )
+
+
+def _check_roles(strategy: str, roles: list[str]) -> None:
+    """A plan (e.g. after hosts were lost) must still be a job TensorFlow can run."""
+    workers = roles.count("worker") + roles.count("chief")
+    if strategy == "parameter_server" and not (
+            roles.count("chief") == 1 and "ps" in roles and "worker" in roles):
+        raise PlanError("parameter_server needs its chief, a ps and a worker; the hosts "
+                        f"left give {sorted(set(roles))}")
+    if strategy == "legacy_server" and not workers:
+        raise PlanError("legacy_server needs a worker; none is left")
+    if strategy == "multi_worker_mirrored" and not workers:
+        raise PlanError("no worker left to run on")
 
 
 def render_plan(plan: Plan) -> str:

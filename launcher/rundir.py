@@ -24,8 +24,10 @@ class RunRecorder:
     def __init__(self, run_dir: Path, clock=time.time) -> None:
         self.run_dir = Path(run_dir)
         self.logs_dir = self.run_dir / "logs"
+        created = not self.run_dir.exists()
         self.logs_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        os.chmod(self.run_dir, 0o700)
+        if created:  # never loosen or tighten a folder the user made
+            os.chmod(self.run_dir, 0o700)
         self._clock = clock
         self._events = _private_open(self.run_dir / "events.jsonl", "a")
         self._logs: dict[str, IO[str]] = {}

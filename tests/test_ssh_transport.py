@@ -12,6 +12,7 @@ import queue
 import re
 import signal
 import subprocess
+import tempfile
 from pathlib import Path
 
 import psutil
@@ -51,7 +52,8 @@ def marker_dir(tmp_path) -> Path:
 def run_marker(cluster, tmp_path: Path, config: dict, marker_dir: Path):
     yaml_path = write_yaml(tmp_path / "cluster.yaml", config)
     script = write_script(tmp_path, "marker.py", MARKER)
-    return run_cli(["--run-dir", str(tmp_path / "run"), str(yaml_path), str(script),
+    run_dir = tempfile.mkdtemp(prefix="run-", dir=tmp_path)  # a fresh one per launch
+    return run_cli(["--run-dir", run_dir, str(yaml_path), str(script),
                     str(marker_dir)], cwd=tmp_path)
 
 

@@ -124,6 +124,8 @@ def checkpoint_dir() -> str:
 def strategy(collective_timeout_s: float | None = None, cpu_devices: int | None = None):
     """The strategy this task should train under.
 
+    - `ParameterServerStrategy` on the chief of a `strategy: parameter_server`
+      job (the coordinator; workers and ps run the launcher's servers);
     - `MultiWorkerMirroredStrategy` when `TF_CONFIG` names several workers;
       `collective_timeout_s` (or `MGPU_COLLECTIVE_TIMEOUT_S`) bounds a stuck
       collective, so a worker whose peer vanished fails instead of hanging;
@@ -140,6 +142,13 @@ def strategy(collective_timeout_s: float | None = None, cpu_devices: int | None 
     from . import strategies
 
     cpus = strategies.cpu_devices_wanted(cpu_devices)
+    job_strategy = os.environ.get("MGPU_STRATEGY", "multi_worker_mirrored")
+    if job_strategy == "parameter_server" and tf_config():
+        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+        return tf.distribute.ParameterServerStrategy(resolver)
+    if job_strategy == "legacy_server":
+        raise RuntimeError("a legacy_server job trains in TF1 graph mode: use "
+                           "runtime.legacy_session() instead of runtime.strategy()")
     if num_workers() > 1:
         timeout = collective_timeout_s
         if timeout is None and os.environ.get("MGPU_COLLECTIVE_TIMEOUT_S"):

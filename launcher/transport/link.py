@@ -7,6 +7,7 @@ serialised by a lock. Used by every transport.
 
 from __future__ import annotations
 
+import itertools
 import json
 import queue
 import threading
@@ -15,11 +16,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO, Any
 
+_LINK_IDS = itertools.count(1)
+
 
 @dataclass(frozen=True)
 class AgentMessage:
     host: str
     message: dict[str, Any]
+    # Which pipe it came through: after a host reconnects, a late message of
+    # its old link (e.g. its `agent_lost`) must not be taken for the new one.
+    link_id: int = 0
 
     @property
     def event(self) -> str:
@@ -48,6 +54,7 @@ class AgentLink:
         self.hello_seen = threading.Event()
         self.last_seen = time.monotonic()
         self.closed = False  # True once we closed it or the agent's side ended
+        self.link_id = next(_LINK_IDS)
         self._reader = threading.Thread(target=self._read, name=f"agent-{host}", daemon=True)
 
     def start_reading(self) -> None:
@@ -60,19 +67,29 @@ class AgentLink:
                 try:
                     message = json.loads(raw)
                 except ValueError:
+                    message = None
+                if not isinstance(message, dict):
                     message = {"ev": "log", "text": raw.decode("utf-8", "replace").rstrip()}
                 if message.get("ev") == "hello":
                     self.hello = message
                     self.hello_seen.set()
-                self._events.put(AgentMessage(self.host, message))
+                self._events.put(AgentMessage(self.host, message, self.link_id))
         except (OSError, ValueError):
             pass
-        self.closed = True
-        self.hello_seen.set()  # wake anyone waiting: the agent is gone
-        self._events.put(
-            AgentMessage(self.host, {"ev": "agent_lost", "t": time.time(),
-                                     "detail": self.diagnostics()})
-        )
+        finally:
+            # Whatever ended the pipe, the supervisor must hear of it.
+            self.closed = True
+            self.hello_seen.set()  # wake anyone waiting: the agent is gone
+            self._events.put(
+                AgentMessage(self.host, {"ev": "agent_lost", "t": time.time(),
+                                         "detail": self._safe_diagnostics()}, self.link_id)
+            )
+
+    def _safe_diagnostics(self) -> str:
+        try:
+            return self.diagnostics()
+        except Exception as exc:  # noqa: BLE001 - a diagnostic must never hide the loss
+            return f"(no diagnostics: {exc})"
 
     def send(self, message: dict[str, Any]) -> bool:
         """Send one command; False when the agent is no longer reachable."""
