@@ -73,6 +73,7 @@ class SimHost:
     dir: Path
     host_key_line: str  # `ssh-ed25519 AAAA...`
     private_mounts: tuple[str, ...] = ()
+    netns: str | None = None  # a network namespace its sshd (and all under it) runs in
     proc: subprocess.Popen | None = None
 
     @property
@@ -163,6 +164,45 @@ class SimCluster:
             host.proc = None
         host.pid_file.unlink(missing_ok=True)
 
+    def kill_host(self, index: int) -> list[int]:
+        """The host dies: SIGKILL its sshd listener and every process under it
+        (sessions, the agents they run, their tasks). Returns the pids killed.
+
+        Every process is frozen (SIGSTOP) before any is killed, so none of them
+        sees another die and cleans up after it (an agent killing its tasks on
+        stdin EOF): a dead machine does nothing either.
+        """
+        import psutil
+
+        host = self.hosts[index]
+        pid = host.proc.pid if host.proc is not None else host.listener_pid()
+        victims: list[psutil.Process] = []
+        if pid is not None:
+            try:
+                listener = psutil.Process(pid)
+                victims = [listener, *listener.children(recursive=True)]
+            except psutil.Error:
+                victims = []
+        frozen: set[int] = set()
+        while len(frozen) < len(victims):  # a child forked before its parent froze
+            for proc in victims:
+                if proc.pid not in frozen:
+                    frozen.add(proc.pid)
+                    _signal(proc, signal.SIGSTOP)
+            known = {p.pid for p in victims}
+            for proc in list(victims):
+                try:
+                    victims += [c for c in proc.children() if c.pid not in known]
+                except psutil.Error:
+                    pass
+        for proc in victims:
+            _signal(proc, signal.SIGKILL)
+        if host.proc is not None:
+            host.proc.wait(timeout=10)  # reap the listener (our child)
+            host.proc = None
+        host.pid_file.unlink(missing_ok=True)
+        return [p.pid for p in victims]
+
     def session_pids(self, index: int) -> list[int]:
         """Pids of the sshd processes serving this host's open connections."""
         import psutil
@@ -178,6 +218,15 @@ class SimCluster:
     def stop(self) -> None:
         for host in self.hosts:
             self.stop_host(host.index)
+
+
+def _signal(proc, sig: int) -> None:
+    import psutil
+
+    try:
+        proc.send_signal(sig)
+    except psutil.Error:
+        pass
 
 
 def _free_on_all(addresses: list[str], port: int) -> bool:
@@ -238,6 +287,10 @@ def _start_sshd(host: SimHost) -> subprocess.Popen:
                              for p in host.private_mounts)
         argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
                 f"{mounts} && exec {' '.join(_q(a) for a in argv)}"]
+    if host.netns:
+        # A host behind its own network link (tests cut it); `ip netns exec`
+        # execs sshd, so the listener's pid is still the Popen's.
+        argv = ["ip", "netns", "exec", host.netns, *argv]
     # Own session: a Ctrl-C meant for the simulator's terminal is handled by it.
     return subprocess.Popen(argv, stdin=subprocess.DEVNULL, start_new_session=True)
 
@@ -273,21 +326,30 @@ def start_cluster(
     port: int | None = None,
     port_base: int | None = None,
     private_mounts: dict[int, tuple[str, ...]] | None = None,
+    addresses: list[str] | None = None,
+    netns: dict[int, str] | None = None,
     log_level: str = "ERROR",
 ) -> SimCluster:
     """Generate keys and configs in `directory` and start `count` sshds.
 
     `private_mounts` gives some hosts an empty private directory over the given
     paths (see `_start_sshd`); used to simulate a checkpoint dir that is not
-    shared.
+    shared. `addresses` replaces the consecutive loopback addresses; `netns`
+    runs some hosts' sshd inside an existing network namespace (root only),
+    whose address must be reachable from here (a veth pair the caller made).
     """
     directory = Path(directory).resolve()
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-    prefix, last = first_address.rsplit(".", 1)
-    addresses = [f"{prefix}.{int(last) + i}" for i in range(count)]
-    if int(last) + count - 1 > 254:
-        raise ValueError(f"{count} hosts from {first_address} run past .254")
-    port = port or pick_ssh_port(addresses)
+    netns = netns or {}
+    if addresses is None:
+        prefix, last = first_address.rsplit(".", 1)
+        addresses = [f"{prefix}.{int(last) + i}" for i in range(count)]
+        if int(last) + count - 1 > 254:
+            raise ValueError(f"{count} hosts from {first_address} run past .254")
+    if len(addresses) != count:
+        raise ValueError(f"{count} hosts but {len(addresses)} addresses")
+    # A namespace's own address cannot be bound from here; its ports are its own.
+    port = port or pick_ssh_port([a for i, a in enumerate(addresses) if i not in netns])
     client_key = directory / "client_key"
     client_public = generate_key(client_key, "mgpu-launch-simulate")
     authorized = directory / "authorized_keys"
@@ -304,7 +366,7 @@ def start_cluster(
             name=f"host{i}", address=address, port=port, host_key=host_key,
             authorized_keys=authorized, log_level=log_level))
         hosts.append(SimHost(i, f"host{i}", address, port, host_dir, line,
-                             tuple((private_mounts or {}).get(i, ()))))
+                             tuple((private_mounts or {}).get(i, ())), netns.get(i)))
     known_hosts = directory / "known_hosts"
     known_hosts.write_text("".join(f"{h.known_hosts_name} {h.host_key_line}\n" for h in hosts))
     os.chmod(known_hosts, 0o600)

@@ -7,9 +7,11 @@ always run for real, in a subprocess, with tests.conftest's `run_cli`.
 from __future__ import annotations
 
 import contextlib
+import secrets
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -93,3 +95,66 @@ def make_venv(directory: Path, fake_versions: dict[str, str] | None = None) -> P
         (info / "METADATA").write_text(
             f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
     return python
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
+
+
+@dataclass(frozen=True)
+class NetnsLink:
+    """A network namespace joined to this one by a veth pair: a host with its own link."""
+
+    netns: str
+    outside: str  # this side's address (another host can use it)
+    inside: str  # the namespace's address
+    inner_if: str
+
+    def cut(self) -> None:
+        """Unplug the cable: the namespace's end goes down; nothing gets through,
+        and nobody is told (no RST, no FIN). This side's route stays (linkdown),
+        so packets for the namespace never leave for another network."""
+        _ip("netns", "exec", self.netns, "ip", "link", "set", self.inner_if, "down")
+
+    def restore(self) -> None:
+        _ip("netns", "exec", self.netns, "ip", "link", "set", self.inner_if, "up")
+
+
+def netns_available() -> str:
+    """"" when network namespaces can be made here, else why not."""
+    probe = f"mgpu-probe-{secrets.token_hex(3)}"
+    done = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    if done.returncode != 0:
+        return f"cannot create a network namespace: {done.stderr.strip()}"
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    return ""
+
+
+@contextlib.contextmanager
+def netns_link() -> Iterator[NetnsLink]:
+    """A fresh namespace and a veth pair on a private /30 (10.213.N.0/30, a
+    subnet no interface here uses). An `unreachable` route for the /30 with a
+    high metric makes sure its traffic can never take the default route, even
+    if the veth vanished. Everything is removed afterwards.
+    """
+    tag = secrets.token_hex(3)
+    netns, outer, inner = f"mgpu-{tag}", f"mgv{tag}o", f"mgv{tag}i"
+    used = subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True).stdout
+    subnet = next(n for n in range(int(tag[:2], 16), int(tag[:2], 16) + 256)
+                  if f" 10.213.{n % 256}." not in used) % 256
+    outside, inside, prefix = f"10.213.{subnet}.1", f"10.213.{subnet}.2", f"10.213.{subnet}.0/30"
+    _ip("netns", "add", netns)
+    try:
+        _ip("route", "add", "unreachable", prefix, "metric", "4000")
+        _ip("link", "add", outer, "type", "veth", "peer", "name", inner, "netns", netns)
+        _ip("addr", "add", f"{outside}/30", "dev", outer)
+        _ip("link", "set", outer, "up")
+        for command in (["addr", "add", f"{inside}/30", "dev", inner],
+                        ["link", "set", inner, "up"], ["link", "set", "lo", "up"]):
+            _ip("netns", "exec", netns, "ip", *command)
+        yield NetnsLink(netns, outside, inside, inner)
+    finally:
+        subprocess.run(["ip", "link", "del", outer], capture_output=True)
+        subprocess.run(["ip", "route", "del", "unreachable", prefix, "metric", "4000"],
+                       capture_output=True)
+        subprocess.run(["ip", "netns", "del", netns], capture_output=True)

@@ -49,6 +49,9 @@ MAX_PARALLEL = 64  # threads mostly wait on the network; bounded so 500 hosts st
 # drops connections past its MaxStartups (10 by default), and we stay well under.
 JUMP_CONCURRENCY = 8
 KEEPALIVE_S = 5  # keeps NAT/firewall state alive and surfaces dead peers to TCP
+# An agent heartbeats every second: one silent this long is on a dead host or
+# behind a cut link, and waiting for its exit status at close would be in vain.
+SILENT_AGENT_S = 5.0
 HELLO_TIMEOUT_S = 30.0  # cold Python start on a loaded host; no TensorFlow import involved
 EXIT_BUNDLE_MISSING = 98  # our probe's exit code: the cache has no bundle of this version
 REMOTE_CACHE = ".cache/mgpu-launch/code"  # relative to the remote home directory
@@ -506,6 +509,7 @@ class _Session:
         self.ep = ep
         self.transport = transport
         self.channel: paramiko.Channel | None = None
+        self.link: AgentLink | None = None
         self.stderr_tail: deque[str] = deque(maxlen=20)
 
     def exec_agent(self, command: str) -> None:
@@ -532,12 +536,20 @@ class _Session:
 
     def diagnostics(self) -> str:
         code = self.exit_status(1.0)  # the pipe closed; the exit status follows
+        if code == -1:
+            # paramiko's "closed without an exit status": the sshd session died
+            # or the connection dropped. paramiko closes the channels before it
+            # marks the transport inactive, so give that a moment.
+            code = None
+            deadline = time.monotonic() + 1.0
+            while self.transport.is_active() and time.monotonic() < deadline:
+                time.sleep(0.02)
         tail = " | ".join(list(self.stderr_tail)[-3:])
         if code is None and not self.transport.is_active():
             return (f"SSH connection to {self.ep.hostname}:{self.ep.port} dropped"
                     + (f": {tail}" if tail else ""))
         if code is None:
-            return tail
+            return tail or "the agent's SSH session ended without an exit status"
         return f"agent exited with {code}" + (f": {tail}" if tail else "")
 
     def close(self) -> None:
@@ -639,6 +651,7 @@ class SSHTransport:
                          diagnostics=session.diagnostics)
         link.hello = hello
         link.hello_seen.set()
+        session.link = link
         events.put(AgentMessage(host.name, hello))
         link.start_reading()
         return link
@@ -696,7 +709,9 @@ class SSHTransport:
         # links); give them the grace period to report before the connection goes.
         deadline = time.monotonic() + self._eof_grace_s + 5.0
         for session in sessions:
-            if session.channel is not None and session.transport.is_active():
+            silent = (session.link is not None
+                      and time.monotonic() - session.link.last_seen > SILENT_AGENT_S)
+            if session.channel is not None and session.transport.is_active() and not silent:
                 session.exit_status(max(0.0, deadline - time.monotonic()))
             session.close()
         with self._lock:

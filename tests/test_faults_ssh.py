@@ -1,0 +1,270 @@
+"""Loss of a whole SSH host, for real: simulated hosts (one OpenSSH sshd per
+loopback address) running a real MultiWorkerMirroredStrategy job.
+
+A host dies the way a machine does: its sshd listener, the sshd session of
+the launcher's connection, the agent under it and the training task under
+the agent are all frozen, then SIGKILLed (`SimCluster.kill_host`); nobody gets
+to clean up. The launcher sees the connection drop. With `on_host_loss:
+shrink` the job finishes on the remaining host; with `wait` it resumes when
+the host's sshd is back. As root, the same again with host1 in its own network
+namespace behind a veth pair whose link is cut first: nothing tells the
+launcher but the missing heartbeats. After every test no process of the job
+is left on any host: no agent, no task, no sshd session.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import signal
+import subprocess
+import threading
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.conftest import SCRIPTS, alive, read_summary, wait_for
+from tests.sshcluster import netns_available, netns_link, sim_cluster, write_yaml
+from tests.test_faults import Job, training_epochs
+
+pytestmark = pytest.mark.e2e
+
+TRAIN = str(SCRIPTS / "fault_train.py")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    with sim_cluster(tmp_path_factory.mktemp("sim"), 2) as sim:
+        yield sim
+
+
+def job_processes(run_name: str) -> set[int]:
+    """Every agent of this run on any simulated host, and everything under it.
+
+    Found by the run's own folder on the hosts (`--run-dir
+    ~/.mgpu-launch/runs/<run>/<host>` on the agent's command line): job-scoped,
+    never another test's processes.
+    """
+    marker = f"/.mgpu-launch/runs/{run_name}/"
+    found: set[int] = set()
+    for proc in psutil.process_iter(["cmdline"]):
+        argv = proc.info["cmdline"] or []
+        if "launcher.agent" in argv and any(marker in a for a in argv):
+            found.add(proc.pid)
+            try:
+                found.update(c.pid for c in proc.children(recursive=True))
+            except psutil.Error:
+                pass
+    return found
+
+
+class SSHJob(Job):
+    """A launcher run against the simulated cluster; remembers every remote process."""
+
+    def __init__(self, cluster, workdir: Path, name: str, restart: dict,
+                 extra: list[str], ssh: dict | None = None) -> None:
+        self.cluster = cluster
+        self.run_name = f"{name}-{secrets.token_hex(3)}"
+        config = cluster.config_dict()
+        config["name"] = name
+        # Each test its own checkpoints: the module's cluster is shared.
+        config["checkpoint"] = {"dir": str(workdir / "checkpoints")}
+        config["restart"] = {"heartbeat_timeout_s": 3, "backoff_s": 0, **restart}
+        config["ssh"].update(ssh or {})
+        path = write_yaml(workdir / "cluster.yaml", config)
+        super().__init__([str(path), TRAIN, *extra], workdir, workdir / self.run_name)
+        # The output as it comes, to wait on what the launcher tells its user.
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    def said(self, text: str) -> bool:
+        return any(text in line for line in self.lines)
+
+    def finish(self, timeout: float) -> int:
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            self._reader.join(timeout=10)
+            raise AssertionError("launcher did not finish:\n" + "".join(self.lines)[-3000:]
+                                 ) from None
+        self._reader.join(timeout=10)
+        self.output = "".join(self.lines)
+        return self.proc.returncode
+
+    def look(self) -> None:
+        super().look()
+        self.family.update(job_processes(self.run_name))
+
+    def assert_nothing_left(self) -> None:
+        super().assert_nothing_left()
+        wait_for(lambda: not job_processes(self.run_name), timeout=10,
+                 what="no agent of the run left on any host")
+        # The launcher's SSH sessions ended too (the cluster serves one job at a time).
+        hosts = range(len(self.cluster.hosts))
+        wait_for(lambda: not any(self.cluster.session_pids(i) for i in hosts), timeout=10,
+                 what="no sshd session left on any host")
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def kill_everything(self) -> None:
+        self.kill()
+        for pid in alive(self.family | set(self.pids().values())
+                         | job_processes(self.run_name)):
+            try:
+                psutil.Process(pid).send_signal(signal.SIGKILL)
+            except psutil.Error:
+                pass
+
+
+@pytest.fixture
+def jobs():
+    started: list[SSHJob] = []
+    yield started
+    for job in started:
+        job.kill_everything()  # a failed test must not leave its processes behind
+
+
+def both_in_epoch(job: SSHJob, epoch: int) -> bool:
+    return all(any(e.get("epoch", -1) >= epoch for e in job.events("progress", task=t))
+               for t in ("worker0", "worker1"))
+
+
+def kill_host_mid_training(cluster, job: SSHJob) -> list[int]:
+    wait_for(lambda: both_in_epoch(job, 1), timeout=180, what="both workers in epoch 2")
+    job.look()
+    task = job.pids()[(0, "worker1")]
+    killed = cluster.kill_host(1)
+    # The whole host went: listener, session, agent and the task under it.
+    assert task in killed and len(killed) >= 4, killed
+    return killed
+
+
+def test_lost_ssh_host_with_shrink_finishes_on_the_remaining_host(cluster, workdir, jobs):
+    job = SSHJob(cluster, workdir, "ssh-shrink",
+                 {"on_host_loss": "shrink", "min_workers": 1}, ["--epochs", "4"])
+    jobs.append(job)
+    try:
+        killed = kill_host_mid_training(cluster, job)
+        code = job.finish(timeout=180)
+        assert not alive(killed)
+        lost = job.events("host_lost")[0]
+        assert lost["host"] == "host1" and "dropped" in lost["detail"], lost
+        assert code == 0, job.output[-4000:]
+        summary = read_summary(job.run_dir)
+        assert summary["status"] == "succeeded" and summary["restarts"] >= 1, summary
+        assert summary["failures"][0]["kind"] == "host_lost", summary["failures"]
+        relaunch = job.events("launch", generation=1)[0]
+        assert [t["host"] for t in relaunch["tasks"]] == ["host0"]
+        assert "continuing without host1" in job.output
+        # Resumed from the two workers' checkpoint, not from the start.
+        assert min(training_epochs(job, 1)) >= 1, training_epochs(job, 1)
+        assert re.search(r"^host0/worker0 +\| WEIGHTS_CHECKSUM", job.output, re.M)
+        job.assert_nothing_left()
+    finally:
+        cluster.start_host(1)  # the next test gets both hosts
+
+
+def test_lost_ssh_host_with_wait_resumes_when_its_sshd_is_back(cluster, workdir, jobs):
+    job = SSHJob(cluster, workdir, "ssh-wait",
+                 {"on_host_loss": "wait", "host_wait_s": 60}, ["--epochs", "4"])
+    jobs.append(job)
+    try:
+        killed = kill_host_mid_training(cluster, job)
+        lost = job.wait_event("host_lost", timeout=30, host="host1")
+        assert "dropped" in lost["detail"], lost
+        wait_for(lambda: not alive(killed), timeout=10, what="host1's processes to die")
+        # The launcher tried host1, found it down, and keeps trying.
+        wait_for(lambda: job.said("waiting up to 60 s for host host1"),
+                 timeout=30, what="the launcher waiting for host1")
+        cluster.start_host(1)  # the machine boots again
+        back = job.wait_event("host_back", timeout=30, host="host1")
+        assert back["attempts"] >= 2, back
+        assert "connection refused by 127.0.0.3" in "".join(job.lines)
+        assert not job.events("launch", generation=1) or \
+            job.events("launch", generation=1)[0]["t"] >= back["t"]
+        code = job.finish(timeout=180)
+        assert code == 0, job.output[-4000:]
+        summary = read_summary(job.run_dir)
+        assert summary["status"] == "succeeded" and summary["restarts"] >= 1, summary
+        assert summary["failures"][0]["kind"] == "host_lost", summary["failures"]
+        relaunch = job.events("launch", generation=1)[0]
+        assert [t["host"] for t in relaunch["tasks"]] == ["host0", "host1"]
+        # Generation 1 on both hosts resumed from the checkpoint.
+        assert min(training_epochs(job, 1)) >= 1, training_epochs(job, 1)
+        restored = re.findall(r"^host[01]/worker[01] +\| RESTORED step=(\d+)$", job.output, re.M)
+        assert len(restored) == 4 and all(int(s) >= 10 for s in restored[2:]), restored
+        sums = re.findall(r"^host[01]/worker[01] +\| WEIGHTS_CHECKSUM ([0-9.]+)", job.output,
+                          re.M)
+        assert len(sums) == 2 and len(set(sums)) == 1, sums
+        job.assert_nothing_left()
+    finally:
+        cluster.start_host(1)
+
+
+# ------------------------------------------------------------- a cut network link
+
+
+@pytest.fixture(scope="module")
+def cut_cluster(tmp_path_factory):
+    """host0 on this side of a veth pair, host1 (its sshd, agent and tasks)
+    inside its own network namespace on the other: a link that can be cut."""
+    why = netns_available()
+    if why:
+        pytest.skip(f"needs network namespaces (root): {why}")
+    with netns_link() as link, sim_cluster(tmp_path_factory.mktemp("simns"), 2,
+                     addresses=[link.outside, link.inside],
+                     netns={1: link.netns}) as sim:
+        yield sim, link
+
+
+@pytest.mark.parametrize("policy", ["shrink", "wait"])
+def test_host_behind_a_cut_link_is_lost_by_heartbeat(cut_cluster, workdir, jobs, policy):
+    cluster, link = cut_cluster
+    # connect_timeout_s: while the link is cut, each reconnection attempt times out.
+    job = SSHJob(cluster, workdir, f"ssh-cut-{policy}",
+                 {"on_host_loss": policy, "min_workers": 1, "host_wait_s": 60},
+                 ["--epochs", "4"], ssh={"connect_timeout_s": 2})
+    jobs.append(job)
+    try:
+        wait_for(lambda: both_in_epoch(job, 1), timeout=180, what="both workers in epoch 2")
+        job.look()
+        link.cut()
+        killed = cluster.kill_host(1)  # and the machine dies behind the cut link
+        assert job.pids()[(0, "worker1")] in killed
+        # No FIN, no RST: only the missing heartbeats tell.
+        lost = job.wait_event("host_lost", timeout=30, host="host1")
+        assert "no heartbeat" in lost["detail"], lost
+        if policy == "wait":
+            wait_for(lambda: job.said("waiting up to 60 s for host host1"),
+                     timeout=30, what="the launcher waiting for host1")
+            link.restore()
+            cluster.start_host(1)
+            back = job.wait_event("host_back", timeout=30, host="host1")
+            assert back["attempts"] >= 2, back
+        code = job.finish(timeout=180)
+        assert code == 0, job.output[-4000:]
+        summary = read_summary(job.run_dir)
+        assert summary["status"] == "succeeded" and summary["restarts"] >= 1, summary
+        # TensorFlow's own heartbeat may notice the dead peer first; the lost
+        # host is still named as the cause, never the worker that reported it.
+        assert summary["failures"][0]["host"] == "host1", summary["failures"]
+        relaunch = job.events("launch", generation=1)[0]
+        expected = ["host0"] if policy == "shrink" else ["host0", "host1"]
+        assert [t["host"] for t in relaunch["tasks"]] == expected
+        assert min(training_epochs(job, 1)) >= 1, training_epochs(job, 1)
+        job.assert_nothing_left()
+    finally:
+        link.restore()
+        cluster.start_host(1)
