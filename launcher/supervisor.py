@@ -349,6 +349,13 @@ class Supervisor:
     def _handle(self, gen: _Generation, message: AgentMessage) -> None:
         body = message.message
         event = message.event
+        link = self._links.get(message.host)
+        if link is not None and message.link_id and message.link_id != link.link_id:
+            # A late message of a host's previous connection (it reconnected
+            # since): its output may still be shown, nothing else is acted on.
+            if event == "output":
+                self._print_output(gen, message)
+            return
         if event == "agent_lost":
             if message.host in {t.host for t in gen.plan.tasks}:
                 self._host_lost(gen, message.host, body.get("detail") or "connection closed")
@@ -468,7 +475,7 @@ class Supervisor:
                                                   reason=reason, t=body.get("t"),
                                                   last_lines=tail, error=body.get("error")))
             return
-        if record.exit_code == 0 and record.task.lifetime == "job":
+        if record.exit_code == 0:  # a job task done, or a service that may end (evaluator)
             record.state = TaskState.SUCCEEDED
             return
         if self._worker_restarts_alone(gen, record):
@@ -507,6 +514,9 @@ class Supervisor:
                 continue
             if gen.tearing_down:
                 record.state = TaskState.LOST
+                if gen.failure is not None:  # a primary cause, if what we have is a symptom
+                    self._consider(gen, self._failure(gen, record, kind="host_lost",
+                                                      reason=f"lost its host: {detail}"))
             else:
                 self._fail(gen, record, gone=False, kind="host_lost",
                            reason=f"lost its host: {detail}")
@@ -609,10 +619,17 @@ class Supervisor:
         return min(plan.grace_s, CRASH_GRACE_S)
 
     def _give_up_on_stragglers(self, gen: _Generation) -> None:
+        """Tasks whose exit no agent confirmed: their hosts count as lost, so the
+        next generation gets a fresh agent there (or goes on without them)."""
         for record in gen.records.values():
             if not record.state.terminal:
                 record.state = TaskState.LOST
                 self._printer.notice(f"{record.task.label}: no exit confirmed by its agent")
+                if record.task.host not in gen.lost_hosts:
+                    gen.lost_hosts.add(record.task.host)
+                    link = self._links.get(record.task.host)
+                    if link is not None:
+                        link.close()
 
 
 def _exit_kind(record: TaskRecord) -> str:
