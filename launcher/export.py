@@ -37,7 +37,7 @@ from .config import ConfigError, LoadedConfig, load_config
 from .plan import CLUSTER_ROLES, ROLE_ORDER, Plan, PlanError, Task, build_plan, ports_needed
 
 EXIT_OK, EXIT_USAGE = 0, 2
-DEFAULT_IMAGE = "mgpu-launch-worker:latest"  # built from docker/Dockerfile (docs/docker.md)
+DEFAULT_IMAGE = "mgpu-launch-worker:latest"  # built from docker/Dockerfile (README.md, Docker)
 DEFAULT_PORT_BASE = 23456  # when the YAML says `ports: {base: auto}`
 K8S_CHECKPOINT_ROOT = "/mnt/checkpoints"
 # Environment the launcher sets per task; everything else in a task's env is shared.

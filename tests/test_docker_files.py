@@ -93,7 +93,7 @@ def test_image_matches_the_cluster_yaml():
             *sources, _dest = args.split()
             for source in sources:
                 if source == pyproject["project"]["readme"]:
-                    continue  # the project's README (merged from docs/ by the maintainer)
+                    continue  # the project's README
                 assert (REPO / source).exists(), f"COPY {source}: not in the repository"
     entry = next(args for word, args in steps if word == "ENTRYPOINT")
     assert entry == '["mgpu-entrypoint"]'
