@@ -30,6 +30,7 @@ from .states import Failure, RunResult, TaskRecord, TaskRow, TaskState, final_st
 from .transport import AgentLink, AgentMessage
 
 POLL_S = 0.1
+MAX_BATCH = 500  # messages handled per loop turn before the checks run again
 # After the grace period's SIGKILL, how long to wait for agents to confirm
 # every exit before giving up on a task (its host is then unreachable).
 TEARDOWN_SLACK_S = 5.0
@@ -284,8 +285,15 @@ class Supervisor:
                 self._handled_stops = self._stop_count
                 self._on_stop_request(gen, hurry=gen.interrupted is not None)
             message = self._next_message(POLL_S)
-            if message is not None:
+            # Drain a burst in one go: a flood of output lines must not delay
+            # the exit report queued behind it by a loop turn per line.
+            for _ in range(MAX_BATCH):
+                if message is None:
+                    break
                 self._handle(gen, message)
+                # ...but act on a failure at once, before more lines are read.
+                settled = gen.tearing_down or gen.failure is not None
+                message = None if settled else self._next_message(0)
             if self._clock() >= next_watch:
                 next_watch = self._clock() + 0.5
                 self._watch_silence(gen)
