@@ -317,6 +317,15 @@ def _wait_listening(host: SimHost) -> None:
     raise RuntimeError(f"sshd of {host.name} is not listening on {host.address}:{host.port}")
 
 
+def _check_private(directory: Path) -> None:
+    """Keys and authorized_keys go here, and an sshd trusts them: refuse a folder
+    another user could write to (they could plant a key and log in)."""
+    info = directory.stat()
+    if info.st_uid != os.getuid() or info.st_mode & 0o022:
+        raise SystemExit(f"mgpu-launch simulate: {directory} must be yours and not writable by "
+                         "others (chmod 700 it, or give a new --dir)")
+
+
 def start_cluster(
     count: int,
     directory: Path,
@@ -340,6 +349,7 @@ def start_cluster(
     """
     directory = Path(directory).resolve()
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    _check_private(directory)
     netns = netns or {}
     if addresses is None:
         prefix, last = first_address.rsplit(".", 1)
