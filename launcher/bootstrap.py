@@ -23,13 +23,14 @@ import json
 import os
 import runpy
 import sys
-import traceback
 
 
 def _write_error(exc: BaseException) -> None:
     path = os.environ.get("MGPU_ERROR_FILE")
     if not path:
         return
+    import traceback  # only on the way out: keep the start of every task light
+
     frames = traceback.extract_tb(exc.__traceback__)
     # Hide this module's own frames: the user's code starts below runpy.
     frames = [f for f in frames

@@ -21,44 +21,29 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
-# Input sharding lives in its own module; it imports TensorFlow only when used.
-from .data import (
-    InputPipeline,
-    ShardingError,
-    ShardingWarning,
-    check_dataset,
-    check_ps_input,
-    dataset_fn,
-    distribute,
-    global_batch_size,
-    input_pipeline,
-    list_files,
-    make_dataset,
-    per_replica_batch_size,
-    shard,
-    shard_files,
-)
+if TYPE_CHECKING:  # the bootstrap imports this package in every task: keep it light
+    from typing import Any
+
+# Input sharding lives in its own module, loaded on first use (`__getattr__`
+# below): the bootstrap imports this package in every task, so it stays light.
+_DATA_NAMES = frozenset({
+    "InputPipeline", "ShardingError", "ShardingWarning", "check_dataset", "check_ps_input",
+    "dataset_fn", "distribute", "global_batch_size", "input_pipeline", "list_files",
+    "make_dataset", "per_replica_batch_size", "shard", "shard_files",
+})
+
+
+def __getattr__(name: str):
+    if name in _DATA_NAMES:
+        from . import data
+
+        return getattr(data, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
-    "InputPipeline",
-    "ShardingError",
-    "ShardingWarning",
-    "check_dataset",
-    "check_ps_input",
-    "dataset_fn",
-    "distribute",
-    "global_batch_size",
-    "input_pipeline",
-    "list_files",
-    "make_dataset",
-    "per_replica_batch_size",
-    "shard",
-    "shard_files",
     "callbacks",
     "checkpoint_dir",
     "is_chief",
@@ -72,6 +57,7 @@ __all__ = [
     "task_index",
     "task_type",
     "tf_config",
+    *sorted(_DATA_NAMES),
 ]
 
 
@@ -387,6 +373,9 @@ def save_model(model, path: str, **save_kwargs) -> str | None:
         os.makedirs(parent, exist_ok=True)  # Keras 3 does not create it
         plain.save(path, **save_kwargs)
         return path
+    import shutil
+    import tempfile
+
     scratch = tempfile.mkdtemp(prefix=f"mgpu-{task_type()}{task_index()}-")
     try:
         plain.save(os.path.join(scratch, os.path.basename(path.rstrip("/")) or "model"),

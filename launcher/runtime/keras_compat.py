@@ -33,9 +33,7 @@ from __future__ import annotations
 import functools
 import json
 import os
-import shutil
 import sys
-import tempfile
 from types import ModuleType
 
 # Keras 3 release lines these patches were written against and tested on.
@@ -298,6 +296,8 @@ def patch_backup_and_restore(cls: type) -> None:
             return original_save(self)
         scratch = self.__dict__.get("_mgpu_scratch")
         if scratch is None:
+            import tempfile
+
             scratch = self._mgpu_scratch = tempfile.mkdtemp(prefix="mgpu-backup-")
         shared = {name: getattr(self, name) for name in ("backup_dir", *_BACKUP_PATHS)}
         self.backup_dir = scratch
@@ -312,6 +312,8 @@ def patch_backup_and_restore(cls: type) -> None:
     def on_train_end(self, logs=None):
         scratch = self.__dict__.pop("_mgpu_scratch", None)
         if scratch is not None:
+            import shutil
+
             shutil.rmtree(scratch, ignore_errors=True)
         if _is_chief():  # only the chief deletes the shared backup
             return original_end(self, logs)
@@ -339,10 +341,14 @@ def patch_model_checkpoint(cls: type) -> None:
     def _save_model(self, epoch, batch, logs):
         if _is_chief():
             return original_save(self, epoch, batch, logs)
+        import tempfile
+
         self._mgpu_scratch = tempfile.mkdtemp(prefix="mgpu-checkpoint-")
         try:
             return original_save(self, epoch, batch, logs)
         finally:
+            import shutil
+
             shutil.rmtree(self.__dict__.pop("_mgpu_scratch"), ignore_errors=True)
 
     cls._get_file_path = _get_file_path
