@@ -115,3 +115,18 @@ def test_cli_exits_2_and_names_the_line(tmp_path: Path):
     result = run_cli([str(malformed), "train.py"], cwd=tmp_path, timeout=60)
     assert result.returncode == 2
     assert f"{malformed}:3: not valid YAML" in result.stderr
+
+
+@pytest.mark.parametrize("name", ["local.yaml", "ssh.yaml"])
+def test_bundled_cluster_configs_are_valid(name: str):
+    from tests.conftest import REPO
+
+    loaded = load_config(REPO / "cluster_configs" / name)
+    assert loaded.config.hosts
+
+
+def test_strategy_example_configs_are_valid():
+    from tests.conftest import REPO
+
+    for path in sorted((REPO / "examples").rglob("*.yaml")):
+        assert load_config(path).config.hosts, path

@@ -12,6 +12,7 @@ import pytest
 
 from tests.conftest import (
     EXAMPLES,
+    REPO,
     SCRIPTS,
     alive,
     read_events,
@@ -53,8 +54,9 @@ def test_example_trains_on_two_simulated_hosts(workdir: Path):
 
 
 def test_unmodified_tutorial_script_trains_to_identical_weights(workdir: Path):
+    # Through the bundled cluster_configs/local.yaml (the --local path is above).
     run_dir = workdir / "run"
-    result = run_cli(["--local", "2", "--run-dir", str(run_dir),
+    result = run_cli(["--run-dir", str(run_dir), str(REPO / "cluster_configs" / "local.yaml"),
                       str(SCRIPTS / "tutorial_mwms.py"), str(workdir / "ckpt")], cwd=workdir)
     assert result.returncode == 0, result.stdout[-3000:]
     sums = re.findall(r"^(host[01]/worker[01]) +\| WEIGHTS_CHECKSUM ([0-9.]+)",
