@@ -647,8 +647,15 @@ class SSHTransport:
         self._check_hello(hello, host, where)
         channel = session.channel
         channel.settimeout(None)
+        def on_close() -> None:
+            # The agent stops its tasks on EOF within its grace; then let the
+            # connection go, so a lost host's SSH session does not linger.
+            timer = threading.Timer(self._eof_grace_s + 3.0, session.close)
+            timer.daemon = True
+            timer.start()
+
         link = AgentLink(host.name, channel.makefile_stdin("wb"), stdout, events,
-                         diagnostics=session.diagnostics)
+                         on_close=on_close, diagnostics=session.diagnostics)
         link.hello = hello
         link.hello_seen.set()
         session.link = link
