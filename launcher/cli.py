@@ -160,6 +160,9 @@ def busy_ports(ports: Sequence[int]) -> list[int]:
     busy = []
     for port in ports:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            # As gRPC binds: connections of an earlier run in TIME_WAIT do not
+            # make a port busy; a listener does.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 sock.bind(("", port))
             except OSError:

@@ -66,6 +66,16 @@ class HostTarget:
     connect_timeout_s: float
 
 
+def task_label(host: str, name: str) -> str:
+    """`host0/worker0`: a task as output prefixes and summaries show it."""
+    return f"{host}/{name}"
+
+
+def log_file_name(host: str, name: str) -> str:
+    """`host0-worker0.log`: a task's log file in the run directory's `logs/`."""
+    return f"{host}-{name}.log"
+
+
 @dataclass(frozen=True)
 class Task:
     """One process of the job: a role and index on a host."""
@@ -90,11 +100,11 @@ class Task:
     @property
     def label(self) -> str:
         """`host0/worker0`: how the task is shown in output."""
-        return f"{self.host}/{self.name}"
+        return task_label(self.host, self.name)
 
     @property
     def log_name(self) -> str:
-        return f"{self.host}-{self.name}.log"
+        return log_file_name(self.host, self.name)
 
     def tf_config_json(self) -> str:
         return json.dumps(_plain(self.tf_config), sort_keys=True)
@@ -123,15 +133,8 @@ class Plan:
     tasks: tuple[Task, ...]
     grace_s: float
 
-    def host(self, name: str) -> HostTarget:
-        return next(h for h in self.hosts if h.name == name)
-
     def tasks_on(self, host_name: str) -> tuple[Task, ...]:
         return tuple(t for t in self.tasks if t.host == host_name)
-
-    @property
-    def num_workers(self) -> int:
-        return sum(1 for t in self.tasks if t.role in ("chief", "worker"))
 
     def to_json(self) -> dict[str, Any]:
         return {

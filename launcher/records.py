@@ -26,6 +26,8 @@ from typing import Any, TextIO
 
 import yaml
 
+from .plan import log_file_name, task_label
+
 EXIT_OK, EXIT_USAGE = 0, 2
 _TASK_NAME = re.compile(r"^(chief|worker|ps|evaluator)(\d+)$")
 # How often `logs -f` looks for new lines and for summary.json.
@@ -219,7 +221,7 @@ def load_run(run_dir: str | os.PathLike,
                 role, index = _split_name(str(entry.get("task")))
                 host = str(entry.get("host"))
                 previous = tasks.get(str(entry.get("task")))
-                view = TaskView(label=f"{host}/{entry.get('task')}", host=host, role=role,
+                view = TaskView(label=task_label(host, entry.get('task')), host=host, role=role,
                                 index=index, generation=generation,
                                 address=entry.get("address"), port=entry.get("port"))
                 if previous is not None:  # progress survives a restart: training resumes
@@ -258,7 +260,7 @@ def load_run(run_dir: str | os.PathLike,
             view.state, view.exit_code, view.signal = "starting", None, None
 
     for view in tasks.values():
-        log = logs_dir / f"{view.host}-{view.name}.log"
+        log = logs_dir / log_file_name(view.host, view.name)
         view.log_path = log
 
     started_t = first_launch.get("t") if first_launch else None
@@ -316,7 +318,7 @@ def _merge_summary(tasks: dict[str, TaskView], summary: dict[str, Any]) -> None:
 
 
 def _failure_from_event(event: dict[str, Any]) -> dict[str, Any]:
-    task = f"{event.get('host')}/{event.get('task')}"
+    task = task_label(event.get('host'), event.get('task'))
     kind = event.get("kind")
     if event.get("reason"):
         what = str(event["reason"])

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .classify import RESTART_ME_EXIT, classify_exit
-from .plan import Plan, Task
+from .plan import Plan, Task, log_file_name, task_label
 from .printer import Printer
 from .recovery import Budget, HostInfo, NotEnoughHosts, choose_hosts, decide_restart
 from .rundir import RunRecorder
@@ -409,9 +409,9 @@ class Supervisor:
         body = message.message
         name, text = body.get("task"), body.get("text", "")
         record = gen.records.get(name) if gen and name else None
-        label = record.task.label if record else f"{message.host}/{name}"
+        label = record.task.label if record else task_label(message.host, name)
         self._printer.task_line(label, text)
-        self._recorder.log_line(f"{message.host}-{name}.log", text)
+        self._recorder.log_line(log_file_name(message.host, name), text)
         if record is None or gen is None or body.get("generation") != gen.plan.generation:
             return
         record.last_activity = self._clock()

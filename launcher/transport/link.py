@@ -111,7 +111,3 @@ class AgentLink:
             except OSError:
                 pass
         self._on_close()
-
-    def wait_closed(self, timeout: float) -> bool:
-        self._reader.join(timeout)
-        return not self._reader.is_alive()
