@@ -365,7 +365,9 @@ restart: {heartbeat_timeout_s: 3, backoff_s: 0}
     assert code == 0, job.output[-3000:]
     lost = job.events("host_lost")[0]
     assert lost["host"] == "host1" and "no heartbeat" in lost["detail"]
-    assert 3.0 <= lost["t"] - stopped_at < 8.0, lost["t"] - stopped_at  # 3 s timeout + load
+    # The 3 s timeout runs from the agent's last heartbeat (one a second), which
+    # may have come up to 1 s before the stop; the upper bound allows for load.
+    assert 2.0 <= lost["t"] - stopped_at < 8.0, lost["t"] - stopped_at
     relaunch = job.events("launch", generation=1)[0]
     assert sorted(t["host"] for t in relaunch["tasks"]) == ["host0", "host2"]
     assert "host2 replaces host1" in job.output
