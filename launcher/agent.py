@@ -20,22 +20,24 @@ Guarantees:
 
 Shipped to hosts as-is: standard library only (psutil is used when present).
 Must not import anything of the launcher side.
+
+Started with `python -S`: a fan-out to many hosts pays every millisecond of
+start-up once per host, and the agent needs none of the user's packages to
+start (`site` runs every `.pth` file, e.g. an editable install's finder).
+The site-packages folders are found by `site_dirs()` when needed: to report
+package versions, and to import psutil on first use.
 """
 
 from __future__ import annotations
 
-import argparse
 import collections
-import importlib.util
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
-from typing import Any
 
 from launcher import __version__
 
@@ -52,6 +54,7 @@ def _load_psutil():
     with _psutil_lock:
         if not _psutil_tried:
             _psutil_tried = True
+            _add_site_dirs()
             try:
                 import psutil as module
             except ImportError:  # pragma: no cover - depends on the host
@@ -91,7 +94,7 @@ class Emitter:
         self._stream = stream
         self._lock = threading.Lock()
 
-    def __call__(self, event: str, **fields: Any) -> None:
+    def __call__(self, event: str, **fields: object) -> None:
         fields["ev"] = event
         fields.setdefault("t", time.time())
         data = (json.dumps(fields, separators=(",", ":")) + "\n").encode()
@@ -161,7 +164,7 @@ class Agent:
 
     # ------------------------------------------------------------------ commands
 
-    def handle(self, message: dict[str, Any]) -> None:
+    def handle(self, message: dict) -> None:
         op = message.get("op")
         if op == "start":
             self.start(message)
@@ -181,7 +184,7 @@ class Agent:
         _makedirs_private(path)
         return path
 
-    def start(self, message: dict[str, Any]) -> None:
+    def start(self, message: dict) -> None:
         name = message["task"]
         generation = int(message.get("generation", 0))
         with self.lock:
@@ -312,7 +315,7 @@ class Agent:
                 task.killed = True
             task.signal_tree(signal.SIGKILL)  # the group, even if its leader is gone
 
-    def exec_check(self, message: dict[str, Any]) -> None:
+    def exec_check(self, message: dict) -> None:
         """Run a short command (used by `mgpu-launch check`) and report its output."""
         try:
             done = subprocess.run(message["argv"], capture_output=True, text=True,
@@ -378,14 +381,27 @@ def _tree_usage(proc) -> dict[str, float | str]:
 def _installed_versions() -> dict[str, str | None]:
     """Versions of what tasks need, read from the names of `*.dist-info` folders.
 
-    The first match on sys.path wins, as for an import. Nothing is imported,
+    The first match on the path wins, as for an import. Nothing is imported,
     not even importlib.metadata (~20-50 ms of CPU per agent start, which a
     fan-out to dozens of hosts pays on each of them).
     """
+    versions = _scan_dist_info([*sys.path, *site_dirs()])
+    if versions["tensorflow"] is None and sys.flags.no_site:
+        # TensorFlow may sit on a path that only a .pth file adds: let site run
+        # them (what every task's interpreter does) before calling it missing.
+        import site
+
+        site.main()
+        versions = _scan_dist_info(sys.path)
+    return versions
+
+
+def _scan_dist_info(entries: list[str]) -> dict[str, str | None]:
     wanted = {"tensorflow": "tensorflow", "tensorflow_cpu": "tensorflow",
-              "keras": "keras", "tf_keras": "tf_keras"}
-    versions: dict[str, str | None] = {"tensorflow": None, "keras": None, "tf_keras": None}
-    for entry in sys.path:
+              "keras": "keras", "tf_keras": "tf_keras", "psutil": "psutil"}
+    versions: dict[str, str | None] = dict.fromkeys(("tensorflow", "keras", "tf_keras",
+                                                     "psutil"))
+    for entry in entries:
         try:
             names = os.listdir(entry or ".")
         except OSError:
@@ -400,23 +416,77 @@ def _installed_versions() -> dict[str, str | None]:
     return versions
 
 
+def site_dirs() -> list[str]:
+    """The site-packages folders `site` would add to sys.path, without running
+    their `.pth` files; empty when `site` already ran (no `-S`)."""
+    if not sys.flags.no_site:
+        return []
+    import site  # under -S, importing site does not run site.main()
+
+    prefixes, user_site = [sys.prefix], True
+    # A venv: what site.venv() would read from pyvenv.cfg.
+    bin_dir = os.path.dirname(os.path.abspath(sys.executable))
+    for conf in (os.path.join(bin_dir, "pyvenv.cfg"),
+                 os.path.join(os.path.dirname(bin_dir), "pyvenv.cfg")):
+        if not os.path.isfile(conf):
+            continue
+        system = "true"
+        with open(conf, encoding="utf-8") as handle:
+            for line in handle:
+                key, sep, value = line.partition("=")
+                if sep and key.strip().lower() == "include-system-site-packages":
+                    system = value.strip().lower()
+        venv = os.path.dirname(bin_dir)
+        prefixes = [venv, sys.prefix] if system == "true" else [venv]
+        user_site = system == "true"
+        break
+    dirs = site.getsitepackages(prefixes)
+    if user_site and site.check_enableusersite():
+        dirs.insert(1 if len(prefixes) > 1 else 0, site.getusersitepackages())
+    return [d for d in dict.fromkeys(dirs) if os.path.isdir(d)]
+
+
+def _add_site_dirs() -> None:
+    for entry in site_dirs():
+        if entry not in sys.path:
+            sys.path.append(entry)
+
+
+USAGE = "usage: python -m launcher.agent --host NAME --run-dir DIR [--eof-grace SECONDS]"
+
+
+def parse_args(argv: list[str]) -> tuple[str, str, float]:
+    """(host, run_dir, eof_grace_s). Only the launcher starts the agent; argparse
+    would cost ~8 ms of every agent start (it loads re, gettext and shutil)."""
+    options = {"--host": None, "--run-dir": None, "--eof-grace": "2.0"}
+    rest = list(argv)
+    while rest:
+        flag = rest.pop(0)
+        if flag not in options or not rest:
+            raise SystemExit(f"{USAGE}\nbad argument: {flag!r}")
+        options[flag] = rest.pop(0)
+    if options["--host"] is None or options["--run-dir"] is None:
+        raise SystemExit(f"{USAGE}\n--host and --run-dir are required")
+    try:
+        grace = float(options["--eof-grace"])
+    except ValueError:
+        raise SystemExit(f"{USAGE}\n--eof-grace wants seconds, "
+                         f"got {options['--eof-grace']!r}") from None
+    return options["--host"], options["--run-dir"], grace
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="launcher.agent")
-    parser.add_argument("--host", required=True, help="host name as the launcher knows it")
-    parser.add_argument("--run-dir", required=True)
-    parser.add_argument("--eof-grace", type=float, default=2.0,
-                        help="SIGTERM->SIGKILL grace when the launcher goes away")
-    args = parser.parse_args(argv)
+    host, run_dir, eof_grace_s = parse_args(sys.argv[1:] if argv is None else argv)
     # Ctrl-C in the launcher's terminal is the launcher's to handle.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     emit = Emitter(sys.stdout.buffer)
-    agent = Agent(args.host, args.run_dir, emit, args.eof_grace)
+    agent = Agent(host, run_dir, emit, eof_grace_s)
     _makedirs_private(agent.run_dir)
-    emit("hello", host=args.host, pid=os.getpid(), version=__version__,
+    packages = _installed_versions()
+    emit("hello", host=host, pid=os.getpid(), version=__version__,
          python=sys.executable, python_version=sys.version.split()[0],
-         hostname=socket.gethostname(), run_dir=agent.run_dir,
-         psutil=importlib.util.find_spec("psutil") is not None,
-         packages=_installed_versions())
+         hostname=os.uname().nodename, run_dir=agent.run_dir,
+         psutil=packages.pop("psutil") is not None, packages=packages)
     threading.Thread(target=agent.heartbeat_forever, daemon=True).start()
     # SIGTERM to the agent stops its tasks like a closed stdin does.
     signal.signal(signal.SIGTERM, _exit_on_signal)

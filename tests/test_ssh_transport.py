@@ -283,7 +283,7 @@ def test_transport_error_names_the_host_and_keeps_the_others_closed(cluster, tmp
 def test_agent_command_quotes_every_value():
     command = agent_command("/opt/my python/bin/python3", "x/0.1.0-abc", "h; rm -rf /",
                             "~/.mgpu-launch/runs/r/h", 2.0)
-    assert "'/opt/my python/bin/python3'" in command
+    assert "'/opt/my python/bin/python3' -S -m launcher.agent" in command  # light start
     assert "'h; rm -rf /'" in command
     assert command.startswith('test -f "$HOME"/x/0.1.0-abc/launcher/agent.py || exit 98; exec env')
     assert "--run-dir '~/.mgpu-launch/runs/r/h'" in command  # the agent expands ~

@@ -22,10 +22,6 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # the bootstrap imports this package in every task: keep it light
-    from typing import Any
 
 # Input sharding lives in its own module, loaded on first use (`__getattr__`
 # below): the bootstrap imports this package in every task, so it stays light.
@@ -64,7 +60,7 @@ __all__ = [
 # ----------------------------------------------------------------- task identity
 
 
-def tf_config() -> dict[str, Any]:
+def tf_config() -> dict:
     """The parsed `TF_CONFIG` of this task ({} when run without a cluster)."""
     raw = os.environ.get("TF_CONFIG", "")
     return json.loads(raw) if raw.strip() else {}

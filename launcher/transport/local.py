@@ -59,7 +59,8 @@ class LocalTransport:
                      events: queue.Queue[AgentMessage]) -> AgentLink:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(code_dir), env.get("PYTHONPATH")) if p)
-        argv = [host.python, "-m", "launcher.agent", "--host", host.name,
+        argv = [host.python, "-S", "-m", "launcher.agent",  # -S: see launcher.agent
+                "--host", host.name,
                 "--run-dir", host_run_dir(run_dir, "local", host.name),
                 "--eof-grace", str(self._eof_grace_s)]
         proc = subprocess.Popen(

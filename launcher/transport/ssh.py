@@ -440,13 +440,16 @@ def _tcp_connect(ep: Endpoint) -> socket.socket:
 def agent_command(python: str, cache: str, host: str, run_dir: str, eof_grace_s: float) -> str:
     """The remote command: run the cached agent, or exit 98 when the cache lacks it.
 
-    A plain `exec` (no login shell: a heavy ~/.bashrc costs ~0.1 s of CPU per
-    host). `"$HOME"` is the only part the remote shell expands; every other
-    value is quoted. `run_dir` may start with `~/`: the agent expands it.
+    `exec`, so the agent replaces the remote shell. That shell still reads the
+    user's rc file first (Debian's bash sources ~/.bashrc for any command sshd
+    runs; a pyenv init there costs ~0.1 s of CPU per host): no client can
+    avoid it, so the agent keeps its own start light instead (`python -S`).
+    `"$HOME"` is the only part the remote shell expands; every other value is
+    quoted. `run_dir` may start with `~/`: the agent expands it.
     """
     code = f'"$HOME"/{shlex.quote(cache)}'
     return (f"test -f {code}/launcher/agent.py || exit {EXIT_BUNDLE_MISSING}; "
-            f"exec env PYTHONPATH={code} {shlex.quote(python)} -m launcher.agent "
+            f"exec env PYTHONPATH={code} {shlex.quote(python)} -S -m launcher.agent "
             f"--host {shlex.quote(host)} --run-dir {shlex.quote(run_dir)} "
             f"--eof-grace {eof_grace_s:g}")
 

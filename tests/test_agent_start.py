@@ -1,0 +1,78 @@
+"""The agent's start on a host: `python -S -m launcher.agent`, real processes.
+
+The agent runs without `site` (a fan-out pays every millisecond of its start
+once per host) yet must still report the packages the host's interpreter has,
+and must not fail a host whose TensorFlow only a `.pth` file puts on the path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.sshcluster import make_venv
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def site_packages(python: Path) -> Path:
+    done = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()"
+                           "['purelib'])"], capture_output=True, text=True, check=True)
+    return Path(done.stdout.strip())
+
+
+def agent_hello(python: Path, tmp_path: Path,
+                *args: str) -> tuple[dict, subprocess.CompletedProcess]:
+    """Start the agent as the transports do, close its stdin at once, return its hello."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    env["PYTHONPATH"] = str(REPO)
+    done = subprocess.run(
+        [str(python), "-S", "-m", "launcher.agent", "--host", "h1",
+         "--run-dir", str(tmp_path / "run"), "--eof-grace", "0", *args],
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, env=env, timeout=60)
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    hellos = [m for m in lines if m.get("ev") == "hello"]
+    return (hellos[0] if hellos else {}), done
+
+
+def test_versions_come_from_the_venvs_site_packages_without_running_pth_files(tmp_path):
+    python = make_venv(tmp_path / "venv", {"tensorflow": "9.9.1", "keras": "3.99.0",
+                                            "psutil": "7.0.0"})
+    marker = tmp_path / "pth-ran"
+    # A .pth line starting with `import` is executed by site.main(): it must not be.
+    (site_packages(python) / "probe.pth").write_text(
+        f"import pathlib; pathlib.Path({str(marker)!r}).touch()\n")
+    hello, done = agent_hello(python, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert hello["packages"] == {"tensorflow": "9.9.1", "keras": "3.99.0", "tf_keras": None}
+    assert hello["psutil"] is True
+    assert hello["python"] == str(python)
+    assert not marker.exists()
+    assert (tmp_path / "run").stat().st_mode & 0o777 == 0o700
+
+
+def test_tensorflow_that_only_a_pth_file_reaches_is_found(tmp_path):
+    python = make_venv(tmp_path / "venv")
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "tensorflow-9.9.2.dist-info").mkdir(parents=True)
+    (site_packages(python) / "elsewhere.pth").write_text(f"{elsewhere}\n")
+    hello, done = agent_hello(python, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert hello["packages"]["tensorflow"] == "9.9.2"
+
+
+def test_a_venv_without_tensorflow_reports_none(tmp_path):
+    hello, done = agent_hello(make_venv(tmp_path / "venv"), tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert hello["packages"] == {"tensorflow": None, "keras": None, "tf_keras": None}
+    assert hello["psutil"] is False
+
+
+def test_bad_arguments_are_refused_with_the_usage(tmp_path):
+    hello, done = agent_hello(Path(sys.executable), tmp_path, "--eof-grace", "soon")
+    assert done.returncode != 0 and hello == {}
+    assert "usage: python -m launcher.agent" in done.stderr
+    assert "--eof-grace wants seconds, got 'soon'" in done.stderr
