@@ -55,7 +55,7 @@ sys.path.insert(0, str(REPO))
 from launcher.config import load_config  # noqa: E402
 from launcher.plan import host_targets  # noqa: E402
 from launcher.sshsim import SimCluster, start_cluster  # noqa: E402
-from launcher.transport.ssh import Connector  # noqa: E402
+from launcher.transport.ssh_connect import Connector  # noqa: E402
 
 TRIVIAL = "import os\nprint('ran on', os.environ.get('MGPU_HOST', os.uname().nodename))\n"
 

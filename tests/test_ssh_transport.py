@@ -23,7 +23,8 @@ from launcher.plan import HostTarget, host_targets
 from launcher.shipping import bundle_id
 from launcher.sshsim import generate_key
 from launcher.transport import TransportError
-from launcher.transport.ssh import SSHTransport, agent_command, merge_endpoint, parse_jump
+from launcher.transport.ssh import SSHTransport, agent_command
+from launcher.transport.ssh_connect import merge_endpoint, parse_jump
 from tests.conftest import read_events, run_cli, start_cli, wait_for
 from tests.sshcluster import (
     MARKER,

@@ -1,0 +1,413 @@
+"""Opening SSH connections (paramiko): where a host is, whether its key is
+known, and who we are to it.
+
+Owns: resolving how to reach a host (YAML + ssh config: HostName, User, Port,
+IdentityFile, ProxyJump), verifying its host key against known_hosts, public
+key authentication (identity files and ssh-agent), jump hosts. `Connector.open`
+returns an authenticated transport or raises `Refused` with the whole reason.
+
+Security: a host key is never accepted silently (no AutoAddPolicy): `strict`
+refuses unknown keys, `accept-new` records them, a changed key is refused
+under every policy.
+
+Must not import: supervisor, cli.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import fcntl
+import getpass
+import hashlib
+import os
+import shlex
+import socket
+import threading
+from dataclasses import dataclass, field
+
+import paramiko
+
+from ..plan import HostTarget
+
+# Channel opens + handshakes at once through one jump host: a bastion's sshd
+# drops connections past its MaxStartups (10 by default), and we stay well under.
+JUMP_CONCURRENCY = 8
+KEEPALIVE_S = 5  # keeps NAT/firewall state alive and surfaces dead peers to TCP
+DEFAULT_IDENTITIES = ("~/.ssh/id_ed25519", "~/.ssh/id_ecdsa", "~/.ssh/id_rsa")
+
+
+class Refused(Exception):
+    """A host could not be used; the message is the full reason for the user."""
+
+
+# ---------------------------------------------------------------- where and who
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Everything needed to open one SSH connection, config files applied."""
+
+    label: str  # how messages name it
+    hostname: str
+    port: int
+    user: str
+    identity_files: tuple[str, ...]
+    proxy_jump: str | None
+    known_hosts: str
+    policy: str
+    timeout_s: float
+
+    @property
+    def known_hosts_name(self) -> str:
+        """The name OpenSSH files the key under (`[host]:port` unless port 22)."""
+        return self.hostname if self.port == 22 else f"[{self.hostname}]:{self.port}"
+
+    def keyscan_command(self) -> str:
+        port = "" if self.port == 22 else f"-p {self.port} "
+        return (f"ssh-keyscan {port}{shlex.quote(self.hostname)} >> "
+                f"{shlex.quote(self.known_hosts)}")
+
+
+def merge_endpoint(host: HostTarget, options: dict, default_user: str) -> Endpoint:
+    """Combine the YAML's view of a host with its ssh config entry (`options`).
+
+    Precedence: values set in the YAML win, like options on an ssh command line;
+    then the ssh config; then OpenSSH's defaults. The YAML's port counts as set
+    when it is not 22 (the schema's default).
+    """
+    files = [host.identity_file] if host.identity_file else []
+    files += list(options.get("identityfile", []))
+    port = host.ssh_port if host.ssh_port != 22 else int(options.get("port", 22))
+    jump = options.get("proxyjump")
+    return Endpoint(
+        label=host.name,
+        hostname=options.get("hostname", host.address),
+        port=port,
+        user=host.ssh_user or options.get("user") or default_user,
+        identity_files=tuple(os.path.expanduser(f) for f in dict.fromkeys(files)),
+        proxy_jump=None if jump in (None, "none") else jump,
+        known_hosts=os.path.expanduser(host.known_hosts),
+        policy=host.host_key_policy,
+        timeout_s=float(host.connect_timeout_s),
+    )
+
+
+def parse_jump(spec: str) -> tuple[str | None, str, int | None]:
+    """`user@host:port` (user and port optional) -> (user, host, port)."""
+    user, _, rest = spec.rpartition("@")
+    host, port = rest, None
+    if rest.startswith("["):  # [ipv6]:port
+        host, _, tail = rest[1:].partition("]")
+        port = int(tail[1:]) if tail.startswith(":") else None
+    elif rest.count(":") == 1:
+        host, port_text = rest.split(":")
+        port = int(port_text)
+    return user or None, host, port
+
+
+class SSHConfigs:
+    """Parsed ssh config files, read once per path."""
+
+    def __init__(self) -> None:
+        self._parsed: dict[str, paramiko.SSHConfig | None] = {}
+        self._lock = threading.Lock()
+
+    def lookup(self, path: str | None, name: str) -> dict:
+        if not path:
+            return {}
+        path = os.path.expanduser(path)
+        with self._lock:
+            if path not in self._parsed:
+                self._parsed[path] = (paramiko.SSHConfig.from_path(path)
+                                      if os.path.exists(path) else None)
+            config = self._parsed[path]
+        return dict(config.lookup(name)) if config is not None else {}
+
+
+# ---------------------------------------------------------------- host keys
+
+
+def fingerprint(key: paramiko.PKey) -> str:
+    """`SHA256:...` exactly as `ssh-keygen -lf` prints it."""
+    digest = hashlib.sha256(key.asbytes()).digest()
+    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+
+class KnownHosts:
+    """known_hosts files, loaded once per connect; accept-new appends under a lock."""
+
+    def __init__(self) -> None:
+        self._files: dict[str, paramiko.HostKeys] = {}
+        self._lock = threading.Lock()
+
+    def _load(self, path: str) -> paramiko.HostKeys:
+        with self._lock:
+            if path not in self._files:
+                keys = paramiko.HostKeys()
+                if os.path.exists(path):
+                    keys.load(path)
+                self._files[path] = keys
+            return self._files[path]
+
+    def known_types(self, ep: Endpoint) -> list[str]:
+        entry = self._load(ep.known_hosts).lookup(ep.known_hosts_name)
+        return list(entry.keys()) if entry else []
+
+    def verify(self, ep: Endpoint, key: paramiko.PKey) -> None:
+        """Return if `key` is the host's known key (or newly accepted); raise Refused."""
+        keys = self._load(ep.known_hosts)
+        entry = keys.lookup(ep.known_hosts_name)
+        offered = f"{key.get_name()} key {fingerprint(key)}"
+        if entry:
+            if entry.get(key.get_name()) == key:
+                return
+            known = ", ".join(f"{name} {fingerprint(k)}" for name, k in entry.items())
+            raise Refused(
+                f"HOST KEY CHANGED for {ep.known_hosts_name}: it offered {offered}, but "
+                f"{ep.known_hosts} holds {known}. Someone may be intercepting the connection, "
+                "or the host was reinstalled; refused under every host_key_policy. If the "
+                f"change is expected: `ssh-keygen -f {shlex.quote(ep.known_hosts)} -R "
+                f"{shlex.quote(ep.known_hosts_name)}` and then `{ep.keyscan_command()}`"
+            )
+        if ep.policy != "accept-new":
+            raise Refused(
+                f"unknown host key: {ep.known_hosts_name} offered {offered}, and "
+                f"{ep.known_hosts} has no entry for it (host_key_policy: strict). If that "
+                f"fingerprint is the host's, record it: `{ep.keyscan_command()}`, or set "
+                "`host_key_policy: accept-new` to record new hosts on first contact"
+            )
+        self._record(ep, key)
+
+    def _record(self, ep: Endpoint, key: paramiko.PKey) -> None:
+        line = f"{ep.known_hosts_name} {key.get_name()} {key.get_base64()}\n"
+        directory = os.path.dirname(ep.known_hosts) or "."
+        with self._lock:
+            os.makedirs(directory, mode=0o700, exist_ok=True)
+            fd = os.open(ep.known_hosts, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            with os.fdopen(fd, "a") as handle:
+                # Another launcher may append at the same moment.
+                fcntl.flock(handle, fcntl.LOCK_EX)
+                handle.write(line)
+            self._load_locked(ep.known_hosts).add(ep.known_hosts_name, key.get_name(), key)
+
+    def _load_locked(self, path: str) -> paramiko.HostKeys:
+        return self._files.setdefault(path, paramiko.HostKeys())
+
+
+# ---------------------------------------------------------------- authentication
+
+
+class Identities:
+    """Private keys from files (parsed once) and from ssh-agent."""
+
+    def __init__(self) -> None:
+        self._keys: dict[str, paramiko.PKey | str] = {}
+        self._agent_keys: list[paramiko.PKey] | None = None
+        self._lock = threading.Lock()
+
+    def candidates(self, ep: Endpoint) -> tuple[list[tuple[str, paramiko.PKey]], list[str]]:
+        """(name, key) pairs to try, and notes on keys that could not be used."""
+        files = list(ep.identity_files) or [os.path.expanduser(p) for p in DEFAULT_IDENTITIES]
+        pairs: list[tuple[str, paramiko.PKey]] = []
+        notes: list[str] = []
+        for path in files:
+            loaded = self._file_key(path, explicit=bool(ep.identity_files))
+            if isinstance(loaded, str):
+                if loaded:
+                    notes.append(loaded)
+            else:
+                pairs.append((path, loaded))
+        for key in self._agent():
+            pairs.append((f"ssh-agent {key.get_name()} {fingerprint(key)}", key))
+        return pairs, notes
+
+    def _file_key(self, path: str, explicit: bool) -> paramiko.PKey | str:
+        with self._lock:
+            if path not in self._keys:
+                try:
+                    self._keys[path] = paramiko.PKey.from_path(path)
+                except FileNotFoundError:
+                    self._keys[path] = f"{path} does not exist" if explicit else ""
+                except paramiko.PasswordRequiredException:
+                    self._keys[path] = (f"{path} is encrypted: add it to ssh-agent "
+                                        f"(`ssh-add {shlex.quote(path)}`)")
+                except (OSError, paramiko.SSHException, ValueError) as exc:
+                    self._keys[path] = f"{path} is not a usable private key ({exc})"
+            return self._keys[path]
+
+    def _agent(self) -> list[paramiko.PKey]:
+        with self._lock:
+            if self._agent_keys is None:
+                self._agent_keys = []
+                if os.environ.get("SSH_AUTH_SOCK"):
+                    try:
+                        self._agent_keys = list(paramiko.Agent().get_keys())
+                    except paramiko.SSHException:
+                        pass
+            return self._agent_keys
+
+
+# ---------------------------------------------------------------- connections
+
+
+@dataclass
+class _Jump:
+    transport: paramiko.Transport
+    gate: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(
+        JUMP_CONCURRENCY))
+
+
+class Connector:
+    """Opens authenticated paramiko transports, through jump hosts when configured."""
+
+    def __init__(self, default_user: str | None = None) -> None:
+        self.configs = SSHConfigs()
+        self.known_hosts = KnownHosts()
+        self.identities = Identities()
+        self.default_user = default_user or getpass.getuser()
+        self._jumps: dict[tuple, _Jump] = {}
+        self._jump_locks: dict[tuple, threading.Lock] = {}
+        self._lock = threading.Lock()
+
+    def endpoint(self, host: HostTarget) -> Endpoint:
+        options = self.configs.lookup(host.ssh_config_file, host.address)
+        return merge_endpoint(host, options, self.default_user)
+
+    def open(self, host: HostTarget) -> tuple[paramiko.Transport, Endpoint]:
+        ep = self.endpoint(host)
+        if not ep.proxy_jump:
+            return self._open(ep, None), ep
+        jump = self._jump(host, ep.proxy_jump)
+        with jump.gate:
+            try:
+                channel = jump.transport.open_channel(
+                    "direct-tcpip", (ep.hostname, ep.port), ("127.0.0.1", 0),
+                    timeout=ep.timeout_s)
+            except (paramiko.SSHException, OSError) as exc:
+                raise Refused(f"jump host {ep.proxy_jump} could not reach "
+                               f"{ep.hostname}:{ep.port}: {exc}") from None
+            return self._open(ep, channel), ep
+
+    def _jump(self, host: HostTarget, spec: str) -> _Jump:
+        """The shared connection to the last hop of `spec` (hops separated by commas)."""
+        hops = [h.strip() for h in spec.split(",") if h.strip()]
+        chain: tuple = ()
+        jump: _Jump | None = None
+        for hop in hops:
+            chain += (hop,)
+            with self._lock:
+                lock = self._jump_locks.setdefault(chain, threading.Lock())
+            with lock:  # one thread connects a jump host; the others reuse it
+                existing = self._jumps.get(chain)
+                if existing is not None and existing.transport.is_active():
+                    jump = existing
+                    continue
+                ep = self._hop_endpoint(host, hop)
+                try:
+                    sock = None
+                    if jump is not None:
+                        sock = jump.transport.open_channel(
+                            "direct-tcpip", (ep.hostname, ep.port), ("127.0.0.1", 0),
+                            timeout=ep.timeout_s)
+                    jump = _Jump(self._open(ep, sock))
+                except Refused as exc:
+                    raise Refused(f"jump host {hop}: {exc}") from None
+                except (paramiko.SSHException, OSError) as exc:
+                    raise Refused(f"jump host {hop}: {exc}") from None
+                self._jumps[chain] = jump
+        assert jump is not None
+        return jump
+
+    def _hop_endpoint(self, host: HostTarget, hop: str) -> Endpoint:
+        user, name, port = parse_jump(hop)
+        options = self.configs.lookup(host.ssh_config_file, name)
+        # The hop shares the target's keys, known_hosts and policy.
+        base = dataclasses.replace(host, name=f"jump host {hop}", address=name, ssh_user=user,
+                                   ssh_port=port or 22)
+        ep = merge_endpoint(base, options, self.default_user)
+        # A hop's own ProxyJump would need recursion; chains go in one spec instead.
+        return dataclasses.replace(ep, proxy_jump=None)
+
+    def _open(self, ep: Endpoint, sock: paramiko.Channel | None) -> paramiko.Transport:
+        where = f"{ep.hostname}:{ep.port}"
+        if sock is None:
+            sock = _tcp_connect(ep)
+        transport = paramiko.Transport(sock)
+        try:
+            transport.set_keepalive(KEEPALIVE_S)
+            known = self.known_hosts.known_types(ep)
+            if known:
+                # Ask for the key type we already hold, as OpenSSH does, so a
+                # host with several keys is checked against the one on file.
+                options = transport.get_security_options()
+                preferred = [t for t in options.key_types if _base_type(t) in known]
+                rest = [t for t in options.key_types if t not in preferred]
+                options.key_types = preferred + rest
+            try:
+                transport.start_client(timeout=ep.timeout_s)
+            except (paramiko.SSHException, EOFError, OSError) as exc:
+                raise Refused(f"SSH handshake with {where} failed: {exc or type(exc).__name__}"
+                               ) from None
+            self.known_hosts.verify(ep, transport.get_remote_server_key())
+            self._authenticate(transport, ep)
+            return transport
+        except BaseException:
+            transport.close()
+            raise
+
+    def _authenticate(self, transport: paramiko.Transport, ep: Endpoint) -> None:
+        keys, notes = self.identities.candidates(ep)
+        tried = []
+        for name, key in keys:
+            try:
+                transport.auth_publickey(ep.user, key)
+            except paramiko.AuthenticationException:
+                tried.append(name)
+                continue
+            except (paramiko.SSHException, EOFError, OSError) as exc:
+                raise Refused(f"authentication with {ep.hostname}:{ep.port} broke off: {exc}"
+                               ) from None
+            if transport.is_authenticated():
+                return
+        what = ", ".join(tried) if tried else "no key at all"
+        extra = f" ({'; '.join(notes)})" if notes else ""
+        first = next((k for k in tried if not k.startswith("ssh-agent")), "KEY")
+        raise Refused(
+            f"authentication as {ep.user!r} rejected by {ep.hostname}:{ep.port}: tried "
+            f"{what}{extra}. Install your public key on the host (`ssh-copy-id -i "
+            f"{shlex.quote(first)}.pub -p {ep.port} {ep.user}@{ep.hostname}`) or set "
+            "`identity_file:` / `user:` for this host"
+        )
+
+    def close(self) -> None:
+        with self._lock:
+            jumps, self._jumps = list(self._jumps.values()), {}
+        for jump in jumps:
+            jump.transport.close()
+
+
+def _base_type(algorithm: str) -> str:
+    # RSA keys are filed as ssh-rsa whichever signature algorithm is negotiated.
+    return "ssh-rsa" if algorithm.startswith("rsa-sha2-") else algorithm
+
+
+def _tcp_connect(ep: Endpoint) -> socket.socket:
+    where = f"{ep.hostname}:{ep.port}"
+    try:
+        sock = socket.create_connection((ep.hostname, ep.port), timeout=ep.timeout_s)
+    except socket.gaierror as exc:
+        raise Refused(f"cannot resolve {ep.hostname!r} ({exc.strerror}): check the address "
+                       "or the HostName of your ssh config") from None
+    except ConnectionRefusedError:
+        raise Refused(f"connection refused by {where}: is sshd running there, and is the "
+                       "port right (`port:` in the YAML)?") from None
+    except TimeoutError:
+        raise Refused(f"no answer from {where} within {ep.timeout_s:g} s "
+                       "(connect_timeout_s): host down or firewalled?") from None
+    except OSError as exc:
+        raise Refused(f"cannot connect to {where}: {exc.strerror or exc}") from None
+    # Small JSON lines both ways: Nagle would hold each one back (52 -> 10 ms auth).
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    return sock
