@@ -24,7 +24,7 @@ from launcher.shipping import bundle_id
 from launcher.sshsim import generate_key
 from launcher.transport import TransportError
 from launcher.transport.ssh import SSHTransport, agent_command
-from launcher.transport.ssh_connect import merge_endpoint, parse_jump
+from launcher.transport.ssh_connect import Refused, SSHConfigs, merge_endpoint, parse_jump
 from tests.conftest import read_events, run_cli, start_cli, wait_for
 from tests.sshcluster import (
     MARKER,
@@ -270,6 +270,26 @@ def test_proxy_jump_goes_through_the_jump_host(cluster, tmp_path):
         transport.close()
 
 
+def test_a_host_defined_in_an_included_ssh_config_is_reached(cluster, tmp_path):
+    host1 = cluster.hosts[1]
+    (tmp_path / "hosts.d").mkdir()
+    (tmp_path / "hosts.d" / "lab.conf").write_text(
+        f"Host lab-node\n  HostName {host1.address}\n  Port {host1.port}\n")
+    ssh_config = tmp_path / "ssh_config"
+    ssh_config.write_text(f"Include {tmp_path}/hosts.d/*.conf\n")
+    target = dataclasses.replace(_targets(cluster)[1], address="lab-node",
+                                 ssh_config_file=str(ssh_config))
+    transport = SSHTransport()
+    links = transport.connect([target], str(tmp_path / "run"), queue.Queue())
+    try:
+        assert links["host1"].hello["host"] == "host1"
+        assert links["host1"].hello["run_dir"].startswith(str(Path.home()))
+    finally:
+        for link in links.values():
+            link.close()
+        transport.close()
+
+
 def test_transport_error_names_the_host_and_keeps_the_others_closed(cluster, tmp_path):
     targets = list(_targets(cluster))
     targets[0] = dataclasses.replace(targets[0], python="/nonexistent/python")
@@ -316,3 +336,38 @@ def test_parse_jump():
     assert parse_jump("bastion") == (None, "bastion", None)
     assert parse_jump("me@bastion:2222") == ("me", "bastion", 2222)
     assert parse_jump("[::1]:22") == (None, "::1", 22)
+
+
+def test_ssh_config_includes_follow_globs_home_relative_paths_and_block_scope(
+        tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    ssh = tmp_path / ".ssh"
+    (ssh / "config.d").mkdir(parents=True)
+    (ssh / "extra").mkdir()
+    (ssh / "config.d" / "a.conf").write_text("Host gpu-1\n  HostName 10.0.0.1\n")
+    (ssh / "config.d" / "b.conf").write_text("Host gpu-2\n  HostName 10.0.0.2\n")
+    (ssh / "extra" / "port.conf").write_text("Port 2200\n")
+    (ssh / "config").write_text(
+        "Include config.d/*.conf\n"
+        "ServerAliveInterval 7\n"  # top level again after the Include: every host
+        "Host gpu-*\n"
+        "  User trainer\n"
+        "  Include extra/port.conf\n"  # inside the block: for gpu-* only
+        "  IdentityFile ~/.ssh/gpu_key\n")  # still the gpu-* block after the Include
+    configs = SSHConfigs()
+    gpu1 = configs.lookup("~/.ssh/config", "gpu-1")
+    assert gpu1["hostname"] == "10.0.0.1" and gpu1["user"] == "trainer"
+    assert gpu1["port"] == "2200" and gpu1["serveraliveinterval"] == "7"
+    assert gpu1["identityfile"] == [str(ssh / "gpu_key")]
+    assert configs.lookup("~/.ssh/config", "gpu-2")["hostname"] == "10.0.0.2"
+    other = configs.lookup("~/.ssh/config", "other")
+    assert other["hostname"] == "other" and other["serveraliveinterval"] == "7"
+    assert not {"user", "port", "identityfile"} & other.keys()
+
+
+def test_an_ssh_config_that_includes_itself_is_a_clear_error(tmp_path):
+    config = tmp_path / "loop"
+    config.write_text(f"Include {config}\n")
+    with pytest.raises(Refused, match=r"cannot read the ssh config .*loop: Include nested "
+                                      r"more than 16 deep"):
+        SSHConfigs().lookup(str(config), "anything")

@@ -293,7 +293,7 @@ class SSHTransport:
                     return message
         except TimeoutError:
             raise Refused(f"the agent on {where_of(session)} sent no hello within "
-                           f"{HELLO_TIMEOUT_S:g} s") from None
+                          f"{HELLO_TIMEOUT_S:g} s") from None
 
     def _why_no_hello(self, session: _Session, code: int | None, where: str) -> str:
         python = session.host.python

@@ -19,8 +19,10 @@ import base64
 import dataclasses
 import fcntl
 import getpass
+import glob
 import hashlib
 import os
+import re
 import shlex
 import socket
 import threading
@@ -107,7 +109,7 @@ def parse_jump(spec: str) -> tuple[str | None, str, int | None]:
 
 
 class SSHConfigs:
-    """Parsed ssh config files, read once per path."""
+    """Parsed ssh config files, read once per path, `Include`s followed."""
 
     def __init__(self) -> None:
         self._parsed: dict[str, paramiko.SSHConfig | None] = {}
@@ -119,10 +121,54 @@ class SSHConfigs:
         path = os.path.expanduser(path)
         with self._lock:
             if path not in self._parsed:
-                self._parsed[path] = (paramiko.SSHConfig.from_path(path)
-                                      if os.path.exists(path) else None)
+                try:
+                    self._parsed[path] = (paramiko.SSHConfig.from_text(read_ssh_config(path))
+                                          if os.path.exists(path) else None)
+                except (OSError, ValueError, paramiko.ssh_exception.ConfigParseError) as exc:
+                    raise Refused(f"cannot read the ssh config {path}: {exc}") from None
             config = self._parsed[path]
         return dict(config.lookup(name)) if config is not None else {}
+
+
+MAX_INCLUDE_DEPTH = 16  # OpenSSH's own limit
+_KEYWORD = re.compile(r"\s*(\w+)(?:\s*=\s*|\s+)(.*)")
+
+
+def read_ssh_config(path: str) -> str:
+    """The text of an ssh config file with its `Include` directives expanded.
+
+    paramiko skips `Include` silently, and a host defined in an included file
+    (`Include config.d/*`, common nowadays) would then be looked up by its bare
+    alias. Expanded as OpenSSH does: globs, relative paths under ~/.ssh, and an
+    Include inside a Host/Match block counts for that block only (the block's
+    own line is repeated after the included text; at top level, `Host *`).
+    """
+    lines: list[str] = []
+    _inline(path, 0, lines)
+    return "".join(lines)
+
+
+def _inline(path: str, depth: int, out: list[str], block: str = "Host *\n") -> None:
+    """Append `path`'s lines to `out`; `block` is the Host/Match line in force."""
+    if depth > MAX_INCLUDE_DEPTH:
+        raise ValueError(f"Include nested more than {MAX_INCLUDE_DEPTH} deep at {path} "
+                         "(does a file include itself?)")
+    with open(path, encoding="utf-8") as handle:
+        for line in handle:
+            match = _KEYWORD.match(line)
+            keyword = match.group(1).lower() if match else ""
+            if keyword in ("host", "match"):
+                block = line if line.endswith("\n") else line + "\n"
+            if keyword != "include":
+                out.append(line if line.endswith("\n") else line + "\n")
+                continue
+            for pattern in shlex.split(match.group(2), comments=True):
+                pattern = os.path.expanduser(pattern)
+                if not os.path.isabs(pattern):
+                    pattern = os.path.join(os.path.expanduser("~/.ssh"), pattern)
+                for included in sorted(glob.glob(pattern)):
+                    _inline(included, depth + 1, out, block)
+            out.append(block)
 
 
 # ---------------------------------------------------------------- host keys
@@ -286,7 +332,7 @@ class Connector:
                     timeout=ep.timeout_s)
             except (paramiko.SSHException, OSError) as exc:
                 raise Refused(f"jump host {ep.proxy_jump} could not reach "
-                               f"{ep.hostname}:{ep.port}: {exc}") from None
+                              f"{ep.hostname}:{ep.port}: {exc}") from None
             return self._open(ep, channel), ep
 
     def _jump(self, host: HostTarget, spec: str) -> _Jump:
@@ -348,7 +394,7 @@ class Connector:
                 transport.start_client(timeout=ep.timeout_s)
             except (paramiko.SSHException, EOFError, OSError) as exc:
                 raise Refused(f"SSH handshake with {where} failed: {exc or type(exc).__name__}"
-                               ) from None
+                              ) from None
             self.known_hosts.verify(ep, transport.get_remote_server_key())
             self._authenticate(transport, ep)
             return transport
@@ -367,7 +413,7 @@ class Connector:
                 continue
             except (paramiko.SSHException, EOFError, OSError) as exc:
                 raise Refused(f"authentication with {ep.hostname}:{ep.port} broke off: {exc}"
-                               ) from None
+                              ) from None
             if transport.is_authenticated():
                 return
         what = ", ".join(tried) if tried else "no key at all"
@@ -398,13 +444,13 @@ def _tcp_connect(ep: Endpoint) -> socket.socket:
         sock = socket.create_connection((ep.hostname, ep.port), timeout=ep.timeout_s)
     except socket.gaierror as exc:
         raise Refused(f"cannot resolve {ep.hostname!r} ({exc.strerror}): check the address "
-                       "or the HostName of your ssh config") from None
+                      "or the HostName of your ssh config") from None
     except ConnectionRefusedError:
         raise Refused(f"connection refused by {where}: is sshd running there, and is the "
-                       "port right (`port:` in the YAML)?") from None
+                      "port right (`port:` in the YAML)?") from None
     except TimeoutError:
         raise Refused(f"no answer from {where} within {ep.timeout_s:g} s "
-                       "(connect_timeout_s): host down or firewalled?") from None
+                      "(connect_timeout_s): host down or firewalled?") from None
     except OSError as exc:
         raise Refused(f"cannot connect to {where}: {exc.strerror or exc}") from None
     # Small JSON lines both ways: Nagle would hold each one back (52 -> 10 ms auth).
