@@ -68,6 +68,7 @@ TAIL_LINES = 30
 # that inherited them may keep them open forever).
 DRAIN_S = 1.0
 PR_SET_PDEATHSIG = 1
+BUNDLE_MARKER = ".mgpu-bundle"  # launcher.shipping.USE_MARKER (the agent imports no launcher code)
 
 
 def _pdeathsig_preexec():
@@ -159,8 +160,18 @@ class Agent:
         self.tasks: dict[str, RunningTask] = {}
         self.lock = threading.Lock()
         self.code_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        self.mark_bundle_used()
         self.preexec = _pdeathsig_preexec()
         self.progress_fds: dict[int, str] = {}
+
+    def mark_bundle_used(self) -> None:
+        """Touch our bundle's folder: launchers drop bundles nobody used for a
+        month (see launcher.shipping). Only a bundle has the marker file."""
+        if os.path.exists(os.path.join(self.code_dir, BUNDLE_MARKER)):
+            try:
+                os.utime(self.code_dir)
+            except OSError:
+                pass
 
     # ------------------------------------------------------------------ commands
 
@@ -233,6 +244,7 @@ class Agent:
                       error=f"{type(exc).__name__}: {exc}")
             return
         os.close(progress_write)  # the task holds the only write end now
+        self.mark_bundle_used()  # a job that runs for weeks still uses its bundle
         task = RunningTask(name, generation, proc, error_file)
         with self.lock:
             self.tasks[name] = task

@@ -1,17 +1,27 @@
 """The code a host needs: the agent, the bootstrap and the runtime.
 
 Owns: which files make up the host bundle, its content digest (the cache key),
-and installing it into a local cache directory. The SSH transport uploads the
-same files over SFTP; the local transport copies them; both then run the very
-same agent from the cache, never from the launcher's own installation.
+installing it into a local cache directory, and which old bundles a cache may
+drop. The SSH transport uploads the same files over SFTP; the local transport
+copies them; both then run the very same agent from the cache, never from the
+launcher's own installation.
+
+Every launcher version (and every change of a shipped file) makes a new
+bundle, so caches would only grow: each bundle carries a `USE_MARKER` file,
+the agent touches its bundle folder whenever it starts or starts a task, and
+whoever installs a new bundle drops the ones nobody started from in
+`UNUSED_FOR_S`. A dropped bundle costs nothing but a re-upload next time.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import tempfile
+import time
+from collections.abc import Iterable
 from functools import cache
 from pathlib import Path
 
@@ -21,6 +31,10 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 # Relative to the package's parent. Standard library only, all of them.
 BUNDLE = ("launcher/__init__.py", "launcher/agent.py", "launcher/bootstrap.py")
 BUNDLE_DIRS = ("launcher/runtime",)
+USE_MARKER = ".mgpu-bundle"  # in a bundle's folder: the agent touches the folder
+UNUSED_FOR_S = 30 * 86400.0
+STAGING_STALE_S = 86400.0  # a staging folder this old is what a crashed upload left
+_BUNDLE_NAME = re.compile(r"\d[\w.+]*-[0-9a-f]{12}")
 
 
 @cache
@@ -47,6 +61,33 @@ def default_cache_root() -> Path:
     return Path(base) / "mgpu-launch" / "code"
 
 
+def stale_bundles(entries: Iterable[tuple[str, float]], keep: str, now: float) -> list[str]:
+    """Names in a cache folder to delete, from its (name, mtime) entries.
+
+    Bundles (`<version>-<digest>`) unused for `UNUSED_FOR_S`, and staging
+    folders older than `STAGING_STALE_S`; never `keep`, never anything else.
+    """
+    def too_old(name: str, age: float) -> bool:
+        if name.startswith(".staging-"):
+            return age > STAGING_STALE_S
+        return bool(_BUNDLE_NAME.fullmatch(name)) and age > UNUSED_FOR_S
+
+    return sorted(name for name, mtime in entries
+                  if name != keep and too_old(name, now - mtime))
+
+
+def prune_local(cache_root: Path, keep: str) -> list[str]:
+    """Drop stale bundles from a local cache (best effort); return their names."""
+    try:
+        entries = [(e.name, e.stat().st_mtime) for e in os.scandir(cache_root) if e.is_dir()]
+    except OSError:
+        return []
+    stale = stale_bundles(entries, keep, time.time())
+    for name in stale:
+        shutil.rmtree(cache_root / name, ignore_errors=True)
+    return stale
+
+
 def install_local(cache_root: Path | None = None) -> Path:
     """Copy the bundle into `<cache_root>/<bundle_id>` once; return that directory.
 
@@ -64,6 +105,7 @@ def install_local(cache_root: Path | None = None) -> Path:
             path = staging / relative
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(content)
+        (staging / USE_MARKER).write_bytes(b"")
         try:
             os.rename(staging, target)
         except OSError:  # another launcher won the race
@@ -71,4 +113,5 @@ def install_local(cache_root: Path | None = None) -> Path:
                 raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+    prune_local(root, keep=target.name)
     return target

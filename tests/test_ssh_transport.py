@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import os
 import queue
 import re
 import signal
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import psutil
@@ -226,6 +228,13 @@ def test_bundle_is_uploaded_once_private_and_reused(cluster, tmp_path):
     cache = f"mgpu-test-cache-{tmp_path.name}"
     root = Path.home() / cache
     events: queue.Queue = queue.Queue()
+    # What earlier launcher versions left: one bundle unused for 40 days (dropped
+    # when a new bundle is uploaded), one used yesterday (kept), a stray folder.
+    month_ago, yesterday = time.time() - 40 * 86400, time.time() - 86400
+    for name, when in (("0.0.8-aaaaaaaaaaaa", month_ago), ("0.0.9-bbbbbbbbbbbb", yesterday),
+                       ("notes", month_ago)):
+        (root / name / "launcher").mkdir(parents=True)
+        os.utime(root / name, (when, when))
     try:
         for _ in range(2):
             transport = SSHTransport(remote_cache=cache)
@@ -240,7 +249,10 @@ def test_bundle_is_uploaded_once_private_and_reused(cluster, tmp_path):
         assert agent.stat().st_ino == first_inode  # reused, not uploaded again
         assert agent.stat().st_mode & 0o777 == 0o600
         assert (root / bundle_id()).stat().st_mode & 0o777 == 0o700
-        assert [p.name for p in root.iterdir()] == [bundle_id()]  # no staging left over
+        # No staging left over; the stale bundle is gone, the rest untouched.
+        assert sorted(p.name for p in root.iterdir()) == sorted(
+            [bundle_id(), "0.0.9-bbbbbbbbbbbb", "notes"])
+        assert (root / bundle_id() / ".mgpu-bundle").stat().st_mode & 0o777 == 0o600
     finally:
         subprocess.run(["rm", "-rf", str(root)], check=True)
 

@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 import paramiko
 
 from ..plan import HostTarget, host_run_dir
-from ..shipping import bundle_files, bundle_id
+from ..shipping import USE_MARKER, bundle_files, bundle_id, stale_bundles
 from . import HostProblem, TransportError
 from .link import AgentLink, AgentMessage
 from .ssh_connect import Connector, Endpoint, Refused
@@ -92,6 +92,8 @@ def upload_bundle(sftp: paramiko.SFTPClient, cache_root: str, version: str) -> N
             path = f"{staging}/{relative}"
             sftp.putfo(io.BytesIO(content), path, confirm=False)
             sftp.chmod(path, 0o600)
+        sftp.putfo(io.BytesIO(b""), f"{staging}/{USE_MARKER}", confirm=False)
+        sftp.chmod(f"{staging}/{USE_MARKER}", 0o600)
         try:
             sftp.rename(staging, target)
         except OSError:
@@ -101,6 +103,20 @@ def upload_bundle(sftp: paramiko.SFTPClient, cache_root: str, version: str) -> N
         with contextlib.suppress(OSError):
             _remove_tree(sftp, staging)
         raise
+    prune_remote(sftp, cache_root, keep=version)
+
+
+def prune_remote(sftp: paramiko.SFTPClient, cache_root: str, keep: str) -> list[str]:
+    """Drop the host's stale bundles (launcher.shipping.stale_bundles), best effort."""
+    try:
+        entries = [(e.filename, float(e.st_mtime or 0)) for e in sftp.listdir_attr(cache_root)]
+    except OSError:
+        return []
+    stale = stale_bundles(entries, keep, time.time())
+    for name in stale:
+        with contextlib.suppress(OSError):
+            _remove_tree(sftp, f"{cache_root}/{name}")
+    return stale
 
 
 def _remove_tree(sftp: paramiko.SFTPClient, path: str) -> None:

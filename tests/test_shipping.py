@@ -1,0 +1,67 @@
+"""The host bundle's cache: which old bundles go, and that using one keeps it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+from launcher.shipping import (
+    STAGING_STALE_S,
+    UNUSED_FOR_S,
+    USE_MARKER,
+    bundle_id,
+    install_local,
+    stale_bundles,
+)
+
+DAY = 86400.0
+
+
+def test_only_bundles_unused_for_a_month_and_old_staging_folders_are_stale():
+    now = 1_000_000_000.0
+    entries = [
+        ("0.1.0-0123456789ab", now - UNUSED_FOR_S - DAY),  # stale bundle
+        ("0.1.0-ba9876543210", now - UNUSED_FOR_S + DAY),  # used within the month
+        ("0.2.0rc1-aaaaaaaaaaaa", now - 90 * DAY),  # stale, pre-release version
+        ("0.3.0-cccccccccccc", now - 90 * DAY),  # old, but the one in use: kept
+        (".staging-1f2e3d", now - STAGING_STALE_S - 60),  # a crashed upload
+        (".staging-9a8b7c", now - 60),  # an upload in progress
+        ("my-notes", now - 900 * DAY),  # not ours
+        ("0.1.0-XYZ", now - 900 * DAY),  # not a digest
+    ]
+    assert stale_bundles(entries, keep="0.3.0-cccccccccccc", now=now) == [
+        ".staging-1f2e3d", "0.1.0-0123456789ab", "0.2.0rc1-aaaaaaaaaaaa"]
+
+
+def test_installing_a_new_bundle_drops_stale_ones_and_keeps_the_rest(tmp_path):
+    root = tmp_path / "code"
+    old = time.time() - UNUSED_FOR_S - DAY
+    for name in ("0.0.1-0123456789ab", "0.0.2-0123456789ab", "unrelated"):
+        (root / name).mkdir(parents=True)
+    os.utime(root / "0.0.1-0123456789ab", (old, old))
+    os.utime(root / "unrelated", (old, old))
+    target = install_local(root)
+    assert target == root / bundle_id() and (target / USE_MARKER).exists()
+    assert sorted(p.name for p in root.iterdir()) == sorted(
+        [bundle_id(), "0.0.2-0123456789ab", "unrelated"])
+
+
+def test_an_agent_started_from_a_bundle_marks_it_used(tmp_path):
+    bundle = install_local(tmp_path / "code")
+    month_ago = time.time() - UNUSED_FOR_S - DAY
+    os.utime(bundle, (month_ago, month_ago))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    env["PYTHONPATH"] = str(bundle)
+    done = subprocess.run(
+        [sys.executable, "-S", "-m", "launcher.agent", "--host", "h1",
+         "--run-dir", str(tmp_path / "run"), "--eof-grace", "0"],
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, env=env, cwd=tmp_path,
+        timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[0])["ev"] == "hello"
+    assert bundle.stat().st_mtime > time.time() - 600  # no longer a month old
+    assert not stale_bundles([(bundle.name, bundle.stat().st_mtime)], keep="", now=time.time())
+
