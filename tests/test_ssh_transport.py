@@ -13,6 +13,7 @@ import queue
 import re
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -383,3 +384,11 @@ def test_an_ssh_config_that_includes_itself_is_a_clear_error(tmp_path):
     with pytest.raises(Refused, match=r"cannot read the ssh config .*loop: Include nested "
                                       r"more than 16 deep"):
         SSHConfigs().lookup(str(config), "anything")
+
+
+def test_match_exec_in_the_ssh_config_is_refused_with_a_way_out(tmp_path):
+    assert sys.modules.get("invoke") is None  # the launcher imported paramiko without it
+    config = tmp_path / "config"
+    config.write_text("Match exec \"test -f /nonexistent\"\n  User someone\n")
+    with pytest.raises(Refused, match=r"uses `Match exec`, which mgpu-launch does not support"):
+        SSHConfigs().lookup(str(config), "node1")

@@ -26,11 +26,10 @@ from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-import paramiko
-
 from ..plan import HostTarget, host_run_dir
 from ..shipping import USE_MARKER, bundle_files, bundle_id, stale_bundles
 from . import HostProblem, TransportError
+from ._paramiko import paramiko
 from .link import AgentLink, AgentMessage
 from .ssh_connect import Connector, Endpoint, Refused
 

@@ -28,9 +28,8 @@ import socket
 import threading
 from dataclasses import dataclass, field
 
-import paramiko
-
 from ..plan import HostTarget
+from ._paramiko import paramiko
 
 # Channel opens + handshakes at once through one jump host: a bastion's sshd
 # drops connections past its MaxStartups (10 by default), and we stay well under.
@@ -127,7 +126,13 @@ class SSHConfigs:
                 except (OSError, ValueError, paramiko.ssh_exception.ConfigParseError) as exc:
                     raise Refused(f"cannot read the ssh config {path}: {exc}") from None
             config = self._parsed[path]
-        return dict(config.lookup(name)) if config is not None else {}
+        try:
+            return dict(config.lookup(name)) if config is not None else {}
+        except ImportError:  # paramiko runs `Match exec` through invoke (see _paramiko)
+            raise Refused(f"the ssh config {path} uses `Match exec`, which mgpu-launch does "
+                          "not support: give this host its own `Host` block (or set "
+                          "`ssh.config_file: null` and put its settings in the YAML)"
+                          ) from None
 
 
 MAX_INCLUDE_DEPTH = 16  # OpenSSH's own limit
