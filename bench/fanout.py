@@ -98,7 +98,8 @@ def run_bare_ssh(yaml_path: Path) -> float:
     def login(host) -> None:
         transport, _ = connector.open(host)
         try:
-            channel = transport.open_session()
+            channel = transport.open_session(timeout=30)
+            channel.settimeout(30)
             channel.exec_command("true")
             if channel.recv_exit_status() != 0:
                 raise RuntimeError(f"`true` failed on {host.name}")
@@ -107,8 +108,11 @@ def run_bare_ssh(yaml_path: Path) -> float:
 
     started = time.time()
     connector = Connector()
-    with ThreadPoolExecutor(min(64, len(hosts))) as pool:
-        list(pool.map(login, hosts))
+    try:
+        with ThreadPoolExecutor(min(64, len(hosts))) as pool:
+            list(pool.map(login, hosts))
+    finally:
+        connector.close()
     return time.time() - started
 
 

@@ -69,6 +69,7 @@ TAIL_LINES = 30
 DRAIN_S = 1.0
 PR_SET_PDEATHSIG = 1
 BUNDLE_MARKER = ".mgpu-bundle"  # launcher.shipping.USE_MARKER (the agent imports no launcher code)
+BUNDLE_TOUCH_EVERY_S = 3600.0
 
 
 def _pdeathsig_preexec():
@@ -244,7 +245,7 @@ class Agent:
                       error=f"{type(exc).__name__}: {exc}")
             return
         os.close(progress_write)  # the task holds the only write end now
-        self.mark_bundle_used()  # a job that runs for weeks still uses its bundle
+        self.mark_bundle_used()
         task = RunningTask(name, generation, proc, error_file)
         with self.lock:
             self.tasks[name] = task
@@ -342,7 +343,11 @@ class Agent:
     # ------------------------------------------------------------------ background
 
     def heartbeat_forever(self) -> None:
+        touched = time.monotonic()
         while True:
+            if time.monotonic() - touched > BUNDLE_TOUCH_EVERY_S:
+                touched = time.monotonic()
+                self.mark_bundle_used()  # a job can run for longer than the prune age
             stats = {}
             with self.lock:
                 tasks = list(self.tasks.values())
@@ -430,12 +435,14 @@ def _scan_dist_info(entries: list[str]) -> dict[str, str | None]:
 
 def site_dirs() -> list[str]:
     """The site-packages folders `site` would add to sys.path, without running
-    their `.pth` files; empty when `site` already ran (no `-S`)."""
+    their `.pth` files; empty when `site` already ran (no `-S`). When they hold
+    no TensorFlow, `_installed_versions` runs `site.main()` after all."""
     if not sys.flags.no_site:
         return []
     import site  # under -S, importing site does not run site.main()
 
-    prefixes, user_site = [sys.prefix], True
+    # What site.main() would add, in its order: the user site, then PREFIXES.
+    prefixes, user_site = [sys.prefix, sys.exec_prefix], True
     # A venv: what site.venv() would read from pyvenv.cfg.
     bin_dir = os.path.dirname(os.path.abspath(sys.executable))
     for conf in (os.path.join(bin_dir, "pyvenv.cfg"),
@@ -449,12 +456,10 @@ def site_dirs() -> list[str]:
                 if sep and key.strip().lower() == "include-system-site-packages":
                     system = value.strip().lower()
         venv = os.path.dirname(bin_dir)
-        prefixes = [venv, sys.prefix] if system == "true" else [venv]
-        user_site = system == "true"
+        prefixes, user_site = ([venv, *prefixes], True) if system == "true" else ([venv], False)
         break
-    dirs = site.getsitepackages(prefixes)
-    if user_site and site.check_enableusersite():
-        dirs.insert(1 if len(prefixes) > 1 else 0, site.getusersitepackages())
+    dirs = [site.getusersitepackages()] if user_site and site.check_enableusersite() else []
+    dirs += site.getsitepackages(prefixes)
     return [d for d in dict.fromkeys(dirs) if os.path.isdir(d)]
 
 

@@ -8,9 +8,10 @@ launcher's own installation.
 
 Every launcher version (and every change of a shipped file) makes a new
 bundle, so caches would only grow: each bundle carries a `USE_MARKER` file,
-the agent touches its bundle folder whenever it starts or starts a task, and
-whoever installs a new bundle drops the ones nobody started from in
-`UNUSED_FOR_S`. A dropped bundle costs nothing but a re-upload next time.
+the agent touches its bundle folder when it starts, when it starts a task and
+every hour, and whoever installs a new bundle drops the ones nobody used in
+`UNUSED_FOR_S` (bundles of versions before the marker count from their
+upload). A dropped bundle costs nothing but a re-upload next time.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import secrets
 import shutil
 import tempfile
 import time
@@ -84,7 +86,14 @@ def prune_local(cache_root: Path, keep: str) -> list[str]:
         return []
     stale = stale_bundles(entries, keep, time.time())
     for name in stale:
-        shutil.rmtree(cache_root / name, ignore_errors=True)
+        try:
+            # Renamed first: a half-deleted bundle never stays under its name.
+            doomed = cache_root / name
+            if not name.startswith(".staging-"):
+                doomed = doomed.rename(cache_root / f".staging-{secrets.token_hex(6)}")
+            shutil.rmtree(doomed, ignore_errors=True)
+        except OSError:
+            continue  # another launcher is pruning it
     return stale
 
 

@@ -76,3 +76,23 @@ def test_bad_arguments_are_refused_with_the_usage(tmp_path):
     assert done.returncode != 0 and hello == {}
     assert "usage: python -m launcher.agent" in done.stderr
     assert "--eof-grace wants seconds, got 'soon'" in done.stderr
+
+
+def test_site_dirs_are_the_folders_site_main_would_add(tmp_path):
+    # For this interpreter, a venv of it, and a venv that sees the system's packages.
+    made = []
+    for name, extra in (("venv", []), ("system-venv", ["--system-site-packages"])):
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", *extra,
+                        str(tmp_path / name)], check=True)
+        made.append(tmp_path / name / "bin" / "python")
+    probe = ("import os, sys; from launcher.agent import site_dirs; ours = site_dirs(); "
+             "import site; site.main(); "
+             "theirs = [p for p in sys.path if p.endswith(('site-packages', 'dist-packages')) "
+             "and os.path.isdir(p)]; "
+             "print(ours == theirs, ours, theirs)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    env["PYTHONPATH"] = str(REPO)
+    for python in [Path(sys.executable), *made]:
+        done = subprocess.run([str(python), "-S", "-c", probe], capture_output=True, text=True,
+                              env=env, timeout=60)
+        assert done.stdout.startswith("True "), (python, done.stdout, done.stderr)

@@ -13,7 +13,6 @@ import queue
 import re
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -26,6 +25,7 @@ from launcher.plan import HostTarget, host_targets
 from launcher.shipping import bundle_id
 from launcher.sshsim import generate_key
 from launcher.transport import TransportError
+from launcher.transport._paramiko import paramiko
 from launcher.transport.ssh import SSHTransport, agent_command
 from launcher.transport.ssh_connect import Refused, SSHConfigs, merge_endpoint, parse_jump
 from tests.conftest import read_events, run_cli, start_cli, wait_for
@@ -236,6 +236,12 @@ def test_bundle_is_uploaded_once_private_and_reused(cluster, tmp_path):
                        ("notes", month_ago)):
         (root / name / "launcher").mkdir(parents=True)
         os.utime(root / name, (when, when))
+    # A symlink named like an old bundle: never followed into its target.
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "launcher").mkdir(parents=True)
+    (elsewhere / "launcher" / "keep.txt").write_text("mine")
+    (root / "0.0.7-cccccccccccc").symlink_to(elsewhere)
+    os.utime(root / "0.0.7-cccccccccccc", (month_ago, month_ago), follow_symlinks=False)
     try:
         for _ in range(2):
             transport = SSHTransport(remote_cache=cache)
@@ -252,7 +258,8 @@ def test_bundle_is_uploaded_once_private_and_reused(cluster, tmp_path):
         assert (root / bundle_id()).stat().st_mode & 0o777 == 0o700
         # No staging left over; the stale bundle is gone, the rest untouched.
         assert sorted(p.name for p in root.iterdir()) == sorted(
-            [bundle_id(), "0.0.9-bbbbbbbbbbbb", "notes"])
+            [bundle_id(), "0.0.9-bbbbbbbbbbbb", "notes", "0.0.7-cccccccccccc"])
+        assert (elsewhere / "launcher" / "keep.txt").read_text() == "mine"
         assert (root / bundle_id() / ".mgpu-bundle").stat().st_mode & 0o777 == 0o600
     finally:
         subprocess.run(["rm", "-rf", str(root)], check=True)
@@ -378,6 +385,36 @@ def test_ssh_config_includes_follow_globs_home_relative_paths_and_block_scope(
     assert not {"user", "port", "identityfile"} & other.keys()
 
 
+def test_each_globbed_include_starts_in_the_including_block(tmp_path):
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "1.conf").write_text("Host a\n  HostName 10.0.0.1\n")
+    (tmp_path / "d" / "2.conf").write_text("User shared\nHost b\n  HostName 10.0.0.2\n")
+    config = tmp_path / "config"
+    config.write_text(f"Include {tmp_path}/d/*.conf\n")
+    configs = SSHConfigs()
+    # 2.conf's first line is top level: every host, not only the `Host a` of 1.conf.
+    assert configs.lookup(str(config), "b")["user"] == "shared"
+    assert configs.lookup(str(config), "elsewhere")["user"] == "shared"
+
+
+def test_blocks_inside_an_include_inside_a_block_are_refused_not_misread(tmp_path):
+    (tmp_path / "foo.conf").write_text("Host foo\n  User fromfoo\n")
+    config = tmp_path / "config"
+    config.write_text(f"Host bar\n  Include {tmp_path}/foo.conf\n")
+    with pytest.raises(Refused, match=r"foo.conf opens `Host foo` but is included inside "
+                                      r"`Host bar`.*include it at top level"):
+        SSHConfigs().lookup(str(config), "foo")
+
+
+def test_an_ssh_config_others_may_write_is_refused_as_ssh_does(tmp_path):
+    (tmp_path / "hosts.conf").write_text("Host a\n  HostName 10.0.0.1\n")
+    (tmp_path / "hosts.conf").chmod(0o666)
+    config = tmp_path / "config"
+    config.write_text(f"Include {tmp_path}/hosts.conf\n")
+    with pytest.raises(Refused, match=r"hosts.conf may be written by other users.*chmod go-w"):
+        SSHConfigs().lookup(str(config), "a")
+
+
 def test_an_ssh_config_that_includes_itself_is_a_clear_error(tmp_path):
     config = tmp_path / "loop"
     config.write_text(f"Include {config}\n")
@@ -387,7 +424,7 @@ def test_an_ssh_config_that_includes_itself_is_a_clear_error(tmp_path):
 
 
 def test_match_exec_in_the_ssh_config_is_refused_with_a_way_out(tmp_path):
-    assert sys.modules.get("invoke") is None  # the launcher imported paramiko without it
+    assert paramiko.config.invoke is None  # the launcher imported paramiko without it
     config = tmp_path / "config"
     config.write_text("Match exec \"test -f /nonexistent\"\n  User someone\n")
     with pytest.raises(Refused, match=r"uses `Match exec`, which mgpu-launch does not support"):

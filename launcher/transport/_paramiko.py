@@ -8,8 +8,13 @@ that uses it is refused with a clear message (`ssh_connect.SSHConfigs`).
 
 import sys
 
-sys.modules.setdefault("invoke", None)  # type: ignore[arg-type]  # `import invoke` fails
+_blocked = "invoke" not in sys.modules
+if _blocked:
+    sys.modules["invoke"] = None  # type: ignore[assignment]  # `import invoke` fails
 
 import paramiko  # noqa: E402
+
+if _blocked:  # paramiko has seen what it needed; the rest of the process may import it
+    del sys.modules["invoke"]
 
 __all__ = ["paramiko"]

@@ -20,6 +20,7 @@ import json
 import queue
 import secrets
 import shlex
+import stat
 import threading
 import time
 from collections import deque
@@ -108,13 +109,20 @@ def upload_bundle(sftp: paramiko.SFTPClient, cache_root: str, version: str) -> N
 def prune_remote(sftp: paramiko.SFTPClient, cache_root: str, keep: str) -> list[str]:
     """Drop the host's stale bundles (launcher.shipping.stale_bundles), best effort."""
     try:
-        entries = [(e.filename, float(e.st_mtime or 0)) for e in sftp.listdir_attr(cache_root)]
+        entries = [(e.filename, float(e.st_mtime or 0)) for e in sftp.listdir_attr(cache_root)
+                   if e.st_mode is not None and stat.S_ISDIR(e.st_mode)]  # no symlinks
     except OSError:
         return []
     stale = stale_bundles(entries, keep, time.time())
     for name in stale:
-        with contextlib.suppress(OSError):
-            _remove_tree(sftp, f"{cache_root}/{name}")
+        with contextlib.suppress(OSError):  # e.g. another launcher is pruning it
+            doomed = f"{cache_root}/{name}"
+            if not name.startswith(".staging-"):
+                # Renamed first: a half-deleted bundle never stays under its name.
+                gone = f"{cache_root}/.staging-{secrets.token_hex(6)}"
+                sftp.rename(doomed, gone)
+                doomed = gone
+            _remove_tree(sftp, doomed)
     return stale
 
 

@@ -128,15 +128,19 @@ class SSHConfigs:
             config = self._parsed[path]
         try:
             return dict(config.lookup(name)) if config is not None else {}
-        except ImportError:  # paramiko runs `Match exec` through invoke (see _paramiko)
+        except ImportError as exc:
+            if exc.name != "invoke":
+                raise
+            # paramiko runs `Match exec` through invoke, which _paramiko leaves out.
             raise Refused(f"the ssh config {path} uses `Match exec`, which mgpu-launch does "
-                          "not support: give this host its own `Host` block (or set "
-                          "`ssh.config_file: null` and put its settings in the YAML)"
-                          ) from None
+                          "not support (paramiko checks it for every host): narrow it with "
+                          "`Match host NAME exec ...`, or point `ssh.config_file` at a file "
+                          "without it") from None
 
 
 MAX_INCLUDE_DEPTH = 16  # OpenSSH's own limit
 _KEYWORD = re.compile(r"\s*(\w+)(?:\s*=\s*|\s+)(.*)")
+_TOP_LEVEL = "Host *\n"
 
 
 def read_ssh_config(path: str) -> str:
@@ -144,36 +148,57 @@ def read_ssh_config(path: str) -> str:
 
     paramiko skips `Include` silently, and a host defined in an included file
     (`Include config.d/*`, common nowadays) would then be looked up by its bare
-    alias. Expanded as OpenSSH does: globs, relative paths under ~/.ssh, and an
-    Include inside a Host/Match block counts for that block only (the block's
-    own line is repeated after the included text; at top level, `Host *`).
+    alias. Expanded as OpenSSH reads it: globs, relative paths under ~/.ssh, and
+    an Include inside a Host/Match block counts for that block only (the
+    block's line is repeated before and after each included file; at top level,
+    `Host *`). A file included inside a block may not open blocks of its own:
+    OpenSSH nests those under the outer block, which paramiko cannot express,
+    so it is refused rather than misread. Like ssh, files others may write to
+    are refused.
     """
     lines: list[str] = []
-    _inline(path, 0, lines)
+    _inline(path, 0, lines, _TOP_LEVEL, None)
     return "".join(lines)
 
 
-def _inline(path: str, depth: int, out: list[str], block: str = "Host *\n") -> None:
-    """Append `path`'s lines to `out`; `block` is the Host/Match line in force."""
+def _inline(path: str, depth: int, out: list[str], block: str, scope: str | None) -> None:
+    """Append `path`'s lines to `out`. `block`: the Host/Match line in force;
+    `scope`: the block line this file was included under (None: top level)."""
     if depth > MAX_INCLUDE_DEPTH:
         raise ValueError(f"Include nested more than {MAX_INCLUDE_DEPTH} deep at {path} "
                          "(does a file include itself?)")
+    _check_private(path)
     with open(path, encoding="utf-8") as handle:
         for line in handle:
+            line = line if line.endswith("\n") else line + "\n"
             match = _KEYWORD.match(line)
             keyword = match.group(1).lower() if match else ""
             if keyword in ("host", "match"):
-                block = line if line.endswith("\n") else line + "\n"
+                if scope is not None:
+                    raise ValueError(
+                        f"{path} opens `{line.strip()}` but is included inside "
+                        f"`{scope.strip()}`; OpenSSH would nest it under that block, which "
+                        "mgpu-launch cannot: include it at top level instead")
+                block = line
             if keyword != "include":
-                out.append(line if line.endswith("\n") else line + "\n")
+                out.append(line)
                 continue
+            inner_scope = scope if block == _TOP_LEVEL else block
             for pattern in shlex.split(match.group(2), comments=True):
                 pattern = os.path.expanduser(pattern)
                 if not os.path.isabs(pattern):
                     pattern = os.path.join(os.path.expanduser("~/.ssh"), pattern)
                 for included in sorted(glob.glob(pattern)):
-                    _inline(included, depth + 1, out, block)
+                    out.append(block)  # the file's first lines belong to this block
+                    _inline(included, depth + 1, out, block, inner_scope)
             out.append(block)
+
+
+def _check_private(path: str) -> None:
+    info = os.stat(path)
+    if info.st_mode & 0o022 or info.st_uid not in (os.getuid(), 0):
+        raise ValueError(f"{path} may be written by other users; ssh refuses such a file "
+                         f"too (`chmod go-w {shlex.quote(path)}`)")
 
 
 # ---------------------------------------------------------------- host keys
