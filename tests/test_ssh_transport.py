@@ -352,6 +352,12 @@ def test_yaml_values_win_over_the_ssh_config():
     assert merge_endpoint(_target(ssh_port=2222), {}, "me").known_hosts_name == "[node1]:2222"
 
 
+def test_a_proxy_command_is_refused_not_skipped():
+    with pytest.raises(Refused, match=r"gives node1 a ProxyCommand.*use `ProxyJump`"):
+        merge_endpoint(_target(), {"proxycommand": "ssh -W %h:%p bastion"}, "me")
+    assert merge_endpoint(_target(), {"proxycommand": "none"}, "me").proxy_jump is None
+
+
 def test_parse_jump():
     assert parse_jump("bastion") == (None, "bastion", None)
     assert parse_jump("me@bastion:2222") == ("me", "bastion", 2222)

@@ -77,6 +77,12 @@ def merge_endpoint(host: HostTarget, options: dict, default_user: str) -> Endpoi
     then the ssh config; then OpenSSH's defaults. The YAML's port counts as set
     when it is not 22 (the schema's default).
     """
+    command = options.get("proxycommand")
+    if command and command != "none" and not options.get("proxyjump"):
+        # Silently connecting directly instead would fail in a confusing way.
+        raise Refused(f"the ssh config gives {host.address} a ProxyCommand, which "
+                      "mgpu-launch does not run: use `ProxyJump BASTION` there instead "
+                      "(what `ProxyCommand ssh -W %h:%p BASTION` does)")
     files = [host.identity_file] if host.identity_file else []
     files += list(options.get("identityfile", []))
     port = host.ssh_port if host.ssh_port != 22 else int(options.get("port", 22))
