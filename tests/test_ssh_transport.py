@@ -353,7 +353,7 @@ def test_yaml_values_win_over_the_ssh_config():
 
 
 def test_a_proxy_command_is_refused_not_skipped():
-    with pytest.raises(Refused, match=r"gives node1 a ProxyCommand.*use `ProxyJump`"):
+    with pytest.raises(Refused, match=r"gives node1 a ProxyCommand.*use `ProxyJump BASTION`"):
         merge_endpoint(_target(), {"proxycommand": "ssh -W %h:%p bastion"}, "me")
     assert merge_endpoint(_target(), {"proxycommand": "none"}, "me").proxy_jump is None
 
