@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import queue
 import signal as signals
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -238,17 +239,44 @@ class Supervisor:
         attempt = 0
         while self._clock() < deadline:
             attempt += 1
-            try:
-                self._links[host] = self._reconnect(host)
+            outcome = self._attempt_reconnect(host)
+            if outcome is None:
+                return False  # a stop was requested during the attempt
+            if isinstance(outcome, AgentLink):
+                self._links[host] = outcome
                 self._recorder.event("host_back", host=host, attempts=attempt)
                 self._printer.notice(f"host {host} is back")
                 return True
-            except Exception as exc:  # noqa: BLE001 - any failure means "not yet"
-                if attempt == 1:
-                    self._printer.notice(f"waiting up to {timeout:g} s for host {host}: {exc}")
+            if attempt == 1:
+                self._printer.notice(f"waiting up to {timeout:g} s for host {host}: {outcome}")
             if self._wait(max(1.0, self._policy.backoff_s)):
                 return False
         return False
+
+    def _attempt_reconnect(self, host: str) -> AgentLink | Exception | None:
+        """One reconnection attempt: the new link, why it failed, or None when a
+        stop came first. It runs in a thread: an attempt on a cut-off host blocks
+        for the whole connect timeout, and Ctrl-C must not wait for that."""
+        assert self._reconnect is not None
+        reconnect = self._reconnect
+        outcome: list[AgentLink | Exception] = []
+        done = threading.Event()
+
+        def attempt() -> None:
+            try:
+                outcome.append(reconnect(host))
+            except Exception as exc:  # noqa: BLE001 - any failure means "not yet"
+                outcome.append(exc)
+            finally:
+                done.set()
+
+        threading.Thread(target=attempt, name=f"reconnect-{host}", daemon=True).start()
+        while not done.wait(POLL_S):
+            if self._stop_count > self._handled_stops:
+                threading.Thread(target=_close_late_link, args=(done, outcome),
+                                 daemon=True).start()
+                return None
+        return outcome[0]
 
     def _wait(self, seconds: float) -> bool:
         """Sleep while draining events; True when a stop was requested meanwhile."""
@@ -638,6 +666,13 @@ class Supervisor:
                     link = self._links.get(record.task.host)
                     if link is not None:
                         link.close()
+
+
+def _close_late_link(done: threading.Event, outcome: list) -> None:
+    """An abandoned reconnection may still succeed: close what it brings."""
+    done.wait()
+    if outcome and isinstance(outcome[0], AgentLink):
+        outcome[0].close()
 
 
 def _exit_kind(record: TaskRecord) -> str:

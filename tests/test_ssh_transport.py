@@ -180,6 +180,35 @@ def test_two_bad_hosts_are_both_named(cluster, tmp_path, marker_dir):
     assert list(marker_dir.iterdir()) == []
 
 
+def test_ctrl_c_while_a_host_hangs_in_the_handshake_stops_at_once(cluster, tmp_path,
+                                                                   marker_dir):
+    host1 = cluster.hosts[1]
+    listener = host1.listener_pid()
+    config = cluster.config_dict()
+    config["ssh"]["connect_timeout_s"] = 30
+    yaml_path = write_yaml(tmp_path / "cluster.yaml", config)
+    script = write_script(tmp_path, "marker.py", MARKER)
+    # host1's sshd is frozen: the kernel accepts the TCP connection, no SSH
+    # banner ever comes, and the handshake would wait 15 s before giving up.
+    os.kill(listener, signal.SIGSTOP)
+    try:
+        proc = start_cli(["--run-dir", str(tmp_path / "run"), str(yaml_path), str(script),
+                          str(marker_dir)], cwd=tmp_path)
+
+        def handshaking_with_host1() -> bool:
+            return any(c.status == psutil.CONN_ESTABLISHED and c.raddr
+                       and (c.raddr.ip, c.raddr.port) == (host1.address, host1.port)
+                       for c in psutil.Process(proc.pid).net_connections("tcp"))
+
+        wait_for(handshaking_with_host1, timeout=30, what="the launcher stuck on host1's sshd")
+        proc.send_signal(signal.SIGINT)
+        output, _ = proc.communicate(timeout=8)  # well under the 15 s of the handshake
+        assert proc.returncode == 130, output
+        assert list(marker_dir.iterdir()) == []  # nothing started on host0 either
+    finally:
+        os.kill(listener, signal.SIGCONT)
+
+
 # --------------------------------------------------------------------- dropped connection
 
 

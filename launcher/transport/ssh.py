@@ -223,7 +223,8 @@ class SSHTransport:
         links: dict[str, AgentLink] = {}
         problems: list[HostProblem] = []
         workers = max(1, min(self._max_parallel, len(hosts)))
-        with ThreadPoolExecutor(workers, thread_name_prefix="ssh-connect") as pool:
+        pool = ThreadPoolExecutor(workers, thread_name_prefix="ssh-connect")
+        try:
             futures = [(h, pool.submit(self._start_host, h, run_dir, events)) for h in hosts]
             for host, future in futures:
                 try:
@@ -232,6 +233,11 @@ class SSHTransport:
                     problems.append(problem)
                 except Exception as exc:  # a bug or an odd failure: still name the host
                     problems.append(HostProblem(host.name, f"{type(exc).__name__}: {exc}"))
+        except BaseException:  # Ctrl-C: end the handshakes still going, do not wait
+            self._connector.abort()
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        pool.shutdown()
         return links, problems
 
     def _start_host(self, host: HostTarget, run_dir: str,

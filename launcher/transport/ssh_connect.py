@@ -351,6 +351,8 @@ class Connector:
         self._jumps: dict[tuple, _Jump] = {}
         self._jump_locks: dict[tuple, threading.Lock] = {}
         self._lock = threading.Lock()
+        self._handshaking: set[paramiko.Transport] = set()
+        self._aborted = False
 
     def endpoint(self, host: HostTarget) -> Endpoint:
         options = self.configs.lookup(host.ssh_config_file, host.address)
@@ -416,6 +418,8 @@ class Connector:
         if sock is None:
             sock = _tcp_connect(ep)
         transport = paramiko.Transport(sock)
+        with self._lock:
+            self._handshaking.add(transport)
         try:
             transport.set_keepalive(KEEPALIVE_S)
             known = self.known_hosts.known_types(ep)
@@ -433,10 +437,15 @@ class Connector:
                               ) from None
             self.known_hosts.verify(ep, transport.get_remote_server_key())
             self._authenticate(transport, ep)
+            if self._aborted:
+                raise Refused("the launcher is stopping")
             return transport
         except BaseException:
             transport.close()
             raise
+        finally:
+            with self._lock:
+                self._handshaking.discard(transport)
 
     def _authenticate(self, transport: paramiko.Transport, ep: Endpoint) -> None:
         keys, notes = self.identities.candidates(ep)
@@ -462,7 +471,19 @@ class Connector:
             "`identity_file:` / `user:` for this host"
         )
 
+    def abort(self) -> None:
+        """End every handshake in progress now (Ctrl-C must not wait for a hung
+        sshd to time out); connections opened later are refused. A TCP connect
+        still waiting for its SYN-ACK cannot be cut short: it ends within
+        `connect_timeout_s`."""
+        with self._lock:
+            self._aborted = True
+            pending = list(self._handshaking)
+        for transport in pending:
+            transport.close()
+
     def close(self) -> None:
+        self.abort()
         with self._lock:
             jumps, self._jumps = list(self._jumps.values()), {}
         for jump in jumps:
