@@ -192,8 +192,10 @@ def test_ctrl_c_while_a_host_hangs_in_the_handshake_stops_at_once(cluster, tmp_p
     # banner ever comes, and the handshake would wait 15 s before giving up.
     os.kill(listener, signal.SIGSTOP)
     try:
-        proc = start_cli(["--run-dir", str(tmp_path / "run"), str(yaml_path), str(script),
+        run_dir = tmp_path / f"run-{tmp_path.name}"
+        proc = start_cli(["--run-dir", str(run_dir), str(yaml_path), str(script),
                           str(marker_dir)], cwd=tmp_path)
+        wait_for(lambda: agents_of(run_dir.name), timeout=30, what="host0's agent up")
 
         def handshaking_with_host1() -> bool:
             return any(c.status == psutil.CONN_ESTABLISHED and c.raddr
@@ -204,9 +206,17 @@ def test_ctrl_c_while_a_host_hangs_in_the_handshake_stops_at_once(cluster, tmp_p
         proc.send_signal(signal.SIGINT)
         output, _ = proc.communicate(timeout=8)  # well under the 15 s of the handshake
         assert proc.returncode == 130, output
-        assert list(marker_dir.iterdir()) == []  # nothing started on host0 either
+        # host0's agent, up and waiting, went with the launcher's connection.
+        wait_for(lambda: not agents_of(run_dir.name), timeout=10, what="host0's agent gone")
     finally:
         os.kill(listener, signal.SIGCONT)
+
+
+def agents_of(run_name: str) -> list[int]:
+    marker = f"/.mgpu-launch/runs/{run_name}/"
+    return [p.pid for p in psutil.process_iter(["cmdline"])
+            if "launcher.agent" in (p.info["cmdline"] or [])
+            and any(marker in a for a in p.info["cmdline"])]
 
 
 # --------------------------------------------------------------------- dropped connection
@@ -381,10 +391,17 @@ def test_yaml_values_win_over_the_ssh_config():
     assert merge_endpoint(_target(ssh_port=2222), {}, "me").known_hosts_name == "[node1]:2222"
 
 
-def test_a_proxy_command_is_refused_not_skipped():
-    with pytest.raises(Refused, match=r"gives node1 a ProxyCommand.*use `ProxyJump BASTION`"):
-        merge_endpoint(_target(), {"proxycommand": "ssh -W %h:%p bastion"}, "me")
-    assert merge_endpoint(_target(), {"proxycommand": "none"}, "me").proxy_jump is None
+def test_a_proxy_command_is_refused_not_skipped(tmp_path):
+    config = tmp_path / "config"
+    config.write_text("Host node1\n  ProxyCommand ssh -W %h:%p bastion\n"
+                      "Host both\n  ProxyCommand ssh -W %h:%p bastion\n  ProxyJump other\n"
+                      "Host off\n  ProxyCommand none\n")
+    configs = SSHConfigs()
+    for name in ("node1", "both"):  # with a ProxyJump too, OpenSSH takes the first one
+        with pytest.raises(Refused, match=r"a ProxyCommand.*use `ProxyJump BASTION`"):
+            merge_endpoint(_target(address=name), configs.lookup(str(config), name), "me")
+    off = merge_endpoint(_target(address="off"), configs.lookup(str(config), "off"), "me")
+    assert off.proxy_jump is None and off.hostname == "off"
 
 
 def test_parse_jump():

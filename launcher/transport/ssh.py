@@ -25,7 +25,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 from ..plan import HostTarget, host_run_dir
 from ..shipping import USE_MARKER, bundle_files, bundle_id, stale_bundles
@@ -204,6 +203,7 @@ class SSHTransport:
         self._connector = connector or Connector()
         self._sessions: list[_Session] = []
         self._lock = threading.Lock()
+        self._closed = False
 
     def connect(
         self, hosts: Sequence[HostTarget], run_dir: str, events: queue.Queue[AgentMessage]
@@ -220,24 +220,39 @@ class SSHTransport:
         self, hosts: Sequence[HostTarget], run_dir: str, events: queue.Queue[AgentMessage]
     ) -> tuple[dict[str, AgentLink], list[HostProblem]]:
         """Like `connect`, but keep the hosts that worked: (links, problems)."""
+        # Daemon threads, not a ThreadPoolExecutor: the interpreter joins an
+        # executor's workers at exit, so Ctrl-C would wait for a hung host.
+        gate = threading.Semaphore(max(1, min(self._max_parallel, len(hosts))))
+        results: queue.Queue[tuple[str, AgentLink | BaseException]] = queue.Queue()
+
+        def start(host: HostTarget) -> None:
+            with gate:
+                try:
+                    results.put((host.name, self._start_host(host, run_dir, events)))
+                except BaseException as exc:  # noqa: BLE001 - reported below, per host
+                    results.put((host.name, exc))
+
+        for host in hosts:
+            threading.Thread(target=start, args=(host,), daemon=True,
+                             name=f"ssh-connect-{host.name}").start()
+        outcomes: dict[str, AgentLink | BaseException] = {}
+        try:
+            while len(outcomes) < len(hosts):
+                name, outcome = results.get()
+                outcomes[name] = outcome
+        except BaseException:  # Ctrl-C: end the handshakes still going, do not wait
+            self.abort()
+            raise
         links: dict[str, AgentLink] = {}
         problems: list[HostProblem] = []
-        workers = max(1, min(self._max_parallel, len(hosts)))
-        pool = ThreadPoolExecutor(workers, thread_name_prefix="ssh-connect")
-        try:
-            futures = [(h, pool.submit(self._start_host, h, run_dir, events)) for h in hosts]
-            for host, future in futures:
-                try:
-                    links[host.name] = future.result()
-                except HostProblem as problem:
-                    problems.append(problem)
-                except Exception as exc:  # a bug or an odd failure: still name the host
-                    problems.append(HostProblem(host.name, f"{type(exc).__name__}: {exc}"))
-        except BaseException:  # Ctrl-C: end the handshakes still going, do not wait
-            self._connector.abort()
-            pool.shutdown(wait=False, cancel_futures=True)
-            raise
-        pool.shutdown()
+        for host in hosts:  # in the YAML's order
+            outcome = outcomes[host.name]
+            if isinstance(outcome, AgentLink):
+                links[host.name] = outcome
+            elif isinstance(outcome, HostProblem):
+                problems.append(outcome)
+            else:  # a bug or an odd failure: still name the host
+                problems.append(HostProblem(host.name, f"{type(outcome).__name__}: {outcome}"))
         return links, problems
 
     def _start_host(self, host: HostTarget, run_dir: str,
@@ -248,6 +263,9 @@ class SSHTransport:
             raise HostProblem(host.name, str(exc)) from None
         session = _Session(host, ep, transport)
         with self._lock:
+            if self._closed:  # e.g. an abandoned reconnection that got through late
+                session.close()
+                raise HostProblem(host.name, "the launcher is stopping")
             self._sessions.append(session)
         try:
             return self._start_agent(session, run_dir, events)
@@ -346,8 +364,18 @@ class SSHTransport:
                 "install it there, or set `python:` for this host to an interpreter that has it"
             )
 
+    def abort(self) -> None:
+        """Stop at once: end handshakes in flight, drop sessions without waiting."""
+        self._connector.abort()
+        with self._lock:
+            self._closed = True
+            sessions, self._sessions = self._sessions, []
+        for session in sessions:
+            session.close()
+
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             sessions, self._sessions = self._sessions, []
         self._close_sessions(sessions)
         self._connector.close()
@@ -357,9 +385,10 @@ class SSHTransport:
         # links); give them the grace period to report before the connection goes.
         deadline = time.monotonic() + self._eof_grace_s + 5.0
         for session in sessions:
-            silent = (session.link is not None
-                      and time.monotonic() - session.link.last_seen > SILENT_AGENT_S)
-            if session.channel is not None and session.transport.is_active() and not silent:
+            # An agent without a link never had its stdin closed: nothing to wait for.
+            waits = (session.link is not None
+                     and time.monotonic() - session.link.last_seen <= SILENT_AGENT_S)
+            if session.channel is not None and session.transport.is_active() and waits:
                 session.exit_status(max(0.0, deadline - time.monotonic()))
             session.close()
         with self._lock:

@@ -16,6 +16,7 @@ Must not import: supervisor, cli.
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import fcntl
 import getpass
@@ -77,9 +78,9 @@ def merge_endpoint(host: HostTarget, options: dict, default_user: str) -> Endpoi
     then the ssh config; then OpenSSH's defaults. The YAML's port counts as set
     when it is not 22 (the schema's default).
     """
-    command = options.get("proxycommand")
-    if command and command != "none" and not options.get("proxyjump"):
-        # Silently connecting directly instead would fail in a confusing way.
+    if options.get("proxycommand"):  # paramiko turns `ProxyCommand none` into None
+        # Connecting directly instead would fail in a confusing way, and with a
+        # ProxyJump too, OpenSSH uses whichever comes first: refuse, never guess.
         raise Refused(f"the ssh config gives {host.address} a ProxyCommand, which "
                       "mgpu-launch does not run: use `ProxyJump BASTION` there instead "
                       "(what `ProxyCommand ssh -W %h:%p BASTION` does)")
@@ -351,7 +352,7 @@ class Connector:
         self._jumps: dict[tuple, _Jump] = {}
         self._jump_locks: dict[tuple, threading.Lock] = {}
         self._lock = threading.Lock()
-        self._handshaking: set[paramiko.Transport] = set()
+        self._handshaking: dict[paramiko.Transport, socket.socket | paramiko.Channel] = {}
         self._aborted = False
 
     def endpoint(self, host: HostTarget) -> Endpoint:
@@ -406,6 +407,10 @@ class Connector:
     def _hop_endpoint(self, host: HostTarget, hop: str) -> Endpoint:
         user, name, port = parse_jump(hop)
         options = self.configs.lookup(host.ssh_config_file, name)
+        if options.pop("proxycommand", None):
+            raise Refused(f"the ssh config gives jump host {name} a ProxyCommand, which "
+                          "mgpu-launch does not run: chain the hops in the target's "
+                          f"ProxyJump instead (`ProxyJump OUTER,{hop}`)")
         # The hop shares the target's keys, known_hosts and policy.
         base = dataclasses.replace(host, name=f"jump host {hop}", address=name, ssh_user=user,
                                    ssh_port=port or 22)
@@ -419,7 +424,10 @@ class Connector:
             sock = _tcp_connect(ep)
         transport = paramiko.Transport(sock)
         with self._lock:
-            self._handshaking.add(transport)
+            if self._aborted:
+                sock.close()
+                raise Refused("the launcher is stopping")
+            self._handshaking[transport] = sock
         try:
             transport.set_keepalive(KEEPALIVE_S)
             known = self.known_hosts.known_types(ep)
@@ -445,7 +453,7 @@ class Connector:
             raise
         finally:
             with self._lock:
-                self._handshaking.discard(transport)
+                self._handshaking.pop(transport, None)
 
     def _authenticate(self, transport: paramiko.Transport, ep: Endpoint) -> None:
         keys, notes = self.identities.candidates(ep)
@@ -473,13 +481,20 @@ class Connector:
 
     def abort(self) -> None:
         """End every handshake in progress now (Ctrl-C must not wait for a hung
-        sshd to time out); connections opened later are refused. A TCP connect
-        still waiting for its SYN-ACK cannot be cut short: it ends within
-        `connect_timeout_s`."""
+        sshd to time out); connections opened later are refused. For good: the
+        launcher is stopping. (A TCP connect still waiting for its SYN-ACK ends
+        within `connect_timeout_s`; its thread does not hold up the exit.)"""
         with self._lock:
             self._aborted = True
-            pending = list(self._handshaking)
-        for transport in pending:
+            pending = list(self._handshaking.items())
+        for transport, sock in pending:
+            # paramiko's close() does nothing before start_client has begun:
+            # shutting the socket down ends a handshake at any point.
+            with contextlib.suppress(OSError):
+                if isinstance(sock, socket.socket):
+                    sock.shutdown(socket.SHUT_RDWR)
+                else:
+                    sock.close()
             transport.close()
 
     def close(self) -> None:
