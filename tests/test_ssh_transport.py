@@ -449,30 +449,32 @@ def test_each_globbed_include_starts_in_the_including_block(tmp_path):
     assert configs.lookup(str(config), "elsewhere")["user"] == "shared"
 
 
-def test_blocks_inside_an_include_inside_a_block_are_refused_not_misread(tmp_path):
-    (tmp_path / "foo.conf").write_text("Host foo\n  User fromfoo\n")
-    config = tmp_path / "config"
-    config.write_text(f"Host bar\n  Include {tmp_path}/foo.conf\n")
-    with pytest.raises(Refused, match=r"foo.conf opens `Host foo` but is included inside "
-                                      r"`Host bar`.*include it at top level"):
-        SSHConfigs().lookup(str(config), "foo")
+# (extra files, the config, the host looked up, what the refusal says)
+BAD_SSH_CONFIGS = {
+    # OpenSSH would nest foo.conf's blocks under `Host bar`; paramiko cannot.
+    "block-in-a-scoped-include": (
+        {"foo.conf": "Host foo\n  User fromfoo\n"}, "Host bar\n  Include {dir}/foo.conf\n",
+        "foo", r"foo.conf opens `Host foo` but is included inside `Host bar`.*"
+               r"include it at top level"),
+    "writable-by-others": (
+        {"hosts.conf": "Host a\n  HostName 10.0.0.1\n"}, "Include {dir}/hosts.conf\n",
+        "a", r"hosts.conf may be written by other users.*chmod go-w"),
+    "includes-itself": (
+        {}, "Include {dir}/config\n",
+        "a", r"cannot read the ssh config .*config: Include nested more than 16 deep"),
+}
 
 
-def test_an_ssh_config_others_may_write_is_refused_as_ssh_does(tmp_path):
-    (tmp_path / "hosts.conf").write_text("Host a\n  HostName 10.0.0.1\n")
-    (tmp_path / "hosts.conf").chmod(0o666)
-    config = tmp_path / "config"
-    config.write_text(f"Include {tmp_path}/hosts.conf\n")
-    with pytest.raises(Refused, match=r"hosts.conf may be written by other users.*chmod go-w"):
-        SSHConfigs().lookup(str(config), "a")
-
-
-def test_an_ssh_config_that_includes_itself_is_a_clear_error(tmp_path):
-    config = tmp_path / "loop"
-    config.write_text(f"Include {config}\n")
-    with pytest.raises(Refused, match=r"cannot read the ssh config .*loop: Include nested "
-                                      r"more than 16 deep"):
-        SSHConfigs().lookup(str(config), "anything")
+@pytest.mark.parametrize("case", sorted(BAD_SSH_CONFIGS))
+def test_a_bad_ssh_config_is_refused_not_misread(tmp_path, case):
+    files, text, host, message = BAD_SSH_CONFIGS[case]
+    for name, content in files.items():
+        (tmp_path / name).write_text(content)
+    if case == "writable-by-others":
+        (tmp_path / "hosts.conf").chmod(0o666)
+    (tmp_path / "config").write_text(text.format(dir=tmp_path))
+    with pytest.raises(Refused, match=message):
+        SSHConfigs().lookup(str(tmp_path / "config"), host)
 
 
 def test_match_exec_in_the_ssh_config_is_refused_with_a_way_out(tmp_path):
