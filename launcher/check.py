@@ -23,6 +23,7 @@ import queue
 import secrets
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -35,6 +36,8 @@ from .transport import AgentLink, AgentMessage, HostProblem, TransportError
 EXIT_READY, EXIT_NOT_READY = 0, 2
 PROBE_TIMEOUT_S = 30.0  # one probe on one host: a few socket connects and a stat
 PEER_TIMEOUT_S = 3.0  # a TCP connect between two hosts of one cluster
+# One `true` over SSH taking longer: say so (it is mostly the login shell).
+SLOW_LOGIN_S = 1.0
 
 # Binds each planned port on every interface with SO_REUSEADDR, as
 # TensorFlow's gRPC server does (so connections of an earlier run lingering in
@@ -144,6 +147,7 @@ class HostReport:
     peers: dict[str, str | None] = field(default_factory=dict)
     checkpoint: dict[str, Any] = field(default_factory=dict)
     gpus: list[str] | None = None
+    login_s: float | None = None  # one `true` over SSH: mostly the login shell's rc files
     problems: list[str] = field(default_factory=list)
 
     def packages(self) -> dict[str, str | None]:
@@ -308,7 +312,7 @@ def judge_probe(report: HostReport, probe: dict[str, Any] | None, names: dict[st
 
 def render(reports: list[HostReport], checkpoint_dir: str, ports_fixed: bool) -> str:
     header = ["HOST", "ADDRESS", "SSH", "PYTHON", "TENSORFLOW", "KERAS", "TF-KERAS", "PORTS",
-              "PEERS", "CHECKPOINT", "GPUS"]
+              "PEERS", "CHECKPOINT", "GPUS", "LOGIN"]
     rows = [header]
     for r in reports:
         if r.hello is None:
@@ -332,13 +336,20 @@ def render(reports: list[HostReport], checkpoint_dir: str, ports_fixed: bool) ->
             shared = "shared" if ck.get("nonce_seen") else "NOT SHARED"
             checkpoint = f"{shared}, {ck.get('free_gb', '?')} GB free"
         gpus = "none" if not r.gpus else str(len(r.gpus))
+        login = "-" if r.login_s is None else f"{r.login_s:.2f}s"
         rows.append([r.host.name, r.host.address, "ok", str(r.hello.get("python_version")),
                      packages.get("tensorflow") or "MISSING", packages.get("keras") or "-",
-                     packages.get("tf_keras") or "-", ports, peers, checkpoint, gpus])
+                     packages.get("tf_keras") or "-", ports, peers, checkpoint, gpus, login])
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
              for row in rows]
     lines.append(f"checkpoint dir: {checkpoint_dir}")
+    slow = [r for r in reports if r.login_s is not None and r.login_s > SLOW_LOGIN_S]
+    if slow:
+        lines.append("notes:")
+        lines += [f"  {r.host.name}: every SSH command waits {r.login_s:.1f} s for the login "
+                  "shell (a heavy ~/.bashrc?); launches pay it on every host: see README, "
+                  "'Fan-out speed'" for r in slow]
     bad = [r for r in reports if r.problems]
     if bad:
         lines.append("problems:")
@@ -379,6 +390,8 @@ def run_check(loaded: LoadedConfig) -> tuple[list[HostReport], str]:
             reports[name].hello = link.hello
         if links:
             _probe(Agents(links, events), reports, plan.checkpoint_dir, ports_fixed)
+        if not local:
+            _time_logins(transport, [reports[name] for name in links])
     finally:
         for link in links.values():
             link.close()
@@ -403,6 +416,18 @@ def _connect(local: bool, targets: Sequence[HostTarget], run_dir: str,
     transport = SSHTransport(require_tensorflow=False)
     links, problems = transport.connect_each(targets, run_dir, events)
     return transport, links, problems
+
+
+def _time_logins(transport, reports: list[HostReport]) -> None:
+    """Time one `true` per host, all hosts at once."""
+    def measure(report: HostReport) -> None:
+        report.login_s = transport.time_command(report.host.name)
+
+    threads = [threading.Thread(target=measure, args=(r,), daemon=True) for r in reports]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=PROBE_TIMEOUT_S)
 
 
 def _probe(agents: Agents, reports: dict[str, HostReport], checkpoint_dir: str,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import socket
 
 import pytest
@@ -29,6 +30,9 @@ def test_a_good_cluster_passes(cluster, tmp_path):
     assert rows[1][:3] == ["host0", "127.0.0.2", "ok"]
     assert rows[2][:3] == ["host1", "127.0.0.3", "ok"]
     assert "shared," in rows[1] and "1/1" in rows[1]  # nonce seen; the peer's port reached
+    # LOGIN: one `true` over each host's connection, the login shell's rc files included.
+    assert rows[0][-1] == "LOGIN"
+    assert all(re.fullmatch(r"\d+\.\d\ds", row[-1]) for row in rows[1:3]), rows
     assert "verdict: ready" in done.stdout
     # Nothing is left behind in the checkpoint dir.
     assert not list((cluster.dir / "checkpoints").glob(".mgpu-check-*"))
@@ -80,3 +84,21 @@ def test_a_checkpoint_dir_that_is_not_shared_fails(tmp_path_factory, tmp_path):
     assert done.returncode == 2, done.stdout + done.stderr
     assert f"host1: checkpoint dir {checkpoints} is not shared" in done.stdout
     assert "written there from host0" in done.stdout
+
+
+def test_a_slow_login_shell_is_noted_without_failing_the_check():
+    from launcher.check import HostReport, render
+    from launcher.plan import HostTarget
+
+    host = HostTarget(name="gpu1", address="10.0.0.1", python="python3", gpus=(),
+                      ssh_user=None, ssh_port=22, identity_file=None,
+                      known_hosts="~/.ssh/known_hosts", host_key_policy="strict",
+                      ssh_config_file=None, connect_timeout_s=10.0)
+    report = HostReport(host, hello={"python_version": "3.11.7",
+                                     "packages": {"tensorflow": "2.21.0"}},
+                        checkpoint={"exists": True, "nonce_seen": True, "free_gb": 9},
+                        login_s=2.46)
+    text = render([report], "/ckpt", ports_fixed=False)
+    assert "gpu1: every SSH command waits 2.5 s for the login shell" in text
+    assert "2.46s" in text.splitlines()[1]
+    assert text.splitlines()[-1].startswith("verdict: ready")

@@ -364,6 +364,32 @@ class SSHTransport:
                 "install it there, or set `python:` for this host to an interpreter that has it"
             )
 
+    def time_command(self, host: str, command: str = "true",
+                     timeout: float = 30.0) -> float | None:
+        """Seconds one command takes on `host` over its open connection, the
+        login shell's start included (None when it failed). `check` reports it:
+        the shell's rc files run before every command sshd starts."""
+        with self._lock:
+            session = next((s for s in self._sessions if s.host.name == host), None)
+        if session is None or not session.transport.is_active():
+            return None
+        started = time.monotonic()
+        try:
+            channel = session.transport.open_session(timeout=timeout)
+            try:
+                channel.settimeout(timeout)
+                channel.exec_command(command)
+                deadline = started + timeout
+                while not channel.exit_status_ready():
+                    if time.monotonic() > deadline:
+                        return None
+                    time.sleep(0.005)
+                return time.monotonic() - started if channel.recv_exit_status() == 0 else None
+            finally:
+                channel.close()
+        except (paramiko.SSHException, OSError, EOFError):
+            return None
+
     def abort(self) -> None:
         """Stop at once: end handshakes in flight, drop sessions without waiting."""
         self._connector.abort()
