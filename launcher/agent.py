@@ -433,12 +433,18 @@ def _scan_dist_info(entries: list[str]) -> dict[str, str | None]:
     return versions
 
 
+_site_dirs: list[str] | None = None
+
+
 def site_dirs() -> list[str]:
     """The site-packages folders `site` would add to sys.path, without running
     their `.pth` files; empty when `site` already ran (no `-S`). When they hold
     no TensorFlow, `_installed_versions` runs `site.main()` after all."""
+    global _site_dirs
     if not sys.flags.no_site:
         return []
+    if _site_dirs is not None:  # the hello and the first psutil import both ask
+        return _site_dirs
     import site  # under -S, importing site does not run site.main()
 
     # What site.main() would add, in its order: the user site, then PREFIXES.
@@ -460,7 +466,8 @@ def site_dirs() -> list[str]:
         break
     dirs = [site.getusersitepackages()] if user_site and site.check_enableusersite() else []
     dirs += site.getsitepackages(prefixes)
-    return [d for d in dict.fromkeys(dirs) if os.path.isdir(d)]
+    _site_dirs = [d for d in dict.fromkeys(dirs) if os.path.isdir(d)]
+    return _site_dirs
 
 
 def _add_site_dirs() -> None:

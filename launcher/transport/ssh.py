@@ -379,11 +379,8 @@ class SSHTransport:
             try:
                 channel.settimeout(timeout)
                 channel.exec_command(command)
-                deadline = started + timeout
-                while not channel.exit_status_ready():
-                    if time.monotonic() > deadline:
-                        return None
-                    time.sleep(0.005)
+                if not channel.status_event.wait(timeout):  # set with the exit status
+                    return None
                 return time.monotonic() - started if channel.recv_exit_status() == 0 else None
             finally:
                 channel.close()
