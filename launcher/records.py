@@ -197,7 +197,10 @@ def launcher_alive(launch: dict[str, Any], this_host: str | None = None) -> bool
     try:
         import psutil
 
-        created = psutil.Process(pid).create_time()
+        process = psutil.Process(pid)
+        if process.status() == psutil.STATUS_ZOMBIE:  # dead, its parent did not reap it yet
+            return False
+        created = process.create_time()
     except Exception:  # NoSuchProcess, AccessDenied, or psutil missing
         try:
             os.kill(pid, 0)
