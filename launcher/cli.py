@@ -320,15 +320,22 @@ def _launch(loaded: LoadedConfig, first_plan: Plan, make_plan, run_dir: Path,
         f"strategy {config.strategy}; run dir {run_dir}"
     )
     targets = {t.name: t for t in host_targets(config, default_python, loaded.base_dir)}
+    # SIGTERM (e.g. `mgpu-launch stop`) while hosts are reached ends it as Ctrl-C does.
+    previous_term = signal.signal(signal.SIGTERM, _interrupt)
     try:
         # Spares too: a spare that cannot be reached is better known now.
         links = transport.connect(list(targets.values()), str(run_dir), events)
     except TransportError as exc:
         say(f"mgpu-launch: {exc}")
-        control.record_start_failure(run_dir, str(exc))
+        control.record_early_end(run_dir, "failed", str(exc))
         return _done(printer, previous_hangup, EXIT_USAGE)
-    except KeyboardInterrupt:
-        return _done(printer, previous_hangup, 130)
+    except KeyboardInterrupt as exc:
+        signum = exc.args[0] if exc.args and isinstance(exc.args[0], int) else signal.SIGINT
+        control.record_early_end(run_dir, "interrupted", "stopped while reaching the hosts",
+                                 interrupted_by=signum)
+        return _done(printer, previous_hangup, 128 + signum)
+    finally:
+        signal.signal(signal.SIGTERM, previous_term)
     recorder = RunRecorder(run_dir)
     recorder.write_config(dump_config(loaded))
 
@@ -435,6 +442,10 @@ def _watch_terminal(printer: Printer):
 
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # a closed pipe: EPIPE, seen by the printer
     return signal.signal(signal.SIGHUP, hangup)
+
+
+def _interrupt(signum: int, _frame) -> None:
+    raise KeyboardInterrupt(signum)
 
 
 def _note_terminal(summary: dict, printer: Printer, recorder: RunRecorder) -> dict:

@@ -118,15 +118,18 @@ def detach(argv: Sequence[str], rest: Sequence[str], run_dir: Path, name: str) -
     return EXIT_OK
 
 
-def record_start_failure(run_dir: Path, message: str) -> None:
-    """A detached launcher that cannot reach its hosts still leaves a summary
-    (a foreground one says it on the terminal, with exit code 2)."""
+def record_early_end(run_dir: Path, status: str, message: str,
+                     interrupted_by: int | None = None) -> None:
+    """A detached launcher that ends before its job starts (a host it cannot
+    reach, a stop while reaching them) still leaves a summary: nobody watches
+    its terminal. (A foreground one says it on the terminal.)"""
     if not is_detached_child(run_dir):
         return
     recorder = RunRecorder(run_dir)
-    recorder.event("job_done", status="failed", restarts=0, wall_s=0.0)
-    recorder.write_summary(RunResult(status="failed", restarts=0, wall_s=0.0, root_cause=None,
-                                     tasks={}, message=message).to_json())
+    recorder.event("job_done", status=status, restarts=0, wall_s=0.0)
+    recorder.write_summary(RunResult(status=status, restarts=0, wall_s=0.0, root_cause=None,
+                                     tasks={}, message=message,
+                                     interrupted_by=interrupted_by).to_json())
     recorder.close()
 
 

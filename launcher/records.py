@@ -310,7 +310,8 @@ def load_run(run_dir: str | os.PathLike,
             since = f" {time.time() - started_t:.0f} s" if started_t else ""
             detail = f"started{since} ago" if since else "no task launched yet"
             if not since and detached:
-                detail += f" (launcher pid {detached['launcher_pid']} in the background)"
+                detail = (f"launcher pid {detached['launcher_pid']} starting in the "
+                          "background; no task launched yet")
             if verdict is None:
                 detail += "; no summary.json yet"
     return RunView(
