@@ -6,6 +6,11 @@ and exit codes:
 
     0 the job finished   1 the job failed   2 bad configuration or usage
     130 interrupted (SIGINT)   143 terminated (SIGTERM)
+
+The terminal never decides the job's fate: SIGHUP and a closed stdout (EPIPE)
+only make the printer stop writing; the job runs on, the run directory gets
+everything and the exit code is the job's. `--detach` (launcher/control.py)
+runs the same command in the background.
 """
 
 from __future__ import annotations

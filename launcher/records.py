@@ -411,6 +411,8 @@ def render_status(view: RunView, now: float | None = None) -> str:
                   else "failures:"]
         lines += [f"  {f.get('description') or f.get('task')}" for f in earlier]
     lines += ["", f"logs:       {view.run_dir / 'logs'}"]
+    if (view.run_dir / LAUNCHER_OUT).exists():  # a detached run: the launcher's own lines
+        lines.append(f"launcher:   {view.run_dir / LAUNCHER_OUT}")
     if view.finished:
         lines.append(f"summary:    {view.run_dir / 'summary.json'}")
     return "\n".join(lines)
