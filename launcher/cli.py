@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TextIO
 
 from . import __version__, control
+from .checkpoints import checkpoint_state
 from .classify import signal_name
 from .config import (
     ConfigError,
@@ -283,28 +284,6 @@ def _plan_factory(loaded: LoadedConfig, command: list[str], run_dir: str, defaul
     return make_plan
 
 
-def _checkpoint_probe(directory: str):
-    """Newest modification time under the checkpoint directory, as this machine
-    sees it (None when it is not visible here, e.g. on a remote-only path)."""
-
-    def probe() -> float | None:
-        root = Path(directory)
-        newest, seen = None, 0
-        for folder, _dirs, files in os.walk(root):
-            for name in files:
-                seen += 1
-                if seen > 10000:  # a huge directory: what we saw is enough
-                    return newest
-                try:
-                    mtime = os.stat(os.path.join(folder, name)).st_mtime
-                except OSError:
-                    continue
-                newest = mtime if newest is None else max(newest, mtime)
-        return newest
-
-    return probe
-
-
 def _launch(loaded: LoadedConfig, first_plan: Plan, make_plan, run_dir: Path,
             args: argparse.Namespace, max_restarts: int, default_python: str) -> int:
     config = loaded.config
@@ -354,13 +333,15 @@ def _launch(loaded: LoadedConfig, first_plan: Plan, make_plan, run_dir: Path,
                for name, spec in ((h.name or h.address, h) for h in config.hosts)],
         links=links, events=events, recorder=recorder, printer=printer,
         policy=RestartPolicy(
-            max_restarts=max_restarts, backoff_s=restart.backoff_s,
+            max_restarts=max_restarts, max_total_restarts=restart.max_total_restarts,
+            backoff_s=restart.backoff_s, backoff_max_s=restart.backoff_max_s,
+            start_timeout_s=restart.start_timeout_s,
             heartbeat_timeout_s=restart.heartbeat_timeout_s,
             hang_timeout_s=restart.hang_timeout_s, on_host_loss=restart.on_host_loss,
             min_workers=restart.min_workers, host_wait_s=restart.host_wait_s,
         ),
         reconnect=reconnect,
-        checkpoint_probe=_checkpoint_probe(first_plan.checkpoint_dir),
+        checkpoint_probe=lambda: checkpoint_state(first_plan.checkpoint_dir),
         launcher_info={"launcher_pid": os.getpid(), "launcher_host": socket.gethostname()},
     )
     previous = {
@@ -508,6 +489,11 @@ def _print_outcome(printer: Printer, result: RunResult, run_dir: Path) -> None:
     where = _shown(run_dir)
     if cause is not None:
         printer.notice(f"root cause: {cause.describe()}")
+        if cause.stack:
+            printer.notice("where it was stuck (innermost frame first; all threads in "
+                           f"{where / 'stacks'}/):")
+            for frame in cause.stack:
+                printer.notice(f"  {frame}")
         _print_last_words(printer, cause)
         printer.notice(f"its log: {where / 'logs' / (cause.task.replace('/', '-') + '.log')}")
     printer.notice(f"logs: {where / 'logs'}/   summary: {where / 'summary.json'}")
