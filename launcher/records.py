@@ -576,7 +576,10 @@ def _logs_main(argv: list[str], out: TextIO) -> int:
     try:
         view = load_run(args.run_dir)
         if args.follow and not view.tasks and not view.finished:
+            waited = time.monotonic()
             view = _wait_for_launch(view, args.timeout)
+            if args.timeout is not None:  # one bound for the whole command
+                args.timeout = max(0.0, args.timeout - (time.monotonic() - waited))
         targets = resolve_task_logs(view, args.task)
     except RunDirError as exc:
         print(f"mgpu-launch logs: {exc}", file=sys.stderr)
