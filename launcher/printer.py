@@ -30,6 +30,7 @@ from __future__ import annotations
 import errno
 import io
 import os
+import select
 import sys
 import threading
 import time
@@ -86,7 +87,10 @@ class _Sink:
             return
         data = memoryview(text.encode(self.encoding, "replace"))
         while data:
-            data = data[os.write(self.fd, data):]
+            try:
+                data = data[os.write(self.fd, data):]
+            except BlockingIOError:  # stdout left non-blocking by whoever started us: full
+                select.select([], [self.fd], [], 1.0)
 
 
 @dataclass

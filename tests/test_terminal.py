@@ -252,3 +252,31 @@ def test_a_stalled_terminal_does_not_delay_failure_handling(workdir: Path):
         lines = (run_dir / "logs" / log).read_text().splitlines()
         assert lines[-1].endswith("DONE")
         assert sum(" gen 1 line " in line for line in lines) == 3000
+
+
+def test_a_full_non_blocking_pipe_is_waited_for_not_given_up():
+    """EAGAIN is not a terminal gone: stdout may be left O_NONBLOCK by a parent."""
+    read_end, write_end = os.pipe()
+    flags = fcntl.fcntl(write_end, fcntl.F_GETFL)
+    fcntl.fcntl(write_end, fcntl.F_SETFL, flags | os.O_NONBLOCK)
+    stream = os.fdopen(write_end, "w")
+    printer = Printer(LABELS, stream=stream, live=False, buffer_lines=10000)
+    for i in range(2000):  # ~230 KB: several times what the pipe holds
+        printer.task_line("host0/worker0", f"{i} " + "x" * 100)
+    received = bytearray()
+
+    def read() -> None:
+        while chunk := os.read(read_end, 65536):
+            received.extend(chunk)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        assert printer.flush(timeout=30)
+        assert printer.terminal_lost is None and printer.dropped == 0
+    finally:
+        printer.finish()
+        stream.close()
+        reader.join(timeout=10)
+        os.close(read_end)
+    assert received.count(b"\n") == 2000
