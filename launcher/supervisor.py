@@ -454,13 +454,13 @@ class Supervisor:
         some task began to form (MultiWorkerMirroredStrategy's setup) formed,
         within it. The failure names every task missing and its last words."""
         limit = self._policy.start_timeout_s
-        if now - gen.started_at <= limit:
-            return
         records = list(gen.records.values())
-        missing = [r for r in records if r.state is TaskState.STARTING]
+        # Per task: a ParameterServerStrategy worker may be started again late.
+        missing = [r for r in records if r.state is TaskState.STARTING
+                   and now - (r.started_at or now) > limit]
         what = "not started (its agent never confirmed the start)"
         forming = any(r.cluster for r in records)
-        if not missing and forming and not gen.finishing():
+        if not missing and forming and now - gen.started_at > limit and not gen.finishing():
             missing = [r for r in records if r.cluster != "joined" and not r.state.terminal
                        and r.task.role in ("chief", "worker") and r.task.lifetime == "job"]
             # Those that never began to join first: the others wait for them.
