@@ -120,17 +120,21 @@ def detach(argv: Sequence[str], rest: Sequence[str], run_dir: Path, name: str) -
 
 def record_early_end(run_dir: Path, status: str, message: str,
                      interrupted_by: int | None = None) -> None:
-    """A detached launcher that ends before its job starts (a host it cannot
-    reach, a stop while reaching them) still leaves a summary: nobody watches
-    its terminal. (A foreground one says it on the terminal.)"""
-    if not is_detached_child(run_dir):
+    """A launch that ends before its job starts still leaves a summary when it
+    was interrupted (Ctrl-C, SIGTERM, `stop`), and, for a detached launcher,
+    whose terminal nobody watches, also when a host could not be reached (a
+    foreground one says that on the terminal, with exit code 2)."""
+    if status != "interrupted" and not is_detached_child(run_dir):
         return
-    recorder = RunRecorder(run_dir)
-    recorder.event("job_done", status=status, restarts=0, wall_s=0.0)
-    recorder.write_summary(RunResult(status=status, restarts=0, wall_s=0.0, root_cause=None,
-                                     tasks={}, message=message,
-                                     interrupted_by=interrupted_by).to_json())
-    recorder.close()
+    try:
+        recorder = RunRecorder(run_dir)
+        recorder.event("job_done", status=status, restarts=0, wall_s=0.0)
+        recorder.write_summary(RunResult(status=status, restarts=0, wall_s=0.0,
+                                         root_cause=None, tasks={}, message=message,
+                                         interrupted_by=interrupted_by).to_json())
+        recorder.close()
+    except OSError:  # a run directory we cannot write: the exit code still says it
+        pass
 
 
 def _say(text: str, stream=None) -> None:
