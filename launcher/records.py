@@ -297,6 +297,8 @@ def load_run(run_dir: str | os.PathLike,
         detail = f"took {wall_s:.1f} s" if isinstance(wall_s, int | float) else "finished"
         if summary.get("interrupted_by"):
             detail += f" (signal {summary['interrupted_by']})"
+        if summary.get("stopped_by"):  # the restart rule that ended a failed job
+            detail += f"; stopped by {summary['stopped_by']}: {summary.get('message', '')}"
     else:
         failures = [_failure_from_event(e) for _, e in sorted(current_failures.items())]
         launcher = first_launch or detached
