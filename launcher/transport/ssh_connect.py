@@ -3,8 +3,10 @@ known, and who we are to it.
 
 Owns: resolving how to reach a host (YAML + ssh config: HostName, User, Port,
 IdentityFile, ProxyJump), verifying its host key against known_hosts, public
-key authentication (identity files and ssh-agent), jump hosts. `Connector.open`
-returns an authenticated transport or raises `Refused` with the whole reason.
+key authentication (identity files and ssh-agent, one agent connection per
+handshake), jump hosts. `Connector.open` returns an authenticated transport or
+raises `Refused` with the whole reason; an agent that fails is named as such
+(SSH_AUTH_SOCK), never passed off as a key the host rejected.
 
 Security: a host key is never accepted silently (no AutoAddPolicy): `strict`
 refuses unknown keys, `accept-new` records them, a changed key is refused
