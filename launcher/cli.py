@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import logging
 import os
 import queue
 import signal
@@ -296,6 +297,11 @@ def _launch(loaded: LoadedConfig, first_plan: Plan, make_plan, run_dir: Path,
     else:
         from .transport.ssh import SSHTransport  # paramiko is imported only when needed
 
+        if not args.verbose:
+            # paramiko logs tracebacks of what the launcher reports itself in
+            # words (a dropped connection, an aborted handshake): -v shows them.
+            logging.getLogger("paramiko").addHandler(logging.NullHandler())
+            logging.getLogger("paramiko").propagate = False
         transport = SSHTransport()
     events: queue.Queue = queue.Queue()
     printer.notice(
