@@ -4,17 +4,30 @@ TensorFlow workers, real `kill -9`."""
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.conftest import PYTHON, cli_env, read_events, read_summary
+from tests.conftest import (
+    PYTHON,
+    SCRIPTS,
+    alive,
+    cli_env,
+    read_events,
+    read_summary,
+    wait_for,
+)
 from tests.slurmcluster import SlurmCluster, slurm_cluster, unavailable
 from tests.sshcluster import TINY_TRAIN, write_script
+
+TRAIN = str(SCRIPTS / "fault_train.py")  # ~1 s epochs, resumable, prints a checksum
 
 pytestmark = [pytest.mark.e2e,
               pytest.mark.skipif(bool(unavailable()), reason=unavailable() or "ok")]
@@ -64,3 +77,48 @@ def test_slurm_shorthand_trains_on_the_allocations_nodes(slurm: SlurmCluster, wo
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert config["transport"] == "slurm"
     assert [h["address"] for h in config["hosts"]] == ["node1", "node2"]
+
+
+def _start_salloc(slurm: SlurmCluster, nodes: int, args: list[str], cwd: Path,
+                  **env: str) -> subprocess.Popen:
+    return subprocess.Popen(["salloc", f"-N{nodes}", "--quiet", PYTHON, "-m", "launcher", *args],
+                            cwd=cwd, env=_env(slurm, **env), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def _events(run_dir: Path, name: str, **match) -> list[dict]:
+    return [e for e in read_events(run_dir) if e["event"] == name
+            and all(e.get(k) == v for k, v in match.items())]
+
+
+def _in_epoch(run_dir: Path, epoch: int, tasks: tuple[str, ...]) -> bool:
+    return all(any(e.get("epoch") == epoch and not e.get("epoch_end")
+                   for e in _events(run_dir, "progress", task=t)) for t in tasks)
+
+
+def test_kill_9_of_a_worker_restarts_inside_the_allocation(slurm: SlurmCluster, workdir: Path):
+    run_dir = workdir / "run"
+    proc = _start_salloc(slurm, 2, ["--slurm", "--run-dir", str(run_dir), TRAIN,
+                                    "--epochs", "5"], workdir)
+    try:
+        wait_for(lambda: _in_epoch(run_dir, 2, ("worker0", "worker1")), timeout=180,
+                 what="both workers in epoch 3")
+        victim = _events(run_dir, "task_started", task="worker1")[0]["pid"]
+        os.kill(victim, signal.SIGKILL)
+        killed_at = time.time()
+        output, _ = proc.communicate(timeout=240)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, output[-4000:]
+    summary = read_summary(run_dir)
+    assert summary["status"] == "succeeded" and summary["restarts"] == 1
+    assert summary["failures"][0]["task"] == "node2/worker1"
+    assert summary["failures"][0]["signal"] == 9
+    detected = _events(run_dir, "failure_detected")[0]["t"]
+    assert detected - killed_at < 1.0, detected - killed_at
+    # Generation 1 resumed at epoch 3 (0-based 2), never from the start.
+    resumed = {e["epoch"] for e in _events(run_dir, "progress", generation=1) if "epoch" in e}
+    assert resumed and min(resumed) >= 2, resumed
+    sums = dict(re.findall(r"^(\S+?) +\| WEIGHTS_CHECKSUM ([0-9.]+)", output, re.M))
+    assert len(sums) == 2 and len(set(sums.values())) == 1, sums
+    assert alive([victim]) == []
