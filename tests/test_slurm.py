@@ -25,7 +25,7 @@ from tests.conftest import (
     wait_for,
 )
 from tests.slurmcluster import SlurmCluster, slurm_cluster, unavailable
-from tests.sshcluster import TINY_TRAIN, write_script
+from tests.sshcluster import TINY_TRAIN, write_script, write_yaml
 
 TRAIN = str(SCRIPTS / "fault_train.py")  # ~1 s epochs, resumable, prints a checksum
 
@@ -122,3 +122,18 @@ def test_kill_9_of_a_worker_restarts_inside_the_allocation(slurm: SlurmCluster, 
     sums = dict(re.findall(r"^(\S+?) +\| WEIGHTS_CHECKSUM ([0-9.]+)", output, re.M))
     assert len(sums) == 2 and len(set(sums.values())) == 1, sums
     assert alive([victim]) == []
+
+
+def test_a_host_outside_the_allocation_and_no_allocation_are_clear_errors(
+        slurm: SlurmCluster, workdir: Path):
+    script = write_script(workdir, "tiny.py", TINY_TRAIN)
+    cluster = write_yaml(workdir / "cluster.yaml", {
+        "transport": "slurm", "hosts": [{"address": "node1"}, {"address": "node3"}]})
+    done = _salloc(slurm, 2, [str(cluster), str(script)], workdir, timeout=60)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "hosts[1].address: 'node3' is not a node of Slurm job" in done.stderr
+    assert "its nodes: node1, node2" in done.stderr
+    outside = subprocess.run([PYTHON, "-m", "launcher", "--slurm", str(script)], cwd=workdir,
+                             env=_env(slurm), capture_output=True, text=True, timeout=60)
+    assert outside.returncode == 2, outside.stdout + outside.stderr
+    assert "not inside a Slurm allocation" in outside.stderr and "salloc" in outside.stderr
