@@ -4,7 +4,9 @@ Owns what `transport: slurm` (and `mgpu-launch --slurm`) reads from the
 environment Slurm sets inside an allocation (`salloc`, an `sbatch` script), and
 `with_allocation`, which turns a config's hosts into the allocation's nodes:
 no `hosts:` means every node, one worker each; an explicit list keeps its
-roles, spares and GPUs, and every address must be a node of the allocation.
+roles, spares and GPUs, and every address must be a node of the allocation,
+or `slurm:N`, the allocation's N-th node counted from 0 (what `export --to
+slurm` writes, since a batch script cannot know its nodes' names).
 
 Must not import: plan, transport, supervisor, cli.
 """
@@ -25,6 +27,7 @@ from .config import ClusterConfig, ConfigError, LoadedConfig, revalidate
 # nodes, so each job gets its own stretch of this range (from its job id),
 # which keeps two jobs sharing a node apart most of the time.
 AUTO_PORT_FIRST, AUTO_PORT_SPAN, AUTO_PORT_STRIDE = 20000, 20000, 64
+NODE_BY_POSITION = "slurm:"  # `address: slurm:0` is the allocation's first node
 
 
 class SlurmError(Exception):
@@ -157,8 +160,17 @@ def with_allocation(loaded: LoadedConfig, allocation: Allocation,
         data["hosts"] = [{"address": node, "gpus": list(allocation.gpus)} for node in nodes]
     else:
         problems = []
-        for i, host in enumerate(config.hosts):
-            if host.address not in nodes:
+        for i, (host, entry) in enumerate(zip(config.hosts, data["hosts"], strict=True)):
+            position = host.address.removeprefix(NODE_BY_POSITION)
+            if host.address.startswith(NODE_BY_POSITION) and position.isdigit():
+                if int(position) < len(nodes):
+                    entry["address"] = nodes[int(position)]
+                else:
+                    problems.append(
+                        f"hosts[{i}].address: {host.address!r}, but Slurm job "
+                        f"{allocation.job_id} has {len(nodes)} node(s): allocate at least "
+                        f"{len(config.hosts)} (`--nodes={len(config.hosts)}`)")
+            elif host.address not in nodes:
                 problems.append(
                     f"hosts[{i}].address: {host.address!r} is not a node of Slurm job "
                     f"{allocation.job_id} (its nodes: {_short(nodes)}); list only nodes of the "
