@@ -137,3 +137,28 @@ def test_a_host_outside_the_allocation_and_no_allocation_are_clear_errors(
                              env=_env(slurm), capture_output=True, text=True, timeout=60)
     assert outside.returncode == 2, outside.stdout + outside.stderr
     assert "not inside a Slurm allocation" in outside.stderr and "salloc" in outside.stderr
+
+
+def test_exported_batch_script_trains_under_sbatch(slurm: SlurmCluster, workdir: Path):
+    script = write_script(workdir, "tiny.py", TINY_TRAIN)
+    cluster = write_yaml(workdir / "cluster.yaml", {
+        "name": "tiny", "transport": "slurm", "ports": {"base": "auto"},
+        "checkpoint": {"dir": str(workdir / "ckpt")},
+        "hosts": [{"address": "node1"}, {"address": "node2"}]})
+    exported = subprocess.run([PYTHON, "-m", "launcher", "export", "--to", "slurm", "-o",
+                               "tiny.sbatch", str(cluster), str(script)], cwd=workdir,
+                              env=_env(slurm), capture_output=True, text=True, timeout=60)
+    assert exported.returncode == 0, exported.stderr
+    submitted = subprocess.run(["sbatch", "--parsable", "tiny.sbatch"], cwd=workdir,
+                               env=_env(slurm), capture_output=True, text=True, timeout=60)
+    assert submitted.returncode == 0, submitted.stderr
+    job = submitted.stdout.strip().split(";")[0]
+    wait_for(lambda: job not in slurm.jobs(), timeout=240, what=f"Slurm job {job} to end",
+             interval=0.5)
+    output = (workdir / f"tiny-{job}.out").read_text()
+    state = slurm.run(["scontrol", "show", "job", job]).stdout
+    assert "JobState=COMPLETED" in state and "ExitCode=0:0" in state, state + output[-3000:]
+    digests = re.findall(r"^(node[12]/worker[01]) +\| weights digest (\w+)", output, re.M)
+    assert len(digests) == 2 and digests[0][1] == digests[1][1], output[-3000:]
+    run_dir, = (workdir / "runs").iterdir()
+    assert read_summary(run_dir)["status"] == "succeeded"
