@@ -162,3 +162,14 @@ def test_exported_batch_script_trains_under_sbatch(slurm: SlurmCluster, workdir:
     assert len(digests) == 2 and digests[0][1] == digests[1][1], output[-3000:]
     run_dir, = (workdir / "runs").iterdir()
     assert read_summary(run_dir)["status"] == "succeeded"
+
+
+def test_check_runs_through_srun_steps(slurm: SlurmCluster, workdir: Path):
+    done = _salloc(slurm, 2, ["check", "--slurm"], workdir, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = {line.split()[0]: line.split() for line in done.stdout.splitlines()
+            if line.startswith("node")}
+    assert sorted(rows) == ["node1", "node2"], done.stdout
+    for row in rows.values():
+        assert "1/1" in row and "shared," in row, done.stdout  # peers, checkpoint dir
+    assert "verdict: ready - all 2 hosts" in done.stdout
