@@ -408,7 +408,8 @@ def _connect(kind: str, targets: Sequence[HostTarget], run_dir: str,
         from .slurm import read_allocation
         from .transport.slurm import SlurmTransport
 
-        transport = SlurmTransport(read_allocation(os.environ).job_id, require_tensorflow=False)
+        transport = SlurmTransport(read_allocation(os.environ).job_id, require_tensorflow=False,
+                                   signal_when_gone=False)
         links, problems = transport.connect_each(targets, run_dir, events)
         return transport, links, problems
     if kind == "local":

@@ -132,6 +132,27 @@ def read_allocation(environ: Mapping[str, str],
     return Allocation(job_id=job_id, nodes=tuple(nodes), gpus=_gpus(environ))
 
 
+# States of a job whose nodes are still ours (squeue's long names).
+_LIVE_STATES = frozenset({"RUNNING", "SUSPENDED", "CONFIGURING", "RESIZING", "SIGNALING",
+                          "STAGE_OUT"})
+
+
+def allocation_ended(job_id: str) -> bool:
+    """True when Slurm says job `job_id` is over (cancelled, timed out, gone);
+    False while it runs, or when Slurm cannot be asked."""
+    try:
+        done = subprocess.run(["scontrol", "show", "job", "--oneliner", job_id],
+                              capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    if done.returncode != 0:
+        return "invalid job id" in done.stderr.lower()
+    for field in done.stdout.split():
+        if field.startswith("JobState="):
+            return field.removeprefix("JobState=") not in _LIVE_STATES
+    return False
+
+
 def auto_port_base(job_id: str) -> int:
     return AUTO_PORT_FIRST + (zlib.crc32(job_id.encode()) * AUTO_PORT_STRIDE) % AUTO_PORT_SPAN
 

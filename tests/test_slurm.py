@@ -170,25 +170,44 @@ def _submit(slurm: SlurmCluster, workdir: Path, cluster: dict, args: list[str]) 
     return submitted.stdout.strip().split(";")[0]
 
 
-def test_scancel_stops_every_task_and_writes_the_summary(slurm: SlurmCluster, workdir: Path):
-    job = _submit(slurm, workdir, {
-        "name": "long", "transport": "slurm", "ports": {"base": "auto"},
-        "checkpoint": {"dir": str(workdir / "ckpt")}, "restart": {"grace_s": 2},
-        "hosts": [{"address": "node1"}, {"address": "node2"}]}, [TRAIN, "--epochs", "200"])
-    runs = workdir / "runs"
-    run_dir = wait_for(lambda: next(runs.iterdir(), None) if runs.exists() else None,
-                       timeout=60, what="the run directory")
-    wait_for(lambda: _in_epoch(run_dir, 1, ("worker0", "worker1")), timeout=180,
-             what="both workers training")
-    pids = [e["pid"] for e in _events(run_dir, "task_started")]
-    assert slurm.run(["scancel", job]).returncode == 0
-    wait_for(lambda: job not in slurm.jobs(), timeout=60, what=f"Slurm job {job} to end")
+@pytest.mark.parametrize("way", ["sbatch", "salloc"])
+def test_scancel_stops_every_task_and_writes_the_summary(slurm: SlurmCluster, workdir: Path,
+                                                         way: str):
+    """Slurm signals a launcher inside the job (sbatch); under salloc the
+    launcher sees the job end by itself."""
+    cluster = {"name": "long", "transport": "slurm", "ports": {"base": "auto"},
+               "checkpoint": {"dir": str(workdir / "ckpt")}, "restart": {"grace_s": 2},
+               "hosts": [{"address": "node1"}, {"address": "node2"}]}
+    args = [TRAIN, "--epochs", "200"]
+    proc = None
+    if way == "sbatch":
+        job = _submit(slurm, workdir, cluster, args)
+    else:
+        proc = _start_salloc(slurm, 2, ["--run-dir", str(workdir / "runs" / "run"),
+                                        str(write_yaml(workdir / "cluster.yaml", cluster)),
+                                        *args], workdir)
+        job = wait_for(lambda: next(iter(slurm.jobs()), None), timeout=60, what="the job")
+    try:
+        runs = workdir / "runs"
+        run_dir = wait_for(lambda: next(runs.iterdir(), None) if runs.exists() else None,
+                           timeout=60, what="the run directory")
+        wait_for(lambda: _in_epoch(run_dir, 1, ("worker0", "worker1")), timeout=180,
+                 what="both workers training")
+        pids = [e["pid"] for e in _events(run_dir, "task_started")]
+        assert slurm.run(["scancel", job]).returncode == 0
+        wait_for(lambda: job not in slurm.jobs(), timeout=60, what=f"Slurm job {job} to end")
+        output = (proc.communicate(timeout=60)[0] if proc is not None
+                  else (workdir / f"long-{job}.out").read_text())
+    finally:
+        if proc is not None:
+            proc.kill()
     wait_for(lambda: alive(pids) == [], timeout=10, what=f"no task left ({alive(pids)})")
     summary = wait_for(lambda: (run_dir / "summary.json").exists() and read_summary(run_dir),
                        timeout=10, what="summary.json")
-    assert summary["status"] == "interrupted", summary
-    output = (workdir / f"long-{job}.out").read_text()
+    assert summary["status"] == "interrupted" and summary["restarts"] == 0, summary
     assert "job interrupted by SIGTERM" in output, output[-3000:]
+    if proc is not None:
+        assert proc.returncode == 143, output[-3000:]
 
 
 def _agent_step(slurm: SlurmCluster, host: str) -> str | None:

@@ -8,6 +8,11 @@ step gets all the job's CPUs, memory and GPUs on its node, and the tasks the
 agent starts are its children, inside that step. When a step dies (its node
 failed, someone cancelled it) srun exits, the pipe ends and the host is lost.
 
+Under `salloc` the launcher runs outside the job, and Slurm does not signal
+it when the job ends (scancel, time limit): the transport asks Slurm every
+second and, once the job is over, sends the launcher the SIGTERM that Slurm
+sends a launcher inside the job (an sbatch script).
+
 The code bundle is this machine's cache (`launcher.shipping.install_local`),
 passed on with PYTHONPATH: the nodes of a Slurm cluster share the home
 directories, as in the test cluster. srun passes the launcher's environment on.
@@ -20,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
+import signal
 import subprocess
 import threading
 import time
@@ -29,11 +35,13 @@ from pathlib import Path
 
 from ..plan import HostTarget, host_run_dir
 from ..shipping import install_local
+from ..slurm import allocation_ended
 from . import HostProblem, TransportError
 from .link import AgentLink, AgentMessage
 
 # srun asks slurmctld for the step first: a busy controller may take a while.
 HELLO_TIMEOUT_S = 60.0
+ALLOCATION_POLL_S = 1.0  # under salloc: how often Slurm is asked whether the job is over
 
 
 def srun_argv(job_id: str, host: HostTarget, agent_argv: Sequence[str],
@@ -52,8 +60,15 @@ def srun_argv(job_id: str, host: HostTarget, agent_argv: Sequence[str],
 
 class SlurmTransport:
     def __init__(self, job_id: str, *, eof_grace_s: float = 2.0, srun: str = "srun",
-                 cache_root: Path | None = None, require_tensorflow: bool = True) -> None:
+                 cache_root: Path | None = None, require_tensorflow: bool = True,
+                 signal_when_gone: bool | None = None) -> None:
         self._job_id = job_id
+        # slurmd sets SLURMD_NODENAME in the job's own processes (a batch script):
+        # those get Slurm's signals; a launcher under salloc does not.
+        self._signal_when_gone = ("SLURMD_NODENAME" not in os.environ
+                                  if signal_when_gone is None else signal_when_gone)
+        self._closed = threading.Event()
+        self._watching = False
         self._eof_grace_s = eof_grace_s
         self._srun = srun
         self._cache_root = cache_root
@@ -76,6 +91,10 @@ class SlurmTransport:
     ) -> tuple[dict[str, AgentLink], list[HostProblem]]:
         """Like `connect`, but keep the hosts that worked: (links, problems)."""
         code_dir = install_local(self._cache_root)
+        if self._signal_when_gone and not self._watching:
+            self._watching = True
+            threading.Thread(target=self._watch_allocation, daemon=True,
+                             name="slurm-allocation").start()
         started: dict[str, AgentLink] = {}
         problems: list[HostProblem] = []
         for host in hosts:
@@ -158,7 +177,15 @@ class SlurmTransport:
         link.start_reading()
         return link
 
+    def _watch_allocation(self) -> None:
+        while not self._closed.wait(ALLOCATION_POLL_S):
+            if allocation_ended(self._job_id):
+                # The launcher's SIGTERM handler stops the job and writes its records.
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+
     def close(self) -> None:
+        self._closed.set()
         with self._lock:
             procs, self._procs = self._procs, []
         deadline = time.monotonic() + self._eof_grace_s + 5
