@@ -15,7 +15,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launcher.slurm import expand_hostlist
+from launcher.config import ConfigError, load_config
+from launcher.slurm import (
+    Allocation,
+    SlurmError,
+    expand_hostlist,
+    read_allocation,
+    with_allocation,
+)
 from tests.conftest import run_cli
 
 TWO_BY_TWO = """\
@@ -263,3 +270,22 @@ def test_export_usage_errors(tmp_path: Path):
     assert done.returncode == 2 and "hosts" in done.stderr
     none = run_cli(["export", "--to", "tfjob", str(bad)], cwd=tmp_path, timeout=60)
     assert none.returncode == 2 and "no training script" in none.stderr
+
+
+def test_allocation_gpus_and_node_positions(tmp_path: Path):
+    """What `transport: slurm` reads from an allocation (the exported YAML's `slurm:N`)."""
+    environ = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "gpu[1-2]", "SLURM_JOB_GPUS": "2,3"}
+    allocation = read_allocation(environ, hostnames=lambda _: None)
+    assert allocation == Allocation("7", ("gpu1", "gpu2"), (0, 1))
+    assert read_allocation({**environ, "SLURM_GPUS_ON_NODE": "4"},
+                           hostnames=lambda _: None).gpus == (0, 1, 2, 3)
+    loaded = load_config(_write(tmp_path, "c.yaml", "transport: slurm\nhosts:\n"
+                                "  - {address: 'slurm:1', gpus: [0]}\n  - {address: 'slurm:0'}\n"))
+    hosts = with_allocation(loaded, allocation, python="/venv/python").config.hosts
+    assert [(h.address, h.gpus) for h in hosts] == [("gpu2", [0]), ("gpu1", [0, 1])]
+    three = load_config(_write(tmp_path, "d.yaml", "transport: slurm\nhosts:\n" + "".join(
+        f"  - {{address: 'slurm:{i}'}}\n" for i in range(3))))
+    with pytest.raises(ConfigError, match=r"'slurm:2', but Slurm job 7 has 2 node\(s\)"):
+        with_allocation(three, allocation)
+    with pytest.raises(SlurmError, match="not inside a Slurm allocation"):
+        read_allocation({})
