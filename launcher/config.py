@@ -27,6 +27,7 @@ RUNTIME_KNOBS = frozenset({
     "MGPU_TF_HEARTBEAT_S",  # TF coordination heartbeat (default 3)
     "MGPU_KERAS_UNTESTED",  # run the Keras 3 patches on an untested Keras version
     "MGPU_ALLOW_SINGLE_HOST_STRATEGY",  # allow MirroredStrategy in a multi-worker job
+    "MGPU_STACKS_SIGNAL",  # the signal on which a task dumps its Python stacks (off: none)
 })
 DEFAULT_PORT_BASE = 23456
 
@@ -97,8 +98,15 @@ class CheckpointSettings(_Strict):
 
 
 class RestartPolicy(_Strict):
+    # Restarts after which the checkpointed step had not advanced.
     max_restarts: int = Field(default=3, ge=0)
+    # Every restart, progress or not: a job that keeps failing ends some day.
+    max_total_restarts: int = Field(default=100, ge=0)
+    # Waited before every restart, doubling each time up to backoff_max_s.
     backoff_s: float = Field(default=1.0, ge=0)
+    backoff_max_s: float = Field(default=60.0, ge=0)
+    # Every task started and the cluster formed within this, or a failure naming who is missing.
+    start_timeout_s: float = Field(default=600.0, gt=0)
     heartbeat_timeout_s: float = Field(default=10.0, gt=0)
     hang_timeout_s: float = Field(default=300.0, gt=0)
     on_host_loss: Literal["wait", "shrink"] = "wait"

@@ -245,7 +245,7 @@ def ports_needed(config: ClusterConfig, active_hosts: Sequence[str] | None = Non
 def _keras_env(keras: str) -> dict[str, str]:
     # tf.keras resolves to tf_keras only when this is set before TensorFlow is
     # imported; `auto` picks tf_keras because Keras 3's Model.fit fails under
-    # MultiWorkerMirroredStrategy on this stack (DESIGN.md).
+    # MultiWorkerMirroredStrategy on this stack (docs/design.md, "Keras on this stack").
     if keras in ("tf_keras", "auto"):
         return {"TF_USE_LEGACY_KERAS": "1"}
     return {"TF_USE_LEGACY_KERAS": "0"}
@@ -332,7 +332,7 @@ def build_plan(
         "MGPU_KERAS": config.keras,
         "MGPU_SAVE_FREQ": str(config.checkpoint.save_freq),
     }
-    # Shorter than TF's 10 s default: a hung peer is noticed in ~3 s (DESIGN.md).
+    # Shorter than TF's 10 s default: a hung peer is noticed in ~3 s (docs/design.md).
     shared_env.setdefault("MGPU_TF_HEARTBEAT_S", "3")
     if config.strategy == "parameter_server":
         # Fail an RPC to a dead worker at once so the coordinator reschedules it.

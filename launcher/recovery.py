@@ -7,6 +7,7 @@ checkpoint advanced, which hosts are gone) and follows the decision.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -68,25 +69,39 @@ def choose_hosts(hosts: Sequence[HostInfo], active: Sequence[str], lost: set[str
 # Restarts that neither advanced the checkpoint nor counted (a task exiting 42
 # again and again without saving anything) are free, but not endless.
 MAX_FREE_RESTARTS_IN_A_ROW = 10
+# The backoff goes back to `backoff_s` after a generation that made progress
+# for at least this long: its failure was no loop, whatever came before it.
+BACKOFF_RESET_S = 60.0
+
+# Which rule ended the job (summary.json `stopped_by`).
+STOPPED_BY_NO_RESTARTS = "no_restarts"
+STOPPED_BY_MAX_RESTARTS = "max_restarts"
+STOPPED_BY_MAX_TOTAL = "max_total_restarts"
+STOPPED_BY_DETERMINISTIC = "deterministic"
+STOPPED_BY_PREEMPTION_LOOP = "preemption_loop"
 
 
 @dataclass(frozen=True)
 class Budget:
-    """Restarts spent without progress; progress (or a preemption) is free.
+    """What restarts have cost so far.
 
-    `spent` counts every restart after which the checkpoint had not advanced
-    (not only consecutive ones: a job that alternates progress and crash
-    loops still ends). `free_in_a_row` counts preemptions without progress
-    since the last progress, so a task that exits 42 forever is stopped too.
+    `spent` counts every restart after which the training had not moved (not
+    only consecutive ones: a job that alternates progress and crash loops still
+    ends). `total` counts every restart, against the absolute cap.
+    `free_in_a_row` counts preemptions without progress since the last
+    progress, so a task that exits 42 forever is stopped too.
     """
 
     max_restarts: int
+    max_total: int = 100
     spent: int = 0
+    total: int = 0
     free_in_a_row: int = 0
 
     def after(self, counts: bool, advanced: bool = False) -> Budget:
         free = 0 if advanced or counts else self.free_in_a_row + 1
-        return Budget(self.max_restarts, self.spent + (1 if counts else 0), free)
+        return Budget(self.max_restarts, self.max_total, self.spent + (1 if counts else 0),
+                      self.total + 1, free)
 
     @property
     def exhausted(self) -> bool:
@@ -94,7 +109,7 @@ class Budget:
 
 
 def restart_counts(advanced: bool, preempted: bool) -> bool:
-    """A restart counts against the budget only when the failed generation
+    """A restart counts against `max_restarts` only when the failed generation
     neither advanced the checkpoint nor was preempted (exit 42, SIGTERM)."""
     return not (advanced or preempted)
 
@@ -105,24 +120,66 @@ class RestartDecision:
     counts: bool  # against restart.max_restarts
     budget: Budget  # after this restart (unchanged when giving up)
     message: str  # why the launcher gives up ("" when it restarts, or for max_restarts 0)
+    stopped_by: str = ""  # the rule that ended the job ("" when it restarts)
 
 
-def decide_restart(budget: Budget, advanced: bool, preempted: bool) -> RestartDecision:
+def decide_restart(budget: Budget, advanced: bool, preempted: bool,
+                   repeated: str = "") -> RestartDecision:
     """Start another generation after a failed one?
 
-    `max_restarts: 0` means never restart, not even after a preemption.
+    `advanced`: the checkpointed training step moved during the failed
+    generation. `repeated`: set (to the failure's description) when the
+    failure is the previous generation's again (same exception, same
+    innermost frame) with no progress in between: deterministic, so another
+    try would only fail the same way. `max_restarts: 0` means never restart,
+    not even after a preemption.
     """
     counts = restart_counts(advanced, preempted)
     if budget.max_restarts == 0:
-        return RestartDecision(False, counts, budget, "")
+        return RestartDecision(False, counts, budget, "", STOPPED_BY_NO_RESTARTS)
+    if repeated and not advanced and not preempted:
+        return RestartDecision(False, counts, budget, (
+            f"gave up: the same failure twice in a row without progress ({repeated}): it is "
+            "deterministic, another restart would fail the same way; fix it and launch "
+            "again (the checkpoint is kept)"), STOPPED_BY_DETERMINISTIC)
+    if budget.total >= budget.max_total:
+        return RestartDecision(False, counts, budget, (
+            f"gave up: {budget.total} restarts in all (restart.max_total_restarts="
+            f"{budget.max_total})"), STOPPED_BY_MAX_TOTAL)
     if counts and budget.exhausted:
         return RestartDecision(False, counts, budget, (
             f"gave up: {budget.spent + 1} failures without progress (restart.max_restarts="
-            f"{budget.max_restarts}; the checkpoint did not advance in between): a crash loop"))
+            f"{budget.max_restarts}; the checkpointed step did not advance in between): "
+            "a crash loop"), STOPPED_BY_MAX_RESTARTS)
     following = budget.after(counts, advanced)
     if following.free_in_a_row > MAX_FREE_RESTARTS_IN_A_ROW:
         return RestartDecision(False, counts, budget, (
             f"gave up: {following.free_in_a_row} preemptions (exit 42) in a row without "
             "progress (the checkpoint did not advance): a task asks to be restarted "
-            "without saving anything"))
+            "without saving anything"), STOPPED_BY_PREEMPTION_LOOP)
     return RestartDecision(True, counts, following, "")
+
+
+def backoff_delay(attempt: int, base_s: float, cap_s: float) -> float:
+    """Seconds to wait before restart number `attempt` (0-based) since the last
+    reset: `base_s`, doubling each time, never above `cap_s`."""
+    if base_s <= 0:
+        return 0.0
+    return min(cap_s, base_s * 2 ** min(attempt, 62))
+
+
+def innermost_frame(error: dict | None) -> tuple[str, str, str, str] | None:
+    """(exception type, file, line, function) of a task's uncaught exception,
+    from its error report; None without one. Two failures with the same value
+    raised the same exception at the same place."""
+    if not isinstance(error, dict):
+        return None
+    kind = error.get("type")
+    frames = _FRAME.findall(str(error.get("traceback") or ""))
+    if not isinstance(kind, str) or not frames:
+        return None
+    path, line, function = frames[-1]
+    return kind, path, line, function
+
+
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')

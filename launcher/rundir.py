@@ -47,6 +47,17 @@ class RunRecorder:
             handle = self._logs[log_name] = _private_open(self.logs_dir / log_name, "a")
         handle.write(text + "\n")
 
+    def write_stacks(self, name: str, label: str, generation: int, text: str) -> Path:
+        """Add a task's Python stacks to `stacks/<name>.txt` (one section per dump)."""
+        folder = self.run_dir / "stacks"
+        folder.mkdir(mode=0o700, exist_ok=True)
+        path = folder / f"{name}.txt"
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self._clock()))
+        with _private_open(path, "a") as handle:
+            handle.write(f"# {label}, generation {generation}, taken {stamp} "
+                         f"(most recent call first)\n{text.rstrip()}\n\n")
+        return path
+
     def write_summary(self, summary: dict[str, Any]) -> None:
         path = self.run_dir / "summary.json"
         tmp = path.with_suffix(".json.tmp")

@@ -8,6 +8,7 @@ and what `summary.json` holds.
 from __future__ import annotations
 
 import enum
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,7 +17,7 @@ from .plan import Task
 
 
 class TaskState(enum.Enum):
-    """Lifecycle of one task within one generation.
+    """Lifecycle of one task within one generation; `TRANSITIONS` lists the legal moves.
 
     PENDING  -> STARTING   start sent to the agent
     STARTING -> RUNNING    agent reported `started`
@@ -26,11 +27,11 @@ class TaskState(enum.Enum):
     STARTING/RUNNING -> STOPPING  teardown began (SIGTERM sent)
     STOPPING -> STOPPED    exit confirmed during teardown
     STOPPING -> LOST       no confirmation within grace + slack (host unreachable)
-
-A task that hangs or reports a collective abort has failed but is still
-running: it stays RUNNING (the failure is the generation's) until the
-teardown confirms its exit. Only terminal states count as gone.
     FAILED   -> STARTING   only a ParameterServerStrategy worker, restarted alone
+
+    A task that hangs or reports a collective abort has failed but is still
+    running: it stays RUNNING (the failure is the generation's) until the
+    teardown confirms its exit. Only terminal states count as gone.
     """
 
     PENDING = "pending"
@@ -45,6 +46,24 @@ teardown confirms its exit. Only terminal states count as gone.
     @property
     def terminal(self) -> bool:
         return self in (TaskState.SUCCEEDED, TaskState.FAILED, TaskState.STOPPED, TaskState.LOST)
+
+
+TRANSITIONS: dict[TaskState, frozenset[TaskState]] = {
+    TaskState.PENDING: frozenset({TaskState.STARTING, TaskState.STOPPING, TaskState.LOST}),
+    TaskState.STARTING: frozenset({TaskState.RUNNING, TaskState.FAILED, TaskState.LOST,
+                                   TaskState.STOPPING}),
+    TaskState.RUNNING: frozenset({TaskState.SUCCEEDED, TaskState.FAILED, TaskState.LOST,
+                                  TaskState.STOPPING}),
+    TaskState.STOPPING: frozenset({TaskState.STOPPED, TaskState.LOST}),
+    TaskState.FAILED: frozenset({TaskState.STARTING}),
+    TaskState.SUCCEEDED: frozenset(),
+    TaskState.STOPPED: frozenset(),
+    TaskState.LOST: frozenset(),
+}
+
+
+class IllegalTransition(Exception):
+    """A move `TRANSITIONS` does not allow (e.g. a late or forged agent message)."""
 
 
 @dataclass
@@ -63,6 +82,15 @@ class TaskRecord:
     # (monotonic time, step) of the last two progress reports, for steps/s.
     step_marks: list[tuple[float, int]] = field(default_factory=list)
     watcher: OutputWatcher = field(default_factory=OutputWatcher)
+    tail: deque[str] = field(default_factory=lambda: deque(maxlen=5))  # last output lines
+    cluster: str = ""  # "joining" / "joined": the task's MultiWorkerMirroredStrategy setup
+    stack: str = ""  # its Python stacks, when taken before a hang teardown
+
+    def move(self, to: TaskState) -> None:
+        """The only way a task changes state; raises IllegalTransition otherwise."""
+        if to is not self.state and to not in TRANSITIONS[self.state]:
+            raise IllegalTransition(f"{self.task.name}: {self.state.value} -> {to.value}")
+        self.state = to
 
 
 # Exit reasons (from classify_exit) that follow from a peer's failure.
@@ -83,6 +111,8 @@ class Failure:
     signal: int | None = None
     last_lines: tuple[str, ...] = ()
     error: dict[str, Any] | None = None
+    # The innermost frames of its Python stacks, when taken before a hang teardown.
+    stack: tuple[str, ...] = ()
 
     def describe(self) -> str:
         return f"{self.task} (host {self.host}, generation {self.generation}) {self.reason}"
@@ -106,6 +136,7 @@ class Failure:
             "description": self.describe(),
             "last_lines": list(self.last_lines),
             "error": self.error,
+            "stack": list(self.stack),
         }
 
 
@@ -119,6 +150,7 @@ class RunResult:
     interrupted_by: int | None = None  # the signal, for `interrupted`
     failures: tuple[Failure, ...] = ()  # every generation's first failure, in order
     message: str = ""  # why the launcher gave up, when it did
+    stopped_by: str = ""  # the rule that ended a failed job (recovery.STOPPED_BY_*)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -127,6 +159,7 @@ class RunResult:
             "wall_s": round(self.wall_s, 3),
             "root_cause": self.root_cause.to_json() if self.root_cause else None,
             "message": self.message,
+            "stopped_by": self.stopped_by or None,
             "interrupted_by": self.interrupted_by,
             "failures": [f.to_json() for f in self.failures],
             "tasks": self.tasks,

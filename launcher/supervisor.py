@@ -19,15 +19,34 @@ import signal as signals
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from . import checkpoints
 from .classify import RESTART_ME_EXIT, classify_exit
 from .plan import Plan, Task, log_file_name, task_label
 from .printer import Printer
-from .recovery import Budget, HostInfo, NotEnoughHosts, choose_hosts, decide_restart
+from .protocol import BadMessage, check_message
+from .recovery import (
+    BACKOFF_RESET_S,
+    Budget,
+    HostInfo,
+    NotEnoughHosts,
+    backoff_delay,
+    choose_hosts,
+    decide_restart,
+    innermost_frame,
+)
 from .rundir import RunRecorder
-from .states import Failure, RunResult, TaskRecord, TaskRow, TaskState, final_state
+from .states import (
+    Failure,
+    IllegalTransition,
+    RunResult,
+    TaskRecord,
+    TaskRow,
+    TaskState,
+    final_state,
+)
 from .transport import AgentLink, AgentMessage
 
 POLL_S = 0.1
@@ -44,12 +63,22 @@ TEARDOWN_SLACK_S = 5.0
 CRASH_GRACE_S = 0.5
 # A ParameterServerStrategy worker that keeps dying is a real failure.
 MAX_SINGLE_WORKER_RESTARTS = 5
+# Before a hang teardown, how long to wait for the tasks' Python stacks (each
+# agent gives its tasks ~1 s to dump them; a stopped task never answers).
+STACKS_WAIT_S = 3.0
+# Failures after which the tasks' stacks are worth taking: something is stuck.
+STUCK_KINDS = ("hang", "start_timeout")
+# Messages refused as malformed that are recorded one by one; the rest are counted.
+MAX_BAD_MESSAGES_RECORDED = 20
 
 
 @dataclass(frozen=True)
 class RestartPolicy:
     max_restarts: int = 0
+    max_total_restarts: int = 100
     backoff_s: float = 1.0
+    backoff_max_s: float = 60.0
+    start_timeout_s: float = 600.0
     heartbeat_timeout_s: float = 10.0
     hang_timeout_s: float = 300.0
     on_host_loss: str = "wait"
@@ -64,9 +93,13 @@ class _Generation:
     failure: Failure | None = None
     teardown_deadline: float | None = None
     interrupted: int | None = None
-    advanced: bool = False  # an epoch/checkpoint completed in this generation
+    advanced: bool = False  # the runtime reported a checkpoint saved in this generation
     lost_hosts: set[str] = field(default_factory=set)
     single_restarts: dict[str, int] = field(default_factory=dict)
+    started_at: float = 0.0  # monotonic
+    # Stacks asked for before a hang teardown: until when to wait for them.
+    stacks_deadline: float | None = None
+    stacks_pending: set[str] = field(default_factory=set)
 
     @property
     def tearing_down(self) -> bool:
@@ -105,7 +138,7 @@ class Supervisor:
         printer: Printer,
         policy: RestartPolicy,
         reconnect: Callable[[str], AgentLink] | None = None,
-        checkpoint_probe: Callable[[], float | None] = lambda: None,
+        checkpoint_probe: Callable[[], checkpoints.State | None] = lambda: None,
         launcher_info: dict[str, Any] | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
@@ -126,6 +159,7 @@ class Supervisor:
         self._stop_signal: int | None = None
         self._stop_count = 0
         self._handled_stops = 0
+        self._bad_messages = 0
         self.current: _Generation | None = None  # read-only for observers (live view)
 
     @property
@@ -144,10 +178,13 @@ class Supervisor:
 
     def run(self) -> RunResult:
         started = self._clock()
-        restarts, budget = 0, Budget(self._policy.max_restarts)
+        policy = self._policy
+        restarts = 0
+        budget = Budget(policy.max_restarts, policy.max_total_restarts)
         failures: list[Failure] = []
         active = [h.name for h in self._hosts if not h.spare]
-        generation, message = 0, ""
+        generation, message, stopped_by = 0, "", ""
+        backoff_attempt = 0  # restarts since the backoff was last reset
         while True:
             plan = self._make_plan(generation, active)
             checkpoint_before = self._checkpoint_probe()
@@ -160,37 +197,47 @@ class Supervisor:
                 status = "succeeded"
                 break
             failures.append(gen.failure)
-            after = self._checkpoint_probe()
-            advanced = gen.advanced or (after is not None and after != checkpoint_before)
+            # Progress is the training moving: a checkpoint the runtime reported
+            # saving, or a checkpoint series that moved on disk (not file times).
+            advanced = gen.advanced or checkpoints.advanced(checkpoint_before,
+                                                            self._checkpoint_probe())
+            repeated = _repeated_failure(failures)
             decision = decide_restart(budget, advanced,
-                                      preempted=gen.failure.kind == "preempted")
+                                      preempted=gen.failure.kind == "preempted",
+                                      repeated=repeated)
             if not decision.restart:
-                status, message = "failed", decision.message
+                status, message, stopped_by = "failed", decision.message, decision.stopped_by
                 break
             budget, counts = decision.budget, decision.counts
             try:
                 active = self._hosts_for_next(gen, active)
             except NotEnoughHosts as exc:
-                status, message = "failed", str(exc)
+                status, message, stopped_by = "failed", str(exc), "min_workers"
                 break
             if active is None:
                 status = "interrupted" if self._stop_signal else "failed"
                 message = "" if self._stop_signal else "a lost host did not come back in time"
+                stopped_by = "" if self._stop_signal else "host_wait"
                 break
             restarts += 1
             self._restarts = restarts
             generation += 1
             why = "the checkpoint advanced: not counted" if not counts else \
-                f"{budget.spent} of {self._policy.max_restarts} allowed without progress"
+                f"{budget.spent} of {policy.max_restarts} allowed without progress"
             if gen.failure.kind == "preempted" and not counts:
                 why = "preempted: not counted"
-            # Back off only when the last generation made no progress: after
-            # progress the failure was not a loop, and every second counts.
-            delay = self._policy.backoff_s if counts else 0.0
+            # The backoff always applies, doubling; a generation that trained for
+            # a while proves the failure was no loop and resets it.
+            if advanced and self._clock() - gen.started_at >= BACKOFF_RESET_S:
+                backoff_attempt = 0
+            delay = backoff_delay(backoff_attempt, policy.backoff_s, policy.backoff_max_s)
+            backoff_attempt += 1
             self._recorder.event("restart", generation=generation, restarts=restarts,
-                                 counted=counts, hosts=list(active), backoff_s=delay)
+                                 counted=counts, progress=advanced, hosts=list(active),
+                                 backoff_s=delay)
             self._printer.notice(f"restarting as generation {generation} in "
-                                 f"{delay:g} s ({why}); workers resume "
+                                 f"{delay:g} s ({why}; restart {budget.total} of at most "
+                                 f"{policy.max_total_restarts}); workers resume "
                                  "from the last checkpoint")
             if self._wait(delay):
                 status = "interrupted"
@@ -207,9 +254,10 @@ class Supervisor:
             interrupted_by=self._stop_signal if status == "interrupted" else None,
             failures=tuple(failures),
             message=message,
+            stopped_by=stopped_by if status == "failed" else "",
         )
         self._recorder.event("job_done", status=result.status, restarts=restarts,
-                             wall_s=round(result.wall_s, 3))
+                             wall_s=round(result.wall_s, 3), stopped_by=result.stopped_by)
         return result
 
     def _hosts_for_next(self, gen: _Generation, active: list[str]) -> list[str] | None:
@@ -290,15 +338,32 @@ class Supervisor:
         return self._stop_count > self._handled_stops
 
     def _next_message(self, timeout: float) -> AgentMessage | None:
-        try:
-            return self._events.get(timeout=timeout)
-        except queue.Empty:
-            return None
+        """The next message from an agent, checked (`protocol`); None when none
+        came within `timeout`. A malformed one is logged and skipped."""
+        deadline = self._clock() + timeout
+        while True:
+            try:
+                raw = self._events.get(timeout=max(0.0, deadline - self._clock()))
+            except queue.Empty:
+                return None
+            try:
+                return AgentMessage(raw.host, check_message(raw.message), raw.link_id)
+            except BadMessage as exc:
+                self._refuse(raw, str(exc))
+            if self._clock() >= deadline:
+                return None
+
+    def _refuse(self, raw: AgentMessage, why: str) -> None:
+        self._bad_messages += 1
+        if self._bad_messages <= MAX_BAD_MESSAGES_RECORDED:
+            self._recorder.event("bad_message", host=raw.host, reason=why)
+            self._printer.debug(f"agent {raw.host}: ignored a malformed message: {why}")
 
     # -------------------------------------------------------------- generation
 
     def _run_generation(self, plan: Plan) -> _Generation:
-        gen = _Generation(plan, {t.name: TaskRecord(t) for t in plan.tasks})
+        gen = _Generation(plan, {t.name: TaskRecord(t) for t in plan.tasks},
+                          started_at=self._clock())
         self.current = gen
         self._recorder.event(
             "launch", generation=plan.generation, **self._launcher_info,
@@ -318,7 +383,7 @@ class Supervisor:
             for _ in range(MAX_BATCH):
                 if message is None:
                     break
-                self._handle(gen, message)
+                self._handle_safely(gen, message)
                 # ...but act on a failure at once, before more lines are read.
                 settled = gen.tearing_down or gen.failure is not None
                 message = None if settled else self._next_message(0)
@@ -333,6 +398,8 @@ class Supervisor:
                     self._give_up_on_stragglers(gen)
                     break
             elif gen.failure is not None:
+                if self._collecting_stacks(gen):
+                    continue  # a hung job: its stacks first, then the teardown
                 self._begin_teardown(gen, grace_s=self._failure_grace(gen.failure, gen.plan))
             elif gen.jobs_done():
                 if not gen.services_left():
@@ -345,7 +412,7 @@ class Supervisor:
 
     def _start(self, gen: _Generation, task: Task) -> None:
         record = gen.records[task.name]
-        record.state = TaskState.STARTING
+        record.move(TaskState.STARTING)
         record.started_at = record.last_activity = self._clock()
         link = self._links.get(task.host)
         sent = link is not None and link.send({
@@ -361,15 +428,17 @@ class Supervisor:
             self._host_lost(gen, task.host, "agent connection is closed")
 
     def _watch_silence(self, gen: _Generation) -> None:
-        """Hosts whose agent stopped talking, tasks that stopped making progress."""
+        """Hosts whose agent stopped talking, tasks that stopped making progress,
+        and a job that did not get going: every wait has an end."""
         now = self._clock()
         for host in {t.host for t in gen.plan.tasks} - gen.lost_hosts:
             link = self._links.get(host)
             if link is not None and now - link.last_seen > self._policy.heartbeat_timeout_s:
                 self._host_lost(gen, host, f"no heartbeat from its agent for "
                                 f"{now - link.last_seen:.0f} s")
-        if gen.tearing_down:
+        if gen.tearing_down or gen.failure is not None:
             return
+        self._watch_start(gen, now)
         for record in gen.records.values():
             if record.state is not TaskState.RUNNING or record.task.lifetime != "job":
                 continue
@@ -380,7 +449,41 @@ class Supervisor:
                            f"progress report; restart.hang_timeout_s="
                            f"{self._policy.hang_timeout_s:g})")
 
+    def _watch_start(self, gen: _Generation, now: float) -> None:
+        """`restart.start_timeout_s`: every task started, and a cluster that
+        some task began to form (MultiWorkerMirroredStrategy's setup) formed,
+        within it. The failure names every task missing and its last words."""
+        limit = self._policy.start_timeout_s
+        records = list(gen.records.values())
+        # Per task: a ParameterServerStrategy worker may be started again late.
+        missing = [r for r in records if r.state is TaskState.STARTING
+                   and now - (r.started_at or now) > limit]
+        what = "not started (its agent never confirmed the start)"
+        forming = any(r.cluster for r in records)
+        if not missing and forming and now - gen.started_at > limit and not gen.finishing():
+            missing = [r for r in records if r.cluster != "joined" and not r.state.terminal
+                       and r.task.role in ("chief", "worker") and r.task.lifetime == "job"]
+            # Those that never began to join first: the others wait for them.
+            missing.sort(key=lambda r: r.cluster == "joining")
+            what = "not joined the cluster"
+        if not missing:
+            return
+        named = "; ".join(f"{r.task.label} (last output: {_last_words(r)})" for r in missing)
+        self._fail(gen, missing[0], gone=False, kind="start_timeout",
+                   reason=f"{len(missing)} task(s) {what} within restart.start_timeout_s="
+                   f"{limit:g}: {named}", last_lines=tuple(missing[0].tail))
+
     # --------------------------------------------------------------- messages
+
+    def _handle_safely(self, gen: _Generation, message: AgentMessage) -> None:
+        """A message the checks let through may still not fit the current state
+        (a late exit, a task started twice): it is logged, never fatal."""
+        try:
+            self._handle(gen, message)
+        except IllegalTransition as exc:
+            self._refuse(message, f"{message.event}: illegal transition {exc}")
+        except Exception as exc:  # noqa: BLE001 - one message must not end a job of days
+            self._refuse(message, f"{message.event}: {type(exc).__name__}: {exc}")
 
     def _handle(self, gen: _Generation, message: AgentMessage) -> None:
         body = message.message
@@ -394,7 +497,7 @@ class Supervisor:
             return
         if event == "agent_lost":
             if message.host in {t.host for t in gen.plan.tasks}:
-                self._host_lost(gen, message.host, body.get("detail") or "connection closed")
+                self._host_lost(gen, message.host, str(body.get("detail") or "connection closed"))
             return
         if event == "log":  # the agent's own diagnostics
             self._printer.debug(f"agent {message.host}: {body.get('text', '')}")
@@ -402,19 +505,22 @@ class Supervisor:
         if event == "output":
             self._print_output(gen, message)
             return
+        if event == "heartbeat":
+            for task_name, usage in body["tasks"].items():
+                record = gen.records.get(task_name)
+                if record is not None and record.task.host == message.host:
+                    record.usage = usage
+            return
         name = body.get("task")
         record = gen.records.get(name) if name else None
-        if event == "heartbeat":
-            for task_name, usage in (body.get("tasks") or {}).items():
-                if task_name in gen.records:
-                    gen.records[task_name].usage = usage
-            return
-        if record is None or body.get("generation", -1) != gen.plan.generation:
-            return  # a late message about a previous generation
+        if record is None or body.get("generation") != gen.plan.generation:
+            return  # a late message about a previous generation, or no task of ours
+        if record.task.host != message.host:
+            raise ValueError(f"{message.host} speaks for {record.task.label}")
         if event == "started":
-            record.pid = body.get("pid")
+            record.pid = body["pid"]
             if record.state is TaskState.STARTING:
-                record.state = TaskState.RUNNING
+                record.move(TaskState.RUNNING)
             self._recorder.event("task_started", generation=gen.plan.generation,
                                  task=name, host=record.task.host, pid=record.pid)
         elif event == "start_failed":
@@ -423,15 +529,25 @@ class Supervisor:
         elif event == "exited":
             self._on_exit(gen, record, body)
         elif event == "progress":
-            record.last_progress = body.get("data", {})
-            record.last_activity = self._clock()
-            if isinstance(record.last_progress.get("step"), int | float):
-                record.step_marks = [*record.step_marks[-1:],
-                                     (self._clock(), int(record.last_progress["step"]))]
-            if record.last_progress.get("epoch_end") or record.last_progress.get("checkpoint"):
-                gen.advanced = True
-            self._recorder.event("progress", generation=gen.plan.generation, task=name,
-                                 host=record.task.host, **_safe_progress(record.last_progress))
+            self._on_progress(gen, record, body["data"])
+        elif event == "stacks":
+            self._on_stacks(gen, record, body)
+
+    def _on_progress(self, gen: _Generation, record: TaskRecord, data: dict[str, Any]) -> None:
+        record.last_activity = self._clock()
+        if data.get("cluster") in ("joining", "joined"):
+            record.cluster = data["cluster"]
+            self._recorder.event("cluster", generation=gen.plan.generation,
+                                 task=record.task.name, host=record.task.host,
+                                 state=record.cluster)
+            return
+        record.last_progress = data
+        if isinstance(data.get("step"), int | float):
+            record.step_marks = [*record.step_marks[-1:], (self._clock(), int(data["step"]))]
+        if data.get("checkpoint"):  # the runtime saw a checkpoint saved: training moved
+            gen.advanced = True
+        self._recorder.event("progress", generation=gen.plan.generation, task=record.task.name,
+                             host=record.task.host, **_safe_progress(data))
 
     def _print_output(self, gen: _Generation | None, message: AgentMessage) -> None:
         body = message.message
@@ -443,6 +559,7 @@ class Supervisor:
         if record is None or gen is None or body.get("generation") != gen.plan.generation:
             return
         record.last_activity = self._clock()
+        record.tail.append(text)
         if (gen.plan.strategy == "multi_worker_mirrored" and not gen.tearing_down
                 and not gen.finishing()):
             self._watch_output(gen, record, text)
@@ -503,7 +620,7 @@ class Supervisor:
         tail = tuple(body.get("tail") or ())
         reason = classify_exit(record.exit_code, record.signal, body.get("error"), tail)
         if gen.tearing_down or record.state is TaskState.STOPPING:
-            record.state = TaskState.STOPPED
+            record.move(TaskState.STOPPED)
             if not body.get("stopping") and record.exit_code != 0:
                 # It died by itself, maybe before what started the teardown (its
                 # exit report waits for its output to drain): it may be the cause.
@@ -512,7 +629,7 @@ class Supervisor:
                                                   last_lines=tail, error=body.get("error")))
             return
         if record.exit_code == 0:  # a job task done, or a service that may end (evaluator)
-            record.state = TaskState.SUCCEEDED
+            record.move(TaskState.SUCCEEDED)
             return
         if self._worker_restarts_alone(gen, record):
             self._printer.notice(
@@ -521,6 +638,7 @@ class Supervisor:
             self._recorder.event("task_restarted", generation=gen.plan.generation,
                                  task=record.task.name, host=record.task.host,
                                  exit_code=record.exit_code, signal=record.signal)
+            record.move(TaskState.FAILED)
             self._start(gen, record.task)
             return
         self._fail(gen, record, kind=_exit_kind(record), t=body.get("t"), reason=reason,
@@ -549,14 +667,14 @@ class Supervisor:
             if record.task.host != host or record.state.terminal:
                 continue
             if gen.tearing_down:
-                record.state = TaskState.LOST
+                record.move(TaskState.LOST)
                 if gen.failure is not None:  # a primary cause, if what we have is a symptom
                     self._consider(gen, self._failure(gen, record, kind="host_lost",
                                                       reason=f"lost its host: {detail}"))
             else:
                 self._fail(gen, record, gone=False, kind="host_lost",
                            reason=f"lost its host: {detail}")
-                record.state = TaskState.LOST
+                record.move(TaskState.LOST)
 
     def _failure(self, gen: _Generation, record: TaskRecord, *, kind: str, reason: str,
                  t: float | None = None, last_lines: tuple[str, ...] = (),
@@ -574,7 +692,7 @@ class Supervisor:
         over. A hung or aborting task is still running: it stays so until the
         teardown confirms its exit."""
         if gone:
-            record.state = TaskState.FAILED
+            record.move(TaskState.FAILED)
         failure = self._failure(gen, record, **details)
         if gen.failure is None:
             self._recorder.event("failure_detected", generation=gen.plan.generation,
@@ -638,7 +756,7 @@ class Supervisor:
         grace = gen.plan.grace_s if grace_s is None else grace_s
         for record in gen.records.values():
             if not record.state.terminal:
-                record.state = TaskState.STOPPING
+                record.move(TaskState.STOPPING)
         # Every host of the job, whatever we believe of its tasks: stopping is
         # idempotent, and a task we think is over may still be running.
         for host in {t.host for t in gen.plan.tasks} - gen.lost_hosts:
@@ -646,6 +764,42 @@ class Supervisor:
             if link is not None:
                 link.send({"op": "stop", "tasks": None, "grace_s": grace})
         gen.teardown_deadline = self._clock() + grace + TEARDOWN_SLACK_S
+
+    def _collecting_stacks(self, gen: _Generation) -> bool:
+        """True while a stuck job's Python stacks are on their way: asked for
+        once, before the teardown, and waited for at most STACKS_WAIT_S."""
+        if gen.failure is None or gen.failure.kind not in STUCK_KINDS:
+            return False
+        now = self._clock()
+        if gen.stacks_deadline is None:
+            gen.stacks_deadline = now + STACKS_WAIT_S
+            by_host: dict[str, list[str]] = {}
+            for record in gen.records.values():
+                if record.state in (TaskState.STARTING, TaskState.RUNNING) \
+                        and record.task.host not in gen.lost_hosts:
+                    by_host.setdefault(record.task.host, []).append(record.task.name)
+            for host, names in by_host.items():
+                link = self._links.get(host)
+                if link is not None and link.send({"op": "stacks", "tasks": names}):
+                    gen.stacks_pending.update(names)
+            if gen.stacks_pending:
+                self._printer.notice(f"taking the Python stacks of {len(gen.stacks_pending)} "
+                                     "task(s) before stopping them")
+        return bool(gen.stacks_pending) and now < gen.stacks_deadline
+
+    def _on_stacks(self, gen: _Generation, record: TaskRecord, body: dict[str, Any]) -> None:
+        gen.stacks_pending.discard(record.task.name)
+        text = body["text"]
+        path = self._recorder.write_stacks(
+            record.task.name, record.task.label, gen.plan.generation,
+            text or f"(no stacks: {body['error'] or 'the task wrote none'})")
+        self._recorder.event("stacks", generation=gen.plan.generation, task=record.task.name,
+                             host=record.task.host, file=str(path), taken=bool(text))
+        record.stack = text
+        failure = gen.failure
+        frames = innermost_frames(text) if text else ()
+        if failure is not None and failure.task == record.task.label and frames:
+            gen.failure = replace(failure, stack=frames)
 
     @staticmethod
     def _failure_grace(failure: Failure, plan: Plan) -> float:
@@ -659,13 +813,46 @@ class Supervisor:
         next generation gets a fresh agent there (or goes on without them)."""
         for record in gen.records.values():
             if not record.state.terminal:
-                record.state = TaskState.LOST
+                record.move(TaskState.LOST)
                 self._printer.notice(f"{record.task.label}: no exit confirmed by its agent")
                 if record.task.host not in gen.lost_hosts:
                     gen.lost_hosts.add(record.task.host)
                     link = self._links.get(record.task.host)
                     if link is not None:
                         link.close()
+
+
+def _repeated_failure(failures: list[Failure]) -> str:
+    """The last failure's description when it repeats the one before it: the
+    same exception type raised at the same innermost frame. "" otherwise."""
+    if len(failures) < 2:
+        return ""
+    last, before = failures[-1], failures[-2]
+    where = innermost_frame(last.error)
+    if where is None or where != innermost_frame(before.error):
+        return ""
+    kind, path, line, function = where
+    return f"{kind} at {path}:{line} in {function}, in {last.task}"
+
+
+def _last_words(record: TaskRecord) -> str:
+    return repr(record.tail[-1][:200]) if record.tail else "nothing"
+
+
+def innermost_frames(stacks: str, count: int = 5) -> tuple[str, ...]:
+    """The innermost frames of the main thread in a faulthandler dump.
+
+    faulthandler lists threads newest first, so the main thread (the oldest)
+    comes last; within a thread the most recent call comes first.
+    """
+    blocks: list[list[str]] = []
+    for line in stacks.splitlines():
+        if line.startswith(("Thread 0x", "Current thread 0x")):
+            blocks.append([])
+        elif blocks and line.strip().startswith("File "):
+            blocks[-1].append(line.strip())
+    with_frames = [block for block in blocks if block]
+    return tuple(with_frames[-1][:count]) if with_frames else ()
 
 
 def _close_late_link(done: threading.Event, outcome: list) -> None:

@@ -212,18 +212,20 @@ restart: {hang_timeout_s: 3, backoff_s: 0}
     job.assert_nothing_left()
 
 
-def test_a_task_failing_every_time_stops_after_max_restarts(workdir: Path, jobs):
-    job = launch(jobs, ["--local", "2", "--max-restarts", "2",
+def test_the_same_exception_twice_stops_at_once_as_deterministic(workdir: Path, jobs):
+    job = launch(jobs, ["--local", "2", "--max-restarts", "3",
                         str(SCRIPTS / "fail_on_worker1.py")], workdir)
     code = job.finish(timeout=120)
     assert code == 1, job.output[-3000:]
     summary = read_summary(job.run_dir)
-    assert summary["status"] == "failed" and summary["restarts"] == 2
-    assert "crash loop" in summary["message"]
+    # Generation 1 failed exactly as generation 0 did: a third try would too.
+    assert summary["status"] == "failed" and summary["restarts"] == 1
+    assert summary["stopped_by"] == "deterministic"
+    assert "FileNotFoundError at" in summary["message"] and "load_settings" in summary["message"]
     cause = summary["root_cause"]
     assert cause["task"] == "host1/worker1" and cause["error"]["type"] == "FileNotFoundError"
-    assert len(summary["failures"]) == 3
-    assert "crash loop" in job.output and "root cause: host1/worker1" in job.output
+    assert len(summary["failures"]) == 2
+    assert "deterministic" in job.output and "root cause: host1/worker1" in job.output
     job.assert_nothing_left()
 
 

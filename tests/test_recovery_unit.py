@@ -12,8 +12,10 @@ from launcher.recovery import (
     Budget,
     HostInfo,
     NotEnoughHosts,
+    backoff_delay,
     choose_hosts,
     decide_restart,
+    innermost_frame,
     restart_counts,
 )
 
@@ -118,7 +120,40 @@ def test_preemptions_are_free_but_not_endless():
     assert restarts == MAX_FREE_RESTARTS_IN_A_ROW
     assert "exit 42" in decision.message
     # Progress in between resets the streak.
-    assert Budget(1, 0, 5).after(counts=False, advanced=True).free_in_a_row == 0
+    assert Budget(1, free_in_a_row=5).after(counts=False, advanced=True).free_in_a_row == 0
+
+
+def test_max_total_restarts_caps_even_free_restarts():
+    budget = Budget(1, max_total=2)
+    for _ in range(2):
+        decision = decide_restart(budget, advanced=True, preempted=False)
+        assert decision.restart
+        budget = decision.budget
+    decision = decide_restart(budget, advanced=True, preempted=False)
+    assert not decision.restart and decision.stopped_by == "max_total_restarts"
+    assert "max_total_restarts=2" in decision.message
+
+
+def test_a_repeated_failure_without_progress_is_deterministic():
+    decision = decide_restart(Budget(5), advanced=False, preempted=False,
+                              repeated="KeyError at a.py:3 in f")
+    assert not decision.restart and decision.stopped_by == "deterministic"
+    # With progress in between it is a new failure, however alike.
+    assert decide_restart(Budget(5), advanced=True, preempted=False, repeated="x").restart
+
+
+def test_backoff_doubles_to_its_cap():
+    assert [backoff_delay(i, 1.0, 10.0) for i in range(6)] == [1, 2, 4, 8, 10, 10]
+    assert backoff_delay(3, 0.0, 10.0) == 0.0
+
+
+def test_innermost_frame_reads_the_last_frame_of_a_traceback():
+    error = {"type": "ValueError", "traceback":
+             '  File "/a/train.py", line 9, in <module>\n    main()\n'
+             '  File "/a/lib.py", line 4, in load\n    raise ValueError\n'}
+    assert innermost_frame(error) == ("ValueError", "/a/lib.py", "4", "load")
+    assert innermost_frame({"type": "X", "traceback": ""}) is None
+    assert innermost_frame(None) is None
 
 
 def test_max_restarts_zero_never_restarts():

@@ -47,6 +47,7 @@ __all__ = [
     "legacy_session",
     "num_workers",
     "plain_model",
+    "report_checkpoint",
     "report_progress",
     "save_model",
     "strategy",
@@ -186,6 +187,15 @@ def report_progress(step: int, **metrics: float) -> None:
         pass  # progress is best effort; never break training over it
 
 
+def report_checkpoint(step: int, **metrics: float) -> None:
+    """Tell the launcher a checkpoint of `step` was saved (custom training loops).
+
+    A restart after a saved checkpoint is progress, free of `max_restarts`;
+    `runtime.callbacks()` reports its own saves. A no-op outside the launcher.
+    """
+    report_progress(step, checkpoint=1, **metrics)
+
+
 def _keras(model=None):
     """The Keras the script uses: tf_keras or Keras 3 (their callbacks do not mix).
 
@@ -261,7 +271,9 @@ def callbacks(save_freq: str | int | None = None, progress_every_s: float = 0.5,
     )
     # The PS coordinator cannot run batch-level callbacks (Keras refuses them).
     batch_level = os.environ.get("MGPU_STRATEGY") != "parameter_server"
-    return [backup, _progress_callback(keras, progress_every_s, batch_level)]
+    saves = _save_freq(save_freq)
+    return [backup, _progress_callback(keras, progress_every_s, batch_level,
+                                       saves if isinstance(saves, int) else None)]
 
 
 def _preemption_save_possible(keras) -> bool:
@@ -287,7 +299,13 @@ def _preemption_save_possible(keras) -> bool:
     return True
 
 
-def _progress_callback(keras, every_s: float, batch_level: bool = True):
+def _progress_callback(keras, every_s: float, batch_level: bool = True,
+                       save_every_steps: int | None = None):
+    """`save_every_steps`: the backup's integer `save_freq` (None: it saves at
+    each epoch's end). The reporter runs after the backup callback, so it
+    reports `checkpoint` once the backup has saved: the launcher's proof that
+    the training moved (a restart after it does not count as a crash loop)."""
+
     class ProgressReporter(keras.callbacks.Callback):
         """Reports step and metrics at most every `every_s` seconds and per epoch."""
 
@@ -302,21 +320,25 @@ def _progress_callback(keras, every_s: float, batch_level: bool = True):
 
         def on_train_batch_end(self, batch, logs=None):
             self.step += 1
+            saved = save_every_steps is not None and self.step % save_every_steps == 0
             now = time.monotonic()
-            if now - self.last >= every_s:
+            if saved or now - self.last >= every_s:
                 self.last = now
-                report_progress(self.step, epoch=self.epoch, **_scalars(logs))
+                extra = {"checkpoint": 1} if saved else {}
+                report_progress(self.step, epoch=self.epoch, **extra, **_scalars(logs))
 
         def on_epoch_end(self, epoch, logs=None):
-            report_progress(self.step, epoch=epoch, epoch_end=1, **_scalars(logs))
+            extra = {} if save_every_steps is not None else {"checkpoint": 1}
+            report_progress(self.step, epoch=epoch, epoch_end=1, **extra, **_scalars(logs))
 
     class EpochProgressReporter(keras.callbacks.Callback):
         """Per-epoch reports only: ParameterServerStrategy refuses batch-level callbacks."""
 
         def on_epoch_end(self, epoch, logs=None):
             steps = (self.params or {}).get("steps") or 0
+            extra = {} if save_every_steps is not None else {"checkpoint": 1}
             report_progress((epoch + 1) * int(steps), epoch=epoch, epoch_end=1,
-                            **_scalars(logs))
+                            **extra, **_scalars(logs))
 
     return ProgressReporter() if batch_level else EpochProgressReporter()
 

@@ -105,17 +105,34 @@ def heartbeat_s() -> float | None:
     return value if value > 0 else None
 
 
+def report_cluster(state: str) -> None:
+    """Tell the launcher this task is `joining` / has `joined` the cluster (it
+    names the tasks that never join when `restart.start_timeout_s` runs out)."""
+    fd = os.environ.get("MGPU_PROGRESS_FD")
+    if not fd:
+        return
+    try:
+        os.write(int(fd), (json.dumps({"cluster": state}) + "\n").encode())
+    except (OSError, ValueError):
+        pass  # best effort, as all progress reports
+
+
 def on_collective(module: ModuleType) -> None:
-    """Configure the coordination service (with our heartbeat) just before MWMS does."""
+    """Around MWMS's cluster setup: report joining/joined, and configure the
+    coordination service (with our heartbeat) just before MWMS does."""
     seconds = heartbeat_s()
     extended = module.CollectiveAllReduceExtended
-    if seconds is None or extended.__dict__.get(_MARK):
+    if extended.__dict__.get(_MARK):
         return
     original = extended._initialize_multi_worker
 
     def _initialize_multi_worker(self, cluster_resolver):
-        configure_coordination_service(cluster_resolver, seconds)
-        return original(self, cluster_resolver)
+        report_cluster("joining")
+        if seconds is not None:
+            configure_coordination_service(cluster_resolver, seconds)
+        result = original(self, cluster_resolver)
+        report_cluster("joined")
+        return result
 
     extended._initialize_multi_worker = _initialize_multi_worker
     setattr(extended, _MARK, True)

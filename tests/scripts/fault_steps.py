@@ -46,10 +46,12 @@ for step in range(start + 1, args.steps + 1):
         while True:  # silent: no output, no progress, never exits
             time.sleep(60)
     time.sleep(args.step_s)
-    runtime.report_progress(step)
     print(f"step {step}", flush=True)
     if runtime.is_chief():
         with open(state + ".tmp", "w") as handle:
             handle.write(str(step))
         os.replace(state + ".tmp", state)
+        runtime.report_checkpoint(step)  # saved: a restart after this is progress
+    else:
+        runtime.report_progress(step)
 print(f"DONE step={args.steps}", flush=True)

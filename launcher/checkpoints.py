@@ -1,0 +1,73 @@
+"""What the checkpoint directory says about training progress, as this machine sees it.
+
+Owns reading the *state* of the checkpoints a job keeps in its shared
+checkpoint directory, so the supervisor can tell whether a failed generation
+moved the training forward. Modification times are not state: a script that
+writes TensorBoard logs (or anything else) there and crashes must not look
+like progress. What counts:
+
+- TensorFlow's `checkpoint` index files (`tf.train.CheckpointManager`, tf_keras'
+  `BackupAndRestore`): the number of the latest checkpoint (`ckpt-12`), which
+  grows with every save and survives restores;
+- Keras 3 `BackupAndRestore`'s `training_metadata.json`: the saved epoch and batch.
+
+Reads files only; imports nothing of the launcher.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+State = dict[str, tuple[int, ...]]
+
+# A huge directory (a dataset cache, say): what was seen by then is enough.
+MAX_FILES = 10000
+_LATEST = re.compile(r'^model_checkpoint_path:\s*"[^"]*?(\d+)"', re.M)
+
+
+def checkpoint_state(directory: str | os.PathLike) -> State | None:
+    """{relative path: position} of every checkpoint series under `directory`;
+    None when the directory is not visible from here (e.g. only on the hosts)."""
+    root = Path(directory)
+    if not root.is_dir():
+        return None
+    state: State = {}
+    seen = 0
+    for folder, _dirs, files in os.walk(root):
+        for name in files:
+            seen += 1
+            if seen > MAX_FILES:
+                return state
+            if name not in ("checkpoint", "training_metadata.json"):
+                continue
+            path = Path(folder, name)
+            position = _position(path)
+            if position is not None:
+                state[str(path.relative_to(root))] = position
+    return state
+
+
+def _position(path: Path) -> tuple[int, ...] | None:
+    try:
+        text = path.read_text(errors="replace")[:65536]
+    except OSError:
+        return None
+    if path.name == "checkpoint":
+        match = _LATEST.search(text)
+        return (int(match.group(1)),) if match else None
+    try:
+        data = json.loads(text)
+        return int(data["epoch"]), int(data.get("batch") or 0)
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def advanced(before: State | None, after: State | None) -> bool:
+    """Did any checkpoint series move forward (or appear) between the two looks?"""
+    if not after:
+        return False
+    before = before or {}
+    return any(key not in before or position > before[key] for key, position in after.items())

@@ -1,0 +1,33 @@
+"""What counts as progress on disk: checkpoint series that move, not file times."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from launcher.checkpoints import advanced, checkpoint_state
+
+
+def test_tensorflow_and_keras3_checkpoints_are_read_and_other_files_ignored(tmp_path: Path):
+    (tmp_path / "backup" / "chief").mkdir(parents=True)
+    (tmp_path / "backup" / "chief" / "checkpoint").write_text(
+        'model_checkpoint_path: "ckpt-7"\nall_model_checkpoint_paths: "ckpt-7"\n')
+    (tmp_path / "k3").mkdir()
+    (tmp_path / "k3" / "training_metadata.json").write_text(json.dumps({"epoch": 3, "batch": 0}))
+    (tmp_path / "tensorboard").mkdir()
+    (tmp_path / "tensorboard" / "events.out.tfevents.1").write_text("x")
+    state = checkpoint_state(tmp_path)
+    assert state == {"backup/chief/checkpoint": (7,), "k3/training_metadata.json": (3, 0)}
+
+
+def test_advanced_means_a_series_moved_forward_or_appeared():
+    before = {"a/checkpoint": (3,)}
+    assert not advanced(before, {"a/checkpoint": (3,)})
+    assert advanced(before, {"a/checkpoint": (4,)})
+    assert advanced(before, {"a/checkpoint": (3,), "b/training_metadata.json": (0, 5)})
+    assert not advanced(before, None) and not advanced(None, {})
+    assert advanced(None, {"a/checkpoint": (1,)})
+
+
+def test_an_invisible_directory_has_no_state(tmp_path: Path):
+    assert checkpoint_state(tmp_path / "missing") is None

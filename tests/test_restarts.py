@@ -1,0 +1,77 @@
+"""The restart budget, end to end: what counts as progress, the caps, the
+backoff, and waits that end (start timeout) with the stuck task's stacks.
+
+Real launcher, real agents, real task processes (TensorFlow where it matters).
+Timings come from the launcher's own event timestamps.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import SCRIPTS, read_events, read_summary, run_cli
+
+pytestmark = pytest.mark.e2e
+
+
+def cluster(path: Path, hosts: int, restart: str) -> Path:
+    lines = ["name: restarts", "transport: local", "ports: {base: auto}", "hosts:"]
+    lines += [f"  - {{address: 127.0.0.1, name: host{i}}}" for i in range(hosts)]
+    lines.append(f"restart: {restart}")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_a_crash_loop_that_writes_files_is_no_progress(workdir: Path):
+    config = cluster(workdir / "c.yaml", 1, "{max_restarts: 2, backoff_s: 1}")
+    run_dir = workdir / "run"
+    done = run_cli(["--run-dir", str(run_dir), str(config), str(SCRIPTS / "crash_loop.py")],
+                   cwd=workdir, timeout=120)
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = read_summary(run_dir)
+    assert summary["status"] == "failed" and summary["restarts"] == 2
+    assert summary["stopped_by"] == "max_restarts" and "crash loop" in summary["message"]
+    events = read_events(run_dir)
+    restarts = [e for e in events if e["event"] == "restart"]
+    assert [e["counted"] for e in restarts] == [True, True]
+    assert [e["backoff_s"] for e in restarts] == [1, 2]  # doubling
+    launched = [e["t"] for e in events if e["event"] == "launch"]
+    ended = [e["t"] for e in events if e["event"] == "job_done"][0]
+    assert ended - launched[0] < 30
+    # Every generation wrote its file; none of that counted.
+    assert len(list((workdir / "checkpoints" / "restarts" / "tensorboard").iterdir())) == 3
+    status = run_cli(["status", str(run_dir)], cwd=workdir, timeout=60)
+    assert "stopped by max_restarts: gave up" in status.stdout, status.stdout
+
+
+def test_a_checkpoint_that_advances_every_generation_keeps_restarts_free(workdir: Path):
+    config = cluster(workdir / "c.yaml", 1,
+                     "{max_restarts: 1, max_total_restarts: 3, backoff_s: 0}")
+    run_dir = workdir / "run"
+    done = run_cli(["--run-dir", str(run_dir), str(config),
+                    str(SCRIPTS / "advance_then_crash.py")], cwd=workdir, timeout=180)
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = read_summary(run_dir)
+    assert summary["restarts"] == 3 and summary["stopped_by"] == "max_total_restarts"
+    restarts = [e for e in read_events(run_dir) if e["event"] == "restart"]
+    assert [e["counted"] for e in restarts] == [False, False, False]
+    assert "saved step 4" in done.stdout  # each generation resumed where the last one saved
+
+
+def test_a_worker_that_never_joins_is_named_at_the_start_timeout(workdir: Path):
+    config = cluster(workdir / "c.yaml", 2, "{max_restarts: 0, start_timeout_s: 12}")
+    run_dir = workdir / "run"
+    done = run_cli(["--run-dir", str(run_dir), str(config), str(SCRIPTS / "never_joins.py")],
+                   cwd=workdir, timeout=120)
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = read_summary(run_dir)
+    cause = summary["root_cause"]
+    assert cause["kind"] == "start_timeout" and cause["task"] == "host1/worker1", cause
+    assert "restart.start_timeout_s=12" in cause["description"]
+    assert "'loading the data set'" in cause["description"]
+    events = read_events(run_dir)
+    launched = [e["t"] for e in events if e["event"] == "launch"][0]
+    detected = [e["t"] for e in events if e["event"] == "failure_detected"][0]
+    assert 12 <= detected - launched < 20
