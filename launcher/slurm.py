@@ -104,7 +104,8 @@ def _gpus(environ: Mapping[str, str]) -> tuple[int, ...]:
     """GPUs per node as the allocation reports them: a count, numbered from 0.
 
     SLURM_GPUS_ON_NODE counts them; SLURM_JOB_GPUS lists the batch node's global
-    ids, of which only the count is used: with ConstrainDevices (cgroups) a
+    ids, then SLURM_GPUS_PER_NODE, then CUDA_VISIBLE_DEVICES in a batch script;
+    only the count is used: with ConstrainDevices (cgroups) a
     step sees its GPUs as 0..N-1, whatever their global ids.
     """
     count = environ.get("SLURM_GPUS_ON_NODE", "")
@@ -114,7 +115,11 @@ def _gpus(environ: Mapping[str, str]) -> tuple[int, ...]:
     if listed:
         return tuple(range(len(listed)))
     per_node = environ.get("SLURM_GPUS_PER_NODE", "").rsplit(":", 1)[-1]
-    return tuple(range(int(per_node))) if per_node.isdigit() else ()
+    if per_node.isdigit():
+        return tuple(range(int(per_node)))
+    # Inside the job (an sbatch script) Slurm sets the devices of this node.
+    visible = [g for g in environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
+    return tuple(range(len(visible))) if "SLURMD_NODENAME" in environ else ()
 
 
 def read_allocation(environ: Mapping[str, str],

@@ -279,6 +279,9 @@ def test_allocation_gpus_and_node_positions(tmp_path: Path):
     assert allocation == Allocation("7", ("gpu1", "gpu2"), (0, 1))
     assert read_allocation({**environ, "SLURM_GPUS_ON_NODE": "4"},
                            hostnames=lambda _: None).gpus == (0, 1, 2, 3)
+    batch = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "gpu1", "SLURMD_NODENAME": "gpu1",
+             "CUDA_VISIBLE_DEVICES": "0,1,2"}
+    assert read_allocation(batch, hostnames=lambda _: None).gpus == (0, 1, 2)
     loaded = load_config(_write(tmp_path, "c.yaml", "transport: slurm\nhosts:\n"
                                 "  - {address: 'slurm:1', gpus: [0]}\n  - {address: 'slurm:0'}\n"))
     hosts = with_allocation(loaded, allocation, python="/venv/python").config.hosts
