@@ -118,7 +118,8 @@ def _gpus(environ: Mapping[str, str]) -> tuple[int, ...]:
     if per_node.isdigit():
         return tuple(range(int(per_node)))
     # Inside the job (an sbatch script) Slurm sets the devices of this node.
-    visible = [g for g in environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
+    visible = [g for g in environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
+               if g.strip().isdigit() or g.strip().startswith(("GPU-", "MIG-"))]  # not "-1"
     return tuple(range(len(visible))) if "SLURMD_NODENAME" in environ else ()
 
 
