@@ -53,6 +53,7 @@ from .plan import (
 from .printer import Printer
 from .recovery import HostInfo
 from .rundir import RunRecorder
+from .slurm import SlurmError, read_allocation, slurm_config, with_allocation
 from .states import Failure, RunResult
 from .supervisor import RestartPolicy, Supervisor
 from .transport import TransportError
@@ -72,6 +73,7 @@ SUBCOMMANDS = {
 USAGE = """\
 mgpu-launch [OPTIONS] CLUSTER.yaml SCRIPT [ARGS...]   run SCRIPT on every task of the cluster
 mgpu-launch [OPTIONS] --local N SCRIPT [ARGS...]      run N simulated hosts on this machine
+mgpu-launch [OPTIONS] --slurm SCRIPT [ARGS...]        run on the nodes of this Slurm allocation
 mgpu-launch --detach [OPTIONS] CLUSTER.yaml SCRIPT    the same in the background: print the
                                                       run dir and return
 mgpu-launch --dry-run [--json] CLUSTER.yaml SCRIPT    print the plan, start nothing"""
@@ -103,6 +105,9 @@ def _run_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"mgpu-launch {__version__}")
     parser.add_argument("--local", type=int, metavar="N",
                         help="run N simulated hosts on this machine (no YAML needed)")
+    parser.add_argument("--slurm", action="store_true",
+                        help="run on the nodes of the Slurm allocation this runs in "
+                        "(salloc, sbatch), one worker per node (no YAML needed)")
     parser.add_argument("--dry-run", action="store_true",
                         help="print every task's host, role, ports, env and TF_CONFIG; "
                         "start nothing")
@@ -158,15 +163,28 @@ def _load(args: argparse.Namespace) -> tuple[LoadedConfig, list[str]]:
     rest = list(args.rest)
     if rest and rest[0] == "--":
         rest = rest[1:]
+    if args.local is not None and args.slurm:
+        raise UsageError("--local and --slurm exclude each other")
     if args.local is not None:
         if args.local < 1:
             raise UsageError("--local needs a number of hosts >= 1")
         if not rest:
             raise UsageError("no training script given")
         return local_config(args.local), rest
-    if len(rest) < 2:
+    if args.slurm:
+        if not rest:
+            raise UsageError("no training script given")
+        loaded, command = slurm_config(), rest
+    elif len(rest) < 2:
         raise UsageError("expected a cluster YAML and a training script")
-    return load_config(rest[0]), rest[1:]
+    else:
+        loaded, command = load_config(rest[0]), rest[1:]
+    if loaded.config.transport == "slurm":
+        try:
+            loaded = with_allocation(loaded, read_allocation(os.environ))
+        except SlurmError as exc:
+            raise UsageError(str(exc)) from None
+    return loaded, command
 
 
 def _default_run_dir(name: str) -> Path:
@@ -294,6 +312,10 @@ def _launch(loaded: LoadedConfig, first_plan: Plan, make_plan, run_dir: Path,
     previous_hangup = _watch_terminal(printer)
     if config.transport == "local":
         transport = LocalTransport()
+    elif config.transport == "slurm":
+        from .transport.slurm import SlurmTransport
+
+        transport = SlurmTransport(read_allocation(os.environ).job_id)
     else:
         from .transport.ssh import SSHTransport  # paramiko is imported only when needed
 

@@ -130,7 +130,7 @@ class PortSettings(_Strict):
 
 class ClusterConfig(_Strict):
     name: str = Field(default="job", pattern=r"^[A-Za-z0-9_.\-]+$")
-    transport: Literal["ssh", "local"] = "ssh"
+    transport: Literal["ssh", "local", "slurm"] = "ssh"
     python: str | None = None
     workdir: str | None = None
     strategy: Literal["multi_worker_mirrored", "parameter_server", "legacy_server"] = (
@@ -140,7 +140,8 @@ class ClusterConfig(_Strict):
     tasks_per_host: Literal["one", "per_gpu"] = "one"
     env: dict[str, str | int | float | bool] = Field(default_factory=dict)
     ssh: SSHSettings = Field(default_factory=SSHSettings)
-    hosts: list[HostSpec] = Field(min_length=1)
+    # Under `transport: slurm` the hosts may come from the allocation (launcher.slurm).
+    hosts: list[HostSpec] = Field(default_factory=list)
     checkpoint: CheckpointSettings = Field(default_factory=CheckpointSettings)
     restart: RestartPolicy = Field(default_factory=RestartPolicy)
     ports: PortSettings = Field(default_factory=PortSettings)
@@ -314,6 +315,21 @@ def parse_config(text: str, source: str = "<string>", base_dir: Path | None = No
     return LoadedConfig(config=config, source=None, base_dir=base_dir or Path.cwd())
 
 
+def revalidate(loaded: LoadedConfig, data: dict[str, Any]) -> LoadedConfig:
+    """Validate `data` (a changed dump of `loaded.config`, e.g. with the hosts of a
+    Slurm allocation filled in) as a config from the same source."""
+    source = str(loaded.source or "<generated config>")
+    try:
+        config = ClusterConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(source, [f"{source}: {_dotted(loc)}: {message}"
+                                   for loc, message in map(_describe, exc.errors())]) from None
+    problems = [f"{source}: {_dotted(loc)}: {msg}" for loc, msg in _semantic_problems(config)]
+    if problems:
+        raise ConfigError(source, problems)
+    return LoadedConfig(config=config, source=loaded.source, base_dir=loaded.base_dir)
+
+
 def effective_roles(config: ClusterConfig, host: HostSpec) -> dict[str, int]:
     """The tasks a host runs: `roles`, with `worker` = len(gpus) under `per_gpu`."""
     roles = dict(host.roles)
@@ -325,6 +341,11 @@ def effective_roles(config: ClusterConfig, host: HostSpec) -> dict[str, int]:
 def _semantic_problems(config: ClusterConfig) -> list[tuple[tuple, str]]:
     """Checks that span several keys (pydantic sees one field at a time)."""
     problems: list[tuple[tuple, str]] = []
+    if not config.hosts:
+        if config.transport == "slurm":
+            return problems  # the allocation's nodes, once known (launcher.slurm)
+        return [(("hosts",), "required key is missing: list at least one host "
+                 "(or use `transport: slurm` inside a Slurm allocation)")]
     for i, host in enumerate(config.hosts):
         if (host.tasks_per_host or config.tasks_per_host) != "per_gpu":
             continue
