@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 ROLES = ("chief", "worker", "ps", "evaluator")
 # MGPU_* variables a user may set in `env:` to tune the runtime in the tasks
@@ -130,6 +131,31 @@ class PortSettings(_Strict):
 
 class ClusterConfig(_Strict):
     name: str = Field(default="job", pattern=r"^[A-Za-z0-9_.\-]+$")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _local_defaults(cls, data: Any) -> Any:
+        """Simulated hosts share this machine: ports default to `auto` (two local
+        jobs at once must not collide on fixed ports), and entries that repeat
+        an address without a `name:` are named host0, host1, ... by position."""
+        if not isinstance(data, dict) or data.get("transport") != "local":
+            return data
+        data = dict(data)
+        ports = data.get("ports")
+        if ports is None or (isinstance(ports, dict) and "base" not in ports):
+            data["ports"] = {**(ports or {}), "base": "auto"}
+        hosts = data.get("hosts")
+        if isinstance(hosts, list):
+            addresses = [h.get("address") for h in hosts if isinstance(h, dict)]
+            named = []
+            for i, host in enumerate(hosts):
+                if isinstance(host, dict) and "name" not in host \
+                        and addresses.count(host.get("address")) > 1:
+                    host = {**host, "name": f"host{i}"}
+                named.append(host)
+            data["hosts"] = named
+        return data
+
     transport: Literal["ssh", "local", "slurm"] = "ssh"
     python: str | None = None
     workdir: str | None = None
@@ -442,6 +468,23 @@ def local_config(num_hosts: int, name: str = "local") -> LoadedConfig:
                         base_dir=Path.cwd())
 
 
+# `env:` names whose values are secrets: shown as *** wherever the launcher
+# prints or records them (--dry-run, check, the run directory's config.yaml).
+SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|KEY|CREDENTIAL", re.IGNORECASE)
+MASK = "***"
+
+
+def looks_secret(name: str) -> bool:
+    return bool(SECRET_NAME.search(name))
+
+
+def redact_env(env: dict[str, Any]) -> dict[str, Any]:
+    """`env` with the values of secret-looking names replaced by ***."""
+    return {key: (MASK if looks_secret(key) else value) for key, value in env.items()}
+
+
 def dump_config(loaded: LoadedConfig) -> str:
-    """The resolved config as YAML (written to the run directory)."""
-    return yaml.safe_dump(loaded.config.model_dump(mode="json"), sort_keys=False)
+    """The resolved config as YAML (written to the run directory), secrets masked."""
+    data = loaded.config.model_dump(mode="json")
+    data["env"] = redact_env(data.get("env") or {})
+    return yaml.safe_dump(data, sort_keys=False)

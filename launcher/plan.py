@@ -17,7 +17,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from .config import ClusterConfig, HostSpec, LoadedConfig, effective_roles
+from .config import ClusterConfig, HostSpec, LoadedConfig, effective_roles, redact_env
 
 # Order of roles in TF_CONFIG and in the task list: the chief first.
 ROLE_ORDER = ("chief", "worker", "ps", "evaluator")
@@ -158,7 +158,7 @@ class Plan:
                     "lifetime": t.lifetime,
                     "cwd": t.cwd,
                     "command": t.shell_preview(),
-                    "env": dict(t.env),
+                    "env": redact_env(dict(t.env)),
                     "tf_config": _plain(t.tf_config),
                 }
                 for t in self.tasks
@@ -403,7 +403,7 @@ def render_plan(plan: Plan) -> str:
         out.append(f"  cwd:       {task.cwd}")
         out.append(f"  command:   {task.shell_preview()}")
         out.append(f"  TF_CONFIG: {task.tf_config_json()}")
-        for key, value in task.env.items():
+        for key, value in redact_env(dict(task.env)).items():
             out.append(f"  env:       {key}={value}")
         out.append("")
     return "\n".join(out)
