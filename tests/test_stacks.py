@@ -12,6 +12,7 @@ import signal
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
 from launcher.bootstrap import stacks_signal
@@ -75,7 +76,7 @@ def test_another_signal_can_be_chosen(agent, tmp_path):
 def test_a_stopped_task_gets_an_error_not_a_hang(agent, tmp_path):
     pid = start_hung(agent, tmp_path)
     os.kill(pid, signal.SIGSTOP)
-    wait_for(lambda: open(f"/proc/{pid}/stat").read().split(")")[1].split()[0] == "T",
+    wait_for(lambda: psutil.Process(pid).status() == psutil.STATUS_STOPPED,
              timeout=10, what="the task stopped")
     agent.send({"op": "stacks", "tasks": ["worker0"]})
     reply = agent.wait_event("stacks", task="worker0")
