@@ -61,10 +61,12 @@ def parse_message(raw: bytes) -> dict[str, Any]:
     """One line from an agent as a dict: its JSON object, else a `log` message."""
     try:
         message = json.loads(raw)
-    except (ValueError, RecursionError):  # bad JSON, bad UTF-8, absurd nesting
+    except Exception:  # noqa: BLE001 - bad JSON, bad UTF-8, absurd nesting: all the same
         message = None
-    if isinstance(message, dict) and message.get("ev") not in _RESERVED_EVENTS:
-        return message
+    if isinstance(message, dict):
+        event = message.get("ev")
+        if not (isinstance(event, str) and event in _RESERVED_EVENTS):
+            return message
     return {"ev": "log", "text": raw[:_LOG_TEXT_MAX].decode("utf-8", "replace").rstrip()}
 
 
