@@ -724,13 +724,14 @@ def _read_error_file(path: str) -> object:
         return None
 
 
-def _skip_line(stream) -> int:
+def _skip_line(stream, on_chunk=lambda: None) -> int:
     """Read and drop the rest of a line; its length without the newline."""
     skipped = 0
     while True:
         chunk = stream.readline(_CHUNK)
         if not chunk:
             return skipped
+        on_chunk()
         if chunk.endswith(b"\n"):
             return skipped + len(chunk) - 1
         skipped += len(chunk)
@@ -1029,21 +1030,60 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def read_commands(agent: Agent, stdin) -> None:
-    """Run each command line until EOF. Commands run on this thread: tasks are
-    started from it, and PR_SET_PDEATHSIG fires when the thread that started a
-    task ends, so it must live as long as the agent."""
+    """Run each command line until EOF.
+
+    A thread reads stdin and renews the lease; this one runs the commands.
+    Reading never waits on a command: one stuck writing to a slow launcher
+    (a full SSH window) must not leave the pings unread and the lease to run
+    out. Commands run on this thread: tasks are started from it, and
+    PR_SET_PDEATHSIG fires when the thread that started a task ends, so it
+    must live as long as the agent.
+    """
+    lines = _Lines()
+    threading.Thread(target=_read_stdin, args=(agent, stdin, lines), daemon=True).start()
     while True:
-        raw = stdin.readline(MAX_COMMAND_BYTES + 1)
-        if not raw:
+        item = lines.get()
+        if item is None:
             return
-        agent.heard()
-        if len(raw) > MAX_COMMAND_BYTES and not raw.endswith(b"\n"):
-            size = len(raw) + _skip_line(stdin)
+        if isinstance(item, str):
+            agent.emit("log", text=item)
+        else:
+            agent.dispatch(item)
+
+
+class _Lines:
+    """A queue between two threads (the queue module costs ~1 ms of start-up)."""
+
+    def __init__(self) -> None:
+        self._items: collections.deque[bytes | str | None] = collections.deque()
+        self._ready = threading.Semaphore(0)
+
+    def put(self, item: bytes | str | None) -> None:
+        self._items.append(item)
+        self._ready.release()
+
+    def get(self) -> bytes | str | None:
+        self._ready.acquire()
+        return self._items.popleft()
+
+
+def _read_stdin(agent: Agent, stdin, lines: _Lines) -> None:
+    """Lines for `read_commands` (a str: a log to send instead), None at EOF."""
+    try:
+        while True:
+            raw = stdin.readline(MAX_COMMAND_BYTES + 1)
+            if not raw:
+                return
             agent.heard()
-            agent.emit("log", text=f"ignored a command of {size} bytes "
-                       f"(longer than {MAX_COMMAND_BYTES})")
-            continue
-        agent.dispatch(raw)
+            if len(raw) > MAX_COMMAND_BYTES and not raw.endswith(b"\n"):
+                size = len(raw) + _skip_line(stdin, agent.heard)
+                lines.put(f"ignored a command of {size} bytes (longer than {MAX_COMMAND_BYTES})")
+                continue
+            lines.put(raw)
+    except (OSError, ValueError):
+        return
+    finally:
+        lines.put(None)
 
 
 def _exit_on_signal(signum: int, _frame) -> None:

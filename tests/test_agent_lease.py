@@ -19,9 +19,11 @@ import subprocess
 import sys
 import time
 
+import psutil
+
 from launcher.agent import EXIT_LEASE
 from launcher.transport.link import AgentLink
-from tests.agentproc import AgentProc
+from tests.agentproc import AgentProc, agent_env
 from tests.conftest import alive, wait_for
 
 # A task and a child in its process group; both print their pids.
@@ -55,11 +57,11 @@ def test_a_silent_launcher_makes_the_agent_stop_its_tasks_and_exit(tmp_path):
     pids: tuple[int, int] = (0, 0)
     try:
         assert agent.hello()["lease_s"] == lease
+        before = time.monotonic()  # the start command is the last thing it hears
         pids = family(agent)
-        heard = time.monotonic()  # the start command was the last thing it heard
         # stdin stays open: no EOF, only silence.
         code = agent.proc.wait(timeout=lease + grace + 10)
-        took = time.monotonic() - heard
+        took = time.monotonic() - before
         assert code == EXIT_LEASE, agent.proc.stderr.read() if agent.proc.stderr else ""
         assert not alive(pids), pids
         assert lease <= took < lease + grace + 5, took
@@ -177,3 +179,57 @@ def test_a_reused_pid_is_never_killed(tmp_path):
         stranger.wait()
         if agent is not None:
             agent.close()
+
+
+class CountingPipe:
+    """The agent's stdin, counting the pings written to it."""
+
+    def __init__(self, pipe) -> None:
+        self.pipe = pipe
+        self.pings = 0
+
+    def write(self, data: bytes) -> int:
+        self.pings += data == b'{"op":"ping"}\n'
+        return self.pipe.write(data)
+
+    def flush(self) -> None:
+        self.pipe.flush()
+
+    def close(self) -> None:
+        self.pipe.close()
+
+
+def test_a_launcher_slow_to_read_still_keeps_the_lease(tmp_path):
+    # Nobody reads the agent's stdout: its writes block (as behind a full SSH
+    # window), and with them whatever command is being answered. The pings
+    # still arrive, so the lease holds.
+    lease = 1.0
+    chatty = "import sys\nwhile True:\n    sys.stdout.write('x' * 1000 + '\\n')\n"
+    proc = subprocess.Popen(
+        [sys.executable, "-S", "-m", "launcher.agent", "--host", "h1", "--run-dir",
+         str(tmp_path / "run"), "--eof-grace", "0.5", "--lease", str(lease)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=agent_env(),
+        start_new_session=True)
+    stdin = CountingPipe(proc.stdin)
+    link = AgentLink("h1", stdin, io.BytesIO(), queue.Queue(), ping_every_s=0.2)
+    try:
+        link.send({"op": "start", "task": "w", "argv": [sys.executable, "-c", chatty],
+                   "env": {}, "tf_config": "{}"})
+        wait_for(lambda: task_of(proc.pid), timeout=30, what="the task")
+        task = task_of(proc.pid)
+        # A command to answer: the answer cannot be written, the command waits.
+        link.send({"op": "stacks", "tasks": ["nobody"]})
+        wait_for(lambda: stdin.pings >= 5 * lease / 0.2, timeout=30, what="five leases of pings")
+        assert proc.poll() is None and alive([task]) == [task]
+        link.close()
+        proc.stdout.close()  # its writes fail now: it can act on the EOF
+        proc.wait(timeout=15)
+        assert not alive([task])
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def task_of(agent: int) -> int:
+    children = psutil.Process(agent).children()
+    return children[0].pid if children else 0
