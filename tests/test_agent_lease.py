@@ -22,7 +22,10 @@ import time
 import psutil
 
 from launcher.agent import EXIT_LEASE
+from launcher.plan import HostTarget
 from launcher.transport.link import AgentLink
+from launcher.transport.local import LocalTransport
+from launcher.transport.ssh import agent_command
 from tests.agentproc import AgentProc, agent_env
 from tests.conftest import alive, wait_for
 
@@ -233,3 +236,21 @@ def test_a_launcher_slow_to_read_still_keeps_the_lease(tmp_path):
 def task_of(agent: int) -> int:
     children = psutil.Process(agent).children()
     return children[0].pid if children else 0
+
+
+def test_the_transports_give_the_agent_its_lease(tmp_path):
+    assert agent_command("python3", "c/v", "h", "~/r", 2.0, 3.5).endswith(
+        "--eof-grace 2 --lease 3.5")
+    target = HostTarget(name="h1", address="127.0.0.1", python=sys.executable, gpus=(),
+                        ssh_user=None, ssh_port=22, identity_file=None,
+                        known_hosts="~/.ssh/known_hosts", host_key_policy="strict",
+                        ssh_config_file=None, connect_timeout_s=10.0)
+    transport = LocalTransport(cache_root=tmp_path / "cache", lease_s=2.5)
+    events: queue.Queue = queue.Queue()
+    links = transport.connect([target], str(tmp_path / "run"), events)
+    try:
+        hello = links["h1"].hello
+        assert hello is not None and hello["lease_s"] == 2.5 and hello["reaped"] == []
+    finally:
+        links["h1"].close()
+        transport.close()
