@@ -123,3 +123,19 @@ def test_stacks_signal_values(value, expected):
 def test_stacks_signal_refuses(value):
     with pytest.raises(ValueError):
         stacks_signal(value)
+
+
+def test_a_script_may_take_the_signal_for_itself(agent, tmp_path):
+    script = tmp_path / "own_handler.py"
+    script.write_text(
+        "import signal, threading\n"
+        "signal.signal(signal.SIGUSR1, lambda *_: print('mine', flush=True))\n"
+        "print('ready', flush=True)\n"
+        "threading.Event().wait()\n")
+    pid = agent.start_task("w", [sys.executable, "-m", "launcher.bootstrap", str(script)])
+    wait_for(lambda: "ready" in agent.output("w"), timeout=30, what="the task to be ready")
+    agent.send({"op": "stacks", "tasks": ["w"]})
+    reply = agent.wait_event("stacks", task="w")
+    assert "no stacks written" in reply["error"] and "its own handler" in reply["error"], reply
+    wait_for(lambda: "mine" in agent.output("w"), timeout=10, what="the script's own handler")
+    assert alive([pid]) == [pid]
