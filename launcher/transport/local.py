@@ -22,12 +22,17 @@ from . import HostProblem, TransportError
 from .link import AgentLink, AgentMessage
 
 HELLO_TIMEOUT_S = 30.0  # a cold Python start on a loaded machine; no TF import involved
+# How long an agent that hears nothing from the launcher keeps its tasks
+# (the link pings every second); the launcher passes restart.heartbeat_timeout_s.
+DEFAULT_LEASE_S = 10.0
 
 
 class LocalTransport:
-    def __init__(self, cache_root: Path | None = None, eof_grace_s: float = 2.0) -> None:
+    def __init__(self, cache_root: Path | None = None, eof_grace_s: float = 2.0,
+                 lease_s: float = DEFAULT_LEASE_S) -> None:
         self._cache_root = cache_root
         self._eof_grace_s = eof_grace_s
+        self._lease_s = lease_s
         self._procs: list[subprocess.Popen] = []
 
     def connect(
@@ -62,7 +67,7 @@ class LocalTransport:
         argv = [host.python, "-S", "-m", "launcher.agent",  # -S: see launcher.agent
                 "--host", host.name,
                 "--run-dir", host_run_dir(run_dir, "local", host.name),
-                "--eof-grace", str(self._eof_grace_s)]
+                "--eof-grace", str(self._eof_grace_s), "--lease", str(self._lease_s)]
         proc = subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             env=env, cwd=str(code_dir),
