@@ -311,11 +311,12 @@ def _launch(loaded: LoadedConfig, first_plan: Plan, make_plan, run_dir: Path,
                       on_terminal_lost=_stdout_gone)
     previous_hangup = _watch_terminal(printer)
     if config.transport == "local":
-        transport = LocalTransport()
+        transport = LocalTransport(lease_s=config.restart.heartbeat_timeout_s)
     elif config.transport == "slurm":
         from .transport.slurm import SlurmTransport
 
-        transport = SlurmTransport(read_allocation(os.environ).job_id)
+        transport = SlurmTransport(read_allocation(os.environ).job_id,
+                                   lease_s=config.restart.heartbeat_timeout_s)
     else:
         from .transport.ssh import SSHTransport  # paramiko is imported only when needed
 
@@ -324,7 +325,7 @@ def _launch(loaded: LoadedConfig, first_plan: Plan, make_plan, run_dir: Path,
             # words (a dropped connection, an aborted handshake): -v shows them.
             logging.getLogger("paramiko").addHandler(logging.NullHandler())
             logging.getLogger("paramiko").propagate = False
-        transport = SSHTransport()
+        transport = SSHTransport(lease_s=config.restart.heartbeat_timeout_s)
     events: queue.Queue = queue.Queue()
     printer.notice(
         f"job {config.name!r}: {len(first_plan.tasks)} tasks on {len(first_plan.hosts)} "

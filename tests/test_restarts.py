@@ -60,7 +60,8 @@ def test_a_checkpoint_that_advances_every_generation_keeps_restarts_free(workdir
     assert "saved step 4" in done.stdout  # each generation resumed where the last one saved
 
 
-def test_a_worker_that_never_joins_is_named_at_the_start_timeout(workdir: Path):
+def test_a_worker_that_never_joins_is_named_at_the_start_timeout_with_its_stack(
+        workdir: Path):
     config = cluster(workdir / "c.yaml", 2, "{max_restarts: 0, start_timeout_s: 12}")
     run_dir = workdir / "run"
     done = run_cli(["--run-dir", str(run_dir), str(config), str(SCRIPTS / "never_joins.py")],
@@ -75,3 +76,7 @@ def test_a_worker_that_never_joins_is_named_at_the_start_timeout(workdir: Path):
     launched = [e["t"] for e in events if e["event"] == "launch"][0]
     detected = [e["t"] for e in events if e["event"] == "failure_detected"][0]
     assert 12 <= detected - launched < 20
+    stacks = (run_dir / "stacks" / "worker1.txt").read_text()
+    assert "wait_for_data" in stacks and "never_joins.py" in stacks
+    assert any("wait_for_data" in frame for frame in cause["stack"]), cause["stack"]
+    assert "wait_for_data" in done.stdout  # the root cause printed at the end shows it

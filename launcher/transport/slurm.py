@@ -29,7 +29,6 @@ import signal
 import subprocess
 import threading
 import time
-from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -37,6 +36,7 @@ from ..plan import HostTarget, host_run_dir
 from ..shipping import install_local
 from ..slurm import allocation_ended
 from . import HostProblem, TransportError
+from .child import DEFAULT_LEASE_S, agent_argv, start_child_agent
 from .link import AgentLink, AgentMessage
 
 # srun asks slurmctld for the step first: a busy controller may take a while.
@@ -59,7 +59,8 @@ def srun_argv(job_id: str, host: HostTarget, agent_argv: Sequence[str],
 
 
 class SlurmTransport:
-    def __init__(self, job_id: str, *, eof_grace_s: float = 2.0, srun: str = "srun",
+    def __init__(self, job_id: str, *, eof_grace_s: float = 2.0,
+                 lease_s: float = DEFAULT_LEASE_S, srun: str = "srun",
                  cache_root: Path | None = None, require_tensorflow: bool = True,
                  signal_when_gone: bool | None = None) -> None:
         self._job_id = job_id
@@ -70,6 +71,7 @@ class SlurmTransport:
         self._closed = threading.Event()
         self._watching = False
         self._eof_grace_s = eof_grace_s
+        self._lease_s = lease_s
         self._srun = srun
         self._cache_root = cache_root
         self._require_tf = require_tensorflow
@@ -130,51 +132,17 @@ class SlurmTransport:
 
     def _start_agent(self, host: HostTarget, run_dir: str, code_dir: Path,
                      events: queue.Queue[AgentMessage]) -> AgentLink:
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(code_dir), env.get("PYTHONPATH")) if p)
-        agent = [host.python, "-S", "-m", "launcher.agent",  # -S: see launcher.agent
-                 "--host", host.name,
-                 "--run-dir", host_run_dir(run_dir, "slurm", host.name),
-                 "--eof-grace", f"{self._eof_grace_s:g}"]
-        proc = subprocess.Popen(
-            srun_argv(self._job_id, host, agent, self._srun),
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            env=env, cwd=str(code_dir),
-            # Own session: Ctrl-C in the terminal reaches the launcher only (srun
-            # would cancel its step at once; the launcher stops tasks first).
-            start_new_session=True,
-        )
-        with self._lock:
-            self._procs.append(proc)
-        stderr_tail: deque[str] = deque(maxlen=20)
-
-        def drain_stderr() -> None:
-            for raw in iter(proc.stderr.readline, b""):
-                stderr_tail.append(raw.decode("utf-8", "replace").rstrip())
-
-        threading.Thread(target=drain_stderr, daemon=True, name=f"srun-{host.name}").start()
-
-        def diagnostics() -> str:
-            try:
-                code = proc.wait(timeout=2.0)  # the pipe closed; srun's exit follows
-            except subprocess.TimeoutExpired:
-                code = None
-            detail = " | ".join(list(stderr_tail)[-3:])
-            if code is None:
-                return detail
-            return f"srun (node {host.address}) exited with {code}" + (
-                f": {detail}" if detail else "")
-
-        def on_close() -> None:
+        agent = agent_argv(host.python, host.name, host_run_dir(run_dir, "slurm", host.name),
+                           self._eof_grace_s, self._lease_s)
+        proc, link = start_child_agent(
+            srun_argv(self._job_id, host, agent, self._srun), host.name, code_dir, events,
+            eof_grace_s=self._eof_grace_s,
+            describe_exit=lambda code: f"srun (node {host.address}) exited with {code}",
             # The agent ends on EOF (srun passes it on); a step that does not
             # end within the grace is cancelled: SIGTERM makes srun cancel it.
-            timer = threading.Timer(self._eof_grace_s + 3.0, _end_srun, args=(proc,))
-            timer.daemon = True
-            timer.start()
-
-        link = AgentLink(host.name, proc.stdin, proc.stdout, events, on_close=on_close,
-                         diagnostics=diagnostics)
-        link.start_reading()
+            end=_end_srun, exit_wait_s=2.0)
+        with self._lock:
+            self._procs.append(proc)
         return link
 
     def _watch_allocation(self) -> None:

@@ -30,6 +30,10 @@ from ..plan import HostTarget, host_run_dir
 from ..shipping import USE_MARKER, bundle_files, bundle_id, stale_bundles
 from . import HostProblem, TransportError
 from ._paramiko import paramiko
+
+# The lease matters most here: behind a partition no EOF ever reaches an
+# agent, and sshd may keep the session for hours.
+from .child import DEFAULT_LEASE_S
 from .link import AgentLink, AgentMessage
 from .ssh_connect import Connector, Endpoint, Refused
 
@@ -40,10 +44,6 @@ SILENT_AGENT_S = 5.0
 HELLO_TIMEOUT_S = 30.0  # cold Python start on a loaded host; no TensorFlow import involved
 EXIT_BUNDLE_MISSING = 98  # our probe's exit code: the cache has no bundle of this version
 REMOTE_CACHE = ".cache/mgpu-launch/code"  # relative to the remote home directory
-# How long an agent that hears nothing from the launcher keeps its tasks (the
-# link pings every second): behind a partition no EOF ever reaches it, and
-# sshd may keep the session for hours. The launcher passes heartbeat_timeout_s.
-DEFAULT_LEASE_S = 10.0
 
 
 # ---------------------------------------------------------------- the agent
