@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from .config import ConfigError, LoadedConfig, load_config
+from .config import ConfigError, LoadedConfig, load_config, looks_secret
 from .plan import (
     ROLE_ORDER,
     Plan,
@@ -166,6 +166,21 @@ def slurm_script(loaded: LoadedConfig, command: Sequence[str], *, port_base: int
 
 # ------------------------------------------------------------------- TFJob
 
+# `restartPolicy` of every replica when restarts are allowed (max_restarts > 0).
+# The operator's ExitCode policy reads the exit code of the `tensorflow` container:
+# 128-255 (killed by a signal: 137 SIGKILL or the OOM killer, 143 SIGTERM, e.g. an
+# eviction) is retryable, the pod is recreated; 1-127 is permanent, the job fails.
+# So a Python exception (exit 1) fails the job at once instead of being retried
+# in vain, and a kill is retried, up to runPolicy.backoffLimit (max_restarts).
+# Exit 42 (the runtime's "restart me" after a save on SIGTERM) is in 1-127 too:
+# permanent under ExitCode; and under multi_worker_mirrored the peers of a killed
+# worker usually end with a TensorFlow error (a Python exception, exit 1), which
+# fails the job. OnFailure (--restart-policy) restarts on any failure, as the
+# launcher does over SSH.
+TFJOB_RESTART_POLICIES = ("ExitCode", "OnFailure")
+DEFAULT_TFJOB_RESTART_POLICY = "ExitCode"
+CHECKPOINT_VOLUME = "checkpoints"
+
 
 def _dns_name(name: str) -> str:
     """A TFJob name must be a DNS-1035 label: lower case, digits and '-', a letter first."""
@@ -175,20 +190,37 @@ def _dns_name(name: str) -> str:
     return label[:63].rstrip("-")
 
 
+def tfjob_secret_name(job_name: str) -> str:
+    """The Secret that holds the secret-looking `env` values of TFJob `job_name`."""
+    return f"{job_name}-env"
+
+
+def _env_var(name: str, value: str, secret: str) -> dict[str, Any]:
+    """One container env entry: a secret-looking name (config.looks_secret) reads
+    its value from key NAME of Secret `secret`, so the value is never written."""
+    if looks_secret(name):
+        return {"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": name}}}
+    return {"name": name, "value": value}
+
+
 def tfjob_manifest(loaded: LoadedConfig, command: Sequence[str], *, image: str = DEFAULT_IMAGE,
                    checkpoint_dir: str | None = None, pvc: str | None = None,
-                   namespace: str | None = None) -> dict[str, Any]:
+                   namespace: str | None = None,
+                   restart_policy: str = DEFAULT_TFJOB_RESTART_POLICY) -> dict[str, Any]:
     """A kubeflow.org/v1 TFJob: one replica spec per role, counts summed over the hosts."""
+    if restart_policy not in TFJOB_RESTART_POLICIES:
+        raise ExportError(f"restart policy {restart_policy!r}: one of "
+                          f"{', '.join(TFJOB_RESTART_POLICIES)}")
     config = loaded.config
     if checkpoint_dir is None:
         configured = config.checkpoint.dir
         checkpoint_dir = (configured if configured and configured.startswith("/")
                           else f"{K8S_CHECKPOINT_ROOT}/{config.name}")
     plan = _plan(loaded, command)
-    # The launcher restarts on any failure, up to max_restarts: OnFailure with the same
-    # backoff limit. (ExitCode would give up on exit codes 1-127, e.g. a Python exception.)
-    restart_policy = "OnFailure" if config.restart.max_restarts > 0 else "Never"
-    argv = [config.python or "python3", *command]
+    name = _dns_name(config.name)
+    secret = tfjob_secret_name(name)
+    # max_restarts 0: no restart at all (the operator's default, Never).
+    policy = restart_policy if config.restart.max_restarts > 0 else "Never"
 
     specs: dict[str, Any] = {}
     for role in ROLE_ORDER:
@@ -197,54 +229,141 @@ def tfjob_manifest(loaded: LoadedConfig, command: Sequence[str], *, image: str =
             continue
         gpus = _gpus(tasks)
         env = _shared_env(tasks[0], checkpoint_dir=checkpoint_dir)
+        # The plan's command: the script, or the launcher's TensorFlow server for the
+        # workers and ps of a parameter_server job (they only serve the chief).
+        argv = [config.python or "python3", *tasks[0].command]
         container: dict[str, Any] = {
             "name": TFJOB_CONTAINER,
             "image": image,
-            "command": list(argv),
-            "env": [{"name": k, "value": v}
+            "command": argv,
+            "env": [_env_var(k, v, secret)
                     for k, v in sorted({**env, "MGPU_TASK_TYPE": role}.items())],
         }
         if config.workdir and config.workdir.startswith("/"):
             container["workingDir"] = config.workdir
         if gpus:
-            container["resources"] = {"limits": {"nvidia.com/gpu": gpus}}
+            # A quantity: the core API's type is a string (the CRD also takes an integer).
+            container["resources"] = {"limits": {"nvidia.com/gpu": str(gpus)}}
         pod: dict[str, Any] = {"containers": [container]}
         if pvc:
-            container["volumeMounts"] = [{"name": "checkpoints", "mountPath": checkpoint_dir}]
-            pod["volumes"] = [{"name": "checkpoints",
+            container["volumeMounts"] = [{"name": CHECKPOINT_VOLUME, "mountPath": checkpoint_dir}]
+            pod["volumes"] = [{"name": CHECKPOINT_VOLUME,
                                "persistentVolumeClaim": {"claimName": pvc}}]
         specs[TFJOB_REPLICA_TYPES[role]] = {
             "replicas": len(tasks),
-            "restartPolicy": restart_policy,
+            "restartPolicy": policy,
             "template": {"spec": pod},
         }
-    metadata: dict[str, Any] = {"name": _dns_name(config.name),
+    metadata: dict[str, Any] = {"name": name,
                                 "labels": {"app.kubernetes.io/created-by": "mgpu-launch"}}
     if namespace:
         metadata["namespace"] = namespace
-    return {
-        "apiVersion": "kubeflow.org/v1",
-        "kind": "TFJob",
-        "metadata": metadata,
-        "spec": {
-            "runPolicy": {
-                "backoffLimit": config.restart.max_restarts,
-                # Parameter servers never exit by themselves: delete what still runs.
-                "cleanPodPolicy": "Running",
-            },
-            "tfReplicaSpecs": specs,
+    spec: dict[str, Any] = {
+        "runPolicy": {
+            # The operator's budget of restarts for the whole job.
+            "backoffLimit": config.restart.max_restarts,
+            # When the job ends, delete the pods still running (the ps and workers of a
+            # parameter_server job never exit by themselves); finished pods keep their logs.
+            "cleanPodPolicy": "Running",
         },
     }
+    if config.strategy != "parameter_server":
+        # As the launcher: the job succeeds when every worker has exited 0, not when
+        # worker 0 has (the operator's default). With a Chief replica the operator
+        # judges by the chief alone, which under MWMS finishes with the workers.
+        spec["successPolicy"] = "AllWorkers"
+    # parameter_server: the default, the chief (the coordinator, the only task that
+    # runs the script) exiting 0 is success; its servers are then deleted.
+    spec["tfReplicaSpecs"] = specs
+    return {"apiVersion": "kubeflow.org/v1", "kind": "TFJob", "metadata": metadata, "spec": spec}
+
+
+def tfjob_secret_refs(manifest: dict[str, Any]) -> dict[str, list[str]]:
+    """Secret name -> the keys the manifest's containers read from it."""
+    refs: dict[str, set[str]] = {}
+    for spec in manifest["spec"]["tfReplicaSpecs"].values():
+        for container in spec["template"]["spec"]["containers"]:
+            for var in container.get("env", []):
+                ref = var.get("valueFrom", {}).get("secretKeyRef")
+                if ref:
+                    refs.setdefault(ref["name"], set()).add(ref["key"])
+    return {name: sorted(keys) for name, keys in sorted(refs.items())}
+
+
+def tfjob_secret_commands(manifest: dict[str, Any]) -> list[str]:
+    """`kubectl create secret generic ...` for each Secret the manifest reads (values elided)."""
+    namespace = manifest["metadata"].get("namespace")
+    where = f" -n {shlex.quote(namespace)}" if namespace else ""
+    return [f"kubectl create secret generic {name}{where} "
+            + " ".join(f"--from-literal={key}=..." for key in keys)
+            for name, keys in tfjob_secret_refs(manifest).items()]
+
+
+def _pod_spec(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The pod spec of the manifest's first replica type (they share env and volumes)."""
+    return next(iter(manifest["spec"]["tfReplicaSpecs"].values()))["template"]["spec"]
+
+
+def _plain_env(manifest: dict[str, Any]) -> dict[str, str]:
+    return {v["name"]: v["value"] for v in _pod_spec(manifest)["containers"][0].get("env", [])
+            if "value" in v}
+
+
+def _checkpoint_volume(manifest: dict[str, Any]) -> tuple[str, str | None]:
+    """(MGPU_CHECKPOINT_DIR, the PVC mounted there or None) of the manifest."""
+    claims = [v["persistentVolumeClaim"]["claimName"]
+              for v in _pod_spec(manifest).get("volumes", [])
+              if v["name"] == CHECKPOINT_VOLUME and "persistentVolumeClaim" in v]
+    return _plain_env(manifest).get("MGPU_CHECKPOINT_DIR", "?"), (claims[0] if claims else None)
 
 
 def render_tfjob(manifest: dict[str, Any], source: str) -> str:
-    header = (
-        f"# Kubeflow TFJob written by `mgpu-launch export --to tfjob` from {source}.\n"
-        "# Apply with: kubectl apply -f THIS_FILE (needs the Kubeflow training operator).\n"
-        "# The operator sets TF_CONFIG in every pod. The image must hold the training\n"
-        "# script and its dependencies; MGPU_CHECKPOINT_DIR must be shared by every pod\n"
-        "# (use --pvc NAME to mount a ReadWriteMany volume there).\n"
-    )
+    spec = manifest["spec"]
+    policy = next(iter(spec["tfReplicaSpecs"].values()))["restartPolicy"]
+    limit = spec["runPolicy"]["backoffLimit"]
+    lines = [
+        f"Kubeflow TFJob written by `mgpu-launch export --to tfjob` from {source}.",
+        "Apply with: kubectl apply -f THIS_FILE (needs the Kubeflow training operator).",
+        "The operator sets TF_CONFIG in every pod. The image must hold the training",
+        "script and its dependencies (and mgpu-launch for a parameter_server job).",
+        "",
+    ]
+    if policy == "ExitCode":
+        lines += [
+            f"Restarts: restartPolicy ExitCode, up to backoffLimit {limit} for the job. A pod",
+            "killed by a signal (exit 128-255: 137 SIGKILL or out of memory, 143 SIGTERM)",
+            "is recreated; an exit 1-127 fails the job for good: a Python exception (1),",
+            "also the runtime's exit 42 after save_on_sigterm.",
+        ]
+        if _plain_env(manifest).get("MGPU_STRATEGY") == "multi_worker_mirrored":
+            lines += ["Under multi_worker_mirrored the peers of a killed worker usually fail",
+                      "with a TensorFlow error (exit 1): export with --restart-policy OnFailure",
+                      "to restart on any failure."]
+    elif policy == "OnFailure":
+        lines += ["Restarts: restartPolicy OnFailure, any failure (a Python exception too),",
+                  f"up to backoffLimit {limit} for the job."]
+    else:
+        lines += ["Restarts: none (restart.max_restarts is 0): the first failure fails the job."]
+    if "Chief" in spec["tfReplicaSpecs"]:
+        # The operator judges a job with a Chief replica by the chief alone.
+        lines.append("Succeeds when the chief has exited 0 (with a Chief replica the operator "
+                     "judges by it).")
+    else:
+        lines.append("Succeeds when every worker has exited 0 (successPolicy: AllWorkers).")
+    lines.append("When it ends, the pods still running are deleted (cleanPodPolicy: Running).")
+    checkpoint_dir, claim = _checkpoint_volume(manifest)
+    if claim:
+        lines.append(f"Checkpoints: {checkpoint_dir}, on PersistentVolumeClaim {claim} "
+                     "(ReadWriteMany: every pod sees it).")
+    else:
+        lines += [f"WARNING: checkpoints go to {checkpoint_dir} inside each pod: not shared, and",
+                  "lost when a pod is recreated, so a restart starts over. Export with --pvc NAME",
+                  "(a ReadWriteMany PersistentVolumeClaim) to mount a shared volume there."]
+    commands = tfjob_secret_commands(manifest)
+    if commands:
+        lines += ["Secret-looking env values are not in this file: they are read from a Secret.",
+                  "Create it first, with the values:", *(f"  {c}" for c in commands)]
+    header = "".join(f"# {line}\n" if line else "#\n" for line in lines)
     return header + yaml.dump(manifest, Dumper=_PlainDumper, sort_keys=False)
 
 
@@ -277,9 +396,25 @@ def _parser() -> argparse.ArgumentParser:
                         help=f"tfjob: checkpoint dir in the pods (default checkpoint.dir when "
                         f"absolute, else {K8S_CHECKPOINT_ROOT}/NAME)")
     parser.add_argument("--namespace", help="tfjob: metadata.namespace")
+    parser.add_argument("--restart-policy", choices=TFJOB_RESTART_POLICIES,
+                        default=DEFAULT_TFJOB_RESTART_POLICY,
+                        help="tfjob: restartPolicy when restart.max_restarts > 0 (default "
+                        f"{DEFAULT_TFJOB_RESTART_POLICY}: only pods killed by a signal are "
+                        "restarted; OnFailure: any failure)")
     parser.add_argument("cluster", metavar="CLUSTER.yaml")
     parser.add_argument("command", metavar="SCRIPT [ARGS...]", nargs=argparse.REMAINDER)
     return parser
+
+
+def _tfjob_notes(manifest: dict[str, Any]) -> None:
+    """What must be done besides `kubectl apply`, on stderr (also in the file's header)."""
+    for command in tfjob_secret_commands(manifest):
+        print(f"mgpu-launch export: secret-looking env values are read from a Secret; "
+              f"create it first: {command}", file=sys.stderr)
+    checkpoint_dir, claim = _checkpoint_volume(manifest)
+    if claim is None:
+        print(f"mgpu-launch export: warning: no --pvc: {checkpoint_dir} is not shared by the "
+              "pods and a restarted pod starts over", file=sys.stderr)
 
 
 def main(argv: Sequence[str]) -> int:
@@ -301,8 +436,10 @@ def main(argv: Sequence[str]) -> int:
         else:
             manifest = tfjob_manifest(loaded, command, image=args.image,
                                       checkpoint_dir=args.checkpoint_dir, pvc=args.pvc,
-                                      namespace=args.namespace)
+                                      namespace=args.namespace,
+                                      restart_policy=args.restart_policy)
             text = render_tfjob(manifest, args.cluster)
+            _tfjob_notes(manifest)
     except ConfigError as exc:
         print(f"mgpu-launch: {exc}", file=sys.stderr)
         return EXIT_USAGE

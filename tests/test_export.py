@@ -3,7 +3,7 @@
 The Slurm batch script runs mgpu-launch itself with `transport: slurm`: here
 its YAML is checked to give the launcher's plan inside an allocation (sbatch on
 a real Slurm cluster is tests/test_slurm.py). The TFJob manifest is
-checked against the fields and types of the kubeflow.org/v1 TFJob API.
+checked against the training operator's published schema (tests/tfjob_schema.py).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from launcher.config import ConfigError, load_config
+from launcher.export import ExportError, render_tfjob, tfjob_manifest
 from launcher.slurm import (
     Allocation,
     SlurmError,
@@ -24,6 +25,7 @@ from launcher.slurm import (
     with_allocation,
 )
 from tests.conftest import run_cli
+from tests.tfjob_schema import validate_tfjob
 
 TWO_BY_TWO = """\
 name: digits
@@ -134,108 +136,49 @@ def test_slurm_script_keeps_roles_and_spares(tmp_path: Path):
 
 
 # ------------------------------------------------------------------- TFJob
-
-# Fields and types of kubeflow.org/v1 TFJob as defined by the training operator
-# (pkg/apis/kubeflow.org/v1/tensorflow_types.go and common_types.go), plus the
-# parts of the core PodTemplateSpec we write. A key not listed is an error.
-INT, STR = int, str
-RESTART_POLICIES = {"Always", "OnFailure", "Never", "ExitCode"}
-CLEAN_POD_POLICIES = {"All", "Running", "None"}
-REPLICA_TYPES = {"Chief", "Master", "Worker", "PS", "Evaluator"}
-CONTAINER = {"name": STR, "image": STR, "command": [STR], "args": [STR], "workingDir": STR,
-             "env": [{"name": STR, "value": STR}],
-             "resources": {"limits": {"*": (INT, STR)}, "requests": {"*": (INT, STR)}},
-             "volumeMounts": [{"name": STR, "mountPath": STR}],
-             "ports": [{"name": STR, "containerPort": INT}]}
-REPLICA_SPEC = {
-    "replicas": INT,
-    "restartPolicy": RESTART_POLICIES,
-    "template": {"metadata": {"labels": {"*": STR}},
-                 "spec": {"containers": [CONTAINER],
-                          "volumes": [{"name": STR,
-                                       "persistentVolumeClaim": {"claimName": STR}}]}},
-}
-TFJOB = {
-    "apiVersion": {"kubeflow.org/v1"},
-    "kind": {"TFJob"},
-    "metadata": {"name": STR, "namespace": STR, "labels": {"*": STR}},
-    "spec": {
-        "runPolicy": {"cleanPodPolicy": CLEAN_POD_POLICIES, "ttlSecondsAfterFinished": INT,
-                      "activeDeadlineSeconds": INT, "backoffLimit": INT},
-        "successPolicy": {"", "AllWorkers"},
-        "enableDynamicWorker": bool,
-        "tfReplicaSpecs": {"*": REPLICA_SPEC},
-    },
-}
-REQUIRED = {("spec", "tfReplicaSpecs"), ("apiVersion",), ("kind",), ("metadata", "name")}
+# Every manifest is validated against the training operator's published schema
+# (the kubeflow-training SDK's models, tests/tfjob_schema.py).
 
 
-def _check(value, schema, path="") -> list[str]:
-    if isinstance(schema, set):
-        return [] if value in schema else [f"{path}: {value!r} not one of {sorted(schema)}"]
-    if isinstance(schema, list):
-        if not isinstance(value, list):
-            return [f"{path}: expected a list"]
-        return [e for i, item in enumerate(value) for e in _check(item, schema[0], f"{path}[{i}]")]
-    if isinstance(schema, dict):
-        if not isinstance(value, dict):
-            return [f"{path}: expected a mapping"]
-        errors = []
-        for key, item in value.items():
-            sub = schema.get(key, schema.get("*"))
-            if sub is None:
-                errors.append(f"{path}.{key}: not a field of the TFJob API")
-            else:
-                errors += _check(item, sub, f"{path}.{key}")
-        return errors
-    if schema is bool:
-        return [] if isinstance(value, bool) else [f"{path}: expected a boolean"]
-    types = schema if isinstance(schema, tuple) else (schema,)
-    ok = isinstance(value, types) and not isinstance(value, bool)
-    return [] if ok else [f"{path}: expected {schema}, got {value!r}"]
+def _tfjob(tmp_path: Path, text: str, *options: str) -> tuple[dict, str, str]:
+    """(manifest, file text, stderr) of `export --to tfjob` for cluster YAML `text`."""
+    cluster = _write(tmp_path, "cluster.yaml", text)
+    out = tmp_path / "job.yaml"
+    done = run_cli(["export", "--to", "tfjob", "-o", str(out), *options, str(cluster),
+                    "train.py", "--epochs", "3"], cwd=tmp_path, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert oct(out.stat().st_mode & 0o777) == "0o600"
+    text = out.read_text()
+    manifest = yaml.safe_load(text)
+    validate_tfjob(manifest)
+    return manifest, text, done.stderr
 
 
-def _validate_tfjob(manifest: dict) -> None:
-    errors = _check(manifest, TFJOB)
-    for path in REQUIRED:
-        node = manifest
-        for key in path:
-            node = node.get(key) if isinstance(node, dict) else None
-        if node is None:
-            errors.append(f"{'.'.join(path)}: required")
-    name = manifest["metadata"]["name"]
-    if not re.fullmatch(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?", name):
-        errors.append(f"metadata.name {name!r} is not a DNS-1035 label")
-    for kind, spec in manifest["spec"]["tfReplicaSpecs"].items():
-        if kind not in REPLICA_TYPES:
-            errors.append(f"tfReplicaSpecs.{kind}: unknown replica type")
-        containers = spec["template"]["spec"]["containers"]
-        if not any(c["name"] == "tensorflow" and c.get("image") for c in containers):
-            errors.append(f"tfReplicaSpecs.{kind}: needs a container 'tensorflow' with an image")
-    assert not errors, "\n".join(errors)
+def _containers(manifest: dict) -> dict[str, dict]:
+    return {kind: spec["template"]["spec"]["containers"][0]
+            for kind, spec in manifest["spec"]["tfReplicaSpecs"].items()}
 
 
 def test_tfjob_for_chief_workers_and_ps(tmp_path: Path):
     # chief + 2 workers + 1 ps, as the issue asks.
     text = PARAMETER_SERVER.replace("  - address: node03\n    roles: {worker: 1}\n", "")
     text = text.replace("roles: {worker: 1}", "roles: {worker: 2}")
-    cluster = _write(tmp_path, "ps.yaml", text)
-    out = tmp_path / "job.yaml"
-    done = run_cli(["export", "--to", "tfjob", "-o", str(out), "--image", "reg/img:1",
-                    "--pvc", "shared-ckpt", str(cluster), "train.py", "--epochs", "3"],
-                   cwd=tmp_path, timeout=60)
-    assert done.returncode == 0, done.stderr
-    assert "&id" not in out.read_text()  # no YAML anchors in a file people edit
-    manifest = yaml.safe_load(out.read_text())
-    _validate_tfjob(manifest)
+    manifest, written, stderr = _tfjob(tmp_path, text, "--image", "reg/img:1",
+                                       "--pvc", "shared-ckpt")
+    assert "&id" not in written  # no YAML anchors in a file people edit
+    assert "warning" not in stderr  # the checkpoint dir is on the PVC
     specs = manifest["spec"]["tfReplicaSpecs"]
     assert {k: v["replicas"] for k, v in specs.items()} == {"Chief": 1, "Worker": 2, "PS": 1}
-    assert {v["restartPolicy"] for v in specs.values()} == {"OnFailure"}
-    assert manifest["spec"]["runPolicy"]["backoffLimit"] == 3
+    assert {v["restartPolicy"] for v in specs.values()} == {"ExitCode"}
+    assert manifest["spec"]["runPolicy"] == {"backoffLimit": 3, "cleanPodPolicy": "Running"}
+    # parameter_server: the default success policy, the chief (the coordinator) decides.
+    assert "successPolicy" not in manifest["spec"]
     assert manifest["metadata"]["name"] == "ps-job"
-    for kind, spec in specs.items():
-        container = spec["template"]["spec"]["containers"][0]
-        assert container["command"] == ["python3.11", "train.py", "--epochs", "3"]
+    for kind, container in _containers(manifest).items():
+        # The chief runs the script; workers and ps serve it, as in the launcher's plan.
+        assert container["command"] == (["python3.11", "train.py", "--epochs", "3"]
+                                        if kind == "Chief" else
+                                        ["python3.11", "-m", "launcher.runtime.server"])
         assert container["image"] == "reg/img:1"
         env = {e["name"]: e["value"] for e in container["env"]}
         assert env["TF_CPP_MIN_LOG_LEVEL"] == "2"
@@ -245,23 +188,73 @@ def test_tfjob_for_chief_workers_and_ps(tmp_path: Path):
         assert "TF_CONFIG" not in env  # the operator sets it
         assert container["volumeMounts"] == [{"name": "checkpoints",
                                               "mountPath": "/shared/ckpt/ps"}]
+        assert specs[kind]["template"]["spec"]["volumes"] == [
+            {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "shared-ckpt"}}]
+    header = "".join(line for line in written.splitlines(True) if line.startswith("#"))
+    assert "Succeeds when the chief has exited 0" in header
+    assert "restartPolicy ExitCode, up to backoffLimit 3" in header
+    assert "on PersistentVolumeClaim shared-ckpt" in header
+    assert "--restart-policy OnFailure" not in header  # the MWMS hint
 
 
-@pytest.mark.parametrize("max_restarts, policy", [(0, "Never"), (5, "OnFailure")])
-def test_tfjob_restart_policy_and_gpus(tmp_path: Path, max_restarts: int, policy: str):
-    cluster = _write(tmp_path, "c.yaml", TWO_BY_TWO.replace(
-        "max_restarts: 2", f"max_restarts: {max_restarts}").replace(
-        "address: node01\n", "address: node01\n    gpus: [0, 1]\n"))
-    done = run_cli(["export", "--to", "tfjob", str(cluster), "train.py"], cwd=tmp_path,
-                   timeout=60)
-    assert done.returncode == 0, done.stderr
-    manifest = yaml.safe_load(done.stdout)
-    _validate_tfjob(manifest)
+@pytest.mark.parametrize("max_restarts, option, policy", [
+    (0, None, "Never"), (5, None, "ExitCode"), (5, "OnFailure", "OnFailure"),
+    (5, "ExitCode", "ExitCode")])
+def test_tfjob_restart_policy_and_gpus(tmp_path: Path, max_restarts: int, option: str | None,
+                                       policy: str):
+    text = TWO_BY_TWO.replace("max_restarts: 2", f"max_restarts: {max_restarts}").replace(
+        "address: node01\n", "address: node01\n    gpus: [0, 1]\n")
+    options = ["--restart-policy", option] if option else []
+    manifest, written, stderr = _tfjob(tmp_path, text, *options)
     (kind, spec), = manifest["spec"]["tfReplicaSpecs"].items()
     assert kind == "Worker" and spec["replicas"] == 4 and spec["restartPolicy"] == policy
+    assert manifest["spec"]["runPolicy"]["backoffLimit"] == max_restarts
+    # multi_worker_mirrored without a chief: done when every worker is, as the launcher.
+    assert manifest["spec"]["successPolicy"] == "AllWorkers"
+    assert "Succeeds when every worker has exited 0" in written
     container = spec["template"]["spec"]["containers"][0]
-    assert container["resources"] == {"limits": {"nvidia.com/gpu": 2}}
+    assert container["resources"] == {"limits": {"nvidia.com/gpu": "2"}}
     assert container["image"] == "mgpu-launch-worker:latest"
+    assert container["command"] == ["python3", "train.py", "--epochs", "3"]
+    assert {"ExitCode": "exit 1-127 fails the job", "OnFailure": "any failure",
+            "Never": "Restarts: none"}[policy] in written.replace("\n# ", " ")
+    # A killed MWMS worker's peers fail with exit 1, permanent under ExitCode: said so.
+    assert ("export with --restart-policy OnFailure" in written) == (policy == "ExitCode")
+    # No --pvc: the checkpoint dir is each pod's own; said in the file and on stderr.
+    assert "volumes" not in spec["template"]["spec"] and "volumeMounts" not in container
+    assert "WARNING: checkpoints go to" in written
+    assert "warning: no --pvc" in stderr
+
+
+def test_tfjob_secret_env_comes_from_a_secret(tmp_path: Path):
+    """Issue 14: secret-looking env values never appear in the manifest."""
+    text = TWO_BY_TWO.replace('env: {', 'env: {HF_TOKEN: abc, WANDB_API_KEY: "k-9", ')
+    manifest, written, stderr = _tfjob(tmp_path, text, "--namespace", "ml")
+    assert "abc" not in written and "k-9" not in written and "abc" not in stderr
+    env = {e["name"]: e for e in _containers(manifest)["Worker"]["env"]}
+    for name in ("HF_TOKEN", "WANDB_API_KEY"):
+        assert env[name] == {"name": name, "valueFrom": {"secretKeyRef": {
+            "name": "digits-env", "key": name}}}
+    assert env["DATA_DIR"] == {"name": "DATA_DIR", "value": "/data/digits set"}
+    create = ("kubectl create secret generic digits-env -n ml "
+              "--from-literal=HF_TOKEN=... --from-literal=WANDB_API_KEY=...")
+    assert f"#   {create}\n" in written
+    assert create in stderr
+
+
+def test_tfjob_manifest_in_process(tmp_path: Path):
+    """The library call: a name made a DNS-1035 label, a workdir, an unknown policy refused."""
+    loaded = load_config(_write(tmp_path, "c.yaml", TWO_BY_TWO.replace(
+        "name: digits", "name: 2_Digits.Run\nworkdir: /srv/train")))
+    manifest = tfjob_manifest(loaded, ["train.py"], checkpoint_dir="/ckpt", pvc="p")
+    validate_tfjob(manifest)
+    assert manifest["metadata"]["name"] == "job-2-digits-run"
+    container = _containers(manifest)["Worker"]
+    assert container["workingDir"] == "/srv/train"
+    assert {"name": "MGPU_CHECKPOINT_DIR", "value": "/ckpt"} in container["env"]
+    assert "create secret" not in render_tfjob(manifest, "c.yaml")  # no Secret needed
+    with pytest.raises(ExportError, match="restart policy 'Always'"):
+        tfjob_manifest(loaded, ["train.py"], restart_policy="Always")
 
 
 def test_export_usage_errors(tmp_path: Path):
