@@ -201,8 +201,44 @@ def _chief_only_writes(module: ModuleType) -> None:
         return
     if hasattr(module, "BackupAndRestore"):
         keras_compat.patch_backup_and_restore(module.BackupAndRestore)
+        _atomic_backups(module.BackupAndRestore, keras_compat._is_chief)
     if hasattr(module, "ModelCheckpoint"):
         keras_compat.patch_model_checkpoint(module.ModelCheckpoint)
+
+
+def _atomic_backups(cls: type, is_chief) -> None:
+    """The chief writes its backup beside the real files, then renames them
+    into place: Keras 3 writes `latest.weights.h5` in place, and a chief
+    stopped mid-save by a teardown (a peer died) left a truncated file that
+    every later generation failed to load (seen here)."""
+    if cls.__dict__.get("_mgpu_atomic"):
+        return
+    inner = cls._save_model
+    names = ("_weights_path", "_training_metadata_path")  # metadata last: it names the epoch
+
+    def _save_model(self):
+        if not is_chief():
+            return inner(self)
+        import shutil
+        import tempfile
+
+        os.makedirs(self.backup_dir, exist_ok=True)
+        scratch = tempfile.mkdtemp(prefix=".mgpu-saving-", dir=self.backup_dir)
+        final = {name: getattr(self, name) for name in names}
+        try:
+            for name in names:
+                setattr(self, name, os.path.join(scratch, os.path.basename(final[name])))
+            result = inner(self)
+            for name in names:
+                os.replace(getattr(self, name), final[name])
+            return result
+        finally:
+            for name, path in final.items():
+                setattr(self, name, path)
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    cls._save_model = _save_model
+    cls._mgpu_atomic = True
 
 
 BACKUP = "keras.src.callbacks.backup_and_restore"

@@ -1,0 +1,190 @@
+"""Keras 3 on JAX across processes: `strategy: keras_distribution`.
+
+Config and plan checks are pure; the end-to-end tests run the bundled example
+(examples/keras_jax/train.py) as real JAX processes on simulated hosts, local
+and over real sshds, and kill one with a real SIGKILL.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from launcher.config import ConfigError, parse_config
+from launcher.plan import build_plan
+from launcher.runtime import keras_jax
+from tests.conftest import EXAMPLES, read_events, read_summary, run_cli
+from tests.test_faults import jobs, launch  # noqa: F401 - `jobs` is a fixture
+
+EXAMPLE = str(EXAMPLES / "keras_jax" / "train.py")
+CHECKSUM = re.compile(r"^(host\d)/worker\d +\| WEIGHTS_CHECKSUM ([-0-9.]+)", re.M)
+NUM_PROCESSES = re.compile(r"^(host\d)/worker\d +\| test accuracy: ([0-9.]+) "
+                           r"\(process (\d), num_processes (\d)\)", re.M)
+
+jax = pytest.importorskip("jax", reason="needs the [jax] extra (pip install 'mgpu-launch[jax]')")
+
+YAML = """\
+strategy: keras_distribution
+keras: jax
+transport: local
+hosts:
+  - {address: 127.0.0.1, name: host0, roles: {chief: 1}}
+  - {address: 127.0.0.1, name: host1, roles: {worker: 2}}
+ports: {base: 24000}
+restart: {heartbeat_timeout_s: 4.5, hang_timeout_s: 60, start_timeout_s: 90}
+"""
+
+
+# ------------------------------------------------------------------ config, plan
+
+
+def problems(text: str) -> str:
+    with pytest.raises(ConfigError) as caught:
+        parse_config(text, source="c.yaml")
+    return "\n".join(caught.value.problems)
+
+
+HOSTS = "hosts:\n  - {address: 127.0.0.1}\n"
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("strategy: keras_distribution\nkeras: tf_keras\n" + HOSTS,
+     "c.yaml:2: keras: keras_distribution is Keras 3's multi-process path; tf_keras has none"),
+    ("strategy: keras_distribution\n" + HOSTS,
+     "keras_distribution needs the Keras backend: set `keras: jax`"),
+    ("strategy: keras_distribution\nenv: {KERAS_BACKEND: tensorflow}\n" + HOSTS,
+     "keras_distribution runs on jax, not KERAS_BACKEND=tensorflow"),
+    ("strategy: keras_distribution\nkeras: jax\nenv: {KERAS_BACKEND: torch}\n" + HOSTS,
+     "KERAS_BACKEND=torch contradicts `keras: jax`"),
+    ("keras: jax\n" + HOSTS, "keras: jax runs Keras 3 on JAX, which trains across hosts with "
+     "strategy: keras_distribution, not multi_worker_mirrored"),
+    ("strategy: keras_distribution\nkeras: jax\nhosts:\n  - {address: a, roles: {worker: 1, "
+     "ps: 1}}\ntransport: local\n", "keras_distribution runs every task as one training "
+     "process: no ps tasks"),
+    ("strategy: keras_distribution\nkeras: jax\nhosts:\n  - {address: a, roles: {worker: 1, "
+     "evaluator: 1}}\ntransport: local\n", "no evaluator tasks"),
+])
+def test_bad_keras_distribution_configs_are_clear_errors(text, expected):
+    assert expected in problems(text)
+
+
+def test_keras_backend_from_env_is_accepted():
+    loaded = parse_config("strategy: keras_distribution\nenv: {KERAS_BACKEND: jax}\n"
+                          "transport: local\n" + HOSTS)
+    task = build_plan(loaded, ["train.py"], run_dir="/r").tasks[0]
+    assert task.env["KERAS_BACKEND"] == "jax"
+
+
+def test_plan_gives_each_process_its_id_the_addresses_and_jax_timeouts():
+    plan = build_plan(parse_config(YAML), ["train.py"], run_dir="/r")
+    addresses = "127.0.0.1:24000,127.0.0.1:24001,127.0.0.1:24002"
+    assert [(t.name, t.port) for t in plan.tasks] == [
+        ("chief0", 24000), ("worker0", 24001), ("worker1", 24002)]
+    for process, task in enumerate(plan.tasks):  # chief first: process 0, JAX's coordinator
+        assert task.env["KERAS_DISTRIBUTION_PROCESS_ID"] == str(process)
+        assert task.env["KERAS_DISTRIBUTION_JOB_ADDRESSES"] == addresses
+        assert task.env["KERAS_DISTRIBUTION_NUM_PROCESSES"] == "3"
+        assert task.env["KERAS_BACKEND"] == "jax"
+        assert task.env["MGPU_STRATEGY"] == "keras_distribution"
+        # From the restart policy, rounded up to JAX's whole seconds.
+        assert (task.env["MGPU_JAX_HEARTBEAT_S"], task.env["MGPU_JAX_SHUTDOWN_S"],
+                task.env["MGPU_JAX_INIT_TIMEOUT_S"]) == ("5", "60", "90")
+    # The runtime derives the same from TF_CONFIG (plans of other strategies).
+    for process, task in enumerate(plan.tasks):
+        os.environ["TF_CONFIG"] = task.tf_config_json()
+        try:
+            derived = keras_jax.cluster_env()
+        finally:
+            del os.environ["TF_CONFIG"]
+        assert derived == {k: task.env[k] for k in derived}, process
+
+
+def test_env_knob_wins_over_the_restart_policy():
+    text = YAML + "env: {MGPU_JAX_HEARTBEAT_S: 2}\n"
+    task = build_plan(parse_config(text), ["train.py"], run_dir="/r").tasks[0]
+    assert task.env["MGPU_JAX_HEARTBEAT_S"] == "2"
+
+
+def test_shard_arrays_gives_disjoint_equal_shares():
+    x, y = np.arange(11), np.arange(11) * 10
+    shares = [keras_jax.shard_arrays(x, y, process=p, count=3) for p in range(3)]
+    assert [len(sx) for sx, _ in shares] == [3, 3, 3]  # the remainder is dropped
+    assert sorted(np.concatenate([sx for sx, _ in shares]).tolist()) == [0, 1, 2, 3, 4, 5, 6,
+                                                                           7, 8]
+    assert all((sy == sx * 10).all() for sx, sy in shares)
+    assert keras_jax.shard_arrays(x, process=0, count=1).tolist() == x.tolist()
+    with pytest.raises(ValueError, match="different lengths"):
+        keras_jax.shard_arrays(x, y[:5], process=0, count=2)
+
+
+def test_timeouts_reach_jax_distributed_initialize():
+    import types
+
+    seen = {}
+    fake = types.SimpleNamespace(initialize=lambda **kwargs: seen.update(kwargs))
+    os.environ["MGPU_JAX_HEARTBEAT_S"] = "4"
+    try:
+        keras_jax.on_jax_distributed(fake)
+        keras_jax.on_jax_distributed(fake)  # idempotent
+        fake.initialize(coordinator_address="h:1", shutdown_timeout_seconds=7)
+    finally:
+        del os.environ["MGPU_JAX_HEARTBEAT_S"]
+    assert seen == {"coordinator_address": "h:1", "heartbeat_timeout_seconds": 4,
+                    "shutdown_timeout_seconds": 7, "initialization_timeout": 600}
+
+
+# -------------------------------------------------------------------- end to end
+
+
+def assert_same_weights_everywhere(output: str, processes: int = 2) -> None:
+    sums = dict(CHECKSUM.findall(output))
+    assert len(sums) == processes and len(set(sums.values())) == 1, output[-3000:]
+    seen = NUM_PROCESSES.findall(output)
+    assert sorted(int(p) for _, _, p, _ in seen) == list(range(processes)), output[-3000:]
+    assert {int(n) for _, _, _, n in seen} == {processes}
+    assert all(float(acc) > 0.8 for _, acc, _, _ in seen), seen
+
+
+@pytest.mark.e2e
+def test_example_trains_with_two_local_processes(workdir: Path):
+    run_dir = workdir / "run"
+    done = run_cli(["--local", "2", "--no-live", "--run-dir", str(run_dir), EXAMPLE,
+                    "--epochs", "4"], cwd=workdir, timeout=240)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert_same_weights_everywhere(done.stdout)
+    assert read_summary(run_dir)["status"] == "succeeded"
+    assert {e["task"] for e in read_events(run_dir) if e["event"] == "progress"} == {
+        "worker0", "worker1"}
+
+
+@pytest.mark.e2e
+def test_kill_9_of_process_1_restarts_and_resumes_from_the_checkpoint(workdir: Path, jobs):  # noqa: F811
+    (workdir / "cluster.yaml").write_text(
+        "name: kj\nstrategy: keras_distribution\nkeras: jax\ntransport: local\n"
+        "hosts:\n  - {address: 127.0.0.1, name: host0}\n  - {address: 127.0.0.1, name: host1}\n"
+        "ports: {base: auto}\nrestart: {backoff_s: 0}\n")
+    job = launch(jobs, ["--no-live", str(workdir / "cluster.yaml"), EXAMPLE,
+                        "--epochs", "12", "--batch-per-process", "8"], workdir)
+    # Both processes past the end of (0-based) epoch 2: a backup of epoch 3 exists.
+    job.wait_event("progress", timeout=180, task="worker1", epoch=3)
+    victim = job.pids()[(0, "worker1")]
+    os.kill(victim, signal.SIGKILL)
+    code = job.finish(timeout=240)
+    assert code == 0, job.output[-4000:]
+    summary = read_summary(job.run_dir)
+    assert summary["restarts"] == 1, summary
+    assert summary["failures"][0]["task"] == "host1/worker1"
+    assert summary["failures"][0]["signal"] == 9
+    # Generation 1 resumed from the backup: its first epoch is the one killed
+    # (the 4th, 1-based, or a later one), not the first.
+    epochs = [int(n) for n in re.findall(r"^host1/worker1 +\| Epoch (\d+)/12", job.output,
+                                         re.M)]
+    again = [n for before, n in zip(epochs, epochs[1:], strict=False) if n <= before]
+    assert again and again[0] >= 4, epochs
+    assert_same_weights_everywhere(job.output)
+    job.assert_nothing_left()
