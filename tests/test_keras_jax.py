@@ -19,6 +19,7 @@ from launcher.config import ConfigError, parse_config
 from launcher.plan import build_plan
 from launcher.runtime import keras_jax
 from tests.conftest import EXAMPLES, read_events, read_summary, run_cli
+from tests.sshcluster import sim_cluster, write_yaml
 from tests.test_faults import jobs, launch  # noqa: F401 - `jobs` is a fixture
 
 EXAMPLE = str(EXAMPLES / "keras_jax" / "train.py")
@@ -169,9 +170,9 @@ def test_kill_9_of_process_1_restarts_and_resumes_from_the_checkpoint(workdir: P
         "hosts:\n  - {address: 127.0.0.1, name: host0}\n  - {address: 127.0.0.1, name: host1}\n"
         "ports: {base: auto}\nrestart: {backoff_s: 0}\n")
     job = launch(jobs, ["--no-live", str(workdir / "cluster.yaml"), EXAMPLE,
-                        "--epochs", "12", "--batch-per-process", "8"], workdir)
-    # Both processes past the end of (0-based) epoch 2: a backup of epoch 3 exists.
-    job.wait_event("progress", timeout=180, task="worker1", epoch=3)
+                        "--epochs", "8", "--batch-per-process", "8"], workdir)
+    # Process 1 in (0-based) epoch 2: the chief saved the backup of epoch 2's start.
+    job.wait_event("progress", timeout=180, task="worker1", epoch=2)
     victim = job.pids()[(0, "worker1")]
     os.kill(victim, signal.SIGKILL)
     code = job.finish(timeout=240)
@@ -181,10 +182,26 @@ def test_kill_9_of_process_1_restarts_and_resumes_from_the_checkpoint(workdir: P
     assert summary["failures"][0]["task"] == "host1/worker1"
     assert summary["failures"][0]["signal"] == 9
     # Generation 1 resumed from the backup: its first epoch is the one killed
-    # (the 4th, 1-based, or a later one), not the first.
-    epochs = [int(n) for n in re.findall(r"^host1/worker1 +\| Epoch (\d+)/12", job.output,
+    # (the 3rd, 1-based, or a later one), not the first.
+    epochs = [int(n) for n in re.findall(r"^host1/worker1 +\| Epoch (\d+)/8", job.output,
                                          re.M)]
     again = [n for before, n in zip(epochs, epochs[1:], strict=False) if n <= before]
-    assert again and again[0] >= 4, epochs
+    assert again and again[0] >= 3, epochs
     assert_same_weights_everywhere(job.output)
     job.assert_nothing_left()
+
+
+@pytest.mark.e2e
+def test_two_processes_over_ssh_train_to_the_same_weights(tmp_path: Path):
+    with sim_cluster(tmp_path / "sim", 2) as cluster:
+        config = cluster.config_dict()
+        config.update(name="kj-ssh", strategy="keras_distribution", keras="jax")
+        config["checkpoint"] = {"dir": str(tmp_path / "checkpoints")}
+        path = write_yaml(tmp_path / "cluster.yaml", config)
+        done = run_cli(["--no-live", "--run-dir", str(tmp_path / "run"), str(path), EXAMPLE,
+                        "--epochs", "3"], cwd=tmp_path, timeout=240)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert_same_weights_everywhere(done.stdout)
+    # Process 0's address and port are JAX's coordinator, on its simulated host.
+    assert re.search(r"process 0 of 2", done.stdout)
+    assert cluster.hosts[0].address != cluster.hosts[1].address

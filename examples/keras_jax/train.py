@@ -62,7 +62,9 @@ def main() -> None:
     parser.add_argument("--batch-per-process", type=int, default=32)
     args = parser.parse_args()
 
-    keras.utils.set_random_seed(0)  # the same initial weights in every process
+    # The same initial weights in every process (keras.distribution.initialize()
+    # would agree on a seed too; Keras imports TensorFlow to seed it either way).
+    keras.utils.set_random_seed(0)
     runtime.distribution(auto_shard_dataset=False)  # we shard the arrays ourselves
     (x_train, y_train), (x_test, y_test) = load_data()
     # This process's share; the batches of all processes make the global batch.
