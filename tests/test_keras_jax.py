@@ -205,3 +205,41 @@ def test_two_processes_over_ssh_train_to_the_same_weights(tmp_path: Path):
     # Process 0's address and port are JAX's coordinator, on its simulated host.
     assert re.search(r"process 0 of 2", done.stdout)
     assert cluster.hosts[0].address != cluster.hosts[1].address
+
+
+# ------------------------------------------------------------------------ check
+
+
+def host_report(name: str, jax_version: str | None, jaxlib_version: str | None):
+    from launcher.check import HostReport
+    from launcher.plan import HostTarget
+
+    host = HostTarget(name=name, address=name, python="python3", gpus=(), ssh_user=None,
+                      ssh_port=22, identity_file=None, known_hosts="~/.ssh/known_hosts",
+                      host_key_policy="strict", ssh_config_file=None, connect_timeout_s=10.0)
+    packages = {"tensorflow": "2.21.0", "keras": "3.15.1", "tf_keras": "2.21.0"}
+    return HostReport(host, hello={"python": "python3", "python_version": "3.11.7",
+                                   "packages": packages},
+                      jax={"jax": jax_version, "jaxlib": jaxlib_version}, keras_backend="jax")
+
+
+def test_check_flags_missing_mismatched_and_differing_jax():
+    from launcher.check import judge_versions, render
+
+    reports = [host_report("a", "0.10.2", "0.10.2"), host_report("b", "0.10.2", "0.10.2"),
+               host_report("c", "0.10.1", "0.10.1"), host_report("d", "0.10.2", "0.10.1"),
+               host_report("e", None, None)]
+    judge_versions(reports, "jax", backend="jax")
+    problems = {r.host.name: " | ".join(r.problems) for r in reports}
+    assert problems["a"] == problems["b"] == ""
+    assert "jax 0.10.1 here, but 0.10.2 on a, b" in problems["c"]
+    assert "jaxlib 0.10.1 does not match jax 0.10.2" in problems["d"]
+    assert "jax is not installed for python3" in problems["e"]
+    table = render(reports, "/ckpt", ports_fixed=False).splitlines()
+    assert table[0].split()[7:9] == ["BACKEND", "JAX"]
+    assert table[1].split()[7:9] == ["jax", "0.10.2"]
+    assert table[4].split()[7:9] == ["jax", "0.10.2/jaxlib"]
+    # A TensorFlow job does not judge jax at all.
+    tf_only = [host_report("a", None, None)]
+    judge_versions(tf_only, "auto")
+    assert tf_only[0].problems == []
