@@ -426,7 +426,9 @@ def _keras_distribution_problems(config: ClusterConfig,
         problems.append((("keras",), "keras_distribution is Keras 3's multi-process path; "
                          "tf_keras has none: set `keras: jax`"))
     backend = keras_backend(config)
-    if config.keras == "jax" and config.env.get("KERAS_BACKEND") not in (None, "jax"):
+    if config.keras == "tf_keras":
+        pass  # said above; the backend follows once `keras:` is fixed
+    elif config.keras == "jax" and config.env.get("KERAS_BACKEND") not in (None, "jax"):
         problems.append((("env", "KERAS_BACKEND"), f"KERAS_BACKEND={config.env['KERAS_BACKEND']} "
                          "contradicts `keras: jax`; remove one"))
     elif backend is None:
