@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import time
 from pathlib import Path
 
 import numpy as np
@@ -243,3 +244,27 @@ def test_check_flags_missing_mismatched_and_differing_jax():
     tf_only = [host_report("a", None, None)]
     judge_versions(tf_only, "auto")
     assert tf_only[0].problems == []
+
+
+@pytest.mark.e2e
+def test_a_hung_process_is_caught_by_jax_heartbeat_and_the_job_restarts(workdir: Path, jobs):  # noqa: F811
+    (workdir / "cluster.yaml").write_text(
+        "name: kj-hang\nstrategy: keras_distribution\nkeras: jax\ntransport: local\n"
+        "hosts:\n  - {address: 127.0.0.1, name: host0}\n  - {address: 127.0.0.1, name: host1}\n"
+        "ports: {base: auto}\nrestart: {backoff_s: 0, heartbeat_timeout_s: 3}\n")
+    job = launch(jobs, ["--no-live", str(workdir / "cluster.yaml"), EXAMPLE,
+                        "--epochs", "6", "--batch-per-process", "8"], workdir)
+    job.wait_event("progress", timeout=180, task="worker1", epoch=1)
+    job.look()
+    stopped_at = time.time()
+    os.kill(job.pids()[(0, "worker1")], signal.SIGSTOP)
+    failure = job.wait_event("failure_detected", timeout=60, generation=0)
+    # JAX's coordinator (heartbeat 3 s, from restart.heartbeat_timeout_s) aborts the
+    # peer: seconds, not JAX's default 100 s nor the launcher's hang_timeout_s.
+    assert failure["t"] - stopped_at < 15, failure
+    code = job.finish(timeout=240)
+    assert code == 0, job.output[-4000:]
+    assert "stopped sending heartbeats" in job.output
+    assert read_summary(job.run_dir)["restarts"] == 1
+    assert_same_weights_everywhere(job.output)
+    job.assert_nothing_left()
