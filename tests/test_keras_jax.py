@@ -268,3 +268,32 @@ def test_a_hung_process_is_caught_by_jax_heartbeat_and_the_job_restarts(workdir:
     assert read_summary(job.run_dir)["restarts"] == 1
     assert_same_weights_everywhere(job.output)
     job.assert_nothing_left()
+
+
+def test_the_chiefs_backup_is_renamed_into_place_and_keeps_its_previous_copy(tmp_path):
+    from keras.src.callbacks.backup_and_restore import BackupAndRestore
+
+    class Backup(BackupAndRestore):  # a subclass: the test patches nothing shared
+        pass
+
+    written = []
+
+    def fake_inner_save(self):  # what Keras does: write both files at the current paths
+        for path in (self._weights_path, self._training_metadata_path):
+            written.append(os.path.dirname(path))
+            Path(path).write_text(f"epoch {self._current_epoch}")
+
+    Backup._save_model = fake_inner_save
+    keras_jax._atomic_backups(Backup, is_chief=lambda: True)
+    backup = Backup(str(tmp_path / "b"), double_checkpoint=True)
+    for epoch in (1, 2):
+        backup._current_epoch = epoch
+        backup._save_model()
+    folder = tmp_path / "b"
+    assert (folder / "latest.weights.h5").read_text() == "epoch 2"
+    assert (folder / "training_metadata.json").read_text() == "epoch 2"
+    assert (folder / "latest.weights.h5.bkp").read_text() == "epoch 1"
+    assert all(Path(d).parent == folder and Path(d) != folder for d in written)
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "latest.weights.h5", "latest.weights.h5.bkp", "training_metadata.json",
+        "training_metadata.json.bkp"]  # no scratch folder left

@@ -225,6 +225,12 @@ def _atomic_backups(cls: type, is_chief) -> None:
         os.makedirs(self.backup_dir, exist_ok=True)
         scratch = tempfile.mkdtemp(prefix=".mgpu-saving-", dir=self.backup_dir)
         final = {name: getattr(self, name) for name in names}
+        if self.double_checkpoint:  # Keras' own copy would look in the scratch dir
+            for current, previous in ((self._weights_path, self._prev_weights_path),
+                                      (self._training_metadata_path,
+                                       self._prev_training_metadata_path)):
+                if os.path.exists(current):
+                    shutil.copyfile(current, previous)
         try:
             for name in names:
                 setattr(self, name, os.path.join(scratch, os.path.basename(final[name])))
