@@ -4,11 +4,12 @@ Runs on the host (over SSH, or as a plain subprocess for simulated hosts) and
 speaks newline-delimited JSON with the supervisor, one object per line.
 
 supervisor -> agent (`op`): start {task, generation, argv, cwd, env, tf_config},
-signal {task, signum}, stop {tasks|null, grace_s}, exec_check {id, argv}.
+signal {task, signum}, stop {tasks|null, grace_s}, exec_check {id, argv},
+stacks {tasks|null}, ping {}.
 agent -> supervisor (`ev`, each with `t`): hello, started {task, pid},
 start_failed {task, error}, output {task, stream, text}, progress {task, data},
 exited {task, code|signal, stopping, tail, error}, heartbeat {tasks: {cpu,
-rss_mb, status}}, exec_result, log, bye.
+rss_mb, status}}, exec_result, stacks {task, generation, text, error}, log, bye.
 
 Guarantees:
 - every task runs in its own session/process group; stopping a task signals
@@ -16,7 +17,25 @@ Guarantees:
 - TF_CONFIG is written to a 0600 file in the run directory and exported to the
   task; it never appears on a command line;
 - when stdin closes (the launcher died, or the SSH connection dropped) every
-  task is stopped and the agent exits: no orphan outlives its launcher.
+  task is stopped and the agent exits: no orphan outlives its launcher;
+- the lease (`--lease SECONDS`, 0 = none): when nothing at all arrives on stdin
+  for that long (the launcher pings every second), the launcher is taken for
+  gone (a network partition closes no pipe) and the agent does the same as on
+  EOF, then exits with EXIT_LEASE;
+- every task is recorded in `RUN_DIR/pids/` (pid, start time, a token in its
+  environment); an agent started with the same run directory first kills what
+  is left of tasks an earlier agent recorded (SIGTERM, REAP_GRACE_S, SIGKILL)
+  and lists them in its hello (`reaped`) and in `log` lines;
+- a bad command (not JSON, not an object, wrong types, a task name that is not
+  a plain file name, longer than MAX_COMMAND_BYTES) is refused with a `log`
+  (or `start_failed`) and never ends the agent or writes outside the run dir;
+  a task's output line longer than MAX_OUTPUT_LINE is cut, with a marker.
+
+Stacks: the bootstrap registers `faulthandler` on MGPU_STACKS_SIGNAL (SIGUSR1
+by default) to append to MGPU_STACKS_FILE (`RUN_DIR/stacks/<task>-gen<N>.txt`,
+0600). `stacks` truncates that file, signals the task's main process (only if
+its /proc status shows the signal caught, since its default action kills),
+waits until the file stops growing (STACKS_WAIT_S in all) and sends the text.
 
 Shipped to hosts as-is: standard library only (psutil is used when present).
 Must not import anything of the launcher side.
@@ -33,6 +52,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -40,6 +60,7 @@ import threading
 import time
 
 from launcher import __version__
+from launcher.bootstrap import stacks_signal
 
 # Optional on hosts: adds CPU/RSS to heartbeats and finds escaped children.
 # Imported on first use (a heartbeat with a running task, or a stop), not at
@@ -70,6 +91,21 @@ DRAIN_S = 1.0
 PR_SET_PDEATHSIG = 1
 BUNDLE_MARKER = ".mgpu-bundle"  # launcher.shipping.USE_MARKER (the agent imports no launcher code)
 BUNDLE_TOUCH_EVERY_S = 3600.0
+
+# The protocol's bounds (see the module docstring).
+MAX_COMMAND_BYTES = 2**20
+MAX_OUTPUT_LINE = 8192  # bytes of one output line; the rest is counted, not sent
+MAX_PROGRESS_LINE = 2**16
+MAX_ERROR_FILE = 2**16
+TASK_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")  # a plain file name: no / or ..
+EXIT_LEASE = 3  # the agent's exit code when its lease ran out
+LEASE_CHECK_S = 0.2
+REAP_GRACE_S = 1.0  # leftovers of a dead generation have nothing to save
+TOKEN_VAR = "MGPU_TASK_TOKEN"  # in each task's environment: finds its tree after a crash
+STACKS_WAIT_S = 1.0  # for all tasks of one request, in parallel
+STACKS_SETTLE_S = 0.1  # a stacks file that did not grow for this long is complete
+STACKS_MAX_BYTES = 256 * 1024
+_CHUNK = 2**16
 
 
 def _pdeathsig_preexec():
@@ -108,6 +144,10 @@ class Emitter:
                 pass  # the supervisor is gone; stdin EOF will stop us
 
 
+class BadCommand(ValueError):
+    """A command whose fields are missing or of the wrong type."""
+
+
 class RunningTask:
     def __init__(self, name: str, generation: int, proc: subprocess.Popen, error_file: str):
         self.name = name
@@ -118,6 +158,10 @@ class RunningTask:
         self.readers: list[threading.Thread] = []
         self.stopping = False  # the agent sent SIGTERM
         self.killed = False  # the agent sent SIGKILL
+        self.stacks_file: str | None = None
+        self.stacks_signum: int | None = None
+        self.stacks_problem = ""  # why there are no stacks for this task, if so
+        self.pid_file: str | None = None
         self._ps = None
 
     @property
@@ -160,6 +204,8 @@ class Agent:
         self.eof_grace_s = eof_grace_s
         self.tasks: dict[str, RunningTask] = {}
         self.lock = threading.Lock()
+        self.closing = False  # shutting down: no new task may start
+        self.last_heard = time.monotonic()  # anything at all on stdin
         self.code_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         self.mark_bundle_used()
         self.preexec = _pdeathsig_preexec()
@@ -176,20 +222,44 @@ class Agent:
 
     # ------------------------------------------------------------------ commands
 
+    def dispatch(self, raw: bytes) -> None:
+        """One line from stdin: parse, check and run it; never raise."""
+        try:
+            message = json.loads(raw)
+        except (ValueError, RecursionError) as exc:
+            self.emit("log", text=f"ignored a line that is not JSON ({type(exc).__name__}): "
+                      f"{raw[:80]!r}")
+            return
+        if not isinstance(message, dict):
+            self.emit("log", text=f"ignored a line that is not a JSON object: {raw[:80]!r}")
+            return
+        try:
+            self.handle(message)
+        except BadCommand as exc:
+            self.emit("log", text=f"refused {str(message.get('op'))[:40]!r}: {exc}")
+        except Exception as exc:  # one bad command must not take the tasks' keeper down
+            self.emit("log", text=f"ignored command {raw[:80]!r}: {type(exc).__name__}: {exc}")
+
     def handle(self, message: dict) -> None:
         op = message.get("op")
+        if op == "ping":
+            return  # reading it renewed the lease
         if op == "start":
             self.start(message)
         elif op == "signal":
-            task = self.tasks.get(message["task"])
+            name = _task_name(message.get("task"))
+            signum = _int(message, "signum", low=1, high=signal.NSIG - 1)
+            task = self.tasks.get(name)
             if task is not None and task.alive():
-                task.signal_tree(int(message["signum"]))
+                task.signal_tree(signum)
         elif op == "stop":
-            self.stop(message.get("tasks"), float(message.get("grace_s", 3.0)))
+            self.stop(_names(message.get("tasks")), _number(message, "grace_s", 3.0))
         elif op == "exec_check":
-            self.exec_check(message)
+            self.exec_check_later(message)
+        elif op == "stacks":
+            self.stacks(_names(message.get("tasks")))
         else:
-            self.emit("log", text=f"unknown op {op!r}")
+            self.emit("log", text=f"unknown op {str(op)[:40]!r}")
 
     def _private_dir(self, *parts: str) -> str:
         path = os.path.join(self.run_dir, *parts)
@@ -197,39 +267,55 @@ class Agent:
         return path
 
     def start(self, message: dict) -> None:
-        name = message["task"]
-        generation = int(message.get("generation", 0))
+        raw_name = message.get("task")
+        if not isinstance(raw_name, str):
+            raise BadCommand(f"task must be a string, not {type(raw_name).__name__}")
+        name = raw_name[:200]
+        generation = message.get("generation", 0)
+        try:
+            _task_name(name)
+            generation = _int(message, "generation", default=0, low=0)
+            spec = _start_spec(message)
+        except BadCommand as exc:
+            self.emit("start_failed", task=name,
+                      generation=generation if isinstance(generation, int) else None,
+                      error=f"refused: {exc}")
+            return
         with self.lock:
             old = self.tasks.get(name)
-            if old is not None and old.alive():
-                self.emit("start_failed", task=name, generation=generation,
-                          error=f"task {name} is still running (pid {old.proc.pid})")
-                return
+            busy = (f"task {name} is still running (pid {old.proc.pid})"
+                    if old is not None and old.alive() else
+                    "the agent is stopping" if self.closing else "")
+        if busy:
+            self.emit("start_failed", task=name, generation=generation, error=busy)
+            return
+        self._launch(name, generation, spec)
+
+    def _launch(self, name: str, generation: int, spec: dict) -> None:
         try:
             config_dir = self._private_dir("tf_config")
             tf_config_file = os.path.join(config_dir, f"{name}.json")
-            fd = os.open(tf_config_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            os.fchmod(fd, 0o600)  # the file may predate us with wider bits
-            with os.fdopen(fd, "w") as handle:
-                handle.write(message["tf_config"])
+            _write_private(tf_config_file, spec["tf_config"])
             error_file = os.path.join(self._private_dir("errors"), f"{name}-gen{generation}.json")
             if os.path.exists(error_file):
                 os.unlink(error_file)
-            progress_read, progress_write = os.pipe()
             env = dict(os.environ)
-            env.update(message.get("env", {}))
+            env.update(spec["env"])
             if env.get("MGPU_RUN_DIR", "").startswith("~"):
                 env["MGPU_RUN_DIR"] = os.path.expanduser(env["MGPU_RUN_DIR"])
-            env["TF_CONFIG"] = message["tf_config"]
+            env["TF_CONFIG"] = spec["tf_config"]
             env["MGPU_TF_CONFIG_FILE"] = tf_config_file
             env["MGPU_ERROR_FILE"] = error_file
-            env["MGPU_PROGRESS_FD"] = str(progress_write)
+            env[TOKEN_VAR] = token = os.urandom(8).hex()
             env["PYTHONPATH"] = os.pathsep.join(
                 p for p in (self.code_dir, env.get("PYTHONPATH", "")) if p
             )
+            stacks = self._stacks_setup(name, generation, env)
+            progress_read, progress_write = os.pipe()
+            env["MGPU_PROGRESS_FD"] = str(progress_write)
             proc = subprocess.Popen(
-                message["argv"],
-                cwd=message.get("cwd") or None,
+                spec["argv"],
+                cwd=spec["cwd"],
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
@@ -237,7 +323,7 @@ class Agent:
                 pass_fds=(progress_write,),
                 preexec_fn=self.preexec,
             )
-        except (OSError, KeyError, ValueError) as exc:
+        except (OSError, ValueError, subprocess.SubprocessError) as exc:
             if "progress_write" in locals():
                 os.close(progress_read)
                 os.close(progress_write)
@@ -247,6 +333,8 @@ class Agent:
         os.close(progress_write)  # the task holds the only write end now
         self.mark_bundle_used()
         task = RunningTask(name, generation, proc, error_file)
+        task.stacks_file, task.stacks_signum, task.stacks_problem = stacks
+        task.pid_file = self._record(task, token)
         with self.lock:
             self.tasks[name] = task
         self.emit("started", task=name, generation=generation, pid=proc.pid)
@@ -260,9 +348,45 @@ class Agent:
                          daemon=True).start()
         threading.Thread(target=self._wait, args=(task,), daemon=True).start()
 
+    def _stacks_setup(self, name: str, generation: int,
+                      env: dict[str, str]) -> tuple[str | None, int | None, str]:
+        """(stacks file, signal, why none) for a task, and its MGPU_STACKS_FILE.
+        A bad MGPU_STACKS_SIGNAL still gets the file: the bootstrap says what is wrong."""
+        env.pop("MGPU_STACKS_FILE", None)
+        try:
+            signum = stacks_signal(env.get("MGPU_STACKS_SIGNAL"))
+        except ValueError as exc:
+            signum, problem = None, str(exc)
+        else:
+            problem = "" if signum is not None else "stack dumps are off (MGPU_STACKS_SIGNAL=off)"
+        if signum is None and not problem:
+            return None, None, problem
+        path = os.path.join(self._private_dir("stacks"), f"{name}-gen{generation}.txt")
+        _write_private(path, "")
+        env["MGPU_STACKS_FILE"] = path
+        return path, signum, problem
+
+    def _record(self, task: RunningTask, token: str) -> str | None:
+        """Write the task's pid file (for a later agent to reap it if we die)."""
+        start = _proc_stat(task.proc.pid)
+        record = {"task": task.name, "generation": task.generation, "pid": task.proc.pid,
+                  "start": start[2] if start else None, "token": token,
+                  "agent_pid": os.getpid()}
+        path = os.path.join(self._private_dir("pids"), f"{task.name}-{token}.json")
+        try:
+            _write_private(path + ".tmp", json.dumps(record))
+            os.replace(path + ".tmp", path)  # a reader never sees half a record
+        except OSError as exc:
+            self.emit("log", text=f"cannot record {task.name} in {path}: {exc}")
+            return None
+        return path
+
     def _read_output(self, task: RunningTask, stream_name: str, stream) -> None:
-        for raw in iter(stream.readline, b""):
-            text = raw.decode("utf-8", "replace").rstrip("\r\n")
+        while True:
+            raw = stream.readline(MAX_OUTPUT_LINE + 1)
+            if not raw:
+                break
+            text = _output_text(raw, stream)
             task.tail.append(text)
             self.emit("output", task=task.name, generation=task.generation,
                       stream=stream_name, text=text)
@@ -270,10 +394,16 @@ class Agent:
 
     def _read_progress(self, task: RunningTask, fd: int) -> None:
         with os.fdopen(fd, "rb") as stream:
-            for raw in stream:
+            while True:
+                raw = stream.readline(MAX_PROGRESS_LINE + 1)
+                if not raw:
+                    break
+                if len(raw) > MAX_PROGRESS_LINE and not raw.endswith(b"\n"):
+                    _skip_line(stream)
+                    continue
                 try:
                     data = json.loads(raw)
-                except ValueError:
+                except (ValueError, RecursionError):
                     continue
                 if isinstance(data, dict):
                     self.emit("progress", task=task.name, generation=task.generation, data=data)
@@ -287,14 +417,10 @@ class Agent:
             os.killpg(task.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+        if task.pid_file:
+            _unlink(task.pid_file)  # nothing left to reap
         for reader in task.readers:
             reader.join(timeout=DRAIN_S)
-        error = None
-        try:
-            with open(task.error_file) as handle:
-                error = json.load(handle)
-        except (OSError, ValueError):
-            pass
         self.emit(
             "exited",
             task=task.name,
@@ -303,7 +429,7 @@ class Agent:
             signal=-code if code < 0 else None,
             stopping=_stopped_by_us(task, code),
             tail=list(task.tail),
-            error=error,
+            error=_read_error_file(task.error_file),
             t=exited_at,
         )
 
@@ -328,17 +454,128 @@ class Agent:
                 task.killed = True
             task.signal_tree(signal.SIGKILL)  # the group, even if its leader is gone
 
-    def exec_check(self, message: dict) -> None:
+    def exec_check_later(self, message: dict) -> None:
+        """exec_check in a thread: a slow command must not hold up the pings
+        (the lease) or other commands."""
+        argv = _str_list(message, "argv")
+        timeout = _number(message, "timeout_s", 60.0)
+        cwd = _opt_str(message, "cwd")
+        ident = message.get("id")
+        threading.Thread(target=self.exec_check, args=(ident, argv, timeout, cwd),
+                         daemon=True).start()
+
+    def exec_check(self, ident: object, argv: list[str], timeout: float,
+                   cwd: str | None) -> None:
         """Run a short command (used by `mgpu-launch check`) and report its output."""
         try:
-            done = subprocess.run(message["argv"], capture_output=True, text=True,
-                                  timeout=float(message.get("timeout_s", 60)),
-                                  cwd=message.get("cwd") or None)
-            self.emit("exec_result", id=message.get("id"), code=done.returncode,
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                                  cwd=cwd or None)
+            self.emit("exec_result", id=ident, code=done.returncode,
                       stdout=done.stdout[-20000:], stderr=done.stderr[-5000:])
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            self.emit("exec_result", id=message.get("id"), code=None,
+        except (OSError, ValueError, subprocess.SubprocessError) as exc:
+            self.emit("exec_result", id=ident, code=None,
                       stdout="", stderr=f"{type(exc).__name__}: {exc}")
+
+    # ------------------------------------------------------------------ stacks
+
+    def stacks(self, names: list[str] | None) -> None:
+        with self.lock:
+            tasks = [t for n, t in self.tasks.items()
+                     if (names is None or n in names) and t.alive()]
+            running = {t.name for t in tasks}
+        for name in (names or []):
+            if name not in running:
+                self.emit("stacks", task=name[:200], generation=None, text="",
+                          error="no such task running on this host")
+        if tasks:
+            threading.Thread(target=self._collect_stacks, args=(tasks,), daemon=True).start()
+
+    def _collect_stacks(self, tasks: list[RunningTask]) -> None:
+        deadline = time.monotonic() + STACKS_WAIT_S
+        waiting: dict[RunningTask, list[float]] = {}  # task -> [size seen, when it changed]
+        for task in tasks:
+            error = self._ask_for_stacks(task)
+            if error:
+                self.emit("stacks", task=task.name, generation=task.generation, text="",
+                          error=error)
+            else:
+                waiting[task] = [0, time.monotonic()]
+        while waiting and time.monotonic() < deadline:
+            time.sleep(0.02)
+            now = time.monotonic()
+            for task, seen in list(waiting.items()):
+                size = _file_size(task.stacks_file)
+                if size != seen[0]:
+                    seen[0], seen[1] = size, now
+                elif size > 0 and now - seen[1] >= STACKS_SETTLE_S:
+                    del waiting[task]
+                    self._send_stacks(task)
+        for task in waiting:
+            self._send_stacks(task)
+
+    def _ask_for_stacks(self, task: RunningTask) -> str:
+        """Truncate the task's stacks file and signal it; why not, if not."""
+        if task.stacks_signum is None or task.stacks_file is None:
+            return task.stacks_problem or "stack dumps are off for this task"
+        pid = task.proc.pid
+        name = _signal_name(task.stacks_signum)
+        stat = _proc_stat(pid)
+        if stat is not None and stat[0] in "Tt":
+            return "the process is stopped (SIGSTOP or a debugger): it cannot write its stacks"
+        caught = _caught_signals(pid)
+        if caught is not None and not caught >> (task.stacks_signum - 1) & 1:
+            # Its default action would kill the task: never send it unhandled.
+            return (f"{name} is not handled by the task: the bootstrap has not registered "
+                    "it yet, the script reset it, or the task does not run through "
+                    "launcher.bootstrap")
+        try:
+            os.truncate(task.stacks_file, 0)
+            os.kill(pid, task.stacks_signum)
+        except OSError as exc:
+            return f"cannot ask for stacks: {exc}"
+        return ""
+
+    def _send_stacks(self, task: RunningTask) -> None:
+        assert task.stacks_file is not None
+        try:
+            with open(task.stacks_file, "rb") as handle:
+                data = handle.read(STACKS_MAX_BYTES + 1)
+        except OSError as exc:
+            data, error = b"", f"cannot read {task.stacks_file}: {exc}"
+        else:
+            error = None if data else (
+                f"no stacks written within {STACKS_WAIT_S:g} s (the script may have "
+                f"installed its own handler for {_signal_name(task.stacks_signum or 0)})")
+        text = data[:STACKS_MAX_BYTES].decode("utf-8", "replace")
+        if len(data) > STACKS_MAX_BYTES:
+            text += f"\n… [mgpu-launch: cut at {STACKS_MAX_BYTES} bytes]"
+        self.emit("stacks", task=task.name, generation=task.generation, text=text,
+                  error=error)
+
+    # ------------------------------------------------------------------ leftovers
+
+    def reap_leftovers(self) -> list[dict]:
+        """Kill what is left of the tasks an earlier agent of this run dir
+        recorded (it died, or is cut off and has not noticed yet) before any
+        task of ours starts on the same ports. Returns what was found alive."""
+        folder = os.path.join(self.run_dir, "pids")
+        try:
+            names = sorted(n for n in os.listdir(folder) if n.endswith(".json"))
+        except OSError:
+            return []
+        records = [r for r in (_read_record(os.path.join(folder, n)) for n in names) if r]
+        found = _leftovers(records) if records else {}
+        reaped = []
+        if found:
+            killed = _terminate(lambda: _leftovers(records))
+            for index, pids in sorted(found.items()):
+                record = records[index]
+                reaped.append({"task": record["task"], "generation": record["generation"],
+                               "agent_pid": record["agent_pid"], "pids": sorted(pids),
+                               "sigkilled": sorted(pids & killed)})
+        for name in names:
+            _unlink(os.path.join(folder, name))
+        return reaped
 
     # ------------------------------------------------------------------ background
 
@@ -357,8 +594,33 @@ class Agent:
             self.emit("heartbeat", tasks=stats)
             time.sleep(HEARTBEAT_EVERY_S)
 
+    def heard(self) -> None:
+        self.last_heard = time.monotonic()
+
+    def watch_lease(self, lease_s: float) -> None:
+        """Stop everything and exit when the launcher has said nothing for `lease_s`."""
+        while True:
+            silent = time.monotonic() - self.last_heard
+            if silent > lease_s:
+                break
+            time.sleep(min(LEASE_CHECK_S, lease_s - silent + 0.01))
+        why = (f"nothing from the launcher for {silent:.1f} s (lease {lease_s:g} s): "
+               "stopping every task and exiting")
+        # The way back may be as dead as the way in, and a write to it may block
+        # forever: tell it on the side, stop the tasks first, exit in any case.
+        threading.Thread(target=self.emit, args=("log",), kwargs={"text": why},
+                         daemon=True).start()
+        self.shutdown()
+        goodbye = threading.Thread(target=self.emit, args=("bye",),
+                                   kwargs={"reason": "lease"}, daemon=True)
+        goodbye.start()
+        goodbye.join(timeout=1.0)
+        os._exit(EXIT_LEASE)
+
     def shutdown(self) -> None:
-        """stdin closed: stop every task, wait for them, then return."""
+        """stdin closed (or the lease ran out): stop every task, wait for them."""
+        with self.lock:
+            self.closing = True
         self.stop(None, self.eof_grace_s)
         deadline = time.monotonic() + self.eof_grace_s + 2.0
         for task in list(self.tasks.values()):
@@ -367,6 +629,237 @@ class Agent:
                 task.proc.wait(timeout=remaining)
             except subprocess.TimeoutExpired:
                 task.signal_tree(signal.SIGKILL)
+
+
+# ---------------------------------------------------------------- command fields
+
+
+def _task_name(value: object) -> str:
+    if not isinstance(value, str) or not TASK_NAME.fullmatch(value):
+        raise BadCommand(f"task name {str(value)[:80]!r} is not a plain name "
+                         "(letters, digits, '_', '.', '-'; no '/', not starting with '.')")
+    return value
+
+
+def _names(value: object) -> list[str] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise BadCommand(f"tasks must be null or a list of names, not {str(value)[:80]!r}")
+    return value
+
+
+def _int(message: dict, key: str, default: int | None = None, low: int | None = None,
+         high: int | None = None) -> int:
+    value = message.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadCommand(f"{key} must be an integer, not {str(value)[:80]!r}")
+    if (low is not None and value < low) or (high is not None and value > high):
+        raise BadCommand(f"{key}={value} is out of range")
+    return value
+
+
+def _number(message: dict, key: str, default: float) -> float:
+    value = message.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) \
+            or not 0 <= value < float("inf"):
+        raise BadCommand(f"{key} must be a number of seconds, not {str(value)[:80]!r}")
+    return float(value)
+
+
+def _opt_str(message: dict, key: str) -> str | None:
+    value = message.get(key)
+    if value is not None and not isinstance(value, str):
+        raise BadCommand(f"{key} must be a string, not {str(value)[:80]!r}")
+    return value
+
+
+def _str_list(message: dict, key: str) -> list[str]:
+    value = message.get(key)
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
+        raise BadCommand(f"{key} must be a non-empty list of strings, not {str(value)[:80]!r}")
+    return value
+
+
+def _start_spec(message: dict) -> dict:
+    env = message.get("env", {})
+    if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
+        raise BadCommand("env must be an object of strings")
+    tf_config = message.get("tf_config")
+    if not isinstance(tf_config, str):
+        raise BadCommand("tf_config must be a string")
+    return {"argv": _str_list(message, "argv"), "cwd": _opt_str(message, "cwd") or None,
+            "env": env, "tf_config": tf_config}
+
+
+# ---------------------------------------------------------------- files and lines
+
+
+def _write_private(path: str, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # the file may predate us with wider bits
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _file_size(path: str | None) -> int:
+    try:
+        return os.path.getsize(path) if path else 0
+    except OSError:
+        return 0
+
+
+def _read_error_file(path: str) -> object:
+    try:
+        with open(path, "rb") as handle:
+            return json.loads(handle.read(MAX_ERROR_FILE))
+    except (OSError, ValueError, RecursionError):
+        return None
+
+
+def _skip_line(stream, on_chunk=lambda: None) -> int:
+    """Read and drop the rest of a line; its length without the newline."""
+    skipped = 0
+    while True:
+        chunk = stream.readline(_CHUNK)
+        if not chunk:
+            return skipped
+        on_chunk()
+        if chunk.endswith(b"\n"):
+            return skipped + len(chunk) - 1
+        skipped += len(chunk)
+
+
+def _output_text(raw: bytes, stream) -> str:
+    """One output line as text; one longer than MAX_OUTPUT_LINE is cut."""
+    if len(raw) <= MAX_OUTPUT_LINE or raw.endswith(b"\n"):
+        return raw.decode("utf-8", "replace").rstrip("\r\n")
+    more = len(raw) - MAX_OUTPUT_LINE + _skip_line(stream)
+    text = raw[:MAX_OUTPUT_LINE].decode("utf-8", "ignore")  # "ignore": a cut character
+    return f"{text} … [mgpu-launch: line cut, {more} more bytes]"
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+# ---------------------------------------------------------------- /proc
+
+
+def _proc_stat(pid: int) -> tuple[str, int, int] | None:
+    """(state, process group, start time in clock ticks since boot), Linux only."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            data = handle.read()
+        fields = data[data.rindex(b")") + 2:].split()
+        return fields[0].decode(), int(fields[2]), int(fields[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _caught_signals(pid: int) -> int | None:
+    """The task's SigCgt mask (bit n-1 = signal n has a handler); None if unknown."""
+    try:
+        with open(f"/proc/{pid}/status") as handle:
+            for line in handle:
+                if line.startswith("SigCgt:"):
+                    return int(line.split()[1], 16)
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _read_record(path: str) -> dict | None:
+    try:
+        with open(path, "rb") as handle:
+            record = json.loads(handle.read(4096))
+    except (OSError, ValueError, RecursionError):
+        return None
+    ok = (isinstance(record, dict) and isinstance(record.get("pid"), int)
+          and isinstance(record.get("token"), str) and len(record["token"]) >= 8
+          and isinstance(record.get("start"), int | None))
+    return record if ok else None
+
+
+def _processes() -> dict[int, tuple[str, int, int]]:
+    """Every live (non-zombie) process but us: pid -> (state, group, start)."""
+    table = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return {}
+    for entry in entries:
+        if entry.isdigit() and int(entry) != os.getpid():
+            stat = _proc_stat(int(entry))
+            if stat is not None and stat[0] not in "ZX":
+                table[int(entry)] = stat
+    return table
+
+
+def _has_token(pid: int, needle: bytes) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as handle:
+            return needle in handle.read().split(b"\0")
+    except OSError:
+        return False
+
+
+def _leftovers(records: list[dict]) -> dict[int, set[int]]:
+    """Live processes of each recorded task: record index -> pids.
+
+    A process is the task's when its environment has the task's token (the
+    task and every descendant that kept its environment), or when it is in
+    the task's process group and that group is proven to be the task's (its
+    leader has the recorded start time, or a member has the token): a pid
+    reused since then is never touched.
+    """
+    table = _processes()
+    found: dict[int, set[int]] = {}
+    for index, record in enumerate(records):
+        needle = f"{TOKEN_VAR}={record['token']}".encode()
+        start = record.get("start")
+        pids = {pid for pid, stat in table.items()
+                if (start is None or stat[2] >= start) and _has_token(pid, needle)}
+        leader = table.get(record["pid"])
+        if pids or (leader is not None and start is not None and leader[2] == start):
+            pids |= {pid for pid, stat in table.items() if stat[1] == record["pid"]}
+        if pids:
+            found[index] = pids
+    return found
+
+
+def _terminate(find) -> set[int]:
+    """SIGTERM (and SIGCONT) what `find()` returns, SIGKILL what is still there
+    after REAP_GRACE_S, wait until it is gone; the pids that needed SIGKILL."""
+    def signal_all(signum: int) -> set[int]:
+        victims = set().union(*find().values())
+        for pid in victims:
+            try:
+                os.kill(pid, signum)
+            except OSError:
+                pass
+        return victims
+
+    signal_all(signal.SIGTERM)
+    signal_all(signal.SIGCONT)  # a stopped process acts on SIGTERM only once continued
+    deadline = time.monotonic() + REAP_GRACE_S
+    while find() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    killed = signal_all(signal.SIGKILL)
+    deadline = time.monotonic() + 2.0
+    while killed and find() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return killed
 
 
 def _stopped_by_us(task: RunningTask, code: int) -> bool:
@@ -476,13 +969,14 @@ def _add_site_dirs() -> None:
             sys.path.append(entry)
 
 
-USAGE = "usage: python -m launcher.agent --host NAME --run-dir DIR [--eof-grace SECONDS]"
+USAGE = ("usage: python -m launcher.agent --host NAME --run-dir DIR [--eof-grace SECONDS] "
+         "[--lease SECONDS]")
 
 
-def parse_args(argv: list[str]) -> tuple[str, str, float]:
-    """(host, run_dir, eof_grace_s). Only the launcher starts the agent; argparse
-    would cost ~8 ms of every agent start (it loads re, gettext and shutil)."""
-    options = {"--host": None, "--run-dir": None, "--eof-grace": "2.0"}
+def parse_args(argv: list[str]) -> tuple[str, str, float, float]:
+    """(host, run_dir, eof_grace_s, lease_s). Only the launcher starts the agent;
+    argparse would cost ~8 ms of every agent start (it loads re, gettext and shutil)."""
+    options = {"--host": None, "--run-dir": None, "--eof-grace": "2.0", "--lease": "0"}
     rest = list(argv)
     while rest:
         flag = rest.pop(0)
@@ -491,42 +985,105 @@ def parse_args(argv: list[str]) -> tuple[str, str, float]:
         options[flag] = rest.pop(0)
     if options["--host"] is None or options["--run-dir"] is None:
         raise SystemExit(f"{USAGE}\n--host and --run-dir are required")
-    try:
-        grace = float(options["--eof-grace"])
-    except ValueError:
-        raise SystemExit(f"{USAGE}\n--eof-grace wants seconds, "
-                         f"got {options['--eof-grace']!r}") from None
-    return options["--host"], options["--run-dir"], grace
+    seconds = []
+    for flag in ("--eof-grace", "--lease"):
+        try:
+            value = float(options[flag])
+            if not 0 <= value < float("inf"):
+                raise ValueError(value)
+        except ValueError:
+            raise SystemExit(f"{USAGE}\n{flag} wants seconds, got {options[flag]!r}") from None
+        seconds.append(value)
+    return options["--host"], options["--run-dir"], seconds[0], seconds[1]
 
 
 def main(argv: list[str] | None = None) -> int:
-    host, run_dir, eof_grace_s = parse_args(sys.argv[1:] if argv is None else argv)
+    host, run_dir, eof_grace_s, lease_s = parse_args(sys.argv[1:] if argv is None else argv)
     # Ctrl-C in the launcher's terminal is the launcher's to handle.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     emit = Emitter(sys.stdout.buffer)
     agent = Agent(host, run_dir, emit, eof_grace_s)
     _makedirs_private(agent.run_dir)
+    reaped = agent.reap_leftovers()  # before any task of ours can start
     packages = _installed_versions()
     emit("hello", host=host, pid=os.getpid(), version=__version__,
          python=sys.executable, python_version=sys.version.split()[0],
          hostname=os.uname().nodename, run_dir=agent.run_dir,
-         psutil=packages.pop("psutil") is not None, packages=packages)
+         psutil=packages.pop("psutil") is not None, packages=packages,
+         lease_s=lease_s or None, reaped=reaped)
+    for item in reaped:  # after the hello: the SSH transport skips lines before it
+        emit("log", text=f"killed leftover task {item['task']} (generation "
+             f"{item['generation']}, pids {item['pids']}) of an earlier agent "
+             f"(pid {item['agent_pid']}) of this run directory")
+    agent.heard()
     threading.Thread(target=agent.heartbeat_forever, daemon=True).start()
+    if lease_s:
+        threading.Thread(target=agent.watch_lease, args=(lease_s,), daemon=True).start()
     # SIGTERM to the agent stops its tasks like a closed stdin does.
     signal.signal(signal.SIGTERM, _exit_on_signal)
     try:
-        for raw in sys.stdin.buffer:
-            try:
-                message = json.loads(raw)
-                if not isinstance(message, dict):
-                    raise ValueError("not a JSON object")
-                agent.handle(message)
-            except Exception as exc:  # one bad command must not take the tasks' keeper down
-                emit("log", text=f"ignored command {raw[:80]!r}: {type(exc).__name__}: {exc}")
+        read_commands(agent, sys.stdin.buffer)
     finally:
         agent.shutdown()
         emit("bye")
     return 0
+
+
+def read_commands(agent: Agent, stdin) -> None:
+    """Run each command line until EOF.
+
+    A thread reads stdin and renews the lease; this one runs the commands.
+    Reading never waits on a command: one stuck writing to a slow launcher
+    (a full SSH window) must not leave the pings unread and the lease to run
+    out. Commands run on this thread: tasks are started from it, and
+    PR_SET_PDEATHSIG fires when the thread that started a task ends, so it
+    must live as long as the agent.
+    """
+    lines = _Lines()
+    threading.Thread(target=_read_stdin, args=(agent, stdin, lines), daemon=True).start()
+    while True:
+        item = lines.get()
+        if item is None:
+            return
+        if isinstance(item, str):
+            agent.emit("log", text=item)
+        else:
+            agent.dispatch(item)
+
+
+class _Lines:
+    """A queue between two threads (the queue module costs ~1 ms of start-up)."""
+
+    def __init__(self) -> None:
+        self._items: collections.deque[bytes | str | None] = collections.deque()
+        self._ready = threading.Semaphore(0)
+
+    def put(self, item: bytes | str | None) -> None:
+        self._items.append(item)
+        self._ready.release()
+
+    def get(self) -> bytes | str | None:
+        self._ready.acquire()
+        return self._items.popleft()
+
+
+def _read_stdin(agent: Agent, stdin, lines: _Lines) -> None:
+    """Lines for `read_commands` (a str: a log to send instead), None at EOF."""
+    try:
+        while True:
+            raw = stdin.readline(MAX_COMMAND_BYTES + 1)
+            if not raw:
+                return
+            agent.heard()
+            if len(raw) > MAX_COMMAND_BYTES and not raw.endswith(b"\n"):
+                size = len(raw) + _skip_line(stdin, agent.heard)
+                lines.put(f"ignored a command of {size} bytes (longer than {MAX_COMMAND_BYTES})")
+                continue
+            lines.put(raw)
+    except (OSError, ValueError):
+        return
+    finally:
+        lines.put(None)
 
 
 def _exit_on_signal(signum: int, _frame) -> None:

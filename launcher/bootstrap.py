@@ -11,7 +11,12 @@ Owns what must happen in the task process before and around the user's code:
   versions and refuse on others (`runtime.keras_compat`), say which Keras the
   task uses, stop a worker of a multi-worker job that builds a single-host
   strategy, and shorten TensorFlow's coordination heartbeat when
-  `MGPU_TF_HEARTBEAT_S` is set (`runtime.guards`).
+  `MGPU_TF_HEARTBEAT_S` is set (`runtime.guards`);
+- Python stacks on demand: `faulthandler` dumps every thread's stack into
+  `MGPU_STACKS_FILE` (set by the agent) on `MGPU_STACKS_SIGNAL` (a name or a
+  number; default SIGUSR1; `off` disables). The agent sends that signal
+  before a hung job is torn down. A script that installs its own handler
+  for the signal later replaces this one (its stacks can then not be taken).
 
 Shipped to hosts; standard library and the runtime only. Must not import the
 launcher side.
@@ -21,8 +26,66 @@ from __future__ import annotations
 
 import json
 import os
-import runpy
+import signal
 import sys
+
+STACKS_SIGNAL_DEFAULT = "SIGUSR1"
+_STACKS_OFF = frozenset({"off", "none", "no", "false", "0"})
+# Signals the launcher needs for itself (stop, continue), that cannot be
+# caught, or that faulthandler only takes through enable().
+_UNFIT = frozenset({"SIGKILL", "SIGSTOP", "SIGTERM", "SIGCONT", "SIGCHLD", "SIGSEGV",
+                    "SIGFPE", "SIGABRT", "SIGBUS", "SIGILL"})
+
+
+def stacks_signal(value: str | None) -> int | None:
+    """The signal number MGPU_STACKS_SIGNAL names (None: off); ValueError if bad.
+    Shared with the agent, which must send the very signal the task listens on."""
+    text = (value or "").strip() or STACKS_SIGNAL_DEFAULT
+    if text.lower() in _STACKS_OFF:
+        return None
+    if text.isdigit():
+        number = int(text)
+        try:
+            name = signal.Signals(number).name
+        except ValueError:
+            name = "" if 0 < number < signal.NSIG else None
+        if name is None:
+            raise ValueError(f"MGPU_STACKS_SIGNAL={value!r}: no such signal")
+    else:
+        name = text.upper() if text.upper().startswith("SIG") else "SIG" + text.upper()
+        member = signal.Signals.__members__.get(name)
+        if member is None:
+            raise ValueError(f"MGPU_STACKS_SIGNAL={value!r} is not a signal name or number "
+                             "(e.g. SIGUSR1, USR2, 12) nor `off`")
+        number = int(member)
+    if name in _UNFIT:
+        raise ValueError(f"MGPU_STACKS_SIGNAL={value!r}: {name} cannot be used for stacks "
+                         "(pick SIGUSR1, SIGUSR2 or a real-time signal)")
+    return number
+
+
+def register_stacks() -> None:
+    """Dump every thread's stack into MGPU_STACKS_FILE on MGPU_STACKS_SIGNAL."""
+    path = os.environ.get("MGPU_STACKS_FILE")
+    if not path:
+        return
+    try:
+        signum = stacks_signal(os.environ.get("MGPU_STACKS_SIGNAL"))
+    except ValueError as exc:
+        print(f"mgpu-launch: {exc}; stack dumps are off", file=sys.stderr, flush=True)
+        return
+    if signum is None:
+        return
+    import faulthandler
+
+    try:
+        # O_APPEND: the agent truncates the file before each request, and a
+        # plain offset would go on from the end of the previous dump.
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        faulthandler.register(signum, file=fd, all_threads=True, chain=False)
+    except (OSError, RuntimeError, ValueError) as exc:
+        print(f"mgpu-launch: no stack dumps on signal {signum}: {exc}", file=sys.stderr,
+              flush=True)
 
 
 def _write_error(exc: BaseException) -> None:
@@ -68,7 +131,9 @@ def main() -> None:
     script = sys.argv[1]
     sys.argv = sys.argv[1:]
     sys.path[0] = os.path.dirname(os.path.abspath(script))
+    register_stacks()
     install_hooks()
+    import runpy  # here: the agent imports this module for stacks_signal
     try:
         runpy.run_path(script, run_name="__main__")
     except SystemExit:

@@ -32,6 +32,7 @@ from typing import Any
 
 from .config import ConfigError, LoadedConfig, keras_backend, load_config
 from .plan import HostTarget, PlanError, build_plan, host_targets, ports_needed
+from .slurm import SlurmError, read_allocation, slurm_config, with_allocation
 from .transport import AgentLink, AgentMessage, HostProblem, TransportError
 
 EXIT_READY, EXIT_NOT_READY = 0, 2
@@ -433,7 +434,7 @@ def run_check(loaded: LoadedConfig) -> tuple[list[HostReport], str]:
     run_dir = (tempfile.mkdtemp(prefix="mgpu-check-") if local
                else f"check-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
     events: queue.Queue[AgentMessage] = queue.Queue()
-    transport, links, problems = _connect(local, targets, run_dir, events)
+    transport, links, problems = _connect(config.transport, targets, run_dir, events)
     for problem in problems:
         reports[problem.host].problems.append(problem.reason)
     try:
@@ -441,7 +442,7 @@ def run_check(loaded: LoadedConfig) -> tuple[list[HostReport], str]:
             reports[name].hello = link.hello
         if links:
             _probe(Agents(links, events), reports, plan.checkpoint_dir, ports_fixed)
-        if not local:
+        if config.transport == "ssh":
             _time_logins(transport, [reports[name] for name in links])
     finally:
         for link in links.values():
@@ -455,10 +456,18 @@ def run_check(loaded: LoadedConfig) -> tuple[list[HostReport], str]:
     return list(reports.values()), plan.checkpoint_dir
 
 
-def _connect(local: bool, targets: Sequence[HostTarget], run_dir: str,
+def _connect(kind: str, targets: Sequence[HostTarget], run_dir: str,
              events: queue.Queue[AgentMessage]
              ) -> tuple[Any, dict[str, AgentLink], list[HostProblem]]:
-    if local:
+    if kind == "slurm":  # one srun step per node instead of SSH
+        from .slurm import read_allocation
+        from .transport.slurm import SlurmTransport
+
+        transport = SlurmTransport(read_allocation(os.environ).job_id, require_tensorflow=False,
+                                   signal_when_gone=False)
+        links, problems = transport.connect_each(targets, run_dir, events)
+        return transport, links, problems
+    if kind == "local":
         from .transport.local import LocalTransport
 
         transport = LocalTransport()
@@ -538,12 +547,21 @@ def main(argv: list[str]) -> int:
         prog="mgpu-launch check",
         description="Check every host of a cluster before a run: SSH, versions, ports, "
         "peer reachability, shared checkpoint dir, GPUs. Exit 0 when the run would start.")
-    parser.add_argument("cluster", help="the cluster YAML")
+    parser.add_argument("cluster", nargs="?", help="the cluster YAML")
+    parser.add_argument("--slurm", action="store_true",
+                        help="check the nodes of the Slurm allocation this runs in (no YAML)")
     args = parser.parse_args(argv[1:])
+    if (args.cluster is None) != args.slurm:
+        parser.error("give a cluster YAML or --slurm")
     try:
-        loaded = load_config(args.cluster)
+        loaded = slurm_config() if args.slurm else load_config(args.cluster)
+        if loaded.config.transport == "slurm":
+            loaded = with_allocation(loaded, read_allocation(os.environ))
     except ConfigError as exc:
         print(f"mgpu-launch: {exc}", file=sys.stderr)
+        return EXIT_NOT_READY
+    except SlurmError as exc:
+        print(f"mgpu-launch check: {exc}", file=sys.stderr)
         return EXIT_NOT_READY
     try:
         reports, checkpoint_dir = run_check(loaded)

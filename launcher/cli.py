@@ -6,6 +6,11 @@ and exit codes:
 
     0 the job finished   1 the job failed   2 bad configuration or usage
     130 interrupted (SIGINT)   143 terminated (SIGTERM)
+
+The terminal never decides the job's fate: SIGHUP and a closed stdout (EPIPE)
+only make the printer stop writing; the job runs on, the run directory gets
+everything and the exit code is the job's. `--detach` (launcher/control.py)
+runs the same command in the background.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import logging
 import os
 import queue
 import signal
@@ -21,8 +27,9 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TextIO
 
-from . import __version__
+from . import __version__, control
 from .checkpoints import checkpoint_state
 from .classify import signal_name
 from .config import (
@@ -46,6 +53,7 @@ from .plan import (
 from .printer import Printer
 from .recovery import HostInfo
 from .rundir import RunRecorder
+from .slurm import SlurmError, read_allocation, slurm_config, with_allocation
 from .states import Failure, RunResult
 from .supervisor import RestartPolicy, Supervisor
 from .transport import TransportError
@@ -59,12 +67,29 @@ SUBCOMMANDS = {
     "status": "launcher.records",     # read a run directory
     "logs": "launcher.records",
     "export": "launcher.export",      # Slurm / Kubernetes TFJob
+    "stop": "launcher.control",       # stop a running (e.g. detached) job
 }
 
 USAGE = """\
 mgpu-launch [OPTIONS] CLUSTER.yaml SCRIPT [ARGS...]   run SCRIPT on every task of the cluster
 mgpu-launch [OPTIONS] --local N SCRIPT [ARGS...]      run N simulated hosts on this machine
+mgpu-launch [OPTIONS] --slurm SCRIPT [ARGS...]        run on the nodes of this Slurm allocation
+mgpu-launch --detach [OPTIONS] CLUSTER.yaml SCRIPT    the same in the background: print the
+                                                      run dir and return
 mgpu-launch --dry-run [--json] CLUSTER.yaml SCRIPT    print the plan, start nothing"""
+
+EPILOG = """\
+other commands:
+  mgpu-launch check CLUSTER.yaml               check the cluster before a run
+  mgpu-launch status RUN_DIR [--json]          state of a run (finished or still going)
+  mgpu-launch logs RUN_DIR [TASK] [-f] [-n N]  a task's log; -f follows a running job
+  mgpu-launch stop RUN_DIR [--timeout S]       stop a running job gracefully (SIGTERM to its
+                                               launcher) and wait for its summary
+  mgpu-launch export --to slurm|tfjob CLUSTER.yaml SCRIPT [ARGS...]
+  mgpu-launch simulate N [--dir DIR] [--detach] | simulate stop --dir DIR
+
+The launcher keeps the job running when its terminal goes away (SIGHUP, a closed
+pipe such as `| head`); everything is in the run directory."""
 
 
 class UsageError(Exception):
@@ -75,11 +100,14 @@ def _run_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mgpu-launch", usage=USAGE,
         description="Run a TensorFlow/Keras training script on many hosts.",
-        epilog="Other commands: mgpu-launch check CLUSTER.yaml",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"mgpu-launch {__version__}")
     parser.add_argument("--local", type=int, metavar="N",
                         help="run N simulated hosts on this machine (no YAML needed)")
+    parser.add_argument("--slurm", action="store_true",
+                        help="run on the nodes of the Slurm allocation this runs in "
+                        "(salloc, sbatch), one worker per node (no YAML needed)")
     parser.add_argument("--dry-run", action="store_true",
                         help="print every task's host, role, ports, env and TF_CONFIG; "
                         "start nothing")
@@ -95,30 +123,39 @@ def _run_parser() -> argparse.ArgumentParser:
                         "every task's status (step, loss, CPU, memory) every 10 s")
     parser.add_argument("--no-live", dest="live", action="store_false",
                         help="no live status table on a terminal: plain prefixed lines only")
+    parser.add_argument("--detach", action="store_true",
+                        help="run in the background (own session, output to "
+                        "RUN_DIR/launcher.out); print the run dir and return")
     parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _main(list(sys.argv[1:] if argv is None else argv))
+    except BrokenPipeError:  # e.g. `mgpu-launch --dry-run ... | head`: nothing left to say
+        silence_fds(1)
+        return EXIT_OK
+
+
+def _main(argv: list[str]) -> int:
     if argv and argv[0] in SUBCOMMANDS:
         try:
             module = importlib.import_module(SUBCOMMANDS[argv[0]])
         except ModuleNotFoundError as exc:
-            print(f"mgpu-launch: `{argv[0]}` is not available in this build ({exc})",
-                  file=sys.stderr)
+            say(f"mgpu-launch: `{argv[0]}` is not available in this build ({exc})")
             return EXIT_USAGE
         return module.main(argv)
     try:
         return _run(argv)
     except UsageError as exc:
-        print(f"mgpu-launch: {exc}\nusage:\n{USAGE}", file=sys.stderr)
+        say(f"mgpu-launch: {exc}\nusage:\n{USAGE}")
         return EXIT_USAGE
     except ConfigError as exc:
-        print(f"mgpu-launch: {exc}", file=sys.stderr)
+        say(f"mgpu-launch: {exc}")
         return EXIT_USAGE
     except PlanError as exc:
-        print(f"mgpu-launch: cannot plan the job: {exc}", file=sys.stderr)
+        say(f"mgpu-launch: cannot plan the job: {exc}")
         return EXIT_USAGE
 
 
@@ -126,15 +163,28 @@ def _load(args: argparse.Namespace) -> tuple[LoadedConfig, list[str]]:
     rest = list(args.rest)
     if rest and rest[0] == "--":
         rest = rest[1:]
+    if args.local is not None and args.slurm:
+        raise UsageError("--local and --slurm exclude each other")
     if args.local is not None:
         if args.local < 1:
             raise UsageError("--local needs a number of hosts >= 1")
         if not rest:
             raise UsageError("no training script given")
         return local_config(args.local), rest
-    if len(rest) < 2:
+    if args.slurm:
+        if not rest:
+            raise UsageError("no training script given")
+        loaded, command = slurm_config(), rest
+    elif len(rest) < 2:
         raise UsageError("expected a cluster YAML and a training script")
-    return load_config(rest[0]), rest[1:]
+    else:
+        loaded, command = load_config(rest[0]), rest[1:]
+    if loaded.config.transport == "slurm":
+        try:
+            loaded = with_allocation(loaded, read_allocation(os.environ))
+        except SlurmError as exc:
+            raise UsageError(str(exc)) from None
+    return loaded, command
 
 
 def _default_run_dir(name: str) -> Path:
@@ -199,7 +249,7 @@ def _run(argv: list[str]) -> int:
             raise UsageError(f"training script not found: {command[0]}")
     run_dir = Path(args.run_dir) if args.run_dir else _default_run_dir(config.name)
     run_dir = run_dir.resolve()
-    if run_dir.exists() and any(run_dir.iterdir()) and not args.dry_run:
+    if not args.dry_run and not control.run_dir_free(run_dir):
         raise UsageError(f"run directory {run_dir} is not empty: give a new --run-dir "
                          "(each run keeps its own logs, events and summary)")
     default_python = sys.executable if local else "python3"
@@ -219,13 +269,15 @@ def _run(argv: list[str]) -> int:
         busy = busy_ports([t.port for t in first_plan.tasks if t.port])
         if busy:
             details = ", ".join(f"{p}{_describe_port_holder(p)}" for p in busy)
-            print(f"mgpu-launch: port(s) already in use on this machine: {details}\n"
-                  "  stop what holds them, set `ports: {base: <other port>}`, "
-                  "or `ports: {base: auto}`", file=sys.stderr)
+            say(f"mgpu-launch: port(s) already in use on this machine: {details}\n"
+                "  stop what holds them, set `ports: {base: <other port>}`, "
+                "or `ports: {base: auto}`")
             return EXIT_USAGE
     if args.max_restarts is not None and args.max_restarts < 0:
         raise UsageError("--max-restarts needs a number >= 0")
     max_restarts = config.restart.max_restarts if args.max_restarts is None else args.max_restarts
+    if args.detach:
+        return control.detach(argv, args.rest, run_dir, config.name)
     return _launch(loaded, first_plan, make_plan, run_dir, args, max_restarts, default_python)
 
 
@@ -255,13 +307,25 @@ def _launch(loaded: LoadedConfig, first_plan: Plan, make_plan, run_dir: Path,
             args: argparse.Namespace, max_restarts: int, default_python: str) -> int:
     config = loaded.config
     printer = Printer([t.label for t in first_plan.tasks], quiet=args.quiet,
-                      verbose=args.verbose, live=None if args.live else False)
+                      verbose=args.verbose, live=None if args.live else False,
+                      on_terminal_lost=_stdout_gone)
+    previous_hangup = _watch_terminal(printer)
     if config.transport == "local":
-        transport = LocalTransport()
+        transport = LocalTransport(lease_s=config.restart.heartbeat_timeout_s)
+    elif config.transport == "slurm":
+        from .transport.slurm import SlurmTransport
+
+        transport = SlurmTransport(read_allocation(os.environ).job_id,
+                                   lease_s=config.restart.heartbeat_timeout_s)
     else:
         from .transport.ssh import SSHTransport  # paramiko is imported only when needed
 
-        transport = SSHTransport()
+        if not args.verbose:
+            # paramiko logs tracebacks of what the launcher reports itself in
+            # words (a dropped connection, an aborted handshake): -v shows them.
+            logging.getLogger("paramiko").addHandler(logging.NullHandler())
+            logging.getLogger("paramiko").propagate = False
+        transport = SSHTransport(lease_s=config.restart.heartbeat_timeout_s)
     events: queue.Queue = queue.Queue()
     printer.notice(
         f"job {config.name!r}: {len(first_plan.tasks)} tasks on {len(first_plan.hosts)} "
@@ -269,14 +333,22 @@ def _launch(loaded: LoadedConfig, first_plan: Plan, make_plan, run_dir: Path,
         f"strategy {config.strategy}; run dir {run_dir}"
     )
     targets = {t.name: t for t in host_targets(config, default_python, loaded.base_dir)}
+    # SIGTERM (e.g. `mgpu-launch stop`) while hosts are reached ends it as Ctrl-C does.
+    previous_term = signal.signal(signal.SIGTERM, _interrupt)
     try:
         # Spares too: a spare that cannot be reached is better known now.
         links = transport.connect(list(targets.values()), str(run_dir), events)
     except TransportError as exc:
-        print(f"mgpu-launch: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except KeyboardInterrupt:
-        return 130
+        say(f"mgpu-launch: {exc}")
+        control.record_early_end(run_dir, "failed", str(exc))
+        return _done(printer, previous_hangup, EXIT_USAGE)
+    except KeyboardInterrupt as exc:
+        signum = exc.args[0] if exc.args and isinstance(exc.args[0], int) else signal.SIGINT
+        control.record_early_end(run_dir, "interrupted", "stopped while reaching the hosts",
+                                 interrupted_by=signum)
+        return _done(printer, previous_hangup, 128 + signum)
+    finally:
+        signal.signal(signal.SIGTERM, previous_term)
     recorder = RunRecorder(run_dir)
     recorder.write_config(dump_config(loaded))
 
@@ -319,12 +391,97 @@ def _launch(loaded: LoadedConfig, first_plan: Plan, make_plan, run_dir: Path,
             link.close()
         transport.close()
         printer.close()
-    recorder.write_summary(result.to_json())
+    recorder.write_summary(_note_terminal(result.to_json(), printer, recorder))
     recorder.close()
     for sig, handler in previous.items():
         signal.signal(sig, handler)
     _print_outcome(printer, result, run_dir)
-    return exit_code(result)
+    return _done(printer, previous_hangup, exit_code(result))
+
+
+# ---------------------------------------------------------------- the terminal
+
+
+def say(text: str, stream: TextIO | None = None) -> None:
+    """print() for the launcher's own messages: a closed or hung-up terminal
+    must not turn a message into a traceback (or change the exit code)."""
+    try:
+        print(text, file=stream or sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
+
+
+def silence_fds(*fds: int) -> None:
+    """Point `fds` at /dev/null: a pipe or terminal that is gone takes no more
+    writes, and Python's flush of stdout at exit has nothing to complain about
+    ("Exception ignored ... BrokenPipeError")."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+    except OSError:
+        return
+    try:
+        for fd in fds:
+            try:
+                os.dup2(null, fd)
+            except OSError:
+                pass
+    finally:
+        os.close(null)
+
+
+def _gone_fds(tty_gone: bool) -> list[int]:
+    """stdout, and stderr when it went the same way (the same pipe, or the
+    terminal that hung up)."""
+    fds = [1]
+    try:
+        if os.path.sameopenfile(1, 2) or (tty_gone and os.isatty(2)):
+            fds.append(2)
+    except OSError:
+        pass
+    return fds
+
+
+def _stdout_gone(reason: str) -> None:
+    """The printer found the terminal gone (called once, from its writer thread)."""
+    silence_fds(*_gone_fds(tty_gone=reason == "EIO"))
+
+
+def _watch_terminal(printer: Printer):
+    """SIGHUP (the SSH session to the login node dropped, the terminal closed)
+    and SIGPIPE do not end the job: the terminal is given up, the job runs on
+    and everything still goes to the run directory. Returns the previous
+    SIGHUP handler."""
+    def hangup(_signum, _frame) -> None:
+        printer.terminal_gone("SIGHUP")
+        silence_fds(*_gone_fds(tty_gone=True))
+
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # a closed pipe: EPIPE, seen by the printer
+    return signal.signal(signal.SIGHUP, hangup)
+
+
+def _interrupt(signum: int, _frame) -> None:
+    raise KeyboardInterrupt(signum)
+
+
+def _note_terminal(summary: dict, printer: Printer, recorder: RunRecorder) -> dict:
+    """Record in the run directory that the terminal went away (when, why) and
+    how many lines it did not show. (The printer cannot reach the recorder: the
+    supervisor thread owns it.)"""
+    if printer.terminal_lost is not None:
+        recorder.event("terminal_lost", reason=printer.terminal_lost,
+                       lost_t=printer.terminal_lost_t)
+        summary["terminal_lost"] = {"reason": printer.terminal_lost,
+                                    "t": printer.terminal_lost_t}
+    if printer.dropped:
+        summary["terminal_lines_dropped"] = printer.dropped
+    return summary
+
+
+def _done(printer: Printer, previous_hangup, code: int) -> int:
+    """The last of a run: let the terminal take the last lines (bounded)."""
+    printer.finish()
+    signal.signal(signal.SIGHUP, previous_hangup)
+    return code
 
 
 def _workers_on(config, host_name: str) -> int:

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 ROLES = ("chief", "worker", "ps", "evaluator")
 # MGPU_* variables a user may set in `env:` to tune the runtime in the tasks
@@ -137,7 +138,32 @@ class PortSettings(_Strict):
 
 class ClusterConfig(_Strict):
     name: str = Field(default="job", pattern=r"^[A-Za-z0-9_.\-]+$")
-    transport: Literal["ssh", "local"] = "ssh"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _local_defaults(cls, data: Any) -> Any:
+        """Simulated hosts share this machine: ports default to `auto` (two local
+        jobs at once must not collide on fixed ports), and entries that repeat
+        an address without a `name:` are named host0, host1, ... by position."""
+        if not isinstance(data, dict) or data.get("transport") != "local":
+            return data
+        data = dict(data)
+        ports = data.get("ports")
+        if ports is None or (isinstance(ports, dict) and "base" not in ports):
+            data["ports"] = {**(ports or {}), "base": "auto"}
+        hosts = data.get("hosts")
+        if isinstance(hosts, list):
+            addresses = [h.get("address") for h in hosts if isinstance(h, dict)]
+            named = []
+            for i, host in enumerate(hosts):
+                if isinstance(host, dict) and "name" not in host \
+                        and addresses.count(host.get("address")) > 1:
+                    host = {**host, "name": f"host{i}"}
+                named.append(host)
+            data["hosts"] = named
+        return data
+
+    transport: Literal["ssh", "local", "slurm"] = "ssh"
     python: str | None = None
     workdir: str | None = None
     strategy: Literal["multi_worker_mirrored", "parameter_server", "legacy_server",
@@ -147,7 +173,8 @@ class ClusterConfig(_Strict):
     tasks_per_host: Literal["one", "per_gpu"] = "one"
     env: dict[str, str | int | float | bool] = Field(default_factory=dict)
     ssh: SSHSettings = Field(default_factory=SSHSettings)
-    hosts: list[HostSpec] = Field(min_length=1)
+    # Under `transport: slurm` the hosts may come from the allocation (launcher.slurm).
+    hosts: list[HostSpec] = Field(default_factory=list)
     checkpoint: CheckpointSettings = Field(default_factory=CheckpointSettings)
     restart: RestartPolicy = Field(default_factory=RestartPolicy)
     ports: PortSettings = Field(default_factory=PortSettings)
@@ -321,6 +348,21 @@ def parse_config(text: str, source: str = "<string>", base_dir: Path | None = No
     return LoadedConfig(config=config, source=None, base_dir=base_dir or Path.cwd())
 
 
+def revalidate(loaded: LoadedConfig, data: dict[str, Any]) -> LoadedConfig:
+    """Validate `data` (a changed dump of `loaded.config`, e.g. with the hosts of a
+    Slurm allocation filled in) as a config from the same source."""
+    source = str(loaded.source or "<generated config>")
+    try:
+        config = ClusterConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(source, [f"{source}: {_dotted(loc)}: {message}"
+                                   for loc, message in map(_describe, exc.errors())]) from None
+    problems = [f"{source}: {_dotted(loc)}: {msg}" for loc, msg in _semantic_problems(config)]
+    if problems:
+        raise ConfigError(source, problems)
+    return LoadedConfig(config=config, source=loaded.source, base_dir=loaded.base_dir)
+
+
 def effective_roles(config: ClusterConfig, host: HostSpec) -> dict[str, int]:
     """The tasks a host runs: `roles`, with `worker` = len(gpus) under `per_gpu`."""
     roles = dict(host.roles)
@@ -332,6 +374,11 @@ def effective_roles(config: ClusterConfig, host: HostSpec) -> dict[str, int]:
 def _semantic_problems(config: ClusterConfig) -> list[tuple[tuple, str]]:
     """Checks that span several keys (pydantic sees one field at a time)."""
     problems: list[tuple[tuple, str]] = []
+    if not config.hosts:
+        if config.transport == "slurm":
+            return problems  # the allocation's nodes, once known (launcher.slurm)
+        return [(("hosts",), "required key is missing: list at least one host "
+                 "(or use `transport: slurm` inside a Slurm allocation)")]
     for i, host in enumerate(config.hosts):
         if (host.tasks_per_host or config.tasks_per_host) != "per_gpu":
             continue
@@ -474,6 +521,23 @@ def local_config(num_hosts: int, name: str = "local") -> LoadedConfig:
                         base_dir=Path.cwd())
 
 
+# `env:` names whose values are secrets: shown as *** wherever the launcher
+# prints or records them (--dry-run, check, the run directory's config.yaml).
+SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|KEY|CREDENTIAL", re.IGNORECASE)
+MASK = "***"
+
+
+def looks_secret(name: str) -> bool:
+    return bool(SECRET_NAME.search(name))
+
+
+def redact_env(env: dict[str, Any]) -> dict[str, Any]:
+    """`env` with the values of secret-looking names replaced by ***."""
+    return {key: (MASK if looks_secret(key) else value) for key, value in env.items()}
+
+
 def dump_config(loaded: LoadedConfig) -> str:
-    """The resolved config as YAML (written to the run directory)."""
-    return yaml.safe_dump(loaded.config.model_dump(mode="json"), sort_keys=False)
+    """The resolved config as YAML (written to the run directory), secrets masked."""
+    data = loaded.config.model_dump(mode="json")
+    data["env"] = redact_env(data.get("env") or {})
+    return yaml.safe_dump(data, sort_keys=False)

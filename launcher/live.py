@@ -7,8 +7,8 @@ how many lines it occupies. `LiveScreen` owns the bottom of the terminal: to
 print a log line it moves the cursor up over the table, erases to the end of
 the screen, writes the line and draws the table again, all in one write, so
 the lines scroll above a table that stays put. Plain ANSI (cursor up, erase
-below, SGR colours): no redirection of stdout, no drawing thread; only the
-supervisor thread calls it, through `Printer`.
+below, SGR colours): no redirection of stdout; only the printer's writer
+thread calls it (the supervisor hands it snapshots through `Printer`).
 
 Must not import: supervisor, cli, transport (it only reads `TaskRow`s).
 """
@@ -220,8 +220,10 @@ class LiveScreen:
     def __init__(self, stream: TextIO, colour: bool,
                  label_style: Mapping[str, str] | None = None,
                  clock: Callable[[], float] = time.monotonic,
-                 size: Callable[[], tuple[int, int]] | None = None) -> None:
+                 size: Callable[[], tuple[int, int]] | None = None,
+                 emit: Callable[[str], None] | None = None) -> None:
         self.stream = stream
+        self._write = emit  # how text reaches the terminal (default: stream.write)
         self.colour = colour
         self._label_style = dict(label_style or {})
         self._clock = clock
@@ -244,6 +246,9 @@ class LiveScreen:
                       label_style=self._label_style, rule=self._rule)
 
     def _emit(self, text: str) -> None:
+        if self._write is not None:
+            self._write(text)
+            return
         self.stream.write(text)
         self.stream.flush()
 

@@ -18,7 +18,14 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from .config import ClusterConfig, HostSpec, LoadedConfig, effective_roles, keras_backend
+from .config import (
+    ClusterConfig,
+    HostSpec,
+    LoadedConfig,
+    effective_roles,
+    keras_backend,
+    redact_env,
+)
 
 # Order of roles in TF_CONFIG and in the task list: the chief first.
 ROLE_ORDER = ("chief", "worker", "ps", "evaluator")
@@ -159,7 +166,7 @@ class Plan:
                     "lifetime": t.lifetime,
                     "cwd": t.cwd,
                     "command": t.shell_preview(),
-                    "env": dict(t.env),
+                    "env": redact_env(dict(t.env)),
                     "tf_config": _plain(t.tf_config),
                 }
                 for t in self.tasks
@@ -246,7 +253,7 @@ def ports_needed(config: ClusterConfig, active_hosts: Sequence[str] | None = Non
 def _keras_env(keras: str) -> dict[str, str]:
     # tf.keras resolves to tf_keras only when this is set before TensorFlow is
     # imported; `auto` picks tf_keras because Keras 3's Model.fit fails under
-    # MultiWorkerMirroredStrategy on this stack (DESIGN.md).
+    # MultiWorkerMirroredStrategy on this stack (docs/design.md, "Keras on this stack").
     if keras in ("tf_keras", "auto"):
         return {"TF_USE_LEGACY_KERAS": "1"}
     return {"TF_USE_LEGACY_KERAS": "0"}
@@ -367,7 +374,7 @@ def build_plan(
         "MGPU_KERAS": config.keras,
         "MGPU_SAVE_FREQ": str(config.checkpoint.save_freq),
     }
-    # Shorter than TF's 10 s default: a hung peer is noticed in ~3 s (DESIGN.md).
+    # Shorter than TF's 10 s default: a hung peer is noticed in ~3 s (docs/design.md).
     shared_env.setdefault("MGPU_TF_HEARTBEAT_S", "3")
     if config.strategy == "keras_distribution":
         for key, value in _jax_env(config).items():
@@ -443,7 +450,7 @@ def render_plan(plan: Plan) -> str:
         out.append(f"  cwd:       {task.cwd}")
         out.append(f"  command:   {task.shell_preview()}")
         out.append(f"  TF_CONFIG: {task.tf_config_json()}")
-        for key, value in task.env.items():
+        for key, value in redact_env(dict(task.env)).items():
             out.append(f"  env:       {key}={value}")
         out.append("")
     return "\n".join(out)

@@ -1,7 +1,17 @@
 """All terminal output of a run: task lines with a padded host/task prefix,
 launcher notices, and the live status table on a terminal.
 
-Owned by the supervisor thread. Two modes, chosen once:
+Called by the supervisor thread, which must never wait on the terminal: a
+stalled stdout (Ctrl-S, `| less`, a pipe nobody reads) would otherwise hold
+up failure handling and Ctrl-C. So the public methods only format a line and
+put it in a bounded buffer; a writer thread of the printer's own does every
+write (and every redraw of the live table). When the terminal cannot keep
+up, task lines are dropped (the log files, written by the supervisor's
+RunRecorder, still get every line) and one line says how many, where they
+went missing. A terminal that is gone (EPIPE, EIO, a closed file, SIGHUP)
+is never written to again: `terminal_lost` says why.
+
+Two modes, chosen once:
 - plain (not a terminal, `TERM=dumb`, or `live=False`): prefixed lines only,
   exactly `host0/worker0 | text`, no escape codes (colour only on a TTY
   without NO_COLOR);
@@ -17,10 +27,16 @@ Must not import: supervisor, cli.
 
 from __future__ import annotations
 
+import errno
+import io
 import os
+import select
 import sys
+import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TextIO
 
 from .live import LiveScreen, clean_for_screen, describe_row
@@ -30,6 +46,14 @@ _COLOURS = ("36", "33", "35", "32", "34", "91", "96", "93")
 LAUNCHER = "mgpu-launch"
 # Plain --verbose output: how often every task's status is printed as a line.
 STATUS_EVERY_S = 10.0
+# Lines waiting for the terminal; beyond this, task lines are dropped.
+BUFFER_LINES = 2000
+# Launcher notices are few and matter more: they are dropped only beyond this.
+HARD_LIMIT_LINES = 4 * BUFFER_LINES
+# How long close() waits for the terminal to take what is queued.
+CLOSE_WAIT_S = 3.0
+# Lines joined into one write (one redraw of the live table).
+BATCH_LINES = 500
 
 
 def wants_colour(stream: TextIO) -> bool:
@@ -41,11 +65,51 @@ def wants_live(stream: TextIO) -> bool:
     return stream.isatty() and os.environ.get("TERM") != "dumb"
 
 
+class _Sink:
+    """Writes text to the stream. A stream with a file descriptor is written
+    with os.write: a writer thread blocked on a stalled terminal then holds no
+    lock of Python's buffered stdout, which the interpreter needs at exit."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.encoding = getattr(stream, "encoding", None) or "utf-8"
+        self.fd: int | None
+        try:
+            self.fd = stream.fileno()
+            stream.flush()  # whatever print() left in Python's buffer goes first
+        except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+            self.fd = None
+
+    def write(self, text: str) -> None:
+        if self.fd is None:
+            self.stream.write(text)
+            self.stream.flush()
+            return
+        data = memoryview(text.encode(self.encoding, "replace"))
+        while data:
+            try:
+                data = data[os.write(self.fd, data):]
+            except BlockingIOError:  # stdout left non-blocking by whoever started us: full
+                select.select([], [self.fd], [], 1.0)
+
+
+@dataclass
+class _Gap:
+    """Where task lines were dropped, and how many."""
+
+    count: int = 0
+
+
+_CLOSE_SCREEN = object()  # queued by close(): take the live table off
+
+
 class Printer:
     def __init__(self, labels: Sequence[str], stream: TextIO | None = None,
                  colour: bool | None = None, quiet: bool = False, live: bool | None = None,
                  verbose: bool = False, clock: Callable[[], float] = time.monotonic,
-                 size: Callable[[], tuple[int, int]] | None = None) -> None:
+                 size: Callable[[], tuple[int, int]] | None = None,
+                 buffer_lines: int = BUFFER_LINES,
+                 on_terminal_lost: Callable[[str], None] | None = None) -> None:
         self.stream = stream or sys.stdout
         self.colour = wants_colour(self.stream) if colour is None else colour
         self.quiet = quiet
@@ -53,52 +117,88 @@ class Printer:
         self._clock = clock
         self._width = max([len(LAUNCHER), *(len(label) for label in labels)])
         self._colour_of = {label: _COLOURS[i % len(_COLOURS)] for i, label in enumerate(labels)}
-        if wants_live(self.stream) if live is None else live:
-            self._screen: LiveScreen | None = LiveScreen(
-                self.stream, self.colour, self._colour_of, clock=clock, size=size)
-        else:
-            self._screen = None
+        self._sink = _Sink(self.stream)
+        self._live = bool(wants_live(self.stream) if live is None else live)
+        # Owned by the writer thread from here on.
+        self._screen: LiveScreen | None = LiveScreen(
+            self.stream, self.colour, self._colour_of, clock=clock, size=size,
+            emit=self._sink.write) if self._live else None
         self._states: dict[str, str] = {}
         self._next_status = clock() + STATUS_EVERY_S
+        # Shared between the callers and the writer thread, under _cond.
+        self._cond = threading.Condition()
+        self._queue: deque[str | _Gap | object] = deque()
+        self._rows: list[TaskRow] | None = None  # the newest snapshot not drawn yet
+        self._queued = 0  # lines in _queue
+        self._taken = 0  # items taken off the queue (by the writer, or dropped)
+        self._written = 0  # ...and done with (for flush)
+        self._busy = False
+        self._stopping = False
+        self._abandoned = False  # close() gave up on a stalled terminal
+        self._closed = False
+        self.dropped = 0  # lines never shown, in all
+        self._buffer_lines = buffer_lines
+        self._on_lost = on_terminal_lost
+        self.terminal_lost: str | None = None  # why the terminal is gone (EPIPE, EIO, SIGHUP...)
+        self.terminal_lost_t: float | None = None  # when (Unix time)
+        self._writer = threading.Thread(target=self._write_loop, name="printer", daemon=True)
+        self._writer.start()
 
     @property
     def live(self) -> bool:
-        return self._screen is not None
+        return self._live and not self._closed
 
     def _prefix(self, label: str, code: str | None) -> str:
         text = f"{label:<{self._width}} |"
         return f"\x1b[{code}m{text}\x1b[0m" if self.colour and code else text
 
-    def _write(self, lines: list[str]) -> None:
-        if self._screen is not None:
-            self._screen.print_lines(lines)
-            return
-        self.stream.write("".join(f"{line}\n" for line in lines))
-        self.stream.flush()
+    # ------------------------------------------------------- callers' side
+
+    def _put(self, lines: list[str], droppable: bool) -> None:
+        with self._cond:
+            if self.terminal_lost is not None or self._abandoned:
+                self.dropped += len(lines)
+                return
+            limit = self._buffer_lines if droppable else HARD_LIMIT_LINES
+            if self._queued + len(lines) > limit:
+                self.dropped += len(lines)
+                last = self._queue[-1] if self._queue else None
+                if isinstance(last, _Gap):
+                    last.count += len(lines)
+                else:
+                    self._queue.append(_Gap(len(lines)))
+                self._cond.notify()
+                return
+            self._queue.extend(lines)
+            self._queued += len(lines)
+            self._cond.notify()
 
     def task_line(self, label: str, text: str) -> None:
         if self.quiet:
             return
-        if self._screen is not None:
+        if self._live:
             text = clean_for_screen(text, self.colour)
-        self._write([f"{self._prefix(label, self._colour_of.get(label, '37'))} {text}"])
+        self._put([f"{self._prefix(label, self._colour_of.get(label, '37'))} {text}"], True)
 
     def notice(self, text: str) -> None:
         """A line from the launcher itself (always shown)."""
-        self._write([f"{self._prefix(LAUNCHER, '1')} {line}" for line in text.splitlines() or [""]])
+        self._put([f"{self._prefix(LAUNCHER, '1')} {line}"
+                   for line in text.splitlines() or [""]], False)
 
     def debug(self, text: str) -> None:
         """Launcher detail shown only with --verbose."""
         if self.verbose:
-            self._write([f"{self._prefix(LAUNCHER, '2')} {line}"
-                         for line in text.splitlines() or [""]])
+            self._put([f"{self._prefix(LAUNCHER, '2')} {line}"
+                       for line in text.splitlines() or [""]], False)
 
     def refresh(self, rows: Sequence[TaskRow]) -> None:
         """Called by the supervisor a few times a second with `TaskRow`s."""
         if self.verbose:
             self._report_changes(rows)
-        if self._screen is not None:
-            self._screen.show(rows)
+        if self.live and self.terminal_lost is None:
+            with self._cond:  # only the newest snapshot is ever drawn
+                self._rows = list(rows)
+                self._cond.notify()
         elif self.verbose and rows and self._clock() >= self._next_status:
             self._next_status = self._clock() + STATUS_EVERY_S
             self.debug("\n".join(describe_row(row) for row in rows))
@@ -116,9 +216,135 @@ class Printer:
         if changes:
             self.debug("\n".join(changes))
 
-    def close(self) -> None:
+    def terminal_gone(self, reason: str) -> None:
+        """Never write to the terminal again (e.g. on SIGHUP). Takes no lock:
+        safe in a signal handler; the writer checks the flag before each write."""
+        if self.terminal_lost is None:
+            self.terminal_lost, self.terminal_lost_t = reason, time.time()
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until everything queued so far was written (or dropped);
+        False when the terminal did not take it within `timeout`."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            target = self._taken + len(self._queue)
+            while (self._written < target or self._busy or self._rows is not None) \
+                    and self.terminal_lost is None and not self._abandoned \
+                    and self._writer.is_alive():
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._cond.wait(left)
+        return True
+
+    def close(self, timeout: float = CLOSE_WAIT_S) -> None:
         """End of the run: take the live table off the terminal; anything
-        printed afterwards (the summary) comes as plain prefixed lines."""
-        if self._screen is not None:
-            self._screen.close()
-            self._screen = None
+        printed afterwards (the summary) comes as plain prefixed lines.
+        Waits at most `timeout` for the terminal to take what is queued;
+        a terminal that does not is given up on (later lines are dropped)."""
+        if not self._closed:
+            self._closed = True
+            if self.dropped:
+                self.notice(f"{self.dropped} lines of task output were not shown: the "
+                            "terminal did not keep up (the log files have every line)")
+            with self._cond:
+                if self._live:
+                    self._queue.append(_CLOSE_SCREEN)
+                self._cond.notify()
+        if not self.flush(timeout):
+            with self._cond:
+                self._abandoned = True
+                self._drop_queue()
+
+    def finish(self, timeout: float = CLOSE_WAIT_S) -> None:
+        """After the last line: wait (bounded) for the terminal, stop the writer."""
+        if not self._abandoned and not self.flush(timeout):
+            self._abandoned = True
+        with self._cond:
+            self._stopping = True
+            self._drop_queue()
+            self._cond.notify()
+
+    def _drop_queue(self) -> None:
+        """Under _cond: forget what is queued (counted as dropped)."""
+        self.dropped += self._queued
+        self._taken += len(self._queue)
+        self._written += len(self._queue)  # never to be written: as good as done
+        self._queue.clear()
+        self._queued = 0
+        self._rows = None
+
+    # ------------------------------------------------------- writer thread
+
+    def _write_loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and self._rows is None and not self._stopping:
+                    self._cond.wait()
+                if self._stopping:
+                    return
+                rows, self._rows = self._rows, None
+                batch: list[str | _Gap | object] = []
+                while self._queue and len(batch) < BATCH_LINES:
+                    item = self._queue.popleft()
+                    batch.append(item)
+                    if isinstance(item, str):
+                        self._queued -= 1
+                    if item is _CLOSE_SCREEN:
+                        break
+                self._taken += len(batch)
+                self._busy = True
+            try:
+                self._emit(rows, batch)
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._written += len(batch)
+                    self._cond.notify_all()
+
+    def _emit(self, rows: list[TaskRow] | None, batch: list) -> None:
+        lines = []
+        for item in batch:
+            if isinstance(item, _Gap):
+                lines.append(f"{self._prefix(LAUNCHER, '33')} ... {item.count} lines of task "
+                             "output not shown here: the terminal did not keep up "
+                             "(the log files have every line)")
+            elif isinstance(item, str):
+                lines.append(item)
+        closing = bool(batch) and batch[-1] is _CLOSE_SCREEN
+        if self.terminal_lost is not None or self._abandoned:
+            return
+        try:
+            if self._screen is not None:
+                if rows is not None:
+                    self._screen.show(rows)
+                if lines:
+                    self._screen.print_lines(lines)
+                if closing:
+                    self._screen.close()
+                    self._screen = None
+            elif lines:
+                self._sink.write("".join(f"{line}\n" for line in lines))
+        except (OSError, ValueError) as exc:  # EPIPE, EIO, a closed file
+            self._lost(_reason(exc))
+        except Exception as exc:  # noqa: BLE001 - output must never take the run down
+            self._lost(f"{type(exc).__name__}: {exc}")
+
+    def _lost(self, reason: str) -> None:
+        if self.terminal_lost is not None:
+            return
+        self.terminal_gone(reason)
+        with self._cond:
+            self._drop_queue()
+        if self._on_lost is not None:
+            try:
+                self._on_lost(reason)
+            except Exception:  # noqa: BLE001, S110 - a callback must not stop the writer
+                pass
+
+
+def _reason(exc: BaseException) -> str:
+    """EPIPE, EIO... for an OSError; else the exception (a closed file: ValueError)."""
+    if isinstance(exc, OSError) and exc.errno is not None:
+        return errno.errorcode.get(exc.errno, str(exc.errno))
+    return f"{type(exc).__name__}: {exc}"

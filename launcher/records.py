@@ -29,6 +29,10 @@ import yaml
 from .plan import log_file_name, task_label
 
 EXIT_OK, EXIT_USAGE = 0, 2
+# Written by `mgpu-launch --detach` (launcher/control.py) before the launcher
+# starts: its pid and host, and its stdout/stderr.
+LAUNCHER_PID = "launcher.pid"
+LAUNCHER_OUT = "launcher.out"
 _TASK_NAME = re.compile(r"^(chief|worker|ps|evaluator)(\d+)$")
 # How often `logs -f` looks for new lines and for summary.json.
 FOLLOW_POLL_S = 0.2
@@ -166,6 +170,19 @@ def _split_name(task: str) -> tuple[str, int]:
     return match.group(1), int(match.group(2))
 
 
+def read_launcher_pid(run_dir: Path) -> dict[str, Any] | None:
+    """launcher.pid of a detached run (`PID HOST`) as a launch event's fields;
+    `t` is when the file was written, just after the launcher was started."""
+    try:
+        path = run_dir / LAUNCHER_PID
+        words = path.read_text().split()
+        return {"launcher_pid": int(words[0]),
+                "launcher_host": words[1] if len(words) > 1 else None,
+                "t": path.stat().st_mtime}
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def launcher_alive(launch: dict[str, Any], this_host: str | None = None) -> bool | None:
     """Whether the launcher that wrote `launch` still runs; None when it cannot be told.
 
@@ -180,7 +197,10 @@ def launcher_alive(launch: dict[str, Any], this_host: str | None = None) -> bool
     try:
         import psutil
 
-        created = psutil.Process(pid).create_time()
+        process = psutil.Process(pid)
+        if process.status() == psutil.STATUS_ZOMBIE:  # dead, its parent did not reap it yet
+            return False
+        created = process.create_time()
     except Exception:  # NoSuchProcess, AccessDenied, or psutil missing
         try:
             os.kill(pid, 0)
@@ -199,7 +219,8 @@ def load_run(run_dir: str | os.PathLike,
     events_path = run_dir / "events.jsonl"
     if not run_dir.is_dir():
         raise RunDirError(f"{run_dir}: no such directory")
-    if not events_path.exists() and not (run_dir / "summary.json").exists():
+    detached = read_launcher_pid(run_dir)
+    if not events_path.exists() and not (run_dir / "summary.json").exists() and not detached:
         raise RunDirError(f"{run_dir}: not a run directory (no events.jsonl or summary.json)")
     config = _read_config(run_dir / "config.yaml")
     events = read_events(events_path)
@@ -276,9 +297,12 @@ def load_run(run_dir: str | os.PathLike,
         detail = f"took {wall_s:.1f} s" if isinstance(wall_s, int | float) else "finished"
         if summary.get("interrupted_by"):
             detail += f" (signal {summary['interrupted_by']})"
+        if summary.get("stopped_by"):  # the restart rule that ended a failed job
+            detail += f"; stopped by {summary['stopped_by']}: {summary.get('message', '')}"
     else:
         failures = [_failure_from_event(e) for _, e in sorted(current_failures.items())]
-        verdict = alive(first_launch) if first_launch else None
+        launcher = first_launch or detached
+        verdict = alive(launcher) if launcher else None
         if verdict is False:
             status = "aborted"
             detail = ("the launcher is gone and wrote no summary.json "
@@ -287,6 +311,9 @@ def load_run(run_dir: str | os.PathLike,
             status = "running"
             since = f" {time.time() - started_t:.0f} s" if started_t else ""
             detail = f"started{since} ago" if since else "no task launched yet"
+            if not since and detached:
+                detail = (f"launcher pid {detached['launcher_pid']} starting in the "
+                          "background; no task launched yet")
             if verdict is None:
                 detail += "; no summary.json yet"
     return RunView(
@@ -386,6 +413,8 @@ def render_status(view: RunView, now: float | None = None) -> str:
                   else "failures:"]
         lines += [f"  {f.get('description') or f.get('task')}" for f in earlier]
     lines += ["", f"logs:       {view.run_dir / 'logs'}"]
+    if (view.run_dir / LAUNCHER_OUT).exists():  # a detached run: the launcher's own lines
+        lines.append(f"launcher:   {view.run_dir / LAUNCHER_OUT}")
     if view.finished:
         lines.append(f"summary:    {view.run_dir / 'summary.json'}")
     return "\n".join(lines)
@@ -518,6 +547,19 @@ def follow_logs(run_dir: Path, targets: list[tuple[str, Path]], offsets: dict[Pa
         sleep(poll_s)
 
 
+def _wait_for_launch(view: RunView, timeout_s: float | None,
+                     clock: Callable[[], float] = time.monotonic) -> RunView:
+    """`logs -f` of a job whose tasks are not launched yet (a detached launcher
+    still reaching its hosts): wait for the launch, so there is a log to follow."""
+    deadline = None if timeout_s is None else clock() + timeout_s
+    while not view.tasks and not view.finished:
+        if deadline is not None and clock() >= deadline:
+            break
+        time.sleep(FOLLOW_POLL_S)
+        view = load_run(view.run_dir)
+    return view
+
+
 def _logs_main(argv: list[str], out: TextIO) -> int:
     parser = argparse.ArgumentParser(
         prog="mgpu-launch logs",
@@ -535,6 +577,11 @@ def _logs_main(argv: list[str], out: TextIO) -> int:
     args = parser.parse_args(argv)
     try:
         view = load_run(args.run_dir)
+        if args.follow and not view.tasks and not view.finished:
+            waited = time.monotonic()
+            view = _wait_for_launch(view, args.timeout)
+            if args.timeout is not None:  # one bound for the whole command
+                args.timeout = max(0.0, args.timeout - (time.monotonic() - waited))
         targets = resolve_task_logs(view, args.task)
     except RunDirError as exc:
         print(f"mgpu-launch logs: {exc}", file=sys.stderr)

@@ -292,7 +292,15 @@ def _start_sshd(host: SimHost) -> subprocess.Popen:
         # execs sshd, so the listener's pid is still the Popen's.
         argv = ["ip", "netns", "exec", host.netns, *argv]
     # Own session: a Ctrl-C meant for the simulator's terminal is handled by it.
-    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, start_new_session=True)
+    # Its stdout/stderr go to a file, never to ours: a detached sshd holding the
+    # caller's pipe would keep `simulate --detach | tail` or `$(...)` waiting
+    # until the hosts are stopped.
+    out = os.open(host.dir / "sshd.out", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                                start_new_session=True)
+    finally:
+        os.close(out)
 
 
 def _q(value: str) -> str:
@@ -305,7 +313,9 @@ def _wait_listening(host: SimHost) -> None:
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         if host.proc is not None and host.proc.poll() is not None:
-            log = (host.dir / "sshd.log").read_text(errors="replace")[-2000:]
+            log = "".join(path.read_text(errors="replace")[-2000:]
+                          for path in (host.dir / "sshd.out", host.dir / "sshd.log")
+                          if path.exists())
             raise RuntimeError(f"sshd of {host.name} exited with {host.proc.returncode}: {log}")
         try:
             with socket.create_connection((host.address, host.port), timeout=1.0) as sock:

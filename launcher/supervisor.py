@@ -454,13 +454,13 @@ class Supervisor:
         some task began to form (MultiWorkerMirroredStrategy's setup) formed,
         within it. The failure names every task missing and its last words."""
         limit = self._policy.start_timeout_s
-        if now - gen.started_at <= limit:
-            return
         records = list(gen.records.values())
-        missing = [r for r in records if r.state is TaskState.STARTING]
+        # Per task: a ParameterServerStrategy worker may be started again late.
+        missing = [r for r in records if r.state is TaskState.STARTING
+                   and now - (r.started_at or now) > limit]
         what = "not started (its agent never confirmed the start)"
         forming = any(r.cluster for r in records)
-        if not missing and forming and not gen.finishing():
+        if not missing and forming and now - gen.started_at > limit and not gen.finishing():
             missing = [r for r in records if r.cluster != "joined" and not r.state.terminal
                        and r.task.role in ("chief", "worker") and r.task.lifetime == "job"]
             # Those that never began to join first: the others wait for them.
@@ -502,6 +502,9 @@ class Supervisor:
         if event == "log":  # the agent's own diagnostics
             self._printer.debug(f"agent {message.host}: {body.get('text', '')}")
             return
+        if event == "hello":
+            self._on_hello(message.host, body)
+            return
         if event == "output":
             self._print_output(gen, message)
             return
@@ -532,6 +535,17 @@ class Supervisor:
             self._on_progress(gen, record, body["data"])
         elif event == "stacks":
             self._on_stacks(gen, record, body)
+
+    def _on_hello(self, host: str, hello: dict[str, Any]) -> None:
+        """A new agent reaped what an earlier one of this job left on its host
+        (tasks that outlived a lost connection): say so, it explains a gap."""
+        reaped = hello.get("reaped")
+        if not isinstance(reaped, list) or not reaped:
+            return
+        tasks = sorted({str(r.get("task")) for r in reaped if isinstance(r, dict)})
+        self._recorder.event("reaped", host=host, tasks=tasks, count=len(reaped))
+        self._printer.notice(f"host {host}: stopped {len(reaped)} leftover task(s) of an "
+                             f"earlier agent of this job ({', '.join(tasks)})")
 
     def _on_progress(self, gen: _Generation, record: TaskRecord, data: dict[str, Any]) -> None:
         record.last_activity = self._clock()

@@ -7,9 +7,12 @@ always run for real, in a subprocess, with tests.conftest's `run_cli`.
 from __future__ import annotations
 
 import contextlib
+import os
 import secrets
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -158,3 +161,41 @@ def netns_link() -> Iterator[NetnsLink]:
         subprocess.run(["ip", "route", "del", "unreachable", prefix, "metric", "4000"],
                        capture_output=True)
         subprocess.run(["ip", "netns", "del", netns], capture_output=True)
+
+
+# ssh-agent would ask for a confirmation (`ssh-add -c`) on a display: never here.
+_NO_ASKPASS = ("DISPLAY", "WAYLAND_DISPLAY", "SSH_ASKPASS", "SSH_ASKPASS_REQUIRE")
+
+
+@contextlib.contextmanager
+def ssh_agent() -> Iterator[str]:
+    """A private OpenSSH `ssh-agent` on its own socket; yields that SSH_AUTH_SOCK.
+
+    The socket goes into a fresh folder under /tmp (a unix socket's path is at
+    most 107 bytes, which pytest's tmp_path can exceed). With no display and no
+    askpass, the agent refuses to sign with a key added by `ssh-add -c` (a
+    confirmation nobody can give). Killed, and its folder removed, at the end.
+    """
+    folder = tempfile.mkdtemp(prefix="mgpu-agent-")
+    sock = os.path.join(folder, "agent.sock")
+    env = {k: v for k, v in os.environ.items() if k not in _NO_ASKPASS}
+    proc = subprocess.Popen(["ssh-agent", "-D", "-a", sock], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        # Its first line (`SSH_AUTH_SOCK=...; export SSH_AUTH_SOCK;`) comes once
+        # the socket listens; on failure it exits and the line is its error.
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if not line.startswith("SSH_AUTH_SOCK="):
+            raise RuntimeError(f"ssh-agent did not start: {line.strip()}")
+        yield sock
+    finally:
+        proc.kill()
+        proc.wait()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def agent_add(sock: str, key: Path, *options: str) -> None:
+    """`ssh-add [options] key` into the agent at `sock`."""
+    subprocess.run(["ssh-add", *options, str(key)], env={**os.environ, "SSH_AUTH_SOCK": sock},
+                   check=True, capture_output=True, text=True)

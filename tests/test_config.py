@@ -130,3 +130,45 @@ def test_strategy_example_configs_are_valid():
 
     for path in sorted((REPO / "examples").rglob("*.yaml")):
         assert load_config(path).config.hosts, path
+
+
+LOCAL_TWICE = """\
+transport: local
+hosts:
+  - {address: localhost}
+  - {address: localhost}
+  - {address: 127.0.0.1, name: solo}
+"""
+
+
+def test_local_hosts_repeating_an_address_are_named_and_ports_default_to_auto():
+    config = parse_config(LOCAL_TWICE).config
+    assert [h.name for h in config.hosts] == ["host0", "host1", "solo"]
+    assert config.ports.base == "auto"
+    fixed = parse_config(LOCAL_TWICE + "ports: {base: 25000}\n").config
+    assert fixed.ports.base == 25000  # what the user says stays
+
+
+def test_ssh_hosts_repeating_an_address_still_need_names():
+    twice = GOOD.replace("address: node2", "address: node1")
+    assert any("listed twice" in p for p in problems_of(twice))
+    assert parse_config(GOOD).config.ports.base == 23456
+
+
+def test_secret_env_values_never_reach_the_dry_run_or_the_run_directory(tmp_path: Path):
+    from launcher.config import dump_config, local_config
+
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    (tmp_path / "cluster.yaml").write_text(
+        "transport: local\nenv: {HF_TOKEN: abc123, AWS_SECRET_ACCESS_KEY: xyz789, "
+        "DB_PASSWORD: pw456, BATCH: 64}\nhosts:\n  - {address: 127.0.0.1}\n")
+    for args in (["--dry-run"], ["--dry-run", "--json"]):
+        out = run_cli([*args, "cluster.yaml", "train.py"], cwd=tmp_path, timeout=60)
+        assert out.returncode == 0, out.stderr
+        for secret in ("abc123", "xyz789", "pw456"):
+            assert secret not in out.stdout + out.stderr
+        assert "HF_TOKEN" in out.stdout and "***" in out.stdout and "64" in out.stdout
+    loaded = load_config(tmp_path / "cluster.yaml")
+    assert "abc123" not in dump_config(loaded) and "BATCH: 64" in dump_config(loaded)
+    assert "abc123" in loaded.config.env_strings()["HF_TOKEN"]  # the tasks still get it
+    assert local_config(1).config.ports.base == "auto"

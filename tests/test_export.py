@@ -1,26 +1,29 @@
 """`mgpu-launch export`: the Slurm script's TF_CONFIG logic and the TFJob manifest.
 
-The Slurm side is checked by running the generated script's own code with the
-environment Slurm sets for each task of an allocation (no Slurm here), and the
-whole batch script under bash with a stand-in `srun` that starts the tasks as
-Slurm would (same variables, one process per task). The TFJob manifest is
+The Slurm batch script runs mgpu-launch itself with `transport: slurm`: here
+its YAML is checked to give the launcher's plan inside an allocation (sbatch on
+a real Slurm cluster is tests/test_slurm.py). The TFJob manifest is
 checked against the fields and types of the kubeflow.org/v1 TFJob API.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from launcher.export import expand_hostlist
-from tests.conftest import cli_env, run_cli
+from launcher.config import ConfigError, load_config
+from launcher.slurm import (
+    Allocation,
+    SlurmError,
+    expand_hostlist,
+    read_allocation,
+    with_allocation,
+)
+from tests.conftest import run_cli
 
 TWO_BY_TWO = """\
 name: digits
@@ -58,22 +61,9 @@ def _write(tmp_path: Path, name: str, text: str) -> Path:
     return path
 
 
-def _slurm_env(task: int, nodelist: str, nodes: list[str], per_node: int, **extra: str
-               ) -> dict[str, str]:
-    """What Slurm sets for task `task` of a block-distributed step (the ones we read)."""
-    node = task // per_node
-    return {
-        "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": nodelist, "SLURM_STEP_NODELIST": nodelist,
-        "SLURM_NNODES": str(len(nodes)), "SLURM_NTASKS": str(len(nodes) * per_node),
-        "SLURM_NTASKS_PER_NODE": str(per_node), "SLURM_PROCID": str(task),
-        "SLURM_NODEID": str(node), "SLURM_LOCALID": str(task % per_node),
-        "SLURMD_NODENAME": nodes[node], **extra,
-    }
-
-
-def _task_program(script: str) -> str:
-    match = re.search(r"<<'MGPU_TASK_PY'\n(.*?)\nMGPU_TASK_PY\n", script, re.S)
-    assert match, "the batch script embeds the task program in a quoted heredoc"
+def _cluster_yaml(script: str) -> str:
+    match = re.search(r"<<'MGPU_CLUSTER_YAML'\n(.*?)MGPU_CLUSTER_YAML\n", script, re.S)
+    assert match, "the batch script hands the YAML to mgpu-launch in a quoted heredoc"
     return match.group(1)
 
 
@@ -86,158 +76,61 @@ def test_hostlist_expansion():
     assert expand_hostlist("10.0.0.1") == ["10.0.0.1"]
 
 
-def test_slurm_tf_config_matches_the_dry_run(tmp_path: Path):
+def test_slurm_script_runs_mgpu_launch_with_the_same_plan(tmp_path: Path):
+    """The batch step is mgpu-launch with `transport: slurm`: inside an allocation
+    of nodes node01, node02 its plan is the plan of the YAML (run for real on a
+    Slurm cluster in tests/test_slurm.py)."""
     cluster = _write(tmp_path, "cluster.yaml", TWO_BY_TWO)
-    dry = run_cli(["--dry-run", "--json", str(cluster), "train.py"], cwd=tmp_path, timeout=60)
+    same_run = ["--dry-run", "--json", "--run-dir", str(tmp_path / "run")]
+    dry = run_cli([*same_run, str(cluster), "train.py"], cwd=tmp_path, timeout=60)
     assert dry.returncode == 0, dry.stderr
-    planned = {(t["tf_config"]["task"]["type"], t["tf_config"]["task"]["index"]): t
-               for t in json.loads(dry.stdout)["tasks"]}
+    planned = json.loads(dry.stdout)
 
-    exported = run_cli(["export", "--to", "slurm", str(cluster), "train.py"], cwd=tmp_path,
-                       timeout=60)
-    assert exported.returncode == 0, exported.stderr
-    script = exported.stdout
-    assert "#SBATCH --nodes=2\n" in script and "#SBATCH --ntasks-per-node=2\n" in script
-    program = _task_program(script)
-
-    seen = {}
-    for task in range(4):  # 2 nodes x 2 tasks, as Slurm sets them on each task
-        env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "MGPU_SLURM_DRY_RUN": "1",
-               **_slurm_env(task, "node[01-02]", ["node01", "node02"], 2)}
-        done = subprocess.run([sys.executable, "-c", program, "train.py"], env=env,
-                              capture_output=True, text=True, timeout=60)
-        assert done.returncode == 0, done.stderr
-        setup = json.loads(done.stdout)
-        kind = setup["tf_config"]["task"]
-        seen[(kind["type"], kind["index"])] = setup
-    assert seen.keys() == planned.keys()
-    for key, setup in seen.items():
-        plan_task = planned[key]
-        assert setup["tf_config"] == plan_task["tf_config"], key
-        # The same environment as under the launcher, but for the host-local paths.
-        for name in ("MGPU_RUN_DIR",):
-            setup["env"].pop(name), plan_task["env"].pop(name)
-        assert setup["env"] == plan_task["env"], key
-    assert seen[("worker", 3)]["tf_config"]["cluster"]["worker"] == [
-        "node01:23456", "node01:23457", "node02:23458", "node02:23459"]
-
-
-def test_slurm_batch_script_runs_the_tasks_and_restarts(tmp_path: Path):
-    """The whole script under bash; `srun` is a stand-in that starts each task as Slurm would."""
-    cluster = _write(tmp_path, "cluster.yaml", TWO_BY_TWO)
     out_file = tmp_path / "job.sbatch"
-    exported = run_cli(["export", "--to", "slurm", "-o", str(out_file), str(cluster),
-                        str(tmp_path / "train.py"), "--tag", "it's"], cwd=tmp_path, timeout=60)
+    exported = run_cli(["export", "--to", "slurm", "-o", str(out_file), "--time", "1:00:00",
+                        str(cluster), "train.py", "--tag", "it's"], cwd=tmp_path, timeout=60)
     assert exported.returncode == 0, exported.stderr
     assert "sbatch" in exported.stderr and oct(out_file.stat().st_mode & 0o777) == "0o600"
-    (tmp_path / "train.py").write_text(
-        "import json, os, sys\n"
-        "g, t = os.environ['MGPU_GENERATION'], os.environ['MGPU_TASK_TYPE'] + "
-        "os.environ['MGPU_TASK_INDEX']\n"
-        "out = os.path.join(os.environ['RESULTS'], f'{g}-{t}.json')\n"
-        "json.dump({'tf_config': json.loads(os.environ['TF_CONFIG']), 'argv': sys.argv[1:],\n"
-        "           'data_dir': os.environ['DATA_DIR']}, open(out, 'w'))\n"
-        "sys.exit(1 if (g, t) == ('0', 'worker1') else 0)\n")
-    env = _fake_slurm(tmp_path, "node[01-02]", 2, RESULTS=str(tmp_path / "results"))
-    (tmp_path / "results").mkdir()
-    done = subprocess.run(["bash", str(out_file)], env=env, capture_output=True, text=True,
-                          timeout=120)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "restart 1 of 2" in done.stderr
-    assert "job succeeded (generation 1)" in done.stdout
-    results = tmp_path / "results"
-    files = sorted(p.name for p in results.iterdir())
-    assert files == [f"{g}-worker{i}.json" for g in (0, 1) for i in range(4)]
-    for i in range(4):
-        record = json.loads((results / f"1-worker{i}.json").read_text())
-        assert record["tf_config"]["task"] == {"type": "worker", "index": i}
-        assert record["argv"] == ["--tag", "it's"]
-        assert record["data_dir"] == "/data/digits set"
+    script = out_file.read_text()
+    for directive in ("--nodes=2", "--ntasks-per-node=1", "--requeue", "--signal=B:TERM@63",
+                      "--time=1:00:00", "--job-name=digits"):
+        assert f"#SBATCH {directive}\n" in script, directive
+    assert re.search(r"^exec \S+ -m launcher --no-live /dev/fd/3 train.py --tag 'it'.*s' "
+                     r"3<<'MGPU_CLUSTER_YAML'$", script, re.M), script
+    assert "MGPU_TASK_PY" not in script  # no copy of the plan logic any more
+    config = yaml.safe_load(_cluster_yaml(script))
+    assert config["transport"] == "slurm"
+    assert [h["address"] for h in config["hosts"]] == ["slurm:0", "slurm:1"]
+    assert config["checkpoint"]["dir"] == str(tmp_path / "ckpt")
+
+    # The same YAML inside an allocation: the launcher's plan, with the node names.
+    (tmp_path / "slurm.yaml").write_text(_cluster_yaml(script))
+    inside = run_cli([*same_run, str(tmp_path / "slurm.yaml"), "train.py"],
+                     cwd=tmp_path, timeout=60, SLURM_JOB_ID="4242",
+                     SLURM_JOB_NODELIST="node[01-02]")
+    assert inside.returncode == 0, inside.stderr
+    got = json.loads(inside.stdout)
+    assert got["transport"] == "slurm"
+    assert [t["tf_config"] for t in got["tasks"]] == [t["tf_config"] for t in planned["tasks"]]
+    assert got["tasks"][3]["tf_config"]["cluster"]["worker"] == [
+        "node01:23456", "node01:23457", "node02:23458", "node02:23459"]
+    for mine, theirs in zip(got["tasks"], planned["tasks"], strict=True):
+        assert mine["env"] == theirs["env"]
 
 
-def _fake_slurm(tmp_path: Path, nodelist: str, per_node: int, **extra: str) -> dict[str, str]:
-    """Environment of a batch job whose `srun` starts each task as Slurm would.
-
-    The stand-in `srun` starts one process per task with Slurm's per-task
-    variables and fails like `--kill-on-bad-exit` (the worst exit code wins).
-    """
-    shim = tmp_path / "bin"
-    shim.mkdir()
-    (shim / "srun").write_text("""#!/bin/bash
-while [[ "$1" == --* ]]; do shift; done
-nodes=($(python3 -c 'import sys; from launcher.export import expand_hostlist as e; \
-print(" ".join(e(sys.argv[1])))' "$SLURM_JOB_NODELIST"))
-per_node=$SLURM_NTASKS_PER_NODE
-pids=()
-for n in "${!nodes[@]}"; do
-  for ((l = 0; l < per_node; l++)); do
-    SLURM_STEP_NODELIST=$SLURM_JOB_NODELIST SLURM_NODEID=$n SLURM_LOCALID=$l \
-    SLURM_PROCID=$((n * per_node + l)) SLURMD_NODENAME=${nodes[$n]} "$@" &
-    pids+=($!)
-  done
-done
-rc=0
-for p in "${pids[@]}"; do wait "$p" || rc=$?; done
-exit $rc
-""")
-    (shim / "srun").chmod(0o755)
-    nodes = expand_hostlist(nodelist)
-    # python3 on the "nodes" is this test's Python (TensorFlow's, in real life).
-    path = os.pathsep.join([str(shim), str(Path(sys.executable).parent), os.environ["PATH"]])
-    return cli_env(PATH=path, HOME=str(tmp_path), SLURM_JOB_ID="77",
-                   SLURM_JOB_NODELIST=nodelist, SLURM_NNODES=str(len(nodes)),
-                   SLURM_NTASKS=str(len(nodes) * per_node),
-                   SLURM_NTASKS_PER_NODE=str(per_node), **extra)
-
-
-def test_slurm_parameter_server_job_ends_when_the_chief_is_done(tmp_path: Path):
-    """ps and workers never exit by themselves: the script stops them after the chief."""
+def test_slurm_script_keeps_roles_and_spares(tmp_path: Path):
     cluster = _write(tmp_path, "ps.yaml", PARAMETER_SERVER.replace(
-        "python: python3.11", "python: python3").replace(
-        "/shared/ckpt/ps", str(tmp_path / "ckpt")))
-    out_file = tmp_path / "ps.sbatch"
-    assert run_cli(["export", "--to", "slurm", "-o", str(out_file), str(cluster),
-                    str(tmp_path / "train.py")], cwd=tmp_path, timeout=60).returncode == 0
-    (tmp_path / "train.py").write_text(
-        "import os, time\n"
-        "me = os.environ['MGPU_TASK_TYPE'] + os.environ['MGPU_TASK_INDEX']\n"
-        "up = os.path.join(os.environ['MGPU_CHECKPOINT_DIR'], 'up-')\n"
-        "open(up + me, 'w').close()\n"
-        "deadline = time.monotonic() + 60\n"
-        "if me == 'chief0':\n"
-        "    while time.monotonic() < deadline and not all(\n"
-        "            os.path.exists(up + t) for t in ('ps0', 'worker0', 'worker1')):\n"
-        "        time.sleep(0.05)\n"
-        "    print('chief done', flush=True)\n"
-        "else:\n"
-        "    time.sleep(120)  # a server: runs until stopped\n")
-    (tmp_path / "ckpt").mkdir()
-    env = _fake_slurm(tmp_path, "node[01-03]", 2)
-    done = subprocess.run(["bash", str(out_file)], env=env, capture_output=True, text=True,
-                          timeout=90)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "chief done" in done.stdout and "job succeeded (generation 0)" in done.stdout
-    assert (tmp_path / "ckpt" / ".mgpu-slurm" / "77-0.done").exists()
-
-
-def test_slurm_uneven_hosts_leave_surplus_tasks_idle(tmp_path: Path):
-    cluster = _write(tmp_path, "ps.yaml", PARAMETER_SERVER)
-    script = run_cli(["export", "--to", "slurm", str(cluster), "train.py"], cwd=tmp_path,
-                     timeout=60).stdout
-    assert "#SBATCH --nodes=3\n" in script and "#SBATCH --ntasks-per-node=2\n" in script
-    program = _task_program(script)
-    nodes = ["node01", "node02", "node03"]
-    got = []
-    for task in range(6):
-        env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "MGPU_SLURM_DRY_RUN": "1",
-               **_slurm_env(task, "node[01-03]", nodes, 2)}
-        done = subprocess.run([sys.executable, "-c", program, "train.py"], env=env,
-                              capture_output=True, text=True, timeout=60)
-        assert done.returncode == 0, done.stderr
-        setup = json.loads(done.stdout)
-        got.append(None if setup is None else setup["tf_config"]["task"])
-    assert got == [{"type": "chief", "index": 0}, {"type": "ps", "index": 0},
-                   {"type": "worker", "index": 0}, None, {"type": "worker", "index": 1}, None]
+        "  - address: node03\n    roles: {worker: 1}\n",
+        "  - address: node03\n    roles: {worker: 1}\n  - address: node04\n    spare: true\n"))
+    done = run_cli(["export", "--to", "slurm", str(cluster), "train.py"], cwd=tmp_path,
+                   timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "#SBATCH --nodes=4\n" in done.stdout  # the spare is a node of the allocation too
+    hosts = yaml.safe_load(_cluster_yaml(done.stdout))["hosts"]
+    assert hosts == [{"address": "slurm:0", "roles": {"chief": 1, "ps": 1}},
+                     {"address": "slurm:1", "roles": {"worker": 1}},
+                     {"address": "slurm:2", "roles": {"worker": 1}},
+                     {"address": "slurm:3", "spare": True}]
 
 
 # ------------------------------------------------------------------- TFJob
@@ -377,3 +270,25 @@ def test_export_usage_errors(tmp_path: Path):
     assert done.returncode == 2 and "hosts" in done.stderr
     none = run_cli(["export", "--to", "tfjob", str(bad)], cwd=tmp_path, timeout=60)
     assert none.returncode == 2 and "no training script" in none.stderr
+
+
+def test_allocation_gpus_and_node_positions(tmp_path: Path):
+    """What `transport: slurm` reads from an allocation (the exported YAML's `slurm:N`)."""
+    environ = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "gpu[1-2]", "SLURM_JOB_GPUS": "2,3"}
+    allocation = read_allocation(environ, hostnames=lambda _: None)
+    assert allocation == Allocation("7", ("gpu1", "gpu2"), (0, 1))
+    assert read_allocation({**environ, "SLURM_GPUS_ON_NODE": "4"},
+                           hostnames=lambda _: None).gpus == (0, 1, 2, 3)
+    batch = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "gpu1", "SLURMD_NODENAME": "gpu1",
+             "CUDA_VISIBLE_DEVICES": "0,1,2"}
+    assert read_allocation(batch, hostnames=lambda _: None).gpus == (0, 1, 2)
+    loaded = load_config(_write(tmp_path, "c.yaml", "transport: slurm\nhosts:\n"
+                                "  - {address: 'slurm:1', gpus: [0]}\n  - {address: 'slurm:0'}\n"))
+    hosts = with_allocation(loaded, allocation, python="/venv/python").config.hosts
+    assert [(h.address, h.gpus) for h in hosts] == [("gpu2", [0]), ("gpu1", [0, 1])]
+    three = load_config(_write(tmp_path, "d.yaml", "transport: slurm\nhosts:\n" + "".join(
+        f"  - {{address: 'slurm:{i}'}}\n" for i in range(3))))
+    with pytest.raises(ConfigError, match=r"'slurm:2', but Slurm job 7 has 2 node\(s\)"):
+        with_allocation(three, allocation)
+    with pytest.raises(SlurmError, match="not inside a Slurm allocation"):
+        read_allocation({})

@@ -207,6 +207,9 @@ restart: {hang_timeout_s: 3, backoff_s: 0}
     last = max(e["t"] for e in job.events("progress", generation=0, task="worker1"))
     detected = job.events("failure_detected", generation=0)[0]["t"]
     assert 3.0 <= detected - last < 5.0, detected - last
+    # Its Python stacks were taken before the teardown: stuck in the script's loop.
+    assert "fault_steps.py" in (job.run_dir / "stacks" / "worker1.txt").read_text()
+    assert any("fault_steps.py" in frame for frame in cause["stack"]), cause["stack"]
     resumed = re.search(r"host1/worker1 +\| RESUME gen=1 step=(\d+)", job.output)
     assert resumed and int(resumed.group(1)) > 0, job.output[-3000:]
     job.assert_nothing_left()

@@ -20,6 +20,7 @@ import signal
 import socket
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import psutil
@@ -303,3 +304,53 @@ def test_host_behind_a_cut_link_is_lost_by_heartbeat(cut_cluster, workdir, jobs,
     finally:
         link.restore()
         cluster.start_host(1)
+
+
+def agent_lease(run_name: str, host: str) -> tuple[int, float]:
+    """(pid, --lease) of the run's agent on `host`, read from its command line."""
+    marker = f"/.mgpu-launch/runs/{run_name}/{host}"
+    for proc in psutil.process_iter(["cmdline"]):
+        argv = proc.info["cmdline"] or []
+        if "launcher.agent" in argv and any(a.endswith(marker) for a in argv):
+            return proc.pid, float(argv[argv.index("--lease") + 1])
+    raise AssertionError(f"no agent of {run_name} on {host}")
+
+
+def test_a_partitioned_host_stops_its_tasks_and_the_next_generation_gets_its_ports(
+        cut_cluster, workdir, jobs):
+    """The host stays up behind the cut link: no EOF reaches its agent, only
+    silence. Its lease runs out, it stops its task and exits; once the link is
+    back the next generation starts there, on the very same ports."""
+    cluster, link = cut_cluster
+    job = SSHJob(cluster, workdir, "ssh-partition",
+                 {"on_host_loss": "wait", "host_wait_s": 120}, ["--epochs", "4"],
+                 ssh={"connect_timeout_s": 2})
+    jobs.append(job)
+    try:
+        wait_for(lambda: both_in_epoch(job, 1), timeout=180, what="both workers in epoch 2")
+        job.look()
+        task = job.pids()[(0, "worker1")]
+        agent, lease = agent_lease(job.run_name, "host1")
+        link.cut()
+        cut_at = time.monotonic()
+        lost = job.wait_event("host_lost", timeout=30, host="host1")
+        assert "no heartbeat" in lost["detail"], lost
+        # The agent's lease, then the stop's grace (SSHTransport's eof_grace_s,
+        # 2 s, and its SIGKILL): nothing of the job is left behind the cut.
+        wait_for(lambda: not alive([task, agent]), timeout=lease + 2 + 5,
+                 what="the partitioned host's task and agent to be gone")
+        assert time.monotonic() - cut_at >= lease - 1  # its lease, not anything sooner
+        link.restore()
+        job.wait_event("host_back", timeout=60, host="host1")
+        code = job.finish(timeout=180)
+        assert code == 0, job.output[-4000:]
+        summary = read_summary(job.run_dir)
+        # One restart, for the lost host: generation 1 did not trip over leftovers.
+        assert summary["status"] == "succeeded" and summary["restarts"] == 1, summary
+        ports = [{t["task"]: (t["host"], t["port"]) for t in job.events("launch", generation=g)[0]
+                  ["tasks"]} for g in (0, 1)]
+        assert ports[0] == ports[1], ports
+        assert min(training_epochs(job, 1)) >= 1, training_epochs(job, 1)
+        job.assert_nothing_left()
+    finally:
+        link.restore()

@@ -118,7 +118,7 @@ def test_plain_output_is_prefixed_lines_without_escape_codes():
     printer.refresh([row("worker0"), row("worker1")])
     printer.task_line("host0/worker0", "epoch 1")
     printer.task_line("host1/worker1", "epoch 1")
-    printer.close()
+    printer.close()  # waits (bounded) for the printer's writer thread
     assert out.getvalue() == (
         "mgpu-launch   | job 'x': 2 tasks\n"
         "host0/worker0 | epoch 1\n"
@@ -134,6 +134,7 @@ def test_live_lines_scroll_above_one_table():
     printer.task_line("host0/worker0", "epoch 1 done")
     printer.refresh([row("worker0", step=9), row("worker1", step=8)])
     printer.task_line("host1/worker1", "epoch 1 done")
+    assert printer.flush(timeout=10)  # the writer thread has written all of it
     screen = out.screen()
     assert screen[:3] == ["mgpu-launch   | job 'x': 2 tasks",
                           "host0/worker0 | epoch 1 done",
@@ -145,6 +146,7 @@ def test_live_lines_scroll_above_one_table():
 
     printer.close()
     printer.notice("job succeeded")
+    printer.finish()
     assert out.screen()[-2:] == ["host1/worker1 | epoch 1 done", "mgpu-launch   | job succeeded"]
 
 
@@ -154,6 +156,7 @@ def test_live_quiet_keeps_the_table_and_notices_but_drops_task_lines():
     printer.refresh([row("worker0"), row("worker1")])
     printer.task_line("host0/worker0", "chatter")
     printer.notice("restarting")
+    assert printer.flush(timeout=10)
     screen = out.screen()
     assert "chatter" not in out.getvalue()
     assert screen[0] == "mgpu-launch   | restarting" and screen[2].startswith("HOST")
@@ -170,6 +173,7 @@ def test_verbose_reports_state_changes_and_plain_status_lines():
     now[0] += STATUS_EVERY_S
     printer.refresh([row("worker0", state="running", step=60)])
     printer.debug("agent host0: hello")
+    assert printer.flush(timeout=10)
     assert out.getvalue().splitlines() == [
         "mgpu-launch   | host0/worker0 generation 0: starting",
         "mgpu-launch   | host0/worker0 generation 0: starting -> running",
@@ -178,7 +182,9 @@ def test_verbose_reports_state_changes_and_plain_status_lines():
         "mgpu-launch   | agent host0: hello",
     ]
     quiet = io.StringIO()
-    Printer(["host0/worker0"], stream=quiet).debug("not shown")
+    quiet_printer = Printer(["host0/worker0"], stream=quiet)
+    quiet_printer.debug("not shown")
+    quiet_printer.finish()
     assert quiet.getvalue() == ""
 
 
@@ -200,8 +206,9 @@ def test_end_summary_names_the_root_cause_once_and_where_to_look(tmp_path, monke
                "host1/worker1": {"state": "failed", "signal": None, "exit_code": 1,
                                  "last_progress": {}}})
     out = io.StringIO()
-    _print_outcome(Printer(["host0/worker0", "host1/worker1"], stream=out), result,
-                   tmp_path / "run")
+    printer = Printer(["host0/worker0", "host1/worker1"], stream=out)
+    _print_outcome(printer, result, tmp_path / "run")
+    printer.finish()
     text = out.getvalue().replace("mgpu-launch   | ", "")
     assert text.splitlines()[:3] == [
         "job failed in 1m 15s (1 restart)",

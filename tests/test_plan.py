@@ -53,6 +53,7 @@ def test_generation_and_ports_are_inputs():
 def test_repeated_address_gets_distinct_ports_and_chief_first():
     plan = plan_of("""\
 transport: local
+ports: {base: 23456}    # simulated hosts default to auto
 hosts:
   - {address: 127.0.0.1, name: a, roles: {worker: 2}}
   - {address: 127.0.0.1, name: b, roles: {chief: 1, worker: 1}}
@@ -75,6 +76,7 @@ def test_parameter_server_servers_and_evaluator_outside_cluster():
     plan = plan_of("""\
 strategy: parameter_server
 transport: local
+ports: {base: 23456}    # simulated hosts default to auto
 hosts:
   - {address: 127.0.0.1, name: c, roles: {chief: 1, evaluator: 1}}
   - {address: 127.0.0.1, name: w, roles: {worker: 2, ps: 1}}
@@ -98,6 +100,7 @@ def test_legacy_server_runs_the_script_everywhere_and_ps_is_a_service():
     plan = plan_of("""\
 strategy: legacy_server
 transport: local
+ports: {base: 23456}    # simulated hosts default to auto
 hosts:
   - {address: 127.0.0.1, name: a, roles: {worker: 2}}
   - {address: 127.0.0.1, name: b, roles: {ps: 1}}
@@ -110,6 +113,7 @@ hosts:
 def test_gpus_and_one_worker_per_gpu():
     plan = plan_of("""\
 transport: local
+ports: {base: 23456}    # simulated hosts default to auto
 hosts:
   - {address: 127.0.0.1, name: a, gpus: [0, 1]}
   - {address: 127.0.0.1, name: b, gpus: [2, 3], tasks_per_host: per_gpu}

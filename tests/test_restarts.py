@@ -42,6 +42,8 @@ def test_a_crash_loop_that_writes_files_is_no_progress(workdir: Path):
     assert ended - launched[0] < 30
     # Every generation wrote its file; none of that counted.
     assert len(list((workdir / "checkpoints" / "restarts" / "tensorboard").iterdir())) == 3
+    status = run_cli(["status", str(run_dir)], cwd=workdir, timeout=60)
+    assert "stopped by max_restarts: gave up" in status.stdout, status.stdout
 
 
 def test_a_checkpoint_that_advances_every_generation_keeps_restarts_free(workdir: Path):

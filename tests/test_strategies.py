@@ -75,6 +75,21 @@ def test_single_host_strategy_in_a_multi_worker_job_is_caught(workdir: Path):
     assert "trained alone" not in logs
 
 
+def test_a_second_multi_worker_strategy_in_one_process_is_refused(workdir: Path):
+    run_dir = workdir / "run"
+    result = run_cli(["--local", "2", "--max-restarts", "0", "--run-dir", str(run_dir),
+                      str(STRATEGY_SCRIPTS / "strategy_twice.py")], cwd=workdir)
+    assert result.returncode == 1, explain(result)
+    cause = read_summary(run_dir)["root_cause"]
+    assert cause["error"]["type"] == "StrategyCreatedTwiceError", cause
+    assert "Create it once" in cause["error"]["message"]
+    assert "run_training" in cause["error"]["traceback"]
+    logs = "".join(p.read_text() for p in (run_dir / "logs").glob("*.log"))
+    assert not [line for line in logs.splitlines() if line.startswith("never printed")]
+    # Refused at the second creation: no collective ran, none died.
+    assert "StartAbort" not in logs
+
+
 def test_parameter_server_chief_two_workers_one_ps(workdir: Path):
     run_dir, ckpt = workdir / "run", workdir / "ckpt"
     config = write_config(

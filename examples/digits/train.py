@@ -11,7 +11,8 @@ from the shared checkpoint directory after a restart) and a chief-only save.
 import argparse
 import os
 
-os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # tf.keras -> tf_keras (see README)
+# tf.keras -> tf_keras (docs/strategies-and-keras.md)
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402

@@ -113,8 +113,11 @@ def checkpoint_dir() -> str:
 # ------------------------------------------------------------------- strategies
 
 
+_strategy = None  # the one this process made: a second MWMS would join the cluster again
+
+
 def strategy(collective_timeout_s: float | None = None, cpu_devices: int | None = None):
-    """The strategy this task should train under.
+    """The strategy this task should train under (made once; later calls return it).
 
     - `ParameterServerStrategy` on the chief of a `strategy: parameter_server`
       job (the coordinator; workers and ps run the launcher's servers);
@@ -129,6 +132,13 @@ def strategy(collective_timeout_s: float | None = None, cpu_devices: int | None 
     with 4 replicas in sync, the code path of 2 hosts with 2 GPUs each. Call it
     before any TensorFlow op runs.
     """
+    global _strategy
+    if _strategy is None:
+        _strategy = _make_strategy(collective_timeout_s, cpu_devices)
+    return _strategy
+
+
+def _make_strategy(collective_timeout_s: float | None, cpu_devices: int | None):
     import tensorflow as tf
 
     from . import strategies

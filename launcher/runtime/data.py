@@ -93,7 +93,7 @@ def input_pipeline(input_context: Any = None) -> InputPipeline:
             "under ParameterServerStrategy the dataset is built once on the coordinator "
             "and copied to every worker, so TF_CONFIG cannot tell workers apart here. "
             "Pass a dataset function instead: runtime.dataset_fn(files, parse_fn, batch) "
-            "to coordinator.create_per_worker_dataset(...) (see README.md, Input)")
+            "to coordinator.create_per_worker_dataset(...) (see docs/input.md)")
     chiefs, workers = len(cluster.get("chief", [])), len(cluster.get("worker", []))
     if kind == "chief":
         return InputPipeline(max(1, chiefs + workers), 0)

@@ -37,6 +37,16 @@ class SingleHostStrategyError(RuntimeError):
     """A worker of a multi-worker job built a strategy that ignores TF_CONFIG."""
 
 
+class StrategyCreatedTwiceError(RuntimeError):
+    """A second MultiWorkerMirroredStrategy in one process of a multi-worker job."""
+
+
+# MultiWorkerMirroredStrategy set-ups in this process: a second one joins the
+# cluster again and later dies in a collective ("Delete called on non-empty
+# BufRendezvous"), far from the line that caused it.
+_multi_worker_setups = 0
+
+
 def _num_workers() -> int:
     try:
         return int(os.environ.get("MGPU_NUM_WORKERS", "1"))
@@ -127,6 +137,15 @@ def on_collective(module: ModuleType) -> None:
     original = extended._initialize_multi_worker
 
     def _initialize_multi_worker(self, cluster_resolver):
+        global _multi_worker_setups
+        _multi_worker_setups += 1
+        if _multi_worker_setups > 1:
+            raise StrategyCreatedTwiceError(
+                "MultiWorkerMirroredStrategy is created a second time in this process: "
+                "each creation joins the cluster again, and the job would die later in a "
+                "collective (\"Delete called on non-empty BufRendezvous\"). Create it once "
+                "(e.g. at the top of the script) and reuse it; runtime.strategy() returns "
+                "the same strategy on every call.")
         report_cluster("joining")
         if seconds is not None:
             configure_coordination_service(cluster_resolver, seconds)

@@ -2,7 +2,7 @@
 
 Upstream Keras 3 (keras-team/keras#20585) breaks in two spots of
 `keras/src/backend/tensorflow/trainer.py` when several workers train under
-`MultiWorkerMirroredStrategy` (DESIGN.md, "Keras on this stack"):
+`MultiWorkerMirroredStrategy` (docs/design.md, "Keras on this stack"):
 
 1. `_maybe_symbolic_build` averages the first distributed batch with an eager
    `strategy.reduce(...)`, which the collective strategy cannot do on a

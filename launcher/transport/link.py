@@ -1,12 +1,21 @@
 """One agent's pipe, whatever carries it: JSON lines out, JSON lines in.
 
 A reader thread turns each line from the agent into an `AgentMessage` on the
-supervisor's queue; when the pipe ends it queues `agent_lost`. Writes are
-serialised by a lock. Used by every transport.
+supervisor's queue; when the pipe ends it queues `agent_lost`. A line that is
+not a JSON object, is not UTF-8, or is longer than `MAX_LINE_BYTES` becomes a
+`log` message (an oversized line is skipped unread, never parsed): whatever
+the far end sends, the reader only ever queues dicts and never dies of it.
+
+A writer thread owns the other direction: `send` only queues the command, so
+a write that blocks (a full SSH window behind a cut link, a stopped agent)
+never blocks the supervisor. While nothing else goes out, the writer sends
+`{"op": "ping"}` every `ping_every_s`: the agent's lease (`--lease`) runs out
+when it hears nothing, and it then stops its tasks. Used by every transport.
 """
 
 from __future__ import annotations
 
+import collections
 import itertools
 import json
 import queue
@@ -17,6 +26,22 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 _LINK_IDS = itertools.count(1)
+
+# The longest line accepted from an agent. The agent's own messages stay far
+# below it: an output line is cut at 8 KiB, a stack dump at 256 KiB, an exit
+# report carries 30 such lines.
+MAX_LINE_BYTES = 4 * 2**20
+PING_EVERY_S = 1.0
+# Commands queued for a pipe that does not take them; past this `send` says no.
+MAX_PENDING = 10_000
+# How long `close` waits for a writer that is not stuck in a write to deliver
+# what is queued and the EOF.
+CLOSE_WAIT_S = 1.0
+_SKIP_CHUNK = 2**16
+_LOG_TEXT_MAX = 2000
+# Events only the link itself makes: an agent sending one gets a `log` instead.
+_RESERVED_EVENTS = frozenset({"agent_lost"})
+_PING = b'{"op":"ping"}\n'
 
 
 @dataclass(frozen=True)
@@ -32,6 +57,19 @@ class AgentMessage:
         return str(self.message.get("ev", ""))
 
 
+def parse_message(raw: bytes) -> dict[str, Any]:
+    """One line from an agent as a dict: its JSON object, else a `log` message."""
+    try:
+        message = json.loads(raw)
+    except Exception:  # noqa: BLE001 - bad JSON, bad UTF-8, absurd nesting: all the same
+        message = None
+    if isinstance(message, dict):
+        event = message.get("ev")
+        if not (isinstance(event, str) and event in _RESERVED_EVENTS):
+            return message
+    return {"ev": "log", "text": raw[:_LOG_TEXT_MAX].decode("utf-8", "replace").rstrip()}
+
+
 class AgentLink:
     def __init__(
         self,
@@ -41,6 +79,8 @@ class AgentLink:
         events: queue.Queue[AgentMessage],
         on_close: Callable[[], None] = lambda: None,
         diagnostics: Callable[[], str] = lambda: "",
+        ping_every_s: float | None = PING_EVERY_S,
+        max_line_bytes: int = MAX_LINE_BYTES,
     ) -> None:
         self.host = host
         self._to_agent = to_agent
@@ -49,32 +89,46 @@ class AgentLink:
         self._on_close = on_close
         # Why the pipe ended (exit code, stderr tail), for error messages.
         self.diagnostics = diagnostics
-        self._lock = threading.Lock()
+        self._ping_every_s = ping_every_s
+        self._max_line = max_line_bytes
         self.hello: dict[str, Any] | None = None
         self.hello_seen = threading.Event()
         self.last_seen = time.monotonic()
         self.closed = False  # True once we closed it or the agent's side ended
+        self.write_failed = False  # a write raised: the agent cannot hear us any more
         self.link_id = next(_LINK_IDS)
+        self._pending: collections.deque[bytes] = collections.deque()
+        self._closing = False
+        self._in_write = False
+        self._wake = threading.Condition()
         self._reader = threading.Thread(target=self._read, name=f"agent-{host}", daemon=True)
+        self._writer = threading.Thread(target=self._write_loop, name=f"agent-{host}-writer",
+                                        daemon=True)
+        self._writer.start()
 
     def start_reading(self) -> None:
         self._reader.start()
 
+    # ------------------------------------------------------------------ reading
+
     def _read(self) -> None:
         try:
-            for raw in iter(self._from_agent.readline, b""):
+            while True:
+                raw = self._from_agent.readline(self._max_line + 1)
+                if not raw:
+                    break
                 self.last_seen = time.monotonic()
-                try:
-                    message = json.loads(raw)
-                except ValueError:
-                    message = None
-                if not isinstance(message, dict):
-                    message = {"ev": "log", "text": raw.decode("utf-8", "replace").rstrip()}
+                if len(raw) > self._max_line and not raw.endswith(b"\n"):
+                    size = len(raw) + self._skip_rest_of_line()
+                    message = {"ev": "log", "text": f"dropped a message of {size} bytes "
+                               f"from the agent (longer than {self._max_line})"}
+                else:
+                    message = parse_message(raw)
                 if message.get("ev") == "hello":
                     self.hello = message
                     self.hello_seen.set()
                 self._events.put(AgentMessage(self.host, message, self.link_id))
-        except (OSError, ValueError):
+        except (OSError, ValueError, EOFError):
             pass
         finally:
             # Whatever ended the pipe, the supervisor must hear of it.
@@ -85,29 +139,80 @@ class AgentLink:
                                          "detail": self._safe_diagnostics()}, self.link_id)
             )
 
+    def _skip_rest_of_line(self) -> int:
+        """Read and drop up to the next newline without keeping it; bytes dropped."""
+        skipped = 0
+        while True:
+            chunk = self._from_agent.readline(_SKIP_CHUNK)
+            skipped += len(chunk)
+            if not chunk or chunk.endswith(b"\n"):
+                return skipped
+            self.last_seen = time.monotonic()
+
     def _safe_diagnostics(self) -> str:
         try:
             return self.diagnostics()
         except Exception as exc:  # noqa: BLE001 - a diagnostic must never hide the loss
             return f"(no diagnostics: {exc})"
 
+    # ------------------------------------------------------------------ writing
+
     def send(self, message: dict[str, Any]) -> bool:
-        """Send one command; False when the agent is no longer reachable."""
+        """Queue one command; False when the agent is no longer reachable (the
+        link is closed, a write failed, or the pipe has stopped taking them)."""
         data = (json.dumps(message, separators=(",", ":")) + "\n").encode()
-        with self._lock:
+        with self._wake:
+            if self.closed or self._closing or self.write_failed:
+                return False
+            if len(self._pending) >= MAX_PENDING:
+                return False
+            self._pending.append(data)
+            self._wake.notify()
+        return True
+
+    def _next_write(self) -> bytes | None:
+        """What to write next: a command, a ping when idle, None to close."""
+        idle_since = time.monotonic()
+        with self._wake:
+            while not self._pending and not self._closing:
+                if self._ping_every_s is None:
+                    self._wake.wait()
+                    continue
+                left = idle_since + self._ping_every_s - time.monotonic()
+                if left <= 0:
+                    return _PING
+                self._wake.wait(left)
+            return self._pending.popleft() if self._pending else None
+
+    def _write_loop(self) -> None:
+        while True:
+            data = self._next_write()
+            if data is None:
+                break
+            self._in_write = True
             try:
                 self._to_agent.write(data)
                 self._to_agent.flush()
-                return True
-            except (OSError, ValueError):
-                return False
+            except Exception:  # noqa: BLE001 - any failure: the agent cannot hear us
+                self.write_failed = True
+                with self._wake:
+                    self._pending.clear()
+                break
+            finally:
+                self._in_write = False
+        try:
+            self._to_agent.close()  # EOF: the agent stops its tasks and exits
+        except Exception:  # noqa: BLE001, S110 - already broken: nothing to tell
+            pass
 
     def close(self) -> None:
-        """Close the agent's stdin: it stops its tasks and exits."""
+        """Close the agent's stdin after what is queued: it stops its tasks and
+        exits. Waits at most CLOSE_WAIT_S: a stalled pipe is left to the
+        transport's `on_close`, which ends the connection or the agent."""
         self.closed = True
-        with self._lock:
-            try:
-                self._to_agent.close()
-            except OSError:
-                pass
+        with self._wake:
+            self._closing = True
+            self._wake.notify()
+        if not self._in_write:  # a write in progress may never end: do not wait for it
+            self._writer.join(timeout=CLOSE_WAIT_S)
         self._on_close()

@@ -7,27 +7,27 @@ bootstrap and runtime code that runs on real hosts.
 
 from __future__ import annotations
 
-import os
 import queue
 import subprocess
-import threading
 import time
-from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
 
 from ..plan import HostTarget, host_run_dir
 from ..shipping import install_local
 from . import HostProblem, TransportError
+from .child import DEFAULT_LEASE_S, agent_argv, kill_if_running, start_child_agent
 from .link import AgentLink, AgentMessage
 
 HELLO_TIMEOUT_S = 30.0  # a cold Python start on a loaded machine; no TF import involved
 
 
 class LocalTransport:
-    def __init__(self, cache_root: Path | None = None, eof_grace_s: float = 2.0) -> None:
+    def __init__(self, cache_root: Path | None = None, eof_grace_s: float = 2.0,
+                 lease_s: float = DEFAULT_LEASE_S) -> None:
         self._cache_root = cache_root
         self._eof_grace_s = eof_grace_s
+        self._lease_s = lease_s
         self._procs: list[subprocess.Popen] = []
 
     def connect(
@@ -57,45 +57,12 @@ class LocalTransport:
 
     def _start_agent(self, host: HostTarget, run_dir: str, code_dir: Path,
                      events: queue.Queue[AgentMessage]) -> AgentLink:
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(code_dir), env.get("PYTHONPATH")) if p)
-        argv = [host.python, "-S", "-m", "launcher.agent",  # -S: see launcher.agent
-                "--host", host.name,
-                "--run-dir", host_run_dir(run_dir, "local", host.name),
-                "--eof-grace", str(self._eof_grace_s)]
-        proc = subprocess.Popen(
-            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            env=env, cwd=str(code_dir),
-            # Own session: Ctrl-C in the terminal reaches the launcher only.
-            start_new_session=True,
-        )
+        argv = agent_argv(host.python, host.name, host_run_dir(run_dir, "local", host.name),
+                          self._eof_grace_s, self._lease_s)
+        proc, link = start_child_agent(
+            argv, host.name, code_dir, events, eof_grace_s=self._eof_grace_s,
+            describe_exit=lambda code: f"agent exited with {code}", end=kill_if_running)
         self._procs.append(proc)
-        stderr_tail: deque[str] = deque(maxlen=20)
-
-        def drain_stderr() -> None:
-            for raw in iter(proc.stderr.readline, b""):
-                stderr_tail.append(raw.decode("utf-8", "replace").rstrip())
-
-        threading.Thread(target=drain_stderr, daemon=True).start()
-
-        def diagnostics() -> str:
-            try:
-                code = proc.wait(timeout=1.0)  # the pipe closed; the exit follows
-            except subprocess.TimeoutExpired:
-                code = None
-            detail = " | ".join(list(stderr_tail)[-3:])
-            return f"agent exited with {code}: {detail}" if code is not None else detail
-
-        def on_close() -> None:
-            # A stuck (e.g. SIGSTOPped) agent cannot act on EOF: kill it once the
-            # grace has passed; its tasks follow through PR_SET_PDEATHSIG.
-            timer = threading.Timer(self._eof_grace_s + 3.0, _kill_if_running, args=(proc,))
-            timer.daemon = True
-            timer.start()
-
-        link = AgentLink(host.name, proc.stdin, proc.stdout, events, on_close=on_close,
-                         diagnostics=diagnostics)
-        link.start_reading()
         return link
 
     def close(self) -> None:
@@ -106,7 +73,3 @@ class LocalTransport:
                 proc.kill()
 
 
-
-def _kill_if_running(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.kill()

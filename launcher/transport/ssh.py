@@ -30,6 +30,10 @@ from ..plan import HostTarget, host_run_dir
 from ..shipping import USE_MARKER, bundle_files, bundle_id, stale_bundles
 from . import HostProblem, TransportError
 from ._paramiko import paramiko
+
+# The lease matters most here: behind a partition no EOF ever reaches an
+# agent, and sshd may keep the session for hours.
+from .child import DEFAULT_LEASE_S
 from .link import AgentLink, AgentMessage
 from .ssh_connect import Connector, Endpoint, Refused
 
@@ -45,7 +49,8 @@ REMOTE_CACHE = ".cache/mgpu-launch/code"  # relative to the remote home director
 # ---------------------------------------------------------------- the agent
 
 
-def agent_command(python: str, cache: str, host: str, run_dir: str, eof_grace_s: float) -> str:
+def agent_command(python: str, cache: str, host: str, run_dir: str, eof_grace_s: float,
+                  lease_s: float = DEFAULT_LEASE_S) -> str:
     """The remote command: run the cached agent, or exit 98 when the cache lacks it.
 
     `exec`, so the agent replaces the remote shell. That shell still reads the
@@ -59,7 +64,7 @@ def agent_command(python: str, cache: str, host: str, run_dir: str, eof_grace_s:
     return (f"test -f {code}/launcher/agent.py || exit {EXIT_BUNDLE_MISSING}; "
             f"exec env PYTHONPATH={code} {shlex.quote(python)} -S -m launcher.agent "
             f"--host {shlex.quote(host)} --run-dir {shlex.quote(run_dir)} "
-            f"--eof-grace {eof_grace_s:g}")
+            f"--eof-grace {float(eof_grace_s):g} --lease {float(lease_s):g}")
 
 
 def upload_bundle(sftp: paramiko.SFTPClient, cache_root: str, version: str) -> None:
@@ -195,8 +200,10 @@ class SSHTransport:
 
     def __init__(self, *, eof_grace_s: float = 2.0, remote_cache: str = REMOTE_CACHE,
                  require_tensorflow: bool = True, max_parallel: int = MAX_PARALLEL,
-                 connector: Connector | None = None) -> None:
+                 connector: Connector | None = None,
+                 lease_s: float = DEFAULT_LEASE_S) -> None:
         self._eof_grace_s = eof_grace_s
+        self._lease_s = lease_s
         self._remote_cache = remote_cache.strip("/")
         self._require_tf = require_tensorflow
         self._max_parallel = max_parallel
@@ -284,7 +291,8 @@ class SSHTransport:
         version = bundle_id()
         cache = f"{self._remote_cache}/{version}"
         command = agent_command(host.python, cache, host.name,
-                                host_run_dir(run_dir, "ssh", host.name), self._eof_grace_s)
+                                host_run_dir(run_dir, "ssh", host.name), self._eof_grace_s,
+                                self._lease_s)
         for attempt in range(2):
             session.exec_agent(command)
             assert session.channel is not None

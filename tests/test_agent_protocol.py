@@ -1,0 +1,197 @@
+"""Both ends of the agent's pipe against malformed, oversized and hostile lines.
+
+The link's reader turns anything into dicts on the queue and never dies; its
+writer never blocks a caller on a pipe nobody reads. The agent refuses bad
+commands with a `log` or `start_failed`, stays up, writes nothing outside its
+run directory, and cuts giant output lines.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import random
+import sys
+import threading
+import time
+
+import pytest
+
+from launcher.agent import MAX_COMMAND_BYTES, MAX_OUTPUT_LINE
+from launcher.transport.link import AgentLink, AgentMessage
+from tests.agentproc import AgentProc
+from tests.conftest import wait_for
+
+MAX_LINE = 4096  # the fuzzed link's limit (the real one is MAX_LINE_BYTES)
+
+
+def random_json(rng: random.Random, depth: int = 0) -> object:
+    kinds = ["int", "float", "str", "bool", "null"] + (["list", "dict"] if depth < 4 else [])
+    kind = rng.choice(kinds)
+    if kind == "int":
+        return rng.randint(-(2**70), 2**70)
+    if kind == "float":
+        return rng.uniform(-1e300, 1e300)
+    if kind == "str":
+        return "".join(chr(rng.choice([rng.randint(32, 126), rng.randint(0x80, 0x10FFFF)]))
+                       for _ in range(rng.randint(0, 20))).replace("\ud800", "")
+    if kind == "bool":
+        return rng.random() < 0.5
+    if kind == "null":
+        return None
+    if kind == "list":
+        return [random_json(rng, depth + 1) for _ in range(rng.randint(0, 5))]
+    return {rng.choice(["ev", "task", "text", "x"]) + str(i): random_json(rng, depth + 1)
+            for i in range(rng.randint(0, 5))}
+
+
+def random_line(rng: random.Random) -> bytes:
+    """One line (without its newline) of any sort a broken or hostile agent might send."""
+    choice = rng.randrange(9)
+    if choice == 0:  # raw bytes, invalid UTF-8 included
+        return bytes(rng.randrange(256) for _ in range(rng.randrange(200))).replace(b"\n", b"")
+    if choice == 1:  # any JSON value, objects or not
+        return json.dumps(random_json(rng)).encode()
+    if choice == 2:  # an event with fields of the wrong types
+        return json.dumps({"ev": random_json(rng), "task": random_json(rng)}).encode()
+    if choice == 3:  # longer than the limit
+        return b"x" * rng.randint(MAX_LINE + 1, 5 * MAX_LINE)
+    if choice == 4:  # nesting deeper than the parser's recursion limit
+        return b"[" * 100_000
+    if choice == 5:
+        return b'{"ev": "agent_lost", "detail": "forged"}'
+    if choice == 6:
+        return b'{"ev": "hello", "host": "h"}'
+    if choice == 7:  # JSON with NaN, BOMs, UTF-16
+        return rng.choice([b'{"ev": NaN}', b"\xef\xbb\xbf{}", '{"ev": "log"}'.encode("utf-16")
+                           ]).replace(b"\n", b"")
+    return b""  # an empty line
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_link_reader_turns_any_line_into_a_dict(seed):
+    rng = random.Random(seed)
+    lines = [random_line(rng) for _ in range(300)]
+    read_fd, write_fd = os.pipe()
+    events: queue.Queue[AgentMessage] = queue.Queue()
+    with open(os.devnull, "wb") as sink, os.fdopen(read_fd, "rb") as source:
+        link = AgentLink("h", sink, source, events, ping_every_s=None, max_line_bytes=MAX_LINE)
+        link.start_reading()
+
+        def feed() -> None:
+            with os.fdopen(write_fd, "wb") as pipe:
+                for line in lines:
+                    pipe.write(line + b"\n")
+                pipe.write(b"no newline at the end")
+
+        writer = threading.Thread(target=feed, daemon=True)
+        writer.start()
+        got: list[AgentMessage] = []
+        while not got or got[-1].event != "agent_lost":
+            got.append(events.get(timeout=30))
+        writer.join(timeout=10)
+        link.close()
+    assert all(isinstance(m, AgentMessage) and isinstance(m.message, dict) for m in got)
+    assert len(got) == len(lines) + 2  # one message per line, the last one, agent_lost
+    assert [m.event for m in got].count("agent_lost") == 1  # a forged one became a log
+    for line, message in zip(lines, got, strict=False):
+        if len(line) > MAX_LINE:
+            assert message.message == {"ev": "log", "text": f"dropped a message of "
+                                        f"{len(line) + 1} bytes from the agent (longer than "
+                                        f"{MAX_LINE})"}
+        else:
+            assert len(json.dumps(message.message)) < 6 * MAX_LINE + 100
+
+
+def test_a_pipe_nobody_reads_never_blocks_send_or_close():
+    read_fd, write_fd = os.pipe()  # nobody ever reads read_fd: the pipe fills up
+    events: queue.Queue[AgentMessage] = queue.Queue()
+    closed = threading.Event()
+    try:
+        with os.fdopen(write_fd, "wb") as stalled, open(os.devnull, "rb") as nothing:
+            link = AgentLink("h", stalled, nothing, events, on_close=closed.set)
+            big = {"op": "start", "env": {"X": "y" * 200_000}}  # more than a pipe holds
+            started = time.monotonic()
+            assert link.send(big) and link.send(big)
+            wait_for(lambda: link._in_write, timeout=10, what="the writer stuck in a write")
+            for _ in range(100):
+                assert link.send({"op": "ping"})
+            link.close()
+            assert time.monotonic() - started < 2.0  # nothing waited on the stuck write
+            assert closed.is_set() and not link.send({"op": "stop"})
+            os.close(read_fd)  # the far end goes: the stuck write fails, the writer ends
+            read_fd = -1
+            wait_for(lambda: not link._writer.is_alive(), timeout=10, what="the writer to end")
+            assert link.write_failed
+    finally:
+        if read_fd >= 0:
+            os.close(read_fd)
+
+
+def test_the_agent_refuses_bad_commands_and_stays_up(tmp_path):
+    run_dir = tmp_path / "hosts" / "h1"
+    agent = AgentProc(run_dir)
+    try:
+        agent.hello()
+        hostile = [
+            b"not json\n",
+            b"[1, 2, 3]\n",
+            b"\xff\xfe\xfa{}\n",
+            b"[" * 100_000 + b"\n",
+            b"x" * (MAX_COMMAND_BYTES + 10) + b"\n",
+            {"op": "signal", "task": "worker0", "signum": "x"},
+            {"op": "signal", "task": "worker0", "signum": 10**6},
+            {"op": "stop", "tasks": 5},
+            {"op": "stop", "tasks": None, "grace_s": "soon"},
+            {"op": "stacks", "tasks": "worker0"},
+            {"op": "exec_check", "id": 1, "argv": "notalist"},
+            {"op": "start", "task": 5, "argv": ["true"], "tf_config": "{}"},
+            {"op": "start", "task": "../../../evil", "argv": ["true"], "tf_config": "{}"},
+            {"op": "start", "task": "..", "argv": ["true"], "tf_config": "{}"},
+            {"op": "start", "task": "a/b", "argv": ["true"], "tf_config": "{}"},
+            {"op": "start", "task": "w1", "argv": "notalist", "tf_config": "{}"},
+            {"op": "start", "task": "w2", "argv": ["true"], "tf_config": {"a": 1}},
+            {"op": "start", "task": "w3", "argv": ["true"], "tf_config": "{}", "env": []},
+            {"op": "start", "task": "w4", "argv": ["true"], "tf_config": "{}",
+             "generation": "1/../../x"},
+            {"op": "start", "task": "w5", "argv": ["true\0"], "tf_config": "{}"},
+            {"op": 17},
+        ]
+        for item in hostile:
+            agent.send(item)
+        agent.send({"op": "start", "task": "fine", "generation": 0, "env": {},
+                    "argv": [sys.executable, "-c", "print('still here')"], "tf_config": "{}"})
+        agent.wait_event("exited", task="fine")
+        assert agent.output("fine") == ["still here"]
+        assert agent.proc.poll() is None
+        failed = {m["task"]: m["error"] for m in agent.events("start_failed")}
+        assert set(failed) == {"../../../evil", "..", "a/b", "w1", "w2", "w3", "w4", "w5"}
+        assert all(e.startswith("refused") for t, e in failed.items() if t != "w5"), failed
+        logs = [m["text"] for m in agent.events("log")]
+        assert len(logs) == 13, logs  # every other bad line: one log each
+        assert any(f"longer than {MAX_COMMAND_BYTES}" in t for t in logs)
+        # Nothing was written anywhere but the run dir (and not under a bad name).
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["hosts"]
+        assert sorted(p.name for p in (tmp_path / "hosts").iterdir()) == ["h1"]
+        assert not list(run_dir.rglob("*evil*"))
+    finally:
+        agent.close()
+
+
+def test_a_giant_output_line_is_cut(tmp_path):
+    agent = AgentProc(tmp_path / "run")
+    try:
+        agent.hello()
+        size = 100_000
+        agent.start_task("w", [sys.executable, "-c",
+                               f"print('é' + 'x' * {size - 2}); print('next')"])
+        agent.wait_event("exited", task="w")
+        first, second = agent.output("w")
+        more = size - MAX_OUTPUT_LINE
+        assert first.endswith(f" … [mgpu-launch: line cut, {more} more bytes]"), first[-80:]
+        assert first.startswith("éx") and len(first.encode()) < MAX_OUTPUT_LINE + 100
+        assert second == "next"
+        assert agent.events("exited", task="w")[0]["tail"][0] == first
+    finally:
+        agent.close()

@@ -1,0 +1,316 @@
+"""The import rules of docs/design.md ("What each module must not import"), as a test.
+
+Reads every module of `launcher/` with `ast` (nothing is imported, so the test
+takes milliseconds and needs no extra tool), builds the graph of imports
+between launcher modules, and checks each rule. Imports inside functions count:
+a lazy import still brings the module in when the function runs. Importing
+`launcher.a.b` counts as importing `launcher.a` and `launcher` too (Python runs
+their `__init__`). "Must not import" rules are checked transitively: `plan`
+importing a module that imports `transport` breaks "plan is pure".
+
+A broken rule fails `test_import_rule[<rule>]` with the rule's name, the
+offending line, the chain of imports and the reason for the rule.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+DESIGN = "docs/design.md, section \"What each module must not import\""
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    sources: tuple[str, ...]  # module prefixes the rule applies to
+    reason: str
+    # Either the launcher modules that must not be reached (transitively)...
+    forbidden: tuple[str, ...] = ()
+    # ...or the only launcher modules that may be imported directly (None: no
+    # such restriction). `launcher` in `allowed` means the package itself,
+    # with only the names in `allowed_names` (empty: any name of it).
+    allowed: tuple[str, ...] | None = None
+    allowed_names: frozenset[str] = field(default_factory=frozenset)
+    no_imports_at_all: bool = False
+    # The module is being built on another branch (issue 11): checked once it exists.
+    optional: bool = False
+
+
+RULES = (
+    Rule("runtime is shipped", ("launcher.runtime", "launcher.bootstrap"),
+         allowed=("launcher.runtime", "launcher.bootstrap", "launcher"),
+         allowed_names=frozenset({"__version__", "runtime"}),
+         reason="the runtime and the bootstrap run inside the training process on the "
+         "worker hosts, shipped there with the agent; the launcher side (config, plan, "
+         "transport, supervisor, cli, with pydantic, yaml and paramiko behind them) is "
+         "neither shipped nor installed on the hosts"),
+    Rule("agent is standalone", ("launcher.agent",),
+         allowed=("launcher",), allowed_names=frozenset({"__version__"}),
+         reason="the agent runs on every host from the shipped bundle with `python -S`, "
+         "standard library only; nothing of the launcher side (config, plan, supervisor, "
+         "...) is shipped, and every import costs start-up time once per host"),
+    Rule("package init is import-free", ("launcher",), no_imports_at_all=True,
+         reason="launcher/__init__.py is shipped to the hosts and runs before every "
+         "import of the agent, bootstrap and runtime"),
+    Rule("config comes first", ("launcher.config",), allowed=(),
+         reason="the data flows one way, config -> plan -> transport/agent -> supervisor "
+         "-> cli; the cluster file's schema depends on nothing else of the launcher"),
+    Rule("plan is pure", ("launcher.plan",),
+         forbidden=("launcher.transport", "launcher.supervisor", "launcher.cli"),
+         reason="build_plan is a pure function of the config (no file, socket or "
+         "environment variable): --dry-run prints it and golden tests pin it; hosts and "
+         "the run-time loop come after it in the flow"),
+    Rule("transport is below the supervisor", ("launcher.transport",),
+         forbidden=("launcher.supervisor", "launcher.cli"),
+         reason="transports only hand AgentLinks up; they never decide restart policy, "
+         "print final messages or turn errors into exit codes"),
+    Rule("supervisor is below the cli", ("launcher.supervisor",),
+         forbidden=("launcher.cli",),
+         reason="outcomes are values (RunResult): only the cli turns them into text and "
+         "exit codes"),
+    Rule("check never trains", ("launcher.check",), forbidden=("launcher.supervisor",),
+         reason="`mgpu-launch check` talks to the agents directly and never starts a job"),
+    Rule("export is offline", ("launcher.export",),
+         forbidden=("launcher.supervisor", "launcher.transport", "launcher.cli"),
+         reason="export translates the cluster file into a Slurm script or a TFJob "
+         "without reaching any host"),
+    Rule("records are read-only", ("launcher.records",),
+         forbidden=("launcher.supervisor", "launcher.transport", "launcher.cli"),
+         reason="a run directory is data: `status` and `logs` read it without a launcher"),
+    Rule("the live view only reads rows", ("launcher.live",),
+         forbidden=("launcher.supervisor", "launcher.cli", "launcher.transport"),
+         reason="live.render is pure over TaskRow snapshots; the supervisor drives it"),
+    Rule("the printer is below the supervisor", ("launcher.printer",),
+         forbidden=("launcher.supervisor", "launcher.cli"),
+         reason="the supervisor thread owns the printer, not the other way round"),
+    Rule("simulated hosts stand alone", ("launcher.sshsim",),
+         forbidden=("launcher.transport", "launcher.supervisor", "launcher.cli"),
+         reason="`simulate` is also the SSH tests' fixture: it must not depend on the "
+         "transport it is used to test"),
+    Rule("run control is beside the supervisor", ("launcher.control",), optional=True,
+         forbidden=("launcher.supervisor", "launcher.transport", "launcher.cli"),
+         reason="`--detach` and `stop RUN_DIR` signal a launcher process and read its run "
+         "directory; they never drive a job themselves"),
+)
+
+
+@dataclass(frozen=True)
+class Edge:
+    target: str  # a launcher module
+    names: tuple[str, ...]  # for `from X import a, b`: (a, b); else ()
+    path: str  # file, relative to the repository
+    line: int
+    text: str  # the import statement as written
+
+
+def module_name(root: Path, path: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def launcher_modules(root: Path) -> dict[str, Path]:
+    return {module_name(root, p): p for p in sorted((root / "launcher").rglob("*.py"))}
+
+
+def _is_package(modules: dict[str, Path], name: str) -> bool:
+    return name in modules and modules[name].name == "__init__.py"
+
+
+def import_edges(root: Path, modules: dict[str, Path], name: str) -> list[Edge]:
+    """Every import of a launcher module by module `name`, anywhere in its file."""
+    path = modules[name]
+    source = path.read_text()
+    tree = ast.parse(source, filename=str(path))
+    package = name if _is_package(modules, name) else name.rpartition(".")[0]
+    rel = str(path.relative_to(root))
+    edges = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Import | ast.ImportFrom):
+            continue
+        text = ast.unparse(node)
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name == "launcher" or alias.name.startswith("launcher."):
+                    edges += _with_parents(alias.name, (), rel, node.lineno, text)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if not (target == "launcher" or target.startswith("launcher.")):
+                continue
+            names = tuple(a.name for a in node.names)
+            edges += _with_parents(target, names, rel, node.lineno, text)
+            for sub in names:  # `from launcher import runtime` imports a module
+                if f"{target}.{sub}" in modules:
+                    edges.append(Edge(f"{target}.{sub}", (), rel, node.lineno, text))
+    return edges
+
+
+@functools.cache
+def import_graph(root: Path) -> dict[str, list[Edge]]:
+    modules = launcher_modules(root)
+    return {name: import_edges(root, modules, name) for name in modules}
+
+
+def _with_parents(target: str, names: tuple[str, ...], rel: str, line: int,
+                  text: str) -> list[Edge]:
+    parts = target.split(".")
+    edges = [Edge(target, names, rel, line, text)]
+    edges += [Edge(".".join(parts[:i]), (), rel, line, text) for i in range(1, len(parts))]
+    return edges
+
+
+def _within(module: str, prefixes: tuple[str, ...]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+def _applies(rule: Rule, module: str) -> bool:
+    if rule.no_imports_at_all or rule.sources == ("launcher",):
+        return module in rule.sources
+    return _within(module, rule.sources)
+
+
+def violations(rule: Rule, root: Path = REPO) -> list[str]:
+    """One message per broken import (empty when the rule holds)."""
+    modules = launcher_modules(root)
+    graph = import_graph(root)
+    problems = []
+    for source in (m for m in modules if _applies(rule, m)):
+        if rule.no_imports_at_all:
+            tree = ast.parse(modules[source].read_text())
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Import | ast.ImportFrom):
+                    rel = modules[source].relative_to(root)
+                    problems.append(f"{rel}:{node.lineno}: imports something "
+                                    f"({ast.unparse(node)})")
+            continue
+        if rule.allowed is not None:
+            for edge in graph[source]:
+                ok = _within(edge.target, tuple(a for a in rule.allowed if a != "launcher"))
+                if edge.target == "launcher" and "launcher" in rule.allowed:
+                    extra = set(edge.names) - rule.allowed_names
+                    ok = not rule.allowed_names or not extra
+                if not ok:
+                    problems.append(f"{edge.path}:{edge.line}: {source} imports "
+                                    f"{_shown(edge)} ({edge.text})")
+        for chain in _reachable(graph, source, rule.forbidden):
+            first = chain[0]
+            route = " -> ".join([source] + [e.target for e in chain])
+            problems.append(f"{first.path}:{first.line}: {first.text}\n"
+                            f"      chain: {route}")
+    return sorted(set(problems))
+
+
+def _shown(edge: Edge) -> str:
+    return f"{edge.target}.{'/'.join(edge.names)}" if edge.names else edge.target
+
+
+def _reachable(graph: dict[str, list[Edge]], source: str,
+               forbidden: tuple[str, ...]) -> list[list[Edge]]:
+    """The shortest import chain from `source` to each forbidden module it reaches."""
+    if not forbidden:
+        return []
+    found, seen = [], {source}
+    queue: deque[tuple[str, list[Edge]]] = deque([(source, [])])
+    while queue:
+        module, chain = queue.popleft()
+        for edge in graph.get(module, []):
+            if edge.target in seen:
+                continue
+            seen.add(edge.target)
+            route = chain + [edge]
+            if _within(edge.target, forbidden):
+                found.append(route)  # the chain stops at the first forbidden module
+                continue
+            queue.append((edge.target, route))
+    return found
+
+
+def report(rule: Rule, problems: list[str]) -> str:
+    listing = "\n".join(f"  {p}" for p in problems)
+    return (f"import rule broken: \"{rule.name}\"\n{listing}\n"
+            f"why the rule: {rule.reason}\n(see {DESIGN})")
+
+
+@pytest.mark.parametrize("rule", RULES, ids=[r.name.replace(" ", "-") for r in RULES])
+def test_import_rule(rule):
+    problems = violations(rule)
+    if problems:
+        pytest.fail(report(rule, problems), pytrace=False)
+
+
+def test_every_rule_applies_to_an_existing_module():
+    modules = launcher_modules(REPO)
+    for rule in RULES:
+        if rule.optional and not any(_applies(rule, m) for m in modules):
+            continue
+        assert any(_applies(rule, m) for m in modules), f"{rule.name}: no module matches"
+        for target in rule.forbidden:
+            assert any(_within(m, (target,)) for m in modules), f"{rule.name}: {target}?"
+
+
+def test_design_page_names_every_rule():
+    text = (REPO / "docs" / "design.md").read_text()
+    missing = [rule.name for rule in RULES if rule.name not in text]
+    assert not missing, f"docs/design.md does not describe these import rules: {missing}"
+
+
+def _fake_repo(tmp_path: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        path = tmp_path / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return tmp_path
+
+
+def test_a_broken_rule_is_caught_with_its_chain(tmp_path):
+    # plan -> states -> transport: a transitive import breaks "plan is pure".
+    root = _fake_repo(tmp_path, {
+        "launcher/__init__.py": "",
+        "launcher/plan.py": "from .states import Row\n",
+        "launcher/states.py": "import json\nfrom launcher.transport.link import AgentLink\n",
+        "launcher/transport/__init__.py": "",
+        "launcher/transport/link.py": "def helper():\n    from ..supervisor import x\n",
+        "launcher/supervisor.py": "",
+    })
+    rule = next(r for r in RULES if r.name == "plan is pure")
+    problems = violations(rule, root)
+    assert problems and "chain: launcher.plan -> launcher.states -> launcher.transport" \
+        in problems[0], problems
+    assert "launcher/plan.py:1: from .states import Row" in problems[0]
+    message = report(rule, problems)
+    assert message.startswith('import rule broken: "plan is pure"') and "pure function" in message
+    # A lazy import inside a function counts too.
+    rule = next(r for r in RULES if r.name == "transport is below the supervisor")
+    assert any("launcher/transport/link.py:2" in p for p in violations(rule, root))
+
+
+def test_allowed_only_rules_name_the_import(tmp_path):
+    root = _fake_repo(tmp_path, {
+        "launcher/__init__.py": "__version__ = '0'\n",
+        "launcher/agent.py": "from launcher import __version__\nfrom launcher.config import X\n",
+        "launcher/config.py": "",
+        "launcher/runtime/__init__.py": "from . import data\nfrom .. import plan\n",
+        "launcher/runtime/data.py": "",
+        "launcher/plan.py": "",
+    })
+    agent = next(r for r in RULES if r.name == "agent is standalone")
+    assert violations(agent, root) == [
+        "launcher/agent.py:2: launcher.agent imports launcher.config.X "
+        "(from launcher.config import X)"]
+    runtime = next(r for r in RULES if r.name == "runtime is shipped")
+    assert violations(runtime, root) == [
+        "launcher/runtime/__init__.py:2: launcher.runtime imports launcher.plan "
+        "(from .. import plan)"]
