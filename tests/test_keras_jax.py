@@ -77,7 +77,7 @@ def test_bad_keras_distribution_configs_are_clear_errors(text, expected):
 
 def test_keras_backend_from_env_is_accepted():
     loaded = parse_config("strategy: keras_distribution\nenv: {KERAS_BACKEND: jax}\n"
-                          "transport: local\n" + HOSTS)
+                          "transport: local\nports: {base: 24000}\n" + HOSTS)
     task = build_plan(loaded, ["train.py"], run_dir="/r").tasks[0]
     assert task.env["KERAS_BACKEND"] == "jax"
 
