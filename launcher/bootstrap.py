@@ -112,10 +112,13 @@ def _write_error(exc: BaseException) -> None:
 
 
 def install_hooks() -> None:
-    from launcher.runtime import guards, hooks, keras_compat
+    from launcher.runtime import guards, hooks, keras_compat, keras_jax
 
     for name, hook in keras_compat.HOOKS.items():
         hooks.when_imported(name, hook)
+    if keras_jax.active():  # Keras 3 on JAX: coordinator timeouts, chief-only writes
+        for name, hook in keras_jax.HOOKS.items():
+            hooks.when_imported(name, hook)
     for name, hook in guards.HOOKS.items():
         if name == guards.COLLECTIVE and not guards.several_workers():
             continue  # the heartbeat matters only between several workers

@@ -1,7 +1,8 @@
 """`mgpu-launch check CLUSTER.yaml`: would a run start on this cluster?
 
 For every host at once, through the same agents a run uses: reachable and
-authenticated; Python, TensorFlow, Keras and tf-keras versions, differences
+authenticated; Python, TensorFlow, Keras and tf-keras versions (and the Keras
+backend with jax and jaxlib versions, checked under keras_distribution), differences
 between hosts flagged; the planned ports free (each host briefly listens on
 its own); every worker able to reach every other worker's port; the checkpoint
 directory shared (a nonce written from one host, read on the others) and its
@@ -29,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .config import ConfigError, LoadedConfig, load_config
+from .config import ConfigError, LoadedConfig, keras_backend, load_config
 from .plan import HostTarget, PlanError, build_plan, host_targets, ports_needed
 from .slurm import SlurmError, read_allocation, slurm_config, with_allocation
 from .transport import AgentLink, AgentMessage, HostProblem, TransportError
@@ -133,6 +134,19 @@ if smi:
     except (OSError, subprocess.TimeoutExpired) as exc:
         out["gpus_error"] = str(exc)
 out["cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES")
+from importlib import metadata
+for name in ("jax", "jaxlib"):
+    try:
+        out.setdefault("jax", {})[name] = metadata.version(name)
+    except Exception:
+        out["jax"][name] = None
+backend = os.environ.get("KERAS_BACKEND")
+try:
+    with open(os.path.expanduser("~/.keras/keras.json")) as handle:
+        backend = backend or json.load(handle).get("backend")
+except (OSError, ValueError, AttributeError):
+    pass
+out["keras_backend"] = backend or "tensorflow"
 print(json.dumps(out))
 """
 
@@ -150,6 +164,8 @@ class HostReport:
     gpus: list[str] | None = None
     login_s: float | None = None  # one `true` over SSH: mostly the login shell's rc files
     problems: list[str] = field(default_factory=list)
+    jax: dict[str, str | None] = field(default_factory=dict)  # jax and jaxlib versions
+    keras_backend: str | None = None  # what Keras 3 runs on in the tasks
 
     def packages(self) -> dict[str, str | None]:
         return (self.hello or {}).get("packages") or {}
@@ -235,16 +251,26 @@ def _last_json(text: str) -> dict[str, Any] | None:
 # ---------------------------------------------------------------- judging
 
 
-def judge_versions(reports: list[HostReport], keras_mode: str) -> None:
-    """Flag missing packages and versions that differ from the other hosts."""
+def judge_versions(reports: list[HostReport], keras_mode: str,
+                   backend: str | None = None) -> None:
+    """Flag missing packages and versions that differ from the other hosts.
+
+    `backend="jax"` (a keras_distribution job): jax and jaxlib too.
+    """
     alive = [r for r in reports if r.hello is not None]
     labels = {"python": "Python", "tensorflow": "TensorFlow", "keras": "Keras",
               "tf_keras": "tf-keras"}
     values = {r.host.name: {"python": ".".join(str(r.hello.get("python_version", "?"))
                                                .split(".")[:2]), **r.packages()}
               for r in alive}
+    if backend == "jax":
+        labels.update(jax="jax", jaxlib="jaxlib")
+        for report in alive:
+            values[report.host.name].update(report.jax)
     for report in alive:
         mine = values[report.host.name]
+        if backend == "jax":
+            _judge_jax(report, mine)
         if not mine.get("tensorflow"):
             report.problems.append(f"TensorFlow is not installed for {report.hello['python']}: "
                                    "install it, or set `python:` for this host")
@@ -277,6 +303,20 @@ def judge_versions(reports: list[HostReport], keras_mode: str) -> None:
                     f"{', '.join(groups[common])}: every host needs the same versions")
 
 
+def _judge_jax(report: HostReport, mine: dict[str, str | None]) -> None:
+    """Keras 3 on JAX: jax, a jaxlib of the same version, and Keras 3."""
+    jax, jaxlib = mine.get("jax"), mine.get("jaxlib")
+    if not jax or not jaxlib:
+        report.problems.append(f"{'jax' if not jax else 'jaxlib'} is not installed for "
+                               f"{report.hello['python']}: keras_distribution runs Keras 3 on "
+                               "JAX; `pip install 'mgpu-launch[jax]'` (or jax[cuda12] on GPUs)")
+    elif jax != jaxlib:
+        report.problems.append(f"jaxlib {jaxlib} does not match jax {jax}: "
+                               f"`pip install jaxlib=={jax}`")
+    if not str(mine.get("keras") or "").startswith("3"):
+        report.problems.append(f"keras_distribution needs Keras 3; found {mine.get('keras')}")
+
+
 def _minor(version: str) -> str:
     return ".".join(version.split(".")[:2])
 
@@ -302,6 +342,8 @@ def judge_probe(report: HostReport, probe: dict[str, Any] | None, names: dict[st
     elif not report.checkpoint.get("writable"):
         report.problems.append(f"checkpoint dir {checkpoint_dir} is not writable here")
     report.gpus = probe.get("gpus")
+    report.jax = probe.get("jax") or {}
+    report.keras_backend = report.keras_backend or probe.get("keras_backend")
     wanted = list(report.host.gpus)
     if wanted and (report.gpus is None or len(report.gpus) < max(wanted) + 1):
         seen = "nvidia-smi not found" if report.gpus is None else f"{len(report.gpus)} visible"
@@ -311,9 +353,17 @@ def judge_probe(report: HostReport, probe: dict[str, Any] | None, names: dict[st
 # ---------------------------------------------------------------- output
 
 
+def _jax_cell(report: HostReport) -> str:
+    """`0.10.2`, or `0.10.2/jaxlib 0.10.1` when they differ, or `-`."""
+    jax, jaxlib = report.jax.get("jax"), report.jax.get("jaxlib")
+    if not jax and not jaxlib:
+        return "-"
+    return jax if jax == jaxlib else f"{jax or 'MISSING'}/jaxlib {jaxlib or 'MISSING'}"
+
+
 def render(reports: list[HostReport], checkpoint_dir: str, ports_fixed: bool) -> str:
-    header = ["HOST", "ADDRESS", "SSH", "PYTHON", "TENSORFLOW", "KERAS", "TF-KERAS", "PORTS",
-              "PEERS", "CHECKPOINT", "GPUS", "LOGIN"]
+    header = ["HOST", "ADDRESS", "SSH", "PYTHON", "TENSORFLOW", "KERAS", "TF-KERAS", "BACKEND",
+              "JAX", "PORTS", "PEERS", "CHECKPOINT", "GPUS", "LOGIN"]
     rows = [header]
     for r in reports:
         if r.hello is None:
@@ -340,7 +390,8 @@ def render(reports: list[HostReport], checkpoint_dir: str, ports_fixed: bool) ->
         login = "-" if r.login_s is None else f"{r.login_s:.2f}s"
         rows.append([r.host.name, r.host.address, "ok", str(r.hello.get("python_version")),
                      packages.get("tensorflow") or "MISSING", packages.get("keras") or "-",
-                     packages.get("tf_keras") or "-", ports, peers, checkpoint, gpus, login])
+                     packages.get("tf_keras") or "-", r.keras_backend or "?", _jax_cell(r),
+                     ports, peers, checkpoint, gpus, login])
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
              for row in rows]
@@ -397,7 +448,11 @@ def run_check(loaded: LoadedConfig) -> tuple[list[HostReport], str]:
         for link in links.values():
             link.close()
         transport.close()
-    judge_versions(list(reports.values()), config.keras)
+    backend = keras_backend(config)  # the tasks' KERAS_BACKEND, when the config sets one
+    for report in reports.values():
+        report.keras_backend = backend or report.keras_backend
+    judge_versions(list(reports.values()), config.keras,
+                   backend if config.strategy == "keras_distribution" else None)
     return list(reports.values()), plan.checkpoint_dir
 
 

@@ -29,7 +29,14 @@ RUNTIME_KNOBS = frozenset({
     "MGPU_KERAS_UNTESTED",  # run the Keras 3 patches on an untested Keras version
     "MGPU_ALLOW_SINGLE_HOST_STRATEGY",  # allow MirroredStrategy in a multi-worker job
     "MGPU_STACKS_SIGNAL",  # the signal on which a task dumps its Python stacks (off: none)
+    # keras_distribution on JAX: the coordination service's timeouts (default:
+    # from `restart:`, see plan._jax_env)
+    "MGPU_JAX_HEARTBEAT_S",
+    "MGPU_JAX_SHUTDOWN_S",
+    "MGPU_JAX_INIT_TIMEOUT_S",
 })
+# Keras backends `strategy: keras_distribution` can run on (`keras:` or KERAS_BACKEND).
+KERAS_BACKENDS = ("jax",)
 DEFAULT_PORT_BASE = 23456
 
 
@@ -159,10 +166,10 @@ class ClusterConfig(_Strict):
     transport: Literal["ssh", "local", "slurm"] = "ssh"
     python: str | None = None
     workdir: str | None = None
-    strategy: Literal["multi_worker_mirrored", "parameter_server", "legacy_server"] = (
-        "multi_worker_mirrored"
-    )
-    keras: Literal["auto", "keras3", "tf_keras"] = "auto"
+    strategy: Literal["multi_worker_mirrored", "parameter_server", "legacy_server",
+                      "keras_distribution"] = "multi_worker_mirrored"
+    # `jax`: Keras 3 on the JAX backend (KERAS_BACKEND=jax), for keras_distribution.
+    keras: Literal["auto", "keras3", "tf_keras", "jax"] = "auto"
     tasks_per_host: Literal["one", "per_gpu"] = "one"
     env: dict[str, str | int | float | bool] = Field(default_factory=dict)
     ssh: SSHSettings = Field(default_factory=SSHSettings)
@@ -416,6 +423,13 @@ def _semantic_problems(config: ClusterConfig) -> list[tuple[tuple, str]]:
             )
     elif config.strategy == "legacy_server" and totals["worker"] + totals["chief"] == 0:
         problems.append((("hosts",), "legacy_server needs at least one worker"))
+    elif config.strategy == "keras_distribution":
+        problems.extend(_keras_distribution_problems(config, totals))
+    if config.keras == "jax" and config.strategy != "keras_distribution":
+        problems.append(
+            (("keras",), f"keras: jax runs Keras 3 on JAX, which trains across hosts with "
+             f"strategy: keras_distribution, not {config.strategy}")
+        )
     addresses = {h.address for h in config.hosts}
     if config.transport == "ssh" and len(addresses) > 1 and not config.checkpoint.dir:
         problems.append(
@@ -438,6 +452,45 @@ def _semantic_problems(config: ClusterConfig) -> list[tuple[tuple, str]]:
             (("restart", "min_workers"),
              f"min_workers={config.restart.min_workers} but the cluster has {workers} workers")
         )
+    return problems
+
+
+def keras_backend(config: ClusterConfig) -> str | None:
+    """The Keras 3 backend a keras_distribution job runs on: `keras: jax`, else
+    KERAS_BACKEND from `env:` (None when neither names one)."""
+    if config.keras == "jax":
+        return "jax"
+    backend = config.env.get("KERAS_BACKEND")
+    return None if backend is None else str(backend)
+
+
+def _keras_distribution_problems(config: ClusterConfig,
+                                 totals: dict[str, int]) -> list[tuple[tuple, str]]:
+    """`strategy: keras_distribution`: Keras 3's own multi-process path
+    (`keras.distribution.initialize()`), every task one process, no TF roles."""
+    problems: list[tuple[tuple, str]] = []
+    if config.keras == "tf_keras":
+        problems.append((("keras",), "keras_distribution is Keras 3's multi-process path; "
+                         "tf_keras has none: set `keras: jax`"))
+    backend = keras_backend(config)
+    if config.keras == "tf_keras":
+        pass  # said above; the backend follows once `keras:` is fixed
+    elif config.keras == "jax" and config.env.get("KERAS_BACKEND") not in (None, "jax"):
+        problems.append((("env", "KERAS_BACKEND"), f"KERAS_BACKEND={config.env['KERAS_BACKEND']} "
+                         "contradicts `keras: jax`; remove one"))
+    elif backend is None:
+        problems.append((("keras",), "keras_distribution needs the Keras backend: set "
+                         "`keras: jax` (or KERAS_BACKEND in `env:`)"))
+    elif backend not in KERAS_BACKENDS:
+        problems.append((("env", "KERAS_BACKEND"), f"keras_distribution runs on "
+                         f"{', '.join(KERAS_BACKENDS)}, not KERAS_BACKEND={backend} (for "
+                         "TensorFlow use strategy: multi_worker_mirrored)"))
+    for role in ("ps", "evaluator"):
+        if totals[role]:
+            problems.append((("strategy",), f"keras_distribution runs every task as one "
+                             f"training process: no {role} tasks (give hosts `worker` roles)"))
+    if totals["worker"] + totals["chief"] == 0:
+        problems.append((("hosts",), "no worker: give at least one host `roles: {worker: 1}`"))
     return problems
 
 

@@ -10,6 +10,7 @@ Must not import: transport, supervisor, cli.
 from __future__ import annotations
 
 import json
+import math
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -17,7 +18,14 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from .config import ClusterConfig, HostSpec, LoadedConfig, effective_roles, redact_env
+from .config import (
+    ClusterConfig,
+    HostSpec,
+    LoadedConfig,
+    effective_roles,
+    keras_backend,
+    redact_env,
+)
 
 # Order of roles in TF_CONFIG and in the task list: the chief first.
 ROLE_ORDER = ("chief", "worker", "ps", "evaluator")
@@ -251,6 +259,40 @@ def _keras_env(keras: str) -> dict[str, str]:
     return {"TF_USE_LEGACY_KERAS": "0"}
 
 
+def _jax_env(config: ClusterConfig) -> dict[str, str]:
+    """JAX's coordination-service timeouts, from the restart policy (whole
+    seconds, as `jax.distributed.initialize` takes them; the runtime passes them).
+
+    - heartbeat: a hung or cut-off process is declared dead, and its peers
+      stopped, after `restart.heartbeat_timeout_s` instead of JAX's 100 s;
+    - shutdown: the exit barrier waits for slower peers (the chief saving a
+      model) up to `restart.hang_timeout_s`, the launcher's own bound on a
+      silent task (JAX's default 300 s);
+    - initialization: every process joins within `restart.start_timeout_s`.
+    """
+    restart = config.restart
+    return {
+        "MGPU_JAX_HEARTBEAT_S": str(max(1, math.ceil(restart.heartbeat_timeout_s))),
+        "MGPU_JAX_SHUTDOWN_S": str(max(1, math.ceil(restart.hang_timeout_s))),
+        "MGPU_JAX_INIT_TIMEOUT_S": str(max(1, math.ceil(restart.start_timeout_s))),
+    }
+
+
+def _keras_distribution_env(config: ClusterConfig, cluster: Mapping[str, Sequence[str]],
+                            role: str, index: int) -> dict[str, str]:
+    """What `keras.distribution.initialize()` reads: every process's address
+    (the first, process 0's, is JAX's coordinator), their count, and this
+    task's process id, in TF_CONFIG's order (the chief first)."""
+    addresses = [a for r in ("chief", "worker") for a in cluster.get(r, ())]
+    before = len(cluster.get("chief", ())) if role == "worker" else 0
+    return {
+        "KERAS_BACKEND": keras_backend(config) or "jax",
+        "KERAS_DISTRIBUTION_JOB_ADDRESSES": ",".join(addresses),
+        "KERAS_DISTRIBUTION_NUM_PROCESSES": str(len(addresses)),
+        "KERAS_DISTRIBUTION_PROCESS_ID": str(before + index),
+    }
+
+
 def default_checkpoint_dir(loaded: LoadedConfig) -> str:
     configured = loaded.resolve_path(loaded.config.checkpoint.dir)
     if configured is not None:
@@ -334,6 +376,9 @@ def build_plan(
     }
     # Shorter than TF's 10 s default: a hung peer is noticed in ~3 s (docs/design.md).
     shared_env.setdefault("MGPU_TF_HEARTBEAT_S", "3")
+    if config.strategy == "keras_distribution":
+        for key, value in _jax_env(config).items():
+            shared_env.setdefault(key, value)  # an `env:` value wins
     if config.strategy == "parameter_server":
         # Fail an RPC to a dead worker at once so the coordinator reschedules it.
         shared_env["GRPC_FAIL_FAST"] = "use_caller"
@@ -345,6 +390,8 @@ def build_plan(
                    MGPU_RUN_DIR=host_run_dir(run_dir, config.transport, target.name))
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
+        if config.strategy == "keras_distribution":
+            env.update(_keras_distribution_env(config, cluster, role, index))
         tf_config = {"cluster": cluster, "task": {"type": role, "index": index}}
         runs_server = config.strategy == "parameter_server" and role in ("worker", "ps")
         tasks.append(
@@ -384,7 +431,7 @@ def _check_roles(strategy: str, roles: list[str]) -> None:
                         f"left give {sorted(set(roles))}")
     if strategy == "legacy_server" and not workers:
         raise PlanError("legacy_server needs a worker; none is left")
-    if strategy == "multi_worker_mirrored" and not workers:
+    if strategy in ("multi_worker_mirrored", "keras_distribution") and not workers:
         raise PlanError("no worker left to run on")
 
 

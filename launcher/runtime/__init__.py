@@ -32,11 +32,19 @@ _DATA_NAMES = frozenset({
 })
 
 
+# Keras 3 on JAX (`strategy: keras_distribution`), also loaded on first use.
+_KERAS_JAX_NAMES = frozenset({"distribution", "num_processes", "process_id", "shard_arrays"})
+
+
 def __getattr__(name: str):
     if name in _DATA_NAMES:
         from . import data
 
         return getattr(data, name)
+    if name in _KERAS_JAX_NAMES:
+        from . import keras_jax
+
+        return getattr(keras_jax, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
@@ -55,6 +63,7 @@ __all__ = [
     "task_type",
     "tf_config",
     *sorted(_DATA_NAMES),
+    *sorted(_KERAS_JAX_NAMES),
 ]
 
 
@@ -229,6 +238,10 @@ def _keras(model=None):
         import keras
 
         return _keras3(keras)
+    keras = sys.modules.get("keras")
+    backend = getattr(getattr(keras, "backend", None), "backend", None)
+    if callable(backend) and backend() != "tensorflow":
+        return keras  # Keras 3 on JAX (or torch): tf.keras is not the script's Keras
     import tensorflow as tf
 
     keras = tf.keras
