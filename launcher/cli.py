@@ -9,7 +9,7 @@ and exit codes:
 
 The terminal never decides the job's fate: SIGHUP and a closed stdout (EPIPE)
 only make the printer stop writing; the job runs on, the run directory gets
-everything and the exit code is the job's. `--detach` (launcher/control.py)
+everything and the exit code is the job's. `--detach` (launcher/ops/control.py)
 runs the same command in the background.
 """
 
@@ -30,10 +30,10 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TextIO
 
-from . import __version__, control
-from .checkpoints import checkpoint_state
-from .classify import signal_name
-from .config import (
+from . import __version__
+from .job.checkpoints import checkpoint_state
+from .job.classify import signal_name
+from .job.config import (
     ConfigError,
     LoadedConfig,
     dump_config,
@@ -41,8 +41,7 @@ from .config import (
     load_config,
     local_config,
 )
-from .live import format_duration
-from .plan import (
+from .job.plan import (
     Plan,
     PlanError,
     build_plan,
@@ -51,24 +50,26 @@ from .plan import (
     render_plan,
     resolve_script,
 )
-from .printer import Printer
-from .recovery import HostInfo
-from .rundir import RunRecorder
-from .slurm import SlurmError, read_allocation, slurm_config, with_allocation
-from .states import Failure, RunResult
-from .supervisor import RestartPolicy, Supervisor
+from .job.recovery import HostInfo
+from .job.rundir import RunRecorder
+from .job.slurm import SlurmError, read_allocation, slurm_config, with_allocation
+from .job.states import Failure, RunResult
+from .job.supervisor import RestartPolicy, Supervisor
+from .ops import control
+from .ops.live import format_duration
+from .ops.printer import Printer
 from .transport import TransportError
 from .transport.local import LocalTransport
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 # Subcommand -> module with `main(argv) -> int`, imported only when used.
 SUBCOMMANDS = {
-    "check": "launcher.check",        # check a cluster before a run
-    "simulate": "launcher.sshsim",    # start simulated SSH hosts on loopback
-    "status": "launcher.records",     # read a run directory
-    "logs": "launcher.records",
-    "export": "launcher.export",      # Slurm / Kubernetes TFJob
-    "stop": "launcher.control",       # stop a running (e.g. detached) job
+    "check": "launcher.ops.check",        # check a cluster before a run
+    "simulate": "launcher.ops.sshsim",    # start simulated SSH hosts on loopback
+    "status": "launcher.ops.records",     # read a run directory
+    "logs": "launcher.ops.records",
+    "export": "launcher.ops.export",      # Slurm / Kubernetes TFJob
+    "stop": "launcher.ops.control",       # stop a running (e.g. detached) job
 }
 
 USAGE = """\

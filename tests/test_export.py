@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launcher.config import ConfigError, load_config
-from launcher.slurm import (
+from launcher.job.config import ConfigError, load_config
+from launcher.job.slurm import (
     Allocation,
     SlurmError,
     expand_hostlist,

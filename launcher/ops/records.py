@@ -26,10 +26,10 @@ from typing import Any, TextIO
 
 import yaml
 
-from .plan import log_file_name, task_label
+from ..job.plan import log_file_name, task_label
 
 EXIT_OK, EXIT_USAGE = 0, 2
-# Written by `mgpu-launch --detach` (launcher/control.py) before the launcher
+# Written by `mgpu-launch --detach` (launcher/ops/control.py) before the launcher
 # starts: its pid and host, and its stdout/stderr.
 LAUNCHER_PID = "launcher.pid"
 LAUNCHER_OUT = "launcher.out"
