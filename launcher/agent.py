@@ -89,7 +89,8 @@ TAIL_LINES = 30
 # that inherited them may keep them open forever).
 DRAIN_S = 1.0
 PR_SET_PDEATHSIG = 1
-BUNDLE_MARKER = ".mgpu-bundle"  # launcher.shipping.USE_MARKER (the agent imports no launcher code)
+# launcher.transport.shipping.USE_MARKER (the agent imports no launcher code)
+BUNDLE_MARKER = ".mgpu-bundle"
 BUNDLE_TOUCH_EVERY_S = 3600.0
 
 # The protocol's bounds (see the module docstring).
@@ -213,7 +214,7 @@ class Agent:
 
     def mark_bundle_used(self) -> None:
         """Touch our bundle's folder: launchers drop bundles nobody used for a
-        month (see launcher.shipping). Only a bundle has the marker file."""
+        month (see launcher.transport.shipping). Only a bundle has the marker file."""
         if os.path.exists(os.path.join(self.code_dir, BUNDLE_MARKER)):
             try:
                 os.utime(self.code_dir)

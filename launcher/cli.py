@@ -9,13 +9,14 @@ and exit codes:
 
 The terminal never decides the job's fate: SIGHUP and a closed stdout (EPIPE)
 only make the printer stop writing; the job runs on, the run directory gets
-everything and the exit code is the job's. `--detach` (launcher/control.py)
+everything and the exit code is the job's. `--detach` (launcher/ops/control.py)
 runs the same command in the background.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import logging
@@ -25,14 +26,14 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TextIO
 
-from . import __version__, control
-from .checkpoints import checkpoint_state
-from .classify import signal_name
-from .config import (
+from . import __version__
+from .job.checkpoints import checkpoint_state
+from .job.classify import signal_name
+from .job.config import (
     ConfigError,
     LoadedConfig,
     dump_config,
@@ -40,8 +41,7 @@ from .config import (
     load_config,
     local_config,
 )
-from .live import format_duration
-from .plan import (
+from .job.plan import (
     Plan,
     PlanError,
     build_plan,
@@ -50,24 +50,26 @@ from .plan import (
     render_plan,
     resolve_script,
 )
-from .printer import Printer
-from .recovery import HostInfo
-from .rundir import RunRecorder
-from .slurm import SlurmError, read_allocation, slurm_config, with_allocation
-from .states import Failure, RunResult
-from .supervisor import RestartPolicy, Supervisor
+from .job.recovery import HostInfo
+from .job.rundir import RunRecorder
+from .job.slurm import SlurmError, read_allocation, slurm_config, with_allocation
+from .job.states import Failure, RunResult
+from .job.supervisor import RestartPolicy, Supervisor
+from .ops import control
+from .ops.live import format_duration
+from .ops.printer import Printer
 from .transport import TransportError
 from .transport.local import LocalTransport
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 # Subcommand -> module with `main(argv) -> int`, imported only when used.
 SUBCOMMANDS = {
-    "check": "launcher.check",        # check a cluster before a run
-    "simulate": "launcher.sshsim",    # start simulated SSH hosts on loopback
-    "status": "launcher.records",     # read a run directory
-    "logs": "launcher.records",
-    "export": "launcher.export",      # Slurm / Kubernetes TFJob
-    "stop": "launcher.control",       # stop a running (e.g. detached) job
+    "check": "launcher.ops.check",        # check a cluster before a run
+    "simulate": "launcher.ops.sshsim",    # start simulated SSH hosts on loopback
+    "status": "launcher.ops.records",     # read a run directory
+    "logs": "launcher.ops.records",
+    "export": "launcher.ops.export",      # Slurm / Kubernetes TFJob
+    "stop": "launcher.ops.control",       # stop a running (e.g. detached) job
 }
 
 USAGE = """\
@@ -310,22 +312,7 @@ def _launch(loaded: LoadedConfig, first_plan: Plan, make_plan, run_dir: Path,
                       verbose=args.verbose, live=None if args.live else False,
                       on_terminal_lost=_stdout_gone)
     previous_hangup = _watch_terminal(printer)
-    if config.transport == "local":
-        transport = LocalTransport(lease_s=config.restart.heartbeat_timeout_s)
-    elif config.transport == "slurm":
-        from .transport.slurm import SlurmTransport
-
-        transport = SlurmTransport(read_allocation(os.environ).job_id,
-                                   lease_s=config.restart.heartbeat_timeout_s)
-    else:
-        from .transport.ssh import SSHTransport  # paramiko is imported only when needed
-
-        if not args.verbose:
-            # paramiko logs tracebacks of what the launcher reports itself in
-            # words (a dropped connection, an aborted handshake): -v shows them.
-            logging.getLogger("paramiko").addHandler(logging.NullHandler())
-            logging.getLogger("paramiko").propagate = False
-        transport = SSHTransport(lease_s=config.restart.heartbeat_timeout_s)
+    transport = _make_transport(config, args.verbose)
     events: queue.Queue = queue.Queue()
     printer.notice(
         f"job {config.name!r}: {len(first_plan.tasks)} tasks on {len(first_plan.hosts)} "
@@ -355,28 +342,71 @@ def _launch(loaded: LoadedConfig, first_plan: Plan, make_plan, run_dir: Path,
     def reconnect(host: str):
         return transport.connect([targets[host]], str(run_dir), events)[host]
 
-    restart = config.restart
     supervisor = Supervisor(
         make_plan=lambda g, active: first_plan if g == 0 else make_plan(g, active),
         hosts=[HostInfo(name, _workers_on(config, name), spec.spare)
                for name, spec in ((h.name or h.address, h) for h in config.hosts)],
         links=links, events=events, recorder=recorder, printer=printer,
-        policy=RestartPolicy(
-            max_restarts=max_restarts, max_total_restarts=restart.max_total_restarts,
-            backoff_s=restart.backoff_s, backoff_max_s=restart.backoff_max_s,
-            start_timeout_s=restart.start_timeout_s,
-            heartbeat_timeout_s=restart.heartbeat_timeout_s,
-            hang_timeout_s=restart.hang_timeout_s, on_host_loss=restart.on_host_loss,
-            min_workers=restart.min_workers, host_wait_s=restart.host_wait_s,
-        ),
-        reconnect=reconnect,
+        policy=_restart_policy(config, max_restarts), reconnect=reconnect,
         checkpoint_probe=lambda: checkpoint_state(first_plan.checkpoint_dir),
         launcher_info={"launcher_pid": os.getpid(), "launcher_host": socket.gethostname()},
     )
+    with _stops_go_to(supervisor):  # until the summary is written
+        result = _supervise(supervisor, transport, printer)
+        recorder.write_summary(_note_terminal(result.to_json(), printer, recorder))
+        recorder.close()
+    _print_outcome(printer, result, run_dir)
+    return _done(printer, previous_hangup, exit_code(result))
+
+
+def _make_transport(config, verbose: bool):
+    """The transport of `config.transport`; each agent's lease is the heartbeat timeout."""
+    lease_s = config.restart.heartbeat_timeout_s
+    if config.transport == "local":
+        return LocalTransport(lease_s=lease_s)
+    if config.transport == "slurm":
+        from .transport.slurm import SlurmTransport
+
+        return SlurmTransport(read_allocation(os.environ).job_id, lease_s=lease_s)
+    from .transport.ssh import SSHTransport  # paramiko is imported only when needed
+
+    if not verbose:
+        # paramiko logs tracebacks of what the launcher reports itself in
+        # words (a dropped connection, an aborted handshake): -v shows them.
+        logging.getLogger("paramiko").addHandler(logging.NullHandler())
+        logging.getLogger("paramiko").propagate = False
+    return SSHTransport(lease_s=lease_s)
+
+
+def _restart_policy(config, max_restarts: int) -> RestartPolicy:
+    restart = config.restart
+    return RestartPolicy(
+        max_restarts=max_restarts, max_total_restarts=restart.max_total_restarts,
+        backoff_s=restart.backoff_s, backoff_max_s=restart.backoff_max_s,
+        start_timeout_s=restart.start_timeout_s,
+        heartbeat_timeout_s=restart.heartbeat_timeout_s,
+        hang_timeout_s=restart.hang_timeout_s, on_host_loss=restart.on_host_loss,
+        min_workers=restart.min_workers, host_wait_s=restart.host_wait_s,
+    )
+
+
+@contextlib.contextmanager
+def _stops_go_to(supervisor: Supervisor) -> Iterator[None]:
+    """SIGINT and SIGTERM only ask the supervisor to stop (it stops every task)."""
     previous = {
         sig: signal.signal(sig, lambda signum, _frame: supervisor.request_stop(signum))
         for sig in (signal.SIGINT, signal.SIGTERM)
     }
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _supervise(supervisor: Supervisor, transport, printer: Printer) -> RunResult:
+    """Run the job; whatever happens, every agent's link and the transport are
+    closed afterwards, and a fault of the launcher itself is a failed result."""
     started = time.monotonic()
     try:
         result = supervisor.run()
@@ -391,12 +421,7 @@ def _launch(loaded: LoadedConfig, first_plan: Plan, make_plan, run_dir: Path,
             link.close()
         transport.close()
         printer.close()
-    recorder.write_summary(_note_terminal(result.to_json(), printer, recorder))
-    recorder.close()
-    for sig, handler in previous.items():
-        signal.signal(sig, handler)
-    _print_outcome(printer, result, run_dir)
-    return _done(printer, previous_hangup, exit_code(result))
+    return result
 
 
 # ---------------------------------------------------------------- the terminal

@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from launcher.config import local_config
-from launcher.plan import Plan, build_plan
-from launcher.printer import Printer
-from launcher.recovery import HostInfo
-from launcher.rundir import RunRecorder
-from launcher.supervisor import RestartPolicy, Supervisor
+from launcher.job.config import local_config
+from launcher.job.plan import Plan, build_plan
+from launcher.job.recovery import HostInfo
+from launcher.job.rundir import RunRecorder
+from launcher.job.supervisor import RestartPolicy, Supervisor
+from launcher.ops.printer import Printer
 from launcher.transport import AgentMessage
 
 

@@ -15,15 +15,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launcher.config import ConfigError, load_config
-from launcher.export import ExportError, render_tfjob, tfjob_manifest
-from launcher.slurm import (
+from launcher.job.config import ConfigError, load_config
+from launcher.job.slurm import (
     Allocation,
     SlurmError,
     expand_hostlist,
     read_allocation,
     with_allocation,
 )
+from launcher.ops.export import ExportError, render_tfjob, tfjob_manifest
 from tests.conftest import run_cli
 from tests.tfjob_schema import validate_tfjob
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from launcher.config import ConfigError, parse_config
-from launcher.plan import build_plan
+from launcher.job.config import ConfigError, parse_config
+from launcher.job.plan import build_plan
 from launcher.runtime import keras_jax
 from tests.conftest import EXAMPLES, read_events, read_summary, run_cli
 from tests.sshcluster import sim_cluster, write_yaml
@@ -212,8 +212,8 @@ def test_two_processes_over_ssh_train_to_the_same_weights(tmp_path: Path):
 
 
 def host_report(name: str, jax_version: str | None, jaxlib_version: str | None):
-    from launcher.check import HostReport
-    from launcher.plan import HostTarget
+    from launcher.job.plan import HostTarget
+    from launcher.ops.check import HostReport
 
     host = HostTarget(name=name, address=name, python="python3", gpus=(), ssh_user=None,
                       ssh_port=22, identity_file=None, known_hosts="~/.ssh/known_hosts",
@@ -225,7 +225,7 @@ def host_report(name: str, jax_version: str | None, jaxlib_version: str | None):
 
 
 def test_check_flags_missing_mismatched_and_differing_jax():
-    from launcher.check import judge_versions, render
+    from launcher.ops.check import judge_versions, render
 
     reports = [host_report("a", "0.10.2", "0.10.2"), host_report("b", "0.10.2", "0.10.2"),
                host_report("c", "0.10.1", "0.10.1"), host_report("d", "0.10.2", "0.10.1"),

@@ -52,50 +52,51 @@ RULES = (
          "transport, supervisor, cli, with pydantic, yaml and paramiko behind them) is "
          "neither shipped nor installed on the hosts"),
     Rule("agent is standalone", ("launcher.agent",),
-         allowed=("launcher",), allowed_names=frozenset({"__version__"}),
+         allowed=("launcher", "launcher.bootstrap"), allowed_names=frozenset({"__version__"}),
          reason="the agent runs on every host from the shipped bundle with `python -S`, "
          "standard library only; nothing of the launcher side (config, plan, supervisor, "
-         "...) is shipped, and every import costs start-up time once per host"),
+         "...) is shipped, and every import costs start-up time once per host (the "
+         "bootstrap is shipped too: the agent reads the stack signal's name from it)"),
     Rule("package init is import-free", ("launcher",), no_imports_at_all=True,
          reason="launcher/__init__.py is shipped to the hosts and runs before every "
          "import of the agent, bootstrap and runtime"),
-    Rule("config comes first", ("launcher.config",), allowed=(),
+    Rule("config comes first", ("launcher.job.config",), allowed=(),
          reason="the data flows one way, config -> plan -> transport/agent -> supervisor "
          "-> cli; the cluster file's schema depends on nothing else of the launcher"),
-    Rule("plan is pure", ("launcher.plan",),
-         forbidden=("launcher.transport", "launcher.supervisor", "launcher.cli"),
+    Rule("plan is pure", ("launcher.job.plan",),
+         forbidden=("launcher.transport", "launcher.job.supervisor", "launcher.cli"),
          reason="build_plan is a pure function of the config (no file, socket or "
          "environment variable): --dry-run prints it and golden tests pin it; hosts and "
          "the run-time loop come after it in the flow"),
     Rule("transport is below the supervisor", ("launcher.transport",),
-         forbidden=("launcher.supervisor", "launcher.cli"),
+         forbidden=("launcher.job.supervisor", "launcher.cli"),
          reason="transports only hand AgentLinks up; they never decide restart policy, "
          "print final messages or turn errors into exit codes"),
-    Rule("supervisor is below the cli", ("launcher.supervisor",),
+    Rule("supervisor is below the cli", ("launcher.job.supervisor",),
          forbidden=("launcher.cli",),
          reason="outcomes are values (RunResult): only the cli turns them into text and "
          "exit codes"),
-    Rule("check never trains", ("launcher.check",), forbidden=("launcher.supervisor",),
+    Rule("check never trains", ("launcher.ops.check",), forbidden=("launcher.job.supervisor",),
          reason="`mgpu-launch check` talks to the agents directly and never starts a job"),
-    Rule("export is offline", ("launcher.export",),
-         forbidden=("launcher.supervisor", "launcher.transport", "launcher.cli"),
+    Rule("export is offline", ("launcher.ops.export",),
+         forbidden=("launcher.job.supervisor", "launcher.transport", "launcher.cli"),
          reason="export translates the cluster file into a Slurm script or a TFJob "
          "without reaching any host"),
-    Rule("records are read-only", ("launcher.records",),
-         forbidden=("launcher.supervisor", "launcher.transport", "launcher.cli"),
+    Rule("records are read-only", ("launcher.ops.records",),
+         forbidden=("launcher.job.supervisor", "launcher.transport", "launcher.cli"),
          reason="a run directory is data: `status` and `logs` read it without a launcher"),
-    Rule("the live view only reads rows", ("launcher.live",),
-         forbidden=("launcher.supervisor", "launcher.cli", "launcher.transport"),
+    Rule("the live view only reads rows", ("launcher.ops.live",),
+         forbidden=("launcher.job.supervisor", "launcher.cli", "launcher.transport"),
          reason="live.render is pure over TaskRow snapshots; the supervisor drives it"),
-    Rule("the printer is below the supervisor", ("launcher.printer",),
-         forbidden=("launcher.supervisor", "launcher.cli"),
+    Rule("the printer is below the supervisor", ("launcher.ops.printer",),
+         forbidden=("launcher.job.supervisor", "launcher.cli"),
          reason="the supervisor thread owns the printer, not the other way round"),
-    Rule("simulated hosts stand alone", ("launcher.sshsim",),
-         forbidden=("launcher.transport", "launcher.supervisor", "launcher.cli"),
+    Rule("simulated hosts stand alone", ("launcher.ops.sshsim",),
+         forbidden=("launcher.transport", "launcher.job.supervisor", "launcher.cli"),
          reason="`simulate` is also the SSH tests' fixture: it must not depend on the "
          "transport it is used to test"),
-    Rule("run control is beside the supervisor", ("launcher.control",), optional=True,
-         forbidden=("launcher.supervisor", "launcher.transport", "launcher.cli"),
+    Rule("run control is beside the supervisor", ("launcher.ops.control",), optional=True,
+         forbidden=("launcher.job.supervisor", "launcher.transport", "launcher.cli"),
          reason="`--detach` and `stop RUN_DIR` signal a launcher process and read its run "
          "directory; they never drive a job themselves"),
 )
@@ -279,17 +280,17 @@ def test_a_broken_rule_is_caught_with_its_chain(tmp_path):
     # plan -> states -> transport: a transitive import breaks "plan is pure".
     root = _fake_repo(tmp_path, {
         "launcher/__init__.py": "",
-        "launcher/plan.py": "from .states import Row\n",
-        "launcher/states.py": "import json\nfrom launcher.transport.link import AgentLink\n",
+        "launcher/job/plan.py": "from .states import Row\n",
+        "launcher/job/states.py": "import json\nfrom launcher.transport.link import AgentLink\n",
         "launcher/transport/__init__.py": "",
-        "launcher/transport/link.py": "def helper():\n    from ..supervisor import x\n",
-        "launcher/supervisor.py": "",
+        "launcher/transport/link.py": "def helper():\n    from ..job.supervisor import x\n",
+        "launcher/job/supervisor.py": "",
     })
     rule = next(r for r in RULES if r.name == "plan is pure")
     problems = violations(rule, root)
-    assert problems and "chain: launcher.plan -> launcher.states -> launcher.transport" \
+    assert problems and "chain: launcher.job.plan -> launcher.job.states -> launcher.transport" \
         in problems[0], problems
-    assert "launcher/plan.py:1: from .states import Row" in problems[0]
+    assert "launcher/job/plan.py:1: from .states import Row" in problems[0]
     message = report(rule, problems)
     assert message.startswith('import rule broken: "plan is pure"') and "pure function" in message
     # A lazy import inside a function counts too.
@@ -298,6 +299,7 @@ def test_a_broken_rule_is_caught_with_its_chain(tmp_path):
 
 
 def test_allowed_only_rules_name_the_import(tmp_path):
+    # A fake tree: module names need not be the real ones.
     root = _fake_repo(tmp_path, {
         "launcher/__init__.py": "__version__ = '0'\n",
         "launcher/agent.py": "from launcher import __version__\nfrom launcher.config import X\n",

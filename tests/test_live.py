@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from launcher.cli import _print_outcome
-from launcher.live import clean_for_screen, render
-from launcher.printer import STATUS_EVERY_S, Printer
-from launcher.states import Failure, RunResult, TaskRow
+from launcher.job.states import Failure, RunResult, TaskRow
+from launcher.ops.live import clean_for_screen, render
+from launcher.ops.printer import STATUS_EVERY_S, Printer
 
 from .conftest import PYTHON, cli_env, read_events, start_cli, wait_for
 

@@ -3,8 +3,8 @@
 import json
 from pathlib import Path
 
-from launcher.config import parse_config
-from launcher.plan import SERVER_COMMAND, build_plan
+from launcher.job.config import parse_config
+from launcher.job.plan import SERVER_COMMAND, build_plan
 from tests.conftest import run_cli
 
 

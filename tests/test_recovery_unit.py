@@ -6,8 +6,8 @@ import signal
 
 import pytest
 
-from launcher.classify import OutputWatcher, classify_exit
-from launcher.recovery import (
+from launcher.job.classify import OutputWatcher, classify_exit
+from launcher.job.recovery import (
     MAX_FREE_RESTARTS_IN_A_ROW,
     Budget,
     HostInfo,

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from launcher.shipping import (
+from launcher.transport.shipping import (
     STAGING_STALE_S,
     UNUSED_FOR_S,
     USE_MARKER,

@@ -20,12 +20,12 @@ from pathlib import Path
 import psutil
 import pytest
 
-from launcher.config import load_config
-from launcher.plan import HostTarget, host_targets
-from launcher.shipping import bundle_id
-from launcher.sshsim import generate_key
+from launcher.job.config import load_config
+from launcher.job.plan import HostTarget, host_targets
+from launcher.ops.sshsim import generate_key
 from launcher.transport import TransportError
 from launcher.transport._paramiko import paramiko
+from launcher.transport.shipping import bundle_id
 from launcher.transport.ssh import SSHTransport, agent_command
 from launcher.transport.ssh_connect import Refused, SSHConfigs, merge_endpoint, parse_jump
 from tests.conftest import read_events, run_cli, start_cli, wait_for

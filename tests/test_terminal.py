@@ -18,7 +18,7 @@ import threading
 import time
 from pathlib import Path
 
-from launcher.printer import Printer
+from launcher.ops.printer import Printer
 
 from .conftest import (
     EXAMPLES,

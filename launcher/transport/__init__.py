@@ -13,7 +13,7 @@ import queue
 from collections.abc import Sequence
 from typing import Protocol
 
-from ..plan import HostTarget
+from ..job.plan import HostTarget
 from .link import AgentLink, AgentMessage
 
 

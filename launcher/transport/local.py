@@ -13,11 +13,11 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..plan import HostTarget, host_run_dir
-from ..shipping import install_local
+from ..job.plan import HostTarget, host_run_dir
 from . import HostProblem, TransportError
 from .child import DEFAULT_LEASE_S, agent_argv, kill_if_running, start_child_agent
 from .link import AgentLink, AgentMessage
+from .shipping import install_local
 
 HELLO_TIMEOUT_S = 30.0  # a cold Python start on a loaded machine; no TF import involved
 

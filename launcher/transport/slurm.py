@@ -13,7 +13,7 @@ it when the job ends (scancel, time limit): the transport asks Slurm every
 second and, once the job is over, sends the launcher the SIGTERM that Slurm
 sends a launcher inside the job (an sbatch script).
 
-The code bundle is this machine's cache (`launcher.shipping.install_local`),
+The code bundle is this machine's cache (`launcher.transport.shipping.install_local`),
 passed on with PYTHONPATH: the nodes of a Slurm cluster share the home
 directories, as in the test cluster. srun passes the launcher's environment on.
 
@@ -32,12 +32,12 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..plan import HostTarget, host_run_dir
-from ..shipping import install_local
-from ..slurm import allocation_ended
+from ..job.plan import HostTarget, host_run_dir
+from ..job.slurm import allocation_ended
 from . import HostProblem, TransportError
 from .child import DEFAULT_LEASE_S, agent_argv, start_child_agent
 from .link import AgentLink, AgentMessage
+from .shipping import install_local
 
 # srun asks slurmctld for the step first: a busy controller may take a while.
 HELLO_TIMEOUT_S = 60.0

@@ -26,8 +26,7 @@ import time
 from collections import deque
 from collections.abc import Sequence
 
-from ..plan import HostTarget, host_run_dir
-from ..shipping import USE_MARKER, bundle_files, bundle_id, stale_bundles
+from ..job.plan import HostTarget, host_run_dir
 from . import HostProblem, TransportError
 from ._paramiko import paramiko
 
@@ -35,6 +34,7 @@ from ._paramiko import paramiko
 # agent, and sshd may keep the session for hours.
 from .child import DEFAULT_LEASE_S
 from .link import AgentLink, AgentMessage
+from .shipping import USE_MARKER, bundle_files, bundle_id, stale_bundles
 from .ssh_connect import Connector, Endpoint, Refused
 
 MAX_PARALLEL = 64  # threads mostly wait on the network; bounded so 500 hosts stay sane
@@ -111,7 +111,7 @@ def upload_bundle(sftp: paramiko.SFTPClient, cache_root: str, version: str) -> N
 
 
 def prune_remote(sftp: paramiko.SFTPClient, cache_root: str, keep: str) -> list[str]:
-    """Drop the host's stale bundles (launcher.shipping.stale_bundles), best effort."""
+    """Drop the host's stale bundles (launcher.transport.shipping.stale_bundles), best effort."""
     try:
         entries = [(e.filename, float(e.st_mtime or 0)) for e in sftp.listdir_attr(cache_root)
                    if e.st_mode is not None and stat.S_ISDIR(e.st_mode)]  # no symlinks

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TextIO
 
-from .states import TaskRow
+from ..job.states import TaskRow
 
 # States whose usage, rate and silence no longer mean anything.
 _DONE = ("succeeded", "failed", "stopped", "lost")

@@ -29,14 +29,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..job.rundir import RunRecorder
+from ..job.states import RunResult
 from .records import (
     LAUNCHER_OUT,
     LAUNCHER_PID,
     read_events,
     read_launcher_pid,
 )
-from .rundir import RunRecorder
-from .states import RunResult
 
 EXIT_OK, EXIT_NOT_STOPPED, EXIT_USAGE = 0, 1, 2
 # Files `--detach` puts into the run directory before the launcher starts.

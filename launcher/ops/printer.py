@@ -39,8 +39,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TextIO
 
+from ..job.states import TaskRow
 from .live import LiveScreen, clean_for_screen, describe_row
-from .states import TaskRow
 
 _COLOURS = ("36", "33", "35", "32", "34", "91", "96", "93")
 LAUNCHER = "mgpu-launch"

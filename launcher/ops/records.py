@@ -26,10 +26,10 @@ from typing import Any, TextIO
 
 import yaml
 
-from .plan import log_file_name, task_label
+from ..job.plan import log_file_name, task_label
 
 EXIT_OK, EXIT_USAGE = 0, 2
-# Written by `mgpu-launch --detach` (launcher/control.py) before the launcher
+# Written by `mgpu-launch --detach` (launcher/ops/control.py) before the launcher
 # starts: its pid and host, and its stdout/stderr.
 LAUNCHER_PID = "launcher.pid"
 LAUNCHER_OUT = "launcher.out"
@@ -225,104 +225,129 @@ def load_run(run_dir: str | os.PathLike,
     config = _read_config(run_dir / "config.yaml")
     events = read_events(events_path)
     summary = _read_json(run_dir / "summary.json")
-    logs_dir = run_dir / "logs"
-
-    tasks: dict[str, TaskView] = {}  # by task name (worker0): unique within a generation
-    generation = 0
-    restarts = 0
-    first_launch: dict[str, Any] | None = None
-    current_failures: dict[int, dict[str, Any]] = {}
-    for event in events:
-        kind = event.get("event")
-        gen = event.get("generation", generation)
-        if kind == "launch":
-            generation = int(gen)
-            first_launch = first_launch or event
-            for entry in event.get("tasks", []):
-                role, index = _split_name(str(entry.get("task")))
-                host = str(entry.get("host"))
-                previous = tasks.get(str(entry.get("task")))
-                view = TaskView(label=task_label(host, entry.get('task')), host=host, role=role,
-                                index=index, generation=generation,
-                                address=entry.get("address"), port=entry.get("port"))
-                if previous is not None:  # progress survives a restart: training resumes
-                    view.last_step, view.last_progress = previous.last_step, previous.last_progress
-                tasks[str(entry.get("task"))] = view
-        elif kind == "restart":
-            restarts = int(event.get("restarts", restarts + 1))
-        elif kind == "failure_detected":
-            current_failures.setdefault(int(gen), event)
-        elif kind == "host_lost":
-            for view in tasks.values():
-                if view.host == event.get("host") and view.generation == gen and \
-                        view.state in ("pending", "starting", "running"):
-                    view.state = "lost"
-        view = tasks.get(str(event.get("task")))
-        if view is None or kind == "launch" or gen != view.generation:
-            continue
-        if kind == "task_started":
-            view.state, view.pid = "running", event.get("pid")
-        elif kind == "progress":
-            view.last_step = event.get("step", view.last_step)
-            view.last_progress = {k: v for k, v in event.items()
-                                  if k not in ("t", "event", "generation", "task", "host")}
-            view.last_progress_t = event.get("t")
-        elif kind == "task_exited":
-            view.exit_code, view.signal = event.get("exit_code"), event.get("signal")
-            if event.get("stopped_by_launcher"):
-                view.state = "stopped"
-            elif view.exit_code == 0 and view.signal is None:
-                view.state = "succeeded"
-            else:
-                view.state = "failed"
-        elif kind == "failure_detected" and view.state not in ("failed",):
-            view.state = "failed"
-        elif kind == "task_restarted":  # a parameter-server worker, restarted alone
-            view.state, view.exit_code, view.signal = "starting", None, None
-
-    for view in tasks.values():
-        log = logs_dir / log_file_name(view.host, view.name)
-        view.log_path = log
-
-    started_t = first_launch.get("t") if first_launch else None
-    last_t = events[-1].get("t") if events else None
-    root_cause, failures, wall_s = None, [], None
+    replay = _replay(events)
+    for view in replay.tasks.values():
+        view.log_path = run_dir / "logs" / log_file_name(view.host, view.name)
+    started_t = replay.first_launch.get("t") if replay.first_launch else None
+    restarts, root_cause, wall_s = replay.restarts, None, None
     if summary is not None:
-        status = str(summary.get("status", "unknown"))
+        status, detail = _finished(summary)
         restarts = int(summary.get("restarts", restarts))
         wall_s = summary.get("wall_s")
         root_cause = summary.get("root_cause")
         failures = list(summary.get("failures") or [])
-        _merge_summary(tasks, summary)
-        detail = f"took {wall_s:.1f} s" if isinstance(wall_s, int | float) else "finished"
-        if summary.get("interrupted_by"):
-            detail += f" (signal {summary['interrupted_by']})"
-        if summary.get("stopped_by"):  # the restart rule that ended a failed job
-            detail += f"; stopped by {summary['stopped_by']}: {summary.get('message', '')}"
+        _merge_summary(replay.tasks, summary)
     else:
-        failures = [_failure_from_event(e) for _, e in sorted(current_failures.items())]
-        launcher = first_launch or detached
-        verdict = alive(launcher) if launcher else None
-        if verdict is False:
-            status = "aborted"
-            detail = ("the launcher is gone and wrote no summary.json "
-                      "(killed, or its machine went down); tasks shown as last recorded")
-        else:
-            status = "running"
-            since = f" {time.time() - started_t:.0f} s" if started_t else ""
-            detail = f"started{since} ago" if since else "no task launched yet"
-            if not since and detached:
-                detail = (f"launcher pid {detached['launcher_pid']} starting in the "
-                          "background; no task launched yet")
-            if verdict is None:
-                detail += "; no summary.json yet"
+        failures = [_failure_from_event(e) for _, e in sorted(replay.failures.items())]
+        launcher = replay.first_launch or detached
+        status, detail = _still_going(alive(launcher) if launcher else None, started_t,
+                                      detached)
     return RunView(
         run_dir=run_dir, name=config.get("name"), strategy=config.get("strategy"),
         transport=config.get("transport"), status=status, status_detail=detail,
-        generation=generation, restarts=restarts, started_t=started_t, wall_s=wall_s,
-        tasks=list(tasks.values()), root_cause=root_cause, failures=failures,
-        last_event_t=last_t,
+        generation=replay.generation, restarts=restarts, started_t=started_t, wall_s=wall_s,
+        tasks=list(replay.tasks.values()), root_cause=root_cause, failures=failures,
+        last_event_t=events[-1].get("t") if events else None,
     )
+
+
+@dataclass
+class _Replayed:
+    """What events.jsonl says, read from the start."""
+
+    tasks: dict[str, TaskView] = field(default_factory=dict)  # by name: unique per generation
+    generation: int = 0
+    restarts: int = 0
+    first_launch: dict[str, Any] | None = None
+    failures: dict[int, dict[str, Any]] = field(default_factory=dict)  # first per generation
+
+
+def _replay(events: list[dict[str, Any]]) -> _Replayed:
+    replay = _Replayed()
+    for event in events:
+        kind = event.get("event")
+        gen = event.get("generation", replay.generation)
+        if kind == "launch":
+            _on_launch(replay, event, int(gen))
+        elif kind == "restart":
+            replay.restarts = int(event.get("restarts", replay.restarts + 1))
+        elif kind == "failure_detected":
+            replay.failures.setdefault(int(gen), event)
+        elif kind == "host_lost":
+            for view in replay.tasks.values():
+                if view.host == event.get("host") and view.generation == gen and \
+                        view.state in ("pending", "starting", "running"):
+                    view.state = "lost"
+        view = replay.tasks.get(str(event.get("task")))
+        if view is not None and kind != "launch" and gen == view.generation:
+            _apply_task_event(view, str(kind), event)
+    return replay
+
+
+def _on_launch(replay: _Replayed, event: dict[str, Any], generation: int) -> None:
+    replay.generation = generation
+    replay.first_launch = replay.first_launch or event
+    for entry in event.get("tasks", []):
+        name = str(entry.get("task"))
+        role, index = _split_name(name)
+        host = str(entry.get("host"))
+        previous = replay.tasks.get(name)
+        view = TaskView(label=task_label(host, entry.get("task")), host=host, role=role,
+                        index=index, generation=generation,
+                        address=entry.get("address"), port=entry.get("port"))
+        if previous is not None:  # progress survives a restart: training resumes
+            view.last_step, view.last_progress = previous.last_step, previous.last_progress
+        replay.tasks[name] = view
+
+
+def _apply_task_event(view: TaskView, kind: str, event: dict[str, Any]) -> None:
+    if kind == "task_started":
+        view.state, view.pid = "running", event.get("pid")
+    elif kind == "progress":
+        view.last_step = event.get("step", view.last_step)
+        view.last_progress = {k: v for k, v in event.items()
+                              if k not in ("t", "event", "generation", "task", "host")}
+        view.last_progress_t = event.get("t")
+    elif kind == "task_exited":
+        view.exit_code, view.signal = event.get("exit_code"), event.get("signal")
+        if event.get("stopped_by_launcher"):
+            view.state = "stopped"
+        elif view.exit_code == 0 and view.signal is None:
+            view.state = "succeeded"
+        else:
+            view.state = "failed"
+    elif kind == "failure_detected" and view.state not in ("failed",):
+        view.state = "failed"
+    elif kind == "task_restarted":  # a parameter-server worker, restarted alone
+        view.state, view.exit_code, view.signal = "starting", None, None
+
+
+def _finished(summary: dict[str, Any]) -> tuple[str, str]:
+    """(status, detail) of a run whose launcher wrote summary.json."""
+    wall_s = summary.get("wall_s")
+    detail = f"took {wall_s:.1f} s" if isinstance(wall_s, int | float) else "finished"
+    if summary.get("interrupted_by"):
+        detail += f" (signal {summary['interrupted_by']})"
+    if summary.get("stopped_by"):  # the restart rule that ended a failed job
+        detail += f"; stopped by {summary['stopped_by']}: {summary.get('message', '')}"
+    return str(summary.get("status", "unknown")), detail
+
+
+def _still_going(verdict: bool | None, started_t: float | None,
+                 detached: dict[str, Any] | None) -> tuple[str, str]:
+    """(status, detail) of a run without summary.json: running, or aborted when
+    its launcher is known to be gone (`verdict` False; None: cannot tell)."""
+    if verdict is False:
+        return "aborted", ("the launcher is gone and wrote no summary.json "
+                           "(killed, or its machine went down); tasks shown as last recorded")
+    since = f" {time.time() - started_t:.0f} s" if started_t else ""
+    detail = f"started{since} ago" if since else "no task launched yet"
+    if not since and detached:
+        detail = (f"launcher pid {detached['launcher_pid']} starting in the "
+                  "background; no task launched yet")
+    if verdict is None:
+        detail += "; no summary.json yet"
+    return "running", detail
 
 
 def _merge_summary(tasks: dict[str, TaskView], summary: dict[str, Any]) -> None:

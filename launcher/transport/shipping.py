@@ -27,9 +27,9 @@ from collections.abc import Iterable
 from functools import cache
 from pathlib import Path
 
-from . import __version__
+from .. import __version__
 
-PACKAGE_DIR = Path(__file__).resolve().parent
+PACKAGE_DIR = Path(__file__).resolve().parent.parent  # launcher/
 # Relative to the package's parent. Standard library only, all of them.
 BUNDLE = ("launcher/__init__.py", "launcher/agent.py", "launcher/bootstrap.py")
 BUNDLE_DIRS = ("launcher/runtime",)

@@ -30,10 +30,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .config import ConfigError, LoadedConfig, keras_backend, load_config
-from .plan import HostTarget, PlanError, build_plan, host_targets, ports_needed
-from .slurm import SlurmError, read_allocation, slurm_config, with_allocation
-from .transport import AgentLink, AgentMessage, HostProblem, TransportError
+from ..job.config import ConfigError, LoadedConfig, keras_backend, load_config
+from ..job.plan import HostTarget, PlanError, build_plan, host_targets, ports_needed
+from ..job.slurm import SlurmError, read_allocation, slurm_config, with_allocation
+from ..transport import AgentLink, AgentMessage, HostProblem, TransportError
 
 EXIT_READY, EXIT_NOT_READY = 0, 2
 PROBE_TIMEOUT_S = 30.0  # one probe on one host: a few socket connects and a stat
@@ -460,22 +460,22 @@ def _connect(kind: str, targets: Sequence[HostTarget], run_dir: str,
              events: queue.Queue[AgentMessage]
              ) -> tuple[Any, dict[str, AgentLink], list[HostProblem]]:
     if kind == "slurm":  # one srun step per node instead of SSH
-        from .slurm import read_allocation
-        from .transport.slurm import SlurmTransport
+        from ..job.slurm import read_allocation
+        from ..transport.slurm import SlurmTransport
 
         transport = SlurmTransport(read_allocation(os.environ).job_id, require_tensorflow=False,
                                    signal_when_gone=False)
         links, problems = transport.connect_each(targets, run_dir, events)
         return transport, links, problems
     if kind == "local":
-        from .transport.local import LocalTransport
+        from ..transport.local import LocalTransport
 
         transport = LocalTransport()
         try:
             return transport, transport.connect(targets, run_dir, events), []
         except TransportError as exc:
             return transport, {}, exc.problems
-    from .transport.ssh import SSHTransport
+    from ..transport.ssh import SSHTransport
 
     transport = SSHTransport(require_tensorflow=False)
     links, problems = transport.connect_each(targets, run_dir, events)

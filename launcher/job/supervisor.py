@@ -22,10 +22,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ..ops.printer import Printer
+from ..transport import AgentLink, AgentMessage
 from . import checkpoints
 from .classify import RESTART_ME_EXIT, classify_exit
 from .plan import Plan, Task, log_file_name, task_label
-from .printer import Printer
 from .protocol import BadMessage, check_message
 from .recovery import (
     BACKOFF_RESET_S,
@@ -47,7 +48,6 @@ from .states import (
     TaskState,
     final_state,
 )
-from .transport import AgentLink, AgentMessage
 
 POLL_S = 0.1
 MAX_BATCH = 500  # messages handled per loop turn before the checks run again

@@ -173,7 +173,7 @@ class ClusterConfig(_Strict):
     tasks_per_host: Literal["one", "per_gpu"] = "one"
     env: dict[str, str | int | float | bool] = Field(default_factory=dict)
     ssh: SSHSettings = Field(default_factory=SSHSettings)
-    # Under `transport: slurm` the hosts may come from the allocation (launcher.slurm).
+    # Under `transport: slurm` the hosts may come from the allocation (launcher.job.slurm).
     hosts: list[HostSpec] = Field(default_factory=list)
     checkpoint: CheckpointSettings = Field(default_factory=CheckpointSettings)
     restart: RestartPolicy = Field(default_factory=RestartPolicy)
@@ -376,7 +376,7 @@ def _semantic_problems(config: ClusterConfig) -> list[tuple[tuple, str]]:
     problems: list[tuple[tuple, str]] = []
     if not config.hosts:
         if config.transport == "slurm":
-            return problems  # the allocation's nodes, once known (launcher.slurm)
+            return problems  # the allocation's nodes, once known (launcher.job.slurm)
         return [(("hosts",), "required key is missing: list at least one host "
                  "(or use `transport: slurm` inside a Slurm allocation)")]
     for i, host in enumerate(config.hosts):

@@ -6,7 +6,7 @@ scheduler a company already runs, with the same roles, environment, restart
 policy and TF_CONFIG layout.
 
 The Slurm batch script runs mgpu-launch itself inside the allocation, with
-the YAML turned into `transport: slurm` (launcher.slurm), so a batch job gets
+the YAML turned into `transport: slurm` (launcher.job.slurm), so a batch job gets
 the launcher's own plan, supervision, restarts and run records.
 
 Must not import: supervisor, transport, cli.
@@ -25,8 +25,8 @@ from typing import Any
 
 import yaml
 
-from .config import ConfigError, LoadedConfig, load_config, looks_secret
-from .plan import (
+from ..job.config import ConfigError, LoadedConfig, load_config, looks_secret
+from ..job.plan import (
     ROLE_ORDER,
     Plan,
     PlanError,
@@ -35,7 +35,7 @@ from .plan import (
     default_checkpoint_dir,
     ports_needed,
 )
-from .slurm import NODE_BY_POSITION
+from ..job.slurm import NODE_BY_POSITION
 
 EXIT_OK, EXIT_USAGE = 0, 2
 DEFAULT_IMAGE = "mgpu-launch-worker:latest"  # built from docker/Dockerfile (README.md, Docker)
