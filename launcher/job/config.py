@@ -371,29 +371,36 @@ def effective_roles(config: ClusterConfig, host: HostSpec) -> dict[str, int]:
     return roles
 
 
-def _semantic_problems(config: ClusterConfig) -> list[tuple[tuple, str]]:
+Problems = list[tuple[tuple, str]]  # (key path, message)
+
+
+def _semantic_problems(config: ClusterConfig) -> Problems:
     """Checks that span several keys (pydantic sees one field at a time)."""
-    problems: list[tuple[tuple, str]] = []
     if not config.hosts:
         if config.transport == "slurm":
-            return problems  # the allocation's nodes, once known (launcher.job.slurm)
+            return []  # the allocation's nodes, once known (launcher.job.slurm)
         return [(("hosts",), "required key is missing: list at least one host "
                  "(or use `transport: slurm` inside a Slurm allocation)")]
-    for i, host in enumerate(config.hosts):
-        if (host.tasks_per_host or config.tasks_per_host) != "per_gpu":
-            continue
-        if not host.gpus:
-            problems.append((("hosts", i, "gpus"),
-                             "tasks_per_host is per_gpu but this host lists no `gpus`"))
-        if host.roles.get("worker", 0) > 1:
-            problems.append((("hosts", i, "roles", "worker"),
-                             "with tasks_per_host: per_gpu the worker count comes from `gpus`; "
-                             "set `worker: 1`"))
     totals = {role: sum(effective_roles(config, h).get(role, 0)
                         for h in config.hosts if not h.spare)
               for role in ROLES}
+    return [*_host_problems(config), *_role_problems(config, totals),
+            *_placement_problems(config)]
+
+
+def _host_problems(config: ClusterConfig) -> Problems:
+    """Each host entry: GPUs for per_gpu, a role, a distinct name, what a spare runs."""
+    problems: Problems = []
     names = [h.name or h.address for h in config.hosts]
     for i, host in enumerate(config.hosts):
+        if (host.tasks_per_host or config.tasks_per_host) == "per_gpu":
+            if not host.gpus:
+                problems.append((("hosts", i, "gpus"),
+                                 "tasks_per_host is per_gpu but this host lists no `gpus`"))
+            if host.roles.get("worker", 0) > 1:
+                problems.append((("hosts", i, "roles", "worker"),
+                                 "with tasks_per_host: per_gpu the worker count comes from "
+                                 "`gpus`; set `worker: 1`"))
         if not any(host.roles.values()):
             problems.append((("hosts", i, "roles"), "this host runs no task; give it a role"))
         if names.count(names[i]) > 1 and host.name is None and names.index(names[i]) != i:
@@ -403,6 +410,15 @@ def _semantic_problems(config: ClusterConfig) -> list[tuple[tuple, str]]:
             )
         elif names.count(names[i]) > 1 and names.index(names[i]) != i:
             problems.append((("hosts", i, "name"), f"name {names[i]!r} is used twice"))
+        if host.spare and set(r for r, n in host.roles.items() if n) - {"worker"}:
+            problems.append((("hosts", i, "roles"), "a spare host stands in for a worker: "
+                             "give it `roles: {worker: 1}` (the default)"))
+    return problems
+
+
+def _role_problems(config: ClusterConfig, totals: dict[str, int]) -> Problems:
+    """The roles the strategy needs (and the Keras it runs with)."""
+    problems: Problems = []
     if totals["chief"] > 1:
         problems.append((("hosts",), f"at most one chief, found {totals['chief']}"))
     if totals["evaluator"] > 1:
@@ -430,27 +446,29 @@ def _semantic_problems(config: ClusterConfig) -> list[tuple[tuple, str]]:
             (("keras",), f"keras: jax runs Keras 3 on JAX, which trains across hosts with "
              f"strategy: keras_distribution, not {config.strategy}")
         )
+    workers = totals["worker"] + totals["chief"]
+    if config.restart.min_workers > workers:
+        problems.append(
+            (("restart", "min_workers"),
+             f"min_workers={config.restart.min_workers} but the cluster has {workers} workers")
+        )
+    return problems
+
+
+def _placement_problems(config: ClusterConfig) -> Problems:
+    """What several real hosts need: a shared checkpoint directory, fixed ports."""
+    problems: Problems = []
     addresses = {h.address for h in config.hosts}
     if config.transport == "ssh" and len(addresses) > 1 and not config.checkpoint.dir:
         problems.append(
             (("checkpoint",), "checkpoint.dir is required for a multi-host ssh cluster: "
              "a directory every host sees (NFS or similar), e.g. /shared/ckpt/NAME")
         )
-    for i, host in enumerate(config.hosts):
-        if host.spare and set(r for r, n in host.roles.items() if n) - {"worker"}:
-            problems.append((("hosts", i, "roles"), "a spare host stands in for a worker: "
-                             "give it `roles: {worker: 1}` (the default)"))
     remote = [h.address for h in config.hosts if not _is_loopback(h.address)]
     if config.transport == "ssh" and config.ports.base == "auto" and remote:
         problems.append(
             (("ports", "base"), "auto picks ports that are free on this machine, which says "
              f"nothing about {remote[0]}: set a fixed base (check it with `mgpu-launch check`)")
-        )
-    workers = totals["worker"] + totals["chief"]
-    if config.restart.min_workers > workers:
-        problems.append(
-            (("restart", "min_workers"),
-             f"min_workers={config.restart.min_workers} but the cluster has {workers} workers")
         )
     return problems
 

@@ -327,10 +327,48 @@ def build_plan(
                if h.name in active]
     if not targets:
         raise PlanError("no host left to run on")
-    specs = {(h.name or h.address): h for h in config.hosts}
+    slots = _slots(config, targets)
+    _check_roles(config.strategy, [slot.role for slot in slots])
+    port_of = _ports(config, [s for s in slots if s.role in CLUSTER_ROLES], ports)
+    cluster: dict[str, list[str]] = {}
+    for slot in slots:
+        if slot.role in CLUSTER_ROLES:
+            cluster.setdefault(slot.role, []).append(
+                f"{slot.target.address}:{port_of[(slot.role, slot.index)]}")
+    checkpoint_dir = default_checkpoint_dir(loaded)
+    shared_env = _shared_env(config, checkpoint_dir, generation,
+                             num_workers=len(cluster.get("chief", [])) +
+                             len(cluster.get("worker", [])))
+    workdir = str(loaded.resolve_path(config.workdir) or launch_cwd)
+    tasks = [_task(config, slot, cluster, port_of, shared_env, command, run_dir, workdir)
+             for slot in slots]
+    return Plan(
+        name=config.name,
+        strategy=config.strategy,
+        transport=config.transport,
+        generation=generation,
+        run_dir=run_dir,
+        checkpoint_dir=checkpoint_dir,
+        hosts=tuple(targets),
+        tasks=tuple(tasks),
+        grace_s=config.restart.grace_s,
+    )
 
-    # (role, index, host, gpus) in role order, each role indexed across hosts in order.
-    slots: list[tuple[str, int, HostTarget, tuple[int, ...]]] = []
+
+@dataclass(frozen=True)
+class _Slot:
+    """One task's place before ports and environment: role, index, host, GPUs."""
+
+    role: str
+    index: int
+    target: HostTarget
+    gpus: tuple[int, ...]
+
+
+def _slots(config: ClusterConfig, targets: list[HostTarget]) -> list[_Slot]:
+    """Every task in role order (the chief first), each role indexed across hosts in order."""
+    specs = {(h.name or h.address): h for h in config.hosts}
+    slots: list[_Slot] = []
     for role in ROLE_ORDER:
         index = 0
         for target in targets:
@@ -339,10 +377,14 @@ def build_plan(
             per_gpu = (spec.tasks_per_host or config.tasks_per_host) == "per_gpu"
             for k in range(count):
                 gpus = (target.gpus[k],) if per_gpu and role == "worker" else target.gpus
-                slots.append((role, index, target, gpus))
+                slots.append(_Slot(role, index, target, gpus))
                 index += 1
-    _check_roles(config.strategy, [role for role, *_ in slots])
-    serving = [s for s in slots if s[0] in CLUSTER_ROLES]
+    return slots
+
+
+def _ports(config: ClusterConfig, serving: list[_Slot],
+           ports: Sequence[int] | None) -> dict[tuple[str, int], int]:
+    """(role, index) -> port for the tasks that serve one, in task order."""
     if ports is None:
         base = config.ports.base
         if not isinstance(base, int):
@@ -350,15 +392,12 @@ def build_plan(
         ports = [base + i for i in range(len(serving))]
     if len(ports) < len(serving):
         raise PlanError(f"{len(serving)} ports needed, {len(ports)} given")
-    port_of = {(role, index): ports[i] for i, (role, index, _, _) in enumerate(serving)}
+    return {(slot.role, slot.index): ports[i] for i, slot in enumerate(serving)}
 
-    cluster: dict[str, list[str]] = {}
-    for role, index, target, _ in serving:
-        cluster.setdefault(role, []).append(f"{target.address}:{port_of[(role, index)]}")
-    num_workers = len(cluster.get("chief", [])) + len(cluster.get("worker", []))
 
-    checkpoint_dir = default_checkpoint_dir(loaded)
-    workdir = str(loaded.resolve_path(config.workdir) or launch_cwd)
+def _shared_env(config: ClusterConfig, checkpoint_dir: str, generation: int,
+                num_workers: int) -> dict[str, str]:
+    """The environment every task of the job gets."""
     shared_env = {
         # TensorFlow's INFO start-up chatter hides what matters; warnings and
         # errors (the collective aborts the supervisor watches for) still show.
@@ -382,43 +421,34 @@ def build_plan(
     if config.strategy == "parameter_server":
         # Fail an RPC to a dead worker at once so the coordinator reschedules it.
         shared_env["GRPC_FAIL_FAST"] = "use_caller"
+    return shared_env
 
-    tasks = []
-    for role, index, target, gpus in slots:
-        env = dict(shared_env)
-        env.update(MGPU_TASK_TYPE=role, MGPU_TASK_INDEX=str(index), MGPU_HOST=target.name,
-                   MGPU_RUN_DIR=host_run_dir(run_dir, config.transport, target.name))
-        if gpus:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
-        if config.strategy == "keras_distribution":
-            env.update(_keras_distribution_env(config, cluster, role, index))
-        tf_config = {"cluster": cluster, "task": {"type": role, "index": index}}
-        runs_server = config.strategy == "parameter_server" and role in ("worker", "ps")
-        tasks.append(
-            Task(
-                host=target.name,
-                role=role,
-                index=index,
-                address=target.address,
-                port=port_of.get((role, index)),
-                python=target.python,
-                cwd=workdir,
-                command=SERVER_COMMAND if runs_server else tuple(command),
-                lifetime=_lifetime(config.strategy, role),
-                env=MappingProxyType(dict(sorted(env.items()))),
-                tf_config=_freeze(tf_config),
-            )
-        )
-    return Plan(
-        name=config.name,
-        strategy=config.strategy,
-        transport=config.transport,
-        generation=generation,
-        run_dir=run_dir,
-        checkpoint_dir=checkpoint_dir,
-        hosts=tuple(targets),
-        tasks=tuple(tasks),
-        grace_s=config.restart.grace_s,
+
+def _task(config: ClusterConfig, slot: _Slot, cluster: dict[str, list[str]],
+          port_of: dict[tuple[str, int], int], shared_env: dict[str, str],
+          command: Sequence[str], run_dir: str, workdir: str) -> Task:
+    role, index, target = slot.role, slot.index, slot.target
+    env = dict(shared_env)
+    env.update(MGPU_TASK_TYPE=role, MGPU_TASK_INDEX=str(index), MGPU_HOST=target.name,
+               MGPU_RUN_DIR=host_run_dir(run_dir, config.transport, target.name))
+    if slot.gpus:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in slot.gpus)
+    if config.strategy == "keras_distribution":
+        env.update(_keras_distribution_env(config, cluster, role, index))
+    tf_config = {"cluster": cluster, "task": {"type": role, "index": index}}
+    runs_server = config.strategy == "parameter_server" and role in ("worker", "ps")
+    return Task(
+        host=target.name,
+        role=role,
+        index=index,
+        address=target.address,
+        port=port_of.get((role, index)),
+        python=target.python,
+        cwd=workdir,
+        command=SERVER_COMMAND if runs_server else tuple(command),
+        lifetime=_lifetime(config.strategy, role),
+        env=MappingProxyType(dict(sorted(env.items()))),
+        tf_config=_freeze(tf_config),
     )
 
 
