@@ -265,7 +265,12 @@ def test_a_hung_process_is_caught_by_jax_heartbeat_and_the_job_restarts(workdir:
     code = job.finish(timeout=240)
     assert code == 0, job.output[-4000:]
     assert "stopped sending heartbeats" in job.output
-    assert read_summary(job.run_dir)["restarts"] == 1
+    summary = read_summary(job.run_dir)
+    assert summary["restarts"] == 1
+    # The hung process is the root cause, not the survivor JAX aborted (SIGABRT).
+    cause = summary["failures"][0]
+    assert cause["task"] == "host1/worker1" and cause["kind"] == "hang", cause
+    assert "reported by host0/worker0" in cause["description"]
     assert_same_weights_everywhere(job.output)
     job.assert_nothing_left()
 

@@ -228,3 +228,21 @@ def test_watcher_ignores_harmless_tensorflow_errors():
                  "job:worker/replica:0/task:1 is mentioned in passing"):
         assert watcher.feed(line) is None
     assert watcher.alarm is None and watcher.culprit is None
+
+
+# As JAX 0.10.2's coordination service prints it (measured here, process 1 stopped).
+JAX_UNHEALTHY = ("E1123 13:18:18.777113   10631 coordination_service.cc:1549] [1181] Use error "
+                 "polling to propagate the following error to all tasks: UNAVAILABLE: The "
+                 "following tasks are unhealthy (stopped sending heartbeats):")
+
+
+def test_watcher_of_a_jax_task_alarms_on_unhealthy_and_reads_the_process_id():
+    watcher = OutputWatcher(jax=True)
+    alarm = watcher.feed(JAX_UNHEALTHY)
+    assert alarm is not None and alarm.kind == "peer_unhealthy"
+    assert watcher.feed("1") is None
+    assert watcher.culprit == ("process", 1)
+    # A TensorFlow task's watcher neither alarms on that line nor reads bare numbers.
+    plain = OutputWatcher()
+    assert plain.feed(JAX_UNHEALTHY) is None and plain.feed("1") is None
+    assert plain.culprit is None

@@ -21,6 +21,7 @@ _COLLECTIVE_ABORT = re.compile(r"BaseCollectiveExecutor::StartAbort (\w+)")
 # TF's coordination service names the culprit on the following line(s).
 _UNHEALTHY = re.compile(r"following tasks are unhealthy \(stopped sending heartbeats\)")
 _TASK_NAME = re.compile(r"/job:(\w+)/replica:\d+/task:(\d+)")
+_PROCESS_ID = re.compile(r"^\s*(\d+)\s*$")  # JAX names an unhealthy process by its id
 _DEADLINE = re.compile(r"DEADLINE_EXCEEDED|DeadlineExceededError")
 _UNAVAILABLE = re.compile(r"UNAVAILABLE|UnavailableError")
 
@@ -36,25 +37,37 @@ class OutputAlarm:
 
 class OutputWatcher:
     """Feeds on one task's lines; reports the first fatal TF error, and the
-    peer TF blamed for it when TF names one (`culprit`, e.g. ("worker", 1))."""
+    peer TF blamed for it when TF names one (`culprit`, e.g. ("worker", 1)).
 
-    def __init__(self) -> None:
+    `jax`: the task runs Keras 3 on JAX, whose coordination service prints
+    "The following tasks are unhealthy (stopped sending heartbeats):" without
+    a collective abort, and names the culprit by its process id alone on the
+    next line (`culprit` ("process", 1)): that line is the alarm."""
+
+    def __init__(self, jax: bool = False) -> None:
         self.alarm: OutputAlarm | None = None
         self.culprit: tuple[str, int] | None = None
         self._expect_culprit = 0
+        self._jax = jax
 
     def feed(self, line: str) -> OutputAlarm | None:
         """Returns an alarm the first time one is seen, else None."""
         if self._expect_culprit:
             self._expect_culprit -= 1
             match = _TASK_NAME.search(line)
+            process = _PROCESS_ID.match(line) if self._jax else None
             if match and self.culprit is None:
                 self.culprit = (match.group(1), int(match.group(2)))
+            elif process and self.culprit is None:
+                self.culprit = ("process", int(process.group(1)))
         if _UNHEALTHY.search(line):
             self._expect_culprit = 2
             match = _TASK_NAME.search(line.split("heartbeats)", 1)[-1])
             if match:
                 self.culprit = (match.group(1), int(match.group(2)))
+            if self._jax and self.alarm is None:
+                self.alarm = OutputAlarm("peer_unhealthy", "UNAVAILABLE", line.strip())
+                return self.alarm
         if self.alarm is not None:
             return None
         abort = _COLLECTIVE_ABORT.search(line)

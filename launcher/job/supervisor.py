@@ -25,7 +25,7 @@ from typing import Any
 from ..ops.printer import Printer
 from ..transport import AgentLink, AgentMessage
 from . import checkpoints
-from .classify import RESTART_ME_EXIT, classify_exit
+from .classify import RESTART_ME_EXIT, OutputWatcher, classify_exit
 from .plan import Plan, Task, log_file_name, task_label
 from .protocol import BadMessage, check_message
 from .recovery import (
@@ -68,6 +68,8 @@ MAX_SINGLE_WORKER_RESTARTS = 5
 STACKS_WAIT_S = 3.0
 # Failures after which the tasks' stacks are worth taking: something is stuck.
 STUCK_KINDS = ("hang", "start_timeout")
+# Strategies whose workers all die with a peer: their output tells of it first.
+WATCHED_STRATEGIES = ("multi_worker_mirrored", "keras_distribution")
 # Messages refused as malformed that are recorded one by one; the rest are counted.
 MAX_BAD_MESSAGES_RECORDED = 20
 
@@ -124,6 +126,9 @@ class _Generation:
                    for r in self.records.values() if r.task.lifetime == "service")
 
     def record_of(self, role: str, index: int) -> TaskRecord | None:
+        if role == "process":  # JAX names a process by its KERAS_DISTRIBUTION_PROCESS_ID
+            return next((r for r in self.records.values()
+                         if r.task.env.get("KERAS_DISTRIBUTION_PROCESS_ID") == str(index)), None)
         return self.records.get(f"{role}{index}")
 
 
@@ -362,8 +367,9 @@ class Supervisor:
     # -------------------------------------------------------------- generation
 
     def _run_generation(self, plan: Plan) -> _Generation:
-        gen = _Generation(plan, {t.name: TaskRecord(t) for t in plan.tasks},
-                          started_at=self._clock())
+        jax = plan.strategy == "keras_distribution"
+        gen = _Generation(plan, {t.name: TaskRecord(t, watcher=OutputWatcher(jax=jax))
+                                 for t in plan.tasks}, started_at=self._clock())
         self.current = gen
         self._recorder.event(
             "launch", generation=plan.generation, **self._launcher_info,
@@ -574,7 +580,7 @@ class Supervisor:
             return
         record.last_activity = self._clock()
         record.tail.append(text)
-        if (gen.plan.strategy == "multi_worker_mirrored" and not gen.tearing_down
+        if (gen.plan.strategy in WATCHED_STRATEGIES and not gen.tearing_down
                 and not gen.finishing()):
             self._watch_output(gen, record, text)
         elif gen.failure is not None and gen.failure.kind == "collective_abort":
@@ -605,7 +611,8 @@ class Supervisor:
             return
         culprit = reporter.watcher.culprit
         blamed = gen.record_of(*culprit) if culprit else None
-        reason = ("stopped sending TensorFlow heartbeats (hung, stopped, or cut off); "
+        framework = "JAX" if gen.plan.strategy == "keras_distribution" else "TensorFlow"
+        reason = (f"stopped sending {framework} heartbeats (hung, stopped, or cut off); "
                   f"reported by {reporter.task.label}")
         if blamed is None:
             blamed = next((r for r in gen.records.values()
