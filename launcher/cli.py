@@ -27,6 +27,7 @@ import socket
 import sys
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TextIO
 
@@ -52,7 +53,13 @@ from .job.plan import (
 )
 from .job.recovery import HostInfo
 from .job.rundir import RunRecorder
-from .job.slurm import SlurmError, read_allocation, slurm_config, with_allocation
+from .job.slurm import (
+    SlurmError,
+    read_allocation,
+    slurm_config,
+    why_stopped,
+    with_allocation,
+)
 from .job.states import Failure, RunResult
 from .job.supervisor import RestartPolicy, Supervisor
 from .ops import control
@@ -353,6 +360,8 @@ def _launch(loaded: LoadedConfig, first_plan: Plan, make_plan, run_dir: Path,
     )
     with _stops_go_to(supervisor):  # until the summary is written
         result = _supervise(supervisor, transport, printer)
+        if config.transport == "slurm" and result.interrupted_by == signal.SIGTERM:
+            result = replace(result, message=why_stopped(read_allocation(os.environ).job_id))
         recorder.write_summary(_note_terminal(result.to_json(), printer, recorder))
         recorder.close()
     _print_outcome(printer, result, run_dir)
@@ -532,6 +541,8 @@ def _print_outcome(printer: Printer, result: RunResult, run_dir: Path) -> None:
     if result.interrupted_by:
         status += f" by {signal_name(result.interrupted_by)}"
     printer.notice(f"job {status} in {format_duration(result.wall_s)} ({restarts})")
+    if result.status == "interrupted" and result.message:
+        printer.notice(f"  {result.message}")
     for line in _task_summary(result.tasks):
         printer.notice(f"  {line}")
     cause = result.root_cause

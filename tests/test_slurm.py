@@ -205,6 +205,8 @@ def test_scancel_stops_every_task_and_writes_the_summary(slurm: SlurmCluster, wo
     summary = wait_for(lambda: (run_dir / "summary.json").exists() and read_summary(run_dir),
                        timeout=10, what="summary.json")
     assert summary["status"] == "interrupted" and summary["restarts"] == 0, summary
+    # The summary says why: Slurm ended the job (it may still be COMPLETING then).
+    assert re.search(r"the Slurm job \d+ (was cancelled|ended)", summary["message"]), summary
     assert "job interrupted by SIGTERM" in output, output[-3000:]
     if proc is not None:
         assert proc.returncode == 143, output[-3000:]

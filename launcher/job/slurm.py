@@ -143,20 +143,43 @@ _LIVE_STATES = frozenset({"RUNNING", "SUSPENDED", "CONFIGURING", "RESIZING", "SI
                           "STAGE_OUT"})
 
 
-def allocation_ended(job_id: str) -> bool:
-    """True when Slurm says job `job_id` is over (cancelled, timed out, gone);
-    False while it runs, or when Slurm cannot be asked."""
+def job_state(job_id: str) -> str | None:
+    """Slurm's JobState of `job_id` (RUNNING, CANCELLED, TIMEOUT, ...); "GONE"
+    when Slurm no longer knows it; None when Slurm cannot be asked."""
     try:
         done = subprocess.run(["scontrol", "show", "job", "--oneliner", job_id],
                               capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
-        return False
+        return None
     if done.returncode != 0:
-        return "invalid job id" in done.stderr.lower()
+        return "GONE" if "invalid job id" in done.stderr.lower() else None
     for field in done.stdout.split():
         if field.startswith("JobState="):
-            return field.removeprefix("JobState=") not in _LIVE_STATES
-    return False
+            return field.removeprefix("JobState=")
+    return None
+
+
+def allocation_ended(job_id: str) -> bool:
+    """True when Slurm says job `job_id` is over (cancelled, timed out, gone);
+    False while it runs, or when Slurm cannot be asked."""
+    state = job_state(job_id)
+    return state is not None and state not in _LIVE_STATES
+
+
+def why_stopped(job_id: str) -> str:
+    """Why a job in this allocation got SIGTERM, in words for the summary."""
+    state = job_state(job_id)
+    if state == "CANCELLED":
+        return f"the Slurm job {job_id} was cancelled (scancel)"
+    if state in ("TIMEOUT", "DEADLINE"):
+        return f"the Slurm job {job_id} reached its time limit"
+    if state == "PREEMPTED":
+        return f"the Slurm job {job_id} was preempted"
+    if state is not None and state not in _LIVE_STATES:
+        return (f"the Slurm job {job_id} ended ({state}: scancel, its time limit or "
+                "preemption)")
+    return (f"SIGTERM while the Slurm job {job_id} runs: its time limit is near (the "
+            "script's --signal), or someone stopped the launcher")
 
 
 def auto_port_base(job_id: str) -> int:
