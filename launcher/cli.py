@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TextIO
 
 from . import __version__
+from .job import checkpoints
 from .job.checkpoints import checkpoint_state
 from .job.classify import signal_name
 from .job.config import (
@@ -46,6 +47,7 @@ from .job.plan import (
     Plan,
     PlanError,
     build_plan,
+    default_checkpoint_dir,
     host_targets,
     ports_needed,
     render_plan,
@@ -273,6 +275,14 @@ def _run(argv: list[str]) -> int:
             print(render_plan(plan))
         return EXIT_OK
 
+    if local and not args.detach:  # a detached run claims it in its own process
+        claimed = _claim_checkpoint_dir(loaded, run_dir)
+        if claimed is None:
+            return EXIT_USAGE
+        if claimed is not loaded:
+            loaded = claimed
+            make_plan = _plan_factory(loaded, command, str(run_dir), default_python,
+                                      str(launch_cwd))
     first_plan = make_plan(0)
     if local:
         busy = busy_ports([t.port for t in first_plan.tasks if t.port])
@@ -288,6 +298,33 @@ def _run(argv: list[str]) -> int:
     if args.detach:
         return control.detach(argv, args.rest, run_dir, config.name)
     return _launch(loaded, first_plan, make_plan, run_dir, args, max_restarts, default_python)
+
+
+def _claim_checkpoint_dir(loaded: LoadedConfig, run_dir: Path) -> LoadedConfig | None:
+    """Simulated hosts: no two live runs share a checkpoint directory (each would
+    resume from, and overwrite, the other's backups). A default directory in use
+    is replaced by the next free `<dir>-2`, `-3`, ...; one the cluster file names
+    is an error (None). Real hosts' directories are not visible here to lock."""
+    configured = loaded.config.checkpoint.dir
+    wanted = Path(default_checkpoint_dir(loaded))
+    for attempt in range(1, 100):
+        candidate = wanted if attempt == 1 else wanted.with_name(f"{wanted.name}-{attempt}")
+        try:
+            checkpoints.claim(candidate, run_dir)  # held until this process ends
+        except checkpoints.CheckpointDirBusy as exc:
+            if configured is not None:
+                say(f"mgpu-launch: {exc}: two jobs must not share a checkpoint directory; "
+                    "wait for it, or set another `checkpoint.dir`")
+                return None
+            continue
+        if attempt == 1:
+            return loaded
+        say(f"mgpu-launch: {wanted} is in use by another run: this run uses {candidate} "
+            "(it starts from scratch)")
+        checkpoint = loaded.config.checkpoint.model_copy(update={"dir": str(candidate)})
+        return replace(loaded, config=loaded.config.model_copy(update={"checkpoint": checkpoint}))
+    say(f"mgpu-launch: {wanted} and 98 more checkpoint directories are in use")
+    return None
 
 
 def _plan_factory(loaded: LoadedConfig, command: list[str], run_dir: str, default_python: str,

@@ -71,3 +71,36 @@ def advanced(before: State | None, after: State | None) -> bool:
         return False
     before = before or {}
     return any(key not in before or position > before[key] for key, position in after.items())
+
+
+LOCK_NAME = ".mgpu-launch.lock"
+
+
+class CheckpointDirBusy(Exception):
+    """Another live run holds the checkpoint directory."""
+
+    def __init__(self, directory: Path, owner: str) -> None:
+        self.directory = directory
+        self.owner = owner
+        super().__init__(f"checkpoint directory {directory} is in use by {owner}")
+
+
+def claim(directory: str | os.PathLike, run_dir: str | os.PathLike) -> int:
+    """Hold `directory` for this run: an exclusive lock on its lock file, kept
+    until this process ends (however it ends: the kernel drops the lock).
+    Returns the lock's file descriptor; raises CheckpointDirBusy with the
+    owner's run directory and pid when another live run holds it."""
+    import fcntl
+
+    folder = Path(directory)
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        owner = os.read(fd, 4096).decode("utf-8", "replace").strip() or "another run"
+        os.close(fd)
+        raise CheckpointDirBusy(folder, owner) from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"the run in {run_dir} (launcher pid {os.getpid()})\n".encode())
+    return fd
