@@ -64,3 +64,39 @@ def test_an_agent_started_from_a_bundle_marks_it_used(tmp_path):
     assert json.loads(done.stdout.splitlines()[0])["ev"] == "hello"
     assert bundle.stat().st_mtime > time.time() - 600  # no longer a month old
 
+
+
+def test_a_local_code_cache_others_could_write_is_refused(tmp_path):
+    import os
+
+    import pytest
+
+    from launcher.transport.shipping import UnsafeCache, install_local
+
+    root = tmp_path / "mgpu-launch" / "code"
+    bundle = install_local(root)
+    install_local(root)  # ours alone: used as it is
+    os.chmod(root, 0o770)  # group-writable
+    with pytest.raises(UnsafeCache, match=f"{root} is writable by others"):
+        install_local(root)
+    os.chmod(root, 0o700)
+    agent = bundle / "launcher" / "agent.py"
+    os.chown(agent, 65534, 65534)  # a file of another user in the bundle
+    with pytest.raises(UnsafeCache, match=f"{agent} belongs to uid 65534"):
+        install_local(root)
+
+
+def test_a_launch_with_an_unsafe_cache_stops_before_running_anything(tmp_path):
+    import os
+
+    from tests.conftest import run_cli
+
+    cache_home = tmp_path / "shared-tmp"
+    (cache_home / "mgpu-launch").mkdir(parents=True)
+    os.chmod(cache_home / "mgpu-launch", 0o777)  # as on a shared /tmp
+    (tmp_path / "job.py").write_text("open('ran', 'w').write('x')\n")
+    done = run_cli(["--local", "1", "job.py"], cwd=tmp_path, timeout=60,
+                   XDG_CACHE_HOME=str(cache_home))
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"the code cache {cache_home / 'mgpu-launch'} is writable by others" in done.stderr
+    assert not (tmp_path / "ran").exists()

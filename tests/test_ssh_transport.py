@@ -365,8 +365,39 @@ def test_agent_command_quotes_every_value():
                             "~/.mgpu-launch/runs/r/h", 2.0)
     assert "'/opt/my python/bin/python3' -S -m launcher.agent" in command  # light start
     assert "'h; rm -rf /'" in command
-    assert command.startswith('test -f "$HOME"/x/0.1.0-abc/launcher/agent.py || exit 98; exec env')
+    assert command.startswith('test -f "$HOME"/x/0.1.0-abc/launcher/agent.py || exit 98; ')
+    assert 'exec env PYTHONPATH="$HOME"/x/0.1.0-abc ' in command
     assert "--run-dir '~/.mgpu-launch/runs/r/h'" in command  # the agent expands ~
+
+
+def test_the_agent_command_runs_no_code_from_a_cache_others_could_write(tmp_path: Path):
+    """The remote shell's check, run by a real bash with HOME in a temp folder;
+    `true` stands in for python, so a command that passes the check exits 0."""
+    import os
+    import subprocess
+
+    cache = ".cache/mgpu-launch/code/0.1.0-abc"
+    bundle = tmp_path / cache
+    (bundle / "launcher").mkdir(parents=True, mode=0o700)
+    for folder in (tmp_path / ".cache/mgpu-launch", tmp_path / ".cache/mgpu-launch/code"):
+        folder.chmod(0o700)
+    agent = bundle / "launcher" / "agent.py"
+    agent.write_text("print('agent')\n")
+    agent.chmod(0o600)
+    command = agent_command("true", cache, "h", "~/r", 2.0)
+
+    def run() -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", "-c", command], env={**os.environ, "HOME": str(tmp_path)},
+                              capture_output=True, text=True, timeout=30)
+
+    assert run().returncode == 0
+    agent.chmod(0o620)  # group-writable: someone else could plant code there
+    refused = run()
+    assert refused.returncode == 97 and str(agent) in refused.stderr, refused.stderr
+    agent.chmod(0o600)
+    os.chown(tmp_path / ".cache/mgpu-launch/code", 65534, 65534)  # another user's folder
+    refused = run()
+    assert refused.returncode == 97 and "mgpu-launch/code" in refused.stderr, refused.stderr
 
 
 def _target(**changes) -> HostTarget:

@@ -17,7 +17,7 @@ from ..job.plan import HostTarget, host_run_dir
 from . import HostProblem, TransportError
 from .child import DEFAULT_LEASE_S, agent_argv, kill_if_running, start_child_agent
 from .link import AgentLink, AgentMessage
-from .shipping import install_local
+from .shipping import UnsafeCache, install_local
 
 HELLO_TIMEOUT_S = 30.0  # a cold Python start on a loaded machine; no TF import involved
 
@@ -33,7 +33,10 @@ class LocalTransport:
     def connect(
         self, hosts: Sequence[HostTarget], run_dir: str, events: queue.Queue[AgentMessage]
     ) -> dict[str, AgentLink]:
-        code_dir = install_local(self._cache_root)
+        try:
+            code_dir = install_local(self._cache_root)
+        except UnsafeCache as exc:
+            raise TransportError([HostProblem("this machine", str(exc))]) from None
         links: dict[str, AgentLink] = {}
         problems: list[HostProblem] = []
         for host in hosts:

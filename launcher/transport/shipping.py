@@ -97,24 +97,57 @@ def prune_local(cache_root: Path, keep: str) -> list[str]:
     return stale
 
 
+class UnsafeCache(Exception):
+    """A code cache someone else could write to: its code is never run."""
+
+
+def check_private(path: Path, recursive: bool = False) -> None:
+    """`path` (and, `recursive`, all below it) must be owned by this user and
+    writable by nobody else: the agent and every task run the code in it (an
+    XDG_CACHE_HOME on a shared /tmp would otherwise let another user plant it)."""
+    entries = [path]
+    if recursive:
+        entries += sorted(path.rglob("*"))
+    for entry in entries:
+        info = entry.lstat()
+        if info.st_uid != os.geteuid():
+            raise UnsafeCache(f"the code cache {entry} belongs to uid {info.st_uid}, not to "
+                              f"you (uid {os.geteuid()}): remove it, or set XDG_CACHE_HOME "
+                              "to a folder of your own")
+        if info.st_mode & 0o022:
+            raise UnsafeCache(f"the code cache {entry} is writable by others (mode "
+                              f"{info.st_mode & 0o777:o}): `chmod go-w` it, or remove it")
+
+
 def install_local(cache_root: Path | None = None) -> Path:
     """Copy the bundle into `<cache_root>/<bundle_id>` once; return that directory.
 
     Written to a temporary sibling and renamed, so a half-written bundle is
-    never used even when two launchers race.
+    never used even when two launchers race. Raises UnsafeCache when the cache
+    (or the bundle in it) is another user's or writable by others.
     """
     root = cache_root or default_cache_root()
     target = root / bundle_id()
     if (target / "launcher" / "agent.py").exists():
+        for folder in (root.parent, root):
+            check_private(folder)
+        check_private(target, recursive=True)
         return target
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    for folder in (root.parent, root):
+        check_private(folder)
     staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=root))
     try:
         for relative, content in bundle_files():
             path = staging / relative
-            path.parent.mkdir(parents=True, exist_ok=True)
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             path.write_bytes(content)
+            os.chmod(path, 0o600)  # whatever the umask: check_private reads the modes
         (staging / USE_MARKER).write_bytes(b"")
+        os.chmod(staging / USE_MARKER, 0o600)
+        for folder in staging.rglob("*"):
+            if folder.is_dir():
+                os.chmod(folder, 0o700)
         try:
             os.rename(staging, target)
         except OSError:  # another launcher won the race

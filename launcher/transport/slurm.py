@@ -37,7 +37,7 @@ from ..job.slurm import allocation_ended
 from . import HostProblem, TransportError
 from .child import DEFAULT_LEASE_S, agent_argv, start_child_agent
 from .link import AgentLink, AgentMessage
-from .shipping import install_local
+from .shipping import UnsafeCache, install_local
 
 # srun asks slurmctld for the step first: a busy controller may take a while.
 HELLO_TIMEOUT_S = 60.0
@@ -92,7 +92,10 @@ class SlurmTransport:
         self, hosts: Sequence[HostTarget], run_dir: str, events: queue.Queue[AgentMessage]
     ) -> tuple[dict[str, AgentLink], list[HostProblem]]:
         """Like `connect`, but keep the hosts that worked: (links, problems)."""
-        code_dir = install_local(self._cache_root)
+        try:
+            code_dir = install_local(self._cache_root)
+        except UnsafeCache as exc:  # the nodes would run the code of this very cache
+            return {}, [HostProblem(host.name, str(exc)) for host in hosts]
         if self._signal_when_gone and not self._watching:
             self._watching = True
             threading.Thread(target=self._watch_allocation, daemon=True,

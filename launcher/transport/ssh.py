@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import posixpath
 import queue
 import secrets
 import shlex
@@ -43,6 +44,7 @@ MAX_PARALLEL = 64  # threads mostly wait on the network; bounded so 500 hosts st
 SILENT_AGENT_S = 5.0
 HELLO_TIMEOUT_S = 30.0  # cold Python start on a loaded host; no TensorFlow import involved
 EXIT_BUNDLE_MISSING = 98  # our probe's exit code: the cache has no bundle of this version
+EXIT_UNSAFE_CACHE = 97  # the cache (or the bundle in it) is another user's or writable by others
 REMOTE_CACHE = ".cache/mgpu-launch/code"  # relative to the remote home directory
 
 
@@ -61,7 +63,15 @@ def agent_command(python: str, cache: str, host: str, run_dir: str, eof_grace_s:
     quoted. `run_dir` may start with `~/`: the agent expands it.
     """
     code = f'"$HOME"/{shlex.quote(cache)}'
+    root = posixpath.dirname(cache.rstrip("/"))
+    parents = " ".join(f'"$HOME"/{shlex.quote(p)}' for p in (posixpath.dirname(root), root) if p)
+    # Code someone else could have written is never run: the cache folders and
+    # every file of the bundle must be this user's and writable by nobody else.
+    unsafe = r"\( ! -uid $(id -u) -o -perm /022 \) -print"
     return (f"test -f {code}/launcher/agent.py || exit {EXIT_BUNDLE_MISSING}; "
+            f"bad=$({{ find {parents} -maxdepth 0 {unsafe}; find {code} {unsafe}; }} "
+            f"2>&1 | head -n 3); "
+            f'test -z "$bad" || {{ echo "not yours alone: $bad" >&2; exit {EXIT_UNSAFE_CACHE}; }}; '
             f"exec env PYTHONPATH={code} {shlex.quote(python)} -S -m launcher.agent "
             f"--host {shlex.quote(host)} --run-dir {shlex.quote(run_dir)} "
             f"--eof-grace {float(eof_grace_s):g} --lease {float(lease_s):g}")
@@ -353,6 +363,10 @@ class SSHTransport:
     def _why_no_hello(self, session: _Session, code: int | None, where: str) -> str:
         python = session.host.python
         tail = " | ".join(list(session.stderr_tail)[-3:])
+        if code == EXIT_UNSAFE_CACHE:
+            return (f"the code cache on {where} could have been written by someone else, so "
+                    f"its code is not run ({tail}): make it yours alone (`chmod -R go-w`, "
+                    f"or remove ~/{self._remote_cache} there and launch again)")
         if code == 127:
             return (f"python {python!r} not found on {where}: set `python:` for this host "
                     "to an interpreter that exists there")
