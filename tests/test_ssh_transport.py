@@ -365,7 +365,10 @@ def test_agent_command_quotes_every_value():
                             "~/.mgpu-launch/runs/r/h", 2.0)
     assert "'/opt/my python/bin/python3' -S -m launcher.agent" in command  # light start
     assert "'h; rm -rf /'" in command
-    assert command.startswith('test -f "$HOME"/x/0.1.0-abc/launcher/agent.py || exit 98; ')
+    assert command.startswith('test -f "$HOME"/x/0.1.0-abc/launcher/agent.py || ')
+    assert "exit 98; }" in command
+    uploaded = agent_command("python3", "x/v", "h", "~/r", 2.0, home="/srv/home dir")
+    assert "PYTHONPATH='/srv/home dir/x/v' " in uploaded  # where SFTP put the bundle
     assert 'exec env PYTHONPATH="$HOME"/x/0.1.0-abc ' in command
     assert "--run-dir '~/.mgpu-launch/runs/r/h'" in command  # the agent expands ~
 
@@ -514,3 +517,22 @@ def test_match_exec_in_the_ssh_config_is_refused_with_a_way_out(tmp_path):
     config.write_text("Match exec \"test -f /nonexistent\"\n  User someone\n")
     with pytest.raises(Refused, match=r"uses `Match exec`, which mgpu-launch does not support"):
         SSHConfigs().lookup(str(config), "node1")
+
+
+def test_a_host_whose_sftp_home_is_not_the_shells_home_still_runs(tmp_path_factory, tmp_path,
+                                                                    marker_dir):
+    """The shell's $HOME (set by sshd) and SFTP's start directory differ: the
+    bundle goes where SFTP puts it and the agent runs from there, by its
+    absolute path. Today's launcher failed with "exited with 98"."""
+    shell_home, sftp_home = (tmp_path_factory.mktemp(name) for name in ("shell", "sftp"))
+    for home in (shell_home, sftp_home):
+        home.chmod(0o700)
+    with sim_cluster(tmp_path_factory.mktemp("sim-homes"), 1, sftp_start_dir=str(sftp_home),
+                     session_home=str(shell_home)) as sim:
+        done = run_marker(sim, tmp_path, sim.config_dict(), marker_dir)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert (marker_dir / "host0").read_text() == "ran"
+        assert list(sftp_home.glob(".cache/mgpu-launch/code/*/launcher/agent.py"))
+        assert not (shell_home / ".cache").exists()
+        again = run_marker(sim, tmp_path, sim.config_dict(), marker_dir)  # uploaded already
+        assert again.returncode == 0, again.stdout + again.stderr

@@ -53,8 +53,8 @@ StrictModes no
 # PAM would read the machine's own login configuration.
 UsePAM no
 # SFTP uploads of the agent bundle need an sftp subsystem; this one needs no binary.
-Subsystem sftp internal-sftp
-# ProxyJump through a simulated host opens a direct-tcpip channel.
+Subsystem sftp internal-sftp{sftp_options}
+{session_env}# ProxyJump through a simulated host opens a direct-tcpip channel.
 AllowTcpForwarding yes
 # Many launchers may connect at once (bench/fanout.py); the default drops beyond 10.
 MaxStartups 200:30:400
@@ -348,6 +348,8 @@ def start_cluster(
     addresses: list[str] | None = None,
     netns: dict[int, str] | None = None,
     log_level: str = "ERROR",
+    sftp_start_dir: str | None = None,
+    session_home: str | None = None,
 ) -> SimCluster:
     """Generate keys and configs in `directory` and start `count` sshds.
 
@@ -356,6 +358,9 @@ def start_cluster(
     shared. `addresses` replaces the consecutive loopback addresses; `netns`
     runs some hosts' sshd inside an existing network namespace (root only),
     whose address must be reachable from here (a veth pair the caller made).
+    `sftp_start_dir` starts SFTP sessions there instead of the home directory,
+    `session_home` sets the shells' HOME (as on hosts whose shell and SFTP
+    disagree on the home: an sshd that sets HOME, a login script that moves it).
     """
     directory = Path(directory).resolve()
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -384,7 +389,9 @@ def start_cluster(
         line = generate_key(host_key, f"simulated-host{i}")
         (host_dir / "sshd_config").write_text(SSHD_CONFIG.format(
             name=f"host{i}", address=address, port=port, host_key=host_key,
-            authorized_keys=authorized, log_level=log_level))
+            authorized_keys=authorized, log_level=log_level,
+            sftp_options=f" -d {sftp_start_dir}" if sftp_start_dir else "",
+            session_env=f"SetEnv HOME={session_home}\n" if session_home else ""))
         hosts.append(SimHost(i, f"host{i}", address, port, host_dir, line,
                              tuple((private_mounts or {}).get(i, ())), netns.get(i)))
     known_hosts = directory / "known_hosts"

@@ -52,23 +52,29 @@ REMOTE_CACHE = ".cache/mgpu-launch/code"  # relative to the remote home director
 
 
 def agent_command(python: str, cache: str, host: str, run_dir: str, eof_grace_s: float,
-                  lease_s: float = DEFAULT_LEASE_S) -> str:
+                  lease_s: float = DEFAULT_LEASE_S, home: str | None = None) -> str:
     """The remote command: run the cached agent, or exit 98 when the cache lacks it.
 
     `exec`, so the agent replaces the remote shell. That shell still reads the
     user's rc file first (Debian's bash sources ~/.bashrc for any command sshd
     runs; a pyenv init there costs ~0.1 s of CPU per host): no client can
     avoid it, so the agent keeps its own start light instead (`python -S`).
-    `"$HOME"` is the only part the remote shell expands; every other value is
-    quoted. `run_dir` may start with `~/`: the agent expands it.
+    The cache is under `home` when given (the SFTP session's home, where the
+    bundle was uploaded), else under the shell's `"$HOME"`, the only part the
+    remote shell expands; every other value is quoted. `run_dir` may start
+    with `~/`: the agent expands it. On exit 98 the shell says its $HOME.
     """
-    code = f'"$HOME"/{shlex.quote(cache)}'
+    def under_home(path: str) -> str:
+        return shlex.quote(f"{home}/{path}") if home else f'"$HOME"/{shlex.quote(path)}'
+
+    code = under_home(cache)
     root = posixpath.dirname(cache.rstrip("/"))
-    parents = " ".join(f'"$HOME"/{shlex.quote(p)}' for p in (posixpath.dirname(root), root) if p)
+    parents = " ".join(under_home(p) for p in (posixpath.dirname(root), root) if p)
     # Code someone else could have written is never run: the cache folders and
     # every file of the bundle must be this user's and writable by nobody else.
     unsafe = r"\( ! -uid $(id -u) -o -perm /022 \) -print"
-    return (f"test -f {code}/launcher/agent.py || exit {EXIT_BUNDLE_MISSING}; "
+    return (f"test -f {code}/launcher/agent.py || "
+            f'{{ echo "no bundle; HOME=$HOME" >&2; exit {EXIT_BUNDLE_MISSING}; }}; '
             f"bad=$({{ find {parents} -maxdepth 0 {unsafe}; find {code} {unsafe}; }} "
             f"2>&1 | head -n 3); "
             f'test -z "$bad" || {{ echo "not yours alone: $bad" >&2; exit {EXIT_UNSAFE_CACHE}; }}; '
@@ -303,6 +309,7 @@ class SSHTransport:
         command = agent_command(host.python, cache, host.name,
                                 host_run_dir(run_dir, "ssh", host.name), self._eof_grace_s,
                                 self._lease_s)
+        sftp_home = None
         for attempt in range(2):
             session.exec_agent(command)
             assert session.channel is not None
@@ -312,13 +319,15 @@ class SSHTransport:
                 break
             code = session.exit_status(5.0)
             if code == EXIT_BUNDLE_MISSING and attempt == 0:
-                sftp = session.transport.open_sftp_client()
-                try:
-                    upload_bundle(sftp, self._remote_cache, version)
-                finally:
-                    sftp.close()
+                sftp_home = self._ensure_bundle(session, version)
+                # From now on the bundle's absolute path: the SFTP session's home
+                # and the shell's $HOME may differ (an sshd that sets HOME, a
+                # login script that moves it); the bundle is where SFTP put it.
+                command = agent_command(host.python, cache, host.name,
+                                        host_run_dir(run_dir, "ssh", host.name),
+                                        self._eof_grace_s, self._lease_s, home=sftp_home)
                 continue
-            raise Refused(self._why_no_hello(session, code, where))
+            raise Refused(self._why_no_hello(session, code, where, sftp_home))
         else:  # pragma: no cover - the loop always breaks or raises
             raise Refused("agent did not start")
         self._check_hello(hello, host, where)
@@ -360,9 +369,28 @@ class SSHTransport:
             raise Refused(f"the agent on {where_of(session)} sent no hello within "
                           f"{HELLO_TIMEOUT_S:g} s") from None
 
-    def _why_no_hello(self, session: _Session, code: int | None, where: str) -> str:
+    def _ensure_bundle(self, session: _Session, version: str) -> str:
+        """Upload the bundle unless the SFTP session's home has it; that home."""
+        sftp = session.transport.open_sftp_client()
+        try:
+            home = sftp.normalize(".")
+            try:
+                sftp.stat(f"{self._remote_cache}/{version}/launcher/agent.py")
+            except FileNotFoundError:
+                upload_bundle(sftp, self._remote_cache, version)
+            return home
+        finally:
+            sftp.close()
+
+    def _why_no_hello(self, session: _Session, code: int | None, where: str,
+                      sftp_home: str | None = None) -> str:
         python = session.host.python
         tail = " | ".join(list(session.stderr_tail)[-3:])
+        if code == EXIT_BUNDLE_MISSING:
+            return (f"the agent's code, uploaded over SFTP to {sftp_home}/{self._remote_cache} "
+                    f"on {where}, is not found there by the remote shell ({tail}): the SFTP "
+                    "session and the shell see different files (a chroot'ed or "
+                    "ForceCommand'ed sftp?); make both reach the same home")
         if code == EXIT_UNSAFE_CACHE:
             return (f"the code cache on {where} could have been written by someone else, so "
                     f"its code is not run ({tail}): make it yours alone (`chmod -R go-w`, "
