@@ -373,8 +373,9 @@ class Agent:
         record = {"task": task.name, "generation": task.generation, "pid": task.proc.pid,
                   "start": start[2] if start else None, "token": token,
                   "agent_pid": os.getpid()}
-        path = os.path.join(self._private_dir("pids"), f"{task.name}-{token}.json")
-        try:
+        path = os.path.join(self.run_dir, "pids", f"{task.name}-{token}.json")
+        try:  # whatever fails here, the task runs on and is watched (a full disk...)
+            path = os.path.join(self._private_dir("pids"), f"{task.name}-{token}.json")
             _write_private(path + ".tmp", json.dumps(record))
             os.replace(path + ".tmp", path)  # a reader never sees half a record
         except OSError as exc:

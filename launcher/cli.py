@@ -380,6 +380,10 @@ def _launch(loaded: LoadedConfig, first_plan: Plan, make_plan, run_dir: Path,
         return _done(printer, previous_hangup, 128 + signum)
     finally:
         signal.signal(signal.SIGTERM, previous_term)
+    # A stop asked for before the supervisor exists is kept for it, not lost.
+    early_stops: list[int] = []
+    previous_stops = {sig: signal.signal(sig, lambda signum, _frame: early_stops.append(signum))
+                      for sig in (signal.SIGINT, signal.SIGTERM)}
     recorder = RunRecorder(run_dir)
     recorder.write_config(dump_config(loaded))
 
@@ -395,12 +399,19 @@ def _launch(loaded: LoadedConfig, first_plan: Plan, make_plan, run_dir: Path,
         checkpoint_probe=lambda: checkpoint_state(first_plan.checkpoint_dir),
         launcher_info={"launcher_pid": os.getpid(), "launcher_host": socket.gethostname()},
     )
-    with _stops_go_to(supervisor):  # until the summary is written
+    with _stops_go_to(supervisor, early_stops):  # until the summary is written
         result = _supervise(supervisor, transport, printer)
         if config.transport == "slurm" and result.interrupted_by == signal.SIGTERM:
             result = replace(result, message=why_stopped(read_allocation(os.environ).job_id))
-        recorder.write_summary(_note_terminal(result.to_json(), printer, recorder))
+        summary = _note_terminal(result.to_json(), printer, recorder)
+        try:
+            recorder.write_summary(summary)
+        except OSError as exc:  # a full disk: the summary still reaches the user
+            say(f"mgpu-launch: cannot write {run_dir / 'summary.json'} ({exc}); it is:\n"
+                + json.dumps(summary, indent=2, default=str))
         recorder.close()
+    for sig, handler in previous_stops.items():
+        signal.signal(sig, handler)
     _print_outcome(printer, result, run_dir)
     return _done(printer, previous_hangup, exit_code(result))
 
@@ -437,12 +448,15 @@ def _restart_policy(config, max_restarts: int) -> RestartPolicy:
 
 
 @contextlib.contextmanager
-def _stops_go_to(supervisor: Supervisor) -> Iterator[None]:
-    """SIGINT and SIGTERM only ask the supervisor to stop (it stops every task)."""
+def _stops_go_to(supervisor: Supervisor, early: Sequence[int] = ()) -> Iterator[None]:
+    """SIGINT and SIGTERM only ask the supervisor to stop (it stops every task);
+    `early`: stops that came before it existed."""
     previous = {
         sig: signal.signal(sig, lambda signum, _frame: supervisor.request_stop(signum))
         for sig in (signal.SIGINT, signal.SIGTERM)
     }
+    for signum in early:
+        supervisor.request_stop(signum)
     try:
         yield
     finally:

@@ -181,7 +181,7 @@ def harness(tmp_path: Path, script: Script, hosts: int = 2,
 
     def make_plan(generation: int, active: Any = None) -> Plan:
         return build_plan(loaded, ["train.py"], run_dir=str(tmp_path), generation=generation,
-                          ports=list(range(30000, 30000 + hosts)), active_hosts=active)
+                          ports=list(range(30000, 30016)), active_hosts=active)
 
     plan = make_plan(0)
     links = {h.name: FakeLink(h.name, world, script) for h in plan.hosts}

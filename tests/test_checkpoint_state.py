@@ -31,3 +31,10 @@ def test_advanced_means_a_series_moved_forward_or_appeared():
 
 def test_an_invisible_directory_has_no_state(tmp_path: Path):
     assert checkpoint_state(tmp_path / "missing") is None
+
+
+def test_hidden_folders_are_scratch_not_checkpoints(tmp_path: Path):
+    scratch = tmp_path / "backup" / ".mgpu-saving-123"
+    scratch.mkdir(parents=True)
+    (scratch / "training_metadata.json").write_text(json.dumps({"epoch": 9, "batch": 0}))
+    assert checkpoint_state(tmp_path) == {}

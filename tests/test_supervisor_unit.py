@@ -298,3 +298,78 @@ hosts:
     assert result.status == "succeeded" and result.restarts == 0, result
     assert [e["task"] for e in h.events("task_restarted")] == ["worker0"]
     assert starts["worker0"] == 2
+
+
+def test_a_host_with_several_tasks_and_a_dead_link_at_start_is_lost_not_a_crash(
+        tmp_path: Path):
+    from launcher.job.config import parse_config
+
+    loaded = parse_config("""
+transport: local
+hosts:
+  - {address: 127.0.0.1, name: host0, roles: {worker: 2}}
+  - {address: 127.0.0.1, name: host1}
+""")
+    h = harness(tmp_path, lambda g, t: SUCCESS, loaded=loaded, on_host_loss="shrink")
+    h.links["host0"].closed = True  # its connection dropped during the backoff, say
+    result = h.supervisor.run()
+    assert result.status == "succeeded" and result.restarts == 1, result
+    assert result.failures[0].kind == "host_lost"
+    assert [t["host"] for t in h.events("launch")[1]["tasks"]] == ["host1"]
+
+
+def test_data_loading_before_the_strategy_is_neither_a_start_timeout_nor_a_hang(
+        tmp_path: Path):
+    """worker0 joins at once and waits silently; worker1 loads data for 650 s
+    (printing), then joins. worker0 is silent far longer than hang_timeout_s,
+    but it waits for its peers: only restart.start_timeout_s (700 s from the
+    first join) could end that, and the cluster forms before."""
+    def script(generation: int, name: str):
+        if name == "worker0":
+            return [(10.0, "progress", {"data": {"cluster": "joining"}}),
+                    (652.0, "progress", {"data": {"cluster": "joined"}}),
+                    (660.0, "exit", {"code": 0})]
+        loading = [(float(t), "output", {"text": f"loading shard {t}"})
+                   for t in range(5, 650, 60)]
+        return loading + [(650.0, "progress", {"data": {"cluster": "joining"}}),
+                          (652.0, "progress", {"data": {"cluster": "joined"}}),
+                          (660.0, "exit", {"code": 0})]
+
+    h = harness(tmp_path, script, hang_timeout_s=300.0, start_timeout_s=700.0)
+    result = h.supervisor.run()
+    assert result.status == "succeeded" and result.restarts == 0, result.failures
+
+
+def test_the_cluster_start_timeout_runs_from_the_first_join(tmp_path: Path):
+    def script(generation: int, name: str):
+        if generation:
+            return SUCCESS
+        if name == "worker0":  # loads for 500 s, then joins and waits
+            return [(500.0, "progress", {"data": {"cluster": "joining"}})]
+        return [(float(t), "output", {"text": "still loading"}) for t in range(5, 2000, 60)]
+
+    h = harness(tmp_path, script, start_timeout_s=600.0, hang_timeout_s=10_000.0)
+    result = h.supervisor.run()
+    cause = result.failures[0]
+    assert cause.kind == "start_timeout" and cause.task == "host1/worker1"
+    detected = h.events("failure_detected")[0]["t"] - 1_700_001_000.0
+    assert 1100.0 < detected < 1102.0  # 500 s of loading + 600 s of waiting to form
+
+
+def test_a_peer_lost_twice_the_same_way_is_no_deterministic_failure(tmp_path: Path):
+    unavailable = {"type": "UnavailableError", "message": "Collective ops is aborted by: ...",
+                   "traceback": '  File "/site-packages/tensorflow/python/eager/execute.py", '
+                                'line 53, in quick_execute\n    tensors = ...\n'}
+    h = harness(tmp_path, crash_in({0, 1, 2, 3}, code=1, error=unavailable), max_restarts=2)
+    result = h.supervisor.run()
+    assert result.stopped_by == "max_restarts" and result.restarts == 2
+
+
+def test_the_live_view_gets_numbers_only(tmp_path: Path):
+    h = harness(tmp_path, lambda g, t: [(1.0, "progress", {"data": {"step": 5, "loss": "x"}}),
+                                        (3.0, "exit", {"code": 0})])
+    rows = []
+    h.supervisor._printer.refresh = lambda snapshot: rows.extend(snapshot)  # noqa: SLF001
+    assert h.supervisor.run().status == "succeeded"
+    assert rows and all(r.loss is None for r in rows)
+    assert any(r.step == 5 for r in rows)

@@ -36,7 +36,9 @@ def checkpoint_state(directory: str | os.PathLike) -> State | None:
         return None
     state: State = {}
     seen = 0
-    for folder, _dirs, files in os.walk(root):
+    for folder, dirs, files in os.walk(root):
+        # Hidden folders are scratch (a save in progress, a lock): not a checkpoint.
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
         for name in files:
             seen += 1
             if seen > MAX_FILES:

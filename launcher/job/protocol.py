@@ -44,7 +44,11 @@ def check_message(message: Any) -> dict[str, Any]:
         if not isinstance(task, str) or not TASK_NAME.match(task):
             raise BadMessage(f"{event}: bad task name {_short(task)}")
         clean["task"] = task
-        clean["generation"] = _int(message.get("generation"), f"{event}: generation", low=0)
+        if event == "stacks" and message.get("generation") is None:
+            clean["generation"] = None  # the agent runs no such task: nothing to take
+        else:
+            clean["generation"] = _int(message.get("generation"), f"{event}: generation",
+                                       low=0)
     checker = _CHECKS.get(event)
     if checker is not None:
         checker(message, clean)

@@ -110,7 +110,8 @@ class Budget:
 
 def restart_counts(advanced: bool, preempted: bool) -> bool:
     """A restart counts against `max_restarts` only when the failed generation
-    neither advanced the checkpoint nor was preempted (exit 42, SIGTERM)."""
+    neither advanced the checkpoint nor was preempted (a task exited 42: it
+    saved and asks to be restarted)."""
     return not (advanced or preempted)
 
 

@@ -31,6 +31,7 @@ class RunRecorder:
         self._clock = clock
         self._events = _private_open(self.run_dir / "events.jsonl", "a")
         self._logs: dict[str, IO[str]] = {}
+        self.write_errors = 0  # events and log lines the disk did not take
 
     def write_config(self, text: str) -> None:
         with _private_open(self.run_dir / "config.yaml", "w") as handle:
@@ -38,14 +39,20 @@ class RunRecorder:
 
     def event(self, event: str, **fields: Any) -> dict[str, Any]:
         record = {"t": round(self._clock(), 6), "event": event, **fields}
-        self._events.write(json.dumps(record, default=str) + "\n")
+        try:
+            self._events.write(json.dumps(record, default=str) + "\n")
+        except OSError:  # a full disk must not end a job of days: counted, not raised
+            self.write_errors += 1
         return record
 
     def log_line(self, log_name: str, text: str) -> None:
-        handle = self._logs.get(log_name)
-        if handle is None:
-            handle = self._logs[log_name] = _private_open(self.logs_dir / log_name, "a")
-        handle.write(text + "\n")
+        try:
+            handle = self._logs.get(log_name)
+            if handle is None:
+                handle = self._logs[log_name] = _private_open(self.logs_dir / log_name, "a")
+            handle.write(text + "\n")
+        except OSError:
+            self.write_errors += 1
 
     def write_stacks(self, name: str, label: str, generation: int, text: str) -> Path:
         """Add a task's Python stacks to `stacks/<name>.txt` (one section per dump)."""
@@ -67,6 +74,8 @@ class RunRecorder:
         os.replace(tmp, path)
 
     def close(self) -> None:
-        for handle in self._logs.values():
-            handle.close()
-        self._events.close()
+        for handle in [*self._logs.values(), self._events]:
+            try:
+                handle.close()
+            except OSError:  # the last buffered lines of a full disk
+                self.write_errors += 1

@@ -99,6 +99,7 @@ class _Generation:
     lost_hosts: set[str] = field(default_factory=set)
     single_restarts: dict[str, int] = field(default_factory=dict)
     started_at: float = 0.0  # monotonic
+    forming_since: float | None = None  # the first `joining` of the generation
     # Stacks asked for before a hang teardown: until when to wait for them.
     stacks_deadline: float | None = None
     stacks_pending: set[str] = field(default_factory=set)
@@ -267,14 +268,16 @@ class Supervisor:
 
     def _hosts_for_next(self, gen: _Generation, active: list[str]) -> list[str] | None:
         """Hosts of the next generation; None when waiting was cut short."""
-        if not gen.lost_hosts:
+        # Hosts whose link died after their generation ended count as lost too.
+        lost = gen.lost_hosts | {name for name in active if not self._link_alive(name)}
+        if not lost:
             return active
-        choice = choose_hosts(self._hosts, active, gen.lost_hosts,
+        choice = choose_hosts(self._hosts, active, lost,
                               self._policy.on_host_loss, self._policy.min_workers)
         if choice.message:
             self._printer.notice(choice.message)
         # Lost hosts we wait for, and any chosen host whose agent went away.
-        reconnect = [n for n in choice.active if n in gen.lost_hosts or not self._link_alive(n)]
+        reconnect = [n for n in choice.active if n in lost or not self._link_alive(n)]
         for name in reconnect:
             if not self._wait_for_host(name, self._policy.host_wait_s):
                 return None
@@ -340,6 +343,8 @@ class Supervisor:
             message = self._next_message(min(POLL_S, max(0.0, deadline - self._clock())))
             if message is not None and message.event == "output":
                 self._print_output(None, message)
+            elif message is not None and message.event == "hello":  # a host came back
+                self._on_hello(message.host, message.message)
         return self._stop_count > self._handled_stops
 
     def _next_message(self, timeout: float) -> AgentMessage | None:
@@ -377,7 +382,8 @@ class Supervisor:
                    for t in plan.tasks],
         )
         for task in plan.tasks:
-            self._start(gen, task)
+            if task.host not in gen.lost_hosts:  # a dead link found by an earlier start
+                self._start(gen, task)
         next_watch = self._clock()
         while True:
             if self._stop_count > self._handled_stops:
@@ -448,6 +454,8 @@ class Supervisor:
         for record in gen.records.values():
             if record.state is not TaskState.RUNNING or record.task.lifetime != "job":
                 continue
+            if record.cluster == "joining":
+                continue  # waiting for its peers: restart.start_timeout_s decides
             silent = now - (record.last_activity or now)
             if silent > self._policy.hang_timeout_s:
                 self._fail(gen, record, gone=False, kind="hang",
@@ -465,8 +473,9 @@ class Supervisor:
         missing = [r for r in records if r.state is TaskState.STARTING
                    and now - (r.started_at or now) > limit]
         what = "not started (its agent never confirmed the start)"
-        forming = any(r.cluster for r in records)
-        if not missing and forming and now - gen.started_at > limit and not gen.finishing():
+        # From the first task's joining: data loading before the strategy is no hang.
+        forming = gen.forming_since is not None and now - gen.forming_since > limit
+        if not missing and forming and not gen.finishing():
             missing = [r for r in records if r.cluster != "joined" and not r.state.terminal
                        and r.task.role in ("chief", "worker") and r.task.lifetime == "job"]
             # Those that never began to join first: the others wait for them.
@@ -522,6 +531,9 @@ class Supervisor:
             return
         name = body.get("task")
         record = gen.records.get(name) if name else None
+        if event == "stacks" and record is not None and body.get("generation") is None:
+            gen.stacks_pending.discard(name)  # the agent has no such task running
+            return
         if record is None or body.get("generation") != gen.plan.generation:
             return  # a late message about a previous generation, or no task of ours
         if record.task.host != message.host:
@@ -557,6 +569,8 @@ class Supervisor:
         record.last_activity = self._clock()
         if data.get("cluster") in ("joining", "joined"):
             record.cluster = data["cluster"]
+            if gen.forming_since is None:
+                gen.forming_since = self._clock()
             self._recorder.event("cluster", generation=gen.plan.generation,
                                  task=record.task.name, host=record.task.host,
                                  state=record.cluster)
@@ -752,7 +766,8 @@ class Supervisor:
                 label=record.task.label, host=record.task.host, task=record.task.name,
                 state=record.state.value, generation=gen.plan.generation,
                 restarts=self._restarts,
-                step=progress.get("step"), steps_per_s=rate, loss=progress.get("loss"),
+                step=_number(progress.get("step")), steps_per_s=rate,
+                loss=_number(progress.get("loss")),
                 cpu_percent=record.usage.get("cpu"), rss_mb=record.usage.get("rss_mb"),
                 silent_s=None if record.last_activity is None else now - record.last_activity,
             ))
@@ -849,11 +864,17 @@ def _repeated_failure(failures: list[Failure]) -> str:
     if len(failures) < 2:
         return ""
     last, before = failures[-1], failures[-2]
+    if last.secondary or before.secondary:
+        return ""  # a peer's loss seen twice (gRPC UNAVAILABLE...): not the script's bug
     where = innermost_frame(last.error)
     if where is None or where != innermost_frame(before.error):
         return ""
     kind, path, line, function = where
     return f"{kind} at {path}:{line} in {function}, in {last.task}"
+
+
+def _number(value: Any) -> float | None:
+    return value if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def _last_words(record: TaskRecord) -> str:
