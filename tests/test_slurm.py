@@ -140,8 +140,17 @@ def test_a_host_outside_the_allocation_and_no_allocation_are_clear_errors(
     assert "not inside a Slurm allocation" in outside.stderr and "salloc" in outside.stderr
 
 
+# Worker 1 of the first generation is killed at once; the launcher, the batch
+# job's step, restarts the job inside the same allocation.
+KILLED_ONCE = """\
+import os, signal
+if os.environ["MGPU_GENERATION"] == "0" and os.environ["MGPU_TASK_INDEX"] == "1":
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
 def test_exported_batch_script_trains_under_sbatch(slurm: SlurmCluster, workdir: Path):
-    script = write_script(workdir, "tiny.py", TINY_TRAIN)
+    script = write_script(workdir, "tiny.py", KILLED_ONCE + TINY_TRAIN)
     job = _submit(slurm, workdir, {
         "name": "tiny", "transport": "slurm", "ports": {"base": "auto"},
         "checkpoint": {"dir": str(workdir / "ckpt")},
@@ -154,7 +163,10 @@ def test_exported_batch_script_trains_under_sbatch(slurm: SlurmCluster, workdir:
     digests = re.findall(r"^(node[12]/worker[01]) +\| weights digest (\w+)", output, re.M)
     assert len(digests) == 2 and digests[0][1] == digests[1][1], output[-3000:]
     run_dir, = (workdir / "runs").iterdir()
-    assert read_summary(run_dir)["status"] == "succeeded"
+    summary = read_summary(run_dir)
+    assert summary["status"] == "succeeded" and summary["restarts"] == 1, summary
+    assert summary["failures"][0]["task"] == "node2/worker1"
+    assert summary["failures"][0]["signal"] == 9
 
 
 def _submit(slurm: SlurmCluster, workdir: Path, cluster: dict, args: list[str]) -> str:
