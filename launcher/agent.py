@@ -1006,6 +1006,10 @@ def main(argv: list[str] | None = None) -> int:
     emit = Emitter(sys.stdout.buffer)
     agent = Agent(host, run_dir, emit, eof_grace_s)
     _makedirs_private(agent.run_dir)
+    refusal = unsafe_start(agent.code_dir, agent.run_dir)
+    if refusal:  # before any task: the launcher shows this stderr line with the exit code
+        print(f"mgpu-launch agent: {refusal}", file=sys.stderr, flush=True)
+        return EXIT_UNSAFE
     reaped = agent.reap_leftovers()  # before any task of ours can start
     packages = _installed_versions()
     emit("hello", host=host, pid=os.getpid(), version=__version__,
@@ -1086,6 +1090,39 @@ def _read_stdin(agent: Agent, stdin, lines: _Lines) -> None:
         return
     finally:
         lines.put(None)
+
+
+EXIT_UNSAFE = 96  # the run dir is not the user's alone, or the bundle is not what its name says
+# The bundle's files, as launcher.transport.shipping lists them (kept in step by a test).
+BUNDLE_FILES = ("launcher/__init__.py", "launcher/agent.py", "launcher/bootstrap.py")
+BUNDLE_DIRS = ("launcher/runtime",)
+
+
+def unsafe_start(code_dir: str, run_dir: str) -> str:
+    """Why this agent must not start tasks ("" when it may): its host run
+    directory must be the user's alone (TF_CONFIG and error reports live there),
+    and a bundle's content must match the digest in its folder's name."""
+    info = os.stat(run_dir)
+    if info.st_uid != os.geteuid() or info.st_mode & 0o022:
+        return (f"the run directory {run_dir} belongs to uid {info.st_uid} with mode "
+                f"{info.st_mode & 0o777:o}: it must be yours and writable by nobody else")
+    if not os.path.exists(os.path.join(code_dir, BUNDLE_MARKER)):
+        return ""  # run from a source tree (tests, development), not from a bundle
+    import hashlib
+
+    digest = hashlib.sha256()
+    paths = list(BUNDLE_FILES)
+    for folder in BUNDLE_DIRS:
+        paths += sorted(f"{folder}/{name}" for name in os.listdir(os.path.join(code_dir, folder))
+                        if name.endswith(".py"))
+    for path in sorted(paths):
+        with open(os.path.join(code_dir, path), "rb") as handle:
+            digest.update(path.encode() + b"\0" + handle.read() + b"\0")
+    expected = os.path.basename(code_dir).rsplit("-", 1)[-1]
+    if digest.hexdigest()[:len(expected)] != expected:
+        return (f"the code in {code_dir} does not match the digest in its name: changed "
+                "after it was installed; remove that folder (the next launch reinstalls it)")
+    return ""
 
 
 def _exit_on_signal(signum: int, _frame) -> None:

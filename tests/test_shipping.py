@@ -100,3 +100,44 @@ def test_a_launch_with_an_unsafe_cache_stops_before_running_anything(tmp_path):
     assert done.returncode == 2, done.stdout + done.stderr
     assert f"the code cache {cache_home / 'mgpu-launch'} is writable by others" in done.stderr
     assert not (tmp_path / "ran").exists()
+
+
+def test_the_agent_and_the_shipping_list_the_same_bundle():
+    from launcher import agent
+    from launcher.transport import shipping
+
+    assert agent.BUNDLE_FILES == shipping.BUNDLE and agent.BUNDLE_DIRS == shipping.BUNDLE_DIRS
+
+
+def test_an_agent_refuses_a_changed_bundle_or_a_run_dir_others_can_write(tmp_path):
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from launcher.transport.shipping import install_local
+
+    bundle = install_local(tmp_path / "cache" / "code")
+    run_dir = tmp_path / "run"
+
+    def start_agent() -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-S", "-m", "launcher.agent", "--host", "h",
+             "--run-dir", str(run_dir)], input="", capture_output=True, text=True,
+            timeout=60, cwd=bundle, env={**os.environ, "PYTHONPATH": str(bundle)})
+
+    fine = start_agent()
+    assert fine.returncode == 0 and '"ev":"hello"' in fine.stdout, fine.stderr
+    os.chmod(run_dir, 0o777)
+    refused = start_agent()
+    assert refused.returncode == 96 and '"ev":"hello"' not in refused.stdout
+    assert f"the run directory {run_dir} belongs to uid" in refused.stderr
+    os.chmod(run_dir, 0o700)
+    tampered = tmp_path / "other" / bundle.name  # a copy, so the real cache stays intact
+    shutil.copytree(bundle, tampered)
+    with open(tampered / "launcher" / "runtime" / "guards.py", "a") as handle:
+        handle.write("\nPLANTED = True\n")
+    bundle = tampered
+    refused = start_agent()
+    assert refused.returncode == 96, refused.stderr
+    assert "does not match the digest in its name" in refused.stderr
