@@ -66,7 +66,7 @@ PartitionName=debug Nodes={node_names} Default=YES MaxTime=INFINITE State=UP Ove
 
 
 def unavailable() -> str:
-    """"" when a test cluster can run here, else why not (for pytest.skip)."""
+    """"" when a test cluster can run here, else why not (what to install)."""
     if os.geteuid() != 0:
         return "the Slurm test cluster needs root (SlurmUser=root)"
     missing = [d for d in DAEMONS if not shutil.which(d)]

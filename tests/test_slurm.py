@@ -29,12 +29,15 @@ from tests.sshcluster import TINY_TRAIN, write_script, write_yaml
 
 TRAIN = str(SCRIPTS / "fault_train.py")  # ~1 s epochs, resumable, prints a checksum
 
-pytestmark = [pytest.mark.e2e,
-              pytest.mark.skipif(bool(unavailable()), reason=unavailable() or "ok")]
+pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
 def slurm() -> Iterator[SlurmCluster]:
+    # .ci/run installs slurm-wlm and munge and runs as root: a missing piece is a
+    # broken setup to fix, not a test to skip.
+    if unavailable():
+        pytest.fail(unavailable())
     with slurm_cluster(3) as cluster:
         yield cluster
 
