@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import stat
@@ -208,7 +209,8 @@ def test_simulate_detach_lets_go_of_the_callers_pipe(workdir: Path):
     # .ci/run installs openssh-server: without sshd this fails, it is not skipped.
     assert os.path.exists(SSHD), f"no sshd at {SSHD}: apt-get install openssh-server"
     sim = workdir / "sim"
-    command = (f"{PYTHON} -m launcher simulate 2 --dir {sim} --detach | tail -3")
+    command = (f"{shlex.quote(PYTHON)} -m launcher simulate 2 --dir {shlex.quote(str(sim))} "
+               "--detach | tail -3")
     try:
         result = subprocess.run(command, shell=True, cwd=workdir, env=cli_env(),
                                 capture_output=True, text=True, timeout=60)
