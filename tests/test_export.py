@@ -176,7 +176,8 @@ def test_tfjob_for_chief_workers_and_ps(tmp_path: Path):
     assert manifest["metadata"]["name"] == "ps-job"
     for kind, container in _containers(manifest).items():
         # The chief runs the script; workers and ps serve it, as in the launcher's plan.
-        assert container["command"] == (["python3.11", "train.py", "--epochs", "3"]
+        assert container["command"] == (["python3.11", "-m", "launcher.bootstrap", "train.py",
+                                          "--epochs", "3"]
                                         if kind == "Chief" else
                                         ["python3.11", "-m", "launcher.runtime.server"])
         assert container["image"] == "reg/img:1"
@@ -215,7 +216,8 @@ def test_tfjob_restart_policy_and_gpus(tmp_path: Path, max_restarts: int, option
     container = spec["template"]["spec"]["containers"][0]
     assert container["resources"] == {"limits": {"nvidia.com/gpu": "2"}}
     assert container["image"] == "mgpu-launch-worker:latest"
-    assert container["command"] == ["python3", "train.py", "--epochs", "3"]
+    assert container["command"] == ["python3", "-m", "launcher.bootstrap", "train.py",
+                                    "--epochs", "3"]
     assert {"ExitCode": "exit 1-127 fails the job", "OnFailure": "any failure",
             "Never": "Restarts: none"}[policy] in written.replace("\n# ", " ")
     # A killed MWMS worker's peers fail with exit 1, permanent under ExitCode: said so.

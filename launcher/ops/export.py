@@ -229,9 +229,10 @@ def tfjob_manifest(loaded: LoadedConfig, command: Sequence[str], *, image: str =
             continue
         gpus = _gpus(tasks)
         env = _shared_env(tasks[0], checkpoint_dir=checkpoint_dir)
-        # The plan's command: the script, or the launcher's TensorFlow server for the
-        # workers and ps of a parameter_server job (they only serve the chief).
-        argv = [config.python or "python3", *tasks[0].command]
+        # The plan's argv: the script under the launcher's bootstrap (the Keras 3 fixes,
+        # the guards, `__main__` as by hand), or the launcher's TensorFlow server for
+        # the workers and ps of a parameter_server job (they only serve the chief).
+        argv = [config.python or "python3", *tasks[0].argv[1:]]
         container: dict[str, Any] = {
             "name": TFJOB_CONTAINER,
             "image": image,
