@@ -61,6 +61,7 @@ import time
 
 from launcher import __version__
 from launcher.bootstrap import stacks_signal
+from launcher.netif import ipv4_interfaces
 
 # Optional on hosts: adds CPU/RSS to heartbeats and finds escaped children.
 # Imported on first use (a heartbeat with a running task, or a stop), not at
@@ -1016,7 +1017,8 @@ def main(argv: list[str] | None = None) -> int:
          python=sys.executable, python_version=sys.version.split()[0],
          hostname=os.uname().nodename, run_dir=agent.run_dir,
          psutil=packages.pop("psutil") is not None, packages=packages,
-         lease_s=lease_s or None, reaped=reaped)
+         lease_s=lease_s or None, reaped=reaped,
+         interfaces=ipv4_interfaces(_load_psutil))  # name -> IPv4s: TF addresses by interface
     for item in reaped:  # after the hello: the SSH transport skips lines before it
         emit("log", text=f"killed leftover task {item['task']} (generation "
              f"{item['generation']}, pids {item['pids']}) of an earlier agent "
@@ -1094,7 +1096,8 @@ def _read_stdin(agent: Agent, stdin, lines: _Lines) -> None:
 
 EXIT_UNSAFE = 96  # the run dir is not the user's alone, or the bundle is not what its name says
 # The bundle's files, as launcher.transport.shipping lists them (kept in step by a test).
-BUNDLE_FILES = ("launcher/__init__.py", "launcher/agent.py", "launcher/bootstrap.py")
+BUNDLE_FILES = ("launcher/__init__.py", "launcher/agent.py", "launcher/bootstrap.py",
+                "launcher/netif.py")
 BUNDLE_DIRS = ("launcher/runtime",)
 
 

@@ -33,6 +33,7 @@ from typing import TextIO
 
 from . import __version__
 from .job import checkpoints
+from .job.addresses import AddressError, TFAddress, with_interfaces
 from .job.checkpoints import checkpoint_state
 from .job.classify import signal_name
 from .job.config import (
@@ -69,6 +70,7 @@ from .ops.live import format_duration
 from .ops.printer import Printer
 from .transport import TransportError
 from .transport.local import LocalTransport
+from .transport.resolve import tf_addresses
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 # Subcommand -> module with `main(argv) -> int`, imported only when used.
@@ -168,6 +170,9 @@ def _main(argv: list[str]) -> int:
     except PlanError as exc:
         say(f"mgpu-launch: cannot plan the job: {exc}")
         return EXIT_USAGE
+    except AddressError as exc:
+        say(f"mgpu-launch: {exc}")
+        return EXIT_USAGE
 
 
 def _load(args: argparse.Namespace) -> tuple[LoadedConfig, list[str]]:
@@ -264,7 +269,10 @@ def _run(argv: list[str]) -> int:
         raise UsageError(f"run directory {run_dir} is not empty: give a new --run-dir "
                          "(each run keeps its own logs, events and summary)")
     default_python = sys.executable if local else "python3"
-    make_plan = _plan_factory(loaded, command, str(run_dir), default_python, str(launch_cwd))
+    # Every host's TF address as far as known before any agent answered (spares too).
+    addresses = tf_addresses(loaded, host_targets(config, default_python, loaded.base_dir))
+    make_plan = _plan_factory(loaded, command, str(run_dir), default_python, str(launch_cwd),
+                              addresses)
     if args.dry_run:
         plan = make_plan(0)
         if args.json:
@@ -272,6 +280,9 @@ def _run(argv: list[str]) -> int:
         else:
             if config.ports.base == "auto":
                 print("# ports.base is auto: these ports are free now; a launch picks again")
+            if plan.unresolved:
+                print("# <address of IF on HOST>: that interface's IPv4 address, read by the "
+                      "host's agent when the job starts")
             print(render_plan(plan))
         return EXIT_OK
 
@@ -282,7 +293,7 @@ def _run(argv: list[str]) -> int:
         if claimed is not loaded:
             loaded = claimed
             make_plan = _plan_factory(loaded, command, str(run_dir), default_python,
-                                      str(launch_cwd))
+                                      str(launch_cwd), addresses)
     first_plan = make_plan(0)
     if local:
         busy = busy_ports([t.port for t in first_plan.tasks if t.port])
@@ -297,7 +308,8 @@ def _run(argv: list[str]) -> int:
     max_restarts = config.restart.max_restarts if args.max_restarts is None else args.max_restarts
     if args.detach:
         return control.detach(argv, args.rest, run_dir, config.name)
-    return _launch(loaded, first_plan, make_plan, run_dir, args, max_restarts, default_python)
+    return _launch(loaded, first_plan, make_plan, run_dir, args, max_restarts, default_python,
+                   addresses)
 
 
 def _claim_checkpoint_dir(loaded: LoadedConfig, run_dir: Path) -> LoadedConfig | None:
@@ -328,29 +340,32 @@ def _claim_checkpoint_dir(loaded: LoadedConfig, run_dir: Path) -> LoadedConfig |
 
 
 def _plan_factory(loaded: LoadedConfig, command: list[str], run_dir: str, default_python: str,
-                  launch_cwd: str):
-    """`make_plan(generation, active_hosts=None)` for this job, picking ports as needed."""
+                  launch_cwd: str, addresses: dict[str, TFAddress]):
+    """`make_plan(generation, active_hosts=None, ports=None)` for this job, picking
+    ports as needed. `addresses`: each host's TF address, read at every call
+    (the launch fills in interface addresses as agents say hello)."""
     config = loaded.config
     local = config.transport == "local"
 
-    def make_plan(generation: int, active_hosts: Sequence[str] | None = None) -> Plan:
+    def make_plan(generation: int, active_hosts: Sequence[str] | None = None,
+                  ports: Sequence[int] | None = None) -> Plan:
         needed = ports_needed(config, active_hosts)
-        ports = None
-        if config.ports.base == "auto":
+        if ports is None and config.ports.base == "auto":
             ports = free_ports(needed)
-        elif local and generation > 0:
+        elif ports is None and local and generation > 0:
             fixed = [config.ports.base + i for i in range(needed)]
             if busy_ports(fixed):  # something still holds the old ports: take fresh ones
                 ports = free_ports(needed)
         return build_plan(loaded, command, run_dir=run_dir, ports=ports, generation=generation,
                           default_python=default_python, launch_cwd=launch_cwd,
-                          active_hosts=active_hosts)
+                          active_hosts=active_hosts, addresses=addresses)
 
     return make_plan
 
 
 def _launch(loaded: LoadedConfig, first_plan: Plan, make_plan, run_dir: Path,
-            args: argparse.Namespace, max_restarts: int, default_python: str) -> int:
+            args: argparse.Namespace, max_restarts: int, default_python: str,
+            addresses: dict[str, TFAddress]) -> int:
     config = loaded.config
     printer = Printer([t.label for t in first_plan.tasks], quiet=args.quiet,
                       verbose=args.verbose, live=None if args.live else False,
@@ -380,6 +395,19 @@ def _launch(loaded: LoadedConfig, first_plan: Plan, make_plan, run_dir: Path,
         return _done(printer, previous_hangup, 128 + signum)
     finally:
         signal.signal(signal.SIGTERM, previous_term)
+    planned = dict(addresses)  # before any hello: what a reconnected host is resolved from
+    try:
+        # Named interfaces' addresses, from the hellos; generation 0 again with them.
+        addresses.update(with_interfaces(planned, {n: link.hello for n, link in links.items()}))
+    except AddressError as exc:
+        say(f"mgpu-launch: {exc}")
+        for link in links.values():
+            link.close()
+        transport.close()
+        control.record_early_end(run_dir, "failed", str(exc))
+        return _done(printer, previous_hangup, EXIT_USAGE)
+    if first_plan.unresolved:
+        first_plan = make_plan(0, ports=[t.port for t in first_plan.tasks if t.port])
     # A stop asked for before the supervisor exists is kept for it, not lost.
     early_stops: list[int] = []
     previous_stops = {sig: signal.signal(sig, lambda signum, _frame: early_stops.append(signum))
@@ -388,7 +416,13 @@ def _launch(loaded: LoadedConfig, first_plan: Plan, make_plan, run_dir: Path,
     recorder.write_config(dump_config(loaded))
 
     def reconnect(host: str):
-        return transport.connect([targets[host]], str(run_dir), events)[host]
+        link = transport.connect([targets[host]], str(run_dir), events)[host]
+        try:  # the same rules: an interface's address may have changed meanwhile
+            addresses.update(with_interfaces({host: planned[host]}, {host: link.hello}))
+        except AddressError:
+            link.close()
+            raise
+        return link
 
     supervisor = Supervisor(
         make_plan=lambda g, active: first_plan if g == 0 else make_plan(g, active),

@@ -172,3 +172,16 @@ def test_secret_env_values_never_reach_the_dry_run_or_the_run_directory(tmp_path
     assert "abc123" not in dump_config(loaded) and "BATCH: 64" in dump_config(loaded)
     assert "abc123" in loaded.config.env_strings()["HF_TOKEN"]  # the tasks still get it
     assert local_config(1).config.ports.base == "auto"
+
+
+def test_addresses_keys_load_and_bad_values_say_what_was_expected():
+    text = GOOD.replace("  - address: node1\n", "  - address: node1\n    tf_address: 10.0.1.5\n"
+                        ).replace("name: digits\n", "name: digits\nnetwork_interface: ib0\n")
+    config = parse_config(text).config
+    assert (config.network_interface, config.hosts[0].tf_address) == ("ib0", "10.0.1.5")
+    problems = problems_of(text.replace("tf_address: 10.0.1.5", "tf_address: '10.0.1.5:80'")
+                           .replace("network_interface: ib0", "network_interface: eth 1"))
+    assert any(p.startswith("cluster.yaml:2: network_interface: expected an interface name")
+               for p in problems), problems
+    assert any(p.startswith("cluster.yaml:13: hosts[0].tf_address: expected a host name or "
+                            "IP address without a port") for p in problems), problems

@@ -3,6 +3,8 @@
 import json
 from pathlib import Path
 
+import pytest
+
 from launcher.job.config import parse_config
 from launcher.job.plan import SERVER_COMMAND, build_plan
 from tests.conftest import run_cli
@@ -142,3 +144,84 @@ def test_dry_run_json_prints_the_plan_and_starts_nothing(tmp_path: Path):
     text = run_cli(["--dry-run", "cluster.yaml", "train.py"], cwd=tmp_path, timeout=60)
     assert "node2/worker1  node2:23457" in text.stdout
     assert 'TF_CONFIG: {"cluster": {"worker": ["node1:23456", "node2:23457"]}' in text.stdout
+
+
+# ---------------------------------------------------------------- TF_CONFIG addresses
+
+RULES_YAML = """\
+name: addr
+checkpoint: {dir: /shared/ckpt}
+ssh: {config_file: SSH_CONFIG}
+hosts:
+  - {address: gpu1, tf_address: 10.9.0.1, network_interface: ib0}  # tf_address wins
+  - {address: gpu2, network_interface: ib0}   # its own interface beats the top level
+  - {address: gpu3}                            # HostName from the ssh config
+  - {address: gpu4}                            # behind a bastion: still its own HostName
+  - {address: node5}                           # not in the ssh config: the address
+"""
+
+
+def test_each_rule_in_its_order_and_the_ssh_config_read_as_the_connection_reads_it(
+        tmp_path: Path):
+    from launcher.job.plan import host_targets
+    from launcher.transport.resolve import tf_addresses
+    from launcher.transport.ssh_connect import Connector
+
+    ssh_config = tmp_path / "ssh_config"
+    ssh_config.write_text("Host gpu3\n  HostName 10.0.0.3\n"
+                          "Host gpu4\n  HostName %h.fast.lab\n  ProxyJump bastion\n"
+                          "Host bastion\n  HostName 192.0.2.1\n")
+    ssh_config.chmod(0o600)
+    text = RULES_YAML.replace("SSH_CONFIG", str(ssh_config))
+    loaded = parse_config(text, base_dir=tmp_path)
+    targets = host_targets(loaded.config, "python3", loaded.base_dir)
+    got = tf_addresses(loaded, targets)
+    assert {h: (tf.shown, tf.rule) for h, tf in got.items()} == {
+        "gpu1": ("10.9.0.1", "tf_address"),
+        "gpu2": ("<address of ib0 on gpu2>", "network_interface"),
+        "gpu3": ("10.0.0.3", "ssh_config"),
+        "gpu4": ("gpu4.fast.lab", "ssh_config"),
+        "node5": ("node5", "address"),
+    }
+    # One resolver: the connection goes to the very names TF_CONFIG holds.
+    connector = Connector(default_user="me")
+    assert connector.endpoint(targets[2]).hostname == "10.0.0.3"
+    assert connector.endpoint(targets[3]).hostname == "gpu4.fast.lab"
+    assert connector.endpoint(targets[3]).proxy_jump == "bastion"
+    # A top-level interface beats the ssh config, not a host's own choice.
+    top = parse_config(text.replace("name: addr\n", "name: addr\nnetwork_interface: eth1\n"),
+                       base_dir=tmp_path)
+    got = tf_addresses(top, targets)
+    assert [got[h].shown for h in ("gpu1", "gpu2", "gpu3", "node5")] == [
+        "10.9.0.1", "<address of ib0 on gpu2>", "<address of eth1 on gpu3>",
+        "<address of eth1 on node5>"]
+    plan = build_plan(top, ["train.py"], run_dir="/runs/r1", addresses=got)
+    assert plan.unresolved == ("gpu2", "gpu3", "gpu4", "node5")
+    assert plan.tasks[0].tf_config["cluster"]["worker"][:3] == (
+        "10.9.0.1:23456", "<address of ib0 on gpu2>:23457", "<address of eth1 on gpu3>:23458")
+    hellos = {name: {"interfaces": {"lo": ["127.0.0.1"], "eth1": ["10.1.0.3"],
+                                    "ib0": ["10.2.0.2", "10.2.9.9"]}} for name in got}
+    known = tf_addresses(top, targets, hellos)
+    assert (known["gpu2"].address, known["gpu3"].address) == ("10.2.0.2", "10.1.0.3")
+    plan = build_plan(top, ["train.py"], run_dir="/runs/r1", addresses=known)
+    assert plan.unresolved == ()
+    assert [t.address_rule for t in plan.tasks][:3] == [
+        "tf_address", "network_interface", "network_interface"]
+    assert plan.to_json()["hosts"][1]["tf_address"] == "10.2.0.2"
+
+
+def test_a_missing_interface_names_the_host_the_interface_and_what_the_host_has():
+    from launcher.job.addresses import AddressError, choose, with_interfaces
+
+    loaded = parse_config(TWO_HOSTS + "network_interface: eth1\n")
+    planned = {h.address: choose(loaded.config, h) for h in loaded.config.hosts}
+    hellos = {"node1": {"interfaces": {"lo": ["127.0.0.1"], "eth0": ["10.0.0.1"]}},
+              "node2": {"interfaces": {"lo": ["127.0.0.1"], "eth1": []}}}
+    with pytest.raises(AddressError) as info:
+        with_interfaces(planned, hellos)
+    assert info.value.problems == {
+        "node1": "it has no network interface eth1 (the top-level network_interface); it has "
+                 "lo (127.0.0.1), eth0 (10.0.0.1)",
+        "node2": "its interface eth1 has no IPv4 address (is it up?); the host has "
+                 "lo (127.0.0.1), eth1 (no IPv4)",
+    }

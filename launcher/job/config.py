@@ -38,6 +38,17 @@ RUNTIME_KNOBS = frozenset({
 # Keras backends `strategy: keras_distribution` can run on (`keras:` or KERAS_BACKEND).
 KERAS_BACKENDS = ("jax",)
 DEFAULT_PORT_BASE = 23456
+# A network interface's name as Linux allows it (at most 15 bytes, no `/` or blanks).
+INTERFACE_NAME = re.compile(r"[A-Za-z0-9_.:@\-]{1,15}")
+# What TF_CONFIG's `host:port` can hold: a host name, an IPv4 address, or [IPv6].
+TF_ADDRESS = re.compile(r"\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.\-]+")
+
+
+def _interface_name(value: str | None) -> str | None:
+    if value is not None and not INTERFACE_NAME.fullmatch(value):
+        raise ValueError("expected an interface name such as eth1 or ib0 "
+                         "(at most 15 characters, no blanks or /)")
+    return value
 
 
 class _Strict(BaseModel):
@@ -68,6 +79,11 @@ class HostSpec(_Strict):
     spare: bool = False
     # `per_gpu`: one worker per entry of `gpus` instead of one over all of them.
     tasks_per_host: Literal["one", "per_gpu"] | None = None
+    # The address other hosts reach this host's tasks at (TF_CONFIG), when it is
+    # not the one SSH connects to; see launcher/job/addresses.py for the order.
+    tf_address: str | None = None
+    # Put this interface's IPv4 address into TF_CONFIG (read by the host's agent).
+    network_interface: str | None = None
     # Per-host overrides of the `ssh:` section.
     user: str | None = None
     port: int | None = Field(default=None, ge=1, le=65535)
@@ -84,6 +100,17 @@ class HostSpec(_Strict):
             if count < 0:
                 raise ValueError(f"count of {role!r} must be 0 or more, got {count}")
         return roles
+
+    @field_validator("tf_address")
+    @classmethod
+    def _tf_address(cls, value: str | None) -> str | None:
+        if value is not None and not TF_ADDRESS.fullmatch(value):
+            raise ValueError("expected a host name or IP address without a port "
+                             "(each task's port is added to it), e.g. 10.0.1.5; IPv6 in "
+                             "brackets")
+        return value
+
+    _interface = field_validator("network_interface")(_interface_name)
 
     @field_validator("gpus")
     @classmethod
@@ -171,6 +198,9 @@ class ClusterConfig(_Strict):
     # `jax`: Keras 3 on the JAX backend (KERAS_BACKEND=jax), for keras_distribution.
     keras: Literal["auto", "keras3", "tf_keras", "jax"] = "auto"
     tasks_per_host: Literal["one", "per_gpu"] = "one"
+    # Every host's TF_CONFIG address is its IPv4 address on this interface
+    # (a host's own `network_interface` or `tf_address` wins).
+    network_interface: str | None = None
     env: dict[str, str | int | float | bool] = Field(default_factory=dict)
     ssh: SSHSettings = Field(default_factory=SSHSettings)
     # Under `transport: slurm` the hosts may come from the allocation (launcher.job.slurm).
@@ -178,6 +208,8 @@ class ClusterConfig(_Strict):
     checkpoint: CheckpointSettings = Field(default_factory=CheckpointSettings)
     restart: RestartPolicy = Field(default_factory=RestartPolicy)
     ports: PortSettings = Field(default_factory=PortSettings)
+
+    _interface = field_validator("network_interface")(_interface_name)
 
     @field_validator("env")
     @classmethod

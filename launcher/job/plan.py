@@ -18,6 +18,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from .addresses import TFAddress, choose
 from .config import (
     ClusterConfig,
     HostSpec,
@@ -99,6 +100,9 @@ class Task:
     lifetime: str  # "job": must exit 0 by itself; "service": runs until the launcher stops it
     env: Mapping[str, str] = field(hash=False)
     tf_config: Mapping[str, Any] = field(hash=False)
+    # Which rule chose `address` (launcher/job/addresses.py): tf_address,
+    # network_interface, ssh_config or address.
+    address_rule: str = "address"
 
     @property
     def name(self) -> str:
@@ -140,6 +144,20 @@ class Plan:
     hosts: tuple[HostTarget, ...]
     tasks: tuple[Task, ...]
     grace_s: float
+    # Each host's TF_CONFIG address and the rule that chose it.
+    addresses: Mapping[str, TFAddress] = field(default_factory=dict, hash=False)
+
+    @property
+    def unresolved(self) -> tuple[str, ...]:
+        """Hosts whose address waits for their agent's hello (network_interface)."""
+        return tuple(name for name, tf in self.addresses.items() if tf.address is None)
+
+    def _address_json(self, host: str) -> dict[str, Any]:
+        tf = self.addresses.get(host)
+        if tf is None:
+            return {}
+        return {"tf_address": tf.shown, "address_rule": tf.rule, "address_why": tf.why,
+                **({"network_interface": tf.interface} if tf.interface else {})}
 
     def tasks_on(self, host_name: str) -> tuple[Task, ...]:
         return tuple(t for t in self.tasks if t.host == host_name)
@@ -153,13 +171,15 @@ class Plan:
             "run_dir": self.run_dir,
             "checkpoint_dir": self.checkpoint_dir,
             "hosts": [
-                {"name": h.name, "address": h.address, "python": h.python, "gpus": list(h.gpus)}
+                {"name": h.name, "address": h.address, "python": h.python, "gpus": list(h.gpus),
+                 **self._address_json(h.name)}
                 for h in self.hosts
             ],
             "tasks": [
                 {
                     "host": t.host,
                     "address": t.address,
+                    "address_rule": t.address_rule,
                     "role": t.role,
                     "index": t.index,
                     "port": t.port,
@@ -311,6 +331,7 @@ def build_plan(
     default_python: str = "python3",
     launch_cwd: str = "/",
     active_hosts: Sequence[str] | None = None,
+    addresses: Mapping[str, TFAddress] | None = None,
 ) -> Plan:
     """Compute every task of the job.
 
@@ -318,6 +339,12 @@ def build_plan(
     default `ports.base`, `ports.base + 1`, ... Ports are unique across the
     whole job (not per host): TensorFlow's gRPC server binds every interface,
     so simulated hosts sharing one machine would otherwise collide.
+
+    `addresses`: each host's TF_CONFIG address (launcher.transport.resolve.
+    tf_addresses, which reads the ssh config and the agents' hellos); a host
+    missing there gets what the cluster file alone says (launcher.job.addresses).
+    An address not known yet (a network interface's, before the hello) appears
+    as `<address of IF on HOST>`: such a plan is for --dry-run only.
     """
     config = loaded.config
     if not command:
@@ -327,6 +354,9 @@ def build_plan(
                if h.name in active]
     if not targets:
         raise PlanError("no host left to run on")
+    specs = {(h.name or h.address): h for h in config.hosts}
+    tf_of = {t.name: (addresses or {}).get(t.name) or choose(config, specs[t.name])
+             for t in targets}
     slots = _slots(config, targets)
     _check_roles(config.strategy, [slot.role for slot in slots])
     port_of = _ports(config, [s for s in slots if s.role in CLUSTER_ROLES], ports)
@@ -334,13 +364,14 @@ def build_plan(
     for slot in slots:
         if slot.role in CLUSTER_ROLES:
             cluster.setdefault(slot.role, []).append(
-                f"{slot.target.address}:{port_of[(slot.role, slot.index)]}")
+                f"{tf_of[slot.target.name].shown}:{port_of[(slot.role, slot.index)]}")
     checkpoint_dir = default_checkpoint_dir(loaded)
     shared_env = _shared_env(config, checkpoint_dir, generation,
                              num_workers=len(cluster.get("chief", [])) +
                              len(cluster.get("worker", [])))
     workdir = str(loaded.resolve_path(config.workdir) or launch_cwd)
-    tasks = [_task(config, slot, cluster, port_of, shared_env, command, run_dir, workdir)
+    tasks = [_task(config, slot, tf_of[slot.target.name], cluster, port_of, shared_env,
+                   command, run_dir, workdir)
              for slot in slots]
     return Plan(
         name=config.name,
@@ -352,6 +383,7 @@ def build_plan(
         hosts=tuple(targets),
         tasks=tuple(tasks),
         grace_s=config.restart.grace_s,
+        addresses=MappingProxyType(tf_of),
     )
 
 
@@ -424,7 +456,7 @@ def _shared_env(config: ClusterConfig, checkpoint_dir: str, generation: int,
     return shared_env
 
 
-def _task(config: ClusterConfig, slot: _Slot, cluster: dict[str, list[str]],
+def _task(config: ClusterConfig, slot: _Slot, tf: TFAddress, cluster: dict[str, list[str]],
           port_of: dict[tuple[str, int], int], shared_env: dict[str, str],
           command: Sequence[str], run_dir: str, workdir: str) -> Task:
     role, index, target = slot.role, slot.index, slot.target
@@ -441,7 +473,7 @@ def _task(config: ClusterConfig, slot: _Slot, cluster: dict[str, list[str]],
         host=target.name,
         role=role,
         index=index,
-        address=target.address,
+        address=tf.shown,
         port=port_of.get((role, index)),
         python=target.python,
         cwd=workdir,
@@ -449,6 +481,7 @@ def _task(config: ClusterConfig, slot: _Slot, cluster: dict[str, list[str]],
         lifetime=_lifetime(config.strategy, role),
         env=MappingProxyType(dict(sorted(env.items()))),
         tf_config=_freeze(tf_config),
+        address_rule=tf.rule,
     )
 
 
@@ -467,11 +500,15 @@ def _check_roles(strategy: str, roles: list[str]) -> None:
 
 def render_plan(plan: Plan) -> str:
     """The human-readable form of `--dry-run`."""
+    width = max((len(name) for name in plan.addresses), default=0)
     out = [
         f"job {plan.name!r}: strategy {plan.strategy}, transport {plan.transport}, "
         f"{len(plan.tasks)} tasks on {len(plan.hosts)} hosts, generation {plan.generation}",
         f"run dir:        {plan.run_dir}",
         f"checkpoint dir: {plan.checkpoint_dir}",
+        "TF_CONFIG addresses (rule: tf_address > network_interface > ssh_config > address):",
+        *(f"  {name:<{width}}  {tf.shown}  [{tf.rule}: {tf.why}]"
+          for name, tf in plan.addresses.items()),
         "",
     ]
     for task in plan.tasks:

@@ -378,7 +378,8 @@ class Supervisor:
         self.current = gen
         self._recorder.event(
             "launch", generation=plan.generation, **self._launcher_info,
-            tasks=[{"task": t.name, "host": t.host, "address": t.address, "port": t.port}
+            tasks=[{"task": t.name, "host": t.host, "address": t.address, "port": t.port,
+                    "address_rule": t.address_rule}
                    for t in plan.tasks],
         )
         for task in plan.tasks:

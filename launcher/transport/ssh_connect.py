@@ -92,7 +92,7 @@ def merge_endpoint(host: HostTarget, options: dict, default_user: str) -> Endpoi
     jump = options.get("proxyjump")
     return Endpoint(
         label=host.name,
-        hostname=options.get("hostname", host.address),
+        hostname=target_hostname(host, options),
         port=port,
         user=host.ssh_user or options.get("user") or default_user,
         identity_files=tuple(os.path.expanduser(f) for f in dict.fromkeys(files)),
@@ -101,6 +101,15 @@ def merge_endpoint(host: HostTarget, options: dict, default_user: str) -> Endpoi
         policy=host.host_key_policy,
         timeout_s=float(host.connect_timeout_s),
     )
+
+
+def target_hostname(host: HostTarget, options: dict) -> str:
+    """The name a connection to `host` goes to: the ssh config's HostName for
+    the YAML's address (`options`: its ssh config entry), else the address.
+    Behind a ProxyJump it is still the target's name, which the jump host
+    resolves. The one answer both the connection and the TF_CONFIG address
+    (launcher.transport.resolve) use."""
+    return str(options.get("hostname") or host.address)
 
 
 def parse_jump(spec: str) -> tuple[str | None, str, int | None]:
