@@ -566,8 +566,12 @@ def _probe(agents: Agents, reports: dict[str, HostReport], plan: Plan,
     agents.stop_listeners(list(listen))
     collective = None
     if collective_timeout_s is not None:
-        collective = check_collective.run_collective(agents.links, agents.events, plan,
-                                                     collective_timeout_s)
+        lacking = _without_framework(plan.strategy, [reports[h] for h in hosts])
+        if lacking:
+            collective = CollectiveReport(plan.strategy, "", skipped=lacking)
+        else:
+            collective = check_collective.run_collective(agents.links, agents.events, plan,
+                                                         collective_timeout_s)
         for host, problem in collective.problems:
             reports[host].problems.append(problem)
     # 4. Clean up: the nonce, the agents' run directories.
@@ -576,6 +580,15 @@ def _probe(agents: Agents, reports: dict[str, HostReport], plan: Plan,
          str(agents.links[h].hello.get("run_dir"))])] for h in hosts}
     agents.exec_all(cleanup, timeout=10)
     return collective
+
+
+def _without_framework(strategy: str, reports: list[HostReport]) -> str:
+    """Why the collective cannot even start (its framework is missing on a host), or ""."""
+    name, label = ("jax", "jax") if strategy == "keras_distribution" else (
+        "tensorflow", "TensorFlow")
+    missing = [r.host.name for r in reports
+               if not (r.jax if name == "jax" else r.packages()).get(name)]
+    return f"{label} is not installed on {', '.join(missing)} (see problems)" if missing else ""
 
 
 def main(argv: list[str]) -> int:

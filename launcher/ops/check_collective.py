@@ -80,8 +80,10 @@ class TaskProbe:
     result: dict[str, Any] | None = None  # the probe's record
     exit: dict[str, Any] | None = None  # the `exited` event
     error: str = ""  # start failure, lost host, or what it died of
-    stopped: bool = False
+    stopped: bool = False  # the check stopped it (after a failure, or at the deadline)
+    timed_out: bool = False  # still without a result at the deadline
     tail: list[str] = field(default_factory=list)
+    last_words: str = ""  # what it said last before it was stopped
     finished_t: float | None = None
 
     @property
@@ -167,6 +169,9 @@ def run_collective(links: Mapping[str, AgentLink], events: queue.Queue[AgentMess
     deadline = began + timeout_s
     _watch(probes, events, deadline, clock)
     report.wall_s = clock() - began
+    if not any(p.failed for p in report.probes):
+        for probe in report.probes:
+            probe.timed_out = probe.runs_probe and not probe.succeeded
     _stop(links, probes, events, clock)
     _judge(report, timeout_s)
     return report
@@ -239,7 +244,7 @@ def _death(probe: TaskProbe, exited: dict[str, Any]) -> str:
 def _telling_line(lines: list[str]) -> str:
     """The last line that says something (not TensorFlow's start-up chatter)."""
     chatter = ("cuInit", "cuda drivers", "absl::InitializeLog", "oneDNN", "cpu_feature_guard",
-               "rebuild TensorFlow")
+               "rebuild TensorFlow", "SIGTERM caught")
     for line in reversed(lines):
         text = line.strip()
         if text and not any(c in text for c in chatter):
@@ -254,6 +259,7 @@ def _stop(links: Mapping[str, AgentLink], probes: dict[tuple[str, str], TaskProb
     for probe in probes.values():
         if probe.started_t is not None and probe.exit is None:
             probe.stopped = True
+            probe.last_words = _telling_line(probe.tail)
             running.setdefault(probe.task.host, []).append(probe.task.name)
     for host, names in running.items():
         links[host].send({"op": "stop", "tasks": names, "grace_s": STOP_GRACE_S})
@@ -288,21 +294,21 @@ def _judge(report: CollectiveReport, timeout_s: float) -> None:
         for probe in failed:
             report.problems.append((probe.task.host, _blame(probe)))
         return
-    missing = [p for p in report.probes if p.runs_probe and not p.succeeded]
+    missing = [p for p in report.probes if p.timed_out]
     if not missing:
         return
-    # Those still starting or never joining are why the others wait.
+    # Those still starting (or never joining) are why the others wait for them.
     stuck = [p for p in missing if p.cluster != "joining"] or missing
-    names = ", ".join(p.task.label for p in stuck)
-    report.cause = (f"no result within {timeout_s:g} s: {names} "
-                    f"{_stage(stuck[0]) if len(stuck) == 1 else 'did not finish'}")
+    stages = {_stage(p) for p in stuck}
+    report.cause = (f"no result within {timeout_s:g} s: {', '.join(p.task.label for p in stuck)} "
+                    f"{stages.pop() if len(stages) == 1 else 'did not finish'}; can every host "
+                    "reach the others' TF_CONFIG addresses? (`--collective-timeout S` if "
+                    "TensorFlow starts slowly there)")
     for probe in stuck:
-        last = _telling_line(probe.tail)
+        last = probe.last_words or _telling_line(probe.tail)
         report.problems.append((probe.task.host, (
             f"collective: {probe.task.name} ({probe.address}) {_stage(probe)} within "
-            f"{timeout_s:g} s" + (f"; last said: {last}" if last else "")
-            + "; a firewall between the hosts, or a wrong address for this host? "
-            "(`--collective-timeout` if TensorFlow starts slowly here)")))
+            f"{timeout_s:g} s" + (f"; its last line: {last}" if last else ""))))
 
 
 def _blame(probe: TaskProbe) -> str:
@@ -345,6 +351,8 @@ def _cells(probe: TaskProbe) -> tuple[str, str]:
     if not probe.runs_probe and probe.started_t is not None and (
             probe.exit is None or probe.stopped):
         return "ok", "served"
+    if probe.timed_out:
+        return "TIMEOUT", _stage(probe)
     if probe.stopped or probe.exit is not None:
         return "stopped", _stage(probe)
     return "MISSING", _stage(probe)
