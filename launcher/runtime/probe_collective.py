@@ -147,10 +147,10 @@ PROBES = {"multi_worker_mirrored": multi_worker_mirrored, "parameter_server": pa
 
 
 def main() -> int:
-    from launcher import bootstrap
+    from launcher.bootstrap import install_hooks, register_stacks
 
-    bootstrap.register_stacks()
-    bootstrap.install_hooks()
+    register_stacks()
+    install_hooks()
     strategy = os.environ.get("MGPU_STRATEGY", "multi_worker_mirrored")
     probe = PROBES.get(strategy)
     if probe is None:
