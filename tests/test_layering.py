@@ -80,7 +80,8 @@ RULES = (
          forbidden=("launcher.cli",),
          reason="outcomes are values (RunResult): only the cli turns them into text and "
          "exit codes"),
-    Rule("check never trains", ("launcher.ops.check",), forbidden=("launcher.job.supervisor",),
+    Rule("check never trains", ("launcher.ops.check", "launcher.ops.check_collective"),
+         forbidden=("launcher.job.supervisor",),
          reason="`mgpu-launch check` talks to the agents directly and never starts a job"),
     Rule("export is offline", ("launcher.ops.export",),
          forbidden=("launcher.job.supervisor", "launcher.transport", "launcher.cli"),

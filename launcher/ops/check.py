@@ -4,10 +4,13 @@ For every host at once, through the same agents a run uses: reachable and
 authenticated; Python, TensorFlow, Keras and tf-keras versions (and the Keras
 backend with jax and jaxlib versions, checked under keras_distribution), differences
 between hosts flagged; the planned ports free (each host briefly listens on
-its own); every worker able to reach every other worker's port; the checkpoint
-directory shared (a nonce written from one host, read on the others) and its
-free space; GPUs visible. Prints one row per host, the problems host by host,
-and a verdict. Exit 0 only when the run would start, 2 otherwise.
+its own); every host able to reach every task's TF_CONFIG address and port;
+the checkpoint directory shared (a nonce written from one host, read on the
+others) and its free space; GPUs visible; then a tiny collective across every
+task on the job's own plan (launcher/ops/check_collective.py; `--no-collective`
+skips it). Prints one row per host, one line per task of the collective, the
+problems host by host, and a verdict. Exit 0 only when the run would start, 2
+otherwise.
 
 Small probes run on the hosts as `python -c` through the agent's `exec_check`
 op (standard library only). Owns only this report: never starts training.
@@ -30,10 +33,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..job.config import ConfigError, LoadedConfig, keras_backend, load_config
-from ..job.plan import HostTarget, PlanError, build_plan, host_targets, ports_needed
+from ..job.config import ConfigError, LoadedConfig, keras_backend, load_config, local_config
+from ..job.plan import HostTarget, Plan, PlanError, build_plan, host_targets, ports_needed
 from ..job.slurm import SlurmError, read_allocation, slurm_config, with_allocation
 from ..transport import AgentLink, AgentMessage, HostProblem, TransportError
+from . import check_collective
+from .check_collective import CollectiveReport, free_ports, task_addresses
 
 EXIT_READY, EXIT_NOT_READY = 0, 2
 PROBE_TIMEOUT_S = 30.0  # one probe on one host: a few socket connects and a stat
@@ -232,9 +237,15 @@ class Agents:
                 pending.discard(message.host)
         return reports
 
-    def stop_listeners(self, hosts: Sequence[str]) -> None:
-        for host in hosts:
-            self.links[host].send({"op": "stop", "tasks": ["check-listen"], "grace_s": 1.0})
+    def stop_listeners(self, hosts: Sequence[str], timeout: float = 5.0) -> None:
+        """Stop the listeners and wait (bounded) until they exit: the collective
+        after them binds the same ports."""
+        pending = {h for h in hosts if self.links[h].send(
+            {"op": "stop", "tasks": ["check-listen"], "grace_s": 1.0})}
+        for message in self._collect(lambda: bool(pending), timeout):
+            if message.event == "agent_lost" or (
+                    message.event == "exited" and message.message.get("task") == "check-listen"):
+                pending.discard(message.host)
 
 
 def _last_json(text: str) -> dict[str, Any] | None:
@@ -330,8 +341,9 @@ def judge_probe(report: HostReport, probe: dict[str, Any] | None, names: dict[st
     report.peers = probe.get("peers", {})
     for peer, error in report.peers.items():
         if error:
-            report.problems.append(f"cannot reach {names.get(peer, peer)} at {peer} ({error}): "
-                                   "a firewall between the hosts?")
+            report.problems.append(f"cannot reach {names.get(peer, peer)} at {peer}, its "
+                                   f"TF_CONFIG address ({error}): a firewall between the "
+                                   "hosts, or an address this host does not route?")
     report.checkpoint = probe.get("checkpoint", {})
     if not report.checkpoint.get("exists"):
         report.problems.append(f"checkpoint dir {checkpoint_dir} does not exist here: it must "
@@ -361,7 +373,8 @@ def _jax_cell(report: HostReport) -> str:
     return jax if jax == jaxlib else f"{jax or 'MISSING'}/jaxlib {jaxlib or 'MISSING'}"
 
 
-def render(reports: list[HostReport], checkpoint_dir: str, ports_fixed: bool) -> str:
+def render(reports: list[HostReport], checkpoint_dir: str, ports_fixed: bool,
+           collective: CollectiveReport | None = None) -> str:
     header = ["HOST", "ADDRESS", "SSH", "PYTHON", "TENSORFLOW", "KERAS", "TF-KERAS", "BACKEND",
               "JAX", "PORTS", "PEERS", "CHECKPOINT", "GPUS", "LOGIN"]
     rows = [header]
@@ -396,6 +409,8 @@ def render(reports: list[HostReport], checkpoint_dir: str, ports_fixed: bool) ->
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
              for row in rows]
     lines.append(f"checkpoint dir: {checkpoint_dir}")
+    if collective is not None:
+        lines += check_collective.render(collective)
     slow = [r for r in reports if r.login_s is not None and r.login_s > SLOW_LOGIN_S]
     if slow:
         lines.append("notes:")
@@ -417,23 +432,30 @@ def render(reports: list[HostReport], checkpoint_dir: str, ports_fixed: bool) ->
 # ---------------------------------------------------------------- the run
 
 
-def run_check(loaded: LoadedConfig) -> tuple[list[HostReport], str]:
-    """Check every host; (one report per host, the checkpoint dir checked)."""
+def run_check(loaded: LoadedConfig, collective_timeout_s: float | None = (
+        check_collective.DEFAULT_TIMEOUT_S)
+        ) -> tuple[list[HostReport], str, CollectiveReport | None]:
+    """Check every host; (one report per host, the checkpoint dir checked, the
+    collective's report: None when `collective_timeout_s` is None or no host
+    could be reached)."""
     config = loaded.config
     local = config.transport == "local"
     default_python = sys.executable if local else "python3"
     targets = host_targets(config, default_python, loaded.base_dir)
     ports_fixed = isinstance(config.ports.base, int)
-    plan = build_plan(loaded, ["<check>"], run_dir="check",
-                      ports=None if ports_fixed else [0] * ports_needed(config),
+    run_dir = (tempfile.mkdtemp(prefix="mgpu-check-") if local
+               else f"check-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+    # The job's own plan, generation 0: its TF_CONFIG addresses and ports, its
+    # environment (`ports.base: auto`: ports free here now, as a launch picks them).
+    plan = build_plan(loaded, ["<check>"], run_dir=run_dir,
+                      ports=None if ports_fixed else free_ports(ports_needed(config)),
                       default_python=default_python, launch_cwd=os.getcwd())
     reports = {h.name: HostReport(h) for h in targets}
     for task in plan.tasks:
         if ports_fixed and task.port:
             reports[task.host].ports.append(task.port)
-    run_dir = (tempfile.mkdtemp(prefix="mgpu-check-") if local
-               else f"check-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
     events: queue.Queue[AgentMessage] = queue.Queue()
+    collective = None
     transport, links, problems = _connect(config.transport, targets, run_dir, events)
     for problem in problems:
         reports[problem.host].problems.append(problem.reason)
@@ -441,7 +463,7 @@ def run_check(loaded: LoadedConfig) -> tuple[list[HostReport], str]:
         for name, link in links.items():
             reports[name].hello = link.hello
         if links:
-            _probe(Agents(links, events), reports, plan.checkpoint_dir, ports_fixed)
+            collective = _probe(Agents(links, events), reports, plan, collective_timeout_s)
         if config.transport == "ssh":
             _time_logins(transport, [reports[name] for name in links])
     finally:
@@ -453,7 +475,7 @@ def run_check(loaded: LoadedConfig) -> tuple[list[HostReport], str]:
         report.keras_backend = backend or report.keras_backend
     judge_versions(list(reports.values()), config.keras,
                    backend if config.strategy == "keras_distribution" else None)
-    return list(reports.values()), plan.checkpoint_dir
+    return list(reports.values()), plan.checkpoint_dir, collective
 
 
 def _connect(kind: str, targets: Sequence[HostTarget], run_dir: str,
@@ -494,14 +516,14 @@ def _time_logins(transport, reports: list[HostReport]) -> None:
         thread.join(timeout=PROBE_TIMEOUT_S)
 
 
-def _probe(agents: Agents, reports: dict[str, HostReport], checkpoint_dir: str,
-           ports_fixed: bool) -> None:
+def _probe(agents: Agents, reports: dict[str, HostReport], plan: Plan,
+           collective_timeout_s: float | None) -> CollectiveReport | None:
     hosts = list(agents.links)
+    checkpoint_dir = plan.checkpoint_dir
     # 1. Each host listens on its planned ports; one host writes the nonce.
     listen = {h: reports[h].ports for h in hosts if reports[h].ports}
     listening = agents.start_listeners(listen) if listen else {}
-    names: dict[str, str] = {}
-    peers: list[tuple[str, str, int]] = []  # (host, address, port)
+    open_ports: dict[str, list[int]] = {}
     for host, report in listening.items():
         if report is None:
             reports[host].problems.append("could not listen on the planned ports (no report)")
@@ -510,10 +532,16 @@ def _probe(agents: Agents, reports: dict[str, HostReport], checkpoint_dir: str,
         for port, error in reports[host].busy.items():
             reports[host].problems.append(
                 f"port {port} is busy ({error}): stop what holds it, or change `ports.base`")
-        for port in report.get("listening", []):
-            address = reports[host].host.address
-            peers.append((host, address, port))
-            names[f"{address}:{port}"] = host
+        open_ports[host] = report.get("listening", [])
+    # Peers are reached on exactly the TF_CONFIG addresses the tasks will use.
+    names: dict[str, str] = {}  # "address:port" -> "host1/worker1"
+    peers: list[tuple[str, str, int]] = []  # (host, address, port)
+    addresses = task_addresses(plan)
+    for task in plan.tasks:
+        address = addresses.get(task.label)
+        if address and task.port in open_ports.get(task.host, ()):
+            peers.append((task.host, address.rpartition(":")[0].strip("[]"), task.port))
+            names[f"{peers[-1][1]}:{task.port}"] = task.label
     writer = hosts[0]
     nonce, nonce_name = secrets.token_hex(16), f".mgpu-check-{secrets.token_hex(4)}"
     wrote = agents.exec_all({writer: [agents.python(writer), "-c", WRITE_NONCE,
@@ -534,27 +562,64 @@ def _probe(agents: Agents, reports: dict[str, HostReport], checkpoint_dir: str,
     results = agents.exec_all(argv_of)
     for host in hosts:
         judge_probe(reports[host], results[host], names, checkpoint_dir, writer_name)
-    # 3. Clean up: listeners, the nonce, the agents' run directories.
+    # 3. The listeners free the ports; the collective runs on them.
     agents.stop_listeners(list(listen))
+    collective = None
+    if collective_timeout_s is not None:
+        lacking = _without_framework(plan.strategy, [reports[h] for h in hosts])
+        if lacking:
+            collective = CollectiveReport(plan.strategy, "", skipped=lacking)
+        else:
+            collective = check_collective.run_collective(agents.links, agents.events, plan,
+                                                         collective_timeout_s)
+        for host, problem in collective.problems:
+            reports[host].problems.append(problem)
+    # 4. Clean up: the nonce, the agents' run directories.
     cleanup = {h: [agents.python(h), "-c", REMOVE, json.dumps(
         [os.path.join(checkpoint_dir, nonce_name) if h == writer else None,
          str(agents.links[h].hello.get("run_dir"))])] for h in hosts}
     agents.exec_all(cleanup, timeout=10)
+    return collective
+
+
+def _without_framework(strategy: str, reports: list[HostReport]) -> str:
+    """Why the collective cannot even start (its framework is missing on a host), or ""."""
+    name, label = ("jax", "jax") if strategy == "keras_distribution" else (
+        "tensorflow", "TensorFlow")
+    missing = [r.host.name for r in reports
+               if not (r.jax if name == "jax" else r.packages()).get(name)]
+    return f"{label} is not installed on {', '.join(missing)} (see problems)" if missing else ""
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="mgpu-launch check",
         description="Check every host of a cluster before a run: SSH, versions, ports, "
-        "peer reachability, shared checkpoint dir, GPUs. Exit 0 when the run would start.")
+        "reachability of every task's TF_CONFIG address, shared checkpoint dir, GPUs, and a "
+        "tiny collective across every task. Exit 0 when the run would start.")
     parser.add_argument("cluster", nargs="?", help="the cluster YAML")
     parser.add_argument("--slurm", action="store_true",
                         help="check the nodes of the Slurm allocation this runs in (no YAML)")
+    parser.add_argument("--local", type=int, metavar="N",
+                        help="check N simulated hosts on this machine (no YAML)")
+    parser.add_argument("--no-collective", dest="collective", action="store_false",
+                        help="skip the tiny collective across every task (faster)")
+    parser.add_argument("--collective-timeout", type=float, metavar="S",
+                        default=check_collective.DEFAULT_TIMEOUT_S,
+                        help="bound on the collective, TensorFlow start-up included "
+                        "(default %(default)g s); tasks still missing then are named")
     args = parser.parse_args(argv[1:])
-    if (args.cluster is None) != args.slurm:
-        parser.error("give a cluster YAML or --slurm")
+    if sum((args.cluster is not None, args.slurm, args.local is not None)) != 1:
+        parser.error("give a cluster YAML, --slurm or --local N")
+    if args.local is not None and args.local < 1:
+        parser.error("--local needs a number of hosts >= 1")
+    if args.collective_timeout <= 0:
+        parser.error("--collective-timeout needs a number of seconds > 0")
     try:
-        loaded = slurm_config() if args.slurm else load_config(args.cluster)
+        if args.local is not None:
+            loaded = local_config(args.local)
+        else:
+            loaded = slurm_config() if args.slurm else load_config(args.cluster)
         if loaded.config.transport == "slurm":
             loaded = with_allocation(loaded, read_allocation(os.environ))
     except ConfigError as exc:
@@ -564,9 +629,11 @@ def main(argv: list[str]) -> int:
         print(f"mgpu-launch check: {exc}", file=sys.stderr)
         return EXIT_NOT_READY
     try:
-        reports, checkpoint_dir = run_check(loaded)
+        reports, checkpoint_dir, collective = run_check(
+            loaded, args.collective_timeout if args.collective else None)
     except PlanError as exc:
         print(f"mgpu-launch: cannot plan the job: {exc}", file=sys.stderr)
         return EXIT_NOT_READY
-    print(render(reports, checkpoint_dir, isinstance(loaded.config.ports.base, int)))
+    print(render(reports, checkpoint_dir, isinstance(loaded.config.ports.base, int),
+                 collective))
     return EXIT_READY if not any(r.problems for r in reports) else EXIT_NOT_READY
