@@ -97,3 +97,17 @@ def test_a_missing_interface_is_refused_before_any_task_starts(tmp_path: Path):
     assert re.search(r"host0: it has no network interface eth9 \(the host's "
                      r"network_interface\); it has lo \(127\.0\.0\.1\)", done.stderr), done.stderr
     assert not (tmp_path / "ran").exists()
+
+
+@pytest.mark.e2e
+def test_check_tests_aliased_hosts_on_their_hostnames(aliased, tmp_path):
+    """`check` reaches peers and runs its collective on the TF_CONFIG addresses
+    (the ssh config's HostNames), not on the aliases the cluster file lists."""
+    sim, yaml_path = aliased
+    done = run_cli(["check", str(yaml_path)], cwd=tmp_path, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for h in sim.hosts:
+        line = next(line.split() for line in done.stdout.splitlines()
+                    if line.split()[:1] == [f"gpu{h.index}/worker{h.index}"])
+        assert line[1:3] == [f"{h.address}:{sim.port_base + h.index}", "ok"], done.stdout
+    assert "verdict: ready" in done.stdout, done.stdout

@@ -33,10 +33,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..job.addresses import AddressError, with_interfaces
 from ..job.config import ConfigError, LoadedConfig, keras_backend, load_config, local_config
 from ..job.plan import HostTarget, Plan, PlanError, build_plan, host_targets, ports_needed
 from ..job.slurm import SlurmError, read_allocation, slurm_config, with_allocation
 from ..transport import AgentLink, AgentMessage, HostProblem, TransportError
+from ..transport.resolve import tf_addresses
 from . import check_collective
 from .check_collective import CollectiveReport, free_ports, task_addresses
 
@@ -445,12 +447,21 @@ def run_check(loaded: LoadedConfig, collective_timeout_s: float | None = (
     ports_fixed = isinstance(config.ports.base, int)
     run_dir = (tempfile.mkdtemp(prefix="mgpu-check-") if local
                else f"check-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+    reports = {h.name: HostReport(h) for h in targets}
+    # Each host's TF_CONFIG address by the launch's own rules (tf_address,
+    # network_interface, the ssh config's HostName); interfaces after the hellos.
+    try:
+        addresses = tf_addresses(loaded, targets)
+    except AddressError as exc:
+        for host, reason in exc.problems.items():
+            reports[host].problems.append(reason)
+        addresses = exc.addresses
     # The job's own plan, generation 0: its TF_CONFIG addresses and ports, its
     # environment (`ports.base: auto`: ports free here now, as a launch picks them).
     plan = build_plan(loaded, ["<check>"], run_dir=run_dir,
                       ports=None if ports_fixed else free_ports(ports_needed(config)),
-                      default_python=default_python, launch_cwd=os.getcwd())
-    reports = {h.name: HostReport(h) for h in targets}
+                      default_python=default_python, launch_cwd=os.getcwd(),
+                      addresses=addresses)
     for task in plan.tasks:
         if ports_fixed and task.port:
             reports[task.host].ports.append(task.port)
@@ -462,6 +473,17 @@ def run_check(loaded: LoadedConfig, collective_timeout_s: float | None = (
     try:
         for name, link in links.items():
             reports[name].hello = link.hello
+        if plan.unresolved:  # named interfaces: their addresses came with the hellos
+            try:
+                addresses = with_interfaces(addresses, {n: link.hello for n, link in links.items()})
+            except AddressError as exc:
+                for host, reason in exc.problems.items():
+                    reports[host].problems.append(reason)
+                addresses = exc.addresses
+            plan = build_plan(loaded, ["<check>"], run_dir=run_dir,
+                              ports=[t.port for t in plan.tasks if t.port],
+                              default_python=default_python, launch_cwd=os.getcwd(),
+                              addresses=addresses)
         if links:
             collective = _probe(Agents(links, events), reports, plan, collective_timeout_s)
         if config.transport == "ssh":
