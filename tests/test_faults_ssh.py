@@ -45,10 +45,10 @@ def job_processes(run_name: str) -> set[int]:
     """Every agent of this run on any simulated host, and everything under it.
 
     Found by the run's own folder on the hosts (`--run-dir
-    ~/.mgpu-launch/runs/<run>/<host>` on the agent's command line): job-scoped,
+    ~/.mgpu-launch/runs/<run>-<digest>/<host>` on the agent's command line): job-scoped,
     never another test's processes.
     """
-    marker = f"/.mgpu-launch/runs/{run_name}/"
+    marker = f"/.mgpu-launch/runs/{run_name}-"
     found: set[int] = set()
     for proc in psutil.process_iter(["cmdline"]):
         argv = proc.info["cmdline"] or []
@@ -308,10 +308,10 @@ def test_host_behind_a_cut_link_is_lost_by_heartbeat(cut_cluster, workdir, jobs,
 
 def agent_lease(run_name: str, host: str) -> tuple[int, float]:
     """(pid, --lease) of the run's agent on `host`, read from its command line."""
-    marker = f"/.mgpu-launch/runs/{run_name}/{host}"
+    marker = re.compile(rf"/\.mgpu-launch/runs/{re.escape(run_name)}-[0-9a-f]{{8}}/{host}$")
     for proc in psutil.process_iter(["cmdline"]):
         argv = proc.info["cmdline"] or []
-        if "launcher.agent" in argv and any(a.endswith(marker) for a in argv):
+        if "launcher.agent" in argv and any(marker.search(a) for a in argv):
             return proc.pid, float(argv[argv.index("--lease") + 1])
     raise AssertionError(f"no agent of {run_name} on {host}")
 

@@ -213,7 +213,7 @@ def test_ctrl_c_while_a_host_hangs_in_the_handshake_stops_at_once(cluster, tmp_p
 
 
 def agents_of(run_name: str) -> list[int]:
-    marker = f"/.mgpu-launch/runs/{run_name}/"
+    marker = f"/.mgpu-launch/runs/{run_name}-"
     return [p.pid for p in psutil.process_iter(["cmdline"])
             if "launcher.agent" in (p.info["cmdline"] or [])
             and any(marker in a for a in p.info["cmdline"])]

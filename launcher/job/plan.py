@@ -9,8 +9,10 @@ Must not import: transport, supervisor, cli.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import os
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -255,7 +257,11 @@ def host_run_dir(run_dir: str, transport: str, host: str) -> str:
     """
     if transport == "local":
         return str(Path(run_dir) / "hosts" / host)
-    return f"~/.mgpu-launch/runs/{Path(run_dir).name}/{host}"
+    # The run directory's name, and a digest of its full path: two jobs whose run
+    # directories share a name (`--run-dir exp1` in two projects) must not share
+    # pidfiles, or one job's agent would reap the other's tasks.
+    digest = hashlib.sha256(os.path.abspath(run_dir).encode()).hexdigest()[:8]
+    return f"~/.mgpu-launch/runs/{Path(run_dir).name}-{digest}/{host}"
 
 
 def default_active_hosts(config: ClusterConfig) -> list[str]:
