@@ -10,6 +10,11 @@ Upstream Keras 3 (keras-team/keras#20585) breaks in two spots of
    replica's batch is enough, and no collective runs.
 2. `reduce_per_replica` reduces every logged value with `axis=0`, which fails
    on scalars; a scalar is averaged over the replicas with `axis=None`.
+3. Keras 3.3 (`keras/src/backend/tensorflow/optimizer.py`) sums the gradients
+   over the replicas inside a merge call, in cross-replica context, where
+   there is no replica context to all-reduce in: each worker applies its own
+   gradients and the workers' weights drift apart. The sum is done before the
+   merge call instead, as Keras 3.4+ does.
 
 Keras 3's `BackupAndRestore` and `ModelCheckpoint` are not multi-worker aware:
 every worker creates the same directory and writes the same files. Here, on a
@@ -39,6 +44,7 @@ import inspect
 import json
 import os
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
@@ -46,6 +52,7 @@ from types import ModuleType
 # Keras 3 lines the Keras matrix runs the e2e tests on (with TF 2.16, 2.19, 2.21).
 PROVEN = ("3.3.", "3.10.", "3.15.")
 TRAINER = "keras.src.backend.tensorflow.trainer"
+OPTIMIZER = "keras.src.backend.tensorflow.optimizer"
 BACKUP = "keras.src.callbacks.backup_and_restore"
 CHECKPOINT = "keras.src.callbacks.model_checkpoint"
 _MARK = "_mgpu_patched"
@@ -217,6 +224,16 @@ def on_trainer(trainer: ModuleType) -> None:
                  f"{', '.join(patched) or 'nothing needed'}{proven})")
 
 
+def on_optimizer(module: ModuleType) -> None:
+    """Post-import hook of Keras 3's TensorFlow optimizer."""
+    if multi_worker_job() and not getattr(module, _MARK, False):
+        outcome = _attempt("gradient all-reduce", lambda: fix_gradient_all_reduce(module))
+        setattr(module, _MARK, True)
+        if outcome.status == "patched":
+            announce(f"Keras {keras_version()} optimizer patched for "
+                     "MultiWorkerMirroredStrategy: gradient all-reduce")
+
+
 def on_backup(module: ModuleType) -> None:
     if multi_worker_job():
         _callback_fix(module, "BackupAndRestore", fix_backup_and_restore)
@@ -264,8 +281,8 @@ def on_tf_keras_training(module: ModuleType) -> None:
 
 
 TF_KERAS_TRAINING = "tf_keras.src.engine.training"
-HOOKS = {TRAINER: on_trainer, BACKUP: on_backup, CHECKPOINT: on_checkpoint,
-         TF_KERAS_TRAINING: on_tf_keras_training}
+HOOKS = {TRAINER: on_trainer, OPTIMIZER: on_optimizer, BACKUP: on_backup,
+         CHECKPOINT: on_checkpoint, TF_KERAS_TRAINING: on_tf_keras_training}
 
 
 def apply_to_loaded() -> None:
@@ -367,6 +384,53 @@ def fix_reduce_per_replica(trainer: ModuleType) -> str:
 
     reduce_per_replica.__wrapped__ = original  # type: ignore[attr-defined]
     trainer.reduce_per_replica = reduce_per_replica
+    return "patched"
+
+
+_reduced = threading.local()  # set while an update step's gradients are summed already
+
+
+def fix_gradient_all_reduce(module: ModuleType) -> str:
+    """Sum the gradients over the replicas before the merge call (Keras 3.3).
+
+    Needs `TFOptimizer._backend_update_step(self, grads, trainable_variables,
+    learning_rate)` and `_all_reduce_sum_gradients(self, grads_and_vars)`; the
+    bug is there when only the merge-call side (`_distributed_tf_update_step`)
+    sums them. The inner sum is skipped while the outer one is in effect, so no
+    strategy (merge call or not) sums twice.
+    """
+    cls = getattr(module, "TFOptimizer", None)
+    if cls is None:
+        raise CannotPatch(f"{module.__name__}.TFOptimizer is gone")
+    update = cls.__dict__.get("_backend_update_step")
+    distributed = cls.__dict__.get("_distributed_tf_update_step")
+    summed = cls.__dict__.get("_all_reduce_sum_gradients")
+    if distributed is None or "_all_reduce_sum_gradients(" not in _source(distributed):
+        return "not needed"  # Keras 3.4+: summed before the merge call
+    _expect_params(update, ("self", "grads", "trainable_variables", "learning_rate"),
+                   "TFOptimizer._backend_update_step")
+    _expect_params(summed, ("self", "grads_and_vars"), "TFOptimizer._all_reduce_sum_gradients")
+    if "_all_reduce_sum_gradients(" in _source(update):
+        return "not needed"
+
+    @functools.wraps(update)
+    def _backend_update_step(self, grads, trainable_variables, learning_rate):
+        # In replica context, where an all-reduce can run (as Keras 3.4+).
+        pairs = summed(self, list(zip(grads, trainable_variables, strict=False)))
+        _reduced.active = True
+        try:
+            return update(self, [g for g, _ in pairs], trainable_variables, learning_rate)
+        finally:
+            _reduced.active = False
+
+    @functools.wraps(summed)
+    def _all_reduce_sum_gradients(self, grads_and_vars):
+        if getattr(_reduced, "active", False):
+            return list(grads_and_vars)
+        return summed(self, grads_and_vars)
+
+    cls._backend_update_step = _backend_update_step
+    cls._all_reduce_sum_gradients = _all_reduce_sum_gradients
     return "patched"
 
 
