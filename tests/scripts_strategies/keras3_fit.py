@@ -11,6 +11,7 @@ all-reduce needs the chief past its epoch-end save).
 
 import argparse
 import hashlib
+import inspect
 import json
 import os
 import signal
@@ -70,6 +71,9 @@ print("RESULT " + json.dumps({
     "mae": [round(float(v), 6) for v in history.history["mae"]],
     "replicas": strategy.num_replicas_in_sync,
     "task": task,
+    # Metric variables synchronized across workers (sync-on-read): Keras 3.4+;
+    # Keras 3.3 logs each worker's own running mean.
+    "synced_metrics": "synchronization" in inspect.signature(keras.Variable).parameters,
     "generation": generation,
 }), flush=True)
 if args.save:
