@@ -126,7 +126,11 @@ hosts:
 
 
 def test_keras_flavour_sets_tf_use_legacy_keras():
-    assert plan_of(TWO_HOSTS).tasks[0].env["TF_USE_LEGACY_KERAS"] == "1"
+    # auto: TensorFlow's own default (or the script's, or `env:`), never forced.
+    assert "TF_USE_LEGACY_KERAS" not in plan_of(TWO_HOSTS).tasks[0].env
+    assert plan_of(TWO_HOSTS + "keras: tf_keras\n").tasks[0].env["TF_USE_LEGACY_KERAS"] == "1"
+    assert plan_of(TWO_HOSTS + "env: {TF_USE_LEGACY_KERAS: '1'}\n").tasks[0].env[
+        "TF_USE_LEGACY_KERAS"] == "1"
     keras3 = plan_of(TWO_HOSTS + "keras: keras3\n")
     assert keras3.tasks[0].env["TF_USE_LEGACY_KERAS"] == "0"
     assert keras3.tasks[0].env["MGPU_KERAS"] == "keras3"

@@ -1,4 +1,4 @@
-"""Unit tests of the runtime's pure parts: hooks, version gate, guards, plain models."""
+"""Unit tests of the runtime's pure parts: hooks, guards, plain models."""
 
 from __future__ import annotations
 
@@ -25,12 +25,6 @@ def test_post_import_hook_runs_once_on_first_import(tmp_path: Path, monkeypatch)
     monkeypatch.delitem(sys.modules, "mgpu_probe_mod")
 
 
-@pytest.mark.parametrize(("version", "tested"), [("3.15.1", True), ("3.15.0", True),
-                                                  ("3.16.0", False), ("3.1.5", False)])
-def test_keras_version_gate(version: str, tested: bool):
-    assert keras_compat.is_tested(version) is tested
-
-
 def test_multi_worker_job_reads_the_task_environment(monkeypatch):
     monkeypatch.delenv("TF_CONFIG", raising=False)
     monkeypatch.setenv("MGPU_NUM_WORKERS", "2")
@@ -48,42 +42,6 @@ def test_multi_worker_job_reads_the_task_environment(monkeypatch):
                                                 "task": {"type": "worker", "index": 1}}))
     assert keras_compat.multi_worker_job()
     assert not keras_compat._is_chief()
-
-
-class _FakeStrategy:
-    pass
-
-
-def _fake_trainer(multi: bool) -> types.ModuleType:
-    trainer = types.ModuleType("fake_trainer")
-
-    class TensorFlowTrainer:
-        _distribute_strategy = _FakeStrategy()
-
-        def fit(self, *args, **kwargs):
-            return "trained"
-
-    trainer.TensorFlowTrainer = TensorFlowTrainer
-    trainer._collective_all_reduce_multi_worker = lambda strategy: multi
-    return trainer
-
-
-def test_untested_version_refuses_fit_with_the_way_out(monkeypatch):
-    monkeypatch.setenv("MGPU_KERAS_VERSION_OVERRIDE", "3.99.0")
-    monkeypatch.setenv("MGPU_NUM_WORKERS", "2")
-    monkeypatch.setenv("MGPU_STRATEGY", "multi_worker_mirrored")
-    monkeypatch.delenv("MGPU_KERAS_UNTESTED", raising=False)
-    trainer = _fake_trainer(multi=True)
-    keras_compat.on_trainer(trainer)
-    # A fake strategy is not an MWMS: the guard lets it through...
-    assert trainer.TensorFlowTrainer().fit() == "trained"
-    # ...and refuses once the internals cannot tell (assume the worst).
-    monkeypatch.setitem(sys.modules, "tensorflow", None)
-    with pytest.raises(keras_compat.UntestedKerasError) as refused:
-        trainer.TensorFlowTrainer().fit()
-    message = str(refused.value)
-    assert "Keras 3.99.0" in message and "keras: tf_keras" in message
-    assert "keras==3.15.*" in message and "keras-team/keras#20585" in message
 
 
 def test_refusal_names_the_fix_first():

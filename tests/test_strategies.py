@@ -47,10 +47,13 @@ def explain(result: subprocess.CompletedProcess) -> str:
     return result.stdout[-4000:] + result.stderr[-2000:]
 
 
+@pytest.mark.keras_matrix
 def test_mwms_tf_keras_two_workers_by_two_logical_devices(workdir: Path):
     run_dir = workdir / "run"
+    # tf.keras is tf_keras (`keras: auto` keeps TensorFlow's default: Keras 3).
     result = run_cli(["--local", "2", "--max-restarts", "0", "--run-dir", str(run_dir),
-                      str(STRATEGY_SCRIPTS / "replicas.py"), "--cpu-devices", "2"], cwd=workdir)
+                      str(STRATEGY_SCRIPTS / "replicas.py"), "--cpu-devices", "2"], cwd=workdir,
+                     TF_USE_LEGACY_KERAS="1")
     assert result.returncode == 0, explain(result)
     found = results(run_dir)
     assert sorted(found) == ["host0-worker0", "host1-worker1"], explain(result)

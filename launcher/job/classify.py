@@ -26,6 +26,27 @@ _DEADLINE = re.compile(r"DEADLINE_EXCEEDED|DeadlineExceededError")
 _UNAVAILABLE = re.compile(r"UNAVAILABLE|UnavailableError")
 
 
+# tf_keras (Keras 2) code that Keras 3 refuses: what `tf.keras` is under
+# TensorFlow 2.16+ unless TF_USE_LEGACY_KERAS=1 (`keras: tf_keras`).
+_TF_KERAS_ONLY = re.compile(
+    r"is not supported in Keras 3"                     # keras.optimizers.legacy, ...
+    r"|module 'keras\._tf_keras\.[\w.]+' has no attribute"  # tf.keras.backend.get_session, ...
+    r"|object has no attribute '(?:reset_states|lr|_make_train_function|_train_counter)'"
+    r"|filename must end in `\.weights\.h5`"             # save_weights("ckpt") (TF format)
+    r"|Invalid filepath extension for saving"           # model.save("dir") (SavedModel)
+)
+TF_KERAS_HINT = ("this is tf_keras (Keras 2) code running under Keras 3: set `keras: "
+                 "tf_keras` in the cluster file (tf.keras is then tf_keras)")
+
+
+def tf_keras_hint(error: dict | None, last_lines: list[str] | tuple[str, ...]) -> str | None:
+    """The hint to set `keras: tf_keras` when a task died of a tf_keras-only API."""
+    error = error or {}
+    text = "\n".join([str(error.get("type", "")), str(error.get("message", "")),
+                      str(error.get("traceback", "")), *last_lines])
+    return TF_KERAS_HINT if _TF_KERAS_ONLY.search(text) else None
+
+
 @dataclass(frozen=True)
 class OutputAlarm:
     """A fatal error seen in a task's output before the task exits."""
@@ -102,6 +123,8 @@ def classify_exit(exit_code: int | None, signum: int | None, error: dict | None,
         return "collective timed out (DeadlineExceeded): a peer stopped taking part"
     if _UNAVAILABLE.search(error_type) or (not error and _UNAVAILABLE.search(text)):
         return "gRPC UNAVAILABLE: lost a peer (it died, hung, or the network dropped)"
+    hint = tf_keras_hint(error, last_lines)
     if error:
-        return f"Python exception {error_type}: {str(error.get('message', ''))[:200]}"
-    return f"exited with code {exit_code}"
+        reason = f"Python exception {error_type}: {str(error.get('message', ''))[:200]}"
+        return f"{reason} — {hint}" if hint else reason
+    return f"exited with code {exit_code}" + (f" — {hint}" if hint else "")

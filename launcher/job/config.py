@@ -195,6 +195,8 @@ class ClusterConfig(_Strict):
     workdir: str | None = None
     strategy: Literal["multi_worker_mirrored", "parameter_server", "legacy_server",
                       "keras_distribution"] = "multi_worker_mirrored"
+    # `auto`: the Keras the script gets when run by hand (TensorFlow's default);
+    # `tf_keras`/`keras3`: tf.keras is tf_keras / Keras 3 (TF_USE_LEGACY_KERAS);
     # `jax`: Keras 3 on the JAX backend (KERAS_BACKEND=jax), for keras_distribution.
     keras: Literal["auto", "keras3", "tf_keras", "jax"] = "auto"
     tasks_per_host: Literal["one", "per_gpu"] = "one"

@@ -277,12 +277,19 @@ def ports_needed(config: ClusterConfig, active_hosts: Sequence[str] | None = Non
 
 
 def _keras_env(keras: str) -> dict[str, str]:
-    # tf.keras resolves to tf_keras only when this is set before TensorFlow is
-    # imported; `auto` picks tf_keras because Keras 3's Model.fit fails under
-    # MultiWorkerMirroredStrategy on this stack (docs/design.md, "Keras on this stack").
-    if keras in ("tf_keras", "auto"):
+    """`TF_USE_LEGACY_KERAS` for the `keras:` key (read when TensorFlow is imported).
+
+    `auto` sets nothing: each script gets the Keras it gets when run by hand
+    (TensorFlow's default, Keras 3 for `tf.keras` since TF 2.16, patched by the
+    runtime under MultiWorkerMirroredStrategy; or what `env:` or the script
+    itself sets). Forcing tf_keras broke scripts written for Keras 3 through
+    `tf.keras` (docs/strategies-and-keras.md).
+    """
+    if keras == "tf_keras":
         return {"TF_USE_LEGACY_KERAS": "1"}
-    return {"TF_USE_LEGACY_KERAS": "0"}
+    if keras == "keras3":
+        return {"TF_USE_LEGACY_KERAS": "0"}
+    return {}
 
 
 def _jax_env(config: ClusterConfig) -> dict[str, str]:

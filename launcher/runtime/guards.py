@@ -13,6 +13,8 @@ Owns post-import hooks on TensorFlow's distribute modules:
   MWMS does, with the same jobs and leader plus a heartbeat timeout, makes a
   hung or vanished peer noticed in seconds instead of ~10 s, without touching
   the script. The shutdown barrier is left alone (shortening it hangs exits).
+  This reaches private TensorFlow code: if it moved, the task keeps TF's
+  defaults and says so in one warning line.
 - `Server.join()` waits in Python, so the launcher's SIGTERM ends a ps task
   with exit code 0 instead of death by signal.
 
@@ -129,14 +131,20 @@ def report_cluster(state: str) -> None:
 
 def on_collective(module: ModuleType) -> None:
     """Around MWMS's cluster setup: report joining/joined, and configure the
-    coordination service (with our heartbeat) just before MWMS does."""
-    seconds = heartbeat_s()
-    extended = module.CollectiveAllReduceExtended
-    if extended.__dict__.get(_MARK):
-        return
-    original = extended._initialize_multi_worker
+    coordination service (with our heartbeat) just before MWMS does.
 
-    def _initialize_multi_worker(self, cluster_resolver):
+    Private TensorFlow code: when `_initialize_multi_worker` is gone, MWMS runs
+    as TensorFlow ships it (TF's heartbeat), with a one-line warning."""
+    seconds = heartbeat_s()
+    extended = getattr(module, "CollectiveAllReduceExtended", None)
+    if extended is None or extended.__dict__.get(_MARK):
+        return
+    original = extended.__dict__.get("_initialize_multi_worker")
+    if original is None:
+        warn_tf_moved("CollectiveAllReduceExtended._initialize_multi_worker is gone")
+        return
+
+    def _initialize_multi_worker(self, cluster_resolver, *args, **kwargs):
         global _multi_worker_setups
         _multi_worker_setups += 1
         if _multi_worker_setups > 1:
@@ -148,8 +156,8 @@ def on_collective(module: ModuleType) -> None:
                 "the same strategy on every call.")
         report_cluster("joining")
         if seconds is not None:
-            configure_coordination_service(cluster_resolver, seconds)
-        result = original(self, cluster_resolver)
+            configure_coordination_service(cluster_resolver, seconds, module)
+        result = original(self, cluster_resolver, *args, **kwargs)
         report_cluster("joined")
         return result
 
@@ -157,28 +165,58 @@ def on_collective(module: ModuleType) -> None:
     setattr(extended, _MARK, True)
 
 
-def configure_coordination_service(cluster_resolver, seconds: float) -> bool:
-    """What MWMS would configure, plus `heartbeat_timeout_in_ms`; False if not ours to do."""
-    from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
-    from tensorflow.python.distribute import multi_worker_util
-    from tensorflow.python.eager import context
+def warn_tf_moved(what: str) -> None:
+    """One line: a private TensorFlow API the heartbeat hook uses has moved."""
+    import sys
 
-    if context.context().coordination_service is not None:
-        return False  # the script (or TF) configured it already: leave theirs
-    cluster_spec = multi_worker_util.normalize_cluster_spec(cluster_resolver.cluster_spec())
-    if cluster_resolver.task_type not in ("chief", "worker"):
+    version = getattr(sys.modules.get("tensorflow"), "__version__", "?")
+    print(f"mgpu-launch: warning: TensorFlow {version}: {what}; using TensorFlow's default "
+          "coordination heartbeat (a hung peer is noticed in ~10 s, not "
+          f"{os.environ.get('MGPU_TF_HEARTBEAT_S', '3')} s)", file=sys.stderr, flush=True)
+
+
+def _coordination_config(module: ModuleType | None) -> ModuleType:
+    """The protobuf module MWMS itself uses (its path moved between TF 2.16 and 2.19)."""
+    found = getattr(module, "coordination_config_pb2", None)
+    if found is not None:
+        return found
+    try:
+        from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
+    except ImportError:
+        from tensorflow.tsl.protobuf import coordination_config_pb2
+    return coordination_config_pb2
+
+
+def configure_coordination_service(cluster_resolver, seconds: float,
+                                   module: ModuleType | None = None) -> bool:
+    """What MWMS would configure, plus `heartbeat_timeout_in_ms`; False if not
+    ours to do, or if TensorFlow's private API moved (then TF's defaults, warned)."""
+    try:
+        from tensorflow.python.distribute import multi_worker_util
+        from tensorflow.python.eager import context
+
+        if context.context().coordination_service is not None:
+            return False  # the script (or TF) configured it already: leave theirs
+        cluster_spec = multi_worker_util.normalize_cluster_spec(
+            cluster_resolver.cluster_spec())
+        if cluster_resolver.task_type not in ("chief", "worker"):
+            return False
+        pb2 = _coordination_config(module)
+        jobs = [
+            pb2.CoordinatedJob(name=job, num_tasks=cluster_spec.num_tasks(job))
+            for job in ("chief", "worker")
+            if job in cluster_spec.jobs
+        ]
+        context.context().configure_coordination_service(
+            service_type="standalone",
+            service_leader=multi_worker_util.coordination_leader(cluster_spec),
+            coordinated_jobs=jobs,
+            heartbeat_timeout_in_ms=int(seconds * 1000),
+        )
+    except (ImportError, AttributeError, TypeError) as exc:
+        warn_tf_moved(f"its private coordination-service API moved ({type(exc).__name__}: "
+                      f"{str(exc)[:160]})")
         return False
-    jobs = [
-        coordination_config_pb2.CoordinatedJob(name=job, num_tasks=cluster_spec.num_tasks(job))
-        for job in ("chief", "worker")
-        if job in cluster_spec.jobs
-    ]
-    context.context().configure_coordination_service(
-        service_type="standalone",
-        service_leader=multi_worker_util.coordination_leader(cluster_spec),
-        coordinated_jobs=jobs,
-        heartbeat_timeout_in_ms=int(seconds * 1000),
-    )
     return True
 
 

@@ -70,7 +70,14 @@ class PostImportFinder:
 def _run_all(hooks: list[Hook]) -> Hook:
     def run(module: ModuleType) -> None:
         for hook in hooks:
-            hook(module)
+            try:
+                hook(module)
+            except Exception as exc:  # noqa: BLE001 - never break the script's import
+                # A hook adjusts private TensorFlow/Keras code that may have
+                # moved; the script then runs as the library ships it.
+                name = getattr(hook, "__qualname__", repr(hook))
+                print(f"mgpu-launch: warning: {name} skipped on {module.__name__} "
+                      f"({type(exc).__name__}: {str(exc)[:160]})", file=sys.stderr, flush=True)
 
     return run
 

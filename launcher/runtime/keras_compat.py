@@ -4,12 +4,17 @@ Upstream Keras 3 (keras-team/keras#20585) breaks in two spots of
 `keras/src/backend/tensorflow/trainer.py` when several workers train under
 `MultiWorkerMirroredStrategy` (docs/design.md, "Keras on this stack"):
 
-1. `_maybe_symbolic_build` averages the first distributed batch with an eager
-   `strategy.reduce(...)`, which the collective strategy cannot do on a
-   `PerReplica` batch. Building needs only shapes and dtypes: one local
+1. `_maybe_symbolic_build` (Keras 3.4+) averages the first distributed batch
+   with an eager `strategy.reduce(...)`, which the collective strategy cannot
+   do on a `PerReplica` batch. Building needs only shapes and dtypes: one local
    replica's batch is enough, and no collective runs.
 2. `reduce_per_replica` reduces every logged value with `axis=0`, which fails
    on scalars; a scalar is averaged over the replicas with `axis=None`.
+3. Keras 3.3 (`keras/src/backend/tensorflow/optimizer.py`) sums the gradients
+   over the replicas inside a merge call, in cross-replica context, where
+   there is no replica context to all-reduce in: each worker applies its own
+   gradients and the workers' weights drift apart. The sum is done before the
+   merge call instead, as Keras 3.4+ does.
 
 Keras 3's `BackupAndRestore` and `ModelCheckpoint` are not multi-worker aware:
 every worker creates the same directory and writes the same files. Here, on a
@@ -17,10 +22,14 @@ worker other than the chief, they write to a private temporary directory that
 is deleted at once; every worker still *reads* the shared backup on restart,
 so all of them resume from the chief's state.
 
-The patches reach into private Keras code, so they apply only to the Keras
-versions they were tested with (`TESTED`). On another version, `fit`,
-`evaluate` and `predict` under a multi-worker MirroredStrategy refuse with the
-reason and the ways out instead of training wrongly.
+The fixes go by capability, not by version string: each `Fix` checks, when its
+module is imported, that the code it patches has the signature it expects and
+that the bug it fixes is there (the source still does what is broken). A fix
+whose bug is gone is skipped; a fix that cannot apply (a private signature
+moved) makes `fit`, `evaluate` and `predict` under a multi-worker strategy
+refuse at once, naming the Keras version and what moved, instead of failing
+at the first checkpoint or training wrongly. The Keras lines it was run on
+are `PROVEN` (the Keras matrix, `.ci/keras-matrix`).
 
 Imported in the task process by the bootstrap (through post-import hooks) and
 by the runtime. Standard library at import time; Keras/TensorFlow are only
@@ -31,22 +40,35 @@ side.
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import os
 import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
 from types import ModuleType
 
-# Keras 3 release lines these patches were written against and tested on.
-TESTED = ("3.15.",)
+# Keras 3 lines the Keras matrix runs the e2e tests on (with TF 2.16, 2.19, 2.21).
+PROVEN = ("3.3.", "3.10.", "3.15.")
 TRAINER = "keras.src.backend.tensorflow.trainer"
+OPTIMIZER = "keras.src.backend.tensorflow.optimizer"
 BACKUP = "keras.src.callbacks.backup_and_restore"
 CHECKPOINT = "keras.src.callbacks.model_checkpoint"
 _MARK = "_mgpu_patched"
 _announced: set[str] = set()
+# Fixes that could not apply in this process: fix name -> what moved.
+_unfixable: dict[str, str] = {}
+# Callback classes whose fix could not apply: passing one to fit refuses.
+_unfixable_callbacks: dict[type, str] = {}
 
 
 class UntestedKerasError(RuntimeError):
-    """Keras 3 `fit` under a multi-worker strategy, on a Keras we never tested."""
+    """Keras 3 `fit` under a multi-worker strategy, on a Keras whose private code moved."""
+
+
+class CannotPatch(Exception):
+    """The code a fix patches is not what it expects (its message says what moved)."""
 
 
 # ------------------------------------------------------------------ environment
@@ -66,8 +88,9 @@ def keras_version() -> str:
         return getattr(module, "__version__", "unknown")
 
 
-def is_tested(version: str) -> bool:
-    return version.startswith(TESTED)
+def is_proven(version: str) -> bool:
+    """A Keras line the matrix ran the e2e tests on (said in the announcement only)."""
+    return version.startswith(PROVEN)
 
 
 def multi_worker_job() -> bool:
@@ -100,6 +123,10 @@ def _is_chief() -> bool:
     return kind == "worker" and index == 0 and not config.get("cluster", {}).get("chief")
 
 
+def _allow_unfixed() -> bool:
+    return os.environ.get("MGPU_KERAS_UNTESTED") == "allow"
+
+
 def announce(text: str) -> None:
     """Print one line about the Keras in use, once per text."""
     if text in _announced:
@@ -108,17 +135,64 @@ def announce(text: str) -> None:
     print(f"mgpu-launch: {text}", file=sys.stderr, flush=True)
 
 
-def refusal_message(version: str) -> str:
-    tested = ", ".join(f"{t}*" for t in TESTED)
+def refusal_message(version: str, moved: list[str] | tuple[str, ...] = ()) -> str:
+    what = "; ".join(moved) or "its private code moved"
     return (
-        f"Keras {version} is untested with mgpu-launch for Model.fit under "
-        f"MultiWorkerMirroredStrategy; refusing rather than training wrongly. Fix: pin "
-        f"keras=={TESTED[0]}*, or set `keras: tf_keras` and use tf.keras. Why: upstream "
-        "Keras 3 fit is broken under this strategy (keras-team/keras#20585); mgpu-launch "
-        f"patches it only on the versions it has checked ({tested}). Other ways out: a "
-        "custom training loop (strategy.run), or, at your own risk, "
-        "MGPU_KERAS_UNTESTED=allow to run this Keras unpatched."
+        f"Keras {version}: mgpu-launch cannot fix Model.fit under "
+        "MultiWorkerMirroredStrategy on this Keras; refusing rather than training wrongly. "
+        "Fix: set `keras: tf_keras` and use tf.keras, or install a Keras the launcher "
+        f"was proven on ({', '.join(p + 'x' for p in PROVEN)}; e.g. keras==3.15.*). "
+        f"What moved: {what}. Why: upstream Keras 3 fit is broken under this strategy "
+        "(keras-team/keras#20585) and mgpu-launch's fix reaches into private Keras code. "
+        "Other ways out: a custom training loop (strategy.run), or, at your own risk, "
+        "MGPU_KERAS_UNTESTED=allow to run this Keras without the fixes that cannot apply."
     )
+
+
+# ------------------------------------------------------------ capability checks
+
+
+def _source(obj: object) -> str:
+    try:
+        return inspect.getsource(obj)  # type: ignore[arg-type]
+    except (OSError, TypeError):
+        return ""  # no source shipped: the bug cannot be confirmed
+
+
+def _params(func: object, what: str) -> list[str]:
+    if not callable(func):
+        raise CannotPatch(f"{what} is gone")
+    try:
+        return list(inspect.signature(func).parameters)
+    except (TypeError, ValueError) as exc:
+        raise CannotPatch(f"{what} has no readable signature") from exc
+
+
+def _expect_params(func: object, expected: tuple[str, ...], what: str) -> None:
+    params = _params(func, what)
+    if tuple(params) != expected:
+        raise CannotPatch(f"{what}({', '.join(params)}) is not {what}({', '.join(expected)})")
+
+
+_SYMBOLIC_REDUCE = "distribute_strategy.reduce("
+_MEAN_AXIS_0 = ('"MEAN", v, axis=0', "'MEAN', v, axis=0")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one fix did: `patched`, `not needed` (the bug is absent) or `cannot`."""
+
+    name: str
+    status: str
+    detail: str = ""
+
+
+def _attempt(name: str, fix: Callable[[], str]) -> Outcome:
+    try:
+        return Outcome(name, fix())
+    except CannotPatch as exc:
+        _unfixable[name] = str(exc)
+        return Outcome(name, "cannot", str(exc))
 
 
 # ----------------------------------------------------------------------- hooks
@@ -130,25 +204,55 @@ def on_trainer(trainer: ModuleType) -> None:
     if not multi_worker_job():
         announce(f"Keras {version}")
         return
-    if is_tested(version):
-        patch_trainer(trainer)
-        announce(f"Keras {version} (patched for MultiWorkerMirroredStrategy)")
-    elif os.environ.get("MGPU_KERAS_UNTESTED") == "allow":
-        announce(f"Keras {version} (untested, unpatched: MGPU_KERAS_UNTESTED=allow)")
+    if getattr(trainer, _MARK, False):
+        return
+    outcomes = [_attempt("symbolic build", lambda: fix_symbolic_build(trainer)),
+                _attempt("metric reduction", lambda: fix_reduce_per_replica(trainer))]
+    guard_trainer(trainer, version)
+    setattr(trainer, _MARK, True)
+    patched = [o.name for o in outcomes if o.status == "patched"]
+    cannot = [f"{o.name}: {o.detail}" for o in outcomes if o.status == "cannot"]
+    proven = "" if is_proven(version) else ", a Keras line the matrix has not run"
+    if cannot and _allow_unfixed():
+        announce(f"Keras {version} (cannot patch {'; '.join(cannot)}; running anyway: "
+                 "MGPU_KERAS_UNTESTED=allow)")
+    elif cannot:
+        announce(f"Keras {version} (cannot be patched for MultiWorkerMirroredStrategy: "
+                 f"{'; '.join(cannot)}; Model.fit under it will refuse)")
     else:
-        guard_trainer(trainer, version)
-        announce(f"Keras {version} (untested: Model.fit under MultiWorkerMirroredStrategy "
-                 "will refuse to run)")
+        announce(f"Keras {version} (patched for MultiWorkerMirroredStrategy: "
+                 f"{', '.join(patched) or 'nothing needed'}{proven})")
+
+
+def on_optimizer(module: ModuleType) -> None:
+    """Post-import hook of Keras 3's TensorFlow optimizer."""
+    if multi_worker_job() and not getattr(module, _MARK, False):
+        outcome = _attempt("gradient all-reduce", lambda: fix_gradient_all_reduce(module))
+        setattr(module, _MARK, True)
+        if outcome.status == "patched":
+            announce(f"Keras {keras_version()} optimizer patched for "
+                     "MultiWorkerMirroredStrategy: gradient all-reduce")
 
 
 def on_backup(module: ModuleType) -> None:
-    if multi_worker_job() and is_tested(keras_version()):
-        patch_backup_and_restore(module.BackupAndRestore)
+    if multi_worker_job():
+        _callback_fix(module, "BackupAndRestore", fix_backup_and_restore)
 
 
 def on_checkpoint(module: ModuleType) -> None:
-    if multi_worker_job() and is_tested(keras_version()):
-        patch_model_checkpoint(module.ModelCheckpoint)
+    if multi_worker_job():
+        _callback_fix(module, "ModelCheckpoint", fix_model_checkpoint)
+
+
+def _callback_fix(module: ModuleType, name: str, fix: Callable[[type], str]) -> None:
+    cls = getattr(module, name, None)
+    if cls is None:
+        _unfixable[name] = f"{module.__name__}.{name} is gone"
+        return
+    try:
+        fix(cls)
+    except CannotPatch as exc:
+        _unfixable_callbacks[cls] = f"{name}: {exc}"
 
 
 def on_tf_keras_training(module: ModuleType) -> None:
@@ -177,8 +281,8 @@ def on_tf_keras_training(module: ModuleType) -> None:
 
 
 TF_KERAS_TRAINING = "tf_keras.src.engine.training"
-HOOKS = {TRAINER: on_trainer, BACKUP: on_backup, CHECKPOINT: on_checkpoint,
-         TF_KERAS_TRAINING: on_tf_keras_training}
+HOOKS = {TRAINER: on_trainer, OPTIMIZER: on_optimizer, BACKUP: on_backup,
+         CHECKPOINT: on_checkpoint, TF_KERAS_TRAINING: on_tf_keras_training}
 
 
 def apply_to_loaded() -> None:
@@ -192,44 +296,82 @@ def apply_to_loaded() -> None:
             hook(module)
 
 
-# --------------------------------------------------------------------- patches
+# --------------------------------------------------------------------- the fixes
 
 
-def _multi_worker(trainer: ModuleType, strategy) -> bool:
-    return strategy is not None and trainer._collective_all_reduce_multi_worker(strategy)
-
-
-def patch_trainer(trainer: ModuleType) -> None:
-    """Fix the two spots of `trainer` (a tested Keras 3) for multi-worker MWMS."""
-    if getattr(trainer, _MARK, False):
-        return
+def _multi_worker(strategy) -> bool:
+    """MWMS in multi-worker mode (Keras' own `_collective_all_reduce_multi_worker`)."""
     import tensorflow as tf
 
-    cls = trainer.TensorFlowTrainer
-    original_build = cls._maybe_symbolic_build
-    original_reduce = trainer.reduce_per_replica
+    return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and (
+        strategy.extended._in_multi_worker_mode())
 
-    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+
+def fix_symbolic_build(trainer: ModuleType) -> str:
+    """Keras 3.4+ builds the model from an eager average of the first
+    distributed batch: under MWMS, let that one reduce return this worker's
+    first replica's batch instead (the build needs shapes, not values).
+
+    Wraps the method whatever its arguments or iterator layout (Keras 3.10
+    yields pairs, 3.15 triples); it only needs the call to go through
+    `self.distribute_strategy.reduce`.
+    """
+    cls = getattr(trainer, "TensorFlowTrainer", None)
+    if cls is None:
+        raise CannotPatch(f"{trainer.__name__}.TensorFlowTrainer is gone")
+    method = cls.__dict__.get("_maybe_symbolic_build")
+    if method is None:
+        # Keras 3.3 has no eager symbolic build; a later Keras that still
+        # reduces a distributed batch somewhere else would fail here: refuse.
+        if _SYMBOLIC_REDUCE in _source(cls):
+            raise CannotPatch("TensorFlowTrainer reduces a distributed batch outside "
+                              "_maybe_symbolic_build")
+        return "not needed"
+    source = _source(method)
+    if source and _SYMBOLIC_REDUCE not in source:
+        return "not needed"  # upstream builds without the eager reduce: fixed
+    _params(method, "TensorFlowTrainer._maybe_symbolic_build")
+
+    @functools.wraps(method)
+    def _maybe_symbolic_build(self, *args, **kwargs):
         strategy = self._distribute_strategy
-        if iterator is None or not _multi_worker(trainer, strategy):
-            return original_build(self, iterator=iterator, data_batch=data_batch)
+        if strategy is None or not _multi_worker(strategy):
+            return method(self, *args, **kwargs)
+        import tensorflow as tf
 
-        def first_local(value):
-            if isinstance(value, tf.distribute.DistributedValues):
-                return strategy.experimental_local_results(value)[0]
-            return value
+        def first_local(reduce_op, value, axis=None):
+            def local(v):
+                if isinstance(v, tf.distribute.DistributedValues):
+                    return strategy.experimental_local_results(v)[0]
+                return v
 
-        # As upstream, but build from this worker's first replica: a symbolic
-        # build needs shapes and dtypes, not an eager cross-worker average.
-        for _, _, it in iterator:
-            data_batch = tf.nest.map_structure(first_local, next(it))
-            break
-        with strategy.scope():
-            self._symbolic_build(data_batch=data_batch)
+            return tf.nest.map_structure(local, value)
+
+        strategy.reduce = first_local  # shadows the method for this call only
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            del strategy.reduce
+
+    cls._maybe_symbolic_build = _maybe_symbolic_build
+    return "patched"
+
+
+def fix_reduce_per_replica(trainer: ModuleType) -> str:
+    """Average scalar metrics over the replicas with `axis=None` (upstream: axis=0)."""
+    original = getattr(trainer, "reduce_per_replica", None)
+    _expect_params(original, ("values", "strategy", "reduction"), "reduce_per_replica")
+    source = _source(original)
+    if source and not any(s in source for s in _MEAN_AXIS_0):
+        return "not needed"
+    calls = _source(getattr(trainer, "TensorFlowTrainer", None))
+    if calls and "reduce_per_replica(" not in calls:
+        raise CannotPatch("TensorFlowTrainer no longer calls reduce_per_replica")
 
     def reduce_per_replica(values, strategy, reduction):
-        if reduction not in ("auto", "mean") or not _multi_worker(trainer, strategy):
-            return original_reduce(values, strategy, reduction)
+        if reduction not in ("auto", "mean") or not _multi_worker(strategy):
+            return original(values, strategy, reduction)
+        import tensorflow as tf
 
         def mean(value):
             local = strategy.experimental_local_results(value)[0]
@@ -240,81 +382,151 @@ def patch_trainer(trainer: ModuleType) -> None:
 
         return tf.nest.map_structure(mean, values)
 
-    cls._maybe_symbolic_build = _maybe_symbolic_build
+    reduce_per_replica.__wrapped__ = original  # type: ignore[attr-defined]
     trainer.reduce_per_replica = reduce_per_replica
-    setattr(trainer, _MARK, True)
+    return "patched"
+
+
+_reduced = threading.local()  # set while an update step's gradients are summed already
+
+
+def fix_gradient_all_reduce(module: ModuleType) -> str:
+    """Sum the gradients over the replicas before the merge call (Keras 3.3).
+
+    Needs `TFOptimizer._backend_update_step(self, grads, trainable_variables,
+    learning_rate)` and `_all_reduce_sum_gradients(self, grads_and_vars)`; the
+    bug is there when only the merge-call side (`_distributed_tf_update_step`)
+    sums them. The inner sum is skipped while the outer one is in effect, so no
+    strategy (merge call or not) sums twice.
+    """
+    cls = getattr(module, "TFOptimizer", None)
+    if cls is None:
+        raise CannotPatch(f"{module.__name__}.TFOptimizer is gone")
+    update = cls.__dict__.get("_backend_update_step")
+    distributed = cls.__dict__.get("_distributed_tf_update_step")
+    summed = cls.__dict__.get("_all_reduce_sum_gradients")
+    if distributed is None or "_all_reduce_sum_gradients(" not in _source(distributed):
+        return "not needed"  # Keras 3.4+: summed before the merge call
+    _expect_params(update, ("self", "grads", "trainable_variables", "learning_rate"),
+                   "TFOptimizer._backend_update_step")
+    _expect_params(summed, ("self", "grads_and_vars"), "TFOptimizer._all_reduce_sum_gradients")
+    if "_all_reduce_sum_gradients(" in _source(update):
+        return "not needed"
+
+    @functools.wraps(update)
+    def _backend_update_step(self, grads, trainable_variables, learning_rate):
+        # In replica context, where an all-reduce can run (as Keras 3.4+).
+        pairs = summed(self, list(zip(grads, trainable_variables, strict=False)))
+        _reduced.active = True
+        try:
+            return update(self, [g for g, _ in pairs], trainable_variables, learning_rate)
+        finally:
+            _reduced.active = False
+
+    @functools.wraps(summed)
+    def _all_reduce_sum_gradients(self, grads_and_vars):
+        if getattr(_reduced, "active", False):
+            return list(grads_and_vars)
+        return summed(self, grads_and_vars)
+
+    cls._backend_update_step = _backend_update_step
+    cls._all_reduce_sum_gradients = _all_reduce_sum_gradients
+    return "patched"
 
 
 def guard_trainer(trainer: ModuleType, version: str) -> None:
-    """On an untested Keras: make fit/evaluate/predict under multi-worker MWMS refuse."""
-    if getattr(trainer, _MARK, False):
-        return
+    """fit/evaluate/predict under multi-worker MWMS refuse when a fix they
+    need could not apply (at the call, before any step runs)."""
     cls = getattr(trainer, "TensorFlowTrainer", None)
     if cls is None:
         return
 
-    def refuse_if_multi_worker(self) -> None:
+    def refuse_if_unfixed(method, self, args, kwargs) -> None:
+        if _allow_unfixed():
+            return
+        moved = list(_unfixable.values())
+        try:
+            bound = inspect.signature(method).bind_partial(self, *args, **kwargs)
+            callbacks = bound.arguments.get("callbacks") or []
+        except TypeError:
+            callbacks = kwargs.get("callbacks") or []
+        for callback in callbacks if isinstance(callbacks, list | tuple) else []:
+            moved += [why for cls_, why in _unfixable_callbacks.items()
+                      if isinstance(callback, cls_)]
+        if not moved:
+            return
         strategy = getattr(self, "_distribute_strategy", None)
         try:
-            import tensorflow as tf
-
-            multi = isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and (
-                strategy.extended._in_multi_worker_mode()
-            )
+            multi = _multi_worker(strategy)
         except Exception:  # noqa: BLE001 - internals moved: assume the worst
             multi = True
         if multi:
-            raise UntestedKerasError(refusal_message(version))
+            raise UntestedKerasError(refusal_message(version, moved))
 
     def guarded(method):
         @functools.wraps(method)
         def wrapper(self, *args, **kwargs):
-            refuse_if_multi_worker(self)
+            refuse_if_unfixed(method, self, args, kwargs)
             return method(self, *args, **kwargs)
 
         return wrapper
 
     for name in ("fit", "evaluate", "predict"):
-        if hasattr(cls, name):
-            setattr(cls, name, guarded(getattr(cls, name)))
-    setattr(trainer, _MARK, True)
+        if name in cls.__dict__:
+            setattr(cls, name, guarded(cls.__dict__[name]))
 
 
-_BACKUP_PATHS = ("_weights_path", "_training_metadata_path", "_prev_weights_path",
-                 "_prev_training_metadata_path")
+def _chief_aware(source: str) -> bool:
+    """Upstream made the callback multi-worker aware (a fix would be in the way)."""
+    return any(word in source for word in ("is_chief", "should_checkpoint", "_chief"))
 
 
-def patch_backup_and_restore(cls: type) -> None:
-    """Non-chief workers back up to a private temporary dir; every worker restores."""
-    if getattr(cls, _MARK, False):
-        return
-    original_save = cls._save_model
-    original_end = cls.on_train_end
+def fix_backup_and_restore(cls: type) -> str:
+    """Non-chief workers back up to a private temporary dir; every worker restores.
+
+    Needs `_save_model(self)` that writes under `self.backup_dir`; the files it
+    writes are whatever instance attributes hold paths inside that directory
+    (Keras 3.3: weights and metadata; 3.10+: also their `.bkp` copies).
+    """
+    if cls.__dict__.get(_MARK):
+        return "patched"
+    original_save = cls.__dict__.get("_save_model")
+    _expect_params(original_save, ("self",), "BackupAndRestore._save_model")
+    original_end = cls.__dict__.get("on_train_end")
+    _expect_params(original_end, ("self", "logs"), "BackupAndRestore.on_train_end")
+    if "self.backup_dir" not in _source(cls.__init__):
+        raise CannotPatch("BackupAndRestore no longer keeps self.backup_dir")
+    if _chief_aware(_source(original_save)):
+        return "not needed"
 
     def _save_model(self):
         if _is_chief():
             return original_save(self)
-        scratch = self.__dict__.get("_mgpu_scratch")
-        if scratch is None:
-            import tempfile
+        import shutil
+        import tempfile
 
-            scratch = self._mgpu_scratch = tempfile.mkdtemp(prefix="mgpu-backup-")
-        shared = {name: getattr(self, name) for name in ("backup_dir", *_BACKUP_PATHS)}
+        # A fresh scratch dir per save, deleted at once: a worker killed
+        # between saves leaves nothing behind.
+        shared_dir, scratch = self.backup_dir, tempfile.mkdtemp(prefix="mgpu-backup-")
+        inside = os.path.join(str(shared_dir), "")
+        shared = {name: value for name, value in vars(self).items()
+                  if isinstance(value, str) and value.startswith(inside)}
+        if not shared:
+            shutil.rmtree(scratch, ignore_errors=True)
+            raise UntestedKerasError(refusal_message(keras_version(), [
+                "BackupAndRestore keeps no file path inside backup_dir"]))
         self.backup_dir = scratch
-        for name in _BACKUP_PATHS:
-            setattr(self, name, os.path.join(scratch, os.path.basename(shared[name])))
+        for name, value in shared.items():
+            setattr(self, name, os.path.join(scratch, value[len(inside):]))
         try:
             return original_save(self)
         finally:
+            self.backup_dir = shared_dir
             for name, value in shared.items():
                 setattr(self, name, value)
+            shutil.rmtree(scratch, ignore_errors=True)
 
     def on_train_end(self, logs=None):
-        scratch = self.__dict__.pop("_mgpu_scratch", None)
-        if scratch is not None:
-            import shutil
-
-            shutil.rmtree(scratch, ignore_errors=True)
         if _is_chief():  # only the chief deletes the shared backup
             return original_end(self, logs)
         return None
@@ -322,14 +534,21 @@ def patch_backup_and_restore(cls: type) -> None:
     cls._save_model = _save_model
     cls.on_train_end = on_train_end
     setattr(cls, _MARK, True)
+    return "patched"
 
 
-def patch_model_checkpoint(cls: type) -> None:
+def fix_model_checkpoint(cls: type) -> str:
     """Non-chief workers save to a temporary path deleted right after the save."""
-    if getattr(cls, _MARK, False):
-        return
-    original_save = cls._save_model
-    original_path = cls._get_file_path
+    if cls.__dict__.get(_MARK):
+        return "patched"
+    original_save = cls.__dict__.get("_save_model")
+    original_path = cls.__dict__.get("_get_file_path")
+    _expect_params(original_save, ("self", "epoch", "batch", "logs"),
+                   "ModelCheckpoint._save_model")
+    _expect_params(original_path, ("self", "epoch", "batch", "logs"),
+                   "ModelCheckpoint._get_file_path")
+    if _chief_aware(_source(original_save)):
+        return "not needed"
 
     def _get_file_path(self, epoch, batch, logs):
         path = original_path(self, epoch, batch, logs)
@@ -354,3 +573,4 @@ def patch_model_checkpoint(cls: type) -> None:
     cls._get_file_path = _get_file_path
     cls._save_model = _save_model
     setattr(cls, _MARK, True)
+    return "patched"
