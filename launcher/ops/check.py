@@ -287,12 +287,11 @@ def judge_versions(reports: list[HostReport], keras_mode: str,
         if not mine.get("tensorflow"):
             report.problems.append(f"TensorFlow is not installed for {report.hello['python']}: "
                                    "install it, or set `python:` for this host")
-        if keras_mode in ("auto", "tf_keras") and mine.get("tensorflow") and not mine.get(
-                "tf_keras"):
+        # `keras: auto` keeps TensorFlow's own choice (Keras 3 where installed), so
+        # only `keras: tf_keras` needs the tf-keras package.
+        if keras_mode == "tf_keras" and mine.get("tensorflow") and not mine.get("tf_keras"):
             report.problems.append(
-                f"tf-keras is not installed: with `keras: {keras_mode}` tf.keras is tf_keras "
-                "on the hosts that have it but Keras 3 here, and Keras 3's fit fails under "
-                "MultiWorkerMirroredStrategy; "
+                "tf-keras is not installed: `keras: tf_keras` runs tf.keras as tf_keras; "
                 f"`pip install tf-keras~={_minor(mine['tensorflow'])}.0`")
         if keras_mode == "keras3" and not str(mine.get("keras") or "").startswith("3"):
             report.problems.append(f"`keras: keras3` needs Keras 3; found {mine.get('keras')}")
