@@ -188,22 +188,27 @@ def _report_cluster(state: str) -> None:
 
 def _chief_only_writes(module: ModuleType) -> None:
     """Post-import hook of Keras 3's backup/checkpoint callback modules (also
-    applied by `initialize`): chief-only writes (see the module doc), on the
-    Keras versions keras_compat's patches were tested with."""
+    applied by `initialize`): chief-only writes (see the module doc), by the
+    same capability-checked fixes keras_compat applies under TensorFlow; where
+    one cannot apply (a changed private signature), every process writes and
+    the task says so."""
     from . import keras_compat
 
-    version = keras_compat.keras_version()
-    if not keras_compat.is_tested(version):
-        keras_compat.announce(
-            f"Keras {version} is untested with mgpu-launch: BackupAndRestore and "
-            "ModelCheckpoint write from every process (pin keras==3.15.* for chief-only "
-            "writes)")
-        return
-    if hasattr(module, "BackupAndRestore"):
-        keras_compat.patch_backup_and_restore(module.BackupAndRestore)
-        _atomic_backups(module.BackupAndRestore, keras_compat._is_chief)
-    if hasattr(module, "ModelCheckpoint"):
-        keras_compat.patch_model_checkpoint(module.ModelCheckpoint)
+    fixes = (("BackupAndRestore", keras_compat.fix_backup_and_restore),
+             ("ModelCheckpoint", keras_compat.fix_model_checkpoint))
+    for name, fix in fixes:
+        cls = getattr(module, name, None)
+        if cls is None:
+            continue
+        try:
+            fix(cls)
+        except keras_compat.CannotPatch as exc:
+            keras_compat.announce(
+                f"Keras {keras_compat.keras_version()}: cannot make {name} write from the "
+                f"chief only ({exc}); every process writes its files")
+            continue
+        if name == "BackupAndRestore":
+            _atomic_backups(cls, keras_compat._is_chief)
 
 
 def _atomic_backups(cls: type, is_chief) -> None:
