@@ -123,6 +123,9 @@ class RestartPolicy(_Strict):
     host_wait_s: float = Field(default=300.0, gt=0)
     # SIGTERM -> SIGKILL grace when tasks are stopped (teardown, Ctrl-C).
     grace_s: float = Field(default=3.0, ge=0)
+    # Each agent keeps one interpreter per task with TensorFlow imported, for
+    # the next start of that task (a warm restart); `off`: every start is cold.
+    warm_standby: Literal["auto", "off"] = "auto"
 
 
 class PortSettings(_Strict):
