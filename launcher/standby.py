@@ -5,9 +5,10 @@ a restart on a small machine). While a generation trains, the agent keeps one
 standby per task: `python [flags] -m launcher.bootstrap --standby`, started
 with the same interpreter, flags, working directory, stdout/stderr pipes and
 environment the task would get, except what the launcher sets per start
-(`per_start`). It imports TensorFlow (nothing of the user's, and not Keras
-itself: TensorFlow imports tf_keras only when TF_USE_LEGACY_KERAS is set, as
-in a cold task) and waits for one JSON message on stdin: the task's argv,
+(`per_start`). It imports TensorFlow and nothing of the user's (TensorFlow
+itself imports Keras 3, or tf_keras when TF_USE_LEGACY_KERAS is set, exactly
+as in a cold task: KERAS_BACKEND and TF_USE_LEGACY_KERAS must be the task's)
+and waits for one JSON message on stdin: the task's argv,
 cwd and full environment. It applies them and goes on exactly as
 `python -m launcher.bootstrap SCRIPT ARGS` does (same `__main__`, sys.argv,
 sys.path[0], hooks, error file, exit code).
@@ -127,16 +128,17 @@ def _env_writes(node: ast.AST) -> list[tuple[str | None, str | None, str]]:
         targets = node.targets
     out += [(_key(t.slice), value, "set") for t in targets
             if isinstance(t, ast.Subscript) and _is_environ(t.value)]
-    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+    if not isinstance(node, ast.Call):
         return out
     func, args = node.func, node.args
     first = _key(args[0]) if args else None
     second = _key(args[1]) if len(args) > 1 else None
-    if func.attr == "putenv":
+    called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+    if called == "putenv":  # os.putenv or a bare putenv imported from os
         out.append((first, second, "set"))
-    elif func.attr == "unsetenv":
+    elif called == "unsetenv":
         out.append((first, None, "set"))
-    elif _is_environ(func.value):
+    elif isinstance(func, ast.Attribute) and _is_environ(func.value):
         if func.attr == "setdefault":
             out.append((first, second, "setdefault"))
         elif func.attr == "__setitem__":
@@ -161,23 +163,38 @@ def _env_writes(node: ast.AST) -> list[tuple[str | None, str | None, str]]:
 
 def wait_for_task() -> list[str]:
     """In the standby: import TensorFlow, wait for the hand-off, apply it;
-    the task's `[SCRIPT, ARGS...]`. Exits quietly when the agent drops it."""
+    the task's `[SCRIPT, ARGS...]`. Exits quietly when the agent drops it.
+
+    The hand-off is read on a thread while TensorFlow is imported: a task
+    handed over before the import is done gets its priority back at once."""
+    import threading
+
     lowered = _lower_priority()
+    received: list[bytes] = []
+
+    def receive() -> None:
+        raw = b""
+        while True:
+            chunk = os.read(0, 1 << 16)
+            if not chunk:
+                break
+            raw += chunk
+        if lowered is not None and raw:
+            _restore_priority(lowered)
+        received.append(raw)
+
+    reader = threading.Thread(target=receive, name="mgpu-standby", daemon=True)
+    reader.start()
     try:
         import tensorflow  # noqa: F401  - the point: what a cold task pays at its start
     except BaseException:  # noqa: BLE001 - anything: this standby is no good, start cold
         os._exit(EXIT_NO_TENSORFLOW)
-    raw = b""
-    while True:
-        chunk = os.read(0, 1 << 16)
-        if not chunk:
-            break
-        raw += chunk
-    if not raw:
+    reader.join()
+    if not received[0]:
         os._exit(0)  # the agent closed the pipe without a task: not needed any more
-    message = json.loads(raw)
     if lowered is not None:
-        _restore_priority(lowered)
+        _restore_priority(lowered)  # again: threads TensorFlow started since
+    message = json.loads(received[0])
     _apply(message)
     return list(message["argv"])
 
