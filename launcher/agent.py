@@ -101,6 +101,7 @@ MAX_ERROR_FILE = 2**16
 TASK_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")  # a plain file name: no / or ..
 EXIT_LEASE = 3  # the agent's exit code when its lease ran out
 LEASE_CHECK_S = 0.2
+STANDBY_AFTER_S = 10.0  # a task that reports no progress gets its standby this long after its start
 REAP_GRACE_S = 1.0  # leftovers of a dead generation have nothing to save
 TOKEN_VAR = "MGPU_TASK_TOKEN"  # in each task's environment: finds its tree after a crash
 STACKS_WAIT_S = 1.0  # for all tasks of one request, in parallel
@@ -162,6 +163,7 @@ class RunningTask:
         self.stacks_file: str | None = None
         self.stacks_signum: int | None = None
         self.stacks_problem = ""  # why there are no stacks for this task, if so
+        self.standby_wanted: tuple[dict, dict[str, str]] | None = None  # (spec, env) for it
         self.pid_file: str | None = None
         self._ps = None
 
@@ -229,6 +231,7 @@ class Agent:
         self.standbys: dict[str, Standby] = {}
         self.no_standby: dict[str, str] = {}
         self.script_writes: dict[tuple[str, int, int], list] = {}
+        self.command_queue: _Lines | None = None  # read_commands's: runs work on its thread
 
     def mark_bundle_used(self) -> None:
         """Touch our bundle's folder: launchers drop bundles nobody used for a
@@ -370,8 +373,14 @@ class Agent:
         threading.Thread(target=self._read_progress, args=(task, progress_read),
                          daemon=True).start()
         threading.Thread(target=self._wait, args=(task,), daemon=True).start()
-        if spec["standby"] == "auto":
-            self._spawn_standby(name, spec, env)
+        if spec["standby"] == "auto" and not self._standby_problem(name, spec, env):
+            # Its standby is started once the task is past its own start (its
+            # first progress report: it must not slow that start), when it
+            # fails (a restart follows), or STANDBY_AFTER_S after its start.
+            task.standby_wanted = (spec, env)
+            timer = threading.Timer(STANDBY_AFTER_S, self._want_standby, args=(task,))
+            timer.daemon = True
+            timer.start()
 
     def _task_env(self, name: str, generation: int, spec: dict) -> dict[str, str]:
         """The task's environment but for its token, progress fd and stacks file;
@@ -453,6 +462,13 @@ class Agent:
         standby.pid_file = None  # the task's record replaces the standby's (same path)
         return ""
 
+    def _want_standby(self, task: RunningTask) -> None:
+        """Start `task`'s standby now (once), on the command thread."""
+        with self.lock:
+            wanted, task.standby_wanted = task.standby_wanted, None
+        if wanted is not None and self.command_queue is not None:
+            self.command_queue.put(lambda: self._spawn_standby(task.name, *wanted))
+
     def _spawn_standby(self, name: str, spec: dict, task_env: dict[str, str]) -> None:
         """Start the standby for this task's next start (on the command thread:
         PR_SET_PDEATHSIG is bound to the thread that starts a process)."""
@@ -465,7 +481,7 @@ class Agent:
         env[TOKEN_VAR] = token = os.urandom(8).hex()
         progress_read, progress_write = os.pipe()
         with self.lock:
-            if self.closing:
+            if self.closing or name in self.standbys:
                 os.close(progress_read)
                 os.close(progress_write)
                 return
@@ -571,10 +587,14 @@ class Agent:
                     continue
                 if isinstance(data, dict):
                     self.emit("progress", task=task.name, generation=task.generation, data=data)
+                    if task.standby_wanted is not None:
+                        self._want_standby(task)
 
     def _wait(self, task: RunningTask) -> None:
         code = task.proc.wait()
         exited_at = time.time()  # before draining: the root cause is the earliest exit
+        if code != 0 and task.standby_wanted is not None:
+            self._want_standby(task)  # a restart is likely to follow
         # Whatever the task left behind in its group (data-loader workers,
         # multiprocessing children) dies with it: no orphan may hold a GPU.
         try:
@@ -1212,12 +1232,15 @@ def read_commands(agent: Agent, stdin) -> None:
     must live as long as the agent.
     """
     lines = _Lines()
+    agent.command_queue = lines
     threading.Thread(target=_read_stdin, args=(agent, stdin, lines), daemon=True).start()
     while True:
         item = lines.get()
         if item is None:
             return
-        if isinstance(item, str):
+        if callable(item):  # work for this thread (a standby to start)
+            item()
+        elif isinstance(item, str):
             agent.emit("log", text=item)
         else:
             agent.dispatch(item)
@@ -1227,14 +1250,14 @@ class _Lines:
     """A queue between two threads (the queue module costs ~1 ms of start-up)."""
 
     def __init__(self) -> None:
-        self._items: collections.deque[bytes | str | None] = collections.deque()
+        self._items: collections.deque = collections.deque()
         self._ready = threading.Semaphore(0)
 
-    def put(self, item: bytes | str | None) -> None:
+    def put(self, item) -> None:  # bytes, str, a callable or None
         self._items.append(item)
         self._ready.release()
 
-    def get(self) -> bytes | str | None:
+    def get(self):
         self._ready.acquire()
         return self._items.popleft()
 

@@ -38,12 +38,10 @@ from __future__ import annotations
 import ast
 import json
 import os
-import sys
 
 FLAG = "--standby"  # `python -m launcher.bootstrap --standby`
 BOOTSTRAP = ("-m", "launcher.bootstrap")
 EXIT_NO_TENSORFLOW = 97  # the standby could not import TensorFlow: cold starts instead
-STANDBY_NICE = 19  # while it imports, when its priority can be given back at the hand-off
 
 
 def per_start(name: str) -> bool:
@@ -163,38 +161,20 @@ def _env_writes(node: ast.AST) -> list[tuple[str | None, str | None, str]]:
 
 def wait_for_task() -> list[str]:
     """In the standby: import TensorFlow, wait for the hand-off, apply it;
-    the task's `[SCRIPT, ARGS...]`. Exits quietly when the agent drops it.
-
-    The hand-off is read on a thread while TensorFlow is imported: a task
-    handed over before the import is done gets its priority back at once."""
-    import threading
-
-    lowered = _lower_priority()
-    received: list[bytes] = []
-
-    def receive() -> None:
-        raw = b""
-        while True:
-            chunk = os.read(0, 1 << 16)
-            if not chunk:
-                break
-            raw += chunk
-        if lowered is not None and raw:
-            _restore_priority(lowered)
-        received.append(raw)
-
-    reader = threading.Thread(target=receive, name="mgpu-standby", daemon=True)
-    reader.start()
+    the task's `[SCRIPT, ARGS...]`. Exits quietly when the agent drops it."""
     try:
         import tensorflow  # noqa: F401  - the point: what a cold task pays at its start
     except BaseException:  # noqa: BLE001 - anything: this standby is no good, start cold
         os._exit(EXIT_NO_TENSORFLOW)
-    reader.join()
-    if not received[0]:
+    raw = b""
+    while True:
+        chunk = os.read(0, 1 << 16)
+        if not chunk:
+            break
+        raw += chunk
+    if not raw:
         os._exit(0)  # the agent closed the pipe without a task: not needed any more
-    if lowered is not None:
-        _restore_priority(lowered)  # again: threads TensorFlow started since
-    message = json.loads(received[0])
+    message = json.loads(raw)
     _apply(message)
     return list(message["argv"])
 
@@ -212,61 +192,3 @@ def _apply(message: dict) -> None:
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)
-
-
-def _lower_priority() -> tuple[int, int | None] | None:
-    """Nice the standby while it imports (it must not slow the tasks that train
-    beside it), only when the priority can be given back at the hand-off
-    (root, or RLIMIT_NICE allows it). With autogroup scheduling (each session
-    its own group: the agent starts every task and standby in a new session) a
-    process's nice value only counts inside its group: the group's is set too.
-    The original (nice, autogroup nice), or None."""
-    try:
-        import resource
-
-        original = os.getpriority(os.PRIO_PROCESS, 0)
-        soft = resource.getrlimit(resource.RLIMIT_NICE)[0]
-        allowed = os.geteuid() == 0 or soft == resource.RLIM_INFINITY or 20 - original <= soft
-        if not allowed or original >= STANDBY_NICE:
-            return None
-        group = _autogroup_nice()
-        os.setpriority(os.PRIO_PROCESS, 0, STANDBY_NICE)
-        if group is not None:
-            _set_autogroup_nice(STANDBY_NICE)
-        return original, group
-    except (OSError, ValueError, ImportError, AttributeError):
-        return None
-
-
-def _autogroup_nice() -> int | None:
-    try:
-        with open("/proc/self/autogroup") as handle:  # "/autogroup-123 nice 0"
-            return int(handle.read().split()[-1])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _set_autogroup_nice(value: int) -> None:
-    try:
-        with open("/proc/self/autogroup", "w") as handle:
-            handle.write(str(value))
-    except OSError:
-        pass
-
-
-def _restore_priority(original: tuple[int, int | None]) -> None:
-    """Every thread back to the original nice value (nice is per thread on
-    Linux), and the autogroup's."""
-    nice, group = original
-    if group is not None:
-        _set_autogroup_nice(group)
-    try:
-        threads = os.listdir("/proc/self/task")
-    except OSError:
-        threads = [str(os.getpid())]
-    for tid in threads:
-        try:
-            os.setpriority(os.PRIO_PROCESS, int(tid), nice)
-        except (OSError, ValueError):
-            print(f"mgpu-launch: could not restore the priority of thread {tid}",
-                  file=sys.stderr, flush=True)

@@ -172,7 +172,7 @@ def test_the_cli_records_a_cold_start_and_why_in_events_and_summary(tmp_path):
 
 
 def test_a_standby_dies_with_its_agent(tmp_path):
-    (tmp_path / "quick.py").write_text("print('hi')\n")
+    (tmp_path / "quick.py").write_text("raise SystemExit(1)\n")  # a failure: a standby follows
     agent = AgentProc(tmp_path / "run")
     try:
         agent.hello()
