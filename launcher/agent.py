@@ -101,7 +101,7 @@ MAX_ERROR_FILE = 2**16
 TASK_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")  # a plain file name: no / or ..
 EXIT_LEASE = 3  # the agent's exit code when its lease ran out
 LEASE_CHECK_S = 0.2
-STANDBY_AFTER_S = 10.0  # a task that reports no progress gets its standby this long after its start
+STANDBY_AFTER_S = 30.0  # a task that reports no step gets its standby this long after its start
 REAP_GRACE_S = 1.0  # leftovers of a dead generation have nothing to save
 TOKEN_VAR = "MGPU_TASK_TOKEN"  # in each task's environment: finds its tree after a crash
 STACKS_WAIT_S = 1.0  # for all tasks of one request, in parallel
@@ -375,8 +375,9 @@ class Agent:
         threading.Thread(target=self._wait, args=(task,), daemon=True).start()
         if spec["standby"] == "auto" and not self._standby_problem(name, spec, env):
             # Its standby is started once the task is past its own start (its
-            # first progress report: it must not slow that start), when it
-            # fails (a restart follows), or STANDBY_AFTER_S after its start.
+            # first training step: the standby's import must not slow that
+            # start), when it fails (a restart follows), or STANDBY_AFTER_S
+            # after its start.
             task.standby_wanted = (spec, env)
             timer = threading.Timer(STANDBY_AFTER_S, self._want_standby, args=(task,))
             timer.daemon = True
@@ -587,8 +588,8 @@ class Agent:
                     continue
                 if isinstance(data, dict):
                     self.emit("progress", task=task.name, generation=task.generation, data=data)
-                    if task.standby_wanted is not None:
-                        self._want_standby(task)
+                    if task.standby_wanted is not None and "step" in data:
+                        self._want_standby(task)  # it trains: its start is behind it
 
     def _wait(self, task: RunningTask) -> None:
         code = task.proc.wait()
