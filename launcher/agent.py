@@ -407,25 +407,25 @@ class Agent:
 
     def _standby_problem(self, name: str, spec: dict, env: dict[str, str]) -> str:
         """Why no standby can serve this task at all ("" if one can)."""
-        from launcher import standby as warm
+        from launcher.standby import env_write_problem, script_env_writes, script_of, standby_argv
 
         if spec["standby"] != "auto":
             return "restart.warm_standby is off"
         if name in self.no_standby:
             return self.no_standby[name]
-        if warm.standby_argv(spec["argv"]) is None:
+        if standby_argv(spec["argv"]) is None:
             return "not a script run by launcher.bootstrap"
         if spec["env"].get("MGPU_STRATEGY") == "keras_distribution":
             return "Keras on JAX: no TensorFlow to import ahead"
-        script = warm.script_of(spec["argv"], spec["cwd"])
+        script = script_of(spec["argv"], spec["cwd"])
         try:
             info = os.stat(script)
         except OSError:
             return ""  # the start fails the same way warm or cold
         key = (script, info.st_mtime_ns, info.st_size)
         if key not in self.script_writes:
-            self.script_writes[key] = warm.script_env_writes(script)
-        return warm.env_write_problem(script, self.script_writes[key], env)
+            self.script_writes[key] = script_env_writes(script)
+        return env_write_problem(script, self.script_writes[key], env)
 
     def _why_cold(self, name: str, spec: dict, env: dict[str, str],
                   standby: Standby | None) -> str:

@@ -131,9 +131,9 @@ def install_hooks() -> None:
 
 def main() -> None:
     if sys.argv[1:] == [STANDBY_FLAG]:  # a standby: the task comes later (launcher.standby)
-        from launcher import standby
+        from launcher.standby import wait_for_task
 
-        sys.argv[1:] = standby.wait_for_task()
+        sys.argv[1:] = wait_for_task()
     if len(sys.argv) < 2:
         sys.exit("usage: python -m launcher.bootstrap SCRIPT [ARGS...]")
     script = sys.argv[1]

@@ -18,8 +18,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from launcher import bootstrap, standby
+from launcher.job.config import ClusterConfig
 from tests.agentproc import AgentProc, agent_env
 from tests.conftest import wait_for
 
@@ -61,6 +63,11 @@ def test_the_import_time_rule_and_the_script_check(tmp_path):
         python, "-u", "-m", "launcher.bootstrap", "--standby"]
     assert standby.standby_argv([python, "-m", "launcher.runtime.server"]) is None
     assert bootstrap.STANDBY_FLAG == standby.FLAG
+    for text, setting in (("off", "off"), ("auto", "auto"), ('"off"', "off")):  # YAML: off is False
+        config = yaml.safe_load(f"hosts: [{{address: a}}]\nrestart: {{warm_standby: {text}}}")
+        assert ClusterConfig.model_validate(config).restart.warm_standby == setting
+    assert ClusterConfig.model_validate({"hosts": [{"address": "a"}]}).restart.warm_standby \
+        == "auto"
 
     def problem(source: str, env: dict[str, str]) -> str:
         script = tmp_path / "s.py"

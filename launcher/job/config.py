@@ -127,6 +127,14 @@ class RestartPolicy(_Strict):
     # the next start of that task (a warm restart); `off`: every start is cold.
     warm_standby: Literal["auto", "off"] = "auto"
 
+    @field_validator("warm_standby", mode="before")
+    @classmethod
+    def _yaml_off(cls, value: Any) -> Any:
+        # YAML 1.1 reads a bare `off` as false (and `on` as true).
+        if isinstance(value, bool):
+            return "auto" if value else "off"
+        return value
+
 
 class PortSettings(_Strict):
     base: Literal["auto"] | int = DEFAULT_PORT_BASE
