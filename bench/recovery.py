@@ -4,8 +4,8 @@ with warm standbys and without.
 For each fault and each setting of `restart.warm_standby` (auto, off), runs
 the digits example on 2 simulated hosts under the real CLI, waits until both
 workers train in their second epoch and the job has trained for `--train-s`
-seconds (a real crash comes long after the start; a standby is started once
-its task reports progress and needs a few seconds to import TensorFlow), sends
+seconds (a real crash comes long after the start; a task's standby is started 5 s
+after its first step and needs a few seconds to import TensorFlow), sends
 the fault to worker1, waits for the first training step of generation 1 and
 stops the job. Then reads the run's `events.jsonl` and prints, side by side:
 
@@ -22,7 +22,7 @@ with the same model: 9.7 s from a kill and 25.6 s from a hang to the first
 step after recovery.
 
     python bench/recovery.py [--faults crash,hang] [--standby auto,off] [--repeat 3]
-                             [--backoff 0] [--grace 3] [--train-s 10]
+                             [--backoff 0] [--grace 3] [--train-s 15]
 
 The pause before a restart (`restart.backoff_s`, default 1 s in a cluster file,
 doubling after each failure) is policy, not recovery: measured without it by
@@ -147,7 +147,7 @@ def main() -> None:
     parser.add_argument("--backoff", type=float, default=0.0,
                         help="restart.backoff_s (default 0: the recovery itself)")
     parser.add_argument("--grace", type=float, default=3.0, help="restart.grace_s")
-    parser.add_argument("--train-s", type=float, default=10.0,
+    parser.add_argument("--train-s", type=float, default=15.0,
                         help="seconds of training before the fault")
     parser.add_argument("--keep", help="keep the run directories in this folder")
     args = parser.parse_args()

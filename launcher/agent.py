@@ -101,6 +101,7 @@ MAX_ERROR_FILE = 2**16
 TASK_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")  # a plain file name: no / or ..
 EXIT_LEASE = 3  # the agent's exit code when its lease ran out
 LEASE_CHECK_S = 0.2
+STANDBY_AFTER_STEP_S = 5.0  # a task's next standby starts this long after its first step
 STANDBY_AFTER_S = 30.0  # a task that reports no step gets its standby this long after its start
 REAP_GRACE_S = 1.0  # leftovers of a dead generation have nothing to save
 TOKEN_VAR = "MGPU_TASK_TOKEN"  # in each task's environment: finds its tree after a crash
@@ -164,6 +165,7 @@ class RunningTask:
         self.stacks_signum: int | None = None
         self.stacks_problem = ""  # why there are no stacks for this task, if so
         self.standby_wanted: tuple[dict, dict[str, str]] | None = None  # (spec, env) for it
+        self.standby_timed = False  # its first step started the standby's timer
         self.pid_file: str | None = None
         self._ps = None
 
@@ -374,10 +376,10 @@ class Agent:
                          daemon=True).start()
         threading.Thread(target=self._wait, args=(task,), daemon=True).start()
         if spec["standby"] == "auto" and not self._standby_problem(name, spec, env):
-            # Its standby is started once the task is past its own start (its
-            # first training step: the standby's import must not slow that
-            # start), when it fails (a restart follows), or STANDBY_AFTER_S
-            # after its start.
+            # Its standby is started once the task is past its own start
+            # (STANDBY_AFTER_STEP_S after its first training step: the
+            # standby's import must not slow that start), when it fails (a
+            # restart follows), or STANDBY_AFTER_S after its start.
             task.standby_wanted = (spec, env)
             timer = threading.Timer(STANDBY_AFTER_S, self._want_standby, args=(task,))
             timer.daemon = True
@@ -588,8 +590,15 @@ class Agent:
                     continue
                 if isinstance(data, dict):
                     self.emit("progress", task=task.name, generation=task.generation, data=data)
-                    if task.standby_wanted is not None and "step" in data:
-                        self._want_standby(task)  # it trains: its start is behind it
+                    if task.standby_wanted is not None and "step" in data \
+                            and not task.standby_timed:
+                        # It trains: its start is behind it. A job of seconds
+                        # never pays for a standby it would not use.
+                        task.standby_timed = True
+                        timer = threading.Timer(STANDBY_AFTER_STEP_S, self._want_standby,
+                                                args=(task,))
+                        timer.daemon = True
+                        timer.start()
 
     def _wait(self, task: RunningTask) -> None:
         code = task.proc.wait()
