@@ -102,6 +102,8 @@ MAX_ERROR_FILE = 2**16
 TASK_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")  # a plain file name: no / or ..
 EXIT_LEASE = 3  # the agent's exit code when its lease ran out
 LEASE_CHECK_S = 0.2
+STANDBY_AFTER_STEP_S = 5.0  # a task's next standby starts this long after its first step
+STANDBY_AFTER_S = 30.0  # a task that reports no step gets its standby this long after its start
 REAP_GRACE_S = 1.0  # leftovers of a dead generation have nothing to save
 TOKEN_VAR = "MGPU_TASK_TOKEN"  # in each task's environment: finds its tree after a crash
 STACKS_WAIT_S = 1.0  # for all tasks of one request, in parallel
@@ -163,6 +165,8 @@ class RunningTask:
         self.stacks_file: str | None = None
         self.stacks_signum: int | None = None
         self.stacks_problem = ""  # why there are no stacks for this task, if so
+        self.standby_wanted: tuple[dict, dict[str, str]] | None = None  # (spec, env) for it
+        self.standby_timed = False  # its first step started the standby's timer
         self.pid_file: str | None = None
         self._ps = None
 
@@ -198,6 +202,20 @@ class RunningTask:
                 pass
 
 
+class Standby:
+    """An interpreter that has imported TensorFlow and waits for its task on stdin."""
+
+    def __init__(self, proc: subprocess.Popen, argv: list[str], env: dict[str, str],
+                 token: str, progress_read: int, progress_fd: int) -> None:
+        self.proc = proc
+        self.argv = argv
+        self.env = env  # at its interpreter's start
+        self.token = token
+        self.progress_read = progress_read
+        self.progress_fd = progress_fd  # the write end's number, in the standby
+        self.pid_file: str | None = None
+
+
 class Agent:
     def __init__(self, host: str, run_dir: str, emit: Emitter, eof_grace_s: float) -> None:
         self.host = host
@@ -212,6 +230,11 @@ class Agent:
         self.mark_bundle_used()
         self.preexec = _pdeathsig_preexec()
         self.progress_fds: dict[int, str] = {}
+        # Warm starts (launcher.standby): per task name, its standby, or why it has none.
+        self.standbys: dict[str, Standby] = {}
+        self.no_standby: dict[str, str] = {}
+        self.script_writes: dict[tuple[str, int, int], list] = {}
+        self.command_queue: _Lines | None = None  # read_commands's: runs work on its thread
 
     def mark_bundle_used(self) -> None:
         """Touch our bundle's folder: launchers drop bundles nobody used for a
@@ -294,52 +317,56 @@ class Agent:
         self._launch(name, generation, spec)
 
     def _launch(self, name: str, generation: int, spec: dict) -> None:
+        standby = self.standbys.pop(name, None)
+        progress_read = progress_write = None
         try:
-            config_dir = self._private_dir("tf_config")
-            tf_config_file = os.path.join(config_dir, f"{name}.json")
-            _write_private(tf_config_file, spec["tf_config"])
-            error_file = os.path.join(self._private_dir("errors"), f"{name}-gen{generation}.json")
-            if os.path.exists(error_file):
-                os.unlink(error_file)
-            env = dict(os.environ)
-            env.update(spec["env"])
-            if env.get("MGPU_RUN_DIR", "").startswith("~"):
-                env["MGPU_RUN_DIR"] = os.path.expanduser(env["MGPU_RUN_DIR"])
-            env["TF_CONFIG"] = spec["tf_config"]
-            env["MGPU_TF_CONFIG_FILE"] = tf_config_file
-            env["MGPU_ERROR_FILE"] = error_file
-            env[TOKEN_VAR] = token = os.urandom(8).hex()
-            env["PYTHONPATH"] = os.pathsep.join(
-                p for p in (self.code_dir, env.get("PYTHONPATH", "")) if p
-            )
-            stacks = self._stacks_setup(name, generation, env)
-            progress_read, progress_write = os.pipe()
-            env["MGPU_PROGRESS_FD"] = str(progress_write)
-            proc = subprocess.Popen(
-                spec["argv"],
-                cwd=spec["cwd"],
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                pass_fds=(progress_write,),
-                preexec_fn=self.preexec,
-            )
+            env = self._task_env(name, generation, spec)
+            why_cold = self._why_cold(name, spec, env, standby)
+            if not why_cold:
+                assert standby is not None
+                env[TOKEN_VAR], env["MGPU_PROGRESS_FD"] = standby.token, str(standby.progress_fd)
+                stacks = self._stacks_setup(name, generation, env)
+                why_cold = self._hand_off(standby, spec, env)
+            if why_cold:
+                if standby is not None:
+                    self._drop_standby(standby)
+                    standby = None
+                env[TOKEN_VAR] = os.urandom(8).hex()
+                stacks = self._stacks_setup(name, generation, env)
+                progress_read, progress_write = os.pipe()
+                env["MGPU_PROGRESS_FD"] = str(progress_write)
+                proc = subprocess.Popen(
+                    spec["argv"],
+                    cwd=spec["cwd"],
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    pass_fds=(progress_write,),
+                    preexec_fn=self.preexec,
+                )
+            else:
+                assert standby is not None
+                proc, progress_read = standby.proc, standby.progress_read
         except (OSError, ValueError, subprocess.SubprocessError) as exc:
-            if "progress_write" in locals():
+            if progress_write is not None:
                 os.close(progress_read)
                 os.close(progress_write)
+            if standby is not None:
+                self._drop_standby(standby)
             self.emit("start_failed", task=name, generation=generation,
                       error=f"{type(exc).__name__}: {exc}")
             return
-        os.close(progress_write)  # the task holds the only write end now
+        if progress_write is not None:
+            os.close(progress_write)  # the task holds the only write end now
         self.mark_bundle_used()
-        task = RunningTask(name, generation, proc, error_file)
+        task = RunningTask(name, generation, proc, env["MGPU_ERROR_FILE"])
         task.stacks_file, task.stacks_signum, task.stacks_problem = stacks
-        task.pid_file = self._record(task, token)
+        task.pid_file = self._record(task.name, task.generation, proc.pid, env[TOKEN_VAR])
         with self.lock:
             self.tasks[name] = task
-        self.emit("started", task=name, generation=generation, pid=proc.pid)
+        self.emit("started", task=name, generation=generation, pid=proc.pid,
+                  start="cold" if why_cold else "warm", start_reason=why_cold)
         for stream_name, stream in (("stdout", proc.stdout), ("stderr", proc.stderr)):
             reader = threading.Thread(
                 target=self._read_output, args=(task, stream_name, stream), daemon=True
@@ -349,6 +376,159 @@ class Agent:
         threading.Thread(target=self._read_progress, args=(task, progress_read),
                          daemon=True).start()
         threading.Thread(target=self._wait, args=(task,), daemon=True).start()
+        if spec["standby"] == "auto" and not self._standby_problem(name, spec, env):
+            # Its standby is started once the task is past its own start
+            # (STANDBY_AFTER_STEP_S after its first training step: the
+            # standby's import must not slow that start), when it fails (a
+            # restart follows), or STANDBY_AFTER_S after its start.
+            task.standby_wanted = (spec, env)
+            timer = threading.Timer(STANDBY_AFTER_S, self._want_standby, args=(task,))
+            timer.daemon = True
+            timer.start()
+
+    def _task_env(self, name: str, generation: int, spec: dict) -> dict[str, str]:
+        """The task's environment but for its token, progress fd and stacks file;
+        writes its TF_CONFIG file and clears its error file."""
+        tf_config_file = os.path.join(self._private_dir("tf_config"), f"{name}.json")
+        _write_private(tf_config_file, spec["tf_config"])
+        error_file = os.path.join(self._private_dir("errors"), f"{name}-gen{generation}.json")
+        if os.path.exists(error_file):
+            os.unlink(error_file)
+        env = dict(os.environ)
+        env.update(spec["env"])
+        if env.get("MGPU_RUN_DIR", "").startswith("~"):
+            env["MGPU_RUN_DIR"] = os.path.expanduser(env["MGPU_RUN_DIR"])
+        env["TF_CONFIG"] = spec["tf_config"]
+        env["MGPU_TF_CONFIG_FILE"] = tf_config_file
+        env["MGPU_ERROR_FILE"] = error_file
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (self.code_dir, env.get("PYTHONPATH", "")) if p
+        )
+        return env
+
+    # ------------------------------------------------------------------ standbys
+
+    def _standby_problem(self, name: str, spec: dict, env: dict[str, str]) -> str:
+        """Why no standby can serve this task at all ("" if one can)."""
+        from launcher.standby import env_write_problem, script_env_writes, script_of, standby_argv
+
+        if spec["standby"] != "auto":
+            return "restart.warm_standby is off"
+        if name in self.no_standby:
+            return self.no_standby[name]
+        if standby_argv(spec["argv"]) is None:
+            return "not a script run by launcher.bootstrap"
+        if spec["env"].get("MGPU_STRATEGY") == "keras_distribution":
+            return "Keras on JAX: no TensorFlow to import ahead"
+        script = script_of(spec["argv"], spec["cwd"])
+        try:
+            info = os.stat(script)
+        except OSError:
+            return ""  # the start fails the same way warm or cold
+        key = (script, info.st_mtime_ns, info.st_size)
+        if key not in self.script_writes:
+            self.script_writes[key] = script_env_writes(script)
+        return env_write_problem(script, self.script_writes[key], env)
+
+    def _why_cold(self, name: str, spec: dict, env: dict[str, str],
+                  standby: Standby | None) -> str:
+        """Why this start cannot use `standby` ("" when it can: a warm start)."""
+        from launcher.standby import EXIT_NO_TENSORFLOW, standby_argv, start_env_differences
+
+        problem = self._standby_problem(name, spec, env)
+        if problem:
+            return problem
+        if standby is None:
+            return "no standby yet (the first start of this task on this host)"
+        code = standby.proc.poll()
+        if code is not None:
+            self.no_standby[name] = why = (
+                "its standby could not import TensorFlow" if code == EXIT_NO_TENSORFLOW
+                else f"its standby ended by itself (exit {code})")
+            return why
+        if standby.argv != standby_argv(spec["argv"]):
+            return "the interpreter or its flags changed"
+        differ = start_env_differences(standby.env, env)
+        if differ:
+            return ("the environment at interpreter start differs in "
+                    + ", ".join(differ[:5]) + (" ..." if len(differ) > 5 else ""))
+        return ""
+
+    def _hand_off(self, standby: Standby, spec: dict, env: dict[str, str]) -> str:
+        """Give the standby its task; why not ("" when done)."""
+        at = len(standby.argv) - 1  # the task's argv goes on where the standby's has --standby
+        message = {"argv": spec["argv"][at:], "cwd": spec["cwd"], "env": env}
+        try:
+            standby.proc.stdin.write(json.dumps(message).encode())
+            standby.proc.stdin.close()
+        except (OSError, ValueError) as exc:
+            return f"its standby did not take the task ({type(exc).__name__})"
+        standby.pid_file = None  # the task's record replaces the standby's (same path)
+        return ""
+
+    def _want_standby(self, task: RunningTask) -> None:
+        """Start `task`'s standby now (once), on the command thread."""
+        with self.lock:
+            wanted, task.standby_wanted = task.standby_wanted, None
+        if wanted is not None and self.command_queue is not None:
+            self.command_queue.put(lambda: self._spawn_standby(task.name, *wanted))
+
+    def _spawn_standby(self, name: str, spec: dict, task_env: dict[str, str]) -> None:
+        """Start the standby for this task's next start (on the command thread:
+        PR_SET_PDEATHSIG is bound to the thread that starts a process)."""
+        from launcher.standby import per_start, standby_argv
+
+        argv = standby_argv(spec["argv"])
+        if argv is None or self._standby_problem(name, spec, task_env):
+            return
+        env = {k: v for k, v in task_env.items() if not per_start(k)}
+        env[TOKEN_VAR] = token = os.urandom(8).hex()
+        progress_read, progress_write = os.pipe()
+        with self.lock:
+            if self.closing or name in self.standbys:
+                os.close(progress_read)
+                os.close(progress_write)
+                return
+            try:
+                proc = subprocess.Popen(
+                    argv, cwd=spec["cwd"], env=env, stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(progress_write,),
+                    preexec_fn=self.preexec)
+            except (OSError, ValueError, subprocess.SubprocessError) as exc:
+                os.close(progress_read)
+                self.no_standby[name] = f"its standby could not start: {exc}"
+                return
+            finally:
+                os.close(progress_write)
+            standby = Standby(proc, argv, env, token, progress_read, progress_write)
+            self.standbys[name] = standby
+        standby.pid_file = self._record(name, None, proc.pid, token)
+
+    def _drop_standby(self, standby: Standby) -> None:
+        """Kill a standby that is not needed (it holds an interpreter's memory)."""
+        try:
+            os.killpg(standby.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        for stream in (standby.proc.stdin, standby.proc.stdout, standby.proc.stderr):
+            try:
+                stream.close()
+            except OSError:
+                pass
+        try:
+            os.close(standby.progress_read)
+        except OSError:
+            pass
+        threading.Thread(target=standby.proc.wait, daemon=True).start()  # no zombie
+        if standby.pid_file:
+            _unlink(standby.pid_file)
+
+    def drop_standbys(self) -> None:
+        with self.lock:
+            standbys = list(self.standbys.values())
+            self.standbys.clear()
+        for standby in standbys:
+            self._drop_standby(standby)
 
     def _stacks_setup(self, name: str, generation: int,
                       env: dict[str, str]) -> tuple[str | None, int | None, str]:
@@ -368,19 +548,20 @@ class Agent:
         env["MGPU_STACKS_FILE"] = path
         return path, signum, problem
 
-    def _record(self, task: RunningTask, token: str) -> str | None:
-        """Write the task's pid file (for a later agent to reap it if we die)."""
-        start = _proc_stat(task.proc.pid)
-        record = {"task": task.name, "generation": task.generation, "pid": task.proc.pid,
+    def _record(self, name: str, generation: int | None, pid: int, token: str) -> str | None:
+        """Write a task's (or, with generation None, a standby's) pid file, for
+        a later agent to reap it if we die."""
+        start = _proc_stat(pid)
+        record = {"task": name, "generation": generation, "pid": pid,
                   "start": start[2] if start else None, "token": token,
                   "agent_pid": os.getpid()}
-        path = os.path.join(self.run_dir, "pids", f"{task.name}-{token}.json")
+        path = os.path.join(self.run_dir, "pids", f"{name}-{token}.json")
         try:  # whatever fails here, the task runs on and is watched (a full disk...)
-            path = os.path.join(self._private_dir("pids"), f"{task.name}-{token}.json")
+            path = os.path.join(self._private_dir("pids"), f"{name}-{token}.json")
             _write_private(path + ".tmp", json.dumps(record))
             os.replace(path + ".tmp", path)  # a reader never sees half a record
         except OSError as exc:
-            self.emit("log", text=f"cannot record {task.name} in {path}: {exc}")
+            self.emit("log", text=f"cannot record {name} in {path}: {exc}")
             return None
         return path
 
@@ -410,10 +591,21 @@ class Agent:
                     continue
                 if isinstance(data, dict):
                     self.emit("progress", task=task.name, generation=task.generation, data=data)
+                    if task.standby_wanted is not None and "step" in data \
+                            and not task.standby_timed:
+                        # It trains: its start is behind it. A job of seconds
+                        # never pays for a standby it would not use.
+                        task.standby_timed = True
+                        timer = threading.Timer(STANDBY_AFTER_STEP_S, self._want_standby,
+                                                args=(task,))
+                        timer.daemon = True
+                        timer.start()
 
     def _wait(self, task: RunningTask) -> None:
         code = task.proc.wait()
         exited_at = time.time()  # before draining: the root cause is the earliest exit
+        if code != 0 and task.standby_wanted is not None:
+            self._want_standby(task)  # a restart is likely to follow
         # Whatever the task left behind in its group (data-loader workers,
         # multiprocessing children) dies with it: no orphan may hold a GPU.
         try:
@@ -624,6 +816,7 @@ class Agent:
         """stdin closed (or the lease ran out): stop every task, wait for them."""
         with self.lock:
             self.closing = True
+        self.drop_standbys()
         self.stop(None, self.eof_grace_s)
         deadline = time.monotonic() + self.eof_grace_s + 2.0
         for task in list(self.tasks.values()):
@@ -691,8 +884,11 @@ def _start_spec(message: dict) -> dict:
     tf_config = message.get("tf_config")
     if not isinstance(tf_config, str):
         raise BadCommand("tf_config must be a string")
+    standby = message.get("standby", "off")
+    if standby not in ("auto", "off"):
+        raise BadCommand(f"standby must be 'auto' or 'off', not {str(standby)[:40]!r}")
     return {"argv": _str_list(message, "argv"), "cwd": _opt_str(message, "cwd") or None,
-            "env": env, "tf_config": tf_config}
+            "env": env, "tf_config": tf_config, "standby": standby}
 
 
 # ---------------------------------------------------------------- files and lines
@@ -1048,12 +1244,15 @@ def read_commands(agent: Agent, stdin) -> None:
     must live as long as the agent.
     """
     lines = _Lines()
+    agent.command_queue = lines
     threading.Thread(target=_read_stdin, args=(agent, stdin, lines), daemon=True).start()
     while True:
         item = lines.get()
         if item is None:
             return
-        if isinstance(item, str):
+        if callable(item):  # work for this thread (a standby to start)
+            item()
+        elif isinstance(item, str):
             agent.emit("log", text=item)
         else:
             agent.dispatch(item)
@@ -1063,14 +1262,14 @@ class _Lines:
     """A queue between two threads (the queue module costs ~1 ms of start-up)."""
 
     def __init__(self) -> None:
-        self._items: collections.deque[bytes | str | None] = collections.deque()
+        self._items: collections.deque = collections.deque()
         self._ready = threading.Semaphore(0)
 
-    def put(self, item: bytes | str | None) -> None:
+    def put(self, item) -> None:  # bytes, str, a callable or None
         self._items.append(item)
         self._ready.release()
 
-    def get(self) -> bytes | str | None:
+    def get(self):
         self._ready.acquire()
         return self._items.popleft()
 
@@ -1097,7 +1296,7 @@ def _read_stdin(agent: Agent, stdin, lines: _Lines) -> None:
 EXIT_UNSAFE = 96  # the run dir is not the user's alone, or the bundle is not what its name says
 # The bundle's files, as launcher.transport.shipping lists them (kept in step by a test).
 BUNDLE_FILES = ("launcher/__init__.py", "launcher/agent.py", "launcher/bootstrap.py",
-                "launcher/netif.py")
+                "launcher/netif.py", "launcher/standby.py")
 BUNDLE_DIRS = ("launcher/runtime",)
 
 

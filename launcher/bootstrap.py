@@ -12,6 +12,9 @@ Owns what must happen in the task process before and around the user's code:
   task uses, stop a worker of a multi-worker job that builds a single-host
   strategy, and shorten TensorFlow's coordination heartbeat when
   `MGPU_TF_HEARTBEAT_S` is set (`runtime.guards`);
+- warm starts: `python -m launcher.bootstrap --standby` imports TensorFlow,
+  waits for its task on stdin and then goes on exactly as above
+  (`launcher.standby`);
 - Python stacks on demand: `faulthandler` dumps every thread's stack into
   `MGPU_STACKS_FILE` (set by the agent) on `MGPU_STACKS_SIGNAL` (a name or a
   number; default SIGUSR1; `off` disables). The agent sends that signal
@@ -30,6 +33,7 @@ import signal
 import sys
 
 STACKS_SIGNAL_DEFAULT = "SIGUSR1"
+STANDBY_FLAG = "--standby"  # launcher.standby.FLAG (the agent imports this module at start)
 _STACKS_OFF = frozenset({"off", "none", "no", "false", "0"})
 # Signals the launcher needs for itself (stop, continue), that cannot be
 # caught, or that faulthandler only takes through enable().
@@ -96,8 +100,8 @@ def _write_error(exc: BaseException) -> None:
 
     frames = traceback.extract_tb(exc.__traceback__)
     # Hide this module's own frames: the user's code starts below runpy.
-    frames = [f for f in frames
-              if not f.filename.endswith(("bootstrap.py", "runpy.py", "<frozen runpy>"))]
+    frames = [f for f in frames if not f.filename.endswith(
+        ("bootstrap.py", "standby.py", "runpy.py", "<frozen runpy>"))]
     record = {
         "type": type(exc).__name__,
         "message": str(exc)[:2000],
@@ -126,6 +130,10 @@ def install_hooks() -> None:
 
 
 def main() -> None:
+    if sys.argv[1:] == [STANDBY_FLAG]:  # a standby: the task comes later (launcher.standby)
+        from launcher.standby import wait_for_task
+
+        sys.argv[1:] = wait_for_task()
     if len(sys.argv) < 2:
         sys.exit("usage: python -m launcher.bootstrap SCRIPT [ARGS...]")
     script = sys.argv[1]

@@ -478,6 +478,7 @@ def _restart_policy(config, max_restarts: int) -> RestartPolicy:
         heartbeat_timeout_s=restart.heartbeat_timeout_s,
         hang_timeout_s=restart.hang_timeout_s, on_host_loss=restart.on_host_loss,
         min_workers=restart.min_workers, host_wait_s=restart.host_wait_s,
+        warm_standby=restart.warm_standby,
     )
 
 

@@ -44,15 +44,15 @@ class Rule:
 
 
 RULES = (
-    Rule("runtime is shipped", ("launcher.runtime", "launcher.bootstrap"),
-         allowed=("launcher.runtime", "launcher.bootstrap", "launcher"),
+    Rule("runtime is shipped", ("launcher.runtime", "launcher.bootstrap", "launcher.standby"),
+         allowed=("launcher.runtime", "launcher.bootstrap", "launcher.standby", "launcher"),
          allowed_names=frozenset({"__version__", "runtime"}),
          reason="the runtime and the bootstrap run inside the training process on the "
          "worker hosts, shipped there with the agent; the launcher side (config, plan, "
          "transport, supervisor, cli, with pydantic, yaml and paramiko behind them) is "
          "neither shipped nor installed on the hosts"),
     Rule("agent is standalone", ("launcher.agent",),
-         allowed=("launcher", "launcher.bootstrap", "launcher.netif"),
+         allowed=("launcher", "launcher.bootstrap", "launcher.netif", "launcher.standby"),
          allowed_names=frozenset({"__version__"}),
          reason="the agent runs on every host from the shipped bundle with `python -S`, "
          "standard library only; nothing of the launcher side (config, plan, supervisor, "

@@ -150,6 +150,17 @@ class RestartPolicy(_Strict):
     host_wait_s: float = Field(default=300.0, gt=0)
     # SIGTERM -> SIGKILL grace when tasks are stopped (teardown, Ctrl-C).
     grace_s: float = Field(default=3.0, ge=0)
+    # Each agent keeps one interpreter per task with TensorFlow imported, for
+    # the next start of that task (a warm restart); `off`: every start is cold.
+    warm_standby: Literal["auto", "off"] = "auto"
+
+    @field_validator("warm_standby", mode="before")
+    @classmethod
+    def _yaml_off(cls, value: Any) -> Any:
+        # YAML 1.1 reads a bare `off` as false (and `on` as true).
+        if isinstance(value, bool):
+            return "auto" if value else "off"
+        return value
 
 
 class PortSettings(_Strict):

@@ -59,6 +59,9 @@ def check_message(message: Any) -> dict[str, Any]:
 
 def _started(message: dict, clean: dict) -> None:
     clean["pid"] = _int(message.get("pid"), "started: pid", low=1)
+    # Warm (a standby took the task) or cold, and why cold (launcher.standby).
+    clean["start"] = "warm" if message.get("start") == "warm" else "cold"
+    clean["start_reason"] = _text(message.get("start_reason") or "", MAX_ERROR_FIELD)
 
 
 def _start_failed(message: dict, clean: dict) -> None:

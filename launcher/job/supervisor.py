@@ -86,6 +86,7 @@ class RestartPolicy:
     on_host_loss: str = "wait"
     min_workers: int = 1
     host_wait_s: float = 300.0
+    warm_standby: str = "off"  # "auto": agents keep a standby per task (launcher.standby)
 
 
 @dataclass
@@ -166,6 +167,7 @@ class Supervisor:
         self._stop_count = 0
         self._handled_stops = 0
         self._bad_messages = 0
+        self._starts: dict[str, str] = {}  # task -> "warm" / "cold", this generation
         self.current: _Generation | None = None  # read-only for observers (live view)
 
     @property
@@ -195,7 +197,9 @@ class Supervisor:
             plan = self._make_plan(generation, active)
             checkpoint_before = self._checkpoint_probe()
             gen = self._run_generation(plan)
-            tasks = {r.task.label: final_state(r, generation) for r in gen.records.values()}
+            tasks = {r.task.label: {**final_state(r, generation),
+                                    "start": self._starts.get(r.task.name)}
+                     for r in gen.records.values()}
             if gen.interrupted is not None:
                 status = "interrupted"
                 break
@@ -376,6 +380,7 @@ class Supervisor:
         gen = _Generation(plan, {t.name: TaskRecord(t, watcher=OutputWatcher(jax=jax))
                                  for t in plan.tasks}, started_at=self._clock())
         self.current = gen
+        self._starts = {}
         self._recorder.event(
             "launch", generation=plan.generation, **self._launcher_info,
             tasks=[{"task": t.name, "host": t.host, "address": t.address, "port": t.port,
@@ -436,6 +441,7 @@ class Supervisor:
             "cwd": task.cwd,
             "env": dict(task.env),
             "tf_config": task.tf_config_json(),
+            "standby": self._policy.warm_standby,
         })
         if not sent:
             self._host_lost(gen, task.host, "agent connection is closed")
@@ -543,8 +549,11 @@ class Supervisor:
             record.pid = body["pid"]
             if record.state is TaskState.STARTING:
                 record.move(TaskState.RUNNING)
+            start = body.get("start") or "cold"
+            self._starts[name] = start
             self._recorder.event("task_started", generation=gen.plan.generation,
-                                 task=name, host=record.task.host, pid=record.pid)
+                                 task=name, host=record.task.host, pid=record.pid,
+                                 start=start, start_reason=body.get("start_reason") or "")
         elif event == "start_failed":
             self._fail(gen, record, kind="start_failed", t=body.get("t"),
                        reason=f"could not start: {body.get('error', '')}")

@@ -1,0 +1,194 @@
+"""Warm starts: a standby interpreter that has already imported TensorFlow.
+
+Starting Python and importing TensorFlow is most of a task's start (5-9 s of
+a restart on a small machine). While a generation trains, the agent keeps one
+standby per task: `python [flags] -m launcher.bootstrap --standby`, started
+with the same interpreter, flags, working directory, stdout/stderr pipes and
+environment the task would get, except what the launcher sets per start
+(`per_start`). It imports TensorFlow and nothing of the user's (TensorFlow
+itself imports Keras 3, or tf_keras when TF_USE_LEGACY_KERAS is set, exactly
+as in a cold task: KERAS_BACKEND and TF_USE_LEGACY_KERAS must be the task's)
+and waits for one JSON message on stdin: the task's argv,
+cwd and full environment. It applies them and goes on exactly as
+`python -m launcher.bootstrap SCRIPT ARGS` does (same `__main__`, sys.argv,
+sys.path[0], hooks, error file, exit code).
+
+A standby is used only where it cannot change what the script sees:
+- every environment variable is taken to be read when the interpreter starts
+  or TensorFlow is imported (PYTHON*, LD_*, CUDA_VISIBLE_DEVICES, TF_CPP_*,
+  TF_USE_LEGACY_KERAS, KERAS_BACKEND, OMP_*, ...) except TF_CONFIG and the
+  launcher's MGPU_* variables, which only the runtime and TensorFlow's cluster
+  setup read, later: any other difference means a cold start (`start_env_differences`);
+- a script that writes such a variable itself (anywhere in its file, not only
+  at its top: `os.environ[...] =`, `.update`, `.setdefault`, `.pop`, `del`,
+  `os.putenv`) gets a cold start, unless the write changes nothing: a
+  `setdefault` of a variable the task has, or the value it already has
+  (`script_env_writes`, `env_write_problem`).
+No TensorFlow context is created: devices (and GPU memory) are touched only
+when the script first uses them, as in a cold start.
+
+Shipped to hosts with the agent, which imports it at its first start (not
+at its own start-up: `ast`); standard library only (TensorFlow is
+imported by `wait_for_task`, in the standby only). Must not import the
+launcher side.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+
+FLAG = "--standby"  # `python -m launcher.bootstrap --standby`
+BOOTSTRAP = ("-m", "launcher.bootstrap")
+EXIT_NO_TENSORFLOW = 97  # the standby could not import TensorFlow: cold starts instead
+
+
+def per_start(name: str) -> bool:
+    """May this variable differ between the standby's start and the task's?"""
+    return name == "TF_CONFIG" or name.startswith("MGPU_")
+
+
+def start_env_differences(standby_env: dict[str, str], task_env: dict[str, str]) -> list[str]:
+    """The variables read at interpreter start or import whose values differ."""
+    names = (set(standby_env) | set(task_env))
+    return sorted(n for n in names if not per_start(n) and standby_env.get(n) != task_env.get(n))
+
+
+def standby_argv(task_argv: list[str]) -> list[str] | None:
+    """`[python, flags..., -m, launcher.bootstrap, --standby]` for a task run by
+    the bootstrap (`[python, flags..., -m, launcher.bootstrap, SCRIPT, ...]`);
+    None for any other command (a parameter server, a plain program)."""
+    for at in range(1, len(task_argv) - 2):
+        if tuple(task_argv[at:at + 2]) == BOOTSTRAP:
+            if task_argv[at + 2] == FLAG or {"-c", "-m"} & set(task_argv[1:at]):
+                return None
+            return [*task_argv[:at + 2], FLAG]
+    return None
+
+
+def script_of(task_argv: list[str], cwd: str | None) -> str:
+    """The script a bootstrap task runs, as an absolute path."""
+    at = next(i for i in range(1, len(task_argv)) if tuple(task_argv[i:i + 2]) == BOOTSTRAP)
+    return os.path.join(cwd or os.getcwd(), task_argv[at + 2])
+
+
+# (name or None when computed, line, value when a constant or None, "set" or "setdefault")
+EnvWrite = tuple[str | None, int, str | None, str]
+
+
+def script_env_writes(path: str) -> list[EnvWrite]:
+    """Every write to an environment variable that `path` may make, anywhere
+    in its file (not only at its top: a `main()` may import TensorFlow too)."""
+    try:
+        with open(path, "rb") as handle:
+            tree = ast.parse(handle.read(), filename=path)
+    except (OSError, SyntaxError, ValueError):
+        return []  # a warm start fails the very same way a cold one does
+    return [(name, node.lineno, value, kind) for node in ast.walk(tree)
+            for name, value, kind in _env_writes(node)]
+
+
+def env_write_problem(path: str, writes: list[EnvWrite], env: dict[str, str]) -> str:
+    """Why the script needs a cold start ("" if it does not): it writes a
+    variable read at start-up, unless the write changes nothing in `env` (the
+    task's): `setdefault` of a variable it has, or the value it already has."""
+    for name, line, value, kind in writes:
+        if name is not None and (per_start(name) or (name in env and (
+                kind == "setdefault" or env[name] == value))):
+            continue
+        what = name if name is not None else "an environment variable it computes"
+        return (f"{os.path.basename(path)} sets {what} itself (line {line}), which may be "
+                "read when TensorFlow is imported")
+    return ""
+
+
+def _is_environ(node: ast.AST) -> bool:
+    return (isinstance(node, ast.Attribute) and node.attr == "environ") or (
+        isinstance(node, ast.Name) and node.id == "environ")
+
+
+def _key(node: ast.AST | None) -> str | None:
+    return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
+
+
+def _env_writes(node: ast.AST) -> list[tuple[str | None, str | None, str]]:
+    """(name, constant value, kind) of each variable an ast node writes; name
+    None: not known before the script runs."""
+    out: list[tuple[str | None, str | None, str]] = []
+    value = _key(node.value) if isinstance(node, ast.Assign) else None
+    targets: list[ast.expr] = []
+    if isinstance(node, ast.Assign):
+        targets = node.targets
+    elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+        targets = [node.target]
+    elif isinstance(node, ast.Delete):
+        targets = node.targets
+    out += [(_key(t.slice), value, "set") for t in targets
+            if isinstance(t, ast.Subscript) and _is_environ(t.value)]
+    if not isinstance(node, ast.Call):
+        return out
+    func, args = node.func, node.args
+    first = _key(args[0]) if args else None
+    second = _key(args[1]) if len(args) > 1 else None
+    called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+    if called == "putenv":  # os.putenv or a bare putenv imported from os
+        out.append((first, second, "set"))
+    elif called == "unsetenv":
+        out.append((first, None, "set"))
+    elif isinstance(func, ast.Attribute) and _is_environ(func.value):
+        if func.attr == "setdefault":
+            out.append((first, second, "setdefault"))
+        elif func.attr == "__setitem__":
+            out.append((first, second, "set"))
+        elif func.attr in ("pop", "__delitem__"):
+            out.append((first, None, "set"))
+        elif func.attr in ("popitem", "clear"):
+            out.append((None, None, "set"))
+        elif func.attr == "update":
+            out += [(kw.arg, _key(kw.value), "set") for kw in node.keywords]
+            for arg in args:
+                if isinstance(arg, ast.Dict):
+                    pairs = zip(arg.keys, arg.values, strict=True)
+                    out += [(_key(k), _key(v), "set") for k, v in pairs]
+                else:
+                    out.append((None, None, "set"))
+    return out
+
+
+# ---------------------------------------------------------------- in the standby
+
+
+def wait_for_task() -> list[str]:
+    """In the standby: import TensorFlow, wait for the hand-off, apply it;
+    the task's `[SCRIPT, ARGS...]`. Exits quietly when the agent drops it."""
+    try:
+        import tensorflow  # noqa: F401  - the point: what a cold task pays at its start
+    except BaseException:  # noqa: BLE001 - anything: this standby is no good, start cold
+        os._exit(EXIT_NO_TENSORFLOW)
+    raw = b""
+    while True:
+        chunk = os.read(0, 1 << 16)
+        if not chunk:
+            break
+        raw += chunk
+    if not raw:
+        os._exit(0)  # the agent closed the pipe without a task: not needed any more
+    message = json.loads(raw)
+    _apply(message)
+    return list(message["argv"])
+
+
+def _apply(message: dict) -> None:
+    if message.get("cwd"):
+        os.chdir(message["cwd"])
+    env = message["env"]
+    for name in [n for n in os.environ if n not in env]:
+        del os.environ[name]
+    for name, value in env.items():
+        if os.environ.get(name) != value:
+            os.environ[name] = value
+    # stdin was the hand-off pipe; a cold task's stdin is /dev/null.
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
