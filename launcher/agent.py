@@ -233,7 +233,7 @@ class Agent:
         # Warm starts (launcher.standby): per task name, its standby, or why it has none.
         self.standbys: dict[str, Standby] = {}
         self.no_standby: dict[str, str] = {}
-        self.script_writes: dict[tuple[str, int, int], list] = {}
+        self.script_writes: dict[tuple[str, int, int], tuple[list, list]] = {}
         self.command_queue: _Lines | None = None  # read_commands's: runs work on its thread
 
     def mark_bundle_used(self) -> None:
@@ -410,7 +410,7 @@ class Agent:
 
     def _standby_problem(self, name: str, spec: dict, env: dict[str, str]) -> str:
         """Why no standby can serve this task at all ("" if one can)."""
-        from launcher.standby import env_write_problem, script_env_writes, script_of, standby_argv
+        from launcher.standby import env_write_problem, script_of, standby_argv, with_presets
 
         if spec["standby"] != "auto":
             return "restart.warm_standby is off"
@@ -421,19 +421,35 @@ class Agent:
         if spec["env"].get("MGPU_STRATEGY") == "keras_distribution":
             return "Keras on JAX: no TensorFlow to import ahead"
         script = script_of(spec["argv"], spec["cwd"])
+        if not os.path.exists(script):
+            return ""  # the start fails the same way warm or cold
+        writes, presets = self._script_env(spec)
+        return env_write_problem(script, writes, with_presets(env, presets))
+
+    def _script_env(self, spec: dict) -> tuple[list, list]:
+        """The script's environment writes and its leading presets (cached per
+        file version); none for a script that cannot be read."""
+        from launcher.standby import leading_presets, script_env_writes, script_of
+
+        script = script_of(spec["argv"], spec["cwd"])
         try:
             info = os.stat(script)
         except OSError:
-            return ""  # the start fails the same way warm or cold
+            return [], []
         key = (script, info.st_mtime_ns, info.st_size)
         if key not in self.script_writes:
-            self.script_writes[key] = script_env_writes(script)
-        return env_write_problem(script, self.script_writes[key], env)
+            self.script_writes[key] = (script_env_writes(script), leading_presets(script))
+        return self.script_writes[key]
 
     def _why_cold(self, name: str, spec: dict, env: dict[str, str],
                   standby: Standby | None) -> str:
         """Why this start cannot use `standby` ("" when it can: a warm start)."""
-        from launcher.standby import EXIT_NO_TENSORFLOW, standby_argv, start_env_differences
+        from launcher.standby import (
+            EXIT_NO_TENSORFLOW,
+            standby_argv,
+            start_env_differences,
+            with_presets,
+        )
 
         problem = self._standby_problem(name, spec, env)
         if problem:
@@ -448,7 +464,8 @@ class Agent:
             return why
         if standby.argv != standby_argv(spec["argv"]):
             return "the interpreter or its flags changed"
-        differ = start_env_differences(standby.env, env)
+        differ = start_env_differences(standby.env,
+                                       with_presets(env, self._script_env(spec)[1]))
         if differ:
             return ("the environment at interpreter start differs in "
                     + ", ".join(differ[:5]) + (" ..." if len(differ) > 5 else ""))
@@ -476,12 +493,14 @@ class Agent:
     def _spawn_standby(self, name: str, spec: dict, task_env: dict[str, str]) -> None:
         """Start the standby for this task's next start (on the command thread:
         PR_SET_PDEATHSIG is bound to the thread that starts a process)."""
-        from launcher.standby import per_start, standby_argv
+        from launcher.standby import per_start, standby_argv, with_presets
 
         argv = standby_argv(spec["argv"])
         if argv is None or self._standby_problem(name, spec, task_env):
             return
-        env = {k: v for k, v in task_env.items() if not per_start(k)}
+        # The script's leading writes made ahead: TensorFlow's import sees them.
+        env = {k: v for k, v in with_presets(task_env, self._script_env(spec)[1]).items()
+               if not per_start(k)}
         env[TOKEN_VAR] = token = os.urandom(8).hex()
         progress_read, progress_write = os.pipe()
         with self.lock:

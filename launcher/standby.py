@@ -23,7 +23,19 @@ A standby is used only where it cannot change what the script sees:
   at its top: `os.environ[...] =`, `.update`, `.setdefault`, `.pop`, `del`,
   `os.putenv`) gets a cold start, unless the write changes nothing: a
   `setdefault` of a variable the task has, or the value it already has
-  (`script_env_writes`, `env_write_problem`).
+  (`script_env_writes`, `env_write_problem`);
+- except the script's leading defaults (`leading_presets`): constant
+  `os.environ.setdefault(NAME, "value")` statements at the top of the file with
+  nothing but standard-library imports before them (the digits example's
+  `TF_USE_LEGACY_KERAS`): a default the script takes only where the
+  environment has none, before anything else can read it. The standby starts
+  with those defaults already taken (`with_presets`) and imports TensorFlow as
+  the script would after them; the hand-off then restores the task's own
+  environment and the script takes its defaults again, to the same values.
+  An explicit `os.environ[NAME] = ...` still means a cold start (the script
+  overrides its environment: the standby does not guess), and so do names the
+  interpreter, the C library or the loader read at process start (PYTHON*,
+  LD_*, LC_*, LANG, TZ, ...).
 No TensorFlow context is created: devices (and GPU memory) are touched only
 when the script first uses them, as in a cold start.
 
@@ -38,6 +50,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import sys
 
 FLAG = "--standby"  # `python -m launcher.bootstrap --standby`
 BOOTSTRAP = ("-m", "launcher.bootstrap")
@@ -87,6 +100,65 @@ def script_env_writes(path: str) -> list[EnvWrite]:
         return []  # a warm start fails the very same way a cold one does
     return [(name, node.lineno, value, kind) for node in ast.walk(tree)
             for name, value, kind in _env_writes(node)]
+
+
+# Read before any line of a script runs (interpreter, C library, dynamic loader):
+# a script's own write to one of these changes nothing in its own process.
+_PROCESS_START_PREFIXES = ("PYTHON", "LD_", "LC_", "MALLOC_")
+_PROCESS_START_NAMES = frozenset({"LANG", "LANGUAGE", "TZ", "GLIBC_TUNABLES", "PATH",
+                                  "HOME", "TMPDIR"})
+
+# (name, value, "set" or "setdefault", line)
+Preset = tuple[str, str, str, int]
+
+
+def leading_presets(path: str) -> list[Preset]:
+    """The constant `os.environ.setdefault` calls at the top of `path`, before
+    any statement but a docstring, a standard-library import or another such
+    call: nothing of the script, nor of any package, can have read them yet."""
+    try:
+        with open(path, "rb") as handle:
+            tree = ast.parse(handle.read(), filename=path)
+    except (OSError, SyntaxError, ValueError):
+        return []
+    presets: list[Preset] = []
+    for node in tree.body:
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            continue  # the docstring
+        if isinstance(node, ast.Import | ast.ImportFrom) and _stdlib_only(node):
+            continue
+        call = node.value if isinstance(node, ast.Expr) else node
+        writes = _env_writes(call) if isinstance(node, ast.Expr | ast.Assign) else []
+        if len(writes) != 1:
+            break
+        name, value, kind = writes[0]
+        if kind != "setdefault" or name is None or value is None or not _presettable(name):
+            break
+        presets.append((name, value, kind, node.lineno))
+    return presets
+
+
+def with_presets(env: dict[str, str], presets: list[Preset]) -> dict[str, str]:
+    """`env` after the script's leading writes: what TensorFlow's import sees."""
+    out = dict(env)
+    for name, value, kind, _line in presets:
+        if kind == "set" or name not in out:
+            out[name] = value
+    return out
+
+
+def _presettable(name: str) -> bool:
+    return not (per_start(name) or name in _PROCESS_START_NAMES
+                or name.startswith(_PROCESS_START_PREFIXES))
+
+
+def _stdlib_only(node: ast.Import | ast.ImportFrom) -> bool:
+    if isinstance(node, ast.ImportFrom):
+        return node.level == 0 and (node.module or "").split(".")[0] in _STDLIB
+    return all(alias.name.split(".")[0] in _STDLIB for alias in node.names)
+
+
+_STDLIB = frozenset(sys.stdlib_module_names) | {"__future__"}
 
 
 def env_write_problem(path: str, writes: list[EnvWrite], env: dict[str, str]) -> str:

@@ -50,6 +50,17 @@ if sys.argv[1] == "raise":
 sys.exit(int(sys.argv[1]))
 '''
 
+# The digits example's way to pick tf_keras: a default taken before TensorFlow's import.
+DEFAULT_KERAS = '''\
+"""Picks tf_keras unless the environment says otherwise."""
+import json, os, sys
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+import tensorflow as tf
+print("VIEW " + json.dumps({"dense": tf.keras.layers.Dense.__module__,
+                            "legacy": os.environ.get("TF_USE_LEGACY_KERAS")}), flush=True)
+sys.exit(3)  # a failure: the agent starts this task's standby at once
+'''
+
 
 def test_the_import_time_rule_and_the_script_check(tmp_path):
     base = {"PATH": "/bin", "TF_CPP_MIN_LOG_LEVEL": "2", "MGPU_GENERATION": "0"}
@@ -86,11 +97,35 @@ def test_the_import_time_rule_and_the_script_check(tmp_path):
     assert "computes" in problem("import os\nfor k in 'AB':\n    os.environ[k] = '1'\n", env)
     assert "LD_PRELOAD" in problem("from os import putenv\nputenv('LD_PRELOAD', 'x')\n", env)
 
+    # Leading defaults: taken ahead by the standby, so such a script stays warm.
+    def presets(source: str) -> list:
+        script = tmp_path / "p.py"
+        script.write_text(source)
+        return [p[:3] for p in standby.leading_presets(str(script))]
+
+    digits_like = '"""Doc."""\nimport argparse\nimport os\n' \
+        'os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")\nimport numpy\n' \
+        'os.environ.setdefault("KERAS_HOME", "/k")\n'
+    assert presets(digits_like) == [("TF_USE_LEGACY_KERAS", "1", "setdefault")]
+    script = str(tmp_path / "p.py")
+    found = standby.with_presets({}, standby.leading_presets(script))
+    assert found == {"TF_USE_LEGACY_KERAS": "1"}
+    assert standby.env_write_problem(script, standby.script_env_writes(script), found) != ""
+    assert standby.with_presets({"TF_USE_LEGACY_KERAS": "0"}, standby.leading_presets(script)) \
+        == {"TF_USE_LEGACY_KERAS": "0"}  # the environment's value wins, as in the script
+    # Not ahead: after a third-party import, an explicit assignment, a name read at
+    # process start.
+    assert presets("import numpy\nimport os\nos.environ.setdefault('A', '1')\n") == []
+    assert presets("import os\nos.environ['KERAS_BACKEND'] = 'jax'\n") == []
+    assert presets("import os\nos.environ.setdefault('PYTHONHASHSEED', '0')\n") == []
+    assert presets("import os\nos.environ.setdefault('A', str(1))\n") == []
+
 
 @pytest.fixture(scope="module")
 def agent(tmp_path_factory):
     root = tmp_path_factory.mktemp("warm")
     (root / "probe.py").write_text(PROBE)
+    (root / "default_keras.py").write_text(DEFAULT_KERAS)
     for name in ("CUDA_VISIBLE_DEVICES", "KERAS_BACKEND"):
         (root / f"sets_{name}.py").write_text(
             f"import os\nos.environ[{name!r}] = 'x'\nprint('ran', flush=True)\n")
@@ -146,6 +181,15 @@ def test_an_uncaught_exception_is_reported_the_same_way(agent):
               if line.startswith(("  File \"probe.py\"", "ValueError"))] for r in (cold, warm)]
     assert len(tails[1]) == 3 and tails[1][-1] == "ValueError: boom from the probe"
     assert tails[0] == tails[1]
+
+
+def test_a_leading_default_is_taken_ahead_and_the_start_is_warm(agent):
+    cold = run(agent, "worker2", 0, "default_keras.py")
+    warm = run(agent, "worker2", 1, "default_keras.py")
+    assert (cold["started"]["start"], warm["started"]["start"]) == ("cold", "warm"), warm
+    assert cold["view"] == warm["view"]  # the same Keras, the same environment value
+    assert warm["view"]["dense"].startswith("tf_keras.") and warm["view"]["legacy"] == "1"
+    assert cold["exited"]["code"] == warm["exited"]["code"] == 3
 
 
 @pytest.mark.parametrize("name", ["CUDA_VISIBLE_DEVICES", "KERAS_BACKEND"])
