@@ -94,6 +94,7 @@ def run_fault(fault: str, standby: str, workdir: Path, backoff: float, grace: fl
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    spawned = time.time()
     proc = subprocess.Popen(
         [sys.executable, "-m", "launcher", "--quiet", "--run-dir", str(run_dir), str(config),
          str(SCRIPT), "--epochs", "1000"],
@@ -129,6 +130,10 @@ def run_fault(fault: str, standby: str, workdir: Path, backoff: float, grace: fl
         "recovered": recovered,
         "cold": cold,
         "ratio": recovered / cold,
+        # What a user waits for starting the job (or restarting it by hand): from
+        # the command to the first step, the launcher's start and connections included.
+        "cold_cmd": first(events, "progress", generation=0)["t"] - spawned,
+        "ratio_cmd": recovered / (first(events, "progress", generation=0)["t"] - spawned),
         "start": "/".join(sorted(starts)),
     }
 
@@ -169,12 +174,16 @@ def main() -> None:
     print(f"\n2 workers, digits example, restart.backoff_s={args.backoff:g}, "
           f"grace_s={args.grace:g}, {args.repeat} run(s) per row (medians); seconds from the "
           "fault (kill -9 / SIGSTOP of worker1)")
+    print("cold start: launch event (agents connected) -> first step of generation 0; "
+          "from command: the mgpu-launch command -> that step")
     print(f"{'fault':6} {'standby':8} {'start':6} {'detected':>9} {'torn down':>10} "
-          f"{'1st step':>9} {'cold start':>11} {'recovery/cold':>14}")
+          f"{'1st step':>9} {'cold start':>11} {'recovery/cold':>14} {'from command':>13} "
+          f"{'recovery/cmd':>13}")
     medians = {row: median_row(runs[row]) for row in rows}
     for (fault, standby), m in medians.items():
         print(f"{fault:6} {standby:8} {m['start']:6} {m['detect']:9.2f} {m['teardown']:10.2f} "
-              f"{m['recovered']:9.2f} {m['cold']:11.2f} {m['ratio']:14.2f}")
+              f"{m['recovered']:9.2f} {m['cold']:11.2f} {m['ratio']:14.2f} "
+              f"{m['cold_cmd']:13.2f} {m['ratio_cmd']:13.2f}")
     for (fault, standby), m in medians.items():
         target = ratio_targets.get((fault, standby))
         if target is None:
@@ -182,7 +191,8 @@ def main() -> None:
         ok = m["detect"] <= detect_targets[fault] and m["ratio"] <= target
         print(f"{fault}, standbys on: detection {m['detect']:.2f} s (target <= "
               f"{detect_targets[fault]:g} s), recovery {m['ratio']:.2f} x cold start "
-              f"(target <= {target:g}): {'met' if ok else 'NOT met'}")
+              f"(target <= {target:g}): {'met' if ok else 'NOT met'}; "
+              f"{m['ratio_cmd']:.2f} x the cold start from the command")
 
 
 if __name__ == "__main__":
