@@ -61,6 +61,19 @@ print("VIEW " + json.dumps({"dense": tf.keras.layers.Dense.__module__,
 sys.exit(3)  # a failure: the agent starts this task's standby at once
 '''
 
+# Dies of an exception with TensorFlow loaded: the bootstrap's quick exit must
+# still do what the interpreter's exit does for the script.
+FAILS_LATE = '''\
+import atexit, sys, threading, time
+import tensorflow as tf
+log = open("fails_late.out", "w")  # never closed: its buffer must reach the disk
+log.write("written before the failure\\n")
+atexit.register(lambda: print("atexit ran", flush=True))
+worker = threading.Thread(target=lambda: (time.sleep(0.3), print("thread done", flush=True)))
+worker.start()
+raise RuntimeError("late failure with " + tf.__name__)
+'''
+
 
 def test_the_import_time_rule_and_the_script_check(tmp_path):
     base = {"PATH": "/bin", "TF_CPP_MIN_LOG_LEVEL": "2", "MGPU_GENERATION": "0"}
@@ -126,6 +139,7 @@ def agent(tmp_path_factory):
     root = tmp_path_factory.mktemp("warm")
     (root / "probe.py").write_text(PROBE)
     (root / "default_keras.py").write_text(DEFAULT_KERAS)
+    (root / "fails_late.py").write_text(FAILS_LATE)
     for name in ("CUDA_VISIBLE_DEVICES", "KERAS_BACKEND"):
         (root / f"sets_{name}.py").write_text(
             f"import os\nos.environ[{name!r}] = 'x'\nprint('ran', flush=True)\n")
@@ -190,6 +204,18 @@ def test_a_leading_default_is_taken_ahead_and_the_start_is_warm(agent):
     assert cold["view"] == warm["view"]  # the same Keras, the same environment value
     assert warm["view"]["dense"].startswith("tf_keras.") and warm["view"]["legacy"] == "1"
     assert cold["exited"]["code"] == warm["exited"]["code"] == 3
+
+
+def test_a_failed_task_exits_quickly_and_loses_nothing(agent):
+    result = run(agent, "ps0", 0, "fails_late.py")
+    assert result["exited"]["code"] == 1
+    assert result["exited"]["error"]["type"] == "RuntimeError"
+    tail = result["exited"]["tail"]
+    assert "RuntimeError: late failure with tensorflow" in tail, tail
+    # As at a normal exit: non-daemon threads joined, then atexit, open files flushed.
+    assert tail.index("thread done") < tail.index("atexit ran"), tail
+    out = agent.run_dir.parent / "fails_late.out"
+    assert out.read_text() == "written before the failure\n"
 
 
 @pytest.mark.parametrize("name", ["CUDA_VISIBLE_DEVICES", "KERAS_BACKEND"])
