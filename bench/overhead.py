@@ -26,7 +26,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from launcher.cli import free_ports  # noqa: E402  (the launcher's own port picker)
+from launcher.transport.ports import free_ports  # noqa: E402  (the launcher's own picker)
 
 SCRIPT = REPO / "examples" / "digits" / "train.py"
 

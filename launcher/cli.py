@@ -70,6 +70,7 @@ from .ops.live import format_duration
 from .ops.printer import Printer
 from .transport import TransportError
 from .transport.local import LocalTransport
+from .transport.ports import busy_ports, free_ports
 from .transport.resolve import tf_addresses
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -206,35 +207,6 @@ def _load(args: argparse.Namespace) -> tuple[LoadedConfig, list[str]]:
 def _default_run_dir(name: str) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     return Path("runs") / f"{name}-{stamp}-{os.getpid()}"
-
-
-def free_ports(count: int) -> list[int]:
-    """`count` distinct ports that are free on this machine right now."""
-    sockets = []
-    try:
-        for _ in range(count):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind(("", 0))
-            sockets.append(sock)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
-def busy_ports(ports: Sequence[int]) -> list[int]:
-    """The ports among `ports` that something on this machine already holds."""
-    busy = []
-    for port in ports:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            # As gRPC binds: connections of an earlier run in TIME_WAIT do not
-            # make a port busy; a listener does.
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                sock.bind(("", port))
-            except OSError:
-                busy.append(port)
-    return busy
 
 
 def _describe_port_holder(port: int) -> str:

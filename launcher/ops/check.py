@@ -38,9 +38,10 @@ from ..job.config import ConfigError, LoadedConfig, keras_backend, load_config, 
 from ..job.plan import HostTarget, Plan, PlanError, build_plan, host_targets, ports_needed
 from ..job.slurm import SlurmError, read_allocation, slurm_config, with_allocation
 from ..transport import AgentLink, AgentMessage, HostProblem, TransportError
+from ..transport.ports import free_ports
 from ..transport.resolve import tf_addresses
 from . import check_collective
-from .check_collective import CollectiveReport, free_ports, task_addresses
+from .check_collective import CollectiveReport, task_addresses
 
 EXIT_READY, EXIT_NOT_READY = 0, 2
 PROBE_TIMEOUT_S = 30.0  # one probe on one host: a few socket connects and a stat

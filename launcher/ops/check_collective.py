@@ -16,7 +16,6 @@ Talks to the agents directly (start, stop): must not import the supervisor.
 from __future__ import annotations
 
 import queue
-import socket
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -114,20 +113,6 @@ class CollectiveReport:
     @property
     def ok(self) -> bool:
         return self.skipped is None and not self.problems
-
-
-def free_ports(count: int) -> list[int]:
-    """`count` ports free here now (`ports.base: auto`, as a launch picks them)."""
-    sockets = []
-    try:
-        for _ in range(count):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind(("", 0))
-            sockets.append(sock)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 def probe_argv(task: Task) -> list[str]:
