@@ -176,12 +176,11 @@ def exit_quickly(code: int) -> None:
         shutdown()
     atexit._run_exitfuncs()
     for obj in gc.get_objects():  # files the script left open: their buffers reach disk
-        if isinstance(obj, io.IOBase):
-            try:
-                if not obj.closed:
-                    obj.flush()
-            except Exception:  # noqa: BLE001, S110 - a broken stream: as at a normal exit
-                pass
+        try:
+            if isinstance(obj, io.IOBase) and not obj.closed:
+                obj.flush()
+        except Exception:  # noqa: BLE001, S110 - a broken stream: as at a normal exit
+            pass
     os._exit(code)
 
 

@@ -68,6 +68,9 @@ import atexit, sys, threading, time
 import tensorflow as tf
 log = open("fails_late.out", "w")  # never closed: its buffer must reach the disk
 log.write("written before the failure\\n")
+writer = tf.summary.create_file_writer("events", flush_millis=600_000)  # never flushed
+with writer.as_default():
+    tf.summary.scalar("loss", 0.5, step=1)
 atexit.register(lambda: print("atexit ran", flush=True))
 worker = threading.Thread(target=lambda: (time.sleep(0.3), print("thread done", flush=True)))
 worker.start()
@@ -216,6 +219,13 @@ def test_a_failed_task_exits_quickly_and_loses_nothing(agent):
     assert tail.index("thread done") < tail.index("atexit ran"), tail
     out = agent.run_dir.parent / "fails_late.out"
     assert out.read_text() == "written before the failure\n"
+    # The summary writer's buffered event reached its file, as at a normal exit.
+    from tensorflow.core.util import event_pb2  # noqa: PLC0415 - only this test needs TF here
+
+    (events_file,) = (agent.run_dir.parent / "events").glob("events.out.tfevents.*")
+    tags = [value.tag for record in _tf_records(events_file.read_bytes())
+            for value in event_pb2.Event.FromString(record).summary.value]
+    assert tags == ["loss"], tags
 
 
 @pytest.mark.parametrize("name", ["CUDA_VISIBLE_DEVICES", "KERAS_BACKEND"])
@@ -273,3 +283,13 @@ def _alive(pid: int) -> bool:
             return handle.read().rsplit(")", 1)[1].split()[0] not in "ZX"
     except OSError:
         return False
+
+
+def _tf_records(data: bytes) -> list[bytes]:
+    """The records of a TFRecord file: length (8 bytes), its CRC (4), data, CRC (4)."""
+    records, at = [], 0
+    while at + 12 <= len(data):
+        length = int.from_bytes(data[at:at + 8], "little")
+        records.append(data[at + 12:at + 12 + length])
+        at += 12 + length + 4
+    return records
