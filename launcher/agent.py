@@ -59,7 +59,7 @@ import sys
 import threading
 import time
 
-from launcher import __version__
+from launcher import __version__, firewall
 from launcher.bootstrap import stacks_signal
 from launcher.netif import ipv4_interfaces
 
@@ -235,6 +235,10 @@ class Agent:
         self.no_standby: dict[str, str] = {}
         self.script_writes: dict[tuple[str, int, int], tuple[list, list]] = {}
         self.command_queue: _Lines | None = None  # read_commands's: runs work on its thread
+        # The job's firewall rules on this host (launcher.firewall): what can, what is.
+        self.firewall_backend, self.firewall_why = firewall.probe()
+        self.sealed: firewall.Seal | None = None
+        self.seal_failed = ""  # `auto` and the rules failed: said once, tasks run open
 
     def mark_bundle_used(self) -> None:
         """Touch our bundle's folder: launchers drop bundles nobody used for a
@@ -314,7 +318,42 @@ class Agent:
         if busy:
             self.emit("start_failed", task=name, generation=generation, error=busy)
             return
+        refusal = self.seal(message.get("firewall"))  # before the task opens its port
+        if refusal:
+            self.emit("start_failed", task=name, generation=generation, error=refusal)
+            return
         self._launch(name, generation, spec)
+
+    def seal(self, raw: object) -> str:
+        """Install the job's firewall rules for this host (`start`'s `firewall`)
+        unless they are in place; returns why the task must not start, or ""."""
+        if raw is None:
+            return ""
+        try:
+            seal = firewall.Seal.from_json(raw)
+        except ValueError as exc:
+            return f"refused: {exc}"
+        with self.lock:
+            if self.closing:
+                return "the agent is stopping"
+            if seal == self.sealed or (self.seal_failed and seal.mode == "auto"):
+                return ""
+            why = self.firewall_why
+            if self.firewall_backend is not None:
+                try:
+                    done = firewall.apply(seal, self.firewall_backend, self.run_dir)
+                    self.sealed = seal
+                    self.emit("log", text=f"firewall: {done}")
+                    return ""
+                except firewall.FirewallError as exc:
+                    why = str(exc)
+            if seal.mode == "cluster":
+                return (f"cannot keep the TF ports to the cluster (security.tf_ports: "
+                        f"cluster): {why}; fix: {firewall.fix_for(why)}")
+            self.seal_failed = why
+        self.emit("log", text=f"firewall: TF port(s) {','.join(map(str, seal.ports))} are "
+                  f"open to the network: {why}")
+        return ""
 
     def _launch(self, name: str, generation: int, spec: dict) -> None:
         standby = self.standbys.pop(name, None)
@@ -844,6 +883,9 @@ class Agent:
                 task.proc.wait(timeout=remaining)
             except subprocess.TimeoutExpired:
                 task.signal_tree(signal.SIGKILL)
+        with self.lock:  # the tasks are gone: so are their ports' rules
+            firewall.reap(self.run_dir)
+            self.sealed = None
 
 
 # ---------------------------------------------------------------- command fields
@@ -1227,17 +1269,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mgpu-launch agent: {refusal}", file=sys.stderr, flush=True)
         return EXIT_UNSAFE
     reaped = agent.reap_leftovers()  # before any task of ours can start
+    unsealed = firewall.reap(agent.run_dir)  # a killed agent's rules
     packages = _installed_versions()
     emit("hello", host=host, pid=os.getpid(), version=__version__,
          python=sys.executable, python_version=sys.version.split()[0],
          hostname=os.uname().nodename, run_dir=agent.run_dir,
          psutil=packages.pop("psutil") is not None, packages=packages,
          lease_s=lease_s or None, reaped=reaped,
+         firewall={"backend": agent.firewall_backend, "why": agent.firewall_why},
          interfaces=ipv4_interfaces(_load_psutil))  # name -> IPv4s: TF addresses by interface
     for item in reaped:  # after the hello: the SSH transport skips lines before it
         emit("log", text=f"killed leftover task {item['task']} (generation "
              f"{item['generation']}, pids {item['pids']}) of an earlier agent "
              f"(pid {item['agent_pid']}) of this run directory")
+    if unsealed:
+        emit("log", text=f"removed the firewall rules ({unsealed}) of an earlier agent "
+             "of this run directory")
     agent.heard()
     threading.Thread(target=agent.heartbeat_forever, daemon=True).start()
     if lease_s:
@@ -1315,7 +1362,7 @@ def _read_stdin(agent: Agent, stdin, lines: _Lines) -> None:
 EXIT_UNSAFE = 96  # the run dir is not the user's alone, or the bundle is not what its name says
 # The bundle's files, as launcher.transport.shipping lists them (kept in step by a test).
 BUNDLE_FILES = ("launcher/__init__.py", "launcher/agent.py", "launcher/bootstrap.py",
-                "launcher/netif.py", "launcher/standby.py")
+                "launcher/netif.py", "launcher/standby.py", "launcher/firewall.py")
 BUNDLE_DIRS = ("launcher/runtime",)
 
 

@@ -31,7 +31,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TextIO
 
-from . import __version__
+from . import __version__, firewall
 from .job import checkpoints
 from .job.addresses import AddressError, TFAddress, with_interfaces
 from .job.checkpoints import checkpoint_state
@@ -380,6 +380,17 @@ def _launch(loaded: LoadedConfig, first_plan: Plan, make_plan, run_dir: Path,
         return _done(printer, previous_hangup, EXIT_USAGE)
     if first_plan.unresolved:
         first_plan = make_plan(0, ports=[t.port for t in first_plan.tasks if t.port])
+    refusals, notices = firewall.preflight(config.security.tf_ports,
+                                           {n: link.hello for n, link in links.items()})
+    for line in notices:
+        printer.notice(line)
+    if refusals:
+        say("mgpu-launch: " + "\nmgpu-launch: ".join(refusals))
+        for link in links.values():
+            link.close()
+        transport.close()
+        control.record_early_end(run_dir, "failed", refusals[0].splitlines()[0])
+        return _done(printer, previous_hangup, EXIT_USAGE)
     # A stop asked for before the supervisor exists is kept for it, not lost.
     early_stops: list[int] = []
     previous_stops = {sig: signal.signal(sig, lambda signum, _frame: early_stops.append(signum))

@@ -174,6 +174,14 @@ class PortSettings(_Strict):
         return value
 
 
+class SecuritySettings(_Strict):
+    # Who may connect to the job's TensorFlow ports (docs/security.md):
+    # `auto` keeps them to the cluster's hosts wherever the agent can install
+    # firewall rules and says so in one line where it cannot; `cluster` refuses
+    # to start a job it cannot seal; `open` installs nothing.
+    tf_ports: Literal["auto", "cluster", "open"] = "auto"
+
+
 class ClusterConfig(_Strict):
     name: str = Field(default="job", pattern=r"^[A-Za-z0-9_.\-]+$")
 
@@ -221,6 +229,7 @@ class ClusterConfig(_Strict):
     checkpoint: CheckpointSettings = Field(default_factory=CheckpointSettings)
     restart: RestartPolicy = Field(default_factory=RestartPolicy)
     ports: PortSettings = Field(default_factory=PortSettings)
+    security: SecuritySettings = Field(default_factory=SecuritySettings)
 
     _interface = field_validator("network_interface")(_interface_name)
 

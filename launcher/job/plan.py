@@ -20,6 +20,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from ..firewall import Seal, describe, seal_for, split_families
 from .addresses import TFAddress, choose
 from .config import (
     ClusterConfig,
@@ -148,6 +149,8 @@ class Plan:
     grace_s: float
     # Each host's TF_CONFIG address and the rule that chose it.
     addresses: Mapping[str, TFAddress] = field(default_factory=dict, hash=False)
+    # Each host's firewall rules for the job's ports (none: security.tf_ports open).
+    firewall: Mapping[str, Seal] = field(default_factory=dict, hash=False)
 
     @property
     def unresolved(self) -> tuple[str, ...]:
@@ -193,6 +196,7 @@ class Plan:
                 }
                 for t in self.tasks
             ],
+            "firewall": {host: seal.to_json() for host, seal in self.firewall.items()},
         }
 
 
@@ -397,7 +401,25 @@ def build_plan(
         tasks=tuple(tasks),
         grace_s=config.restart.grace_s,
         addresses=MappingProxyType(tf_of),
+        firewall=MappingProxyType(_seals(config, loaded, default_python, run_dir, tasks,
+                                         {**(addresses or {}), **tf_of})),
     )
+
+
+def _seals(config: ClusterConfig, loaded: LoadedConfig, default_python: str, run_dir: str,
+           tasks: Sequence[Task], tf_of: Mapping[str, TFAddress]) -> dict[str, Seal]:
+    """Each host's firewall rules: its tasks' ports admit every host of the
+    cluster file (spares too: they may join later), by SSH and TF address."""
+    allow = [h.address for h in host_targets(config, default_python, loaded.base_dir)]
+    allow += [tf.address for tf in tf_of.values() if tf.address]
+    seals = {}
+    for host in dict.fromkeys(t.host for t in tasks):
+        seal = seal_for(config.name, run_dir, host,
+                        [t.port for t in tasks if t.host == host and t.port], allow,
+                        config.security.tf_ports)
+        if seal is not None:
+            seals[host] = seal
+    return seals
 
 
 @dataclass(frozen=True)
@@ -533,7 +555,26 @@ def render_plan(plan: Plan) -> str:
         for key, value in redact_env(dict(task.env)).items():
             out.append(f"  env:       {key}={value}")
         out.append("")
+    out += _render_firewall(plan)
     return "\n".join(out)
+
+
+def _render_firewall(plan: Plan) -> list[str]:
+    if not plan.firewall:
+        return ["firewall: none (security.tf_ports: open): the TF ports accept anyone "
+                "who can reach them", ""]
+    mode = next(iter(plan.firewall.values())).mode
+    out = [f"firewall (security.tf_ports: {mode}): each host's agent installs, before its "
+           "tasks start (iptables where nft is missing; host names resolved on the host):"]
+    for host, seal in plan.firewall.items():
+        out.append(f"  {host}:")
+        out += [f"    {line}" for line in describe(seal).splitlines()]
+        v4, v6 = split_families(seal.allow)
+        names = [a for a in seal.allow if a not in {*v4, *v6}]
+        if names:
+            out.append(f"    # and the addresses {', '.join(names)} resolve to on {host}")
+    out.append("")
+    return out
 
 
 def resolve_script(command: Sequence[str], cwd: Path) -> tuple[str, ...]:

@@ -442,6 +442,8 @@ class Supervisor:
             "env": dict(task.env),
             "tf_config": task.tf_config_json(),
             "standby": self._policy.warm_standby,
+            # The host's firewall rules for the job's ports (launcher.firewall).
+            "firewall": seal.to_json() if (seal := gen.plan.firewall.get(task.host)) else None,
         })
         if not sent:
             self._host_lost(gen, task.host, "agent connection is closed")

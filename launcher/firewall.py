@@ -1,0 +1,371 @@
+"""Keep TensorFlow's unauthenticated gRPC ports to the job's own hosts.
+
+A TensorFlow server listens on every interface, with no authentication and no
+encryption: whoever reaches a worker's port can run graph operations on it
+(TensorFlow's own advice is a private network, tensorflow#11689). With
+`security: {tf_ports: auto | cluster}` each host's agent, before its tasks
+start, installs one firewall table for this job on this host:
+
+- nftables: `table inet mgpu_<job>_<digest>` whose input chain hooks at
+  priority -10 (before the usual filter chains at 0). A new TCP connection
+  (SYN) to one of the job's ports jumps to a guard chain that returns for
+  loopback and the cluster's addresses and drops the rest. Nothing else is
+  matched: other ports, replies, UDP pass through untouched. A drop is final
+  in netfilter but an accept is not, so this table can only close the job's
+  ports to strangers: it never opens what another tool's rules close.
+- iptables (no `nft`): a chain `MGPU-<digest>` with the same guard, jumped to
+  from the top of INPUT for SYNs to the job's ports (ip6tables too when there).
+
+The table's name is derived from the job's run directory and the host, so two
+jobs (or two simulated hosts of one job on one machine) never touch each
+other's rules. What was installed is recorded in `RUN_DIR/firewall.json`: the
+agent removes it when its tasks end (stdin closed, the lease ran out), and the
+next agent of the same run directory removes what a killed one left.
+
+Rendering (`render_nft`, `iptables_commands`) is pure; `probe`, `apply`,
+`remove` and `reap` run `nft`/`iptables` with an injectable runner.
+
+Shipped to hosts with the agent: standard library only; must not import
+anything of the launcher.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+MODES = ("auto", "cluster", "open")
+RECORD = "firewall.json"
+PRIORITY = -10  # before the filter chains of firewalld, ufw, iptables-nft (priority 0)
+CAP_NET_ADMIN = 12  # bit in /proc/self/status CapEff (linux/capability.h)
+TOOL_TIMEOUT_S = 10.0  # nft/iptables take milliseconds; `-w` waits for the xtables lock
+MULTIPORT_MAX = 15  # iptables' multiport match takes at most 15 ports
+# Where firewall tools live; an SSH session of a non-root user often lacks sbin in PATH.
+SBIN = ("/usr/sbin", "/sbin", "/usr/local/sbin")
+_TABLE = re.compile(r"^mgpu_[a-z0-9_]{1,40}$")
+_CHAIN = re.compile(r"^MGPU-[0-9a-f]{10}$")
+_HOSTNAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.\-]{0,252}$")
+
+Runner = Callable[[list[str], str | None], tuple[int, str]]
+
+
+class FirewallError(Exception):
+    """The rules could not be installed or removed; the text says why."""
+
+
+@dataclass(frozen=True)
+class Seal:
+    """The rules one host gets for one job: its ports, who may connect to them."""
+
+    table: str  # nft table (family inet)
+    chain: str  # iptables chain
+    ports: tuple[int, ...]  # the job's TF ports on this host
+    allow: tuple[str, ...]  # the cluster's addresses (IPs or names), besides loopback
+    mode: str  # "auto": seal where possible; "cluster": refuse to run open
+
+    def to_json(self) -> dict[str, object]:
+        return {"table": self.table, "chain": self.chain, "ports": list(self.ports),
+                "allow": list(self.allow), "mode": self.mode}
+
+    @classmethod
+    def from_json(cls, data: object) -> Seal:
+        """Checked: a bad field raises ValueError (the agent refuses the command)."""
+        if not isinstance(data, dict):
+            raise ValueError("firewall must be an object")
+        table, chain, mode = data.get("table"), data.get("chain"), data.get("mode")
+        ports, allow = data.get("ports"), data.get("allow")
+        if not isinstance(table, str) or not _TABLE.match(table):
+            raise ValueError(f"firewall table {str(table)[:60]!r} is not mgpu_<name>")
+        if not isinstance(chain, str) or not _CHAIN.match(chain):
+            raise ValueError(f"firewall chain {str(chain)[:60]!r} is not MGPU-<hex>")
+        if mode not in ("auto", "cluster"):
+            raise ValueError(f"firewall mode {str(mode)[:20]!r} is not auto or cluster")
+        if (not isinstance(ports, list) or not ports or len(ports) > 1024
+                or not all(isinstance(p, int) and 1 <= p <= 65535 for p in ports)):
+            raise ValueError("firewall ports must be a list of ports 1-65535")
+        if not isinstance(allow, list) or len(allow) > 4096 or not all(
+                isinstance(a, str) and (_is_ip(a) or _HOSTNAME.match(a)) for a in allow):
+            raise ValueError("firewall allow must be a list of addresses or host names")
+        return cls(table, chain, tuple(ports), tuple(allow), mode)
+
+
+def seal_for(job: str, run_dir: str, host: str, ports: Iterable[int], allow: Iterable[str],
+             mode: str) -> Seal | None:
+    """The seal of `host` in the job whose run directory is `run_dir`; None when
+    `mode` is open or the host serves no port (an evaluator alone)."""
+    import hashlib  # here: the agent, which imports this module, never needs it
+
+    ports = tuple(sorted(set(ports)))
+    if mode == "open" or not ports:
+        return None
+    digest = hashlib.sha256(f"{run_dir}\0{host}".encode()).hexdigest()[:10]
+    slug = re.sub(r"[^a-z0-9]+", "_", job.lower()).strip("_")[:20] or "job"
+    allow = tuple(sorted({a for a in allow if a}))
+    return Seal(f"mgpu_{slug}_{digest}", f"MGPU-{digest}", ports, allow, mode)
+
+
+# ---------------------------------------------------------------- rendering (pure)
+
+
+def split_families(addresses: Iterable[str]) -> tuple[list[str], list[str]]:
+    """(IPv4, IPv6) literal addresses, each sorted and unique; names are left out."""
+    v4, v6 = set(), set()
+    for address in addresses:
+        try:
+            ip = ipaddress.ip_address(address)
+        except ValueError:
+            continue
+        (v4 if ip.version == 4 else v6).add(str(ip))
+    key = ipaddress.ip_address
+    return sorted(v4, key=key), sorted(v6, key=key)
+
+
+def render_nft(seal: Seal, addresses: Sequence[str] | None = None) -> str:
+    """The `nft -f` script that installs (or atomically replaces) the job's table.
+
+    `addresses`: the admitted IPs (names resolved); by default the literal IPs
+    of `seal.allow`. The first two lines make `delete` safe when the table does
+    not exist yet; the whole file is one transaction.
+    """
+    v4, v6 = split_families(seal.allow if addresses is None else addresses)
+    ports = ", ".join(str(p) for p in seal.ports)
+    guard = ['        iifname "lo" return']
+    if v4:
+        guard.append(f"        ip saddr {{ {', '.join(v4)} }} return")
+    if v6:
+        guard.append(f"        ip6 saddr {{ {', '.join(v6)} }} return")
+    guard.append("        counter drop")
+    return "\n".join([
+        f"table inet {seal.table}",
+        f"delete table inet {seal.table}",
+        f"table inet {seal.table} {{",
+        "    chain input {",
+        f"        type filter hook input priority {PRIORITY}; policy accept;",
+        f"        tcp dport {{ {ports} }} tcp flags & (fin|syn|rst|ack) == syn jump guard",
+        "    }",
+        "    chain guard {",
+        *guard,
+        "    }",
+        "}",
+        "",
+    ])
+
+
+def _port_groups(ports: Sequence[int]) -> list[str]:
+    return [",".join(str(p) for p in ports[i:i + MULTIPORT_MAX])
+            for i in range(0, len(ports), MULTIPORT_MAX)]
+
+
+def _jumps(seal: Seal) -> list[list[str]]:
+    """The INPUT rules that send new connections to the job's ports to its chain."""
+    return [["-p", "tcp", "--syn", "-m", "multiport", "--dports", group, "-j", seal.chain]
+            for group in _port_groups(list(seal.ports))]
+
+
+def iptables_commands(seal: Seal, addresses: Sequence[str] | None = None,
+                      ip6: bool = True) -> list[list[str]]:
+    """The iptables (and ip6tables) commands that install the job's chain and jumps."""
+    v4, v6 = split_families(seal.allow if addresses is None else addresses)
+    commands = []
+    for tool, admitted in (("iptables", v4), ("ip6tables", v6)):
+        if tool == "ip6tables" and not ip6:
+            continue
+        commands += [[tool, "-w", "-N", seal.chain], [tool, "-w", "-F", seal.chain],
+                     [tool, "-w", "-A", seal.chain, "-i", "lo", "-j", "RETURN"]]
+        commands += [[tool, "-w", "-A", seal.chain, "-s", a, "-j", "RETURN"] for a in admitted]
+        commands.append([tool, "-w", "-A", seal.chain, "-j", "DROP"])
+        commands += [[tool, "-w", "-I", "INPUT", "1", *jump] for jump in _jumps(seal)]
+    return commands
+
+
+def iptables_removal(seal: Seal, ip6: bool = True) -> list[list[str]]:
+    commands = []
+    for tool in ("iptables", "ip6tables") if ip6 else ("iptables",):
+        commands += [[tool, "-w", "-D", "INPUT", *jump] for jump in _jumps(seal)]
+        commands += [[tool, "-w", "-F", seal.chain], [tool, "-w", "-X", seal.chain]]
+    return commands
+
+
+def describe(seal: Seal, backend: str = "nft") -> str:
+    """The rules as a human reads them (`--dry-run`)."""
+    if backend == "iptables":
+        return "\n".join(" ".join(c) for c in iptables_commands(seal))
+    return render_nft(seal).split("\n", 2)[2].rstrip("\n")  # without the replace preamble
+
+
+# ---------------------------------------------------------------- the host's side
+
+
+def _is_ip(value: str) -> bool:
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        return False
+    return True
+
+
+def _tool(name: str) -> str | None:
+    path = os.environ.get("PATH", "")
+    return shutil.which(name, path=os.pathsep.join([path, *SBIN]))
+
+
+def _has_net_admin() -> bool:
+    if os.geteuid() == 0:
+        return True
+    try:
+        with open("/proc/self/status") as handle:
+            for line in handle:
+                if line.startswith("CapEff:"):
+                    return bool(int(line.split()[1], 16) >> CAP_NET_ADMIN & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
+def probe() -> tuple[str | None, str]:
+    """(backend, why not): "nft" or "iptables" when this process can install
+    rules, else None and the reason. Reads files only; runs nothing."""
+    if not _has_net_admin():
+        return None, "the agent runs as a user without CAP_NET_ADMIN (not root)"
+    if _tool("nft"):
+        return "nft", ""
+    if _tool("iptables"):
+        return "iptables", ""
+    return None, "neither nft nor iptables is installed"
+
+
+def _run(argv: list[str], stdin: str | None) -> tuple[int, str]:
+    tool = _tool(argv[0]) or argv[0]
+    try:
+        done = subprocess.run([tool, *argv[1:]], input=stdin, capture_output=True, text=True,
+                              timeout=TOOL_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return 127, f"{type(exc).__name__}: {exc}"
+    return done.returncode, (done.stderr or done.stdout).strip()
+
+
+def resolve(allow: Iterable[str]) -> tuple[list[str], list[str]]:
+    """(addresses, names that did not resolve): names resolved here, on the host."""
+    addresses, missing = [], []
+    for entry in allow:
+        if _is_ip(entry):
+            addresses.append(entry)
+            continue
+        try:
+            infos = socket.getaddrinfo(entry, None, proto=socket.IPPROTO_TCP)
+        except OSError:
+            missing.append(entry)
+            continue
+        addresses += sorted({str(info[4][0]).split("%")[0] for info in infos})
+    return addresses, missing
+
+
+def apply(seal: Seal, backend: str, run_dir: str, run: Runner = _run) -> str:
+    """Install `seal` (replacing this job's earlier rules) and record it; returns
+    a one-line description. Raises FirewallError with the reason."""
+    addresses, missing = resolve(seal.allow)
+    old = read_record(run_dir)
+    if old is not None and old.get("backend") != "nft":
+        remove(old, run)  # an earlier generation's jumps name other ports
+    _write_record(run_dir, {"backend": backend, **seal.to_json()})  # first: a kill leaves it
+    if backend == "nft":
+        code, out = run(["nft", "-f", "-"], render_nft(seal, addresses))
+        if code != 0:
+            raise FirewallError(f"nft refused the rules: {out[-300:]}")
+    else:
+        ip6 = _tool("ip6tables") is not None
+        for command in iptables_commands(seal, addresses, ip6):
+            code, out = run(command, None)
+            if code != 0:
+                raise FirewallError(f"{' '.join(command)} failed: {out[-300:]}")
+    ports = ",".join(str(p) for p in seal.ports)
+    where = f"table inet {seal.table}" if backend == "nft" else f"chain {seal.chain}"
+    unresolved = f"; {', '.join(missing)} did not resolve here" if missing else ""
+    return (f"TF port(s) {ports} accept only loopback and {len(set(addresses))} cluster "
+            f"address(es) ({backend} {where}){unresolved}")
+
+
+def remove(record: dict, run: Runner = _run) -> str:
+    """Remove what `record` (from RUN_DIR/firewall.json) installed; "" when there
+    was nothing, else what was removed. Never raises."""
+    try:
+        seal = Seal.from_json({**record, "mode": "cluster"})
+    except ValueError:
+        return ""
+    if record.get("backend") == "nft":
+        code, _ = run(["nft", "delete", "table", "inet", seal.table], None)
+        return f"table inet {seal.table}" if code == 0 else ""
+    removed = False
+    for command in iptables_removal(seal, _tool("ip6tables") is not None):
+        removed = run(command, None)[0] == 0 or removed
+    return f"chain {seal.chain}" if removed else ""
+
+
+def reap(run_dir: str, run: Runner = _run) -> str:
+    """Remove the rules an earlier agent of `run_dir` recorded (and the record)."""
+    record = read_record(run_dir)
+    if record is None:
+        return ""
+    removed = remove(record, run)
+    try:
+        os.unlink(os.path.join(run_dir, RECORD))
+    except OSError:
+        pass
+    return removed
+
+
+def read_record(run_dir: str) -> dict | None:
+    try:
+        with open(os.path.join(run_dir, RECORD), "rb") as handle:
+            record = json.loads(handle.read(1 << 20))
+    except (OSError, ValueError, RecursionError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def _write_record(run_dir: str, record: dict) -> None:
+    path = os.path.join(run_dir, RECORD)
+    fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        json.dump(record, handle)
+    os.replace(path + ".tmp", path)
+
+
+def fix_for(why: str) -> str:
+    """What the user can do when a host cannot seal its ports."""
+    if "CAP_NET_ADMIN" in why:
+        return ("run the agent as root (ssh.user: root), or give its python CAP_NET_ADMIN "
+                "(sudo setcap cap_net_admin+ep $(readlink -f PYTHON)), or set "
+                "`security: {tf_ports: open}` on a private network")
+    if "installed" in why:
+        return "install nftables (apt install nftables), or set `security: {tf_ports: open}`"
+    return "fix the host's firewall tool, or set `security: {tf_ports: open}`"
+
+
+def preflight(mode: str, hellos: dict[str, dict | None]) -> tuple[list[str], list[str]]:
+    """(refusals, notices) from the agents' hellos before any task starts:
+    under `cluster`, each host that cannot install rules refuses the job
+    (host, reason, fix); under `auto`, it gets a one-line notice."""
+    refusals, notices = [], []
+    if mode == "open":
+        return refusals, notices
+    for host, hello in hellos.items():
+        info = (hello or {}).get("firewall")
+        if not isinstance(info, dict) or info.get("backend"):
+            continue  # an older agent says nothing: its start reports what happens
+        why = str(info.get("why") or "cannot install firewall rules")
+        if mode == "cluster":
+            refusals.append(f"host {host} cannot keep the job's TF ports to the cluster "
+                            f"(security.tf_ports: cluster): {why}\n  fix: {fix_for(why)}")
+        else:
+            notices.append(f"host {host}: TF ports open to its whole network ({why}); "
+                           "`security: {tf_ports: open}` silences this, `cluster` requires "
+                           "the seal")
+    return refusals, notices
