@@ -217,8 +217,7 @@ def _tool(name: str) -> str | None:
 
 
 def _has_net_admin() -> bool:
-    if os.geteuid() == 0:
-        return True
+    """CAP_NET_ADMIN in effect: root in a container may lack it, a user may hold it."""
     try:
         with open("/proc/self/status") as handle:
             for line in handle:
@@ -226,14 +225,15 @@ def _has_net_admin() -> bool:
                     return bool(int(line.split()[1], 16) >> CAP_NET_ADMIN & 1)
     except (OSError, ValueError, IndexError):
         pass
-    return False
+    return os.geteuid() == 0  # no /proc (not Linux): nft/iptables would say
 
 
 def probe() -> tuple[str | None, str]:
     """(backend, why not): "nft" or "iptables" when this process can install
     rules, else None and the reason. Reads files only; runs nothing."""
     if not _has_net_admin():
-        return None, "the agent runs as a user without CAP_NET_ADMIN (not root)"
+        return None, (f"the agent runs as {'root' if os.geteuid() == 0 else 'a user'} "
+                      "without CAP_NET_ADMIN")
     if _tool("nft"):
         return "nft", ""
     if _tool("iptables"):
@@ -341,9 +341,9 @@ def _write_record(run_dir: str, record: dict) -> None:
 def fix_for(why: str) -> str:
     """What the user can do when a host cannot seal its ports."""
     if "CAP_NET_ADMIN" in why:
-        return ("run the agent as root (ssh.user: root), or give its python CAP_NET_ADMIN "
-                "(sudo setcap cap_net_admin+ep $(readlink -f PYTHON)), or set "
-                "`security: {tf_ports: open}` on a private network")
+        return ("give the agent CAP_NET_ADMIN: log in as root (`ssh.user: root`; in a "
+                "container, `--cap-add NET_ADMIN`) or `sudo setcap cap_net_admin+ep` on the "
+                "host's python; or set `security: {tf_ports: open}` on a private network")
     if "installed" in why:
         return "install nftables (apt install nftables), or set `security: {tf_ports: open}`"
     return "fix the host's firewall tool, or set `security: {tf_ports: open}`"

@@ -1,0 +1,291 @@
+"""The job's firewall rules (launcher/firewall.py): rendering, the agent's side
+with real nftables in a throwaway network namespace, and the launch's refusal
+under `security: {tf_ports: cluster}` where an agent cannot install them.
+
+The multi-host tests (an outsider kept out while the job trains) are in
+tests/test_firewall_netns.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from launcher import firewall
+from launcher.firewall import Seal, seal_for
+from tests.agentproc import AgentProc, agent_env
+from tests.conftest import PYTHON, run_cli, wait_for
+from tests.sshcluster import netns_available
+
+SEAL = Seal("mgpu_train_0123456789", "MGPU-0123456789", (23456, 23457),
+            ("10.0.0.2", "10.0.0.3", "fd00::2", "gpu9"), "cluster")
+
+
+# ---------------------------------------------------------------- rendering
+
+
+def test_the_nft_table_drops_only_new_connections_to_the_jobs_ports_from_strangers():
+    text = firewall.render_nft(SEAL)
+    # Replaced atomically: create-if-missing, delete, create, in one `nft -f`.
+    assert text.startswith("table inet mgpu_train_0123456789\n"
+                           "delete table inet mgpu_train_0123456789\n")
+    assert "type filter hook input priority -10; policy accept;" in text
+    # Only SYNs to the job's ports are looked at; everything else passes untouched.
+    assert ("tcp dport { 23456, 23457 } tcp flags & (fin|syn|rst|ack) == syn jump guard"
+            in text)
+    guard = text.split("chain guard {")[1]
+    assert guard.index('iifname "lo" return') < guard.index("counter drop")
+    assert "ip saddr { 10.0.0.2, 10.0.0.3 } return" in guard
+    assert "ip6 saddr { fd00::2 } return" in guard
+    assert "gpu9" not in text  # names are resolved on the host, then passed as addresses
+    resolved = firewall.render_nft(SEAL, ["10.0.0.2", "10.9.9.9"])
+    assert "ip saddr { 10.0.0.2, 10.9.9.9 } return" in resolved and "ip6 saddr" not in resolved
+
+
+def test_nft_accepts_the_rendered_table(tmp_path):
+    # `nft -c`: parsed and checked by the kernel's rules, installed nowhere.
+    done = subprocess.run(["nft", "-c", "-f", "-"], input=firewall.render_nft(SEAL),
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+def test_iptables_fallback_is_a_chain_jumped_to_for_new_connections_to_the_ports():
+    ports = tuple(range(30000, 30020))  # 20 ports: two multiport rules of at most 15
+    seal = Seal("mgpu_x_0123456789", "MGPU-0123456789", ports, ("10.0.0.2",), "auto")
+    commands = [" ".join(c) for c in firewall.iptables_commands(seal, ip6=False)]
+    assert commands[:4] == ["iptables -w -N MGPU-0123456789", "iptables -w -F MGPU-0123456789",
+                            "iptables -w -A MGPU-0123456789 -i lo -j RETURN",
+                            "iptables -w -A MGPU-0123456789 -s 10.0.0.2 -j RETURN"]
+    assert commands[4] == "iptables -w -A MGPU-0123456789 -j DROP"
+    jumps = [c for c in commands if " INPUT " in c]
+    assert jumps == [
+        "iptables -w -I INPUT 1 -p tcp --syn -m multiport --dports "
+        + ",".join(map(str, ports[:15])) + " -j MGPU-0123456789",
+        "iptables -w -I INPUT 1 -p tcp --syn -m multiport --dports "
+        + ",".join(map(str, ports[15:])) + " -j MGPU-0123456789"]
+    removal = [" ".join(c) for c in firewall.iptables_removal(seal, ip6=False)]
+    assert removal[-2:] == ["iptables -w -F MGPU-0123456789", "iptables -w -X MGPU-0123456789"]
+    assert all(r.replace(" -D INPUT ", " -I INPUT 1 ") in jumps for r in removal[:2])
+
+
+def test_each_job_and_host_gets_its_own_table():
+    one = seal_for("my-job", "/runs/a", "gpu1", [5001, 5000, 5000], ["10.0.0.1"], "auto")
+    assert one is not None and one.ports == (5000, 5001)
+    assert one.table.startswith("mgpu_my_job_") and firewall.Seal.from_json(one.to_json()) == one
+    other_host = seal_for("my-job", "/runs/a", "gpu2", [5000], [], "auto")
+    other_job = seal_for("my-job", "/runs/b", "gpu1", [5000], [], "auto")
+    assert len({one.table, other_host.table, other_job.table}) == 3
+    assert len({one.chain, other_host.chain, other_job.chain}) == 3
+    assert seal_for("my-job", "/runs/a", "gpu1", [5000], [], "open") is None
+    assert seal_for("my-job", "/runs/a", "gpu1", [], [], "cluster") is None  # no port
+
+
+@pytest.mark.parametrize("field,value", [
+    ("table", "filter"), ("table", "mgpu_x; flush ruleset"), ("chain", "INPUT"),
+    ("ports", [0]), ("ports", "22"), ("allow", ["10.0.0.1 accept"]), ("mode", "open"),
+])
+def test_the_agent_refuses_a_malformed_seal(field, value):
+    with pytest.raises(ValueError, match=field):
+        Seal.from_json({**SEAL.to_json(), field: value})
+
+
+def test_preflight_refuses_under_cluster_and_notes_under_auto():
+    hellos = {"gpu1": {"firewall": {"backend": "nft", "why": ""}},
+              "gpu2": {"firewall": {"backend": None,
+                                    "why": "the agent runs as a user without CAP_NET_ADMIN"}}}
+    refusals, notices = firewall.preflight("cluster", hellos)
+    assert notices == [] and len(refusals) == 1
+    assert refusals[0].startswith("host gpu2 cannot keep the job's TF ports to the cluster "
+                                  "(security.tf_ports: cluster): the agent runs as a user "
+                                  "without CAP_NET_ADMIN\n  fix: give the agent CAP_NET_ADMIN")
+    refusals, notices = firewall.preflight("auto", hellos)
+    assert refusals == [] and len(notices) == 1 and notices[0].startswith(
+        "host gpu2: TF ports open to its whole network (the agent runs as a user without")
+    assert firewall.preflight("open", hellos) == ([], [])
+
+
+def test_dry_run_shows_the_rules_each_host_would_get(tmp_path):
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    (tmp_path / "c.yaml").write_text(
+        "name: fw\ntransport: ssh\nhosts:\n  - {address: 10.1.0.1, name: a}\n"
+        "  - {address: 10.1.0.2, name: b}\nports: {base: 23000}\ncheckpoint: {dir: /ck}\n"
+        "security: {tf_ports: cluster}\n")
+    done = run_cli(["--dry-run", "c.yaml", "train.py"], cwd=tmp_path, timeout=60)
+    assert done.returncode == 0, done.stderr
+    text = done.stdout.split("firewall (security.tf_ports: cluster)")[1]
+    a, b = text.split("\n  a:\n")[1].split("\n  b:\n")
+    assert "tcp dport { 23000 }" in a and "tcp dport { 23001 }" in b
+    assert "ip saddr { 10.1.0.1, 10.1.0.2 } return" in a
+    plan = json.loads(run_cli(["--dry-run", "--json", "c.yaml", "train.py"], cwd=tmp_path,
+                              timeout=60).stdout)
+    assert plan["firewall"]["b"]["ports"] == [23001]
+    (tmp_path / "c.yaml").write_text(
+        (tmp_path / "c.yaml").read_text().replace("tf_ports: cluster", "tf_ports: open"))
+    done = run_cli(["--dry-run", "c.yaml", "train.py"], cwd=tmp_path, timeout=60)
+    assert "firewall: none (security.tf_ports: open)" in done.stdout
+
+
+def test_a_bad_tf_ports_value_is_named(tmp_path):
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    (tmp_path / "c.yaml").write_text("transport: local\nhosts: [{address: 127.0.0.1}]\n"
+                                     "security: {tf_ports: sealed}\n")
+    done = run_cli(["--dry-run", "c.yaml", "train.py"], cwd=tmp_path, timeout=60)
+    assert done.returncode == 2 and "security.tf_ports" in done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+
+
+# ---------------------------------------------------------------- the agent, for real
+
+
+@pytest.fixture
+def netns():
+    """A bare network namespace: its nftables ruleset is its own, nobody else's."""
+    why = netns_available()
+    if why:  # .ci/run runs as root with iproute2: a failure to fix, not a skip
+        pytest.fail(f"needs network namespaces (root, iproute2): {why}")
+    name = f"firewall-{secrets.token_hex(3)}"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    subprocess.run(["ip", "netns", "exec", name, "ip", "link", "set", "lo", "up"], check=True)
+    yield name
+    subprocess.run(["ip", "netns", "del", name], capture_output=True)
+
+
+def tables(netns: str) -> list[str]:
+    out = subprocess.run(["ip", "netns", "exec", netns, "nft", "list", "tables"],
+                         capture_output=True, text=True, check=True).stdout
+    return [line.split()[-1] for line in out.splitlines() if "mgpu_" in line]
+
+
+class NetnsAgent(AgentProc):
+    """AgentProc, inside a network namespace (`ip netns exec` execs the agent)."""
+
+    def __init__(self, netns: str, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.proc = subprocess.Popen(
+            ["ip", "netns", "exec", netns, sys.executable, "-S", "-m", "launcher.agent",
+             "--host", "h1", "--run-dir", str(run_dir), "--eof-grace", "0.5"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            env=agent_env(), start_new_session=True)
+        self.messages = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+
+def start_sealed(agent: AgentProc, seal: Seal, name: str = "t0") -> dict:
+    agent.send({"op": "start", "task": name, "generation": 0,
+                "argv": [PYTHON, "-c", "import time; time.sleep(60)"], "cwd": "/",
+                "env": {}, "tf_config": "{}", "firewall": seal.to_json()})
+    return agent.wait_event("started", task=name)
+
+
+def test_the_agent_seals_before_its_task_and_unseals_when_it_ends(netns, tmp_path):
+    seal = seal_for("fw", str(tmp_path / "run"), "h1", [23456], ["10.0.0.2"], "cluster")
+    agent = NetnsAgent(netns, tmp_path / "run")
+    try:
+        assert agent.hello()["firewall"] == {"backend": "nft", "why": ""}
+        start_sealed(agent, seal)
+        assert tables(netns) == [seal.table]
+        assert any("firewall: TF port(s) 23456 accept only loopback and 1 cluster address"
+                   in m["text"] for m in agent.events("log"))
+    finally:
+        agent.close()  # stdin closed: the launcher is gone
+    assert tables(netns) == []
+    assert not (tmp_path / "run" / firewall.RECORD).exists()
+
+
+def test_the_next_agent_removes_the_rules_a_killed_agent_left(netns, tmp_path):
+    run_dir = tmp_path / "run"
+    seal = seal_for("fw", str(run_dir), "h1", [23456, 23457], ["10.0.0.2"], "cluster")
+    first = NetnsAgent(netns, run_dir)
+    try:
+        first.hello()
+        task = start_sealed(first, seal)["pid"]
+        first.proc.send_signal(signal.SIGKILL)
+        first.proc.wait(timeout=10)
+        assert tables(netns) == [seal.table]  # nobody left to remove them
+    finally:
+        first.close()
+    wait_for(lambda: not os.path.exists(f"/proc/{task}") or _zombie(task), timeout=10,
+             what="the task to die with its agent")
+    second = NetnsAgent(netns, run_dir)
+    try:
+        second.hello()
+        assert tables(netns) == []  # removed before the hello: before any task can start
+        said = second.wait_event("log")["text"]
+        assert said == (f"removed the firewall rules (table inet {seal.table}) of an earlier "
+                        "agent of this run directory")
+    finally:
+        second.close()
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def test_two_jobs_on_one_host_keep_their_own_tables(netns, tmp_path):
+    seals = [seal_for("fw", str(tmp_path / f"run{i}"), "h1", [23460 + i], [], "cluster")
+             for i in range(2)]
+    agents = [NetnsAgent(netns, tmp_path / f"run{i}") for i in range(2)]
+    try:
+        for agent, seal in zip(agents, seals, strict=True):
+            agent.hello()
+            start_sealed(agent, seal)
+        assert sorted(tables(netns)) == sorted(s.table for s in seals)
+        agents[0].close()
+        assert tables(netns) == [seals[1].table]
+    finally:
+        for agent in agents:
+            agent.close()
+    assert tables(netns) == []
+
+
+# ---------------------------------------------------------------- the launch
+
+
+def _no_net_admin_python(tmp_path: Path) -> Path:
+    """A python for the hosts that runs without CAP_NET_ADMIN, even as root."""
+    wrapper = tmp_path / "python-no-net-admin"
+    wrapper.write_text(f"#!/bin/sh\nexec setpriv --bounding-set -net_admin {PYTHON} \"$@\"\n")
+    wrapper.chmod(0o755)
+    return wrapper
+
+
+def _local_config(tmp_path: Path, mode: str, python: Path) -> Path:
+    path = tmp_path / "c.yaml"
+    path.write_text(f"name: fwlocal\ntransport: local\npython: {python}\n"
+                    "hosts: [{address: 127.0.0.1}, {address: 127.0.0.1}]\n"
+                    f"checkpoint: {{dir: {tmp_path / 'ckpt'}}}\n"
+                    f"security: {{tf_ports: {mode}}}\n")
+    (tmp_path / "train.py").write_text("print('trained', flush=True)\n")
+    return path
+
+
+def test_cluster_refuses_to_start_where_an_agent_cannot_seal(tmp_path):
+    config = _local_config(tmp_path, "cluster", _no_net_admin_python(tmp_path))
+    done = run_cli([str(config), "train.py"], cwd=tmp_path, timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    out = done.stdout + done.stderr
+    assert ("mgpu-launch: host host0 cannot keep the job's TF ports to the cluster "
+            "(security.tf_ports: cluster): the agent runs as root without CAP_NET_ADMIN") in out
+    assert "fix: give the agent CAP_NET_ADMIN" in out
+    assert "trained" not in out
+
+
+def test_auto_runs_open_with_a_one_line_notice_where_an_agent_cannot_seal(tmp_path):
+    config = _local_config(tmp_path, "auto", _no_net_admin_python(tmp_path))
+    done = run_cli([str(config), "train.py"], cwd=tmp_path, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    notes = [line for line in done.stdout.splitlines() if "TF ports open" in line]
+    assert len(notes) == 2 and "host host0: TF ports open to its whole network" in notes[0]
+    assert done.stdout.count("trained") == 2
