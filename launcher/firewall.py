@@ -369,3 +369,20 @@ def preflight(mode: str, hellos: dict[str, dict | None]) -> tuple[list[str], lis
                            "`security: {tf_ports: open}` silences this, `cluster` requires "
                            "the seal")
     return refusals, notices
+
+
+def reachability(mode: str, hello: dict) -> tuple[str, bool]:
+    """(`check`'s line for one host, whether its ports would be sealed): who
+    could connect to the job's TF ports, on which of the host's interfaces
+    (a TF server listens on all of them)."""
+    interfaces = hello.get("interfaces") if isinstance(hello.get("interfaces"), dict) else {}
+    where = ", ".join(f"{name} {' '.join(map(str, ips))}"
+                      for name, ips in interfaces.items() if ips) or "every interface"
+    info = hello.get("firewall") if isinstance(hello.get("firewall"), dict) else {}
+    if mode == "open":
+        return f"open (security.tf_ports: open): anyone reaching {where}", False
+    if info.get("backend"):
+        return (f"sealed ({info['backend']}): listening on {where}; only loopback and the "
+                "job's hosts may connect"), True
+    why = info.get("why") or "the agent is too old to say"
+    return f"OPEN ({why}): anyone reaching {where}", False

@@ -289,3 +289,20 @@ def test_auto_runs_open_with_a_one_line_notice_where_an_agent_cannot_seal(tmp_pa
     notes = [line for line in done.stdout.splitlines() if "TF ports open" in line]
     assert len(notes) == 2 and "host host0: TF ports open to its whole network" in notes[0]
     assert done.stdout.count("trained") == 2
+
+
+def test_check_says_per_host_whether_the_ports_would_be_sealed_and_where_they_listen(tmp_path):
+    sealed = _local_config(tmp_path, "cluster", Path(PYTHON))
+    done = run_cli(["check", str(sealed), "--no-collective"], cwd=tmp_path, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.split("TF ports (who can connect):\n")[1].splitlines()
+    assert lines[0].startswith("  host0  sealed (nft): listening on lo 127.0.0.1")
+    assert lines[0].endswith("; only loopback and the job's hosts may connect")
+    _local_config(tmp_path, "cluster", _no_net_admin_python(tmp_path))
+    done = run_cli(["check", str(sealed), "--no-collective"], cwd=tmp_path, timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert ("  host0  OPEN (the agent runs as root without CAP_NET_ADMIN): anyone reaching "
+            "lo 127.0.0.1") in done.stdout
+    assert ("  host1: TF ports cannot be sealed (security.tf_ports: cluster): the agent runs "
+            "as root without CAP_NET_ADMIN; fix: give the agent CAP_NET_ADMIN") in done.stdout
+    assert "verdict: NOT READY" in done.stdout

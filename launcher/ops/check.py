@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import firewall
 from ..job.addresses import AddressError, with_interfaces
 from ..job.config import ConfigError, LoadedConfig, keras_backend, load_config, local_config
 from ..job.plan import HostTarget, Plan, PlanError, build_plan, host_targets, ports_needed
@@ -174,6 +175,7 @@ class HostReport:
     problems: list[str] = field(default_factory=list)
     jax: dict[str, str | None] = field(default_factory=dict)  # jax and jaxlib versions
     keras_backend: str | None = None  # what Keras 3 runs on in the tasks
+    tf_ports: str = ""  # who could connect to the job's TF ports (launcher.firewall)
 
     def packages(self) -> dict[str, str | None]:
         return (self.hello or {}).get("packages") or {}
@@ -413,6 +415,11 @@ def render(reports: list[HostReport], checkpoint_dir: str, ports_fixed: bool,
     lines.append(f"checkpoint dir: {checkpoint_dir}")
     if collective is not None:
         lines += check_collective.render(collective)
+    sealing = [r for r in reports if r.tf_ports]
+    if sealing:
+        lines.append("TF ports (who can connect):")
+        width = max(len(r.host.name) for r in sealing)
+        lines += [f"  {r.host.name:<{width}}  {r.tf_ports}" for r in sealing]
     slow = [r for r in reports if r.login_s is not None and r.login_s > SLOW_LOGIN_S]
     if slow:
         lines.append("notes:")
@@ -473,6 +480,7 @@ def run_check(loaded: LoadedConfig, collective_timeout_s: float | None = (
     try:
         for name, link in links.items():
             reports[name].hello = link.hello
+            _judge_tf_ports(reports[name], config.security.tf_ports)
         if plan.unresolved:  # named interfaces: their addresses came with the hellos
             try:
                 addresses = with_interfaces(addresses, {n: link.hello for n, link in links.items()})
@@ -498,6 +506,18 @@ def run_check(loaded: LoadedConfig, collective_timeout_s: float | None = (
     judge_versions(list(reports.values()), config.keras,
                    backend if config.strategy == "keras_distribution" else None)
     return list(reports.values()), plan.checkpoint_dir, collective
+
+
+def _judge_tf_ports(report: HostReport, mode: str) -> None:
+    """Would the job's TF ports be sealed on this host? Under `cluster`, a host
+    that cannot seal them cannot start the run."""
+    assert report.hello is not None
+    report.tf_ports, sealed = firewall.reachability(mode, report.hello)
+    if mode == "cluster" and not sealed:
+        info = report.hello.get("firewall")
+        why = str(info.get("why") if isinstance(info, dict) else "the agent is too old to say")
+        report.problems.append(f"TF ports cannot be sealed (security.tf_ports: cluster): "
+                               f"{why}; fix: {firewall.fix_for(why)}")
 
 
 def _connect(kind: str, targets: Sequence[HostTarget], run_dir: str,
