@@ -25,7 +25,7 @@ from launcher.job.slurm import (
 )
 from launcher.ops.export import ExportError, render_tfjob, tfjob_manifest
 from tests.conftest import run_cli
-from tests.tfjob_schema import validate_tfjob
+from tests.tfjob_schema import validate_network_policy, validate_tfjob
 
 TWO_BY_TWO = """\
 name: digits
@@ -149,8 +149,10 @@ def _tfjob(tmp_path: Path, text: str, *options: str) -> tuple[dict, str, str]:
     assert done.returncode == 0, done.stderr
     assert oct(out.stat().st_mode & 0o777) == "0o600"
     text = out.read_text()
-    manifest = yaml.safe_load(text)
+    manifest, *rest = yaml.safe_load_all(text)
     validate_tfjob(manifest)
+    for policy in rest:  # the TF port's NetworkPolicy (security.tf_ports)
+        validate_network_policy(policy)
     return manifest, text, done.stderr
 
 
@@ -287,3 +289,39 @@ def test_allocation_gpus_and_node_positions(tmp_path: Path):
         with_allocation(three, allocation)
     with pytest.raises(SlurmError, match="not inside a Slurm allocation"):
         read_allocation({})
+
+
+def test_tfjob_comes_with_a_network_policy_admitting_only_its_pods_to_the_tf_port(
+        tmp_path: Path):
+    manifest, text, _ = _tfjob(tmp_path, TWO_BY_TWO.replace("CKPT", "/shared/ckpt"),
+                               "--namespace", "ml")
+    policy = list(yaml.safe_load_all(text))[1]
+    job_pods = {"matchLabels": {"training.kubeflow.org/job-name": "digits"}}
+    assert policy["metadata"] == {"name": "digits-tf-port", "namespace": "ml",
+                                  "labels": manifest["metadata"]["labels"]}
+    assert policy["spec"]["podSelector"] == job_pods
+    tf_rule, other_ports = policy["spec"]["ingress"]
+    assert tf_rule == {"from": [{"podSelector": job_pods}],
+                       "ports": [{"protocol": "TCP", "port": 2222}]}
+    # Every other port stays open to anyone: only the TF port is sealed.
+    assert {"protocol": "TCP", "port": 1, "endPort": 2221} in other_ports["ports"]
+    assert {"protocol": "TCP", "port": 2223, "endPort": 65535} in other_ports["ports"]
+    assert "from" not in other_ports
+    assert "# TF port: NetworkPolicy digits-tf-port admits only this job's pods" in text
+    _, text, _ = _tfjob(tmp_path, TWO_BY_TWO.replace("CKPT", "/shared/ckpt")
+                        + "security: {tf_ports: open}\n")
+    assert "NetworkPolicy" not in text and len(list(yaml.safe_load_all(text))) == 1
+
+
+def test_the_network_policy_check_catches_a_broken_policy():
+    from tests.tfjob_schema import network_policy_errors
+
+    errors = network_policy_errors({"apiVersion": "v1", "kind": "NetworkPolicy",
+                                    "metadata": {"name": "Bad_Name"},
+                                    "spec": {"ingress": [{"ports": [{"port": "x",
+                                                                     "endPort": 9}]}],
+                                             "podSelectors": {}}})
+    assert any("apiVersion" in e for e in errors)
+    assert any("metadata.name" in e for e in errors)
+    assert any("spec.podSelectors: not a field of V1NetworkPolicySpec" in e for e in errors)
+    assert any("endPort needs a numeric port" in e for e in errors)

@@ -200,3 +200,43 @@ def validate_tfjob(manifest: Any) -> None:
     """Raise AssertionError listing every problem of `manifest`."""
     errors = tfjob_errors(manifest)
     assert not errors, "not a valid TFJob:\n  " + "\n  ".join(errors)
+
+
+DNS_1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+
+
+def network_policy_errors(policy: Any) -> list[str]:
+    """Every problem of `policy` (a parsed NetworkPolicy) against the Kubernetes
+    client's V1NetworkPolicy model, and the API's rules the types miss."""
+    errors: list[str] = []
+    check_model(policy, "V1NetworkPolicy", "", errors)
+    if not isinstance(policy, dict):
+        return errors
+    if policy.get("apiVersion") != "networking.k8s.io/v1":
+        errors.append(f"apiVersion: {policy.get('apiVersion')!r}, not 'networking.k8s.io/v1'")
+    if policy.get("kind") != "NetworkPolicy":
+        errors.append(f"kind: {policy.get('kind')!r}, not 'NetworkPolicy'")
+    name = (policy.get("metadata") or {}).get("name")
+    if not isinstance(name, str) or not DNS_1123_SUBDOMAIN.fullmatch(name):
+        errors.append(f"metadata.name: {name!r} is not a DNS-1123 subdomain")
+    spec = policy.get("spec") or {}
+    if spec.get("podSelector") is None:
+        errors.append("spec.podSelector: required by the API (an empty one selects all pods)")
+    for rule in spec.get("ingress") or []:
+        for port in rule.get("ports") or []:
+            if port.get("protocol") not in ("TCP", "UDP", "SCTP"):
+                errors.append(f"ingress port {port}: protocol not TCP, UDP or SCTP")
+            number, end = port.get("port"), port.get("endPort")
+            if isinstance(number, int) and not 1 <= number <= 65535:
+                errors.append(f"ingress port {port}: port out of 1-65535")
+            if end is not None and not (isinstance(number, int) and number <= end <= 65535):
+                errors.append(f"ingress port {port}: endPort needs a numeric port <= it")
+    for value in spec.get("policyTypes") or []:
+        if value not in ("Ingress", "Egress"):
+            errors.append(f"spec.policyTypes: {value!r} is not Ingress or Egress")
+    return errors
+
+
+def validate_network_policy(policy: Any) -> None:
+    errors = network_policy_errors(policy)
+    assert not errors, "not a valid NetworkPolicy:\n  " + "\n  ".join(errors)

@@ -180,6 +180,11 @@ def slurm_script(loaded: LoadedConfig, command: Sequence[str], *, port_base: int
 TFJOB_RESTART_POLICIES = ("ExitCode", "OnFailure")
 DEFAULT_TFJOB_RESTART_POLICY = "ExitCode"
 CHECKPOINT_VOLUME = "checkpoints"
+# The TF port the operator gives every replica when its container names none
+# (tensorflow DefaultPort, port name tfjob-port), and the label it puts on
+# every pod of a TFJob (the kubeflow-training SDK's JOB_NAME_LABEL).
+TFJOB_PORT = 2222
+TFJOB_NAME_LABEL = "training.kubeflow.org/job-name"
 
 
 def _dns_name(name: str) -> str:
@@ -279,6 +284,30 @@ def tfjob_manifest(loaded: LoadedConfig, command: Sequence[str], *, image: str =
     return {"apiVersion": "kubeflow.org/v1", "kind": "TFJob", "metadata": metadata, "spec": spec}
 
 
+def tf_port_policy(manifest: dict[str, Any]) -> dict[str, Any]:
+    """A NetworkPolicy admitting only the TFJob's own pods to its TF port
+    (`security.tf_ports` not open), as the agents' firewall rules do over SSH.
+
+    A policy that selects a pod denies it every connection no rule admits: the
+    second rule keeps every other port open to anyone, as before.
+    """
+    name = manifest["metadata"]["name"]
+    job_pods = {"matchLabels": {TFJOB_NAME_LABEL: name}}
+    metadata: dict[str, Any] = {"name": f"{name}-tf-port",
+                                "labels": dict(manifest["metadata"]["labels"])}
+    if "namespace" in manifest["metadata"]:
+        metadata["namespace"] = manifest["metadata"]["namespace"]
+    others = [{"protocol": "TCP", "port": 1, "endPort": TFJOB_PORT - 1},
+              {"protocol": "TCP", "port": TFJOB_PORT + 1, "endPort": 65535},
+              {"protocol": "UDP", "port": 1, "endPort": 65535}]
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": metadata,
+            "spec": {"podSelector": job_pods, "policyTypes": ["Ingress"],
+                     "ingress": [{"from": [{"podSelector": job_pods}],
+                                  "ports": [{"protocol": "TCP", "port": TFJOB_PORT}]},
+                                 {"ports": others}]}}
+
+
 def tfjob_secret_refs(manifest: dict[str, Any]) -> dict[str, list[str]]:
     """Secret name -> the keys the manifest's containers read from it."""
     refs: dict[str, set[str]] = {}
@@ -318,7 +347,8 @@ def _checkpoint_volume(manifest: dict[str, Any]) -> tuple[str, str | None]:
     return _plain_env(manifest).get("MGPU_CHECKPOINT_DIR", "?"), (claims[0] if claims else None)
 
 
-def render_tfjob(manifest: dict[str, Any], source: str) -> str:
+def render_tfjob(manifest: dict[str, Any], source: str,
+                 port_policy: dict[str, Any] | None = None) -> str:
     spec = manifest["spec"]
     policy = next(iter(spec["tfReplicaSpecs"].values()))["restartPolicy"]
     limit = spec["runPolicy"]["backoffLimit"]
@@ -364,8 +394,17 @@ def render_tfjob(manifest: dict[str, Any], source: str) -> str:
     if commands:
         lines += ["Secret-looking env values are not in this file: they are read from a Secret.",
                   "Create it first, with the values:", *(f"  {c}" for c in commands)]
+    if port_policy is not None:
+        name = port_policy["metadata"]["name"]
+        lines += [f"TF port: NetworkPolicy {name} admits only this job's "
+                  f"pods to port {TFJOB_PORT}",
+                  "(security.tf_ports; enforced where the cluster's network plugin enforces "
+                  "NetworkPolicy)."]
     header = "".join(f"# {line}\n" if line else "#\n" for line in lines)
-    return header + yaml.dump(manifest, Dumper=_PlainDumper, sort_keys=False)
+    text = header + yaml.dump(manifest, Dumper=_PlainDumper, sort_keys=False)
+    if port_policy is not None:
+        text += "---\n" + yaml.dump(port_policy, Dumper=_PlainDumper, sort_keys=False)
+    return text
 
 
 class _PlainDumper(yaml.SafeDumper):
@@ -439,7 +478,9 @@ def main(argv: Sequence[str]) -> int:
                                       checkpoint_dir=args.checkpoint_dir, pvc=args.pvc,
                                       namespace=args.namespace,
                                       restart_policy=args.restart_policy)
-            text = render_tfjob(manifest, args.cluster)
+            policy = (tf_port_policy(manifest)
+                      if loaded.config.security.tf_ports != "open" else None)
+            text = render_tfjob(manifest, args.cluster, policy)
             _tfjob_notes(manifest)
     except ConfigError as exc:
         print(f"mgpu-launch: {exc}", file=sys.stderr)
