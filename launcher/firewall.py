@@ -31,15 +31,11 @@ anything of the launcher.
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
 import re
-import shutil
-import socket
 import subprocess
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 
 MODES = ("auto", "cluster", "open")
 RECORD = "firewall.json"
@@ -52,6 +48,10 @@ SBIN = ("/usr/sbin", "/sbin", "/usr/local/sbin")
 _TABLE = re.compile(r"^mgpu_[a-z0-9_]{1,40}$")
 _CHAIN = re.compile(r"^MGPU-[0-9a-f]{10}$")
 _HOSTNAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.\-]{0,252}$")
+# Literal addresses, told apart without `ipaddress` or `socket`: the agent
+# imports this module, and every import costs start-up time on every host.
+_IPV4 = re.compile(r"^(25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)(\.(25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)){3}$")
+_IPV6 = re.compile(r"^(?=.*:)[0-9A-Fa-f:.]{2,45}$")
 
 Runner = Callable[[list[str], str | None], tuple[int, str]]
 
@@ -60,15 +60,32 @@ class FirewallError(Exception):
     """The rules could not be installed or removed; the text says why."""
 
 
-@dataclass(frozen=True)
 class Seal:
-    """The rules one host gets for one job: its ports, who may connect to them."""
+    """The rules one host gets for one job: its ports, who may connect to them.
+    Immutable by convention (no `dataclasses`: see _IPV4)."""
 
-    table: str  # nft table (family inet)
-    chain: str  # iptables chain
-    ports: tuple[int, ...]  # the job's TF ports on this host
-    allow: tuple[str, ...]  # the cluster's addresses (IPs or names), besides loopback
-    mode: str  # "auto": seal where possible; "cluster": refuse to run open
+    __slots__ = ("table", "chain", "ports", "allow", "mode")
+
+    def __init__(self, table: str, chain: str, ports: tuple[int, ...], allow: tuple[str, ...],
+                 mode: str) -> None:
+        self.table = table  # nft table (family inet)
+        self.chain = chain  # iptables chain
+        self.ports = tuple(ports)  # the job's TF ports on this host
+        self.allow = tuple(allow)  # the cluster's addresses (IPs or names), besides loopback
+        self.mode = mode  # "auto": seal where possible; "cluster": refuse to run open
+
+    def _key(self) -> tuple:
+        return (self.table, self.chain, self.ports, self.allow, self.mode)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Seal) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        return (f"Seal(table={self.table!r}, chain={self.chain!r}, ports={self.ports!r}, "
+                f"allow={self.allow!r}, mode={self.mode!r})")
 
     def to_json(self) -> dict[str, object]:
         return {"table": self.table, "chain": self.chain, "ports": list(self.ports),
@@ -116,15 +133,9 @@ def seal_for(job: str, run_dir: str, host: str, ports: Iterable[int], allow: Ite
 
 def split_families(addresses: Iterable[str]) -> tuple[list[str], list[str]]:
     """(IPv4, IPv6) literal addresses, each sorted and unique; names are left out."""
-    v4, v6 = set(), set()
-    for address in addresses:
-        try:
-            ip = ipaddress.ip_address(address)
-        except ValueError:
-            continue
-        (v4 if ip.version == 4 else v6).add(str(ip))
-    key = ipaddress.ip_address
-    return sorted(v4, key=key), sorted(v6, key=key)
+    v4 = {a for a in addresses if _IPV4.match(a)}
+    v6 = {a.lower() for a in addresses if _IPV6.match(a)}
+    return sorted(v4, key=lambda a: tuple(int(part) for part in a.split("."))), sorted(v6)
 
 
 def render_nft(seal: Seal, addresses: Sequence[str] | None = None) -> str:
@@ -204,16 +215,16 @@ def describe(seal: Seal, backend: str = "nft") -> str:
 
 
 def _is_ip(value: str) -> bool:
-    try:
-        ipaddress.ip_address(value)
-    except ValueError:
-        return False
-    return True
+    return bool(_IPV4.match(value) or _IPV6.match(value))
 
 
 def _tool(name: str) -> str | None:
-    path = os.environ.get("PATH", "")
-    return shutil.which(name, path=os.pathsep.join([path, *SBIN]))
+    """The executable `name` on PATH or in an sbin folder (not `shutil`: see _IPV4)."""
+    for folder in [*os.environ.get("PATH", "").split(os.pathsep), *SBIN]:
+        path = os.path.join(folder, name)
+        if folder and os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    return None
 
 
 def _has_net_admin() -> bool:
@@ -258,6 +269,8 @@ def resolve(allow: Iterable[str]) -> tuple[list[str], list[str]]:
         if _is_ip(entry):
             addresses.append(entry)
             continue
+        import socket  # only for names: literal addresses need none
+
         try:
             infos = socket.getaddrinfo(entry, None, proto=socket.IPPROTO_TCP)
         except OSError:
