@@ -167,11 +167,12 @@ def tables(netns: str) -> list[str]:
 class NetnsAgent(AgentProc):
     """AgentProc, inside a network namespace (`ip netns exec` execs the agent)."""
 
-    def __init__(self, netns: str, run_dir: Path) -> None:
+    def __init__(self, netns: str, run_dir: Path, lease_s: float = 0) -> None:
         self.run_dir = run_dir
         self.proc = subprocess.Popen(
             ["ip", "netns", "exec", netns, sys.executable, "-S", "-m", "launcher.agent",
-             "--host", "h1", "--run-dir", str(run_dir), "--eof-grace", "0.5"],
+             "--host", "h1", "--run-dir", str(run_dir), "--eof-grace", "0.5",
+             "--lease", str(lease_s)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             env=agent_env(), start_new_session=True)
         self.messages = []
@@ -199,6 +200,51 @@ def test_the_agent_seals_before_its_task_and_unseals_when_it_ends(netns, tmp_pat
         agent.close()  # stdin closed: the launcher is gone
     assert tables(netns) == []
     assert not (tmp_path / "run" / firewall.RECORD).exists()
+
+
+def test_an_agent_whose_lease_runs_out_removes_the_rules(netns, tmp_path):
+    # A partition closes no pipe: the agent hears nothing for its lease, stops
+    # its task, removes the rules and exits (EXIT_LEASE).
+    seal = seal_for("fw", str(tmp_path / "run"), "h1", [23456], [], "cluster")
+    agent = NetnsAgent(netns, tmp_path / "run", lease_s=2)
+    try:
+        agent.hello()
+        start_sealed(agent, seal)
+        assert tables(netns) == [seal.table]
+        assert agent.proc.wait(timeout=30) == 3
+        assert tables(netns) == []
+    finally:
+        agent.close()
+
+
+def test_iptables_fallback_installs_and_removes_its_chain(netns, tmp_path):
+    # The fallback's commands against the real iptables, in the namespace.
+    seal = seal_for("fw", str(tmp_path), "h1", list(range(24000, 24017)), ["10.0.0.2"],
+                    "cluster")
+    code = ("import json, sys\nfrom launcher import firewall\n"
+            "seal = firewall.Seal.from_json(json.loads(sys.argv[1]))\n"
+            "if sys.argv[2] == 'apply': print(firewall.apply(seal, 'iptables', sys.argv[3]))\n"
+            "else: print(firewall.reap(sys.argv[3]))\n")
+
+    def run(step: str) -> str:
+        done = subprocess.run(["ip", "netns", "exec", netns, sys.executable, "-c", code,
+                               json.dumps(seal.to_json()), step, str(tmp_path)],
+                              capture_output=True, text=True, env=agent_env())
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    def rules() -> str:
+        return subprocess.run(["ip", "netns", "exec", netns, "iptables", "-w", "-S"],
+                              capture_output=True, text=True, check=True).stdout
+
+    assert f"(iptables chain {seal.chain})" in run("apply")
+    run("apply")  # a second generation: replaced, not doubled
+    listed = rules()
+    assert listed.count(f"-j {seal.chain}") == 2, listed  # 17 ports: two multiport jumps
+    assert f"-A {seal.chain} -s 10.0.0.2/32 -j RETURN" in listed
+    assert f"-A {seal.chain} -j DROP" in listed
+    assert run("reap").strip() == f"chain {seal.chain}"
+    assert seal.chain not in rules()
 
 
 def test_the_next_agent_removes_the_rules_a_killed_agent_left(netns, tmp_path):
