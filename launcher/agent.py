@@ -351,8 +351,8 @@ class Agent:
                 return (f"cannot keep the TF ports to the cluster (security.tf_ports: "
                         f"cluster): {why}; fix: {firewall.fix_for(why)}")
             self.seal_failed = why
-        self.emit("log", text=f"firewall: TF port(s) {','.join(map(str, seal.ports))} are "
-                  f"open to the network: {why}")
+        self.emit("log", notice=True, text=f"TF port(s) {','.join(map(str, seal.ports))} "
+                  f"open to the network (security.tf_ports: auto): {why}")
         return ""
 
     def _launch(self, name: str, generation: int, spec: dict) -> None:

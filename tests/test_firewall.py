@@ -352,3 +352,34 @@ def test_check_says_per_host_whether_the_ports_would_be_sealed_and_where_they_li
     assert ("  host1: TF ports cannot be sealed (security.tf_ports: cluster): the agent runs "
             "as root without CAP_NET_ADMIN; fix: give the agent CAP_NET_ADMIN") in done.stdout
     assert "verdict: NOT READY" in done.stdout
+
+
+def _failing_nft(tmp_path: Path) -> dict[str, str]:
+    """PATH with an `nft` first that refuses every ruleset (as a kernel without
+    nf_tables does), for the agents of local hosts."""
+    folder = tmp_path / "bin"
+    folder.mkdir(exist_ok=True)
+    fake = folder / "nft"
+    fake.write_text("#!/bin/sh\necho 'Error: Could not process rule: Operation not supported' "
+                    ">&2\nexit 1\n")
+    fake.chmod(0o755)
+    return {"PATH": f"{folder}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+
+def test_rules_the_host_refuses_are_a_notice_under_auto_and_stop_the_task_under_cluster(
+        tmp_path):
+    config = _local_config(tmp_path, "auto", Path(PYTHON))
+    done = run_cli([str(config), "train.py"], cwd=tmp_path, timeout=120, **_failing_nft(tmp_path))
+    assert done.returncode == 0, done.stdout + done.stderr
+    notes = [line for line in done.stdout.splitlines() if "open to the network" in line]
+    assert len(notes) == 2, done.stdout
+    assert notes[0].split("| ", 1)[1].startswith("host host")
+    assert ("open to the network (security.tf_ports: auto): nft refused the rules: Error: "
+            "Could not process rule: Operation not supported") in notes[0]
+    config.write_text(config.read_text().replace("tf_ports: auto", "tf_ports: cluster")
+                      + "restart: {max_restarts: 0}\n")
+    done = run_cli([str(config), "train.py"], cwd=tmp_path, timeout=120, **_failing_nft(tmp_path))
+    assert done.returncode != 0, done.stdout + done.stderr
+    assert ("cannot keep the TF ports to the cluster (security.tf_ports: cluster): nft refused "
+            "the rules") in done.stdout
+    assert "trained" not in done.stdout

@@ -151,6 +151,8 @@ def _heartbeat(message: dict, clean: dict) -> None:
 
 def _log(message: dict, clean: dict) -> None:
     clean["text"] = _text(message.get("text") or "", MAX_LINE)
+    if message.get("notice") is True:  # for the user, not only for -v (the TF ports open)
+        clean["notice"] = True
 
 
 _CHECKS = {"started": _started, "start_failed": _start_failed, "output": _output,

@@ -524,7 +524,10 @@ class Supervisor:
                 self._host_lost(gen, message.host, str(body.get("detail") or "connection closed"))
             return
         if event == "log":  # the agent's own diagnostics
-            self._printer.debug(f"agent {message.host}: {body.get('text', '')}")
+            if body.get("notice"):
+                self._printer.notice(f"host {message.host}: {body.get('text', '')}")
+            else:
+                self._printer.debug(f"agent {message.host}: {body.get('text', '')}")
             return
         if event == "hello":
             self._on_hello(message.host, body)
