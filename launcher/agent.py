@@ -333,7 +333,8 @@ class Agent:
             seal = firewall.Seal.from_json(raw)
         except ValueError as exc:
             return f"refused: {exc}"
-        with self.lock:
+        done = ""
+        with self.lock:  # against shutdown() removing the rules meanwhile
             if self.closing:
                 return "the agent is stopping"
             if seal == self.sealed or (self.seal_failed and seal.mode == "auto"):
@@ -343,14 +344,17 @@ class Agent:
                 try:
                     done = firewall.apply(seal, self.firewall_backend, self.run_dir)
                     self.sealed = seal
-                    self.emit("log", text=f"firewall: {done}")
-                    return ""
                 except firewall.FirewallError as exc:
                     why = str(exc)
-            if seal.mode == "cluster":
-                return (f"cannot keep the TF ports to the cluster (security.tf_ports: "
-                        f"cluster): {why}; fix: {firewall.fix_for(why)}")
-            self.seal_failed = why
+            if not done and seal.mode == "auto":
+                self.seal_failed = why
+        # Said outside the lock: a write to a slow launcher must not hold up heartbeats.
+        if done:
+            self.emit("log", text=f"firewall: {done}")
+            return ""
+        if seal.mode == "cluster":
+            return (f"cannot keep the TF ports to the cluster (security.tf_ports: cluster): "
+                    f"{why}; fix: {firewall.fix_for(why)}")
         self.emit("log", notice=True, text=f"TF port(s) {','.join(map(str, seal.ports))} "
                   f"open to the network (security.tf_ports: auto): {why}")
         return ""
