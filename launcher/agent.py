@@ -1274,6 +1274,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_UNSAFE
     reaped = agent.reap_leftovers()  # before any task of ours can start
     unsealed = firewall.reap(agent.run_dir)  # a killed agent's rules
+    swept = firewall.sweep()  # those of killed agents of other runs that nobody reaped
     packages = _installed_versions()
     emit("hello", host=host, pid=os.getpid(), version=__version__,
          python=sys.executable, python_version=sys.version.split()[0],
@@ -1289,6 +1290,8 @@ def main(argv: list[str] | None = None) -> int:
     if unsealed:
         emit("log", text=f"removed the firewall rules ({unsealed}) of an earlier agent "
              "of this run directory")
+    for item in swept:
+        emit("log", text=f"removed the firewall rules ({item}, gone) of another run")
     agent.heard()
     threading.Thread(target=agent.heartbeat_forever, daemon=True).start()
     if lease_s:

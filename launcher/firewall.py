@@ -287,7 +287,9 @@ def apply(seal: Seal, backend: str, run_dir: str, run: Runner = _run) -> str:
     old = read_record(run_dir)
     if old is not None and old.get("backend") != "nft":
         remove(old, run)  # an earlier generation's jumps name other ports
-    _write_record(run_dir, {"backend": backend, **seal.to_json()})  # first: a kill leaves it
+    record = {"backend": backend, **seal.to_json()}
+    _write_record(run_dir, record)  # first: a kill leaves it, for the next agent
+    _register(seal.table, run_dir, record)  # and for any agent, if no next one comes
     if backend == "nft":
         code, out = run(["nft", "-f", "-"], render_nft(seal, addresses))
         if code != 0:
@@ -327,10 +329,85 @@ def reap(run_dir: str, run: Runner = _run) -> str:
     if record is None:
         return ""
     removed = remove(record, run)
+    for path in (os.path.join(run_dir, RECORD),
+                 os.path.join(registry(), f"{record.get('table')}.json")):
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+    return removed
+
+
+# ---------------------------------------------------------------- the sweep
+#
+# A killed agent's rules are removed by the next agent of its run directory;
+# when none comes (the launcher gave up on the host, or died with it), any later
+# agent of the user on the same machine and network namespace removes them:
+# each installation is also registered in ~/.cache/mgpu-launch/firewall/ with
+# its agent's pid and start time, and `sweep` removes those whose agent is gone.
+
+
+def registry() -> str:
+    return os.path.join(os.path.expanduser("~"), ".cache", "mgpu-launch", "firewall")
+
+
+def _start_time(pid: int) -> int | None:
     try:
-        os.unlink(os.path.join(run_dir, RECORD))
+        with open(f"/proc/{pid}/stat") as handle:
+            return int(handle.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _here() -> dict[str, str]:
+    """This machine and network namespace (simulated hosts share a home folder)."""
+    try:
+        netns = os.readlink("/proc/self/ns/net")
     except OSError:
-        pass
+        netns = ""
+    return {"node": os.uname().nodename, "netns": netns}
+
+
+def _register(table: str, run_dir: str, record: dict) -> None:
+    entry = {**_here(), "pid": os.getpid(), "start": _start_time(os.getpid()),
+             "run_dir": run_dir, "record": record}
+    try:
+        os.makedirs(registry(), mode=0o700, exist_ok=True)
+        path = os.path.join(registry(), f"{table}.json")
+        fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            json.dump(entry, handle)
+        os.replace(path + ".tmp", path)
+    except OSError:
+        pass  # the run directory's record still serves the next agent of the run
+
+
+def sweep(run: Runner = _run) -> list[str]:
+    """Remove the rules of agents here that are gone; what was removed."""
+    try:
+        names = [n for n in os.listdir(registry()) if n.endswith(".json")]
+    except OSError:
+        return []
+    here, removed = _here(), []
+    for name in names:
+        path = os.path.join(registry(), name)
+        try:
+            with open(path, "rb") as handle:
+                entry = json.loads(handle.read(1 << 20))
+            pid, record = entry["pid"], entry["record"]
+            mine = all(entry.get(k) == v for k, v in here.items())
+        except (OSError, ValueError, KeyError, TypeError, RecursionError):
+            continue
+        if not mine or not isinstance(pid, int) or not isinstance(record, dict) or (
+                _start_time(pid) is not None and _start_time(pid) == entry.get("start")):
+            continue  # another machine's or namespace's, or its agent still runs
+        what = remove(record, run)
+        if what:
+            removed.append(f"{what}, agent pid {pid}")
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
     return removed
 
 

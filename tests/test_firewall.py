@@ -272,6 +272,45 @@ def test_the_next_agent_removes_the_rules_a_killed_agent_left(netns, tmp_path):
         second.close()
 
 
+@pytest.fixture
+def netns2():
+    name = f"firewall-{secrets.token_hex(3)}"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    yield name
+    subprocess.run(["ip", "netns", "del", name], capture_output=True)
+
+
+def test_a_killed_agents_rules_that_no_agent_of_its_run_reaps_go_with_any_later_agent(
+        netns, netns2, tmp_path):
+    # The launcher gave up on the host: no agent of that run comes back. The
+    # next agent of any run on the same machine and namespace removes them.
+    seal = seal_for("fw", str(tmp_path / "old"), "h1", [23470], [], "cluster")
+    dead = NetnsAgent(netns, tmp_path / "old")
+    try:
+        dead.hello()
+        start_sealed(dead, seal)
+        dead.proc.send_signal(signal.SIGKILL)
+        dead.proc.wait(timeout=10)
+    finally:
+        dead.close()
+    elsewhere = NetnsAgent(netns2, tmp_path / "other-namespace")
+    try:
+        elsewhere.hello()  # another namespace (another simulated host): not its rules
+        assert tables(netns) == [seal.table]
+    finally:
+        elsewhere.close()
+    later = NetnsAgent(netns, tmp_path / "new")
+    try:
+        later.hello()
+        assert tables(netns) == []
+        said = later.wait_event("log")["text"]
+        assert said.startswith(f"removed the firewall rules (table inet {seal.table}, agent "
+                               f"pid {dead.proc.pid}, gone) of another run"), said
+    finally:
+        later.close()
+    assert not Path(firewall.registry(), f"{seal.table}.json").exists()
+
+
 def _zombie(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
