@@ -12,6 +12,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -195,11 +196,11 @@ class ClusterConfig(_Strict):
             data["ports"] = {**(ports or {}), "base": "auto"}
         hosts = data.get("hosts")
         if isinstance(hosts, list):
-            addresses = [h.get("address") for h in hosts if isinstance(h, dict)]
+            addresses = Counter(str(h.get("address")) for h in hosts if isinstance(h, dict))
             named = []
             for i, host in enumerate(hosts):
                 if isinstance(host, dict) and "name" not in host \
-                        and addresses.count(host.get("address")) > 1:
+                        and addresses[str(host.get("address"))] > 1:
                     host = {**host, "name": f"host{i}"}
                 named.append(host)
             data["hosts"] = named
@@ -423,6 +424,9 @@ def _host_problems(config: ClusterConfig) -> Problems:
     """Each host entry: GPUs for per_gpu, a role, a distinct name, what a spare runs."""
     problems: Problems = []
     names = [h.name or h.address for h in config.hosts]
+    counts, first = Counter(names), {}  # (counted once: 10,000 hosts are linear)
+    for i, name in enumerate(names):
+        first.setdefault(name, i)
     for i, host in enumerate(config.hosts):
         if (host.tasks_per_host or config.tasks_per_host) == "per_gpu":
             if not host.gpus:
@@ -434,12 +438,12 @@ def _host_problems(config: ClusterConfig) -> Problems:
                                  "`gpus`; set `worker: 1`"))
         if not any(host.roles.values()):
             problems.append((("hosts", i, "roles"), "this host runs no task; give it a role"))
-        if names.count(names[i]) > 1 and host.name is None and names.index(names[i]) != i:
+        if counts[names[i]] > 1 and host.name is None and first[names[i]] != i:
             problems.append(
                 (("hosts", i, "address"),
                  f"address {host.address!r} is listed twice; give each entry a distinct `name:`")
             )
-        elif names.count(names[i]) > 1 and names.index(names[i]) != i:
+        elif counts[names[i]] > 1 and first[names[i]] != i:
             problems.append((("hosts", i, "name"), f"name {names[i]!r} is used twice"))
         if host.spare and set(r for r, n in host.roles.items() if n) - {"worker"}:
             problems.append((("hosts", i, "roles"), "a spare host stands in for a worker: "

@@ -25,6 +25,8 @@ MAX_DEPTH = 50
 MAX_VALUES = 2_000_000
 
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_TOO_DEEP = (f"nested more than {MAX_DEPTH} levels deep: a cluster file is a few levels "
+             "deep (hosts[0].roles.worker)")
 
 Path = tuple  # a key path, e.g. ("hosts", 0, "roles")
 
@@ -47,49 +49,52 @@ class Document:
 def load_document(text: str) -> Document:
     """Parse `text`. Raises yaml.YAMLError for bad YAML, YamlProblem for a
     document too deep, recursive or too big once its aliases are expanded."""
-    _check_depth(text)
     loader = _Loader(text)
     try:
         try:
             root = loader.get_single_node()
-        except yaml.YAMLError:
-            if _Loader is not yaml.SafeLoader:  # PyYAML's own words (depth checked above)
-                yaml.compose(text, Loader=yaml.SafeLoader)
+        except yaml.MarkedYAMLError as exc:
+            if "nesting depth" in str(exc.problem):  # libyaml's own bound (1,000)
+                _check_depth(text)  # names where it goes too deep
+                line = exc.problem_mark.line + 1 if exc.problem_mark else None
+                raise YamlProblem((), line, _TOO_DEEP) from None
+            if _Loader is not yaml.SafeLoader:  # PyYAML's own words
+                _raise_plain_error(text)
             raise
+        except RecursionError:  # the pure-Python composer recurses
+            _check_depth(text)
+            raise YamlProblem((), None, _TOO_DEEP) from None
         if root is None:
             return Document(None, {}, ())
-        lines, duplicates, first_path = _walk(root)
-        _check_expansion(root, first_path)
+        lines, duplicates, first_path, aliased = _walk(root)
+        if aliased:  # without aliases the document is as big as its text
+            _check_expansion(root, first_path)
         data = loader.construct_document(root)
     finally:
         loader.dispose()
     return Document(data, lines, tuple(duplicates))
 
 
-def _check_depth(text: str) -> None:
+def _check_depth(text: str, loader: Any = _Loader) -> None:
     """Refuse nesting deeper than MAX_DEPTH from the event stream (the
-    parser keeps its own stack; composing and constructing recurse)."""
+    parser keeps its own stack; composing and constructing recurse), naming
+    where it starts. Only on the way to an error: it costs a second parse."""
     stack: list[list] = []  # per open collection: [is_mapping, key or index, expect_key]
     try:
-        _follow_depth(yaml.parse(text, Loader=_Loader), stack)
+        _follow_depth(yaml.parse(text, Loader=loader), stack)
     except yaml.MarkedYAMLError as exc:
-        if "nesting depth" not in str(exc.problem):  # libyaml's own bound (1,000)
-            _raise_plain_error(text)  # PyYAML's own words where libyaml's differ
+        if "nesting depth" not in str(exc.problem):
             raise
         line = exc.problem_mark.line + 1 if exc.problem_mark else None
         raise YamlProblem(_path(stack), line, _TOO_DEEP) from None
 
 
-_TOO_DEEP = (f"nested more than {MAX_DEPTH} levels deep: a cluster file is a few levels "
-             "deep (hosts[0].roles.worker)")
-
-
 def _raise_plain_error(text: str) -> None:
-    """Raise the pure-Python parser's error for `text` (its messages say what
-    was expected, e.g. "expected ',' or ']', but got ':'"), if it has one."""
-    if _Loader is not yaml.SafeLoader:
-        for _ in yaml.parse(text, Loader=yaml.SafeLoader):
-            pass
+    """Raise the pure-Python loader's error for `text` (its messages say what
+    was expected, e.g. "expected ',' or ']', but got ':'"), if it has one.
+    Its composer recurses: only once the depth is known to be bounded."""
+    _check_depth(text, yaml.SafeLoader)
+    yaml.compose(text, Loader=yaml.SafeLoader)
 
 
 def _path(stack: list[list]) -> Path:
@@ -119,17 +124,25 @@ def _follow_depth(events: Any, stack: list[list]) -> None:
             stack.pop()
 
 
-def _walk(root: yaml.Node) -> tuple[dict[Path, int], list[tuple[Path, int]], dict[int, Path]]:
+def _walk(root: yaml.Node) -> tuple[dict[Path, int], list[tuple[Path, int]],
+                                   dict[int, Path], bool]:
     """Lines of key paths and duplicate keys, each node visited once (an
-    alias's target is not walked again; its paths take the alias's line)."""
+    alias's target is not walked again; its paths take the alias's line).
+    Also whether any node is reached twice (an alias), and no deeper than
+    MAX_DEPTH (libyaml's composer stops at 1,000 levels, this walk recurses)."""
     lines: dict[Path, int] = {}
     duplicates: list[tuple[Path, int]] = []
     first_path: dict[int, Path] = {}
+    aliased = False
 
     def walk(node: yaml.Node, path: Path) -> None:
+        nonlocal aliased
         lines.setdefault(path, node.start_mark.line + 1)
         if id(node) in first_path:
+            aliased = True
             return
+        if len(path) > MAX_DEPTH:
+            raise YamlProblem(path[:3], node.start_mark.line + 1, _TOO_DEEP)
         first_path[id(node)] = path
         if isinstance(node, yaml.MappingNode):
             seen: set = set()
@@ -144,15 +157,17 @@ def _walk(root: yaml.Node) -> tuple[dict[Path, int], list[tuple[Path, int]], dic
             for i, item in enumerate(node.value):
                 walk(item, path + (i,))
 
-    walk(root, ())  # depth-bounded by _check_depth
-    return lines, duplicates, first_path
+    walk(root, ())
+    return lines, duplicates, first_path, aliased
 
 
 def _check_expansion(root: yaml.Node, first_path: dict[int, Path]) -> None:
     """Refuse a value that contains itself, and aliases that expand to more
-    than MAX_VALUES values: sizes are summed once per node, bottom up."""
+    than MAX_VALUES values or MAX_DEPTH levels: sizes and depths are taken
+    once per node, bottom up (never by expanding)."""
     size: dict[int, int] = {}
-    open_nodes: set[int] = set()
+    depth: dict[int, int] = {}
+    open_nodes: set[int] = set()  # the nodes entered and not finished: ancestors
     stack: list[tuple[yaml.Node, bool]] = [(root, False)]
     while stack:
         node, done = stack.pop()
@@ -161,17 +176,17 @@ def _check_expansion(root: yaml.Node, first_path: dict[int, Path]) -> None:
         if done:
             open_nodes.discard(key)
             size[key] = 1 + sum(size[id(child)] for child in children)
+            depth[key] = 1 + max((depth[id(child)] for child in children), default=0)
             if size[key] > MAX_VALUES:
                 raise YamlProblem(first_path.get(key, ()), node.start_mark.line + 1,
                                   f"its aliases expand to more than {MAX_VALUES:,} values "
                                   "(an alias bomb?): write the values out or use fewer aliases")
+            if depth[key] > MAX_DEPTH:
+                raise YamlProblem(first_path.get(key, ())[:3], node.start_mark.line + 1,
+                                  f"{_TOO_DEEP}, once its aliases are expanded")
             continue
         if key in size:
             continue
-        if key in open_nodes:
-            raise YamlProblem(first_path.get(key, ()), node.start_mark.line + 1,
-                              "an alias refers to a value that contains it (a recursive "
-                              "structure): no cluster setting can hold itself")
         open_nodes.add(key)
         stack.append((node, True))
         for child in children:
