@@ -85,3 +85,25 @@ def test_a_broken_script_runs_once_and_says_why(tmp_path: Path, script, what):
     assert summary["restarts"] == 0 and summary["stopped_by"] == "deterministic", summary
     assert what in summary["message"] and "not restarted" in summary["message"]
     assert what in output and "restarting" not in output, output[-3000:]
+
+
+@pytest.mark.e2e
+def test_a_script_missing_on_an_ssh_host_stops_at_once(tmp_path: Path):
+    # The script is here, but the hosts run it in `workdir`, where it is not.
+    from tests.sshcluster import sim_cluster, write_yaml
+
+    (tmp_path / "train.py").write_text("print('trained')\n")
+    (tmp_path / "elsewhere").mkdir()
+    with sim_cluster(tmp_path / "sim", 2, first_address="127.0.93.2") as cluster:
+        config = cluster.config_dict()
+        config["workdir"] = str(tmp_path / "elsewhere")
+        config["restart"] = {"max_restarts": 3, "backoff_s": 0}
+        path = write_yaml(tmp_path / "cluster.yaml", config)
+        done = run_cli(["--run-dir", str(tmp_path / "run"), str(path), "train.py"],
+                       cwd=tmp_path, timeout=180)
+    output = done.stdout + done.stderr
+    assert done.returncode == 1, output[-3000:]
+    summary = read_summary(tmp_path / "run")
+    assert summary["restarts"] == 0 and summary["stopped_by"] == "deterministic", summary
+    assert "the script cannot be run on this host: FileNotFoundError" in summary["message"]
+    assert "train.py" in summary["message"] and "restarting" not in output
