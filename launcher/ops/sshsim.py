@@ -568,3 +568,4 @@ def main(argv: list[str]) -> int:
         return 0
     finally:
         cluster.stop()
+        stop_directory(cluster.dir)  # and the sessions still open: nothing outlives it
