@@ -37,6 +37,7 @@ def test_simulate_twice_on_one_folder_is_refused_and_stop_leaves_nothing(tmp_pat
     sim = tmp_path / "sim"
     start = ["simulate", "2", "--dir", str(sim), "--detach", "--first-address", "127.0.91.2"]
     session = None
+    duration = f"299.{os.getpid()}"  # a command line no other test's `sleep` has
     try:
         first = run_cli(start, cwd=tmp_path, timeout=60)
         assert first.returncode == 0, first.stderr
@@ -48,10 +49,10 @@ def test_simulate_twice_on_one_folder_is_refused_and_stop_leaves_nothing(tmp_pat
         session = subprocess.Popen(
             ["ssh", "-i", str(sim / "client_key"), "-p", str(port), "-o", "BatchMode=yes",
              "-o", f"UserKnownHostsFile={sim / 'known_hosts'}", "-o", "IdentitiesOnly=yes",
-             "-o", "StrictHostKeyChecking=yes", "127.0.91.2", "exec sleep 300"],
+             "-o", "StrictHostKeyChecking=yes", "127.0.91.2", f"exec sleep {duration}"],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         sleeper = wait_for(lambda: [p for p in psutil.process_iter(["cmdline"])
-                                    if p.info.get("cmdline") == ["sleep", "300"]
+                                    if p.info.get("cmdline") == ["sleep", duration]
                                     and session.poll() is None], 30, "the ssh session's sleep")
 
         again = run_cli(start, cwd=tmp_path, timeout=60)
