@@ -187,10 +187,12 @@ def _load(args: argparse.Namespace) -> tuple[LoadedConfig, list[str]]:
             raise UsageError("--local needs a number of hosts >= 1")
         if not rest:
             raise UsageError("no training script given")
+        _no_cluster_file(rest[0], f"--local {args.local}")
         return local_config(args.local), rest
     if args.slurm:
         if not rest:
             raise UsageError("no training script given")
+        _no_cluster_file(rest[0], "--slurm")
         loaded, command = slurm_config(), rest
     elif len(rest) < 2:
         raise UsageError("expected a cluster YAML and a training script")
@@ -202,6 +204,15 @@ def _load(args: argparse.Namespace) -> tuple[LoadedConfig, list[str]]:
         except SlurmError as exc:
             raise UsageError(str(exc)) from None
     return loaded, command
+
+
+def _no_cluster_file(script: str, option: str) -> None:
+    """`--local 2 cluster.yaml train.py` would run the YAML as the script."""
+    if script.lower().endswith((".yaml", ".yml")):
+        raise UsageError(f"{option} makes the cluster itself, so {script} would be run as "
+                         f"the training script: give either {option} or a cluster file, not "
+                         f"both (`mgpu-launch {option} train.py` or `mgpu-launch {script} "
+                         "train.py`)")
 
 
 def _default_run_dir(name: str) -> Path:

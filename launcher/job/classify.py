@@ -128,3 +128,48 @@ def classify_exit(exit_code: int | None, signum: int | None, error: dict | None,
         reason = f"Python exception {error_type}: {str(error.get('message', ''))[:200]}"
         return f"{reason} — {hint}" if hint else reason
     return f"exited with code {exit_code}" + (f" — {hint}" if hint else "")
+
+
+# A mistake in the script itself fails the same way on every try, on every
+# host: it stops the job at its first occurrence instead of after restarts.
+_SYNTAX = ("SyntaxError", "IndentationError", "TabError")
+_IMPORT = ("ImportError", "ModuleNotFoundError")
+_UNREADABLE = ("FileNotFoundError", "PermissionError", "IsADirectoryError",
+               "NotADirectoryError")
+_FRAME_FILE = re.compile(r'File "([^"]+)", line \d+, in ')
+
+
+def script_mistake(error: dict | None) -> str:
+    """Why a task's uncaught exception is a mistake in the script itself that
+    no restart can mend ("" when it is not, or may be transient).
+
+    The task's error report lists the frames below runpy, so its first frame
+    is the script's own and an empty traceback means the exception came
+    before the script's first line ran. The boundary:
+    - a SyntaxError (IndentationError, TabError) with no frame: raised
+      compiling the script itself;
+    - the script missing or unreadable on the host (FileNotFoundError... with
+      no frame: runpy could not open it; ImportError with no frame: a folder
+      without __main__.py);
+    - an ImportError/ModuleNotFoundError raised by an `import` in the script
+      file (its innermost frame is in the script): a typo or a package not
+      installed on that host.
+    Not an ImportError raised inside a library (its innermost frame is the
+    library's): a library's own import can fail for transient reasons (a
+    half-finished install, a network file system, a compiled extension or a
+    CUDA library not loadable at that moment); a repeat of it is caught by
+    the same-failure-twice rule instead. Nor a SyntaxError with frames
+    (`eval`, `compile` or an imported module: data or files that may change).
+    """
+    if not isinstance(error, dict):
+        return ""
+    kind, message = str(error.get("type", "")), str(error.get("message", ""))[:300]
+    files = _FRAME_FILE.findall(str(error.get("traceback") or ""))
+    if kind in _SYNTAX and not files:
+        return f"{kind} in the script: {message}"
+    if (kind in _UNREADABLE or kind in _IMPORT) and not files:  # ImportError: no __main__
+        return f"the script cannot be run on this host: {kind}: {message}"
+    # (Twelve frames: the report may have dropped the outer ones, the script's.)
+    if kind in _IMPORT and 0 < len(files) < 12 and files[-1] == files[0]:
+        return f"the script's own import failed: {kind}: {message}"
+    return ""

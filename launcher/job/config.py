@@ -12,12 +12,15 @@ from __future__ import annotations
 import difflib
 import os
 import re
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .yamldoc import YamlProblem, load_document
 
 ROLES = ("chief", "worker", "ps", "evaluator")
 # MGPU_* variables a user may set in `env:` to tune the runtime in the tasks
@@ -53,7 +56,9 @@ def _interface_name(value: str | None) -> str | None:
 
 class _Strict(BaseModel):
     # An unknown key is an error: a typo must never be silently ignored.
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Strict: `max_restarts: true` or `port: "22"` is a mistake, not 1 or 22;
+    # no inf or nan (`.inf` is no timeout: a timeout that never ends hangs a job).
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 class SSHSettings(_Strict):
@@ -199,11 +204,11 @@ class ClusterConfig(_Strict):
             data["ports"] = {**(ports or {}), "base": "auto"}
         hosts = data.get("hosts")
         if isinstance(hosts, list):
-            addresses = [h.get("address") for h in hosts if isinstance(h, dict)]
+            addresses = Counter(str(h.get("address")) for h in hosts if isinstance(h, dict))
             named = []
             for i, host in enumerate(hosts):
                 if isinstance(host, dict) and "name" not in host \
-                        and addresses.count(host.get("address")) > 1:
+                        and addresses[str(host.get("address"))] > 1:
                     host = {**host, "name": f"host{i}"}
                 named.append(host)
             data["hosts"] = named
@@ -279,38 +284,19 @@ class ConfigError(Exception):
 # --------------------------------------------------------------------------- YAML
 
 
-def _key_lines(text: str, source: str) -> dict[tuple, int]:
-    """Map every key path (('hosts', 0, 'roles'), ...) to its 1-based YAML line.
-
-    Also rejects duplicate keys, which PyYAML would silently collapse.
-    """
-    root = yaml.compose(text, Loader=yaml.SafeLoader)
-    lines: dict[tuple, int] = {}
-    duplicates: list[str] = []
-
-    def walk(node: yaml.Node, path: tuple) -> None:
-        lines.setdefault(path, node.start_mark.line + 1)
-        if isinstance(node, yaml.MappingNode):
-            seen: set = set()
-            for key_node, value_node in node.value:
-                key = key_node.value if isinstance(key_node, yaml.ScalarNode) else str(key_node)
-                if key in seen:
-                    duplicates.append(
-                        f"{source}:{key_node.start_mark.line + 1}: "
-                        f"{_dotted(path + (key,))}: duplicate key"
-                    )
-                seen.add(key)
-                lines[path + (key,)] = key_node.start_mark.line + 1
-                walk(value_node, path + (key,))
-        elif isinstance(node, yaml.SequenceNode):
-            for i, item in enumerate(node.value):
-                walk(item, path + (i,))
-
-    if root is not None:
-        walk(root, ())
-    if duplicates:
-        raise ConfigError(source, duplicates)
-    return lines
+def _read_yaml(text: str, source: str) -> tuple[Any, dict[tuple, int]]:
+    """The document and the 1-based YAML line of every key path (('hosts', 0,
+    'roles'), ...). Rejects duplicate keys, which PyYAML would silently
+    collapse, and documents too deep or too big (launcher.job.yamldoc)."""
+    try:
+        document = load_document(text)
+    except YamlProblem as exc:
+        where = f"{source}:{exc.line}" if exc.line else source
+        raise ConfigError(source, [f"{where}: {_dotted(exc.path)}: {exc.message}"]) from None
+    if document.duplicates:
+        raise ConfigError(source, [f"{source}:{line}: {_dotted(path)}: duplicate key"
+                                   for path, line in document.duplicates])
+    return document.data, document.lines
 
 
 def _dotted(path: tuple) -> str:
@@ -373,8 +359,7 @@ def _describe(error: dict) -> tuple[tuple, str]:
 def parse_config(text: str, source: str = "<string>", base_dir: Path | None = None) -> LoadedConfig:
     """Validate YAML text. Raises ConfigError with one line per problem."""
     try:
-        lines = _key_lines(text, source)
-        data = yaml.safe_load(text)
+        data, lines = _read_yaml(text, source)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
         where = f"{source}:{mark.line + 1}" if mark else source
@@ -395,11 +380,13 @@ def parse_config(text: str, source: str = "<string>", base_dir: Path | None = No
             where = f"{source}:{line}" if line else source
             problems.append(f"{where}: {_dotted(loc)}: {message}")
         raise ConfigError(source, problems) from None
+    base_dir = base_dir or Path.cwd()
     problems = [f"{source}:{_line_for(lines, loc)}: {_dotted(loc)}: {msg}"
-                for loc, msg in _semantic_problems(config)]
+                for loc, msg in [*_semantic_problems(config),
+                                 *_checkpoint_dir_problems(config, base_dir)]]
     if problems:
         raise ConfigError(source, problems)
-    return LoadedConfig(config=config, source=None, base_dir=base_dir or Path.cwd())
+    return LoadedConfig(config=config, source=None, base_dir=base_dir)
 
 
 def revalidate(loaded: LoadedConfig, data: dict[str, Any]) -> LoadedConfig:
@@ -446,6 +433,9 @@ def _host_problems(config: ClusterConfig) -> Problems:
     """Each host entry: GPUs for per_gpu, a role, a distinct name, what a spare runs."""
     problems: Problems = []
     names = [h.name or h.address for h in config.hosts]
+    counts, first = Counter(names), {}  # (counted once: 10,000 hosts are linear)
+    for i, name in enumerate(names):
+        first.setdefault(name, i)
     for i, host in enumerate(config.hosts):
         if (host.tasks_per_host or config.tasks_per_host) == "per_gpu":
             if not host.gpus:
@@ -457,12 +447,12 @@ def _host_problems(config: ClusterConfig) -> Problems:
                                  "`gpus`; set `worker: 1`"))
         if not any(host.roles.values()):
             problems.append((("hosts", i, "roles"), "this host runs no task; give it a role"))
-        if names.count(names[i]) > 1 and host.name is None and names.index(names[i]) != i:
+        if counts[names[i]] > 1 and host.name is None and first[names[i]] != i:
             problems.append(
                 (("hosts", i, "address"),
                  f"address {host.address!r} is listed twice; give each entry a distinct `name:`")
             )
-        elif names.count(names[i]) > 1 and names.index(names[i]) != i:
+        elif counts[names[i]] > 1 and first[names[i]] != i:
             problems.append((("hosts", i, "name"), f"name {names[i]!r} is used twice"))
         if host.spare and set(r for r, n in host.roles.items() if n) - {"worker"}:
             problems.append((("hosts", i, "roles"), "a spare host stands in for a worker: "
@@ -527,6 +517,35 @@ def _placement_problems(config: ClusterConfig) -> Problems:
     return problems
 
 
+# Kernel pseudo-filesystems: nothing can be saved there (/dev/shm can: not /dev).
+_PSEUDO_FS = ("/proc", "/sys")
+
+
+def _checkpoint_dir_problems(config: ClusterConfig, base_dir: Path) -> Problems:
+    """`checkpoint.dir` must be a directory a task can write: not under a
+    kernel pseudo-filesystem, not a file (nor below one) on this machine."""
+    value = config.checkpoint.dir
+    if not value:
+        return []
+    path = Path(os.path.expanduser(value))
+    path = Path(os.path.realpath(path if path.is_absolute() else base_dir / path))
+    key = ("checkpoint", "dir")
+    pseudo = next((root for root in _PSEUDO_FS
+                   if path == Path(root) or Path(root) in path.parents), None)
+    if pseudo is not None:
+        return [(key, f"{value} is under {pseudo}, a kernel pseudo-filesystem where no "
+                 "checkpoint can be written: give a directory on a real disk (shared by "
+                 "every host)")]
+    for folder in (path, *path.parents):
+        if folder.exists():
+            if not folder.is_dir():
+                what = "is a file" if folder == path else f"is below {folder}, a file"
+                return [(key, f"{value} {what}, not a directory: give a directory for "
+                         "the checkpoints")]
+            break
+    return []
+
+
 def keras_backend(config: ClusterConfig) -> str | None:
     """The Keras 3 backend a keras_distribution job runs on: `keras: jax`, else
     KERAS_BACKEND from `env:` (None when neither names one)."""
@@ -574,11 +593,25 @@ def load_config(path: str | os.PathLike) -> LoadedConfig:
     """Read and validate a cluster file; relative paths resolve against its folder."""
     path = Path(path)
     try:
-        text = path.read_text()
+        raw = path.read_bytes()
     except OSError as exc:
         raise ConfigError(str(path), [f"{path}: cannot read: {exc.strerror}"]) from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(str(path), [_not_utf8(path, raw, exc.start)]) from None
     loaded = parse_config(text, source=str(path), base_dir=path.resolve().parent)
     return LoadedConfig(config=loaded.config, source=path, base_dir=loaded.base_dir)
+
+
+def _not_utf8(path: Path, raw: bytes, offset: int) -> str:
+    """Where a cluster file stops being UTF-8: line, key and byte."""
+    line = raw.count(b"\n", 0, offset) + 1
+    start = raw.rfind(b"\n", 0, offset) + 1
+    key = re.match(rb"\s*-?\s*([A-Za-z0-9_.\-]+)\s*:", raw[start:offset + 1])
+    named = f"{key.group(1).decode()}: " if key else ""
+    return (f"{path}:{line}: {named}not UTF-8 text (byte 0x{raw[offset]:02x} at column "
+            f"{offset - start + 1}): save the file as UTF-8")
 
 
 def local_config(num_hosts: int, name: str = "local") -> LoadedConfig:

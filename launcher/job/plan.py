@@ -9,6 +9,7 @@ Must not import: transport, supervisor, cli.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -264,8 +265,13 @@ def host_run_dir(run_dir: str, transport: str, host: str) -> str:
     # The run directory's name, and a digest of its full path: two jobs whose run
     # directories share a name (`--run-dir exp1` in two projects) must not share
     # pidfiles, or one job's agent would reap the other's tasks.
+    return f"{_remote_runs_dir(run_dir)}/{host}"
+
+
+@functools.lru_cache(maxsize=16)  # once per plan, not once per host
+def _remote_runs_dir(run_dir: str) -> str:
     digest = hashlib.sha256(os.path.abspath(run_dir).encode()).hexdigest()[:8]
-    return f"~/.mgpu-launch/runs/{Path(run_dir).name}-{digest}/{host}"
+    return f"~/.mgpu-launch/runs/{Path(run_dir).name}-{digest}"
 
 
 def default_active_hosts(config: ClusterConfig) -> list[str]:
@@ -275,7 +281,7 @@ def default_active_hosts(config: ClusterConfig) -> list[str]:
 
 def ports_needed(config: ClusterConfig, active_hosts: Sequence[str] | None = None) -> int:
     """How many ports a plan of these hosts uses (one per chief, worker and ps)."""
-    active = default_active_hosts(config) if active_hosts is None else active_hosts
+    active = set(default_active_hosts(config) if active_hosts is None else active_hosts)
     return sum(count for h in config.hosts if (h.name or h.address) in active
                for role, count in effective_roles(config, h).items() if role in CLUSTER_ROLES)
 
@@ -367,8 +373,9 @@ def build_plan(
     if not command:
         raise PlanError("no training script given")
     active = default_active_hosts(config) if active_hosts is None else list(active_hosts)
+    chosen = set(active)  # a set: 10,000 hosts in a list would be quadratic
     targets = [h for h in host_targets(config, default_python, loaded.base_dir)
-               if h.name in active]
+               if h.name in chosen]
     if not targets:
         raise PlanError("no host left to run on")
     specs = {(h.name or h.address): h for h in config.hosts}
@@ -387,8 +394,9 @@ def build_plan(
                              num_workers=len(cluster.get("chief", [])) +
                              len(cluster.get("worker", [])))
     workdir = str(loaded.resolve_path(config.workdir) or launch_cwd)
-    tasks = [_task(config, slot, tf_of[slot.target.name], cluster, port_of, shared_env,
-                   command, run_dir, workdir)
+    frozen = _freeze(cluster)  # once: every task's TF_CONFIG shares it (10,000 hosts)
+    tasks = [_task(config, slot, tf_of[slot.target.name], cluster, frozen, port_of,
+                   shared_env, command, run_dir, workdir)
              for slot in slots]
     return Plan(
         name=config.name,
@@ -492,7 +500,8 @@ def _shared_env(config: ClusterConfig, checkpoint_dir: str, generation: int,
 
 
 def _task(config: ClusterConfig, slot: _Slot, tf: TFAddress, cluster: dict[str, list[str]],
-          port_of: dict[tuple[str, int], int], shared_env: dict[str, str],
+          frozen_cluster: Mapping[str, Any], port_of: dict[tuple[str, int], int],
+          shared_env: dict[str, str],
           command: Sequence[str], run_dir: str, workdir: str) -> Task:
     role, index, target = slot.role, slot.index, slot.target
     env = dict(shared_env)
@@ -502,7 +511,8 @@ def _task(config: ClusterConfig, slot: _Slot, tf: TFAddress, cluster: dict[str, 
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in slot.gpus)
     if config.strategy == "keras_distribution":
         env.update(_keras_distribution_env(config, cluster, role, index))
-    tf_config = {"cluster": cluster, "task": {"type": role, "index": index}}
+    tf_config = MappingProxyType({"cluster": frozen_cluster,
+                                  "task": MappingProxyType({"type": role, "index": index})})
     runs_server = config.strategy == "parameter_server" and role in ("worker", "ps")
     return Task(
         host=target.name,
@@ -515,7 +525,7 @@ def _task(config: ClusterConfig, slot: _Slot, tf: TFAddress, cluster: dict[str, 
         command=SERVER_COMMAND if runs_server else tuple(command),
         lifetime=_lifetime(config.strategy, role),
         env=MappingProxyType(dict(sorted(env.items()))),
-        tf_config=_freeze(tf_config),
+        tf_config=tf_config,
         address_rule=tf.rule,
     )
 

@@ -125,7 +125,7 @@ class RestartDecision:
 
 
 def decide_restart(budget: Budget, advanced: bool, preempted: bool,
-                   repeated: str = "") -> RestartDecision:
+                   repeated: str = "", mistake: str = "") -> RestartDecision:
     """Start another generation after a failed one?
 
     `advanced`: the checkpointed training step moved during the failed
@@ -133,11 +133,19 @@ def decide_restart(budget: Budget, advanced: bool, preempted: bool,
     failure is the previous generation's again (same exception, same
     innermost frame) with no progress in between: deterministic, so another
     try would only fail the same way. `max_restarts: 0` means never restart,
-    not even after a preemption.
+    not even after a preemption. `mistake`: set (to what is wrong) when the
+    failure is a mistake in the script itself (classify.script_mistake: a
+    syntax error, a failed import of its own, the script missing): it would
+    fail the same way on every try, so the first occurrence ends the job.
     """
     counts = restart_counts(advanced, preempted)
     if budget.max_restarts == 0:
         return RestartDecision(False, counts, budget, "", STOPPED_BY_NO_RESTARTS)
+    if mistake and not preempted:
+        return RestartDecision(False, counts, budget, (
+            f"gave up at the first failure, not restarted: {mistake}; a mistake in the "
+            "script fails the same way on every try: fix it and launch again"),
+            STOPPED_BY_DETERMINISTIC)
     if repeated and not advanced and not preempted:
         return RestartDecision(False, counts, budget, (
             f"gave up: the same failure twice in a row without progress ({repeated}): it is "

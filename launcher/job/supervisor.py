@@ -25,7 +25,7 @@ from typing import Any
 from ..ops.printer import Printer
 from ..transport import AgentLink, AgentMessage
 from . import checkpoints
-from .classify import RESTART_ME_EXIT, OutputWatcher, classify_exit
+from .classify import RESTART_ME_EXIT, OutputWatcher, classify_exit, script_mistake
 from .plan import Plan, Task, log_file_name, task_label
 from .protocol import BadMessage, check_message
 from .recovery import (
@@ -214,7 +214,8 @@ class Supervisor:
             repeated = _repeated_failure(failures)
             decision = decide_restart(budget, advanced,
                                       preempted=gen.failure.kind == "preempted",
-                                      repeated=repeated)
+                                      repeated=repeated,
+                                      mistake=script_mistake(gen.failure.error))
             if not decision.restart:
                 status, message, stopped_by = "failed", decision.message, decision.stopped_by
                 break

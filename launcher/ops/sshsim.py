@@ -18,8 +18,10 @@ import: transport, supervisor, cli.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import getpass
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -35,6 +37,7 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 SSHD = os.environ.get("MGPU_SSHD", "/usr/sbin/sshd")
 PRIVSEP_DIR = "/run/sshd"
 START_TIMEOUT_S = 10.0  # an sshd binds its port in a few ms; a loaded machine is slower
+STOP_GRACE_S = 5.0  # sshd exits at once on SIGTERM; what a session runs may take a moment
 
 SSHD_CONFIG = """\
 # Private sshd of simulated host {name} (mgpu-launch simulate). Not the system's.
@@ -365,6 +368,29 @@ def start_cluster(
     directory = Path(directory).resolve()
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     _check_private(directory)
+    # Held while the hosts start: two `simulate` on one folder never interleave.
+    lock = os.open(directory / ".simulate.lock", os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RuntimeError(f"another `mgpu-launch simulate` is starting hosts in "
+                               f"{directory}; give another --dir") from None
+        _refuse_running(directory)
+        return _start_cluster(count, directory, python, first_address=first_address,
+                              port=port, port_base=port_base, private_mounts=private_mounts,
+                              addresses=addresses, netns=netns, log_level=log_level,
+                              sftp_start_dir=sftp_start_dir, session_home=session_home)
+    finally:
+        os.close(lock)
+
+
+def _start_cluster(count: int, directory: Path, python: str | None, *, first_address: str,
+                   port: int | None, port_base: int | None,
+                   private_mounts: dict[int, tuple[str, ...]] | None,
+                   addresses: list[str] | None, netns: dict[int, str] | None,
+                   log_level: str, sftp_start_dir: str | None,
+                   session_home: str | None) -> SimCluster:
     netns = netns or {}
     if addresses is None:
         prefix, last = first_address.rsplit(".", 1)
@@ -412,17 +438,74 @@ def start_cluster(
     return cluster
 
 
-def stop_directory(directory: Path) -> int:
-    """Stop the sshds of a simulated cluster started with --detach."""
-    stopped = 0
-    for pid_file in sorted(Path(directory).glob("host*/sshd.pid")):
+def directory_sshds(directory: Path) -> list:
+    """Every process of the simulated cluster in `directory` (psutil.Process):
+    the sshds started with one of its `hostN/sshd_config` (found by their
+    command line, not by pid files, which a second start could overwrite and
+    a reused pid could make point elsewhere) and every process under them
+    (open sessions, what they run). The listeners come first."""
+    import psutil
+
+    config = re.compile(re.escape(str(Path(directory).resolve())) + r"/host\d+/sshd_config\b")
+    matched = []
+    for proc in psutil.process_iter(["cmdline"]):
+        if proc.pid != os.getpid() and any(config.search(arg)
+                                           for arg in proc.info.get("cmdline") or ()):
+            matched.append(proc)
+    listeners = _listeners(matched)
+    tree, seen = [*listeners, *matched], set()
+    for proc in listeners:
         try:
-            os.kill(int(pid_file.read_text().split()[0]), signal.SIGTERM)
-            stopped += 1
-        except (ValueError, IndexError, ProcessLookupError):
+            tree += proc.children(recursive=True)
+        except psutil.Error:
             pass
+    return [p for p in tree if not (p.pid in seen or seen.add(p.pid))]
+
+
+def _listeners(processes: list) -> list:
+    """The processes whose parent is none of `processes`: each host's sshd."""
+    import psutil
+
+    pids = {p.pid for p in processes}
+    out = []
+    for proc in processes:
+        try:
+            if proc.ppid() not in pids:
+                out.append(proc)
+        except psutil.Error:  # gone meanwhile
+            pass
+    return out
+
+
+def stop_directory(directory: Path) -> int:
+    """Stop a simulated cluster started with --detach: its sshds, their open
+    sessions and what those run (SIGTERM, then SIGKILL after STOP_GRACE_S).
+    Returns how many hosts (listening sshds) it stopped."""
+    import psutil
+
+    processes = directory_sshds(directory)
+    hosts = len(_listeners(processes))
+    for proc in processes:
+        _signal(proc, signal.SIGTERM)
+    _, left = psutil.wait_procs(processes, timeout=STOP_GRACE_S)
+    for proc in left:
+        _signal(proc, signal.SIGKILL)
+    psutil.wait_procs(left, timeout=STOP_GRACE_S)
+    for pid_file in Path(directory).glob("host*/sshd.pid"):
         pid_file.unlink(missing_ok=True)
-    return stopped
+    return hosts
+
+
+def _refuse_running(directory: Path) -> None:
+    """A second `simulate` on a folder whose hosts still run would overwrite
+    their keys and pid files and start a second set beside them."""
+    running = _listeners(directory_sshds(directory))
+    if running:
+        raise RuntimeError(
+            f"{directory} already has {len(running)} simulated host(s) running (sshd pid "
+            f"{', '.join(str(p.pid) for p in running)}): use them ({directory / 'cluster.yaml'}),"
+            f" or stop them first with `mgpu-launch simulate stop --dir {directory}`, or give "
+            "another --dir")
 
 
 def main(argv: list[str]) -> int:
@@ -485,3 +568,4 @@ def main(argv: list[str]) -> int:
         return 0
     finally:
         cluster.stop()
+        stop_directory(cluster.dir)  # and the sessions still open: nothing outlives it
