@@ -65,7 +65,7 @@ from .job.slurm import (
 )
 from .job.states import Failure, RunResult
 from .job.supervisor import RestartPolicy, Supervisor
-from .ops import control
+from .ops import control, prereqs, usage
 from .ops.live import format_duration
 from .ops.printer import Printer
 from .transport import TransportError
@@ -111,7 +111,7 @@ class UsageError(Exception):
 
 
 def _run_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = usage.Parser(
         prog="mgpu-launch", usage=USAGE,
         description="Run a TensorFlow/Keras training script on many hosts.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -258,6 +258,12 @@ def _run(argv: list[str]) -> int:
             print(render_plan(plan))
         return EXIT_OK
 
+    if local:  # simulated hosts run the tasks with this machine's Python
+        pythons = [t.python for t in host_targets(config, default_python, loaded.base_dir)]
+        missing = prereqs.local_problem(pythons, Path(command[0]))
+        if missing:
+            say(f"mgpu-launch: {missing}")
+            return EXIT_USAGE
     if local and not args.detach:  # a detached run claims it in its own process
         claimed = _claim_checkpoint_dir(loaded, run_dir)
         if claimed is None:
@@ -348,8 +354,8 @@ def _launch(loaded: LoadedConfig, first_plan: Plan, make_plan, run_dir: Path,
     printer.notice(
         f"job {config.name!r}: {len(first_plan.tasks)} tasks on {len(first_plan.hosts)} "
         f"{'simulated ' if config.transport == 'local' else ''}hosts, "
-        f"strategy {config.strategy}; run dir {run_dir}"
-    )
+        f"strategy {config.strategy}"
+    )  # the run directory is named once it exists: a launch that fails first writes none
     targets = {t.name: t for t in host_targets(config, default_python, loaded.base_dir)}
     # SIGTERM (e.g. `mgpu-launch stop`) while hosts are reached ends it as Ctrl-C does.
     previous_term = signal.signal(signal.SIGTERM, _interrupt)
@@ -386,6 +392,7 @@ def _launch(loaded: LoadedConfig, first_plan: Plan, make_plan, run_dir: Path,
                       for sig in (signal.SIGINT, signal.SIGTERM)}
     recorder = RunRecorder(run_dir)
     recorder.write_config(dump_config(loaded))
+    printer.notice(f"run dir {run_dir}")
 
     def reconnect(host: str):
         link = transport.connect([targets[host]], str(run_dir), events)[host]

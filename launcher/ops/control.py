@@ -31,6 +31,7 @@ from typing import Any
 
 from ..job.rundir import RunRecorder
 from ..job.states import RunResult
+from . import usage
 from .records import (
     LAUNCHER_OUT,
     LAUNCHER_PID,
@@ -324,7 +325,7 @@ launcher runs on another machine."""
 
 def main(argv: Sequence[str]) -> int:
     """`argv[0]` is `stop` (as dispatched by the CLI)."""
-    parser = argparse.ArgumentParser(
+    parser = usage.Parser(
         prog="mgpu-launch stop", usage=STOP_USAGE.split("\n", 1)[0],
         description=STOP_USAGE.split("\n", 2)[2],
         formatter_class=argparse.RawDescriptionHelpFormatter)
