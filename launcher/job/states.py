@@ -153,6 +153,8 @@ class RunResult:
     stopped_by: str = ""  # the rule that ended a failed job (recovery.STOPPED_BY_*)
     # keras: auto restarted the job under tf_keras (launcher/job/keras_fallback.py)
     keras_switched: dict[str, Any] | None = None
+    # Where each restarted generation resumed (launcher/job/resumes.py).
+    resumed: tuple[dict[str, Any], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -166,6 +168,7 @@ class RunResult:
             "failures": [f.to_json() for f in self.failures],
             "tasks": self.tasks,
             **({"keras_switched": self.keras_switched} if self.keras_switched else {}),
+            "resumed": list(self.resumed),
         }
 
 

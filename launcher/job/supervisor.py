@@ -24,7 +24,7 @@ from typing import Any
 
 from ..ops.printer import Printer
 from ..transport import AgentLink, AgentMessage
-from . import checkpoints, keras_fallback
+from . import checkpoints, keras_fallback, resumes
 from .classify import RESTART_ME_EXIT, OutputWatcher, classify_exit
 from .plan import Plan, Task, log_file_name, task_label
 from .protocol import BadMessage, check_message
@@ -169,6 +169,7 @@ class Supervisor:
         self._bad_messages = 0
         self._starts: dict[str, str] = {}  # task -> "warm" / "cold", this generation
         self._keras_switch: dict[str, Any] | None = None  # keras_fallback: once per job
+        self._resumes = resumes.Resumes()  # where each restarted generation resumed
         self.current: _Generation | None = None  # read-only for observers (live view)
 
     @property
@@ -199,6 +200,7 @@ class Supervisor:
             if self._keras_switch is not None:
                 plan = keras_fallback.under_tf_keras(plan)
             checkpoint_before = self._checkpoint_probe()
+            self._resumes.starting(generation, checkpoint_before)
             gen = self._run_generation(plan)
             tasks = {r.task.label: {**final_state(r, generation),
                                     "start": self._starts.get(r.task.name)}
@@ -273,6 +275,7 @@ class Supervisor:
             message=message,
             stopped_by=stopped_by if status == "failed" else "",
             keras_switched=self._keras_switch,
+            resumed=tuple(self._resumes.entries),
         )
         self._recorder.event("job_done", status=result.status, restarts=restarts,
                              wall_s=round(result.wall_s, 3), stopped_by=result.stopped_by)
@@ -594,6 +597,10 @@ class Supervisor:
                                  state=record.cluster)
             return
         record.last_progress = data
+        resumed = self._resumes.on_progress(gen.plan.generation, data)
+        if resumed is not None:
+            self._recorder.event("resumed", **resumed)
+            self._printer.notice(resumes.notice(resumed))
         if isinstance(data.get("step"), int | float):
             record.step_marks = [*record.step_marks[-1:], (self._clock(), int(data["step"]))]
         if data.get("checkpoint"):  # the runtime saw a checkpoint saved: training moved
