@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TextIO
 
 from . import __version__
-from .job import checkpoints
+from .job import checkpoints, stops
 from .job.addresses import AddressError, TFAddress, with_interfaces
 from .job.checkpoints import checkpoint_state
 from .job.classify import signal_name
@@ -417,6 +417,9 @@ def _launch(loaded: LoadedConfig, first_plan: Plan, make_plan, run_dir: Path,
         if config.transport == "slurm" and result.interrupted_by == signal.SIGTERM:
             result = replace(result, message=why_stopped(read_allocation(os.environ).job_id))
         summary = _note_terminal(result.to_json(), printer, recorder)
+        stop = stops.entry(result, first_plan.grace_s)  # what a stop did to the tasks
+        if stop is not None:
+            summary["stop"] = stop
         try:
             recorder.write_summary(summary)
         except OSError as exc:  # a full disk: the summary still reaches the user
@@ -426,6 +429,8 @@ def _launch(loaded: LoadedConfig, first_plan: Plan, make_plan, run_dir: Path,
     for sig, handler in previous_stops.items():
         signal.signal(sig, handler)
     _print_outcome(printer, result, run_dir)
+    if stop is not None:
+        printer.notice(stop["said"])
     return _done(printer, previous_hangup, exit_code(result))
 
 
