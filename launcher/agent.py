@@ -61,6 +61,7 @@ import time
 
 from launcher import __version__
 from launcher.bootstrap import stacks_signal
+from launcher.hostruns import KEEP_RUNS, hold_lock, prune, runs_root
 from launcher.netif import ipv4_interfaces
 
 # Optional on hosts: adds CPU/RSS to heartbeats and finds escaped children.
@@ -1227,6 +1228,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mgpu-launch agent: {refusal}", file=sys.stderr, flush=True)
         return EXIT_UNSAFE
     reaped = agent.reap_leftovers()  # before any task of ours can start
+    lock_fd = hold_lock(agent.run_dir)  # held for our life: never pruned meanwhile
     packages = _installed_versions()
     emit("hello", host=host, pid=os.getpid(), version=__version__,
          python=sys.executable, python_version=sys.version.split()[0],
@@ -1240,6 +1242,7 @@ def main(argv: list[str] | None = None) -> int:
              f"(pid {item['agent_pid']}) of this run directory")
     agent.heard()
     threading.Thread(target=agent.heartbeat_forever, daemon=True).start()
+    threading.Thread(target=_prune_runs, args=(emit, agent.run_dir), daemon=True).start()
     if lease_s:
         threading.Thread(target=agent.watch_lease, args=(lease_s,), daemon=True).start()
     # SIGTERM to the agent stops its tasks like a closed stdin does.
@@ -1249,7 +1252,24 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         agent.shutdown()
         emit("bye")
+        if lock_fd is not None:
+            os.close(lock_fd)
     return 0
+
+
+def _prune_runs(emit: Emitter, run_dir: str) -> None:
+    """Old run folders of this host's `~/.mgpu-launch/runs` (launcher/hostruns.py)."""
+    root = runs_root(run_dir)
+    if root is None:
+        return
+    try:
+        keep = int(os.environ.get("MGPU_KEEP_RUNS", KEEP_RUNS))
+    except ValueError:
+        keep = KEEP_RUNS
+    removed = prune(root, current=os.path.dirname(os.path.abspath(run_dir)), keep=keep)
+    if removed:
+        emit("log", text=f"removed {len(removed)} old run folder(s) from {root} (keeping the "
+             f"{keep} most recent and any in use): {', '.join(sorted(removed))}")
 
 
 def read_commands(agent: Agent, stdin) -> None:
@@ -1315,7 +1335,7 @@ def _read_stdin(agent: Agent, stdin, lines: _Lines) -> None:
 EXIT_UNSAFE = 96  # the run dir is not the user's alone, or the bundle is not what its name says
 # The bundle's files, as launcher.transport.shipping lists them (kept in step by a test).
 BUNDLE_FILES = ("launcher/__init__.py", "launcher/agent.py", "launcher/bootstrap.py",
-                "launcher/netif.py", "launcher/standby.py")
+                "launcher/netif.py", "launcher/standby.py", "launcher/hostruns.py")
 BUNDLE_DIRS = ("launcher/runtime",)
 
 
