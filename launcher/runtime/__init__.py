@@ -328,8 +328,8 @@ def _progress_callback(keras, every_s: float, batch_level: bool = True,
     each epoch's end). The reporter runs after the backup callback, so it
     reports `checkpoint` once the backup has saved: the launcher's proof that
     the training moved (a restart after it does not count as a crash loop).
-    The first epoch it sees begin is where the job started or resumed (after
-    the backup's restore): reported as `start_epoch` with the optimizer's
+    After a restart, the first epoch it sees begin is where the job resumed
+    (after the backup's restore): reported as `start_epoch` with the optimizer's
     restored step count (`start_step`), for the launcher's `resumed` notice."""
 
     class ProgressReporter(keras.callbacks.Callback):
@@ -343,10 +343,10 @@ def _progress_callback(keras, every_s: float, batch_level: bool = True,
             self.began = False
 
         def on_epoch_begin(self, epoch, logs=None):
-            if not self.began:
-                self.began = True
+            if not self.began and _restarted():
                 report_progress(self.step, epoch=epoch, start_epoch=1,
                                 **_restored_step(self.model))
+            self.began = True
             self.epoch = epoch
 
         def on_train_batch_end(self, batch, logs=None):
@@ -368,11 +368,11 @@ def _progress_callback(keras, every_s: float, batch_level: bool = True,
         began = False
 
         def on_epoch_begin(self, epoch, logs=None):
-            if not self.began:
-                self.began = True
+            if not self.began and _restarted():
                 steps = (self.params or {}).get("steps") or 0
                 report_progress(epoch * int(steps), epoch=epoch, start_epoch=1,
                                 **_restored_step(self.model))
+            self.began = True
 
         def on_epoch_end(self, epoch, logs=None):
             steps = (self.params or {}).get("steps") or 0
@@ -381,6 +381,11 @@ def _progress_callback(keras, every_s: float, batch_level: bool = True,
                             **extra, **_scalars(logs))
 
     return ProgressReporter() if batch_level else EpochProgressReporter()
+
+
+def _restarted() -> bool:
+    """A later generation of the job (it restored a checkpoint, if there was one)."""
+    return os.environ.get("MGPU_GENERATION", "0") not in ("", "0")
 
 
 def _restored_step(model) -> dict[str, int]:
