@@ -260,7 +260,7 @@ def _run(argv: list[str]) -> int:
 
     if local:  # simulated hosts run the tasks with this machine's Python
         pythons = [t.python for t in host_targets(config, default_python, loaded.base_dir)]
-        missing = prereqs.local_problem(pythons, Path(command[0]))
+        missing = prereqs.local_problem(pythons, Path(command[0]), config.strategy)
         if missing:
             say(f"mgpu-launch: {missing}")
             return EXIT_USAGE

@@ -29,9 +29,11 @@ PROVIDED = {
     "keras": ("keras", "tf"),
     "sklearn": ("scikit-learn", "examples"),
     "tensorboard": ("tensorboard", "examples"),
+    "jax": ("jax", "jax"),
 }
-# A task always imports TensorFlow (the bootstrap and runtime do).
-ALWAYS = ("tensorflow",)
+# What every task imports: TensorFlow, or JAX for Keras 3 on JAX.
+ALWAYS = {"keras_distribution": ("jax",)}
+DEFAULT_ALWAYS = ("tensorflow",)
 FIND = ("import importlib.util, json, sys\n"
         "print(json.dumps([m for m in sys.argv[1:] if importlib.util.find_spec(m) is None]))")
 
@@ -64,15 +66,19 @@ def missing(python: str, modules: Iterable[str]) -> list[str] | None:
         return None
 
 
-def local_problem(pythons: Iterable[str], script: Path) -> str | None:
+def local_problem(pythons: Iterable[str], script: Path,
+                  strategy: str = "multi_worker_mirrored") -> str | None:
     """What to install before simulated hosts can run `script`, or None."""
-    modules = [*ALWAYS, *(m for m in script_imports(script) if m in PROVIDED)]
+    always = ALWAYS.get(strategy, DEFAULT_ALWAYS)
+    modules = [*always, *(m for m in script_imports(script) if m in PROVIDED)]
     modules = list(dict.fromkeys(modules))
     for python in dict.fromkeys(pythons):
         lacking = missing(python, modules)
         if not lacking:  # None: a Python we cannot ask is left to the agent's own error
             continue
-        extra = "examples" if any(PROVIDED[m][1] == "examples" for m in lacking) else "tf"
+        extras = [PROVIDED[m][1] for m in lacking]
+        extra = ",".join(e for e in ("examples", "tf", "jax") if e in extras
+                         and not (e == "tf" and "examples" in extras))
         packages = ", ".join(PROVIDED[m][0] for m in lacking)
         pip = f"{python} -m pip" if python != sys.executable else "pip"
         return (f"--local runs the tasks on this machine with {python}, which lacks "
