@@ -16,6 +16,7 @@ finds a package without importing it). Imports nothing of the launcher.
 from __future__ import annotations
 
 import ast
+import importlib.util
 import json
 import subprocess
 import sys
@@ -58,6 +59,8 @@ def missing(python: str, modules: Iterable[str]) -> list[str] | None:
     wanted = list(modules)
     if not wanted:
         return []
+    if python == sys.executable:  # this interpreter (--local's default): no process to start
+        return [m for m in wanted if importlib.util.find_spec(m) is None]
     try:
         done = subprocess.run([python, "-c", FIND, *wanted], capture_output=True, text=True,
                               timeout=30)
