@@ -1,7 +1,27 @@
-"""`python -m launcher` is `mgpu-launch`."""
+"""`python -m launcher` is `mgpu-launch` (whose console script calls `main` here).
+
+This module imports nothing heavy itself, so that Ctrl-C while the launcher's
+modules load (pydantic, paramiko, ...: the first second) ends it quietly with
+exit 130, as Ctrl-C later does, instead of with a KeyboardInterrupt traceback.
+"""
 
 import sys
 
-from .cli import main
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as the launcher's own interrupted runs
 
-sys.exit(main())
+
+def main() -> int:
+    try:
+        from .cli import main as cli_main
+
+        return cli_main()
+    except KeyboardInterrupt:
+        try:
+            print("mgpu-launch: interrupted", file=sys.stderr, flush=True)
+        except (OSError, ValueError):
+            pass
+        return EXIT_INTERRUPTED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

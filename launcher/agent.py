@@ -61,6 +61,7 @@ import time
 
 from launcher import __version__, firewall
 from launcher.bootstrap import stacks_signal
+from launcher.hostruns import KEEP_RUNS, hold_lock, prune, runs_root
 from launcher.netif import ipv4_interfaces
 
 # Optional on hosts: adds CPU/RSS to heartbeats and finds escaped children.
@@ -1275,6 +1276,7 @@ def main(argv: list[str] | None = None) -> int:
     reaped = agent.reap_leftovers()  # before any task of ours can start
     unsealed = firewall.reap(agent.run_dir)  # a killed agent's rules
     swept = firewall.sweep()  # those of killed agents of other runs that nobody reaped
+    lock_fd = hold_lock(agent.run_dir)  # held for our life: never pruned meanwhile
     packages = _installed_versions()
     emit("hello", host=host, pid=os.getpid(), version=__version__,
          python=sys.executable, python_version=sys.version.split()[0],
@@ -1294,6 +1296,7 @@ def main(argv: list[str] | None = None) -> int:
         emit("log", text=f"removed the firewall rules ({item}, gone) of another run")
     agent.heard()
     threading.Thread(target=agent.heartbeat_forever, daemon=True).start()
+    threading.Thread(target=_prune_runs, args=(emit, agent.run_dir), daemon=True).start()
     if lease_s:
         threading.Thread(target=agent.watch_lease, args=(lease_s,), daemon=True).start()
     # SIGTERM to the agent stops its tasks like a closed stdin does.
@@ -1303,7 +1306,24 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         agent.shutdown()
         emit("bye")
+        if lock_fd is not None:
+            os.close(lock_fd)
     return 0
+
+
+def _prune_runs(emit: Emitter, run_dir: str) -> None:
+    """Old run folders of this host's `~/.mgpu-launch/runs` (launcher/hostruns.py)."""
+    root = runs_root(run_dir)
+    if root is None:
+        return
+    try:
+        keep = int(os.environ.get("MGPU_KEEP_RUNS", KEEP_RUNS))
+    except ValueError:
+        keep = KEEP_RUNS
+    removed = prune(root, current=os.path.dirname(os.path.abspath(run_dir)), keep=keep)
+    if removed:
+        emit("log", text=f"removed {len(removed)} old run folder(s) from {root} (keeping the "
+             f"{keep} most recent and any in use): {', '.join(sorted(removed))}")
 
 
 def read_commands(agent: Agent, stdin) -> None:
@@ -1369,7 +1389,8 @@ def _read_stdin(agent: Agent, stdin, lines: _Lines) -> None:
 EXIT_UNSAFE = 96  # the run dir is not the user's alone, or the bundle is not what its name says
 # The bundle's files, as launcher.transport.shipping lists them (kept in step by a test).
 BUNDLE_FILES = ("launcher/__init__.py", "launcher/agent.py", "launcher/bootstrap.py",
-                "launcher/netif.py", "launcher/standby.py", "launcher/firewall.py")
+                "launcher/netif.py", "launcher/standby.py", "launcher/firewall.py",
+                "launcher/hostruns.py")
 BUNDLE_DIRS = ("launcher/runtime",)
 
 

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TextIO
 
 from . import __version__, firewall
-from .job import checkpoints
+from .job import checkpoints, stops
 from .job.addresses import AddressError, TFAddress, with_interfaces
 from .job.checkpoints import checkpoint_state
 from .job.classify import signal_name
@@ -65,7 +65,7 @@ from .job.slurm import (
 )
 from .job.states import Failure, RunResult
 from .job.supervisor import RestartPolicy, Supervisor
-from .ops import control
+from .ops import control, prereqs, usage
 from .ops.live import format_duration
 from .ops.printer import Printer
 from .transport import TransportError
@@ -111,7 +111,7 @@ class UsageError(Exception):
 
 
 def _run_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = usage.Parser(
         prog="mgpu-launch", usage=USAGE,
         description="Run a TensorFlow/Keras training script on many hosts.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -269,6 +269,12 @@ def _run(argv: list[str]) -> int:
             print(render_plan(plan))
         return EXIT_OK
 
+    if local:  # simulated hosts run the tasks with this machine's Python
+        pythons = [t.python for t in host_targets(config, default_python, loaded.base_dir)]
+        missing = prereqs.local_problem(pythons, Path(command[0]), config.strategy)
+        if missing:
+            say(f"mgpu-launch: {missing}")
+            return EXIT_USAGE
     if local and not args.detach:  # a detached run claims it in its own process
         claimed = _claim_checkpoint_dir(loaded, run_dir)
         if claimed is None:
@@ -359,8 +365,8 @@ def _launch(loaded: LoadedConfig, first_plan: Plan, make_plan, run_dir: Path,
     printer.notice(
         f"job {config.name!r}: {len(first_plan.tasks)} tasks on {len(first_plan.hosts)} "
         f"{'simulated ' if config.transport == 'local' else ''}hosts, "
-        f"strategy {config.strategy}; run dir {run_dir}"
-    )
+        f"strategy {config.strategy}"
+    )  # the run directory is named once it exists: a launch that fails first writes none
     targets = {t.name: t for t in host_targets(config, default_python, loaded.base_dir)}
     # SIGTERM (e.g. `mgpu-launch stop`) while hosts are reached ends it as Ctrl-C does.
     previous_term = signal.signal(signal.SIGTERM, _interrupt)
@@ -408,6 +414,7 @@ def _launch(loaded: LoadedConfig, first_plan: Plan, make_plan, run_dir: Path,
                       for sig in (signal.SIGINT, signal.SIGTERM)}
     recorder = RunRecorder(run_dir)
     recorder.write_config(dump_config(loaded))
+    printer.notice(f"run dir {run_dir}")
 
     def reconnect(host: str):
         link = transport.connect([targets[host]], str(run_dir), events)[host]
@@ -432,6 +439,9 @@ def _launch(loaded: LoadedConfig, first_plan: Plan, make_plan, run_dir: Path,
         if config.transport == "slurm" and result.interrupted_by == signal.SIGTERM:
             result = replace(result, message=why_stopped(read_allocation(os.environ).job_id))
         summary = _note_terminal(result.to_json(), printer, recorder)
+        stop = stops.entry(result, first_plan.grace_s)  # what a stop did to the tasks
+        if stop is not None:
+            summary["stop"] = stop
         try:
             recorder.write_summary(summary)
         except OSError as exc:  # a full disk: the summary still reaches the user
@@ -441,6 +451,8 @@ def _launch(loaded: LoadedConfig, first_plan: Plan, make_plan, run_dir: Path,
     for sig, handler in previous_stops.items():
         signal.signal(sig, handler)
     _print_outcome(printer, result, run_dir)
+    if stop is not None:
+        printer.notice(stop["said"])
     return _done(printer, previous_hangup, exit_code(result))
 
 

@@ -29,8 +29,8 @@ LINKED = ("cluster_configs", "examples", "docker")
 BLOCK_TIMEOUT_S = 60
 
 QUICK_START = (
-    "python3 -m venv .venv && .venv/bin/pip install -e '.[examples]' && "
-    ".venv/bin/mgpu-launch --local 2 examples/digits/train.py",
+    "python3 -m venv .venv && source .venv/bin/activate && pip install -e '.[examples]' && "
+    "mgpu-launch --local 2 examples/digits/train.py",
     "bash .ci/run",
 )
 TEST_COMMAND = ".venv/bin/python -m pytest -q -p no:cacheprovider tests"

@@ -120,6 +120,36 @@ def test_slurm_script_runs_mgpu_launch_with_the_same_plan(tmp_path: Path):
         assert mine["env"] == theirs["env"]
 
 
+def test_slurm_script_for_a_cluster_file_without_hosts(tmp_path: Path):
+    """`transport: slurm` without hosts (every node of the allocation runs a
+    worker): export asks for --nodes, then writes a script for that many nodes
+    whose YAML still lists no hosts, so the launcher takes the allocation's."""
+    cluster = _write(tmp_path, "slurm.yaml", "name: hostless\ntransport: slurm\n"
+                     "checkpoint: {dir: CKPT}\n")
+    missing = run_cli(["export", "--to", "slurm", str(cluster), "train.py"], cwd=tmp_path,
+                      timeout=60)
+    assert missing.returncode == 2, missing.stderr
+    assert "--nodes" in missing.stderr and "Traceback" not in missing.stderr, missing.stderr
+
+    out_file = tmp_path / "job.sbatch"
+    exported = run_cli(["export", "--to", "slurm", "--nodes", "3", "--gpus-per-node", "2",
+                        "-o", str(out_file), str(cluster), "train.py"], cwd=tmp_path, timeout=60)
+    assert exported.returncode == 0, exported.stderr
+    script = out_file.read_text()
+    assert "#SBATCH --nodes=3\n" in script and "#SBATCH --gres=gpu:2\n" in script, script
+    config = yaml.safe_load(_cluster_yaml(script))
+    assert config["transport"] == "slurm" and config.get("hosts", []) == []
+
+    # Inside a 3-node allocation the launcher plans one worker per node.
+    (tmp_path / "inside.yaml").write_text(_cluster_yaml(script))
+    inside = run_cli(["--dry-run", "--json", str(tmp_path / "inside.yaml"), "train.py"],
+                     cwd=tmp_path, timeout=60, SLURM_JOB_ID="4243",
+                     SLURM_JOB_NODELIST="gpu[1-3]")
+    assert inside.returncode == 0, inside.stderr
+    got = json.loads(inside.stdout)
+    assert [t["host"] for t in got["tasks"]] == ["gpu1", "gpu2", "gpu3"]
+
+
 def test_slurm_script_keeps_roles_and_spares(tmp_path: Path):
     cluster = _write(tmp_path, "ps.yaml", PARAMETER_SERVER.replace(
         "  - address: node03\n    roles: {worker: 1}\n",

@@ -53,7 +53,7 @@ RULES = (
          "neither shipped nor installed on the hosts"),
     Rule("agent is standalone", ("launcher.agent",),
          allowed=("launcher", "launcher.bootstrap", "launcher.netif", "launcher.standby",
-                  "launcher.firewall"),
+                  "launcher.firewall", "launcher.hostruns"),
          allowed_names=frozenset({"__version__", "firewall"}),
          reason="the agent runs on every host from the shipped bundle with `python -S`, "
          "standard library only; nothing of the launcher side (config, plan, supervisor, "
@@ -65,6 +65,9 @@ RULES = (
     Rule("firewall rules are standard library", ("launcher.firewall",), allowed=(),
          reason="launcher/firewall.py is shipped with the agent, which installs the job's "
          "firewall rules on each host: it runs with `python -S` on every host"),
+    Rule("host run retention is standard library", ("launcher.hostruns",), allowed=(),
+         reason="launcher/hostruns.py is shipped with the agent, which prunes old run "
+         "folders when it starts: it runs with `python -S` on every host"),
     Rule("package init is import-free", ("launcher",), no_imports_at_all=True,
          reason="launcher/__init__.py is shipped to the hosts and runs before every "
          "import of the agent, bootstrap and runtime"),

@@ -151,6 +151,10 @@ class RunResult:
     failures: tuple[Failure, ...] = ()  # every generation's first failure, in order
     message: str = ""  # why the launcher gave up, when it did
     stopped_by: str = ""  # the rule that ended a failed job (recovery.STOPPED_BY_*)
+    # keras: auto restarted the job under tf_keras (launcher/job/keras_fallback.py)
+    keras_switched: dict[str, Any] | None = None
+    # Where each restarted generation resumed (launcher/job/resumes.py).
+    resumed: tuple[dict[str, Any], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -163,6 +167,8 @@ class RunResult:
             "interrupted_by": self.interrupted_by,
             "failures": [f.to_json() for f in self.failures],
             "tasks": self.tasks,
+            **({"keras_switched": self.keras_switched} if self.keras_switched else {}),
+            "resumed": list(self.resumed),
         }
 
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from ..ops.printer import Printer
 from ..transport import AgentLink, AgentMessage
-from . import checkpoints
+from . import checkpoints, keras_fallback, resumes
 from .classify import RESTART_ME_EXIT, OutputWatcher, classify_exit, script_mistake
 from .plan import Plan, Task, log_file_name, task_label
 from .protocol import BadMessage, check_message
@@ -168,6 +168,8 @@ class Supervisor:
         self._handled_stops = 0
         self._bad_messages = 0
         self._starts: dict[str, str] = {}  # task -> "warm" / "cold", this generation
+        self._keras_switch: dict[str, Any] | None = None  # keras_fallback: once per job
+        self._resumes = resumes.Resumes()  # where each restarted generation resumed
         self.current: _Generation | None = None  # read-only for observers (live view)
 
     @property
@@ -195,7 +197,10 @@ class Supervisor:
         backoff_attempt = 0  # restarts since the backoff was last reset
         while True:
             plan = self._make_plan(generation, active)
+            if self._keras_switch is not None:
+                plan = keras_fallback.under_tf_keras(plan)
             checkpoint_before = self._checkpoint_probe()
+            self._resumes.starting(generation, checkpoint_before)
             gen = self._run_generation(plan)
             tasks = {r.task.label: {**final_state(r, generation),
                                     "start": self._starts.get(r.task.name)}
@@ -230,6 +235,10 @@ class Supervisor:
                 message = "" if self._stop_signal else "a lost host did not come back in time"
                 stopped_by = "" if self._stop_signal else "host_wait"
                 break
+            if self._keras_switch is None and keras_fallback.should_switch(plan, gen.failure):
+                self._keras_switch = keras_fallback.switched(generation + 1, gen.failure)
+                self._recorder.event("keras_switched", **self._keras_switch)
+                self._printer.notice(keras_fallback.notice(self._keras_switch))
             restarts += 1
             self._restarts = restarts
             generation += 1
@@ -266,6 +275,8 @@ class Supervisor:
             failures=tuple(failures),
             message=message,
             stopped_by=stopped_by if status == "failed" else "",
+            keras_switched=self._keras_switch,
+            resumed=tuple(self._resumes.entries),
         )
         self._recorder.event("job_done", status=result.status, restarts=restarts,
                              wall_s=round(result.wall_s, 3), stopped_by=result.stopped_by)
@@ -592,6 +603,10 @@ class Supervisor:
                                  state=record.cluster)
             return
         record.last_progress = data
+        resumed = self._resumes.on_progress(gen.plan.generation, data)
+        if resumed is not None:
+            self._recorder.event("resumed", **resumed)
+            self._printer.notice(resumes.notice(resumed))
         if isinstance(data.get("step"), int | float):
             record.step_marks = [*record.step_marks[-1:], (self._clock(), int(data["step"]))]
         if data.get("checkpoint"):  # the runtime saw a checkpoint saved: training moved

@@ -20,7 +20,6 @@ Must not import: supervisor.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import queue
@@ -41,7 +40,7 @@ from ..job.slurm import SlurmError, read_allocation, slurm_config, with_allocati
 from ..transport import AgentLink, AgentMessage, HostProblem, TransportError
 from ..transport.ports import free_ports
 from ..transport.resolve import tf_addresses
-from . import check_collective
+from . import check_collective, usage
 from .check_collective import CollectiveReport, task_addresses
 
 EXIT_READY, EXIT_NOT_READY = 0, 2
@@ -147,8 +146,8 @@ from importlib import metadata
 for name in ("jax", "jaxlib"):
     try:
         out.setdefault("jax", {})[name] = metadata.version(name)
-    except Exception:
-        out["jax"][name] = None
+    except Exception:  # not installed: the host still trains (jax is for keras_distribution)
+        out.setdefault("jax", {})[name] = None
 backend = os.environ.get("KERAS_BACKEND")
 try:
     with open(os.path.expanduser("~/.keras/keras.json")) as handle:
@@ -634,7 +633,7 @@ def _without_framework(strategy: str, reports: list[HostReport]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(
+    parser = usage.Parser(
         prog="mgpu-launch check",
         description="Check every host of a cluster before a run: SSH, versions, ports, "
         "reachability of every task's TF_CONFIG address, shared checkpoint dir, GPUs, and a "

@@ -31,6 +31,8 @@ from typing import Any
 
 from ..job.rundir import RunRecorder
 from ..job.states import RunResult
+from ..job.stops import HOW_TO_SAVE
+from . import usage
 from .records import (
     LAUNCHER_OUT,
     LAUNCHER_PID,
@@ -271,8 +273,9 @@ def stop(run_dir: Path, timeout_s: float | None = None) -> int:
             (run_dir / STOP_MARK).unlink(missing_ok=True)
             _say(f"mgpu-launch stop: cannot signal the launcher (pid {pid}): {exc}")
             return EXIT_NOT_STOPPED
-        _say(f"stopping {run_dir}: SIGTERM sent to the launcher (pid {pid}); tasks get "
-             f"{grace:g} s to save, then SIGKILL; waiting up to {timeout_s:g} s", sys.stdout)
+        _say(f"stopping {run_dir}: SIGTERM sent to the launcher (pid {pid}); the tasks get "
+             f"SIGTERM, then SIGKILL after {grace:g} s; {HOW_TO_SAVE}, else it resumes from "
+             f"its last checkpoint; waiting up to {timeout_s:g} s", sys.stdout)
     else:
         since = time.time() - (_stop_requested(run_dir) or time.time())
         _say(f"{run_dir}: a stop is already under way (asked {since:.0f} s ago); waiting up "
@@ -288,8 +291,9 @@ def _wait_for_summary(run_dir: Path, proc, timeout_s: float) -> int:
     while time.monotonic() < deadline:
         summary = _read_summary(run_dir)
         if summary is not None:
-            _say(f"{run_dir}: job {_outcome(summary)}; summary: {run_dir / 'summary.json'}",
-                 sys.stdout)
+            said = (summary.get("stop") or {}).get("said")
+            _say(f"{run_dir}: job {_outcome(summary)}; summary: {run_dir / 'summary.json'}"
+                 + (f"\n{said}" if said else ""), sys.stdout)
             return EXIT_OK
         try:
             running = proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
@@ -324,7 +328,7 @@ launcher runs on another machine."""
 
 def main(argv: Sequence[str]) -> int:
     """`argv[0]` is `stop` (as dispatched by the CLI)."""
-    parser = argparse.ArgumentParser(
+    parser = usage.Parser(
         prog="mgpu-launch stop", usage=STOP_USAGE.split("\n", 1)[0],
         description=STOP_USAGE.split("\n", 2)[2],
         formatter_class=argparse.RawDescriptionHelpFormatter)

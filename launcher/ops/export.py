@@ -35,7 +35,8 @@ from ..job.plan import (
     default_checkpoint_dir,
     ports_needed,
 )
-from ..job.slurm import NODE_BY_POSITION
+from ..job.slurm import NODE_BY_POSITION, Allocation, with_allocation
+from . import usage
 
 EXIT_OK, EXIT_USAGE = 0, 2
 DEFAULT_IMAGE = "mgpu-launch-worker:latest"  # built from docker/Dockerfile (README.md, Docker)
@@ -130,11 +131,16 @@ def slurm_cluster_yaml(loaded: LoadedConfig, port_base: int | None = None) -> st
 
 def slurm_script(loaded: LoadedConfig, command: Sequence[str], *, port_base: int | None = None,
                  partition: str | None = None, time_limit: str | None = None,
-                 output_name: str = "job.sbatch", python: str | None = None) -> str:
+                 output_name: str = "job.sbatch", python: str | None = None,
+                 nodes: int | None = None, gpus_per_node: int | None = None) -> str:
+    """`nodes`, `gpus_per_node`: the allocation to ask for when the cluster file
+    lists no hosts (`transport: slurm`: every node of the allocation runs a worker)."""
     config = loaded.config
-    _plan(loaded, command)  # refuse a config the launcher could not plan
-    gpus = max(len(h.gpus) for h in config.hosts)
-    directives = [f"#SBATCH --job-name={config.name}", f"#SBATCH --nodes={len(config.hosts)}",
+    planned = _allocation_config(loaded, nodes, gpus_per_node)
+    _plan(planned, command)  # refuse a config the launcher could not plan
+    gpus = max(len(h.gpus) for h in planned.config.hosts)
+    directives = [f"#SBATCH --job-name={config.name}",
+                  f"#SBATCH --nodes={len(planned.config.hosts)}",
                   # One launcher; the agents' steps overlap it and take whole nodes.
                   "#SBATCH --ntasks-per-node=1", "#SBATCH --exclusive",
                   f"#SBATCH --output={config.name}-%j.out", "#SBATCH --open-mode=append",
@@ -162,6 +168,32 @@ def slurm_script(loaded: LoadedConfig, command: Sequence[str], *, port_base: int
         command=shlex.join(command),
         cluster_yaml=slurm_cluster_yaml(loaded, port_base),
     )
+
+
+def _allocation_config(loaded: LoadedConfig, nodes: int | None,
+                       gpus_per_node: int | None) -> LoadedConfig:
+    """The config as it will run in the allocation: the hosts it lists, or, for
+    one that lists none, `nodes` nodes with `gpus_per_node` GPUs each."""
+    hosts = loaded.config.hosts
+    if nodes is not None and nodes < 1:
+        raise ExportError("--nodes needs a number of nodes >= 1")
+    if gpus_per_node is not None and gpus_per_node < 0:
+        raise ExportError("--gpus-per-node needs a number >= 0")
+    if hosts:
+        if nodes is not None and nodes != len(hosts):
+            raise ExportError(f"--nodes {nodes}, but the cluster file lists {len(hosts)} "
+                              "host(s), one node each: drop --nodes or the hosts")
+        if gpus_per_node is not None:
+            raise ExportError("--gpus-per-node is for a cluster file without hosts: "
+                              "list each host's `gpus` instead")
+        return loaded
+    if nodes is None:
+        raise ExportError("the cluster file lists no hosts (under `transport: slurm` every "
+                          "node of the allocation runs a worker): give --nodes N, the nodes "
+                          "to allocate (and --gpus-per-node G on GPU nodes)")
+    allocation = Allocation(job_id="export", nodes=tuple(f"node{i}" for i in range(nodes)),
+                            gpus=tuple(range(gpus_per_node or 0)))
+    return with_allocation(loaded, allocation)
 
 
 # ------------------------------------------------------------------- TFJob
@@ -418,7 +450,7 @@ class _PlainDumper(yaml.SafeDumper):
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = usage.Parser(
         prog="mgpu-launch export",
         description="Write a Slurm batch script or a Kubeflow TFJob manifest for the job.")
     parser.add_argument("--to", required=True, choices=("slurm", "tfjob"))
@@ -426,6 +458,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--port-base", type=int, metavar="PORT",
                         help="slurm: first port (default ports.base; `auto` picks one per "
                         "job from its id)")
+    parser.add_argument("--nodes", type=int, metavar="N",
+                        help="slurm: nodes to allocate, for a cluster file without hosts "
+                        "(each node runs a worker)")
+    parser.add_argument("--gpus-per-node", type=int, metavar="G",
+                        help="slurm, with --nodes: GPUs of each node (#SBATCH --gres=gpu:G)")
     parser.add_argument("--partition", help="slurm: #SBATCH --partition")
     parser.add_argument("--time", dest="time_limit", help="slurm: #SBATCH --time")
     parser.add_argument("--image", default=DEFAULT_IMAGE,
@@ -472,7 +509,8 @@ def main(argv: Sequence[str]) -> int:
             name = Path(args.output).name if args.output else f"{loaded.config.name}.sbatch"
             text = slurm_script(loaded, command, port_base=args.port_base,
                                 partition=args.partition, time_limit=args.time_limit,
-                                output_name=name)
+                                output_name=name, nodes=args.nodes,
+                                gpus_per_node=args.gpus_per_node)
         else:
             manifest = tfjob_manifest(loaded, command, image=args.image,
                                       checkpoint_dir=args.checkpoint_dir, pvc=args.pvc,

@@ -11,7 +11,6 @@ transport or cli (a run directory is data; reading it needs none of them).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -27,6 +26,7 @@ from typing import Any, TextIO
 import yaml
 
 from ..job.plan import log_file_name, task_label
+from . import usage
 
 EXIT_OK, EXIT_USAGE = 0, 2
 # Written by `mgpu-launch --detach` (launcher/ops/control.py) before the launcher
@@ -446,7 +446,7 @@ def render_status(view: RunView, now: float | None = None) -> str:
 
 
 def _status_main(argv: list[str], out: TextIO) -> int:
-    parser = argparse.ArgumentParser(prog="mgpu-launch status",
+    parser = usage.Parser(prog="mgpu-launch status",
                                      description="Show the state of a run (finished or not).")
     parser.add_argument("run_dir", metavar="RUN_DIR")
     parser.add_argument("--json", action="store_true", help="print JSON")
@@ -586,7 +586,7 @@ def _wait_for_launch(view: RunView, timeout_s: float | None,
 
 
 def _logs_main(argv: list[str], out: TextIO) -> int:
-    parser = argparse.ArgumentParser(
+    parser = usage.Parser(
         prog="mgpu-launch logs",
         description="Print a task's log (TASK as worker0, host1/worker1 or host1-worker1); "
         "without TASK, every task's log with a host/task prefix.")

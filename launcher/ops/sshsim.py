@@ -17,7 +17,6 @@ import: transport, supervisor, cli.
 
 from __future__ import annotations
 
-import argparse
 import fcntl
 import getpass
 import os
@@ -33,6 +32,8 @@ from pathlib import Path
 import yaml
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
+
+from . import usage
 
 SSHD = os.environ.get("MGPU_SSHD", "/usr/sbin/sshd")
 PRIVSEP_DIR = "/run/sshd"
@@ -509,7 +510,7 @@ def _refuse_running(directory: Path) -> None:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(
+    parser = usage.Parser(
         prog="mgpu-launch simulate",
         description="Start N simulated SSH hosts (one private sshd per loopback address) "
         "and write a matching cluster YAML.",

@@ -327,7 +327,10 @@ def _progress_callback(keras, every_s: float, batch_level: bool = True,
     """`save_every_steps`: the backup's integer `save_freq` (None: it saves at
     each epoch's end). The reporter runs after the backup callback, so it
     reports `checkpoint` once the backup has saved: the launcher's proof that
-    the training moved (a restart after it does not count as a crash loop)."""
+    the training moved (a restart after it does not count as a crash loop).
+    After a restart, the first epoch it sees begin is where the job resumed
+    (after the backup's restore): reported as `start_epoch` with the optimizer's
+    restored step count (`start_step`), for the launcher's `resumed` notice."""
 
     class ProgressReporter(keras.callbacks.Callback):
         """Reports step and metrics at most every `every_s` seconds and per epoch."""
@@ -337,8 +340,13 @@ def _progress_callback(keras, every_s: float, batch_level: bool = True,
             self.step = 0
             self.epoch = 0
             self.last = 0.0
+            self.began = False
 
         def on_epoch_begin(self, epoch, logs=None):
+            if not self.began and _restarted():
+                report_progress(self.step, epoch=epoch, start_epoch=1,
+                                **_restored_step(self.model))
+            self.began = True
             self.epoch = epoch
 
         def on_train_batch_end(self, batch, logs=None):
@@ -357,6 +365,15 @@ def _progress_callback(keras, every_s: float, batch_level: bool = True,
     class EpochProgressReporter(keras.callbacks.Callback):
         """Per-epoch reports only: ParameterServerStrategy refuses batch-level callbacks."""
 
+        began = False
+
+        def on_epoch_begin(self, epoch, logs=None):
+            if not self.began and _restarted():
+                steps = (self.params or {}).get("steps") or 0
+                report_progress(epoch * int(steps), epoch=epoch, start_epoch=1,
+                                **_restored_step(self.model))
+            self.began = True
+
         def on_epoch_end(self, epoch, logs=None):
             steps = (self.params or {}).get("steps") or 0
             extra = {} if save_every_steps is not None else {"checkpoint": 1}
@@ -364,6 +381,19 @@ def _progress_callback(keras, every_s: float, batch_level: bool = True,
                             **extra, **_scalars(logs))
 
     return ProgressReporter() if batch_level else EpochProgressReporter()
+
+
+def _restarted() -> bool:
+    """A later generation of the job (it restored a checkpoint, if there was one)."""
+    return os.environ.get("MGPU_GENERATION", "0") not in ("", "0")
+
+
+def _restored_step(model) -> dict[str, int]:
+    """{"start_step": the optimizer's step count} (restored by a backup), when readable."""
+    try:
+        return {"start_step": int(model.optimizer.iterations.numpy())}
+    except Exception:  # no optimizer yet, or a layout without `iterations`
+        return {}
 
 
 def _scalars(logs: dict | None) -> dict[str, float]:

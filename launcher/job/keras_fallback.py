@@ -1,0 +1,59 @@
+"""`keras: auto` and tf.keras-era scripts: restart once under tf_keras.
+
+Under `keras: auto` a task gets the Keras it gets when run by hand: Keras 3 for
+`tf.keras` since TensorFlow 2.16. Scripts written for tf.keras = Keras 2 (TF's
+own parameter-server and custom-loop tutorials among them) die under it of
+errors that launcher/job/classify.py already recognizes as tf_keras-only
+(`keras.optimizers.legacy`, `metric.reset_states()`, `save_weights("ckpt")`,
+...). Detecting that before the start would mean guessing from source text;
+the error is certain. So when a generation fails of such an error, the next
+generation runs under tf_keras (`TF_USE_LEGACY_KERAS=1`, as `keras: tf_keras`
+sets), once, said in a notice, a `keras_switched` event and the summary.
+
+Never switched: a job whose Keras was chosen (`keras: keras3` or `tf_keras`,
+or `TF_USE_LEGACY_KERAS` in the cluster file's `env`), Keras 3 on JAX
+(`keras_distribution`), or a failure of any other kind. A job that really
+needs Keras 3 does not fail of a tf_keras-only error, so it is never switched.
+
+Pure functions over the plan and the failure; no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from .classify import tf_keras_hint
+from .plan import Plan
+from .states import Failure
+
+# What `keras: tf_keras` puts in every task's environment (plan._keras_env).
+TF_KERAS_ENV = {"TF_USE_LEGACY_KERAS": "1", "MGPU_KERAS": "tf_keras"}
+
+
+def should_switch(plan: Plan, failure: Failure | None) -> bool:
+    """Restart `plan`'s job under tf_keras after `failure`?"""
+    if failure is None or plan.strategy == "keras_distribution" or not plan.tasks:
+        return False
+    for task in plan.tasks:
+        if task.env.get("MGPU_KERAS", "auto") != "auto" or "TF_USE_LEGACY_KERAS" in task.env:
+            return False  # Keras was chosen: by the `keras:` key or the cluster file's env
+    return tf_keras_hint(failure.error, failure.last_lines) is not None
+
+
+def switched(generation: int, failure: Failure) -> dict[str, Any]:
+    """The `keras_switched` record: event fields and the summary's entry."""
+    return {"generation": generation, "from": "keras3", "to": "tf_keras",
+            "task": failure.task, "why": failure.reason}
+
+
+def notice(record: dict[str, Any]) -> str:
+    return (f"{record['task']} failed of tf_keras (Keras 2) code under Keras 3: generation "
+            f"{record['generation']} runs under tf_keras (TF_USE_LEGACY_KERAS=1); set "
+            "`keras: tf_keras` in the cluster file to start under it")
+
+
+def under_tf_keras(plan: Plan) -> Plan:
+    """`plan` with every task under tf_keras."""
+    return replace(plan, tasks=tuple(replace(task, env={**task.env, **TF_KERAS_ENV})
+                                     for task in plan.tasks))

@@ -1,0 +1,31 @@
+"""The argument parser of every command: a usage error says the error first.
+
+argparse prints the usage block, then the error on its last line: on a
+terminal the one line that says what was wrong scrolls past a page of usage.
+`Parser` prints `PROG: error: WHAT` first, then the usage, and exits 2 as
+argparse does. Standard library only; every command's module may import it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import NoReturn
+
+EXIT_USAGE = 2
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse.ArgumentParser whose errors come before the usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n{self.format_usage()}")
+
+    def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
+        if message:
+            try:
+                sys.stderr.write(message)
+                sys.stderr.flush()
+            except (OSError, ValueError):
+                pass
+        raise SystemExit(status)

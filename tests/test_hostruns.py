@@ -1,0 +1,62 @@
+"""Run folders on a host (`~/.mgpu-launch/runs/…`) do not pile up: a real agent
+prunes them when it starts (launcher/hostruns.py), never one in use."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import time
+from pathlib import Path
+
+from launcher import hostruns
+from tests.agentproc import AgentProc
+
+
+def _run_folder(root: Path, name: str, age_s: float) -> Path:
+    host = root / name / "h1"
+    (host / "pids").mkdir(parents=True)
+    (host / "TF_CONFIG.worker0.json").write_text("{}")
+    when = time.time() - age_s
+    for path in (host / "TF_CONFIG.worker0.json", host / "pids", host, root / name):
+        os.utime(path, (when, when))
+    return root / name
+
+
+def test_the_agent_keeps_the_recent_and_the_busy_run_folders(tmp_path, monkeypatch):
+    root = tmp_path / "home" / ".mgpu-launch" / "runs"
+    recent = _run_folder(root, "recent-0000000a", 600)  # 10 min: used within the hour
+    old = [_run_folder(root, f"old{i}-0000000{i}", 7200 + 60 * i) for i in range(4)]
+    # old1: an agent still holds its lock; old2: a recorded task is alive.
+    lock = os.open(old[1] / "h1" / hostruns.LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(lock, fcntl.LOCK_SH)
+    (old[2] / "h1" / "pids" / "worker0-t.json").write_text(json.dumps({"pid": os.getpid()}))
+    for path in (old[1] / "h1" / hostruns.LOCK_NAME, old[1] / "h1",
+                 old[2] / "h1" / "pids" / "worker0-t.json", old[2] / "h1" / "pids"):
+        os.utime(path, (time.time() - 7300, time.time() - 7300))  # old, but busy
+    stranger = root / "not-a-run"  # not named as the launcher names run folders
+    stranger.mkdir()
+    os.utime(stranger, (0, 0))
+    monkeypatch.setenv("MGPU_KEEP_RUNS", "1")  # the new run's own folder is the one kept
+    agent = AgentProc(root / "new-0000000f" / "h1")
+    try:
+        agent.hello()
+        log = agent.wait_event("log", timeout=30)["text"]
+        assert log.startswith("removed 2 old run folder(s)"), log
+        assert sorted(p.name for p in root.iterdir()) == [
+            "new-0000000f", "not-a-run", "old1-00000001", "old2-00000002", "recent-0000000a"]
+        assert recent.exists()
+        # The new agent holds its own folder's lock: a later prune leaves it alone.
+        os.utime(root / "new-0000000f", (0, 0))
+        assert hostruns.in_use(root / "new-0000000f")
+    finally:
+        agent.close()
+        os.close(lock)
+    # Once its agent is gone and nothing changed for an hour, it may go as well.
+    assert not hostruns.in_use(root / "new-0000000f")
+
+
+def test_a_simulated_hosts_folder_is_never_pruned(tmp_path):
+    assert hostruns.runs_root(str(tmp_path / "runs" / "local-1" / "hosts" / "host0")) is None
+    assert hostruns.runs_root(str(tmp_path / ".mgpu-launch" / "runs" / "x-00000000" / "h")) == \
+        str(tmp_path / ".mgpu-launch" / "runs")

@@ -1,0 +1,68 @@
+"""`keras: auto` restarts a tf.keras-era script once under tf_keras
+(launcher/job/keras_fallback.py): for real with TF's custom-loop tutorial, and
+the rule itself over plans and failures."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from launcher.job import keras_fallback
+from launcher.job.classify import classify_exit
+from launcher.job.config import local_config
+from launcher.job.plan import build_plan
+from launcher.job.states import Failure
+from tests.conftest import SCRIPTS, read_events, read_summary, run_cli
+from tests.test_strategies import explain
+
+KERAS3_ERROR = {"type": "AttributeError", "message": "'SparseCategoricalAccuracy' object has "
+                "no attribute 'reset_states'. Did you mean: 'reset_state'?", "traceback": ""}
+
+
+@pytest.mark.e2e
+def test_keras_auto_trains_tfs_custom_loop_tutorial_under_tf_keras(workdir: Path):
+    run_dir = workdir / "run"
+    result = run_cli(["--local", "1", "--max-restarts", "2", "--run-dir", str(run_dir),
+                      str(SCRIPTS / "tutorial_ctl_tf_keras.py")], cwd=workdir,
+                     TF_USE_LEGACY_KERAS="")
+    assert result.returncode == 0, explain(result)
+    assert "TRAINED" in result.stdout, explain(result)
+    assert "generation 1 runs under tf_keras" in result.stdout, explain(result)
+    summary = read_summary(run_dir)
+    assert summary["status"] == "succeeded" and summary["restarts"] == 1, summary
+    assert summary["keras_switched"]["generation"] == 1, summary
+    assert summary["keras_switched"]["to"] == "tf_keras", summary
+    assert "reset_states" in summary["keras_switched"]["why"], summary
+    switched = [e for e in read_events(run_dir) if e["event"] == "keras_switched"]
+    assert len(switched) == 1 and switched[0]["task"] == "host0/worker0", switched
+
+
+def _plan(keras: str = "auto", strategy: str = "multi_worker_mirrored", env=None):
+    loaded = local_config(1)
+    update = {"keras": keras, "strategy": strategy, **({"env": env} if env else {})}
+    loaded = replace(loaded, config=loaded.config.model_copy(update=update))
+    return build_plan(loaded, ["train.py"], run_dir="/tmp/run", ports=[23456])
+
+
+def _failure(error: dict) -> Failure:
+    reason = classify_exit(1, None, error, ())
+    return Failure(task="host0/worker0", host="host0", generation=0, t=0.0, kind="exit",
+                   reason=reason, exit_code=1, error=error)
+
+
+def test_the_switch_only_for_tf_keras_errors_under_keras_auto():
+    failure = _failure(KERAS3_ERROR)
+    assert keras_fallback.should_switch(_plan(), failure)
+    switched = keras_fallback.under_tf_keras(_plan())
+    assert all(t.env["TF_USE_LEGACY_KERAS"] == "1" and t.env["MGPU_KERAS"] == "tf_keras"
+               for t in switched.tasks)
+    # A job that asked for Keras 3 (by the key or by env) is never switched...
+    assert not keras_fallback.should_switch(_plan(keras="keras3"), failure)
+    assert not keras_fallback.should_switch(_plan(keras="tf_keras"), failure)
+    assert not keras_fallback.should_switch(_plan(env={"TF_USE_LEGACY_KERAS": "0"}), failure)
+    # ...nor one that failed of something else.
+    other = _failure({"type": "ValueError", "message": "bad shape", "traceback": ""})
+    assert not keras_fallback.should_switch(_plan(), other)
+    assert not keras_fallback.should_switch(_plan(), None)

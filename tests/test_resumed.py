@@ -1,0 +1,45 @@
+"""After a restart the launcher says where the new generation resumed
+(launcher/job/resumes.py): a real fit that crashes once, and the bookkeeping."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from launcher.job.resumes import Resumes, notice
+from tests.conftest import SCRIPTS, read_events, read_summary, run_cli
+from tests.test_strategies import explain
+
+
+@pytest.mark.e2e
+def test_a_restarted_fit_says_the_epoch_it_resumed_at(workdir: Path):
+    run_dir = workdir / "run"
+    result = run_cli(["--local", "1", "--max-restarts", "2", "--run-dir", str(run_dir),
+                      str(SCRIPTS / "crash_after_epoch.py")], cwd=workdir, timeout=240)
+    assert result.returncode == 0, explain(result)
+    assert "BEGIN gen=1 epoch=2" in result.stdout, explain(result)  # what the script saw
+    assert "generation 1 resumed at epoch 2 (step 10)" in result.stdout, explain(result)
+    summary = read_summary(run_dir)
+    assert summary["restarts"] == 1, summary
+    [entry] = summary["resumed"]
+    assert entry["generation"] == 1 and entry["epoch"] == 2 and entry["step"] == 10, entry
+    assert entry["checkpoint"], entry  # the backup's series, seen on disk at the restart
+    events = [e for e in read_events(run_dir) if e["event"] == "resumed"]
+    assert [e["epoch"] for e in events] == [2], events
+
+
+def test_a_custom_loop_resumes_at_its_reported_step_and_a_first_start_says_nothing():
+    resumes = Resumes()
+    resumes.starting(0, None)
+    assert resumes.on_progress(0, {"step": 5}) is None  # not a restart
+    resumes.starting(1, {"ckpt/checkpoint": (3,)})
+    entry = resumes.on_progress(1, {"step": 300, "loss": 0.1})
+    assert entry == {"generation": 1, "step": 300, "checkpoint": {"ckpt/checkpoint": [3]}}
+    assert notice(entry) == "generation 1 resumed at step 300"
+    assert resumes.on_progress(1, {"step": 301}) is None  # once per generation
+    resumes.starting(2, None)
+    fresh = resumes.on_progress(2, {"step": 0, "epoch": 0.0, "start_epoch": 1.0,
+                                    "start_step": 0.0})
+    assert notice(fresh) == "generation 2 started from the beginning (no checkpoint restored)"
+    assert [e["generation"] for e in resumes.entries] == [1, 2]

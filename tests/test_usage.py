@@ -1,0 +1,52 @@
+"""What a new user trips on first: usage errors, an early Ctrl-C, a launch that
+fails before its job starts. The real CLI in a subprocess."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+from launcher.transport.ports import free_ports
+from tests.conftest import run_cli, start_cli, wait_for
+
+
+def test_a_usage_error_says_the_error_first(tmp_path: Path):
+    for args, error in ((["--local", "x", "train.py"], "argument --local: invalid int value"),
+                        (["status"], "the following arguments are required"),
+                        (["export", "cluster.yaml"], "the following arguments are required")):
+        done = run_cli(args, cwd=tmp_path, timeout=60)
+        assert done.returncode == 2, done.stderr
+        lines = done.stderr.splitlines()
+        assert lines[0].startswith("mgpu-launch") and error in lines[0], done.stderr
+        assert any(line.startswith("usage:") for line in lines[1:]), done.stderr
+
+
+def _loaded(pid: int, library: str) -> bool:
+    try:
+        return library in Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return False
+
+
+def test_ctrl_c_while_the_launcher_loads_exits_130_without_a_traceback(tmp_path: Path):
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    proc = start_cli(["--local", "1", "train.py"], cwd=tmp_path)
+    # pydantic's compiled core loads while the launcher's modules are imported.
+    wait_for(lambda: _loaded(proc.pid, "pydantic_core") or proc.poll() is not None, 30,
+             "the launcher to import pydantic")
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, out
+    assert "Traceback" not in out and "KeyboardInterrupt" not in out, out
+
+
+def test_a_launch_that_fails_before_starting_names_no_run_directory(tmp_path: Path):
+    closed = free_ports(1)[0]  # nothing listens there: no sshd
+    (tmp_path / "cluster.yaml").write_text(
+        f"name: early\nhosts:\n  - {{address: 127.0.0.1, port: {closed}}}\n"
+        f"checkpoint: {{dir: {tmp_path / 'ckpt'}}}\n")
+    done = run_cli(["cluster.yaml", "train.py"], cwd=tmp_path, timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "connection refused" in done.stderr, done.stderr
+    assert "run dir" not in done.stdout + done.stderr, done.stdout
+    assert not (tmp_path / "runs").exists()
