@@ -1,8 +1,10 @@
 """Transports: how the supervisor gets a pipe to one agent per host.
 
-Owns the small protocol every transport implements (`Transport.connect`) and
-the host-by-host error it raises. Local and SSH transports are siblings; the
-supervisor never knows which one it talks to.
+Owns the small protocol every transport implements (`Transport`: connect,
+connect_each, time_command, close) and the host-by-host error it raises;
+tests/test_transports_contract.py checks that every transport has it. Local,
+SSH and Slurm transports are siblings; the supervisor never knows which one it
+talks to.
 
 Must not import: supervisor, cli.
 """
@@ -45,6 +47,18 @@ class Transport(Protocol):
         Raises TransportError naming every host that failed; on error, agents
         already started are shut down.
         """
+        ...
+
+    def connect_each(
+        self, hosts: Sequence[HostTarget], run_dir: str, events: queue.Queue[AgentMessage]
+    ) -> tuple[dict[str, AgentLink], list[HostProblem]]:
+        """Like `connect`, but keep the hosts that worked: (links, problems)."""
+        ...
+
+    def time_command(self, host: str, command: str = "true",
+                     timeout: float = 30.0) -> float | None:
+        """Seconds one command takes on `host` the way this transport runs
+        commands there (None when it failed or did not end within `timeout`)."""
         ...
 
     def close(self) -> None:

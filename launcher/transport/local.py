@@ -33,30 +33,54 @@ class LocalTransport:
     def connect(
         self, hosts: Sequence[HostTarget], run_dir: str, events: queue.Queue[AgentMessage]
     ) -> dict[str, AgentLink]:
-        try:
-            code_dir = install_local(self._cache_root)
-        except UnsafeCache as exc:
-            raise TransportError([HostProblem("this machine", str(exc))]) from None
-        links: dict[str, AgentLink] = {}
-        problems: list[HostProblem] = []
-        for host in hosts:
-            try:
-                links[host.name] = self._start_agent(host, run_dir, code_dir, events)
-            except OSError as exc:
-                problems.append(HostProblem(host.name, f"cannot start {host.python!r}: "
-                                            f"{exc.strerror or exc}; set `python:` to an "
-                                            "interpreter that exists on this machine"))
-        deadline = time.monotonic() + HELLO_TIMEOUT_S
-        for name, link in links.items():
-            link.hello_seen.wait(max(0.0, deadline - time.monotonic()))
-            if link.hello is None:
-                problems.append(HostProblem(name, "agent did not start: " +
-                                            (link.diagnostics() or "no answer")))
+        links, problems = self.connect_each(hosts, run_dir, events)
         if problems:
             for link in links.values():
                 link.close()
             raise TransportError(problems)
         return links
+
+    def connect_each(
+        self, hosts: Sequence[HostTarget], run_dir: str, events: queue.Queue[AgentMessage]
+    ) -> tuple[dict[str, AgentLink], list[HostProblem]]:
+        """Like `connect`, but keep the hosts that worked: (links, problems)."""
+        try:
+            code_dir = install_local(self._cache_root)
+        except UnsafeCache as exc:  # every host would run the code of this very cache
+            return {}, [HostProblem(host.name, str(exc)) for host in hosts]
+        started: dict[str, AgentLink] = {}
+        problems: list[HostProblem] = []
+        for host in hosts:
+            try:
+                started[host.name] = self._start_agent(host, run_dir, code_dir, events)
+            except OSError as exc:
+                problems.append(HostProblem(host.name, f"cannot start {host.python!r}: "
+                                            f"{exc.strerror or exc}; set `python:` to an "
+                                            "interpreter that exists on this machine"))
+        deadline = time.monotonic() + HELLO_TIMEOUT_S
+        links: dict[str, AgentLink] = {}
+        for name, link in started.items():
+            link.hello_seen.wait(max(0.0, deadline - time.monotonic()))
+            if link.hello is None:
+                link.close()
+                problems.append(HostProblem(name, "agent did not start: " +
+                                            (link.diagnostics() or "no answer")))
+            else:
+                links[name] = link
+        return links, problems
+
+    def time_command(self, host: str, command: str = "true",
+                     timeout: float = 30.0) -> float | None:
+        """Seconds one shell command takes on this machine, where every
+        simulated host runs (None when it failed or ran past `timeout`)."""
+        started = time.monotonic()
+        try:
+            done = subprocess.run(["/bin/sh", "-c", command], stdin=subprocess.DEVNULL,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                  timeout=timeout, check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return time.monotonic() - started if done.returncode == 0 else None
 
     def _start_agent(self, host: HostTarget, run_dir: str, code_dir: Path,
                      events: queue.Queue[AgentMessage]) -> AgentLink:

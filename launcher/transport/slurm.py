@@ -76,6 +76,7 @@ class SlurmTransport:
         self._cache_root = cache_root
         self._require_tf = require_tensorflow
         self._procs: list[subprocess.Popen] = []
+        self._addresses: dict[str, str] = {}  # host name -> node, for time_command
         self._lock = threading.Lock()
 
     def connect(
@@ -123,6 +124,25 @@ class SlurmTransport:
                 links[host.name] = link
         return links, problems
 
+    def time_command(self, host: str, command: str = "true",
+                     timeout: float = 30.0) -> float | None:
+        """Seconds one command takes on `host` as a job step of its own, the
+        step's start included (None when it failed or ran past `timeout`)."""
+        with self._lock:
+            address = self._addresses.get(host)
+        if address is None:
+            return None
+        argv = [self._srun, f"--jobid={self._job_id}", "--overlap", "--nodes=1",
+                "--ntasks=1", f"--nodelist={address}", "--quiet", "--", "/bin/sh", "-c",
+                command]
+        started = time.monotonic()
+        try:
+            done = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL, timeout=timeout, check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return time.monotonic() - started if done.returncode == 0 else None
+
     def _refusal(self, link: AgentLink, host: HostTarget) -> str:
         if link.hello is None:
             return (f"the agent's job step on node {host.address} did not start: "
@@ -146,6 +166,7 @@ class SlurmTransport:
             end=_end_srun, exit_wait_s=2.0)
         with self._lock:
             self._procs.append(proc)
+            self._addresses[host.name] = host.address
         return link
 
     def _watch_allocation(self) -> None:
