@@ -145,6 +145,7 @@ def _run_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    control.take_detached_run_dir()  # before anything starts: tasks must not inherit it
     try:
         return _main(list(sys.argv[1:] if argv is None else argv))
     except BrokenPipeError:  # e.g. `mgpu-launch --dry-run ... | head`: nothing left to say

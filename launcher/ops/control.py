@@ -44,8 +44,10 @@ EXIT_OK, EXIT_NOT_STOPPED, EXIT_USAGE = 0, 1, 2
 # Files `--detach` puts into the run directory before the launcher starts.
 DETACH_FILES = frozenset({LAUNCHER_OUT, LAUNCHER_PID})
 # Set by detach() for the launcher it starts: the run directory it prepared.
-# Read once and removed, so that tasks do not inherit it.
-_DETACHED_RUN_DIR = os.environ.pop("MGPU_DETACHED_RUN_DIR", None)
+# Taken out of the environment when the launcher starts (take_detached_run_dir),
+# so that tasks do not inherit it.
+DETACHED_RUN_DIR_ENV = "MGPU_DETACHED_RUN_DIR"
+_detached_run_dir: str | None = None
 # Made by the first `stop` (O_EXCL): a second one must not signal again (a
 # second SIGTERM means "kill now" to the launcher).
 STOP_MARK = "stop.requested"
@@ -57,8 +59,17 @@ POLL_S = 0.1
 # -------------------------------------------------------------------- detach
 
 
+def take_detached_run_dir() -> None:
+    """Read (and remove) the run directory `detach()` handed to this launcher.
+    The CLI calls it first thing, before it starts anything."""
+    global _detached_run_dir
+    value = os.environ.pop(DETACHED_RUN_DIR_ENV, None)
+    if value is not None:
+        _detached_run_dir = value
+
+
 def is_detached_child(run_dir: Path) -> bool:
-    return _DETACHED_RUN_DIR is not None and Path(_DETACHED_RUN_DIR) == run_dir
+    return _detached_run_dir is not None and Path(_detached_run_dir) == run_dir
 
 
 def run_dir_free(run_dir: Path) -> bool:
@@ -97,7 +108,7 @@ def detach(argv: Sequence[str], rest: Sequence[str], run_dir: Path, name: str) -
         os.chmod(run_dir, 0o700)  # as RunRecorder does: logs may hold anything
     out = os.open(run_dir / LAUNCHER_OUT, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     env = dict(os.environ)
-    env["MGPU_DETACHED_RUN_DIR"] = str(run_dir)
+    env[DETACHED_RUN_DIR_ENV] = str(run_dir)
     # `-m launcher` must find this very package, however mgpu-launch was started.
     package_root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
