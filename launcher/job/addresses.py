@@ -86,11 +86,6 @@ def choose(config: ClusterConfig, spec: HostSpec, ssh_hostname: str | None = Non
     return TFAddress(name, spec.address, "address", "the host's address")
 
 
-def needs_ssh_config(config: ClusterConfig, spec: HostSpec) -> bool:
-    """Whether the ssh config could decide this host's address (rule 3)."""
-    return config.transport == "ssh" and choose(config, spec).rule == "address"
-
-
 def with_interfaces(addresses: Mapping[str, TFAddress],
                     hellos: Mapping[str, Mapping[str, Any] | None]) -> dict[str, TFAddress]:
     """`addresses` with each network interface's address filled in from its

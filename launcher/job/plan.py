@@ -118,10 +118,6 @@ class Task:
         """`host0/worker0`: how the task is shown in output."""
         return task_label(self.host, self.name)
 
-    @property
-    def log_name(self) -> str:
-        return log_file_name(self.host, self.name)
-
     def tf_config_json(self) -> str:
         return json.dumps(_plain(self.tf_config), sort_keys=True)
 
@@ -164,9 +160,6 @@ class Plan:
             return {}
         return {"tf_address": tf.shown, "address_rule": tf.rule, "address_why": tf.why,
                 **({"network_interface": tf.interface} if tf.interface else {})}
-
-    def tasks_on(self, host_name: str) -> tuple[Task, ...]:
-        return tuple(t for t in self.tasks if t.host == host_name)
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -22,7 +22,6 @@ class HostInfo:
 @dataclass(frozen=True)
 class HostChoice:
     active: tuple[str, ...]  # hosts of the next generation, in YAML order
-    wait_for: tuple[str, ...]  # lost hosts to wait for before starting
     message: str  # what changed, for the user ("" when nothing did)
 
 
@@ -54,7 +53,7 @@ def choose_hosts(hosts: Sequence[HostInfo], active: Sequence[str], lost: set[str
     if missing and on_host_loss == "wait":
         chosen = sorted(keep + missing, key=order.__getitem__)
         note = f"waiting for {', '.join(missing)} to come back"
-        return HostChoice(tuple(chosen), tuple(missing), "; ".join(filter(None, [message, note])))
+        return HostChoice(tuple(chosen), "; ".join(filter(None, [message, note])))
     workers = sum(by_name[name].workers for name in keep)
     if missing and workers < min_workers:
         raise NotEnoughHosts(
@@ -63,7 +62,7 @@ def choose_hosts(hosts: Sequence[HostInfo], active: Sequence[str], lost: set[str
     if missing:
         message = "; ".join(filter(None, [message, f"continuing without {', '.join(missing)} "
                                            f"({workers} worker(s) left)"]))
-    return HostChoice(tuple(sorted(keep, key=order.__getitem__)), (), message)
+    return HostChoice(tuple(sorted(keep, key=order.__getitem__)), message)
 
 
 # Restarts that neither advanced the checkpoint nor counted (a task exiting 42
