@@ -73,7 +73,11 @@ RULES = (
          "import of the agent, bootstrap and runtime"),
     Rule("YAML reading stands alone", ("launcher.job.yamldoc",), allowed=(),
          reason="the safe YAML reader under config: it knows YAML, not the cluster file"),
-    Rule("config comes first", ("launcher.job.config",), allowed=("launcher.job.yamldoc",),
+    Rule("strategy names stand alone", ("launcher.job.strategy",), allowed=(),
+         reason="the strategies' names and properties are compared by config, plan, "
+         "supervisor and the operator's commands: they depend on nothing"),
+    Rule("config comes first", ("launcher.job.config",),
+         allowed=("launcher.job.yamldoc", "launcher.job.strategy"),
          reason="the data flows one way, config -> plan -> transport/agent -> supervisor "
          "-> cli; the cluster file's schema depends on nothing else of the launcher"),
     Rule("plan is pure", ("launcher.job.plan",),

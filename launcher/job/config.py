@@ -20,6 +20,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from .strategy import ON_JAX, Strategy
 from .yamldoc import YamlProblem, load_document
 
 ROLES = ("chief", "worker", "ps", "evaluator")
@@ -217,6 +218,7 @@ class ClusterConfig(_Strict):
     transport: Literal["ssh", "local", "slurm"] = "ssh"
     python: str | None = None
     workdir: str | None = None
+    # The names of launcher/job/strategy.py's `Strategy` (tests/test_config.py checks).
     strategy: Literal["multi_worker_mirrored", "parameter_server", "legacy_server",
                       "keras_distribution"] = "multi_worker_mirrored"
     # `auto`: the Keras the script gets when run by hand (TensorFlow's default);
@@ -467,7 +469,7 @@ def _role_problems(config: ClusterConfig, totals: dict[str, int]) -> Problems:
         problems.append((("hosts",), f"at most one chief, found {totals['chief']}"))
     if totals["evaluator"] > 1:
         problems.append((("hosts",), f"at most one evaluator, found {totals['evaluator']}"))
-    if config.strategy == "multi_worker_mirrored":
+    if config.strategy == Strategy.MULTI_WORKER_MIRRORED:
         if totals["ps"]:
             problems.append(
                 (("strategy",), "multi_worker_mirrored has no ps tasks; "
@@ -475,17 +477,17 @@ def _role_problems(config: ClusterConfig, totals: dict[str, int]) -> Problems:
             )
         if totals["worker"] + totals["chief"] == 0:
             problems.append((("hosts",), "no worker: give at least one host `roles: {worker: 1}`"))
-    elif config.strategy == "parameter_server":
+    elif config.strategy == Strategy.PARAMETER_SERVER:
         if totals["chief"] != 1 or totals["ps"] < 1 or totals["worker"] < 1:
             problems.append(
                 (("strategy",), "parameter_server needs one chief, at least one ps and one worker "
                  f"(found chief={totals['chief']}, ps={totals['ps']}, worker={totals['worker']})")
             )
-    elif config.strategy == "legacy_server" and totals["worker"] + totals["chief"] == 0:
+    elif config.strategy == Strategy.LEGACY_SERVER and totals["worker"] + totals["chief"] == 0:
         problems.append((("hosts",), "legacy_server needs at least one worker"))
-    elif config.strategy == "keras_distribution":
+    elif config.strategy == Strategy.KERAS_DISTRIBUTION:
         problems.extend(_keras_distribution_problems(config, totals))
-    if config.keras == "jax" and config.strategy != "keras_distribution":
+    if config.keras == "jax" and config.strategy not in ON_JAX:
         problems.append(
             (("keras",), f"keras: jax runs Keras 3 on JAX, which trains across hosts with "
              f"strategy: keras_distribution, not {config.strategy}")

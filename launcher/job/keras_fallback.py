@@ -26,6 +26,7 @@ from typing import Any
 from .classify import tf_keras_hint
 from .plan import Plan
 from .states import Failure
+from .strategy import ON_JAX
 
 # What `keras: tf_keras` puts in every task's environment (plan._keras_env).
 TF_KERAS_ENV = {"TF_USE_LEGACY_KERAS": "1", "MGPU_KERAS": "tf_keras"}
@@ -33,7 +34,7 @@ TF_KERAS_ENV = {"TF_USE_LEGACY_KERAS": "1", "MGPU_KERAS": "tf_keras"}
 
 def should_switch(plan: Plan, failure: Failure | None) -> bool:
     """Restart `plan`'s job under tf_keras after `failure`?"""
-    if failure is None or plan.strategy == "keras_distribution" or not plan.tasks:
+    if failure is None or plan.strategy in ON_JAX or not plan.tasks:
         return False
     for task in plan.tasks:
         if task.env.get("MGPU_KERAS", "auto") != "auto" or "TF_USE_LEGACY_KERAS" in task.env:

@@ -31,6 +31,7 @@ from .config import (
     keras_backend,
     redact_env,
 )
+from .strategy import COLLECTIVE, ON_JAX, Strategy
 
 # Order of roles in TF_CONFIG and in the task list: the chief first.
 ROLE_ORDER = ("chief", "worker", "ps", "evaluator")
@@ -47,9 +48,9 @@ SERVER_COMMAND = ("-m", "launcher.runtime.server")
 def _lifetime(strategy: str, role: str) -> str:
     """`service` tasks never exit by themselves (TF servers, TF1 ps that join()):
     the launcher stops them once every `job` task has finished."""
-    if strategy == "parameter_server" and role in ("worker", "ps"):
+    if strategy == Strategy.PARAMETER_SERVER and role in ("worker", "ps"):
         return "service"
-    if strategy == "legacy_server" and role == "ps":
+    if strategy == Strategy.LEGACY_SERVER and role == "ps":
         return "service"
     if role == "evaluator":
         # A sidecar evaluator waits for new checkpoints for ever: it is stopped
@@ -483,10 +484,10 @@ def _shared_env(config: ClusterConfig, checkpoint_dir: str, generation: int,
     }
     # Shorter than TF's 10 s default: a hung peer is noticed in ~3 s (docs/design.md).
     shared_env.setdefault("MGPU_TF_HEARTBEAT_S", "3")
-    if config.strategy == "keras_distribution":
+    if config.strategy in ON_JAX:
         for key, value in _jax_env(config).items():
             shared_env.setdefault(key, value)  # an `env:` value wins
-    if config.strategy == "parameter_server":
+    if config.strategy == Strategy.PARAMETER_SERVER:
         # Fail an RPC to a dead worker at once so the coordinator reschedules it.
         shared_env["GRPC_FAIL_FAST"] = "use_caller"
     return shared_env
@@ -502,11 +503,11 @@ def _task(config: ClusterConfig, slot: _Slot, tf: TFAddress, cluster: dict[str, 
                MGPU_RUN_DIR=host_run_dir(run_dir, config.transport, target.name))
     if slot.gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in slot.gpus)
-    if config.strategy == "keras_distribution":
+    if config.strategy == Strategy.KERAS_DISTRIBUTION:
         env.update(_keras_distribution_env(config, cluster, role, index))
     tf_config = MappingProxyType({"cluster": frozen_cluster,
                                   "task": MappingProxyType({"type": role, "index": index})})
-    runs_server = config.strategy == "parameter_server" and role in ("worker", "ps")
+    runs_server = config.strategy == Strategy.PARAMETER_SERVER and role in ("worker", "ps")
     return Task(
         host=target.name,
         role=role,
@@ -526,13 +527,13 @@ def _task(config: ClusterConfig, slot: _Slot, tf: TFAddress, cluster: dict[str, 
 def _check_roles(strategy: str, roles: list[str]) -> None:
     """A plan (e.g. after hosts were lost) must still be a job TensorFlow can run."""
     workers = roles.count("worker") + roles.count("chief")
-    if strategy == "parameter_server" and not (
+    if strategy == Strategy.PARAMETER_SERVER and not (
             roles.count("chief") == 1 and "ps" in roles and "worker" in roles):
         raise PlanError("parameter_server needs its chief, a ps and a worker; the hosts "
                         f"left give {sorted(set(roles))}")
-    if strategy == "legacy_server" and not workers:
+    if strategy == Strategy.LEGACY_SERVER and not workers:
         raise PlanError("legacy_server needs a worker; none is left")
-    if strategy in ("multi_worker_mirrored", "keras_distribution") and not workers:
+    if strategy in COLLECTIVE and not workers:
         raise PlanError("no worker left to run on")
 
 

@@ -48,6 +48,8 @@ from .states import (
     TaskState,
     final_state,
 )
+from .strategy import COLLECTIVE, ON_JAX, Strategy
+from .strategy import framework as strategy_framework
 
 POLL_S = 0.1
 MAX_BATCH = 500  # messages handled per loop turn before the checks run again
@@ -69,7 +71,7 @@ STACKS_WAIT_S = 3.0
 # Failures after which the tasks' stacks are worth taking: something is stuck.
 STUCK_KINDS = ("hang", "start_timeout")
 # Strategies whose workers all die with a peer: their output tells of it first.
-WATCHED_STRATEGIES = ("multi_worker_mirrored", "keras_distribution")
+WATCHED_STRATEGIES = COLLECTIVE
 # Messages refused as malformed that are recorded one by one; the rest are counted.
 MAX_BAD_MESSAGES_RECORDED = 20
 
@@ -388,7 +390,7 @@ class Supervisor:
     # -------------------------------------------------------------- generation
 
     def _run_generation(self, plan: Plan) -> _Generation:
-        jax = plan.strategy == "keras_distribution"
+        jax = plan.strategy in ON_JAX
         gen = _Generation(plan, {t.name: TaskRecord(t, watcher=OutputWatcher(jax=jax))
                                  for t in plan.tasks}, started_at=self._clock())
         self.current = gen
@@ -656,7 +658,7 @@ class Supervisor:
             return
         culprit = reporter.watcher.culprit
         blamed = gen.record_of(*culprit) if culprit else None
-        framework = "JAX" if gen.plan.strategy == "keras_distribution" else "TensorFlow"
+        framework = strategy_framework(gen.plan.strategy)
         reason = (f"stopped sending {framework} heartbeats (hung, stopped, or cut off); "
                   f"reported by {reporter.task.label}")
         if blamed is None:
@@ -714,7 +716,7 @@ class Supervisor:
         """Under ParameterServerStrategy a worker's death does not fail the job:
         the coordinator reschedules its closures; the worker is started again
         on the same address so the cluster regains its capacity."""
-        if gen.plan.strategy != "parameter_server" or record.task.role != "worker":
+        if gen.plan.strategy != Strategy.PARAMETER_SERVER or record.task.role != "worker":
             return False
         gen.single_restarts[record.task.name] = gen.single_restarts.get(record.task.name, 0) + 1
         return gen.single_restarts[record.task.name] <= MAX_SINGLE_WORKER_RESTARTS

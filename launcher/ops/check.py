@@ -37,6 +37,7 @@ from ..job.addresses import AddressError, with_interfaces
 from ..job.config import ConfigError, LoadedConfig, keras_backend, load_config, local_config
 from ..job.plan import HostTarget, Plan, PlanError, build_plan, host_targets, ports_needed
 from ..job.slurm import SlurmError, read_allocation, slurm_config, with_allocation
+from ..job.strategy import ON_JAX
 from ..transport import AgentLink, AgentMessage, HostProblem, TransportError
 from ..transport.ports import free_ports
 from ..transport.resolve import tf_addresses
@@ -503,7 +504,7 @@ def run_check(loaded: LoadedConfig, collective_timeout_s: float | None = (
     for report in reports.values():
         report.keras_backend = backend or report.keras_backend
     judge_versions(list(reports.values()), config.keras,
-                   backend if config.strategy == "keras_distribution" else None)
+                   backend if config.strategy in ON_JAX else None)
     return list(reports.values()), plan.checkpoint_dir, collective
 
 
@@ -625,7 +626,7 @@ def _probe(agents: Agents, reports: dict[str, HostReport], plan: Plan,
 
 def _without_framework(strategy: str, reports: list[HostReport]) -> str:
     """Why the collective cannot even start (its framework is missing on a host), or ""."""
-    name, label = ("jax", "jax") if strategy == "keras_distribution" else (
+    name, label = ("jax", "jax") if strategy in ON_JAX else (
         "tensorflow", "TensorFlow")
     missing = [r.host.name for r in reports
                if not (r.jax if name == "jax" else r.packages()).get(name)]

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..job.plan import SERVER_COMMAND, Plan, Task
+from ..job.strategy import Strategy
 from ..transport import AgentLink, AgentMessage
 
 PROBE_MODULE = "launcher.runtime.probe_collective"
@@ -32,22 +33,22 @@ TAIL_LINES = 12
 
 # Strategies whose tasks can try a collective, and what the probe does there.
 WHAT = {
-    "multi_worker_mirrored": "all-reduce under MultiWorkerMirroredStrategy",
-    "keras_distribution": "JAX cross-process all-gather (Keras 3 on JAX)",
-    "parameter_server": "ParameterServerStrategy: the chief connects to every worker and ps, "
-                        "steps on the workers update a variable on a ps",
+    Strategy.MULTI_WORKER_MIRRORED: "all-reduce under MultiWorkerMirroredStrategy",
+    Strategy.KERAS_DISTRIBUTION: "JAX cross-process all-gather (Keras 3 on JAX)",
+    Strategy.PARAMETER_SERVER: "ParameterServerStrategy: the chief connects to every worker "
+                               "and ps, steps on the workers update a variable on a ps",
 }
 
 
 def skip_reason(plan: Plan) -> str | None:
     """Why no collective is tried for this plan (None: one is)."""
-    if plan.strategy == "legacy_server":
+    if plan.strategy == Strategy.LEGACY_SERVER:
         return ("strategy legacy_server: TF1 graph code has no collective to try; the TCP "
                 "reachability of every TF_CONFIG address above is the check")
     if plan.strategy not in WHAT:
         return f"strategy {plan.strategy}: no collective probe"
     members = [t for t in plan.tasks if t.role in ("chief", "worker")]
-    if plan.strategy != "parameter_server" and len(members) < 2:
+    if plan.strategy != Strategy.PARAMETER_SERVER and len(members) < 2:
         return "one worker: nothing to reduce across"
     return None
 

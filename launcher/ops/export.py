@@ -36,6 +36,7 @@ from ..job.plan import (
     ports_needed,
 )
 from ..job.slurm import NODE_BY_POSITION, Allocation, with_allocation
+from ..job.strategy import Strategy
 from . import usage
 
 EXIT_OK, EXIT_USAGE = 0, 2
@@ -305,7 +306,7 @@ def tfjob_manifest(loaded: LoadedConfig, command: Sequence[str], *, image: str =
             "cleanPodPolicy": "Running",
         },
     }
-    if config.strategy != "parameter_server":
+    if config.strategy != Strategy.PARAMETER_SERVER:
         # As the launcher: the job succeeds when every worker has exited 0, not when
         # worker 0 has (the operator's default). With a Chief replica the operator
         # judges by the chief alone, which under MWMS finishes with the workers.
@@ -398,7 +399,7 @@ def render_tfjob(manifest: dict[str, Any], source: str,
             "is recreated; an exit 1-127 fails the job for good: a Python exception (1),",
             "also the runtime's exit 42 after save_on_sigterm.",
         ]
-        if _plain_env(manifest).get("MGPU_STRATEGY") == "multi_worker_mirrored":
+        if _plain_env(manifest).get("MGPU_STRATEGY") == Strategy.MULTI_WORKER_MIRRORED:
             lines += ["Under multi_worker_mirrored the peers of a killed worker usually fail",
                       "with a TensorFlow error (exit 1): export with --restart-policy OnFailure",
                       "to restart on any failure."]

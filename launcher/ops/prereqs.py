@@ -23,6 +23,9 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
+from ..job.strategy import DEFAULT as DEFAULT_STRATEGY
+from ..job.strategy import Strategy
+
 # Top-level module -> (pip distribution, the extra of this project that installs it).
 PROVIDED = {
     "tensorflow": ("tensorflow", "tf"),
@@ -33,7 +36,7 @@ PROVIDED = {
     "jax": ("jax", "jax"),
 }
 # What every task imports: TensorFlow, or JAX for Keras 3 on JAX.
-ALWAYS = {"keras_distribution": ("jax",)}
+ALWAYS = {Strategy.KERAS_DISTRIBUTION: ("jax",)}
 DEFAULT_ALWAYS = ("tensorflow",)
 FIND = ("import importlib.util, json, sys\n"
         "print(json.dumps([m for m in sys.argv[1:] if importlib.util.find_spec(m) is None]))")
@@ -70,7 +73,7 @@ def missing(python: str, modules: Iterable[str]) -> list[str] | None:
 
 
 def local_problem(pythons: Iterable[str], script: Path,
-                  strategy: str = "multi_worker_mirrored") -> str | None:
+                  strategy: str = DEFAULT_STRATEGY) -> str | None:
     """What to install before simulated hosts can run `script`, or None."""
     always = ALWAYS.get(strategy, DEFAULT_ALWAYS)
     modules = [*always, *(m for m in script_imports(script) if m in PROVIDED)]

@@ -1,0 +1,35 @@
+"""The distribution strategies a job may use (`strategy:` in the cluster
+file), named once: every launcher-side module compares against these.
+
+`Strategy` is a `StrEnum`, so a member equals its YAML name (`config.strategy
+== Strategy.PARAMETER_SERVER` holds for the string the config holds) and prints
+as it. The shipped side (agent, bootstrap, runtime) cannot import this module
+and keeps its own few string comparisons (tests/test_layering.py).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Strategy(StrEnum):
+    MULTI_WORKER_MIRRORED = "multi_worker_mirrored"
+    PARAMETER_SERVER = "parameter_server"
+    LEGACY_SERVER = "legacy_server"
+    KERAS_DISTRIBUTION = "keras_distribution"
+
+
+DEFAULT = Strategy.MULTI_WORKER_MIRRORED
+
+# Every worker joins one collective (all-reduce, all-gather): one worker's loss
+# stops them all, so the supervisor watches their output for collective aborts,
+# and a plan needs at least one worker.
+COLLECTIVE = frozenset({Strategy.MULTI_WORKER_MIRRORED, Strategy.KERAS_DISTRIBUTION})
+
+# Keras 3 on JAX across processes, not TensorFlow.
+ON_JAX = frozenset({Strategy.KERAS_DISTRIBUTION})
+
+
+def framework(strategy: str) -> str:
+    """What the job's tasks compute with, as a person names it."""
+    return "JAX" if strategy in ON_JAX else "TensorFlow"
