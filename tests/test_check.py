@@ -186,3 +186,22 @@ def test_the_collective_under_other_strategies_on_local_hosts(tmp_path, strategy
             line = " ".join(task_line(done.stdout, label))
             assert " ok " in line and "all-gather x2 across 2 JAX processes" in line
             assert line.endswith(": 3, 6"), line  # (1 + 2), then 2 x (1 + 2)
+
+
+def test_a_local_host_that_cannot_start_leaves_the_others_checked(tmp_path):
+    """As over SSH (connect_each): the simulated host whose Python is missing is a
+    failed row, and the other host is still reached and checked."""
+    missing = str(tmp_path / "no-such-python")
+    config = {"name": "probe", "transport": "local",
+              "hosts": [{"address": "127.0.0.1", "name": "host0", "roles": {"worker": 1}},
+                        {"address": "127.0.0.1", "name": "host1", "roles": {"worker": 1},
+                         "python": missing}],
+              "ports": {"base": "auto"}, "checkpoint": {"dir": str(tmp_path / "ckpt")}}
+    done = check(config, tmp_path, "--no-collective")
+    assert done.returncode != 0, done.stdout + done.stderr
+    rows: dict[str, list[str]] = {}
+    for line in done.stdout.splitlines()[1:]:  # the table's rows come first
+        rows.setdefault(line.split()[0] if line.split() else "", line.split())
+    assert rows["host0"][2] == "ok", done.stdout
+    assert rows["host1"][2] != "ok", done.stdout
+    assert missing in done.stdout, done.stdout

@@ -38,7 +38,7 @@ from ..job.config import ConfigError, LoadedConfig, keras_backend, load_config, 
 from ..job.plan import HostTarget, Plan, PlanError, build_plan, host_targets, ports_needed
 from ..job.slurm import SlurmError, read_allocation, slurm_config, with_allocation
 from ..job.strategy import ON_JAX
-from ..transport import AgentLink, AgentMessage, HostProblem, TransportError
+from ..transport import AgentLink, AgentMessage, HostProblem, Transport
 from ..transport.ports import free_ports
 from ..transport.resolve import tf_addresses
 from . import check_collective, usage
@@ -522,31 +522,28 @@ def _judge_tf_ports(report: HostReport, mode: str) -> None:
 
 def _connect(kind: str, targets: Sequence[HostTarget], run_dir: str,
              events: queue.Queue[AgentMessage]
-             ) -> tuple[Any, dict[str, AgentLink], list[HostProblem]]:
+             ) -> tuple[Transport, dict[str, AgentLink], list[HostProblem]]:
+    """Every transport keeps the hosts that answered: each one is checked."""
+    transport: Transport
     if kind == "slurm":  # one srun step per node instead of SSH
         from ..job.slurm import read_allocation
         from ..transport.slurm import SlurmTransport
 
         transport = SlurmTransport(read_allocation(os.environ).job_id, require_tensorflow=False,
                                    signal_when_gone=False)
-        links, problems = transport.connect_each(targets, run_dir, events)
-        return transport, links, problems
-    if kind == "local":
+    elif kind == "local":
         from ..transport.local import LocalTransport
 
         transport = LocalTransport()
-        try:
-            return transport, transport.connect(targets, run_dir, events), []
-        except TransportError as exc:
-            return transport, {}, exc.problems
-    from ..transport.ssh import SSHTransport
+    else:
+        from ..transport.ssh import SSHTransport
 
-    transport = SSHTransport(require_tensorflow=False)
+        transport = SSHTransport(require_tensorflow=False)
     links, problems = transport.connect_each(targets, run_dir, events)
     return transport, links, problems
 
 
-def _time_logins(transport, reports: list[HostReport]) -> None:
+def _time_logins(transport: Transport, reports: list[HostReport]) -> None:
     """Time one `true` per host, all hosts at once."""
     def measure(report: HostReport) -> None:
         report.login_s = transport.time_command(report.host.name)
