@@ -3,9 +3,9 @@
 protocol declares every method the launch and `check` call on a transport.
 
 The calls are read from the launcher's source with `ast` (a call on a name
-`transport` outside launcher/transport/), so a new call to a method one transport lacks fails here, not on
-a user's cluster. The transports are every `*Transport` class in
-`launcher/transport/`.
+`transport` outside launcher/transport/), so a new call to a method one
+transport lacks fails here, not on a user's cluster. The transports are every
+`*Transport` class in `launcher/transport/`.
 """
 
 from __future__ import annotations
