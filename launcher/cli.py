@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TextIO
 
 from . import __version__, firewall
-from .job import checkpoints, stops
+from .job import checkpoints, rundir, stops
 from .job.addresses import AddressError, TFAddress, with_interfaces
 from .job.checkpoints import checkpoint_state
 from .job.classify import signal_name
@@ -446,7 +446,7 @@ def _launch(loaded: LoadedConfig, first_plan: Plan, make_plan, run_dir: Path,
         try:
             recorder.write_summary(summary)
         except OSError as exc:  # a full disk: the summary still reaches the user
-            say(f"mgpu-launch: cannot write {run_dir / 'summary.json'} ({exc}); it is:\n"
+            say(f"mgpu-launch: cannot write {run_dir / rundir.SUMMARY} ({exc}); it is:\n"
                 + json.dumps(summary, indent=2, default=str))
         recorder.close()
     for sig, handler in previous_stops.items():
@@ -649,12 +649,12 @@ def _print_outcome(printer: Printer, result: RunResult, run_dir: Path) -> None:
         printer.notice(f"root cause: {cause.describe()}")
         if cause.stack:
             printer.notice("where it was stuck (innermost frame first; all threads in "
-                           f"{where / 'stacks'}/):")
+                           f"{where / rundir.STACKS}/):")
             for frame in cause.stack:
                 printer.notice(f"  {frame}")
         _print_last_words(printer, cause)
-        printer.notice(f"its log: {where / 'logs' / (cause.task.replace('/', '-') + '.log')}")
-    printer.notice(f"logs: {where / 'logs'}/   summary: {where / 'summary.json'}")
+        printer.notice(f"its log: {where / rundir.LOGS / (cause.task.replace('/', '-') + '.log')}")
+    printer.notice(f"logs: {where / rundir.LOGS}/   summary: {where / rundir.SUMMARY}")
     task = cause.task if cause is not None else "[TASK]"
     printer.notice(f"more: mgpu-launch status {where}   mgpu-launch logs {where} {task}")
 

@@ -22,6 +22,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ..firewall import Seal, describe, seal_for, split_families
+from . import rundir
 from .addresses import TFAddress, choose
 from .config import (
     ClusterConfig,
@@ -83,11 +84,6 @@ class HostTarget:
 def task_label(host: str, name: str) -> str:
     """`host0/worker0`: a task as output prefixes and summaries show it."""
     return f"{host}/{name}"
-
-
-def log_file_name(host: str, name: str) -> str:
-    """`host0-worker0.log`: a task's log file in the run directory's `logs/`."""
-    return f"{host}-{name}.log"
 
 
 @dataclass(frozen=True)
@@ -255,7 +251,7 @@ def host_run_dir(run_dir: str, transport: str, host: str) -> str:
     the leading `~`), since the launcher's run directory is not on that host.
     """
     if transport == "local":
-        return str(Path(run_dir) / "hosts" / host)
+        return str(Path(run_dir) / rundir.HOSTS / host)
     # The run directory's name, and a digest of its full path: two jobs whose run
     # directories share a name (`--run-dir exp1` in two projects) must not share
     # pidfiles, or one job's agent would reap the other's tasks.

@@ -1,8 +1,9 @@
 """The run directory: `config.yaml`, `logs/`, `events.jsonl`, `summary.json`.
 
-Owns every file the launcher writes about a run. Written only from the
-supervisor thread. Files are created readable by the user only: logs can
-contain anything a training script prints.
+Owns the run directory's layout (the names below: every launcher-side module
+that reads or writes a run directory uses them) and every file the launcher
+writes about a run. Written only from the supervisor thread. Files are created
+readable by the user only: logs can contain anything a training script prints.
 """
 
 from __future__ import annotations
@@ -12,6 +13,24 @@ import os
 import time
 from pathlib import Path
 from typing import IO, Any
+
+# The run directory's layout (docs/operations.md); names, not paths.
+CONFIG = "config.yaml"  # the cluster file as the launch read it
+EVENTS = "events.jsonl"  # one JSON event per line, appended as the run goes
+SUMMARY = "summary.json"  # the outcome, written once the run has ended
+LOGS = "logs"  # folder: one log per task, named by log_file_name()
+STACKS = "stacks"  # folder: the Python stacks of stuck tasks, one file per task
+HOSTS = "hosts"  # folder: each simulated host's own files (--local)
+# Written by `mgpu-launch --detach` (launcher/ops/control.py) before the launcher
+# starts: its pid and host, and its stdout/stderr.
+LAUNCHER_PID = "launcher.pid"
+LAUNCHER_OUT = "launcher.out"
+STOP_MARK = "stop.requested"  # made by the first `mgpu-launch stop`
+
+
+def log_file_name(host: str, name: str) -> str:
+    """`host0-worker0.log`: a task's log file in the run directory's `logs/`."""
+    return f"{host}-{name}.log"
 
 
 def _private_open(path: Path, mode: str) -> IO[str]:
@@ -23,18 +42,18 @@ def _private_open(path: Path, mode: str) -> IO[str]:
 class RunRecorder:
     def __init__(self, run_dir: Path, clock=time.time) -> None:
         self.run_dir = Path(run_dir)
-        self.logs_dir = self.run_dir / "logs"
+        self.logs_dir = self.run_dir / LOGS
         created = not self.run_dir.exists()
         self.logs_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         if created:  # never loosen or tighten a folder the user made
             os.chmod(self.run_dir, 0o700)
         self._clock = clock
-        self._events = _private_open(self.run_dir / "events.jsonl", "a")
+        self._events = _private_open(self.run_dir / EVENTS, "a")
         self._logs: dict[str, IO[str]] = {}
         self.write_errors = 0  # events and log lines the disk did not take
 
     def write_config(self, text: str) -> None:
-        with _private_open(self.run_dir / "config.yaml", "w") as handle:
+        with _private_open(self.run_dir / CONFIG, "w") as handle:
             handle.write(text)
 
     def event(self, event: str, **fields: Any) -> dict[str, Any]:
@@ -56,7 +75,7 @@ class RunRecorder:
 
     def write_stacks(self, name: str, label: str, generation: int, text: str) -> Path:
         """Add a task's Python stacks to `stacks/<name>.txt` (one section per dump)."""
-        folder = self.run_dir / "stacks"
+        folder = self.run_dir / STACKS
         folder.mkdir(mode=0o700, exist_ok=True)
         path = folder / f"{name}.txt"
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self._clock()))
@@ -66,7 +85,7 @@ class RunRecorder:
         return path
 
     def write_summary(self, summary: dict[str, Any]) -> None:
-        path = self.run_dir / "summary.json"
+        path = self.run_dir / SUMMARY
         tmp = path.with_suffix(".json.tmp")
         with _private_open(tmp, "w") as handle:
             json.dump(summary, handle, indent=2, default=str)

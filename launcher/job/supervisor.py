@@ -26,7 +26,7 @@ from ..ops.printer import Printer
 from ..transport import AgentLink, AgentMessage
 from . import checkpoints, keras_fallback, resumes
 from .classify import RESTART_ME_EXIT, OutputWatcher, classify_exit, script_mistake
-from .plan import Plan, Task, log_file_name, task_label
+from .plan import Plan, Task, task_label
 from .protocol import BadMessage, check_message
 from .recovery import (
     BACKOFF_RESET_S,
@@ -38,7 +38,7 @@ from .recovery import (
     decide_restart,
     innermost_frame,
 )
-from .rundir import RunRecorder
+from .rundir import RunRecorder, log_file_name
 from .states import (
     Failure,
     IllegalTransition,

@@ -29,16 +29,19 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..job.rundir import RunRecorder
+from ..job.rundir import (
+    CONFIG,
+    EVENTS,
+    LAUNCHER_OUT,
+    LAUNCHER_PID,
+    STOP_MARK,
+    SUMMARY,
+    RunRecorder,
+)
 from ..job.states import RunResult
 from ..job.stops import HOW_TO_SAVE
 from . import usage
-from .records import (
-    LAUNCHER_OUT,
-    LAUNCHER_PID,
-    read_events,
-    read_launcher_pid,
-)
+from .records import read_events, read_launcher_pid
 
 EXIT_OK, EXIT_NOT_STOPPED, EXIT_USAGE = 0, 1, 2
 # Files `--detach` puts into the run directory before the launcher starts.
@@ -48,9 +51,8 @@ DETACH_FILES = frozenset({LAUNCHER_OUT, LAUNCHER_PID})
 # so that tasks do not inherit it.
 DETACHED_RUN_DIR_ENV = "MGPU_DETACHED_RUN_DIR"
 _detached_run_dir: str | None = None
-# Made by the first `stop` (O_EXCL): a second one must not signal again (a
-# second SIGTERM means "kill now" to the launcher).
-STOP_MARK = "stop.requested"
+# STOP_MARK is made by the first `stop` (O_EXCL): a second one must not signal
+# again (a second SIGTERM means "kill now" to the launcher).
 # `stop` waits this much beyond the run's grace_s for summary.json.
 STOP_MARGIN_S = 30.0
 POLL_S = 0.1
@@ -164,7 +166,7 @@ def launcher_of(run_dir: Path) -> dict[str, Any] | None:
     """`launcher_pid`, `launcher_host` and `t` (when it started, at the latest)
     from the first launch event, else from launcher.pid (a detached launcher
     still reaching its hosts)."""
-    launch = next((e for e in read_events(run_dir / "events.jsonl")
+    launch = next((e for e in read_events(run_dir / EVENTS)
                    if e.get("event") == "launch"), None)
     if launch is not None and isinstance(launch.get("launcher_pid"), int):
         return launch
@@ -193,7 +195,7 @@ def _grace_s(run_dir: Path) -> float:
     try:
         import yaml
 
-        config = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+        config = yaml.safe_load((run_dir / CONFIG).read_text()) or {}
         return float((config.get("restart") or {}).get("grace_s", 3.0))
     except Exception:  # noqa: BLE001 - no or a broken config.yaml: the default grace
         return 3.0
@@ -201,7 +203,7 @@ def _grace_s(run_dir: Path) -> float:
 
 def _read_summary(run_dir: Path) -> dict[str, Any] | None:
     try:
-        data = json.loads((run_dir / "summary.json").read_text())
+        data = json.loads((run_dir / SUMMARY).read_text())
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
@@ -227,7 +229,7 @@ def _stop_requested(run_dir: Path) -> float | None:
         return (run_dir / STOP_MARK).stat().st_mtime
     except OSError:
         pass
-    return next((float(e.get("t", 0)) for e in read_events(run_dir / "events.jsonl")
+    return next((float(e.get("t", 0)) for e in read_events(run_dir / EVENTS)
                  if e.get("event") == "stop_requested"), None)
 
 
@@ -303,7 +305,7 @@ def _wait_for_summary(run_dir: Path, proc, timeout_s: float) -> int:
         summary = _read_summary(run_dir)
         if summary is not None:
             said = (summary.get("stop") or {}).get("said")
-            _say(f"{run_dir}: job {_outcome(summary)}; summary: {run_dir / 'summary.json'}"
+            _say(f"{run_dir}: job {_outcome(summary)}; summary: {run_dir / SUMMARY}"
                  + (f"\n{said}" if said else ""), sys.stdout)
             return EXIT_OK
         try:
@@ -314,7 +316,7 @@ def _wait_for_summary(run_dir: Path, proc, timeout_s: float) -> int:
             gone_at = gone_at or time.monotonic()
             if time.monotonic() - gone_at > 1.0:  # the summary is written before exit
                 _say(f"mgpu-launch stop: the launcher of {run_dir} exited without writing "
-                     "summary.json")
+                     f"{SUMMARY}")
                 return EXIT_NOT_STOPPED
         time.sleep(POLL_S)
     _say(f"mgpu-launch stop: {run_dir} is still running after {timeout_s:g} s (the launcher "

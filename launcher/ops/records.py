@@ -25,14 +25,11 @@ from typing import Any, TextIO
 
 import yaml
 
-from ..job.plan import log_file_name, task_label
+from ..job.plan import task_label
+from ..job.rundir import CONFIG, EVENTS, LAUNCHER_OUT, LAUNCHER_PID, LOGS, SUMMARY, log_file_name
 from . import usage
 
 EXIT_OK, EXIT_USAGE = 0, 2
-# Written by `mgpu-launch --detach` (launcher/ops/control.py) before the launcher
-# starts: its pid and host, and its stdout/stderr.
-LAUNCHER_PID = "launcher.pid"
-LAUNCHER_OUT = "launcher.out"
 _TASK_NAME = re.compile(r"^(chief|worker|ps|evaluator)(\d+)$")
 # How often `logs -f` looks for new lines and for summary.json.
 FOLLOW_POLL_S = 0.2
@@ -110,7 +107,7 @@ class RunView:
             "wall_s": self.wall_s,
             "root_cause": self.root_cause,
             "failures": self.failures,
-            "logs_dir": str(self.run_dir / "logs"),
+            "logs_dir": str(self.run_dir / LOGS),
             "tasks": [
                 {
                     "task": t.label, "host": t.host, "role": t.role, "index": t.index,
@@ -216,18 +213,18 @@ def load_run(run_dir: str | os.PathLike,
              alive: Callable[[dict[str, Any]], bool | None] = launcher_alive) -> RunView:
     """Read a run directory, finished or not."""
     run_dir = Path(run_dir)
-    events_path = run_dir / "events.jsonl"
+    events_path = run_dir / EVENTS
     if not run_dir.is_dir():
         raise RunDirError(f"{run_dir}: no such directory")
     detached = read_launcher_pid(run_dir)
-    if not events_path.exists() and not (run_dir / "summary.json").exists() and not detached:
+    if not events_path.exists() and not (run_dir / SUMMARY).exists() and not detached:
         raise RunDirError(f"{run_dir}: not a run directory (no events.jsonl or summary.json)")
-    config = _read_config(run_dir / "config.yaml")
+    config = _read_config(run_dir / CONFIG)
     events = read_events(events_path)
-    summary = _read_json(run_dir / "summary.json")
+    summary = _read_json(run_dir / SUMMARY)
     replay = _replay(events)
     for view in replay.tasks.values():
-        view.log_path = run_dir / "logs" / log_file_name(view.host, view.name)
+        view.log_path = run_dir / LOGS / log_file_name(view.host, view.name)
     started_t = replay.first_launch.get("t") if replay.first_launch else None
     restarts, root_cause, wall_s = replay.restarts, None, None
     if summary is not None:
@@ -437,11 +434,11 @@ def render_status(view: RunView, now: float | None = None) -> str:
         lines += ["", "failures that caused a restart:" if view.finished or view.restarts
                   else "failures:"]
         lines += [f"  {f.get('description') or f.get('task')}" for f in earlier]
-    lines += ["", f"logs:       {view.run_dir / 'logs'}"]
+    lines += ["", f"logs:       {view.run_dir / LOGS}"]
     if (view.run_dir / LAUNCHER_OUT).exists():  # a detached run: the launcher's own lines
         lines.append(f"launcher:   {view.run_dir / LAUNCHER_OUT}")
     if view.finished:
-        lines.append(f"summary:    {view.run_dir / 'summary.json'}")
+        lines.append(f"summary:    {view.run_dir / SUMMARY}")
     return "\n".join(lines)
 
 
@@ -467,7 +464,7 @@ def _status_main(argv: list[str], out: TextIO) -> int:
 
 
 def _log_files(run_dir: Path) -> list[Path]:
-    logs = run_dir / "logs"
+    logs = run_dir / LOGS
     return sorted(logs.glob("*.log")) if logs.is_dir() else []
 
 
@@ -545,9 +542,9 @@ def follow_logs(run_dir: Path, targets: list[tuple[str, Path]], offsets: dict[Pa
     it), when the launcher is known to be gone, or after `timeout_s`.
     """
     followers = [_Follower(label, path, offsets.get(path, 0)) for label, path in targets]
-    summary = run_dir / "summary.json"
+    summary = run_dir / SUMMARY
     deadline = None if timeout_s is None else clock() + timeout_s
-    launch = next((e for e in read_events(run_dir / "events.jsonl")
+    launch = next((e for e in read_events(run_dir / EVENTS)
                    if e.get("event") == "launch"), None)
     last_alive_check = clock()
     while True:
@@ -562,7 +559,7 @@ def follow_logs(run_dir: Path, targets: list[tuple[str, Path]], offsets: dict[Pa
         if clock() - last_alive_check > 2.0:
             last_alive_check = clock()
             if launch is None:
-                launch = next((e for e in read_events(run_dir / "events.jsonl")
+                launch = next((e for e in read_events(run_dir / EVENTS)
                                if e.get("event") == "launch"), None)
             if launch is not None and alive(launch) is False:
                 for follower in followers:
