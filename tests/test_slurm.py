@@ -4,6 +4,7 @@ TensorFlow workers, real `kill -9`."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -260,3 +261,39 @@ def test_a_killed_node_step_is_a_lost_host_and_a_spare_node_replaces_it(
     assert "node3 replaces node2" in output
     resumed = re.search(r"node3/worker1 +\| RESUME gen=1 step=(\d+)", output)
     assert resumed and int(resumed.group(1)) > 0, output[-3000:]
+
+
+TIME_COMMAND = """
+import json, os, queue, sys
+from launcher.job.plan import HostTarget
+from launcher.transport.slurm import SlurmTransport
+transport = SlurmTransport(os.environ["SLURM_JOB_ID"], require_tensorflow=False,
+                           signal_when_gone=False)
+host = HostTarget(name="n1", address="node1", python=sys.executable, gpus=(), ssh_user=None,
+                  ssh_port=22, identity_file=None, known_hosts="", host_key_policy="",
+                  ssh_config_file=None, connect_timeout_s=10.0)
+links, problems = transport.connect_each([host], sys.argv[1], queue.Queue())
+try:
+    print(json.dumps({"problems": [p.reason for p in problems],
+                      "ok": transport.time_command("n1"),
+                      "failed": transport.time_command("n1", "exit 3"),
+                      "unknown": transport.time_command("no-such-host")}))
+finally:
+    for link in links.values():
+        link.close()
+    transport.close()
+"""
+
+
+def test_time_command_times_one_job_step_on_the_node(slurm: SlurmCluster, workdir: Path):
+    """The Slurm transport's `time_command` (the Transport protocol's, as SSH's):
+    a real srun step on the host's node, None when the command fails."""
+    done = subprocess.run(["salloc", "-N1", "-w", "node1", "--quiet", PYTHON, "-c",
+                           TIME_COMMAND, str(workdir / "run")], cwd=workdir, env=_env(slurm),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    print(f"srun step: {result}")
+    assert result["problems"] == []
+    assert isinstance(result["ok"], float) and 0 < result["ok"] < 60, result
+    assert result["failed"] is None and result["unknown"] is None, result
