@@ -69,7 +69,16 @@ def start_job(run_dir: Path, epochs: int) -> subprocess.Popen:
 
 
 def outcome(run_dir: Path, proc: subprocess.Popen, since: float | None) -> dict:
-    code = proc.wait(timeout=TIMEOUT_S)
+    try:
+        code: int | str = proc.wait(timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.terminate()  # the launcher stops its tasks and agents
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        code = "timeout"
     events = read_events(run_dir)
     detected = next((e for e in events if e["event"] == "failure_detected"), None)
     gen1 = [e["t"] for e in events if e["event"] == "task_started" and e["generation"] == 1]
@@ -127,6 +136,7 @@ def main() -> None:
     parser.add_argument("--freeze", default="5,6,8,10", help="freeze lengths, seconds")
     parser.add_argument("--hogs", default="4,8,16", help="busy processes beside the job")
     parser.add_argument("--victim", default="worker0", choices=("worker0", "worker1"))
+    parser.add_argument("--keep", help="keep the run directories in this folder")
     args = parser.parse_args()
     from launcher.job.stalls import STOPPED_HANG_S, TF_HEARTBEAT_S
 
@@ -135,7 +145,8 @@ def main() -> None:
     print(f"{'fault':<12} {'exit':>4} {'restarts':>8} {'detected':>8} {'restarted':>9} "
           f"{'wall':>6}  first failure")
     with tempfile.TemporaryDirectory(prefix="mgpu-stalls-") as tmp:
-        workdir = Path(tmp)
+        workdir = Path(args.keep or tmp)
+        workdir.mkdir(parents=True, exist_ok=True)
         for value in filter(None, args.hogs.split(",")):
             row = run_hogs(int(value), workdir)
             print(f"{'hogs ' + value:<12} {row['exit']:>4} {row['restarts']:>8} "
