@@ -481,7 +481,7 @@ class Supervisor:
                 or record.state is not TaskState.RUNNING or record.task.lifetime != "job"):
             return
         self._fail(gen, record, gone=False, kind="hang",
-                   reason=f"was stopped (SIGSTOP, Ctrl-Z or a debugger) for {span:.0f} s "
+                   reason=f"was stopped (SIGSTOP, Ctrl-Z or a debugger) for {span:.1f} s "
                    f"(a freeze over {gen.stopped.limit_s:g} s is a hang): its peers cannot "
                    "go on without it")
 
