@@ -215,6 +215,8 @@ class Standby:
         self.progress_read = progress_read
         self.progress_fd = progress_fd  # the write end's number, in the standby
         self.pid_file: str | None = None
+        self.spawned = time.monotonic()
+        self.ready = threading.Event()  # TensorFlow imported: a start may be warm
 
 
 class Agent:
@@ -513,6 +515,9 @@ class Agent:
         if differ:
             return ("the environment at interpreter start differs in "
                     + ", ".join(differ[:5]) + (" ..." if len(differ) > 5 else ""))
+        if not standby.ready.is_set():  # a hand-off would wait for its import: start now
+            return (f"its standby was not ready (importing TensorFlow since "
+                    f"{time.monotonic() - standby.spawned:.1f} s)")
         return ""
 
     def _hand_off(self, standby: Standby, spec: dict, env: dict[str, str]) -> str:
@@ -537,7 +542,7 @@ class Agent:
     def _spawn_standby(self, name: str, spec: dict, task_env: dict[str, str]) -> None:
         """Start the standby for this task's next start (on the command thread:
         PR_SET_PDEATHSIG is bound to the thread that starts a process)."""
-        from launcher.standby import per_start, standby_argv, with_presets
+        from launcher.standby import READY_FD, per_start, standby_argv, with_presets
 
         argv = standby_argv(spec["argv"])
         if argv is None or self._standby_problem(name, spec, task_env):
@@ -547,6 +552,7 @@ class Agent:
                if not per_start(k)}
         env[TOKEN_VAR] = token = os.urandom(8).hex()
         progress_read, progress_write = os.pipe()
+        env[READY_FD] = str(progress_write)
         with self.lock:
             if self.closing or name in self.standbys:
                 os.close(progress_read)
@@ -565,7 +571,31 @@ class Agent:
                 os.close(progress_write)
             standby = Standby(proc, argv, env, token, progress_read, progress_write)
             self.standbys[name] = standby
+            ready_read = os.dup(progress_read)  # the watcher's own: closed by it alone
         standby.pid_file = self._record(name, None, proc.pid, token)
+        threading.Thread(target=self._await_ready, args=(name, standby, ready_read),
+                         daemon=True).start()
+
+    def _await_ready(self, name: str, standby: Standby, fd: int) -> None:
+        """Mark `standby` ready once it says so (before any hand-off: a start
+        is warm only then); a standby that dies first closes the pipe."""
+        from launcher.standby import READY
+
+        got = b""
+        try:
+            while len(got) < len(READY):
+                chunk = os.read(fd, len(READY) - len(got))
+                if not chunk:
+                    break
+                got += chunk
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+        if got == READY:
+            standby.ready.set()
+            took = time.monotonic() - standby.spawned
+            self.emit("log", text=f"standby of {name} ready ({took:.1f} s)")
 
     def _drop_standby(self, standby: Standby) -> None:
         """Kill a standby that is not needed (it holds an interpreter's memory)."""

@@ -39,6 +39,7 @@ from .recovery import (
     innermost_frame,
 )
 from .rundir import RunRecorder
+from .stalls import StoppedWatch
 from .states import (
     Failure,
     IllegalTransition,
@@ -104,6 +105,7 @@ class _Generation:
     # Stacks asked for before a hang teardown: until when to wait for them.
     stacks_deadline: float | None = None
     stacks_pending: set[str] = field(default_factory=set)
+    stopped: StoppedWatch = field(default_factory=StoppedWatch)  # frozen tasks (SIGSTOP)
 
     @property
     def tearing_down(self) -> bool:
@@ -484,6 +486,19 @@ class Supervisor:
                            f"progress report; restart.hang_timeout_s="
                            f"{self._policy.hang_timeout_s:g})")
 
+    def _watch_stopped(self, gen: _Generation, record: TaskRecord, status: object,
+                       t: object) -> None:
+        """A task frozen (SIGSTOP) past `stalls.STOPPED_HANG_S` is hung; a shorter
+        freeze (a VM pause, a starved host) passes."""
+        span = gen.stopped.hung(f"{record.task.host}/{record.task.name}", status, t)
+        if (span is None or gen.tearing_down or gen.failure is not None
+                or record.state is not TaskState.RUNNING or record.task.lifetime != "job"):
+            return
+        self._fail(gen, record, gone=False, kind="hang",
+                   reason=f"was stopped (SIGSTOP, Ctrl-Z or a debugger) for {span:.1f} s "
+                   f"(a freeze over {gen.stopped.limit_s:g} s is a hang): its peers cannot "
+                   "go on without it")
+
     def _watch_start(self, gen: _Generation, now: float) -> None:
         """`restart.start_timeout_s`: every task started, and a cluster that
         some task began to form (MultiWorkerMirroredStrategy's setup) formed,
@@ -552,6 +567,7 @@ class Supervisor:
                 record = gen.records.get(task_name)
                 if record is not None and record.task.host == message.host:
                     record.usage = usage
+                    self._watch_stopped(gen, record, usage.get("status"), body.get("t"))
             return
         name = body.get("task")
         record = gen.records.get(name) if name else None
