@@ -13,7 +13,9 @@ rss_mb, status}}, exec_result, stacks {task, generation, text, error}, log, bye.
 
 Guarantees:
 - every task runs in its own session/process group; stopping a task signals
-  the whole group (and every descendant psutil can still see);
+  the whole group and its whole tree (launcher.proctree: its cgroup, or the
+  tree recorded while it lived, which keeps a `setsid` child whose parent is
+  gone); when a task exits, whatever is left of its tree is killed;
 - TF_CONFIG is written to a 0600 file in the run directory and exported to the
   task; it never appears on a command line;
 - when stdin closes (the launcher died, or the SSH connection dropped) every
@@ -62,6 +64,7 @@ import time
 from launcher import __version__
 from launcher.bootstrap import stacks_signal
 from launcher.netif import ipv4_interfaces
+from launcher.proctree import TaskTree, Tracker, cgroup_home
 
 # Optional on hosts: adds CPU/RSS to heartbeats and finds escaped children.
 # Imported on first use (a heartbeat with a running task, or a stop), not at
@@ -153,8 +156,10 @@ class BadCommand(ValueError):
 
 
 class RunningTask:
-    def __init__(self, name: str, generation: int, proc: subprocess.Popen, error_file: str):
+    def __init__(self, name: str, generation: int, proc: subprocess.Popen, error_file: str,
+                 tree: TaskTree):
         self.name = name
+        self.tree = tree  # every process it started, even one that left its session
         self.generation = generation
         self.proc = proc
         self.error_file = error_file
@@ -200,14 +205,16 @@ class RunningTask:
                 child.send_signal(signum)
             except psutil.Error:
                 pass
+        self.tree.signal(signum)  # its orphans too (setsid, then the parent died)
 
 
 class Standby:
     """An interpreter that has imported TensorFlow and waits for its task on stdin."""
 
     def __init__(self, proc: subprocess.Popen, argv: list[str], env: dict[str, str],
-                 token: str, progress_read: int, progress_fd: int) -> None:
+                 token: str, progress_read: int, progress_fd: int, tree: TaskTree) -> None:
         self.proc = proc
+        self.tree = tree  # handed to its task
         self.argv = argv
         self.env = env  # at its interpreter's start
         self.token = token
@@ -235,6 +242,14 @@ class Agent:
         self.no_standby: dict[str, str] = {}
         self.script_writes: dict[tuple[str, int, int], tuple[list, list]] = {}
         self.command_queue: _Lines | None = None  # read_commands's: runs work on its thread
+        self._cgroup_home: str | None | bool = False  # False: not looked for yet
+        self.tracker = Tracker()
+
+    def new_tree(self, token: str) -> TaskTree:
+        """A process tree for a task or standby with this token (launcher.proctree)."""
+        if self._cgroup_home is False:
+            self._cgroup_home = cgroup_home()
+        return TaskTree(f"{TOKEN_VAR}={token}".encode(), self._cgroup_home or None)
 
     def mark_bundle_used(self) -> None:
         """Touch our bundle's folder: launchers drop bundles nobody used for a
@@ -335,19 +350,26 @@ class Agent:
                 stacks = self._stacks_setup(name, generation, env)
                 progress_read, progress_write = os.pipe()
                 env["MGPU_PROGRESS_FD"] = str(progress_write)
-                proc = subprocess.Popen(
-                    spec["argv"],
-                    cwd=spec["cwd"],
-                    env=env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    pass_fds=(progress_write,),
-                    preexec_fn=self.preexec,
-                )
+                tree = self.new_tree(env[TOKEN_VAR])
+                try:
+                    proc = subprocess.Popen(
+                        spec["argv"],
+                        cwd=spec["cwd"],
+                        env=env,
+                        stdin=subprocess.DEVNULL,
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.PIPE,
+                        pass_fds=(progress_write,),
+                        preexec_fn=tree.preexec(self.preexec),
+                    )
+                except BaseException:
+                    tree.spawn_failed()
+                    raise
+                tree.started(proc.pid)
+                self.tracker.add(tree)
             else:
                 assert standby is not None
-                proc, progress_read = standby.proc, standby.progress_read
+                proc, progress_read, tree = standby.proc, standby.progress_read, standby.tree
         except (OSError, ValueError, subprocess.SubprocessError) as exc:
             if progress_write is not None:
                 os.close(progress_read)
@@ -360,7 +382,7 @@ class Agent:
         if progress_write is not None:
             os.close(progress_write)  # the task holds the only write end now
         self.mark_bundle_used()
-        task = RunningTask(name, generation, proc, env["MGPU_ERROR_FILE"])
+        task = RunningTask(name, generation, proc, env["MGPU_ERROR_FILE"], tree)
         task.stacks_file, task.stacks_signum, task.stacks_problem = stacks
         task.pid_file = self._record(task.name, task.generation, proc.pid, env[TOKEN_VAR])
         with self.lock:
@@ -508,18 +530,22 @@ class Agent:
                 os.close(progress_read)
                 os.close(progress_write)
                 return
+            tree = self.new_tree(token)
             try:
                 proc = subprocess.Popen(
                     argv, cwd=spec["cwd"], env=env, stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(progress_write,),
-                    preexec_fn=self.preexec)
+                    preexec_fn=tree.preexec(self.preexec))
             except (OSError, ValueError, subprocess.SubprocessError) as exc:
+                tree.spawn_failed()
                 os.close(progress_read)
                 self.no_standby[name] = f"its standby could not start: {exc}"
                 return
             finally:
                 os.close(progress_write)
-            standby = Standby(proc, argv, env, token, progress_read, progress_write)
+            tree.started(proc.pid)
+            self.tracker.add(tree)
+            standby = Standby(proc, argv, env, token, progress_read, progress_write, tree)
             self.standbys[name] = standby
         standby.pid_file = self._record(name, None, proc.pid, token)
 
@@ -538,7 +564,12 @@ class Agent:
             os.close(standby.progress_read)
         except OSError:
             pass
-        threading.Thread(target=standby.proc.wait, daemon=True).start()  # no zombie
+        def wait_and_reap() -> None:
+            standby.proc.wait()  # no zombie
+            standby.tree.reap()
+            self.tracker.remove(standby.tree)
+
+        threading.Thread(target=wait_and_reap, daemon=True).start()
         if standby.pid_file:
             _unlink(standby.pid_file)
 
@@ -631,6 +662,8 @@ class Agent:
             os.killpg(task.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+        task.tree.reap()  # and so does what left the group (setsid) or lost its parent
+        self.tracker.remove(task.tree)
         if task.pid_file:
             _unlink(task.pid_file)  # nothing left to reap
         for reader in task.readers:
@@ -844,6 +877,8 @@ class Agent:
                 task.proc.wait(timeout=remaining)
             except subprocess.TimeoutExpired:
                 task.signal_tree(signal.SIGKILL)
+        for task in list(self.tasks.values()):
+            task.tree.reap()  # before we exit: _wait's thread may not get to it
 
 
 # ---------------------------------------------------------------- command fields
@@ -1315,7 +1350,7 @@ def _read_stdin(agent: Agent, stdin, lines: _Lines) -> None:
 EXIT_UNSAFE = 96  # the run dir is not the user's alone, or the bundle is not what its name says
 # The bundle's files, as launcher.transport.shipping lists them (kept in step by a test).
 BUNDLE_FILES = ("launcher/__init__.py", "launcher/agent.py", "launcher/bootstrap.py",
-                "launcher/netif.py", "launcher/standby.py")
+                "launcher/netif.py", "launcher/proctree.py", "launcher/standby.py")
 BUNDLE_DIRS = ("launcher/runtime",)
 
 

@@ -52,7 +52,8 @@ RULES = (
          "transport, supervisor, cli, with pydantic, yaml and paramiko behind them) is "
          "neither shipped nor installed on the hosts"),
     Rule("agent is standalone", ("launcher.agent",),
-         allowed=("launcher", "launcher.bootstrap", "launcher.netif", "launcher.standby"),
+         allowed=("launcher", "launcher.bootstrap", "launcher.netif", "launcher.proctree",
+                  "launcher.standby"),
          allowed_names=frozenset({"__version__"}),
          reason="the agent runs on every host from the shipped bundle with `python -S`, "
          "standard library only; nothing of the launcher side (config, plan, supervisor, "
@@ -61,6 +62,9 @@ RULES = (
     Rule("interfaces are standard library", ("launcher.netif",), allowed=(),
          reason="launcher/netif.py is shipped with the agent, which reports the host's "
          "interfaces in its hello: it runs with `python -S` on every host"),
+    Rule("process trees are standard library", ("launcher.proctree",), allowed=(),
+         reason="launcher/proctree.py is shipped with the agent, which tracks every "
+         "task's process tree with it: it runs with `python -S` on every host"),
     Rule("package init is import-free", ("launcher",), no_imports_at_all=True,
          reason="launcher/__init__.py is shipped to the hosts and runs before every "
          "import of the agent, bootstrap and runtime"),
