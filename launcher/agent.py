@@ -31,7 +31,8 @@ Guarantees:
 - a bad command (not JSON, not an object, wrong types, a task name that is not
   a plain file name, longer than MAX_COMMAND_BYTES) is refused with a `log`
   (or `start_failed`) and never ends the agent or writes outside the run dir;
-  a task's output line longer than MAX_OUTPUT_LINE is cut, with a marker.
+  a task's output line longer than MAX_OUTPUT_LINE is cut, with a marker;
+  a "\r" run (a progress bar) is one line, its last state (launcher.outlines).
 
 Stacks: the bootstrap registers `faulthandler` on MGPU_STACKS_SIGNAL (SIGUSR1
 by default) to append to MGPU_STACKS_FILE (`RUN_DIR/stacks/<task>-gen<N>.txt`,
@@ -64,6 +65,7 @@ import time
 from launcher import __version__
 from launcher.bootstrap import stacks_signal
 from launcher.netif import ipv4_interfaces
+from launcher.outlines import LineSplitter
 from launcher.proctree import TaskTree, Tracker, cgroup_home
 
 # Optional on hosts: adds CPU/RSS to heartbeats and finds escaped children.
@@ -616,14 +618,20 @@ class Agent:
         return path
 
     def _read_output(self, task: RunningTask, stream_name: str, stream) -> None:
+        # Lines end at "\n"; a "\r" run (a progress bar) keeps its last state.
+        splitter = LineSplitter(MAX_OUTPUT_LINE)
         while True:
-            raw = stream.readline(MAX_OUTPUT_LINE + 1)
-            if not raw:
+            try:
+                data = stream.read1(_CHUNK)
+            except (OSError, ValueError):
+                data = b""
+            texts = splitter.feed(data) if data else splitter.close()
+            for text in texts:
+                task.tail.append(text)
+                self.emit("output", task=task.name, generation=task.generation,
+                          stream=stream_name, text=text)
+            if not data:
                 break
-            text = _output_text(raw, stream)
-            task.tail.append(text)
-            self.emit("output", task=task.name, generation=task.generation,
-                      stream=stream_name, text=text)
         stream.close()
 
     def _read_progress(self, task: RunningTask, fd: int) -> None:
@@ -990,15 +998,6 @@ def _skip_line(stream, on_chunk=lambda: None) -> int:
         skipped += len(chunk)
 
 
-def _output_text(raw: bytes, stream) -> str:
-    """One output line as text; one longer than MAX_OUTPUT_LINE is cut."""
-    if len(raw) <= MAX_OUTPUT_LINE or raw.endswith(b"\n"):
-        return raw.decode("utf-8", "replace").rstrip("\r\n")
-    more = len(raw) - MAX_OUTPUT_LINE + _skip_line(stream)
-    text = raw[:MAX_OUTPUT_LINE].decode("utf-8", "ignore")  # "ignore": a cut character
-    return f"{text} … [mgpu-launch: line cut, {more} more bytes]"
-
-
 def _signal_name(signum: int) -> str:
     try:
         return signal.Signals(signum).name
@@ -1350,7 +1349,8 @@ def _read_stdin(agent: Agent, stdin, lines: _Lines) -> None:
 EXIT_UNSAFE = 96  # the run dir is not the user's alone, or the bundle is not what its name says
 # The bundle's files, as launcher.transport.shipping lists them (kept in step by a test).
 BUNDLE_FILES = ("launcher/__init__.py", "launcher/agent.py", "launcher/bootstrap.py",
-                "launcher/netif.py", "launcher/proctree.py", "launcher/standby.py")
+                "launcher/netif.py", "launcher/outlines.py", "launcher/proctree.py",
+                "launcher/standby.py")
 BUNDLE_DIRS = ("launcher/runtime",)
 
 
