@@ -21,7 +21,6 @@ import importlib
 import json
 import logging
 import os
-import queue
 import signal
 import socket
 import sys
@@ -69,6 +68,7 @@ from .ops import control
 from .ops.live import format_duration
 from .ops.printer import Printer
 from .transport import TransportError
+from .transport.inbox import Inbox
 from .transport.local import LocalTransport
 from .transport.ports import busy_ports, free_ports
 from .transport.resolve import tf_addresses
@@ -344,7 +344,7 @@ def _launch(loaded: LoadedConfig, first_plan: Plan, make_plan, run_dir: Path,
                       on_terminal_lost=_stdout_gone)
     previous_hangup = _watch_terminal(printer)
     transport = _make_transport(config, args.verbose)
-    events: queue.Queue = queue.Queue()
+    events = Inbox()  # task output bounded: a flood never hides an exit
     printer.notice(
         f"job {config.name!r}: {len(first_plan.tasks)} tasks on {len(first_plan.hosts)} "
         f"{'simulated ' if config.transport == 'local' else ''}hosts, "
@@ -418,6 +418,8 @@ def _launch(loaded: LoadedConfig, first_plan: Plan, make_plan, run_dir: Path,
         recorder.close()
     for sig, handler in previous_stops.items():
         signal.signal(sig, handler)
+    if events.drop_report():  # said once, with the counts
+        printer.notice(events.drop_report())
     _print_outcome(printer, result, run_dir)
     return _done(printer, previous_hangup, exit_code(result))
 

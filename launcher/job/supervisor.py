@@ -665,6 +665,10 @@ class Supervisor:
         tail = tuple(body.get("tail") or ())
         reason = classify_exit(record.exit_code, record.signal, body.get("error"), tail)
         if gen.tearing_down or record.state is TaskState.STOPPING:
+            if not body.get("stopping") and record.exit_code == 0 \
+                    and record.task.lifetime == "job":
+                record.move(TaskState.SUCCEEDED)  # done before the stop reached it
+                return
             record.move(TaskState.STOPPED)
             if not body.get("stopping") and record.exit_code != 0:
                 # It died by itself, maybe before what started the teardown (its
