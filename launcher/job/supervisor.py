@@ -14,6 +14,7 @@ Must not import: cli. Talks to hosts only through `AgentLink`s.
 
 from __future__ import annotations
 
+import os
 import queue
 import signal as signals
 import threading
@@ -26,6 +27,7 @@ from ..ops.printer import Printer
 from ..transport import AgentLink, AgentMessage
 from . import checkpoints
 from .classify import RESTART_ME_EXIT, OutputWatcher, classify_exit
+from .noise import NoiseFolder
 from .plan import Plan, Task, log_file_name, task_label
 from .protocol import BadMessage, check_message
 from .recovery import (
@@ -156,6 +158,7 @@ class Supervisor:
         self._events = events
         self._recorder = recorder
         self._printer = printer
+        self._noise = NoiseFolder(enabled=not printer.verbose)  # TF start-up: one line a task
         self._policy = policy
         self._reconnect = reconnect
         self._checkpoint_probe = checkpoint_probe
@@ -598,7 +601,8 @@ class Supervisor:
         name, text = body.get("task"), body.get("text", "")
         record = gen.records.get(name) if gen and name else None
         label = record.task.label if record else task_label(message.host, name)
-        self._printer.task_line(label, text)
+        for shown in self._noise.show(label, text, self._log_path(message.host, name)):
+            self._printer.task_line(label, shown)
         self._recorder.log_line(log_file_name(message.host, name), text)
         if record is None or gen is None or body.get("generation") != gen.plan.generation:
             return
@@ -654,7 +658,16 @@ class Supervisor:
                              reason=reason)
         self._printer.notice(f"root cause: {gen.failure.describe()}")
 
+    def _log_path(self, host: str, name: str | None) -> str:
+        """A task's log file as the user may type it (relative when under the cwd)."""
+        path = os.path.join(self._recorder.logs_dir, log_file_name(host, name))
+        relative = os.path.relpath(path)
+        return path if relative.startswith("..") else relative
+
     def _on_exit(self, gen: _Generation, record: TaskRecord, body: dict[str, Any]) -> None:
+        for shown in self._noise.flush(record.task.label,
+                                       self._log_path(record.task.host, record.task.name)):
+            self._printer.task_line(record.task.label, shown)
         record.exit_code = body.get("code")
         record.signal = body.get("signal")
         self._recorder.event(
