@@ -32,7 +32,8 @@ Guarantees:
   a plain file name, longer than MAX_COMMAND_BYTES) is refused with a `log`
   (or `start_failed`) and never ends the agent or writes outside the run dir;
   a task's output line longer than MAX_OUTPUT_LINE is cut, with a marker;
-  a "\r" run (a progress bar) is one line, its last state (launcher.outlines).
+  a run of carriage returns (a progress bar) is one line, its last state
+  (launcher.outlines).
 
 Stacks: the bootstrap registers `faulthandler` on MGPU_STACKS_SIGNAL (SIGUSR1
 by default) to append to MGPU_STACKS_FILE (`RUN_DIR/stacks/<task>-gen<N>.txt`,

@@ -410,6 +410,9 @@ def _launch(loaded: LoadedConfig, first_plan: Plan, make_plan, run_dir: Path,
         if config.transport == "slurm" and result.interrupted_by == signal.SIGTERM:
             result = replace(result, message=why_stopped(read_allocation(os.environ).job_id))
         summary = _note_terminal(result.to_json(), printer, recorder)
+        if events.dropped or events.cut:  # lines the logs lack, or have cut
+            summary["output_lines_dropped"] = dict(events.dropped)
+            summary["output_lines_cut"] = dict(events.cut)
         try:
             recorder.write_summary(summary)
         except OSError as exc:  # a full disk: the summary still reaches the user

@@ -87,6 +87,9 @@ def test_a_flood_bounds_memory_and_hides_no_exit(workdir: Path):
     assert all(d < EXIT_SEEN_WITHIN_S for d in delays.values()), delays
     said = [line for line in notices if "lines of task output were dropped" in line]
     assert len(said) <= 1, said  # said once, with the count
+    dropped = read_summary(workdir / "run").get("output_lines_dropped", {})
+    if said:
+        assert f"{sum(dropped.values())} lines of task output were dropped" in said[0]
 
 
 def test_ctrl_c_during_a_flood_reports_the_real_states(workdir: Path):

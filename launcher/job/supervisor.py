@@ -53,6 +53,7 @@ from .states import (
 
 POLL_S = 0.1
 MAX_BATCH = 500  # messages handled per loop turn before the checks run again
+DRAIN_S = 2.0  # at a generation's end, for what is still queued (transport/inbox.py)
 # After the grace period's SIGKILL, how long to wait for agents to confirm
 # every exit before giving up on a task (its host is then unreachable).
 TEARDOWN_SLACK_S = 5.0
@@ -424,12 +425,25 @@ class Supervisor:
                 self._begin_teardown(gen, grace_s=self._failure_grace(gen.failure, gen.plan))
             elif gen.jobs_done():
                 if not gen.services_left():
+                    self._drain(gen)
                     return gen
                 # Servers (ps, PS-strategy workers) never exit by themselves.
                 self._printer.notice("training finished; stopping the servers")
                 self._begin_teardown(gen)
+        self._drain(gen)
         self._recorder.event("teardown_done", generation=plan.generation)
         return gen
+
+    def _drain(self, gen: _Generation) -> None:
+        """Handle what is still queued as a generation ends (in a flood, output
+        that an exit went ahead of: the logs get a task's last lines), for at
+        most DRAIN_S."""
+        deadline = self._clock() + DRAIN_S
+        while self._clock() < deadline:
+            message = self._next_message(0)
+            if message is None:
+                return
+            self._handle_safely(gen, message)
 
     def _start(self, gen: _Generation, task: Task) -> None:
         record = gen.records[task.name]
