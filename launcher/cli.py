@@ -410,6 +410,7 @@ def _launch(loaded: LoadedConfig, first_plan: Plan, make_plan, run_dir: Path,
         if config.transport == "slurm" and result.interrupted_by == signal.SIGTERM:
             result = replace(result, message=why_stopped(read_allocation(os.environ).job_id))
         summary = _note_terminal(result.to_json(), printer, recorder)
+        events.close()
         if events.dropped or events.cut:  # lines the logs lack, or have cut
             summary["output_lines_dropped"] = dict(events.dropped)
             summary["output_lines_cut"] = dict(events.cut)

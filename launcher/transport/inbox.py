@@ -44,7 +44,8 @@ class Inbox:
         self._max_lines = output_lines
         self._max_bytes = output_bytes
         self._control: collections.deque[tuple[int, Any]] = collections.deque()
-        self._output: collections.deque[tuple[int, Any, int]] = collections.deque()
+        self._output: collections.deque[tuple[int, Any, int, str]] = collections.deque()
+        self._closed = False
         self._seq = 0  # arrival order
         self._cond = threading.Condition()
         self._lines = 0
@@ -65,6 +66,8 @@ class Inbox:
                 self.cut[key] += 1
         with self._cond:
             self._seq += 1
+            if self._closed:
+                return
             if size is None:
                 self._control.append((self._seq, item))
             elif self._lines >= self._max_lines or self._bytes + size > self._max_bytes:
@@ -73,7 +76,7 @@ class Inbox:
             else:
                 self._lines += 1
                 self._bytes += size
-                self._output.append((self._seq, item, size))
+                self._output.append((self._seq, item, size, key))
             self._cond.notify()
 
     def get(self, block: bool = True, timeout: float | None = None) -> Any:
@@ -84,7 +87,7 @@ class Inbox:
             if self._control and (not self._output or self._lines > PRIORITY_AFTER
                                   or self._control[0][0] < self._output[0][0]):
                 return self._control.popleft()[1]
-            _, item, size = self._output.popleft()
+            _, item, size, _ = self._output.popleft()
             self._lines -= 1
             self._bytes -= size
             return item
@@ -99,16 +102,26 @@ class Inbox:
     def empty(self) -> bool:
         return self.qsize() == 0
 
+    def close(self) -> None:
+        """The run is over: output still waiting counts as dropped (the logs
+        lack it); whatever comes later is ignored."""
+        with self._cond:
+            self._closed = True
+            for _, _, _, key in self._output:
+                self.dropped[key] += 1
+            self._output.clear()
+            self._lines = self._bytes = 0
+
     def drop_report(self) -> str:
         """One sentence on the lines dropped and cut, or "" when none were."""
         parts = []
         if self.dropped:
             total = sum(self.dropped.values())
             each = ", ".join(f"{k}: {n}" for k, n in sorted(self.dropped.items()))
-            parts.append(f"{total} lines of task output were dropped ({each}): they came "
-                         "faster than the launcher could write them")
+            parts.append(f"task output lines dropped: {total} ({each}); they came faster "
+                         "than the launcher could write them")
         if self.cut:
             total = sum(self.cut.values())
             each = ", ".join(f"{k}: {n}" for k, n in sorted(self.cut.items()))
-            parts.append(f"{total} lines were longer than 8 KiB and cut ({each})")
+            parts.append(f"lines cut at 8 KiB: {total} ({each})")
         return "; ".join(parts)
