@@ -53,7 +53,9 @@ from .states import (
 
 POLL_S = 0.1
 MAX_BATCH = 500  # messages handled per loop turn before the checks run again
-DRAIN_S = 2.0  # at a generation's end, for what is still queued (transport/inbox.py)
+# At a generation's end, for what is still queued (transport/inbox.py): at most
+# 20,000 lines, seconds even on a busy host; a second Ctrl-C cuts it short.
+DRAIN_S = 10.0
 # After the grace period's SIGKILL, how long to wait for agents to confirm
 # every exit before giving up on a task (its host is then unreachable).
 TEARDOWN_SLACK_S = 5.0
@@ -439,7 +441,7 @@ class Supervisor:
         that an exit went ahead of: the logs get a task's last lines), for at
         most DRAIN_S."""
         deadline = self._clock() + DRAIN_S
-        while self._clock() < deadline:
+        while self._clock() < deadline and self._stop_count <= self._handled_stops:
             message = self._next_message(0)
             if message is None:
                 return
