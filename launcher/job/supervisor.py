@@ -404,13 +404,14 @@ class Supervisor:
             message = self._next_message(POLL_S)
             # Drain a burst in one go: a flood of output lines must not delay
             # the exit report queued behind it by a loop turn per line.
-            for _ in range(MAX_BATCH):
+            for handled in range(1, MAX_BATCH + 1):
                 if message is None:
                     break
                 self._handle_safely(gen, message)
-                # ...but act on a failure at once, before more lines are read.
+                # ...but act on a failure at once, before more lines are read
+                # (and take no message the batch would not handle: it would be lost).
                 settled = gen.tearing_down or gen.failure is not None
-                message = None if settled else self._next_message(0)
+                message = None if settled or handled == MAX_BATCH else self._next_message(0)
             if self._clock() >= next_watch:
                 next_watch = self._clock() + 0.5
                 self._watch_silence(gen)
