@@ -247,12 +247,15 @@ class Agent:
         self.command_queue: _Lines | None = None  # read_commands's: runs work on its thread
         self._cgroup_home: str | None | bool = False  # False: not looked for yet
         self.tracker = Tracker()
+        self.trees: list[TaskTree] = []  # every tree made: shutdown drops their cgroups
 
     def new_tree(self, token: str) -> TaskTree:
         """A process tree for a task or standby with this token (launcher.proctree)."""
         if self._cgroup_home is False:
             self._cgroup_home = cgroup_home()
-        return TaskTree(f"{TOKEN_VAR}={token}".encode(), self._cgroup_home or None)
+        tree = TaskTree(f"{TOKEN_VAR}={token}".encode(), self._cgroup_home or None)
+        self.trees.append(tree)
+        return tree
 
     def mark_bundle_used(self) -> None:
         """Touch our bundle's folder: launchers drop bundles nobody used for a
@@ -886,8 +889,8 @@ class Agent:
                 task.proc.wait(timeout=remaining)
             except subprocess.TimeoutExpired:
                 task.signal_tree(signal.SIGKILL)
-        for task in list(self.tasks.values()):
-            task.tree.reap()  # before we exit: _wait's thread may not get to it
+        for tree in list(self.trees):  # tasks' and standbys': their threads may not get to it
+            tree.reap()
 
 
 # ---------------------------------------------------------------- command fields
