@@ -13,7 +13,9 @@ rss_mb, status}}, exec_result, stacks {task, generation, text, error}, log, bye.
 
 Guarantees:
 - every task runs in its own session/process group; stopping a task signals
-  the whole group (and every descendant psutil can still see);
+  the whole group and its whole tree (launcher.proctree: its cgroup, or the
+  tree recorded while it lived, which keeps a `setsid` child whose parent is
+  gone); when a task exits, whatever is left of its tree is killed;
 - TF_CONFIG is written to a 0600 file in the run directory and exported to the
   task; it never appears on a command line;
 - when stdin closes (the launcher died, or the SSH connection dropped) every
@@ -29,7 +31,9 @@ Guarantees:
 - a bad command (not JSON, not an object, wrong types, a task name that is not
   a plain file name, longer than MAX_COMMAND_BYTES) is refused with a `log`
   (or `start_failed`) and never ends the agent or writes outside the run dir;
-  a task's output line longer than MAX_OUTPUT_LINE is cut, with a marker.
+  a task's output line longer than MAX_OUTPUT_LINE is cut, with a marker;
+  a run of carriage returns (a progress bar) is one line, its last state
+  (launcher.outlines).
 
 Stacks: the bootstrap registers `faulthandler` on MGPU_STACKS_SIGNAL (SIGUSR1
 by default) to append to MGPU_STACKS_FILE (`RUN_DIR/stacks/<task>-gen<N>.txt`,
@@ -63,6 +67,8 @@ from launcher import __version__, firewall
 from launcher.bootstrap import stacks_signal
 from launcher.hostruns import KEEP_RUNS, hold_lock, prune, runs_root
 from launcher.netif import ipv4_interfaces
+from launcher.outlines import LineSplitter
+from launcher.proctree import TaskTree, Tracker, cgroup_home
 
 # Optional on hosts: adds CPU/RSS to heartbeats and finds escaped children.
 # Imported on first use (a heartbeat with a running task, or a stop), not at
@@ -154,8 +160,10 @@ class BadCommand(ValueError):
 
 
 class RunningTask:
-    def __init__(self, name: str, generation: int, proc: subprocess.Popen, error_file: str):
+    def __init__(self, name: str, generation: int, proc: subprocess.Popen, error_file: str,
+                 tree: TaskTree):
         self.name = name
+        self.tree = tree  # every process it started, even one that left its session
         self.generation = generation
         self.proc = proc
         self.error_file = error_file
@@ -201,20 +209,24 @@ class RunningTask:
                 child.send_signal(signum)
             except psutil.Error:
                 pass
+        self.tree.signal(signum)  # its orphans too (setsid, then the parent died)
 
 
 class Standby:
     """An interpreter that has imported TensorFlow and waits for its task on stdin."""
 
     def __init__(self, proc: subprocess.Popen, argv: list[str], env: dict[str, str],
-                 token: str, progress_read: int, progress_fd: int) -> None:
+                 token: str, progress_read: int, progress_fd: int, tree: TaskTree) -> None:
         self.proc = proc
+        self.tree = tree  # handed to its task
         self.argv = argv
         self.env = env  # at its interpreter's start
         self.token = token
         self.progress_read = progress_read
         self.progress_fd = progress_fd  # the write end's number, in the standby
         self.pid_file: str | None = None
+        self.spawned = time.monotonic()
+        self.ready = threading.Event()  # TensorFlow imported: a start may be warm
 
 
 class Agent:
@@ -240,6 +252,17 @@ class Agent:
         self.firewall_backend, self.firewall_why = firewall.probe()
         self.sealed: firewall.Seal | None = None
         self.seal_failed = ""  # `auto` and the rules failed: said once, tasks run open
+        self._cgroup_home: str | None | bool = False  # False: not looked for yet
+        self.tracker = Tracker()
+        self.trees: list[TaskTree] = []  # every tree made: shutdown drops their cgroups
+
+    def new_tree(self, token: str) -> TaskTree:
+        """A process tree for a task or standby with this token (launcher.proctree)."""
+        if self._cgroup_home is False:
+            self._cgroup_home = cgroup_home()
+        tree = TaskTree(f"{TOKEN_VAR}={token}".encode(), self._cgroup_home or None)
+        self.trees.append(tree)
+        return tree
 
     def mark_bundle_used(self) -> None:
         """Touch our bundle's folder: launchers drop bundles nobody used for a
@@ -379,19 +402,26 @@ class Agent:
                 stacks = self._stacks_setup(name, generation, env)
                 progress_read, progress_write = os.pipe()
                 env["MGPU_PROGRESS_FD"] = str(progress_write)
-                proc = subprocess.Popen(
-                    spec["argv"],
-                    cwd=spec["cwd"],
-                    env=env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    pass_fds=(progress_write,),
-                    preexec_fn=self.preexec,
-                )
+                tree = self.new_tree(env[TOKEN_VAR])
+                try:
+                    proc = subprocess.Popen(
+                        spec["argv"],
+                        cwd=spec["cwd"],
+                        env=env,
+                        stdin=subprocess.DEVNULL,
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.PIPE,
+                        pass_fds=(progress_write,),
+                        preexec_fn=tree.preexec(self.preexec),
+                    )
+                except BaseException:
+                    tree.spawn_failed()
+                    raise
+                tree.started(proc.pid)
+                self.tracker.add(tree)
             else:
                 assert standby is not None
-                proc, progress_read = standby.proc, standby.progress_read
+                proc, progress_read, tree = standby.proc, standby.progress_read, standby.tree
         except (OSError, ValueError, subprocess.SubprocessError) as exc:
             if progress_write is not None:
                 os.close(progress_read)
@@ -404,7 +434,7 @@ class Agent:
         if progress_write is not None:
             os.close(progress_write)  # the task holds the only write end now
         self.mark_bundle_used()
-        task = RunningTask(name, generation, proc, env["MGPU_ERROR_FILE"])
+        task = RunningTask(name, generation, proc, env["MGPU_ERROR_FILE"], tree)
         task.stacks_file, task.stacks_signum, task.stacks_problem = stacks
         task.pid_file = self._record(task.name, task.generation, proc.pid, env[TOKEN_VAR])
         with self.lock:
@@ -513,6 +543,9 @@ class Agent:
         if differ:
             return ("the environment at interpreter start differs in "
                     + ", ".join(differ[:5]) + (" ..." if len(differ) > 5 else ""))
+        if not standby.ready.is_set():  # a hand-off would wait for its import: start now
+            return (f"its standby was not ready (importing TensorFlow since "
+                    f"{time.monotonic() - standby.spawned:.1f} s)")
         return ""
 
     def _hand_off(self, standby: Standby, spec: dict, env: dict[str, str]) -> str:
@@ -537,7 +570,7 @@ class Agent:
     def _spawn_standby(self, name: str, spec: dict, task_env: dict[str, str]) -> None:
         """Start the standby for this task's next start (on the command thread:
         PR_SET_PDEATHSIG is bound to the thread that starts a process)."""
-        from launcher.standby import per_start, standby_argv, with_presets
+        from launcher.standby import READY_FD, per_start, standby_argv, with_presets
 
         argv = standby_argv(spec["argv"])
         if argv is None or self._standby_problem(name, spec, task_env):
@@ -547,25 +580,54 @@ class Agent:
                if not per_start(k)}
         env[TOKEN_VAR] = token = os.urandom(8).hex()
         progress_read, progress_write = os.pipe()
+        env[READY_FD] = str(progress_write)
         with self.lock:
             if self.closing or name in self.standbys:
                 os.close(progress_read)
                 os.close(progress_write)
                 return
+            tree = self.new_tree(token)
             try:
                 proc = subprocess.Popen(
                     argv, cwd=spec["cwd"], env=env, stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(progress_write,),
-                    preexec_fn=self.preexec)
+                    preexec_fn=tree.preexec(self.preexec))
             except (OSError, ValueError, subprocess.SubprocessError) as exc:
+                tree.spawn_failed()
                 os.close(progress_read)
                 self.no_standby[name] = f"its standby could not start: {exc}"
                 return
             finally:
                 os.close(progress_write)
-            standby = Standby(proc, argv, env, token, progress_read, progress_write)
+            tree.started(proc.pid)
+            self.tracker.add(tree)
+            standby = Standby(proc, argv, env, token, progress_read, progress_write, tree)
             self.standbys[name] = standby
+            ready_read = os.dup(progress_read)  # the watcher's own: closed by it alone
         standby.pid_file = self._record(name, None, proc.pid, token)
+        threading.Thread(target=self._await_ready, args=(name, standby, ready_read),
+                         daemon=True).start()
+
+    def _await_ready(self, name: str, standby: Standby, fd: int) -> None:
+        """Mark `standby` ready once it says so (before any hand-off: a start
+        is warm only then); a standby that dies first closes the pipe."""
+        from launcher.standby import READY
+
+        got = b""
+        try:
+            while len(got) < len(READY):
+                chunk = os.read(fd, len(READY) - len(got))
+                if not chunk:
+                    break
+                got += chunk
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+        if got == READY:
+            standby.ready.set()
+            took = time.monotonic() - standby.spawned
+            self.emit("log", text=f"standby of {name} ready ({took:.1f} s)")
 
     def _drop_standby(self, standby: Standby) -> None:
         """Kill a standby that is not needed (it holds an interpreter's memory)."""
@@ -582,7 +644,12 @@ class Agent:
             os.close(standby.progress_read)
         except OSError:
             pass
-        threading.Thread(target=standby.proc.wait, daemon=True).start()  # no zombie
+        def wait_and_reap() -> None:
+            standby.proc.wait()  # no zombie
+            standby.tree.reap()
+            self.tracker.remove(standby.tree)
+
+        threading.Thread(target=wait_and_reap, daemon=True).start()
         if standby.pid_file:
             _unlink(standby.pid_file)
 
@@ -629,14 +696,20 @@ class Agent:
         return path
 
     def _read_output(self, task: RunningTask, stream_name: str, stream) -> None:
+        # Lines end at "\n"; a "\r" run (a progress bar) keeps its last state.
+        splitter = LineSplitter(MAX_OUTPUT_LINE)
         while True:
-            raw = stream.readline(MAX_OUTPUT_LINE + 1)
-            if not raw:
+            try:
+                data = stream.read1(_CHUNK)
+            except (OSError, ValueError):
+                data = b""
+            texts = splitter.feed(data) if data else splitter.close()
+            for text in texts:
+                task.tail.append(text)
+                self.emit("output", task=task.name, generation=task.generation,
+                          stream=stream_name, text=text)
+            if not data:
                 break
-            text = _output_text(raw, stream)
-            task.tail.append(text)
-            self.emit("output", task=task.name, generation=task.generation,
-                      stream=stream_name, text=text)
         stream.close()
 
     def _read_progress(self, task: RunningTask, fd: int) -> None:
@@ -675,6 +748,8 @@ class Agent:
             os.killpg(task.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+        task.tree.reap()  # and so does what left the group (setsid) or lost its parent
+        self.tracker.remove(task.tree)
         if task.pid_file:
             _unlink(task.pid_file)  # nothing left to reap
         for reader in task.readers:
@@ -891,6 +966,8 @@ class Agent:
         with self.lock:  # the tasks are gone: so are their ports' rules
             firewall.reap(self.run_dir)
             self.sealed = None
+        for tree in list(self.trees):  # tasks' and standbys': their threads may not get to it
+            tree.reap()
 
 
 # ---------------------------------------------------------------- command fields
@@ -1000,15 +1077,6 @@ def _skip_line(stream, on_chunk=lambda: None) -> int:
         if chunk.endswith(b"\n"):
             return skipped + len(chunk) - 1
         skipped += len(chunk)
-
-
-def _output_text(raw: bytes, stream) -> str:
-    """One output line as text; one longer than MAX_OUTPUT_LINE is cut."""
-    if len(raw) <= MAX_OUTPUT_LINE or raw.endswith(b"\n"):
-        return raw.decode("utf-8", "replace").rstrip("\r\n")
-    more = len(raw) - MAX_OUTPUT_LINE + _skip_line(stream)
-    text = raw[:MAX_OUTPUT_LINE].decode("utf-8", "ignore")  # "ignore": a cut character
-    return f"{text} … [mgpu-launch: line cut, {more} more bytes]"
 
 
 def _signal_name(signum: int) -> str:
@@ -1389,8 +1457,8 @@ def _read_stdin(agent: Agent, stdin, lines: _Lines) -> None:
 EXIT_UNSAFE = 96  # the run dir is not the user's alone, or the bundle is not what its name says
 # The bundle's files, as launcher.transport.shipping lists them (kept in step by a test).
 BUNDLE_FILES = ("launcher/__init__.py", "launcher/agent.py", "launcher/bootstrap.py",
-                "launcher/netif.py", "launcher/standby.py", "launcher/firewall.py",
-                "launcher/hostruns.py")
+                "launcher/netif.py", "launcher/outlines.py", "launcher/proctree.py",
+                "launcher/standby.py", "launcher/firewall.py", "launcher/hostruns.py")
 BUNDLE_DIRS = ("launcher/runtime",)
 
 

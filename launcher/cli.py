@@ -21,7 +21,6 @@ import importlib
 import json
 import logging
 import os
-import queue
 import signal
 import socket
 import sys
@@ -69,6 +68,7 @@ from .ops import control, prereqs, usage
 from .ops.live import format_duration
 from .ops.printer import Printer
 from .transport import TransportError
+from .transport.inbox import Inbox
 from .transport.local import LocalTransport
 from .transport.ports import busy_ports, free_ports
 from .transport.resolve import tf_addresses
@@ -362,7 +362,7 @@ def _launch(loaded: LoadedConfig, first_plan: Plan, make_plan, run_dir: Path,
                       on_terminal_lost=_stdout_gone)
     previous_hangup = _watch_terminal(printer)
     transport = _make_transport(config, args.verbose)
-    events: queue.Queue = queue.Queue()
+    events = Inbox()  # task output bounded: a flood never hides an exit
     printer.notice(
         f"job {config.name!r}: {len(first_plan.tasks)} tasks on {len(first_plan.hosts)} "
         f"{'simulated ' if config.transport == 'local' else ''}hosts, "
@@ -443,6 +443,10 @@ def _launch(loaded: LoadedConfig, first_plan: Plan, make_plan, run_dir: Path,
         stop = stops.entry(result, first_plan.grace_s)  # what a stop did to the tasks
         if stop is not None:
             summary["stop"] = stop
+        events.close()
+        if events.dropped or events.cut:  # lines the logs lack, or have cut
+            summary["output_lines_dropped"] = dict(events.dropped)
+            summary["output_lines_cut"] = dict(events.cut)
         try:
             recorder.write_summary(summary)
         except OSError as exc:  # a full disk: the summary still reaches the user
@@ -451,6 +455,8 @@ def _launch(loaded: LoadedConfig, first_plan: Plan, make_plan, run_dir: Path,
         recorder.close()
     for sig, handler in previous_stops.items():
         signal.signal(sig, handler)
+    if events.drop_report():  # said once, with the counts
+        printer.notice(events.drop_report())
     _print_outcome(printer, result, run_dir)
     if stop is not None:
         printer.notice(stop["said"])

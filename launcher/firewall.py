@@ -343,12 +343,12 @@ def reap(run_dir: str, run: Runner = _run) -> str:
 # A killed agent's rules are removed by the next agent of its run directory;
 # when none comes (the launcher gave up on the host, or died with it), any later
 # agent of the user on the same machine and network namespace removes them:
-# each installation is also registered in ~/.cache/mgpu-launch/firewall/ with
+# each installation is also registered in ~/.mgpu-launch/firewall/ with
 # its agent's pid and start time, and `sweep` removes those whose agent is gone.
 
 
 def registry() -> str:
-    return os.path.join(os.path.expanduser("~"), ".cache", "mgpu-launch", "firewall")
+    return os.path.join(os.path.expanduser("~"), ".mgpu-launch", "firewall")
 
 
 def _start_time(pid: int) -> int | None:

@@ -53,6 +53,10 @@ import os
 import sys
 
 FLAG = "--standby"  # `python -m launcher.bootstrap --standby`
+# The standby says it is ready (TensorFlow imported) on the fd this names: its
+# progress pipe, which the agent reads the line from before any hand-off.
+READY_FD = "MGPU_STANDBY_READY_FD"
+READY = b'{"standby": "ready"}\n'
 BOOTSTRAP = ("-m", "launcher.bootstrap")
 EXIT_NO_TENSORFLOW = 97  # the standby could not import TensorFlow: cold starts instead
 
@@ -238,6 +242,12 @@ def wait_for_task() -> list[str]:
         import tensorflow  # noqa: F401  - the point: what a cold task pays at its start
     except BaseException:  # noqa: BLE001 - anything: this standby is no good, start cold
         os._exit(EXIT_NO_TENSORFLOW)
+    ready_fd = os.environ.pop(READY_FD, "")
+    if ready_fd:
+        try:
+            os.write(int(ready_fd), READY)  # a start handed to it now waits for nothing
+        except (OSError, ValueError):
+            pass
     raw = b""
     while True:
         chunk = os.read(0, 1 << 16)

@@ -52,8 +52,9 @@ RULES = (
          "transport, supervisor, cli, with pydantic, yaml and paramiko behind them) is "
          "neither shipped nor installed on the hosts"),
     Rule("agent is standalone", ("launcher.agent",),
-         allowed=("launcher", "launcher.bootstrap", "launcher.netif", "launcher.standby",
-                  "launcher.firewall", "launcher.hostruns"),
+         allowed=("launcher", "launcher.bootstrap", "launcher.netif", "launcher.outlines",
+                  "launcher.proctree", "launcher.standby", "launcher.firewall",
+                  "launcher.hostruns"),
          allowed_names=frozenset({"__version__", "firewall"}),
          reason="the agent runs on every host from the shipped bundle with `python -S`, "
          "standard library only; nothing of the launcher side (config, plan, supervisor, "
@@ -68,6 +69,12 @@ RULES = (
     Rule("host run retention is standard library", ("launcher.hostruns",), allowed=(),
          reason="launcher/hostruns.py is shipped with the agent, which prunes old run "
          "folders when it starts: it runs with `python -S` on every host"),
+    Rule("process trees are standard library", ("launcher.proctree",), allowed=(),
+         reason="launcher/proctree.py is shipped with the agent, which tracks every "
+         "task's process tree with it: it runs with `python -S` on every host"),
+    Rule("output lines are standard library", ("launcher.outlines",), allowed=(),
+         reason="launcher/outlines.py is shipped with the agent, which cuts every task's "
+         "output into lines with it: it runs with `python -S` on every host"),
     Rule("package init is import-free", ("launcher",), no_imports_at_all=True,
          reason="launcher/__init__.py is shipped to the hosts and runs before every "
          "import of the agent, bootstrap and runtime"),

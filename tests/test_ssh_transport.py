@@ -13,6 +13,7 @@ import queue
 import re
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -363,44 +364,54 @@ def test_transport_error_names_the_host_and_keeps_the_others_closed(cluster, tmp
 def test_agent_command_quotes_every_value():
     command = agent_command("/opt/my python/bin/python3", "x/0.1.0-abc", "h; rm -rf /",
                             "~/.mgpu-launch/runs/r/h", 2.0)
-    assert "'/opt/my python/bin/python3' -S -m launcher.agent" in command  # light start
-    assert "'h; rm -rf /'" in command
-    assert command.startswith('test -f "$HOME"/x/0.1.0-abc/launcher/agent.py || ')
-    assert "exit 98; }" in command
+    # One process: the interpreter checks the cache, then runs the agent (light start).
+    assert command.startswith("exec '/opt/my python/bin/python3' -S -c 'import os,sys\n")
+    assert "' launcher.agent --host 'h; rm -rf /' " in command
+    assert 'c=b+"/"+"x/0.1.0-abc"' in command and "sys.exit(98)" in command
+    assert 'b="" or os.environ.get("HOME","")' in command  # the cache under $HOME
     uploaded = agent_command("python3", "x/v", "h", "~/r", 2.0, home="/srv/home dir")
-    assert "PYTHONPATH='/srv/home dir/x/v' " in uploaded  # where SFTP put the bundle
-    assert 'exec env PYTHONPATH="$HOME"/x/0.1.0-abc ' in command
+    assert 'b="/srv/home dir" or ' in uploaded  # where SFTP put the bundle
     assert "--run-dir '~/.mgpu-launch/runs/r/h'" in command  # the agent expands ~
+    for tool in ("find", "id -u", "head", "$(", "env "):
+        assert tool not in command  # no process but the interpreter per login
 
 
 def test_the_agent_command_runs_no_code_from_a_cache_others_could_write(tmp_path: Path):
-    """The remote shell's check, run by a real bash with HOME in a temp folder;
-    `true` stands in for python, so a command that passes the check exits 0."""
-    import os
-    import subprocess
-
+    """The remote command's check, run by a real bash with HOME in a temp folder
+    and a real interpreter; the bundle's stand-in agent prints its argv."""
     cache = ".cache/mgpu-launch/code/0.1.0-abc"
     bundle = tmp_path / cache
     (bundle / "launcher").mkdir(parents=True, mode=0o700)
     for folder in (tmp_path / ".cache/mgpu-launch", tmp_path / ".cache/mgpu-launch/code"):
         folder.chmod(0o700)
+    for name in ("__init__.py", "agent.py"):
+        (bundle / "launcher" / name).write_text(
+            "import os, sys\nprint('agent', __name__, sys.argv[1:], os.environ['PYTHONPATH'])\n"
+            if name == "agent.py" else "")
+        (bundle / "launcher" / name).chmod(0o600)
     agent = bundle / "launcher" / "agent.py"
-    agent.write_text("print('agent')\n")
-    agent.chmod(0o600)
-    command = agent_command("true", cache, "h", "~/r", 2.0)
+    command = agent_command(sys.executable, cache, "h", "~/r", 2.0)
 
     def run() -> subprocess.CompletedProcess:
         return subprocess.run(["bash", "-c", command], env={**os.environ, "HOME": str(tmp_path)},
                               capture_output=True, text=True, timeout=30)
 
-    assert run().returncode == 0
+    ran = run()
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.split()[:3] == ["agent", "__main__", "['--host',"], ran.stdout
+    assert ran.stdout.rstrip().endswith(str(bundle))  # the tasks' PYTHONPATH
     agent.chmod(0o620)  # group-writable: someone else could plant code there
     refused = run()
     assert refused.returncode == 97 and str(agent) in refused.stderr, refused.stderr
+    assert "agent" not in refused.stdout
     agent.chmod(0o600)
     os.chown(tmp_path / ".cache/mgpu-launch/code", 65534, 65534)  # another user's folder
     refused = run()
     assert refused.returncode == 97 and "mgpu-launch/code" in refused.stderr, refused.stderr
+    os.chown(tmp_path / ".cache/mgpu-launch/code", os.getuid(), os.getgid())
+    agent.unlink()
+    missing = run()
+    assert missing.returncode == 98 and f"no bundle; HOME={tmp_path}" in missing.stderr
 
 
 def _target(**changes) -> HostTarget:

@@ -373,3 +373,16 @@ def test_the_live_view_gets_numbers_only(tmp_path: Path):
     assert h.supervisor.run().status == "succeeded"
     assert rows and all(r.loss is None for r in rows)
     assert any(r.step == 5 for r in rows)
+
+
+def test_a_burst_longer_than_a_batch_loses_no_line(tmp_path: Path):
+    def script(generation: int, name: str):
+        burst = [(2.0, "output", {"text": f"{name} line {n}"}) for n in range(1, 1601)]
+        return [*burst, (5.0, "exit", {"code": 0})]
+
+    h = harness(tmp_path, script)
+    assert h.supervisor.run().status == "succeeded"
+    h.supervisor._recorder.close()
+    for name in ("worker0", "worker1"):
+        log = (tmp_path / "logs" / f"host{name[-1]}-{name}.log").read_text().splitlines()
+        assert log == [f"{name} line {n}" for n in range(1, 1601)]

@@ -164,6 +164,17 @@ def run(agent: AgentProc, task: str, generation: int, script: str, *args: str) -
     return {"started": started, "exited": exited, "view": views[-1] if views else None}
 
 
+def ready_standbys(agent: AgentProc, task: str) -> int:
+    """How many standbys of `task` have said they are ready (TensorFlow imported)."""
+    return len([m for m in agent.events("log")
+                if m.get("text", "").startswith(f"standby of {task} ready")])
+
+
+def standby_ready(agent: AgentProc, task: str, count: int = 1) -> None:
+    wait_for(lambda: ready_standbys(agent, task) >= count, timeout=120,
+             what=f"standby {count} of {task} ready")
+
+
 def comparable(view: dict) -> dict:
     view = dict(view)
     view["env"] = {k: v for k, v in view["env"].items() if k not in PER_START_VALUES}
@@ -174,6 +185,7 @@ def comparable(view: dict) -> dict:
 
 def test_a_script_sees_the_same_under_a_cold_and_a_warm_start(agent):
     cold = run(agent, "worker0", 0, "probe.py", "3")
+    standby_ready(agent, "worker0")
     warm = run(agent, "worker0", 1, "probe.py", "3")
     assert cold["started"]["start"] == "cold"
     assert "no standby yet" in cold["started"]["start_reason"]
@@ -188,6 +200,7 @@ def test_a_script_sees_the_same_under_a_cold_and_a_warm_start(agent):
 
 def test_an_uncaught_exception_is_reported_the_same_way(agent):
     cold = run(agent, "worker1", 0, "probe.py", "raise")
+    standby_ready(agent, "worker1")
     warm = run(agent, "worker1", 1, "probe.py", "raise")
     assert (cold["started"]["start"], warm["started"]["start"]) == ("cold", "warm")
     assert cold["exited"]["code"] == warm["exited"]["code"] == 1
@@ -202,11 +215,26 @@ def test_an_uncaught_exception_is_reported_the_same_way(agent):
 
 def test_a_leading_default_is_taken_ahead_and_the_start_is_warm(agent):
     cold = run(agent, "worker2", 0, "default_keras.py")
+    standby_ready(agent, "worker2")
     warm = run(agent, "worker2", 1, "default_keras.py")
     assert (cold["started"]["start"], warm["started"]["start"]) == ("cold", "warm"), warm
     assert cold["view"] == warm["view"]  # the same Keras, the same environment value
     assert warm["view"]["dense"].startswith("tf_keras.") and warm["view"]["legacy"] == "1"
     assert cold["exited"]["code"] == warm["exited"]["code"] == 3
+
+
+def test_a_start_is_cold_at_once_when_its_standby_is_still_importing(agent):
+    # worker3 fails at once: its standby is started then, and the next start
+    # comes before TensorFlow is imported in it. That start must not wait for it.
+    run(agent, "worker3", 0, "probe.py", "3")
+    early = run(agent, "worker3", 1, "probe.py", "3")
+    assert early["started"]["start"] == "cold", early["started"]
+    assert "standby was not ready" in early["started"]["start_reason"]
+    assert not early["view"]["tf"]  # a fresh interpreter, not the importing standby
+    standby_ready(agent, "worker3", ready_standbys(agent, "worker3") + 1)  # started after it
+    late = run(agent, "worker3", 2, "probe.py", "3")
+    assert late["started"]["start"] == "warm", late["started"]
+    assert late["view"]["tf"]
 
 
 def test_a_failed_task_exits_quickly_and_loses_nothing(agent):

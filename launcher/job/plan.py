@@ -32,6 +32,7 @@ from .config import (
     keras_backend,
     redact_env,
 )
+from .stalls import TF_HEARTBEAT_S
 from .strategy import COLLECTIVE, ON_JAX, Strategy
 
 # Order of roles in TF_CONFIG and in the task list: the chief first.
@@ -478,8 +479,9 @@ def _shared_env(config: ClusterConfig, checkpoint_dir: str, generation: int,
         "MGPU_KERAS": config.keras,
         "MGPU_SAVE_FREQ": str(config.checkpoint.save_freq),
     }
-    # Shorter than TF's 10 s default: a hung peer is noticed in ~3 s (docs/design.md).
-    shared_env.setdefault("MGPU_TF_HEARTBEAT_S", "3")
+    # Long enough to survive a frozen or starved task (stalls.py); a frozen task
+    # is a hang by the launcher's own bound, sooner (docs/fault-tolerance.md).
+    shared_env.setdefault("MGPU_TF_HEARTBEAT_S", str(TF_HEARTBEAT_S))
     if config.strategy in ON_JAX:
         for key, value in _jax_env(config).items():
             shared_env.setdefault(key, value)  # an `env:` value wins

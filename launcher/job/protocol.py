@@ -18,6 +18,9 @@ from typing import Any
 # A task output line is cut at this many characters (the agent cuts first, at
 # 8 KiB of bytes; this bounds what a misbehaving agent could send).
 MAX_LINE = 8192
+# An output line as the agent sends it: its cut text and its own marker, which
+# must survive (it says how many bytes were cut).
+MAX_OUTPUT_TEXT = MAX_LINE + 128
 MAX_TAIL_LINES = 30
 MAX_STACK = 256 * 1024
 MAX_ERROR_FIELD = 8000
@@ -72,7 +75,7 @@ def _output(message: dict, clean: dict) -> None:
     text = message.get("text")
     if not isinstance(text, str):
         raise BadMessage("output: text is not a string")
-    clean["text"] = _text(text, MAX_LINE)
+    clean["text"] = _text(text, MAX_OUTPUT_TEXT)
     clean["stream"] = "stderr" if message.get("stream") == "stderr" else "stdout"
 
 
@@ -114,7 +117,7 @@ def _exited(message: dict, clean: dict) -> None:
     tail = message.get("tail") or []
     if not isinstance(tail, list):
         raise BadMessage("exited: tail is not a list")
-    clean["tail"] = [_text(line, MAX_LINE) for line in tail[-MAX_TAIL_LINES:]
+    clean["tail"] = [_text(line, MAX_OUTPUT_TEXT) for line in tail[-MAX_TAIL_LINES:]
                      if isinstance(line, str)]
     error = message.get("error")
     if isinstance(error, dict):

@@ -26,6 +26,7 @@ class TaskState(enum.Enum):
     STARTING/RUNNING -> LOST      its host was lost (its agent kills it, unconfirmed)
     STARTING/RUNNING -> STOPPING  teardown began (SIGTERM sent)
     STOPPING -> STOPPED    exit confirmed during teardown
+    STOPPING -> SUCCEEDED  exited 0 by itself before the stop reached it (a `job` task)
     STOPPING -> LOST       no confirmation within grace + slack (host unreachable)
     FAILED   -> STARTING   only a ParameterServerStrategy worker, restarted alone
 
@@ -54,7 +55,7 @@ TRANSITIONS: dict[TaskState, frozenset[TaskState]] = {
                                    TaskState.STOPPING}),
     TaskState.RUNNING: frozenset({TaskState.SUCCEEDED, TaskState.FAILED, TaskState.LOST,
                                   TaskState.STOPPING}),
-    TaskState.STOPPING: frozenset({TaskState.STOPPED, TaskState.LOST}),
+    TaskState.STOPPING: frozenset({TaskState.STOPPED, TaskState.SUCCEEDED, TaskState.LOST}),
     TaskState.FAILED: frozenset({TaskState.STARTING}),
     TaskState.SUCCEEDED: frozenset(),
     TaskState.STOPPED: frozenset(),

@@ -14,6 +14,7 @@ Must not import: cli. Talks to hosts only through `AgentLink`s.
 
 from __future__ import annotations
 
+import os
 import queue
 import signal as signals
 import threading
@@ -26,6 +27,7 @@ from ..ops.printer import Printer
 from ..transport import AgentLink, AgentMessage
 from . import checkpoints, keras_fallback, resumes
 from .classify import RESTART_ME_EXIT, OutputWatcher, classify_exit, script_mistake
+from .noise import NoiseFolder
 from .plan import Plan, Task, task_label
 from .protocol import BadMessage, check_message
 from .recovery import (
@@ -39,6 +41,7 @@ from .recovery import (
     innermost_frame,
 )
 from .rundir import RunRecorder, log_file_name
+from .stalls import StoppedWatch
 from .states import (
     Failure,
     IllegalTransition,
@@ -53,6 +56,9 @@ from .strategy import framework as strategy_framework
 
 POLL_S = 0.1
 MAX_BATCH = 500  # messages handled per loop turn before the checks run again
+# At a generation's end, for what is still queued (transport/inbox.py): at most
+# 20,000 lines, seconds even on a busy host; a second Ctrl-C cuts it short.
+DRAIN_S = 10.0
 # After the grace period's SIGKILL, how long to wait for agents to confirm
 # every exit before giving up on a task (its host is then unreachable).
 TEARDOWN_SLACK_S = 5.0
@@ -106,6 +112,7 @@ class _Generation:
     # Stacks asked for before a hang teardown: until when to wait for them.
     stacks_deadline: float | None = None
     stacks_pending: set[str] = field(default_factory=set)
+    stopped: StoppedWatch = field(default_factory=StoppedWatch)  # frozen tasks (SIGSTOP)
 
     @property
     def tearing_down(self) -> bool:
@@ -158,6 +165,7 @@ class Supervisor:
         self._events = events
         self._recorder = recorder
         self._printer = printer
+        self._noise = NoiseFolder(enabled=not printer.verbose)  # TF start-up: one line a task
         self._policy = policy
         self._reconnect = reconnect
         self._checkpoint_probe = checkpoint_probe
@@ -412,13 +420,14 @@ class Supervisor:
             message = self._next_message(POLL_S)
             # Drain a burst in one go: a flood of output lines must not delay
             # the exit report queued behind it by a loop turn per line.
-            for _ in range(MAX_BATCH):
+            for handled in range(1, MAX_BATCH + 1):
                 if message is None:
                     break
                 self._handle_safely(gen, message)
-                # ...but act on a failure at once, before more lines are read.
+                # ...but act on a failure at once, before more lines are read
+                # (and take no message the batch would not handle: it would be lost).
                 settled = gen.tearing_down or gen.failure is not None
-                message = None if settled else self._next_message(0)
+                message = None if settled or handled == MAX_BATCH else self._next_message(0)
             if self._clock() >= next_watch:
                 next_watch = self._clock() + 0.5
                 self._watch_silence(gen)
@@ -435,12 +444,25 @@ class Supervisor:
                 self._begin_teardown(gen, grace_s=self._failure_grace(gen.failure, gen.plan))
             elif gen.jobs_done():
                 if not gen.services_left():
+                    self._drain(gen)
                     return gen
                 # Servers (ps, PS-strategy workers) never exit by themselves.
                 self._printer.notice("training finished; stopping the servers")
                 self._begin_teardown(gen)
+        self._drain(gen)
         self._recorder.event("teardown_done", generation=plan.generation)
         return gen
+
+    def _drain(self, gen: _Generation) -> None:
+        """Handle what is still queued as a generation ends (in a flood, output
+        that an exit went ahead of: the logs get a task's last lines), for at
+        most DRAIN_S."""
+        deadline = self._clock() + DRAIN_S
+        while self._clock() < deadline and self._stop_count <= self._handled_stops:
+            message = self._next_message(0)
+            if message is None:
+                return
+            self._handle_safely(gen, message)
 
     def _start(self, gen: _Generation, task: Task) -> None:
         record = gen.records[task.name]
@@ -485,6 +507,19 @@ class Supervisor:
                            reason=f"made no progress for {silent:.0f} s (no output, no "
                            f"progress report; restart.hang_timeout_s="
                            f"{self._policy.hang_timeout_s:g})")
+
+    def _watch_stopped(self, gen: _Generation, record: TaskRecord, status: object,
+                       t: object) -> None:
+        """A task frozen (SIGSTOP) past `stalls.STOPPED_HANG_S` is hung; a shorter
+        freeze (a VM pause, a starved host) passes."""
+        span = gen.stopped.hung(f"{record.task.host}/{record.task.name}", status, t)
+        if (span is None or gen.tearing_down or gen.failure is not None
+                or record.state is not TaskState.RUNNING or record.task.lifetime != "job"):
+            return
+        self._fail(gen, record, gone=False, kind="hang",
+                   reason=f"was stopped (SIGSTOP, Ctrl-Z or a debugger) for {span:.1f} s "
+                   f"(a freeze over {gen.stopped.limit_s:g} s is a hang): its peers cannot "
+                   "go on without it")
 
     def _watch_start(self, gen: _Generation, now: float) -> None:
         """`restart.start_timeout_s`: every task started, and a cluster that
@@ -554,6 +589,7 @@ class Supervisor:
                 record = gen.records.get(task_name)
                 if record is not None and record.task.host == message.host:
                     record.usage = usage
+                    self._watch_stopped(gen, record, usage.get("status"), body.get("t"))
             return
         name = body.get("task")
         record = gen.records.get(name) if name else None
@@ -621,7 +657,8 @@ class Supervisor:
         name, text = body.get("task"), body.get("text", "")
         record = gen.records.get(name) if gen and name else None
         label = record.task.label if record else task_label(message.host, name)
-        self._printer.task_line(label, text)
+        for shown in self._noise.show(label, text, self._log_path(message.host, name)):
+            self._printer.task_line(label, shown)
         self._recorder.log_line(log_file_name(message.host, name), text)
         if record is None or gen is None or body.get("generation") != gen.plan.generation:
             return
@@ -677,7 +714,16 @@ class Supervisor:
                              reason=reason)
         self._printer.notice(f"root cause: {gen.failure.describe()}")
 
+    def _log_path(self, host: str, name: str | None) -> str:
+        """A task's log file as the user may type it (relative when under the cwd)."""
+        path = os.path.join(self._recorder.logs_dir, log_file_name(host, name))
+        relative = os.path.relpath(path)
+        return path if relative.startswith("..") else relative
+
     def _on_exit(self, gen: _Generation, record: TaskRecord, body: dict[str, Any]) -> None:
+        for shown in self._noise.flush(record.task.label,
+                                       self._log_path(record.task.host, record.task.name)):
+            self._printer.task_line(record.task.label, shown)
         record.exit_code = body.get("code")
         record.signal = body.get("signal")
         self._recorder.event(
@@ -688,6 +734,10 @@ class Supervisor:
         tail = tuple(body.get("tail") or ())
         reason = classify_exit(record.exit_code, record.signal, body.get("error"), tail)
         if gen.tearing_down or record.state is TaskState.STOPPING:
+            if not body.get("stopping") and record.exit_code == 0 \
+                    and record.task.lifetime == "job":
+                record.move(TaskState.SUCCEEDED)  # done before the stop reached it
+                return
             record.move(TaskState.STOPPED)
             if not body.get("stopping") and record.exit_code != 0:
                 # It died by itself, maybe before what started the teardown (its

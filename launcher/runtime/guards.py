@@ -7,12 +7,14 @@ Owns post-import hooks on TensorFlow's distribute modules:
   started as several workers, would train alone in every process and have all of
   them write the same checkpoints. A worker of a multi-worker cluster that builds
   one fails at once with an error naming the fix.
-- a shorter coordination-service heartbeat (`MGPU_TF_HEARTBEAT_S`): MWMS
+- the coordination-service heartbeat timeout (`MGPU_TF_HEARTBEAT_S`): MWMS
   configures TensorFlow's coordination service only when nothing configured it
   before (`context().coordination_service is None`); configuring it just before
-  MWMS does, with the same jobs and leader plus a heartbeat timeout, makes a
-  hung or vanished peer noticed in seconds instead of ~10 s, without touching
-  the script. The shutdown barrier is left alone (shortening it hangs exits).
+  MWMS does, with the same jobs and leader plus a heartbeat timeout, sets how
+  long a silent peer is tolerated without touching the script (the plan sets
+  15 s, longer than TF's 10 s: a frozen or starved task must survive a few
+  seconds; the launcher sees a stopped task itself). The shutdown barrier is
+  left alone (shortening it hangs exits).
   This reaches private TensorFlow code: if it moved, the task keeps TF's
   defaults and says so in one warning line.
 - `Server.join()` waits in Python, so the launcher's SIGTERM ends a ps task
@@ -171,8 +173,8 @@ def warn_tf_moved(what: str) -> None:
 
     version = getattr(sys.modules.get("tensorflow"), "__version__", "?")
     print(f"mgpu-launch: warning: TensorFlow {version}: {what}; using TensorFlow's default "
-          "coordination heartbeat (a hung peer is noticed in ~10 s, not "
-          f"{os.environ.get('MGPU_TF_HEARTBEAT_S', '3')} s)", file=sys.stderr, flush=True)
+          "coordination heartbeat timeout (10 s, not "
+          f"{os.environ.get('MGPU_TF_HEARTBEAT_S', '15')} s)", file=sys.stderr, flush=True)
 
 
 def _coordination_config(module: ModuleType | None) -> ModuleType:

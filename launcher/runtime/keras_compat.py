@@ -40,13 +40,12 @@ side.
 from __future__ import annotations
 
 import functools
-import inspect
 import json
 import os
 import sys
 import threading
+from collections import namedtuple
 from collections.abc import Callable
-from dataclasses import dataclass
 from types import ModuleType
 
 # Keras 3 lines the Keras matrix runs the e2e tests on (with TF 2.16, 2.19, 2.21).
@@ -153,6 +152,8 @@ def refusal_message(version: str, moved: list[str] | tuple[str, ...] = ()) -> st
 
 
 def _source(obj: object) -> str:
+    import inspect  # here, as in _params: the bootstrap imports this module in every task
+
     try:
         return inspect.getsource(obj)  # type: ignore[arg-type]
     except (OSError, TypeError):
@@ -162,6 +163,8 @@ def _source(obj: object) -> str:
 def _params(func: object, what: str) -> list[str]:
     if not callable(func):
         raise CannotPatch(f"{what} is gone")
+    import inspect
+
     try:
         return list(inspect.signature(func).parameters)
     except (TypeError, ValueError) as exc:
@@ -178,13 +181,10 @@ _SYMBOLIC_REDUCE = "distribute_strategy.reduce("
 _MEAN_AXIS_0 = ('"MEAN", v, axis=0', "'MEAN', v, axis=0")
 
 
-@dataclass(frozen=True)
-class Outcome:
-    """What one fix did: `patched`, `not needed` (the bug is absent) or `cannot`."""
-
-    name: str
-    status: str
-    detail: str = ""
+# What one fix did: `patched`, `not needed` (the bug is absent) or `cannot`.
+# (A namedtuple, not a dataclass: dataclasses imports inspect, ~10-40 ms at
+# every task's start, which a fan-out to many hosts pays on each.)
+Outcome = namedtuple("Outcome", ["name", "status", "detail"], defaults=[""])
 
 
 def _attempt(name: str, fix: Callable[[], str]) -> Outcome:
@@ -445,6 +445,8 @@ def guard_trainer(trainer: ModuleType, version: str) -> None:
         if _allow_unfixed():
             return
         moved = list(_unfixable.values())
+        import inspect
+
         try:
             bound = inspect.signature(method).bind_partial(self, *args, **kwargs)
             callbacks = bound.arguments.get("callbacks") or []

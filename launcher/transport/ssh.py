@@ -51,34 +51,57 @@ REMOTE_CACHE = ".cache/mgpu-launch/code"  # relative to the remote home director
 # ---------------------------------------------------------------- the agent
 
 
+# Run by the remote shell as `python -S -c`, before any code of the cache:
+# the bundle must be there (else exit 98) and the cache folders and every file
+# of the bundle this user's and writable by nobody else (else exit 97, naming
+# them), then the agent runs from it as `python -S -m launcher.agent` would.
+# In the interpreter the agent needs anyway: no `find`, `id` or subshell per
+# login (each a process the login pays for, 32 hosts at once on a fan-out).
+# Its first argument is the module's name, for `ps`; the agent's own follow.
+_AGENT_MAIN = """import os,sys
+b=%(home)s or os.environ.get("HOME","")
+c=b+"/"+%(cache)s
+if not os.path.isfile(c+"/launcher/agent.py"):
+    sys.stderr.write("no bundle; HOME="+os.environ.get("HOME","")+"\\n");sys.exit(%(missing)d)
+u=os.getuid();bad=[]
+def chk(p):
+    try:
+        s=os.lstat(p)
+        if s.st_uid!=u or s.st_mode&0o22:bad.append(p)
+    except OSError as e:bad.append(str(e))
+for p in [b+"/"+q for q in %(parents)s]+[c]:chk(p)
+for d,ds,fs in os.walk(c,onerror=lambda e:bad.append(str(e))):
+    for n in ds+fs:chk(d+"/"+n)
+if bad:
+    sys.stderr.write("not yours alone: "+" ".join(bad[:3])+"\\n");sys.exit(%(unsafe)d)
+os.environ["PYTHONPATH"]=c;sys.path.insert(0,c);sys.argv[:2]=[c+"/launcher/agent.py"]
+import runpy
+runpy.run_module("launcher.agent",run_name="__main__",alter_sys=True)
+"""
+
+
 def agent_command(python: str, cache: str, host: str, run_dir: str, eof_grace_s: float,
                   lease_s: float = DEFAULT_LEASE_S, home: str | None = None) -> str:
-    """The remote command: run the cached agent, or exit 98 when the cache lacks it.
+    """The remote command: run the cached agent, or exit 98 when the cache lacks it
+    (97 when someone else could have written to it: `_AGENT_MAIN`).
 
-    `exec`, so the agent replaces the remote shell. That shell still reads the
-    user's rc file first (Debian's bash sources ~/.bashrc for any command sshd
+    `exec`, so the interpreter replaces the remote shell. That shell still reads
+    the user's rc file first (Debian's bash sources ~/.bashrc for any command sshd
     runs; a pyenv init there costs ~0.1 s of CPU per host): no client can
-    avoid it, so the agent keeps its own start light instead (`python -S`).
+    avoid it, so the agent keeps its own start light instead (`python -S`,
+    nothing else started by the shell).
     The cache is under `home` when given (the SFTP session's home, where the
-    bundle was uploaded), else under the shell's `"$HOME"`, the only part the
-    remote shell expands; every other value is quoted. `run_dir` may start
-    with `~/`: the agent expands it. On exit 98 the shell says its $HOME.
+    bundle was uploaded), else under `$HOME` as the interpreter sees it;
+    every value is quoted. `run_dir` may start with `~/`: the agent expands
+    it. On exit 98 it says its $HOME.
     """
-    def under_home(path: str) -> str:
-        return shlex.quote(f"{home}/{path}") if home else f'"$HOME"/{shlex.quote(path)}'
-
-    code = under_home(cache)
     root = posixpath.dirname(cache.rstrip("/"))
-    parents = " ".join(under_home(p) for p in (posixpath.dirname(root), root) if p)
-    # Code someone else could have written is never run: the cache folders and
-    # every file of the bundle must be this user's and writable by nobody else.
-    unsafe = r"\( ! -uid $(id -u) -o -perm /022 \) -print"
-    return (f"test -f {code}/launcher/agent.py || "
-            f'{{ echo "no bundle; HOME=$HOME" >&2; exit {EXIT_BUNDLE_MISSING}; }}; '
-            f"bad=$({{ find {parents} -maxdepth 0 {unsafe}; find {code} {unsafe}; }} "
-            f"2>&1 | head -n 3); "
-            f'test -z "$bad" || {{ echo "not yours alone: $bad" >&2; exit {EXIT_UNSAFE_CACHE}; }}; '
-            f"exec env PYTHONPATH={code} {shlex.quote(python)} -S -m launcher.agent "
+    parents = [p for p in (posixpath.dirname(root), root) if p]
+    main = _AGENT_MAIN % {"home": json.dumps(home or ""), "cache": json.dumps(cache),
+                          "parents": json.dumps(parents),
+                          "missing": EXIT_BUNDLE_MISSING, "unsafe": EXIT_UNSAFE_CACHE}
+    # `launcher.agent` stays on its command line (ps, `pgrep -f launcher.agent`).
+    return (f"exec {shlex.quote(python)} -S -c {shlex.quote(main)} launcher.agent "
             f"--host {shlex.quote(host)} --run-dir {shlex.quote(run_dir)} "
             f"--eof-grace {float(eof_grace_s):g} --lease {float(lease_s):g}")
 
