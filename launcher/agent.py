@@ -68,7 +68,7 @@ from launcher.bootstrap import stacks_signal
 from launcher.hostruns import KEEP_RUNS, hold_lock, prune, runs_root
 from launcher.netif import ipv4_interfaces
 from launcher.outlines import LineSplitter
-from launcher.proctree import TaskTree, Tracker, cgroup_home
+from launcher.proctree import TaskTree, Tracker, cgroup_home, has_env, proc_stat, processes
 
 # Optional on hosts: adds CPU/RSS to heartbeats and finds escaped children.
 # Imported on first use (a heartbeat with a running task, or a stop), not at
@@ -681,9 +681,9 @@ class Agent:
     def _record(self, name: str, generation: int | None, pid: int, token: str) -> str | None:
         """Write a task's (or, with generation None, a standby's) pid file, for
         a later agent to reap it if we die."""
-        start = _proc_stat(pid)
+        start = proc_stat(pid)
         record = {"task": name, "generation": generation, "pid": pid,
-                  "start": start[2] if start else None, "token": token,
+                  "start": start[3] if start else None, "token": token,
                   "agent_pid": os.getpid()}
         path = os.path.join(self.run_dir, "pids", f"{name}-{token}.json")
         try:  # whatever fails here, the task runs on and is watched (a full disk...)
@@ -852,7 +852,7 @@ class Agent:
             return task.stacks_problem or "stack dumps are off for this task"
         pid = task.proc.pid
         name = _signal_name(task.stacks_signum)
-        stat = _proc_stat(pid)
+        stat = proc_stat(pid)
         if stat is not None and stat[0] in "Tt":
             return "the process is stopped (SIGSTOP or a debugger): it cannot write its stacks"
         caught = _caught_signals(pid)
@@ -1089,17 +1089,6 @@ def _signal_name(signum: int) -> str:
 # ---------------------------------------------------------------- /proc
 
 
-def _proc_stat(pid: int) -> tuple[str, int, int] | None:
-    """(state, process group, start time in clock ticks since boot), Linux only."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            data = handle.read()
-        fields = data[data.rindex(b")") + 2:].split()
-        return fields[0].decode(), int(fields[2]), int(fields[19])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 def _caught_signals(pid: int) -> int | None:
     """The task's SigCgt mask (bit n-1 = signal n has a handler); None if unknown."""
     try:
@@ -1124,29 +1113,6 @@ def _read_record(path: str) -> dict | None:
     return record if ok else None
 
 
-def _processes() -> dict[int, tuple[str, int, int]]:
-    """Every live (non-zombie) process but us: pid -> (state, group, start)."""
-    table = {}
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return {}
-    for entry in entries:
-        if entry.isdigit() and int(entry) != os.getpid():
-            stat = _proc_stat(int(entry))
-            if stat is not None and stat[0] not in "ZX":
-                table[int(entry)] = stat
-    return table
-
-
-def _has_token(pid: int, needle: bytes) -> bool:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as handle:
-            return needle in handle.read().split(b"\0")
-    except OSError:
-        return False
-
-
 def _leftovers(records: list[dict]) -> dict[int, set[int]]:
     """Live processes of each recorded task: record index -> pids.
 
@@ -1156,16 +1122,17 @@ def _leftovers(records: list[dict]) -> dict[int, set[int]]:
     leader has the recorded start time, or a member has the token): a pid
     reused since then is never touched.
     """
-    table = _processes()
+    # pid -> (state, parent, group, start), never us
+    table = {pid: stat for pid, stat in processes().items() if pid != os.getpid()}
     found: dict[int, set[int]] = {}
     for index, record in enumerate(records):
         needle = f"{TOKEN_VAR}={record['token']}".encode()
         start = record.get("start")
         pids = {pid for pid, stat in table.items()
-                if (start is None or stat[2] >= start) and _has_token(pid, needle)}
+                if (start is None or stat[3] >= start) and has_env(pid, needle)}
         leader = table.get(record["pid"])
-        if pids or (leader is not None and start is not None and leader[2] == start):
-            pids |= {pid for pid, stat in table.items() if stat[1] == record["pid"]}
+        if pids or (leader is not None and start is not None and leader[3] == start):
+            pids |= {pid for pid, stat in table.items() if stat[2] == record["pid"]}
         if pids:
             found[index] = pids
     return found

@@ -32,19 +32,19 @@ REAP_WAIT_S = 2.0  # after SIGKILL, how long to wait for the tree to be gone
 CGROUP_PREFIX = "mgpu-"
 
 
-def _stat(pid: int) -> tuple[str, int, int] | None:
-    """(state, parent pid, start time in clock ticks since boot)."""
+def proc_stat(pid: int) -> tuple[str, int, int, int] | None:
+    """(state, parent pid, process group, start time in clock ticks since boot)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as handle:
             data = handle.read()
         fields = data[data.rindex(b")") + 2:].split()
-        return fields[0].decode(), int(fields[1]), int(fields[19])
+        return fields[0].decode(), int(fields[1]), int(fields[2]), int(fields[19])
     except (OSError, ValueError, IndexError):
         return None
 
 
-def _table() -> dict[int, tuple[int, int]]:
-    """Every live (non-zombie) process: pid -> (parent pid, start)."""
+def processes() -> dict[int, tuple[str, int, int, int]]:
+    """Every live (non-zombie) process: pid -> `proc_stat`."""
     table = {}
     try:
         entries = os.listdir("/proc")
@@ -52,13 +52,19 @@ def _table() -> dict[int, tuple[int, int]]:
         return {}
     for entry in entries:
         if entry.isdigit():
-            stat = _stat(int(entry))
+            stat = proc_stat(int(entry))
             if stat is not None and stat[0] not in "ZX":
-                table[int(entry)] = (stat[1], stat[2])
+                table[int(entry)] = stat
     return table
 
 
-def _has_env(pid: int, needle: bytes) -> bool:
+def _table() -> dict[int, tuple[int, int]]:
+    """Every live (non-zombie) process: pid -> (parent pid, start)."""
+    return {pid: (stat[1], stat[3]) for pid, stat in processes().items()}
+
+
+def has_env(pid: int, needle: bytes) -> bool:
+    """Whether the process's environment holds `needle` (`NAME=value`)."""
     try:
         with open(f"/proc/{pid}/environ", "rb") as handle:
             return needle in handle.read().split(b"\0")
@@ -132,11 +138,11 @@ class TaskTree:
             if pid not in self._cgroup_pids():  # the child could not join it
                 _rmdir(self.cgroup)
                 self.cgroup = None
-        stat = _stat(pid)
+        stat = proc_stat(pid)
         with self._lock:
             self._root = pid
             if stat is not None:
-                self._members[pid] = stat[2]
+                self._members[pid] = stat[3]
 
     def spawn_failed(self) -> None:
         if self._procs_fd is not None:
@@ -162,12 +168,12 @@ class TaskTree:
         """The live processes of the tree now (the main process too, if alive)."""
         if self.cgroup:
             return {pid for pid in self._cgroup_pids()
-                    if (_stat(pid) or ("Z",))[0] not in "ZX"}
+                    if (proc_stat(pid) or ("Z",))[0] not in "ZX"}
         table = _table()
         self.grow(table)
         with self._lock:
             pids = set(self._members)
-        pids |= {pid for pid in table if pid != os.getpid() and _has_env(pid, self._needle)}
+        pids |= {pid for pid in table if pid != os.getpid() and has_env(pid, self._needle)}
         return pids
 
     def signal(self, signum: int) -> None:

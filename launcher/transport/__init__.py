@@ -38,6 +38,18 @@ class TransportError(Exception):
         super().__init__(f"{count} host{'s' if count > 1 else ''} not ready:\n{lines}")
 
 
+def every_host(
+    links: dict[str, AgentLink], problems: Sequence[HostProblem]
+) -> dict[str, AgentLink]:
+    """`connect`'s rule on what `connect_each` got: every host's link, or none
+    (the links made are closed) and a TransportError naming each failed host."""
+    if problems:
+        for link in links.values():
+            link.close()
+        raise TransportError(problems)
+    return links
+
+
 class Transport(Protocol):
     def connect(
         self, hosts: Sequence[HostTarget], run_dir: str, events: queue.Queue[AgentMessage]
@@ -66,4 +78,5 @@ class Transport(Protocol):
         ...
 
 
-__all__ = ["AgentLink", "AgentMessage", "HostProblem", "Transport", "TransportError"]
+__all__ = ["AgentLink", "AgentMessage", "HostProblem", "Transport", "TransportError",
+           "every_host"]

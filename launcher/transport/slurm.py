@@ -34,7 +34,7 @@ from pathlib import Path
 
 from ..job.plan import HostTarget, host_run_dir
 from ..job.slurm import allocation_ended
-from . import HostProblem, TransportError
+from . import HostProblem, every_host
 from .child import DEFAULT_LEASE_S, agent_argv, start_child_agent
 from .link import AgentLink, AgentMessage
 from .shipping import UnsafeCache, install_local
@@ -82,12 +82,7 @@ class SlurmTransport:
     def connect(
         self, hosts: Sequence[HostTarget], run_dir: str, events: queue.Queue[AgentMessage]
     ) -> dict[str, AgentLink]:
-        links, problems = self.connect_each(hosts, run_dir, events)
-        if problems:
-            for link in links.values():
-                link.close()
-            raise TransportError(problems)
-        return links
+        return every_host(*self.connect_each(hosts, run_dir, events))
 
     def connect_each(
         self, hosts: Sequence[HostTarget], run_dir: str, events: queue.Queue[AgentMessage]
