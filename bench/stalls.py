@@ -20,7 +20,6 @@ recovered. This bench runs a 2-worker MultiWorkerMirroredStrategy job
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import subprocess
@@ -29,23 +28,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from recovery import read_events  # bench/ is on sys.path when a bench runs
+
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "tests" / "scripts" / "fault_train.py"
 TIMEOUT_S = 300.0
-
-
-def read_events(run_dir: Path) -> list[dict]:
-    try:
-        lines = (run_dir / "events.jsonl").read_text().splitlines()
-    except OSError:
-        return []
-    out = []
-    for line in lines:
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            pass  # being written
-    return out
 
 
 def wait_until(predicate, what: str, proc: subprocess.Popen):
