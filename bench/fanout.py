@@ -52,9 +52,9 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from launcher.job.config import load_config  # noqa: E402
-from launcher.job.plan import host_targets  # noqa: E402
 from launcher.ops.sshsim import SimCluster, start_cluster  # noqa: E402
+from launcher.spec.config import load_config  # noqa: E402
+from launcher.spec.plan import host_targets  # noqa: E402
 from launcher.transport.ssh_connect import Connector  # noqa: E402
 
 TRIVIAL = "import os\nprint('ran on', os.environ.get('MGPU_HOST', os.uname().nodename))\n"

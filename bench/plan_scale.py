@@ -30,8 +30,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from launcher.job.config import ConfigError, load_config  # noqa: E402
-from launcher.job.plan import build_plan, host_targets  # noqa: E402
+from launcher.spec.config import ConfigError, load_config  # noqa: E402
+from launcher.spec.plan import build_plan, host_targets  # noqa: E402
 from launcher.transport.resolve import tf_addresses  # noqa: E402
 
 TARGET_10K_S = 5.0

@@ -1425,7 +1425,8 @@ EXIT_UNSAFE = 96  # the run dir is not the user's alone, or the bundle is not wh
 # The bundle's files, as launcher.transport.shipping lists them (kept in step by a test).
 BUNDLE_FILES = ("launcher/__init__.py", "launcher/agent.py", "launcher/bootstrap.py",
                 "launcher/netif.py", "launcher/outlines.py", "launcher/proctree.py",
-                "launcher/standby.py", "launcher/firewall.py", "launcher/hostruns.py")
+                "launcher/standby.py", "launcher/firewall.py", "launcher/hostruns.py",
+                "launcher/strategy.py")
 BUNDLE_DIRS = ("launcher/runtime",)
 
 

@@ -31,11 +31,25 @@ from pathlib import Path
 from typing import TextIO
 
 from . import __version__, firewall
-from .job import checkpoints, rundir, stops
-from .job.addresses import AddressError, TFAddress, with_interfaces
+from .job import checkpoints, stops
 from .job.checkpoints import checkpoint_state
 from .job.classify import signal_name
-from .job.config import (
+from .job.recovery import HostInfo
+from .job.states import Failure, RunResult
+from .job.supervisor import RestartPolicy, Supervisor
+from .ops import control, prereqs, usage
+from .ops.live import format_duration
+from .ops.printer import Printer
+from .spec import rundir
+from .spec.addresses import AddressError, TFAddress, with_interfaces
+from .spec.allocation import (
+    SlurmError,
+    read_allocation,
+    slurm_config,
+    why_stopped,
+    with_allocation,
+)
+from .spec.config import (
     ConfigError,
     LoadedConfig,
     dump_config,
@@ -43,7 +57,7 @@ from .job.config import (
     load_config,
     local_config,
 )
-from .job.plan import (
+from .spec.plan import (
     Plan,
     PlanError,
     build_plan,
@@ -53,20 +67,7 @@ from .job.plan import (
     render_plan,
     resolve_script,
 )
-from .job.recovery import HostInfo
-from .job.rundir import RunRecorder
-from .job.slurm import (
-    SlurmError,
-    read_allocation,
-    slurm_config,
-    why_stopped,
-    with_allocation,
-)
-from .job.states import Failure, RunResult
-from .job.supervisor import RestartPolicy, Supervisor
-from .ops import control, prereqs, usage
-from .ops.live import format_duration
-from .ops.printer import Printer
+from .spec.rundir import RunRecorder
 from .transport import TransportError
 from .transport.inbox import Inbox
 from .transport.local import LocalTransport

@@ -1,7 +1,7 @@
 """Retention of the run folders on a host: `~/.mgpu-launch/runs/<run>-<digest>/`.
 
 Every job leaves one folder per run on each real host (the agent's files:
-pid records, TF_CONFIG, error reports, stacks; launcher/job/plan.py
+pid records, TF_CONFIG, error reports, stacks; launcher/spec/plan.py
 `host_run_dir`). Without cleanup they pile up. The agent of each new job
 prunes them when it starts (in the background: the job does not wait):
 

@@ -1,7 +1,7 @@
 """This host's network interfaces and their IPv4 addresses, for the agent's hello.
 
 The launcher puts a host's address on a named interface into TF_CONFIG when
-the cluster file says `network_interface:` (launcher/job/addresses.py); the
+the cluster file says `network_interface:` (launcher/spec/addresses.py); the
 agent reports what the host has, so the choice is made where the interfaces
 are, and a missing one can be named with the ones that exist.
 

@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from launcher.job.config import local_config
-from launcher.job.plan import Plan, build_plan
 from launcher.job.recovery import HostInfo
-from launcher.job.rundir import RunRecorder
 from launcher.job.supervisor import RestartPolicy, Supervisor
 from launcher.ops.printer import Printer
+from launcher.spec.config import local_config
+from launcher.spec.plan import Plan, build_plan
+from launcher.spec.rundir import RunRecorder
 from launcher.transport import AgentMessage
 
 

@@ -22,7 +22,7 @@ import time
 import psutil
 
 from launcher.agent import EXIT_LEASE
-from launcher.job.plan import HostTarget
+from launcher.spec.plan import HostTarget
 from launcher.transport.link import AgentLink
 from launcher.transport.local import LocalTransport
 from launcher.transport.ssh import agent_command

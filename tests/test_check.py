@@ -118,8 +118,8 @@ def test_a_checkpoint_dir_that_is_not_shared_fails(tmp_path_factory, tmp_path):
 
 
 def test_a_slow_login_shell_is_noted_without_failing_the_check():
-    from launcher.job.plan import HostTarget
     from launcher.ops.check import HostReport, render
+    from launcher.spec.plan import HostTarget
 
     host = HostTarget(name="gpu1", address="10.0.0.1", python="python3", gpus=(),
                       ssh_user=None, ssh_port=22, identity_file=None,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.job.plan import HostTarget
 from launcher.ops.check import HostReport, judge_versions
+from launcher.spec.plan import HostTarget
 
 
 def report(name: str, **packages: str | None) -> HostReport:

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.job.config import ConfigError, load_config, parse_config
+from launcher.spec.config import ConfigError, load_config, parse_config
 from tests.conftest import run_cli
 
 GOOD = """\
@@ -156,7 +156,7 @@ def test_ssh_hosts_repeating_an_address_still_need_names():
 
 
 def test_secret_env_values_never_reach_the_dry_run_or_the_run_directory(tmp_path: Path):
-    from launcher.job.config import dump_config, local_config
+    from launcher.spec.config import dump_config, local_config
 
     (tmp_path / "train.py").write_text("print('hi')\n")
     (tmp_path / "cluster.yaml").write_text(

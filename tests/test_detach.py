@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import PYTHON, alive, cli_env, read_summary, run_cli, wait_for
+from tests.conftest import PYTHON, alive, cli_env, read_summary, run_cli, wait_for
 
 # Prints, reports progress, and waits for the release file. On SIGTERM it
 # "saves" until the release file exists (at most 2.5 s, within the default 3 s

@@ -21,7 +21,7 @@ from pathlib import Path, PurePosixPath
 
 import yaml
 
-from launcher.job.config import load_config
+from launcher.spec.config import load_config
 from tests.conftest import REPO, wait_for
 
 DOCKER = REPO / "docker"

@@ -180,7 +180,7 @@ def test_cluster_files_in_the_docs_use_only_known_keys():
     """Every key of a whole cluster file shown in the docs exists in the schema."""
     import yaml
 
-    from launcher.job.config import ClusterConfig
+    from launcher.spec.config import ClusterConfig
 
     def unknown(model, data, path=""):
         out = []

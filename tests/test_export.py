@@ -15,15 +15,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launcher.job.config import ConfigError, load_config
-from launcher.job.slurm import (
+from launcher.ops.export import ExportError, render_tfjob, tfjob_manifest
+from launcher.spec.allocation import (
     Allocation,
     SlurmError,
     expand_hostlist,
     read_allocation,
     with_allocation,
 )
-from launcher.ops.export import ExportError, render_tfjob, tfjob_manifest
+from launcher.spec.config import ConfigError, load_config
 from tests.conftest import run_cli
 from tests.tfjob_schema import validate_network_policy, validate_tfjob
 

@@ -11,9 +11,9 @@ import pytest
 
 from launcher.job import keras_fallback
 from launcher.job.classify import classify_exit
-from launcher.job.config import local_config
-from launcher.job.plan import build_plan
 from launcher.job.states import Failure
+from launcher.spec.config import local_config
+from launcher.spec.plan import build_plan
 from tests.conftest import SCRIPTS, read_events, read_summary, run_cli
 from tests.test_strategies import explain
 

@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from launcher.job.config import ConfigError, parse_config
-from launcher.job.plan import build_plan
 from launcher.runtime import keras_jax
+from launcher.spec.config import ConfigError, parse_config
+from launcher.spec.plan import build_plan
 from tests.conftest import EXAMPLES, read_events, read_summary, run_cli
 from tests.sshcluster import sim_cluster, write_yaml
 from tests.test_faults import jobs, launch  # noqa: F401 - `jobs` is a fixture
@@ -214,8 +214,8 @@ def test_two_processes_over_ssh_train_to_the_same_weights(tmp_path: Path):
 
 
 def host_report(name: str, jax_version: str | None, jaxlib_version: str | None):
-    from launcher.job.plan import HostTarget
     from launcher.ops.check import HostReport
+    from launcher.spec.plan import HostTarget
 
     host = HostTarget(name=name, address=name, python="python3", gpus=(), ssh_user=None,
                       ssh_port=22, identity_file=None, known_hosts="~/.ssh/known_hosts",

@@ -45,8 +45,9 @@ class Rule:
 
 RULES = (
     Rule("runtime is shipped", ("launcher.runtime", "launcher.bootstrap", "launcher.standby"),
-         allowed=("launcher.runtime", "launcher.bootstrap", "launcher.standby", "launcher"),
-         allowed_names=frozenset({"__version__", "runtime"}),
+         allowed=("launcher.runtime", "launcher.bootstrap", "launcher.standby", "launcher.strategy",
+                  "launcher"),
+         allowed_names=frozenset({"__version__", "runtime", "strategy"}),
          reason="the runtime and the bootstrap run inside the training process on the "
          "worker hosts, shipped there with the agent; the launcher side (config, plan, "
          "transport, supervisor, cli, with pydantic, yaml and paramiko behind them) is "
@@ -78,16 +79,17 @@ RULES = (
     Rule("package init is import-free", ("launcher",), no_imports_at_all=True,
          reason="launcher/__init__.py is shipped to the hosts and runs before every "
          "import of the agent, bootstrap and runtime"),
-    Rule("YAML reading stands alone", ("launcher.job.yamldoc",), allowed=(),
+    Rule("YAML reading stands alone", ("launcher.spec.yamldoc",), allowed=(),
          reason="the safe YAML reader under config: it knows YAML, not the cluster file"),
-    Rule("strategy names stand alone", ("launcher.job.strategy",), allowed=(),
+    Rule("strategy names stand alone", ("launcher.strategy",), allowed=(),
          reason="the strategies' names and properties are compared by config, plan, "
-         "supervisor and the operator's commands: they depend on nothing"),
-    Rule("config comes first", ("launcher.job.config",),
-         allowed=("launcher.job.yamldoc", "launcher.job.strategy"),
+         "supervisor, the operator's commands and the shipped runtime: they depend on "
+         "nothing and are shipped to the hosts (standard library only)"),
+    Rule("config comes first", ("launcher.spec.config",),
+         allowed=("launcher.spec.yamldoc", "launcher.strategy"),
          reason="the data flows one way, config -> plan -> transport/agent -> supervisor "
          "-> cli; the cluster file's schema depends on nothing else of the launcher"),
-    Rule("plan is pure", ("launcher.job.plan",),
+    Rule("plan is pure", ("launcher.spec.plan",),
          forbidden=("launcher.transport", "launcher.job.supervisor", "launcher.cli"),
          reason="build_plan is a pure function of the config (no file, socket or "
          "environment variable): --dry-run prints it and golden tests pin it; hosts and "
@@ -125,6 +127,64 @@ RULES = (
          reason="`--detach` and `stop RUN_DIR` signal a launcher process and read its run "
          "directory; they never drive a job themselves"),
 )
+
+
+@dataclass(frozen=True)
+class Floor:
+    name: str
+    modules: tuple[str, ...]  # module prefixes on this floor
+    holds: str  # what is on it, for the message
+
+
+# The packages in the order the data flows (docs/design.md, "Packages in flow
+# order"): a module may import its own floor and the floors below it, never one
+# above. The shipped modules are the ground floor: they run on the hosts and
+# import nothing of the launcher side (their own rules above say what they may).
+FLOORS = (
+    Floor("shipped", ("launcher", "launcher.agent", "launcher.bootstrap", "launcher.standby",
+                      "launcher.runtime", "launcher.netif", "launcher.firewall",
+                      "launcher.hostruns", "launcher.proctree", "launcher.outlines",
+                      "launcher.strategy"),
+          "what runs on the hosts (agent, bootstrap, runtime and their standard-library "
+          "helpers)"),
+    Floor("spec", ("launcher.spec",),
+          "what is decided before anything runs: the cluster file, addresses, the Slurm "
+          "allocation, the plan, the host targets, the run directory's layout"),
+    Floor("transport", ("launcher.transport",), "how the launcher reaches one agent per host"),
+    Floor("job", ("launcher.job",), "a job's supervision: the launch, the decisions, the "
+          "events of its story"),
+    Floor("ops", ("launcher.ops",), "the operator's views and commands, each a reader of "
+          "what the floors below decide"),
+    Floor("cli", ("launcher.cli", "launcher.__main__"), "argument parsing, text and exit codes"),
+)
+FLOORS_DESIGN = "docs/design.md, section \"Packages in flow order\""
+
+
+def floor_of(module: str) -> int | None:
+    """The index of `module`'s floor (the longest matching prefix wins)."""
+    best, best_len = None, -1
+    for index, floor in enumerate(FLOORS):
+        for prefix in floor.modules:
+            exact = prefix == "launcher"
+            if (module == prefix or (not exact and module.startswith(prefix + "."))) \
+                    and len(prefix) > best_len:
+                best, best_len = index, len(prefix)
+    return best
+
+
+def floor_violations(root: Path = REPO) -> dict[str, list[str]]:
+    """For each floor, one message per import that runs up to a higher floor."""
+    found: dict[str, list[str]] = {f.name: [] for f in FLOORS}
+    for source, edges in import_graph(root).items():
+        here = floor_of(source)
+        for edge in edges:
+            there = floor_of(edge.target)
+            if here is None or there is None or there <= here:
+                continue
+            found[FLOORS[here].name].append(
+                f"{edge.path}:{edge.line}: {source} ({FLOORS[here].name}) imports "
+                f"{edge.target} ({FLOORS[there].name}, a floor above) ({edge.text})")
+    return {name: sorted(set(problems)) for name, problems in found.items()}
 
 
 @dataclass(frozen=True)
@@ -307,7 +367,7 @@ def test_a_broken_rule_is_caught_with_its_chain(tmp_path):
     # plan -> states -> transport: a transitive import breaks "plan is pure".
     root = _fake_repo(tmp_path, {
         "launcher/__init__.py": "",
-        "launcher/job/plan.py": "from .states import Row\n",
+        "launcher/spec/plan.py": "from ..job.states import Row\n",
         "launcher/job/states.py": "import json\nfrom launcher.transport.link import AgentLink\n",
         "launcher/transport/__init__.py": "",
         "launcher/transport/link.py": "def helper():\n    from ..job.supervisor import x\n",
@@ -315,9 +375,9 @@ def test_a_broken_rule_is_caught_with_its_chain(tmp_path):
     })
     rule = next(r for r in RULES if r.name == "plan is pure")
     problems = violations(rule, root)
-    assert problems and "chain: launcher.job.plan -> launcher.job.states -> launcher.transport" \
+    assert problems and "chain: launcher.spec.plan -> launcher.job.states -> launcher.transport" \
         in problems[0], problems
-    assert "launcher/job/plan.py:1: from .states import Row" in problems[0]
+    assert "launcher/spec/plan.py:1: from ..job.states import Row" in problems[0]
     message = report(rule, problems)
     assert message.startswith('import rule broken: "plan is pure"') and "pure function" in message
     # A lazy import inside a function counts too.
@@ -343,3 +403,38 @@ def test_allowed_only_rules_name_the_import(tmp_path):
     assert violations(runtime, root) == [
         "launcher/runtime/__init__.py:2: launcher.runtime imports launcher.plan "
         "(from .. import plan)"]
+
+
+@pytest.mark.parametrize("floor", FLOORS, ids=[f.name for f in FLOORS])
+def test_no_import_runs_up_a_floor(floor):
+    problems = floor_violations()[floor.name]
+    if problems:
+        order = " -> ".join(f.name for f in FLOORS)
+        listing = "\n".join(f"  {p}" for p in problems)
+        pytest.fail(f"import rule broken: \"{floor.name} imports no floor above it\"\n"
+                    f"{listing}\nwhy the rule: the packages follow the data's flow "
+                    f"({order}); the {floor.name} floor holds {floor.holds}, and nothing on "
+                    f"it may depend on what comes later in the flow\n(see {FLOORS_DESIGN})",
+                    pytrace=False)
+
+
+def test_every_module_is_on_a_floor():
+    lost = [m for m in launcher_modules(REPO) if floor_of(m) is None]
+    assert not lost, f"add these modules to a floor of FLOORS: {lost}"
+
+
+def test_an_import_up_a_floor_is_caught(tmp_path):
+    root = _fake_repo(tmp_path, {
+        "launcher/__init__.py": "",
+        "launcher/job/__init__.py": "",
+        "launcher/job/supervisor.py": "def f():\n    from ..ops.printer import Printer\n",
+        "launcher/ops/__init__.py": "",
+        "launcher/ops/printer.py": "from ..job.supervisor import f\n",
+    })
+    problems = floor_violations(root)
+    assert problems["job"] == [
+        "launcher/job/supervisor.py:2: launcher.job.supervisor (job) imports launcher.ops "
+        "(ops, a floor above) (from ..ops.printer import Printer)",
+        "launcher/job/supervisor.py:2: launcher.job.supervisor (job) imports "
+        "launcher.ops.printer (ops, a floor above) (from ..ops.printer import Printer)"]
+    assert problems["ops"] == []  # downward is fine

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.job.config import parse_config
-from launcher.job.plan import SERVER_COMMAND, build_plan
+from launcher.spec.config import parse_config
+from launcher.spec.plan import SERVER_COMMAND, build_plan
 from tests.conftest import run_cli
 
 
@@ -168,7 +168,7 @@ hosts:
 
 def test_each_rule_in_its_order_and_the_ssh_config_read_as_the_connection_reads_it(
         tmp_path: Path):
-    from launcher.job.plan import host_targets
+    from launcher.spec.plan import host_targets
     from launcher.transport.resolve import tf_addresses
     from launcher.transport.ssh_connect import Connector
 
@@ -216,7 +216,7 @@ def test_each_rule_in_its_order_and_the_ssh_config_read_as_the_connection_reads_
 
 
 def test_a_missing_interface_names_the_host_the_interface_and_what_the_host_has():
-    from launcher.job.addresses import AddressError, choose, with_interfaces
+    from launcher.spec.addresses import AddressError, choose, with_interfaces
 
     loaded = parse_config(TWO_HOSTS + "network_interface: eth1\n")
     planned = {h.address: choose(loaded.config, h) for h in loaded.config.hosts}

@@ -1,4 +1,4 @@
-"""The run directory's layout is named in one module, launcher/job/rundir.py:
+"""The run directory's layout is named in one module, launcher/spec/rundir.py:
 no other launcher-side module spells one of its file names as a string
 (`run_dir / "summary.json"`, `run_dir / "logs"`), so a file is renamed or moved
 in one place. The shipped side (agent, bootstrap, standby, runtime) cannot
@@ -11,7 +11,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from launcher.job import rundir
+from launcher.spec import rundir
 
 REPO = Path(__file__).resolve().parent.parent
 SHIPPED = ("launcher/runtime/", "launcher/bootstrap.py", "launcher/agent.py",
@@ -43,10 +43,10 @@ def test_no_other_module_spells_a_run_directory_name():
     found = []
     for path in sorted((REPO / "launcher").rglob("*.py")):
         rel = str(path.relative_to(REPO))
-        if rel.startswith(SHIPPED) or rel == "launcher/job/rundir.py":
+        if rel.startswith(SHIPPED) or rel == "launcher/spec/rundir.py":
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             name = _spelled(node)
             if name:
                 found.append(f"{rel}:{node.lineno}: {name!r}")
-    assert not found, "use the names of launcher/job/rundir.py:\n" + "\n".join(found)
+    assert not found, "use the names of launcher/spec/rundir.py:\n" + "\n".join(found)

@@ -265,7 +265,7 @@ def test_a_killed_node_step_is_a_lost_host_and_a_spare_node_replaces_it(
 
 TIME_COMMAND = """
 import json, os, queue, sys
-from launcher.job.plan import HostTarget
+from launcher.spec.plan import HostTarget
 from launcher.transport.slurm import SlurmTransport
 transport = SlurmTransport(os.environ["SLURM_JOB_ID"], require_tensorflow=False,
                            signal_when_gone=False)

@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher.job.config import load_config
-from launcher.job.plan import HostTarget, host_targets
 from launcher.ops.sshsim import generate_key
+from launcher.spec.config import load_config
+from launcher.spec.plan import HostTarget, host_targets
 from launcher.transport import TransportError, ssh_connect
 from launcher.transport.ssh import SSHTransport
 from launcher.transport.ssh_connect import Connector, Refused

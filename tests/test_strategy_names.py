@@ -1,9 +1,10 @@
-"""Strategy names are compared in one place: launcher/job/strategy.py.
+"""Strategy names are compared in one place: launcher/strategy.py.
 
 The launcher side compares `Strategy` members (or its COLLECTIVE / ON_JAX
 sets), never a strategy's name spelled as a string, so a renamed or added
-strategy is one edit. The shipped side (agent, bootstrap, standby, runtime)
-cannot import it (tests/test_layering.py) and is not scanned.
+strategy is one edit. The runtime (shipped, like launcher/strategy.py itself)
+compares the `MGPU_STRATEGY` its task was given with the same members; the
+agent, bootstrap and standby never look at a strategy and are not scanned.
 """
 
 from __future__ import annotations
@@ -12,12 +13,11 @@ import ast
 import typing
 from pathlib import Path
 
-from launcher.job.config import ClusterConfig
-from launcher.job.strategy import COLLECTIVE, ON_JAX, Strategy, framework
+from launcher.spec.config import ClusterConfig
+from launcher.strategy import COLLECTIVE, ON_JAX, Strategy, framework
 
 REPO = Path(__file__).resolve().parent.parent
-SHIPPED = ("launcher/runtime/", "launcher/bootstrap.py", "launcher/agent.py",
-           "launcher/standby.py")
+SHIPPED = ("launcher/bootstrap.py", "launcher/agent.py", "launcher/standby.py")
 NAMES = {s.value for s in Strategy}
 
 
@@ -34,14 +34,14 @@ def test_the_launcher_compares_no_strategy_name_as_a_string():
     found = []
     for path in sorted((REPO / "launcher").rglob("*.py")):
         rel = str(path.relative_to(REPO))
-        if rel.startswith(SHIPPED) or rel == "launcher/job/strategy.py":
+        if rel.startswith(SHIPPED) or rel == "launcher/strategy.py":
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             sides = ([node.left, *node.comparators] if isinstance(node, ast.Compare)
                      else [k for k in node.keys if k] if isinstance(node, ast.Dict) else [])
             if any(_spelled(side) for side in sides):
                 found.append(f"{rel}:{node.lineno}: {ast.unparse(node)[:70]}")
-    assert not found, "compare with launcher.job.strategy.Strategy instead:\n" + "\n".join(found)
+    assert not found, "compare with launcher.strategy.Strategy instead:\n" + "\n".join(found)
 
 
 def test_the_cluster_file_accepts_exactly_the_strategies():

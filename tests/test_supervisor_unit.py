@@ -206,8 +206,8 @@ def test_malformed_and_hostile_messages_are_ignored_and_the_job_goes_on(tmp_path
 
 
 def test_the_state_machine_refuses_illegal_moves():
-    from launcher.job.config import local_config
-    from launcher.job.plan import build_plan
+    from launcher.spec.config import local_config
+    from launcher.spec.plan import build_plan
 
     task = build_plan(local_config(1), ["x.py"], run_dir="/tmp/r", ports=[1]).tasks[0]
     record = TaskRecord(task)
@@ -272,7 +272,7 @@ def test_random_bytes_through_a_real_agent_link_never_reach_the_supervisor_as_er
 
 
 def test_a_parameter_server_worker_that_dies_is_restarted_alone(tmp_path: Path):
-    from launcher.job.config import parse_config
+    from launcher.spec.config import parse_config
 
     loaded = parse_config("""
 transport: local
@@ -302,7 +302,7 @@ hosts:
 
 def test_a_host_with_several_tasks_and_a_dead_link_at_start_is_lost_not_a_crash(
         tmp_path: Path):
-    from launcher.job.config import parse_config
+    from launcher.spec.config import parse_config
 
     loaded = parse_config("""
 transport: local

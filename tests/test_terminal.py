@@ -19,8 +19,7 @@ import time
 from pathlib import Path
 
 from launcher.ops.printer import Printer
-
-from .conftest import (
+from tests.conftest import (
     EXAMPLES,
     PYTHON,
     SCRIPTS,

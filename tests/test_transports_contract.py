@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.job.plan import HostTarget
+from launcher.spec.plan import HostTarget
 from launcher.transport import Transport
 from launcher.transport.local import LocalTransport
 

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from launcher import bootstrap, standby
-from launcher.job.config import ClusterConfig
+from launcher.spec.config import ClusterConfig
 from tests.agentproc import AgentProc, agent_env
 from tests.conftest import wait_for
 

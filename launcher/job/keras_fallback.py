@@ -23,10 +23,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from ..spec.plan import Plan
+from ..strategy import ON_JAX
 from .classify import tf_keras_hint
-from .plan import Plan
 from .states import Failure
-from .strategy import ON_JAX
 
 # What `keras: tf_keras` puts in every task's environment (plan._keras_env).
 TF_KERAS_ENV = {"TF_USE_LEGACY_KERAS": "1", "MGPU_KERAS": "tf_keras"}

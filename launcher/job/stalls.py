@@ -10,7 +10,7 @@ on without it, and the job is restarted (its peers' stacks taken first).
 The span is measured on the agent's own clock (the heartbeats' `t`), so a
 heartbeat delivered late by a loaded machine or network never lengthens it.
 TensorFlow's coordination heartbeat (`MGPU_TF_HEARTBEAT_S`, set by the plan to
-`TF_HEARTBEAT_S`) is kept well above this bound: it is the fallback for a hang
+`TF_HEARTBEAT_S` in spec/plan.py) is kept well above this bound: it is the fallback for a hang
 no agent can see (a host cut off), and it must not take a short freeze of the
 coordination leader itself for a death (a peer's heartbeat is up to half the
 timeout old when the freeze begins).
@@ -23,11 +23,6 @@ from __future__ import annotations
 # A task seen stopped this long (agent clock) is hung. Freezes up to 5 s must
 # pass (issue 24); with heartbeats a second apart a hang is seen within ~8 s.
 STOPPED_HANG_S = 7.0
-# TensorFlow's coordination heartbeat timeout (the plan's MGPU_TF_HEARTBEAT_S
-# default): above the stall bound, and more than twice the longest freeze that
-# must pass (a frozen leader sees its peers' last heartbeat up to half the
-# timeout older than the freeze; the peers' heartbeat calls time out with it).
-TF_HEARTBEAT_S = 15
 
 
 class StoppedWatch:

@@ -12,8 +12,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..spec.plan import Task
 from .classify import OutputWatcher
-from .plan import Task
 
 
 class TaskState(enum.Enum):

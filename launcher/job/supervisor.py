@@ -21,14 +21,16 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
-from ..ops.printer import Printer
+from ..spec.plan import Plan, Task, task_label
+from ..spec.rundir import RunRecorder, log_file_name
+from ..strategy import COLLECTIVE, ON_JAX, Strategy
+from ..strategy import framework as strategy_framework
 from ..transport import AgentLink, AgentMessage
 from . import checkpoints, keras_fallback, resumes
 from .classify import RESTART_ME_EXIT, OutputWatcher, classify_exit, script_mistake
 from .noise import NoiseFolder
-from .plan import Plan, Task, task_label
 from .protocol import BadMessage, check_message
 from .recovery import (
     BACKOFF_RESET_S,
@@ -40,7 +42,6 @@ from .recovery import (
     decide_restart,
     innermost_frame,
 )
-from .rundir import RunRecorder, log_file_name
 from .stalls import StoppedWatch
 from .states import (
     Failure,
@@ -51,8 +52,6 @@ from .states import (
     TaskState,
     final_state,
 )
-from .strategy import COLLECTIVE, ON_JAX, Strategy
-from .strategy import framework as strategy_framework
 
 POLL_S = 0.1
 MAX_BATCH = 500  # messages handled per loop turn before the checks run again
@@ -143,6 +142,19 @@ class _Generation:
         return self.records.get(f"{role}{index}")
 
 
+class Voice(Protocol):
+    """Where the supervisor's words for people go (the operator's printer,
+    launcher/ops/printer.py, is one): the supervisor sits below the views and
+    never imports them (tests/test_layering.py, floors)."""
+
+    verbose: bool
+
+    def notice(self, text: str) -> None: ...
+    def debug(self, text: str) -> None: ...
+    def task_line(self, label: str, text: str) -> None: ...
+    def refresh(self, rows: Sequence[TaskRow]) -> None: ...
+
+
 class Supervisor:
     def __init__(
         self,
@@ -151,7 +163,7 @@ class Supervisor:
         links: dict[str, AgentLink],
         events: queue.Queue[AgentMessage],
         recorder: RunRecorder,
-        printer: Printer,
+        printer: Voice,
         policy: RestartPolicy,
         reconnect: Callable[[str], AgentLink] | None = None,
         checkpoint_probe: Callable[[], checkpoints.State | None] = lambda: None,

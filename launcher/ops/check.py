@@ -33,11 +33,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import firewall
-from ..job.addresses import AddressError, with_interfaces
-from ..job.config import ConfigError, LoadedConfig, keras_backend, load_config, local_config
-from ..job.plan import HostTarget, Plan, PlanError, build_plan, host_targets, ports_needed
-from ..job.slurm import SlurmError, read_allocation, slurm_config, with_allocation
-from ..job.strategy import ON_JAX
+from ..spec.addresses import AddressError, with_interfaces
+from ..spec.allocation import SlurmError, read_allocation, slurm_config, with_allocation
+from ..spec.config import ConfigError, LoadedConfig, keras_backend, load_config, local_config
+from ..spec.plan import HostTarget, Plan, PlanError, build_plan, host_targets, ports_needed
+from ..strategy import ON_JAX
 from ..transport import AgentLink, AgentMessage, HostProblem, Transport
 from ..transport.ports import free_ports
 from ..transport.resolve import tf_addresses
@@ -526,7 +526,7 @@ def _connect(kind: str, targets: Sequence[HostTarget], run_dir: str,
     """Every transport keeps the hosts that answered: each one is checked."""
     transport: Transport
     if kind == "slurm":  # one srun step per node instead of SSH
-        from ..job.slurm import read_allocation
+        from ..spec.allocation import read_allocation
         from ..transport.slurm import SlurmTransport
 
         transport = SlurmTransport(read_allocation(os.environ).job_id, require_tensorflow=False,

@@ -21,8 +21,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..job.plan import SERVER_COMMAND, Plan, Task
-from ..job.strategy import Strategy
+from ..spec.plan import SERVER_COMMAND, Plan, Task
+from ..strategy import Strategy
 from ..transport import AgentLink, AgentMessage
 
 PROBE_MODULE = "launcher.runtime.probe_collective"

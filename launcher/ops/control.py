@@ -29,7 +29,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..job.rundir import (
+from ..job.states import RunResult
+from ..job.stops import HOW_TO_SAVE
+from ..spec.rundir import (
     CONFIG,
     EVENTS,
     LAUNCHER_OUT,
@@ -38,8 +40,6 @@ from ..job.rundir import (
     SUMMARY,
     RunRecorder,
 )
-from ..job.states import RunResult
-from ..job.stops import HOW_TO_SAVE
 from . import usage
 from .records import read_events, read_launcher_pid
 

@@ -6,7 +6,7 @@ scheduler a company already runs, with the same roles, environment, restart
 policy and TF_CONFIG layout.
 
 The Slurm batch script runs mgpu-launch itself inside the allocation, with
-the YAML turned into `transport: slurm` (launcher.job.slurm), so a batch job gets
+the YAML turned into `transport: slurm` (launcher.spec.allocation), so a batch job gets
 the launcher's own plan, supervision, restarts and run records.
 
 Must not import: supervisor, transport, cli.
@@ -25,8 +25,9 @@ from typing import Any
 
 import yaml
 
-from ..job.config import ConfigError, LoadedConfig, load_config, looks_secret
-from ..job.plan import (
+from ..spec.allocation import NODE_BY_POSITION, Allocation, with_allocation
+from ..spec.config import ConfigError, LoadedConfig, load_config, looks_secret
+from ..spec.plan import (
     ROLE_ORDER,
     Plan,
     PlanError,
@@ -35,8 +36,7 @@ from ..job.plan import (
     default_checkpoint_dir,
     ports_needed,
 )
-from ..job.slurm import NODE_BY_POSITION, Allocation, with_allocation
-from ..job.strategy import Strategy
+from ..strategy import Strategy
 from . import usage
 
 EXIT_OK, EXIT_USAGE = 0, 2

@@ -23,8 +23,8 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-from ..job.strategy import DEFAULT as DEFAULT_STRATEGY
-from ..job.strategy import Strategy
+from ..strategy import DEFAULT as DEFAULT_STRATEGY
+from ..strategy import Strategy
 
 # Top-level module -> (pip distribution, the extra of this project that installs it).
 PROVIDED = {

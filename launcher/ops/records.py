@@ -25,8 +25,8 @@ from typing import Any, TextIO
 
 import yaml
 
-from ..job.plan import task_label
-from ..job.rundir import CONFIG, EVENTS, LAUNCHER_OUT, LAUNCHER_PID, LOGS, SUMMARY, log_file_name
+from ..spec.plan import task_label
+from ..spec.rundir import CONFIG, EVENTS, LAUNCHER_OUT, LAUNCHER_PID, LOGS, SUMMARY, log_file_name
 from . import usage
 
 EXIT_OK, EXIT_USAGE = 0, 2

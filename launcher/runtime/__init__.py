@@ -23,6 +23,9 @@ import json
 import os
 import time
 
+from ..strategy import DEFAULT as DEFAULT_STRATEGY
+from ..strategy import Strategy
+
 # Input sharding lives in its own module, loaded on first use (`__getattr__`
 # below): the bootstrap imports this package in every task, so it stays light.
 _DATA_NAMES = frozenset({
@@ -144,11 +147,11 @@ def _make_strategy(collective_timeout_s: float | None, cpu_devices: int | None):
     from . import strategies
 
     cpus = strategies.cpu_devices_wanted(cpu_devices)
-    job_strategy = os.environ.get("MGPU_STRATEGY", "multi_worker_mirrored")
-    if job_strategy == "parameter_server" and tf_config():
+    job_strategy = os.environ.get("MGPU_STRATEGY", DEFAULT_STRATEGY)
+    if job_strategy == Strategy.PARAMETER_SERVER and tf_config():
         resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
         return tf.distribute.ParameterServerStrategy(resolver)
-    if job_strategy == "legacy_server":
+    if job_strategy == Strategy.LEGACY_SERVER:
         raise RuntimeError("a legacy_server job trains in TF1 graph mode: use "
                            "runtime.legacy_session() instead of runtime.strategy()")
     if num_workers() > 1:
@@ -293,7 +296,7 @@ def callbacks(save_freq: str | int | None = None, progress_every_s: float = 0.5,
         **options,
     )
     # The PS coordinator cannot run batch-level callbacks (Keras refuses them).
-    batch_level = os.environ.get("MGPU_STRATEGY") != "parameter_server"
+    batch_level = os.environ.get("MGPU_STRATEGY") != Strategy.PARAMETER_SERVER
     saves = _save_freq(save_freq)
     return [backup, _progress_callback(keras, progress_every_s, batch_level,
                                        saves if isinstance(saves, int) else None)]
@@ -310,7 +313,7 @@ def _preemption_save_possible(keras) -> bool:
     """
     if not keras.__name__.startswith("tf_keras") or num_workers() < 2:
         return False
-    if os.environ.get("MGPU_STRATEGY", "multi_worker_mirrored") != "multi_worker_mirrored":
+    if os.environ.get("MGPU_STRATEGY", DEFAULT_STRATEGY) != Strategy.MULTI_WORKER_MIRRORED:
         return False
     try:
         from tf_keras.src.distribute import worker_training_state

@@ -48,6 +48,9 @@ from collections import namedtuple
 from collections.abc import Callable
 from types import ModuleType
 
+from ..strategy import DEFAULT as DEFAULT_STRATEGY
+from ..strategy import Strategy
+
 # Keras 3 lines the Keras matrix runs the e2e tests on (with TF 2.16, 2.19, 2.21).
 PROVEN = ("3.3.", "3.10.", "3.15.")
 TRAINER = "keras.src.backend.tensorflow.trainer"
@@ -101,8 +104,8 @@ def multi_worker_job() -> bool:
     if workers <= 1:
         cluster = _tf_config().get("cluster", {})
         workers = len(cluster.get("chief", [])) + len(cluster.get("worker", []))
-    return workers > 1 and os.environ.get("MGPU_STRATEGY", "multi_worker_mirrored") == (
-        "multi_worker_mirrored"
+    return workers > 1 and os.environ.get("MGPU_STRATEGY", DEFAULT_STRATEGY) == (
+        Strategy.MULTI_WORKER_MIRRORED
     )
 
 

@@ -34,6 +34,8 @@ import json
 import os
 from types import ModuleType
 
+from ..strategy import Strategy
+
 ADDRESSES = "KERAS_DISTRIBUTION_JOB_ADDRESSES"
 NUM_PROCESSES = "KERAS_DISTRIBUTION_NUM_PROCESSES"
 PROCESS_ID = "KERAS_DISTRIBUTION_PROCESS_ID"
@@ -88,7 +90,7 @@ def process_id() -> int:
 
 def active() -> bool:
     """A task of a `strategy: keras_distribution` job of several processes."""
-    return os.environ.get("MGPU_STRATEGY") == "keras_distribution" and num_processes() > 1
+    return os.environ.get("MGPU_STRATEGY") == Strategy.KERAS_DISTRIBUTION and num_processes() > 1
 
 
 # -------------------------------------------------------------------- input

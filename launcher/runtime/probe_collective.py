@@ -34,6 +34,8 @@ import sys
 import time
 from typing import Any
 
+from ..strategy import Strategy
+
 EXIT_WRONG = 3
 STEPS = 2
 
@@ -142,8 +144,9 @@ def keras_distribution() -> dict[str, Any]:
             "what": f"all-gather x{STEPS} across {count} JAX processes"}
 
 
-PROBES = {"multi_worker_mirrored": multi_worker_mirrored, "parameter_server": parameter_server,
-          "keras_distribution": keras_distribution}
+PROBES = {Strategy.MULTI_WORKER_MIRRORED: multi_worker_mirrored,
+          Strategy.PARAMETER_SERVER: parameter_server,
+          Strategy.KERAS_DISTRIBUTION: keras_distribution}
 
 
 def main() -> int:

@@ -13,7 +13,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..job.plan import HostTarget, host_run_dir
+from ..spec.plan import HostTarget, host_run_dir
 from . import HostProblem, every_host
 from .child import DEFAULT_LEASE_S, agent_argv, kill_if_running, start_child_agent
 from .link import AgentLink, AgentMessage

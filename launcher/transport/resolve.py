@@ -1,5 +1,5 @@
 """Each host's TF_CONFIG address, from the cluster file, the ssh config and the
-agents' hellos: the rules of launcher/job/addresses.py, fed with what only the
+agents' hellos: the rules of launcher/spec/addresses.py, fed with what only the
 launcher's side can read.
 
 `tf_addresses` is the one entry point: the CLI calls it before the first plan
@@ -16,9 +16,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..job.addresses import AddressError, TFAddress, choose, host_name, with_interfaces
-from ..job.config import LoadedConfig
-from ..job.plan import HostTarget
+from ..spec.addresses import AddressError, TFAddress, choose, host_name, with_interfaces
+from ..spec.config import LoadedConfig
+from ..spec.plan import HostTarget
 
 if TYPE_CHECKING:  # paramiko is imported only for SSH hosts that need it
     from .ssh_connect import SSHConfigs

@@ -33,7 +33,8 @@ PACKAGE_DIR = Path(__file__).resolve().parent.parent  # launcher/
 # Relative to the package's parent. Standard library only, all of them.
 BUNDLE = ("launcher/__init__.py", "launcher/agent.py", "launcher/bootstrap.py",
           "launcher/netif.py", "launcher/outlines.py", "launcher/proctree.py",
-          "launcher/standby.py", "launcher/firewall.py", "launcher/hostruns.py")
+          "launcher/standby.py", "launcher/firewall.py", "launcher/hostruns.py",
+          "launcher/strategy.py")
 BUNDLE_DIRS = ("launcher/runtime",)
 USE_MARKER = ".mgpu-bundle"  # in a bundle's folder: the agent touches the folder
 UNUSED_FOR_S = 30 * 86400.0

@@ -32,8 +32,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..job.plan import HostTarget, host_run_dir
-from ..job.slurm import allocation_ended
+from ..spec.allocation import allocation_ended
+from ..spec.plan import HostTarget, host_run_dir
 from . import HostProblem, every_host
 from .child import DEFAULT_LEASE_S, agent_argv, start_child_agent
 from .link import AgentLink, AgentMessage

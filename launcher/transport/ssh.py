@@ -27,7 +27,7 @@ import time
 from collections import deque
 from collections.abc import Sequence
 
-from ..job.plan import HostTarget, host_run_dir
+from ..spec.plan import HostTarget, host_run_dir
 from . import HostProblem, TransportError
 from ._paramiko import paramiko
 

@@ -31,7 +31,7 @@ import socket
 import threading
 from dataclasses import dataclass, field
 
-from ..job.plan import HostTarget
+from ..spec.plan import HostTarget
 from ._paramiko import paramiko
 
 # Channel opens + handshakes at once through one jump host: a bastion's sshd

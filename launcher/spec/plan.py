@@ -22,6 +22,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ..firewall import Seal, describe, seal_for, split_families
+from ..strategy import COLLECTIVE, ON_JAX, Strategy
 from . import rundir
 from .addresses import TFAddress, choose
 from .config import (
@@ -32,8 +33,6 @@ from .config import (
     keras_backend,
     redact_env,
 )
-from .stalls import TF_HEARTBEAT_S
-from .strategy import COLLECTIVE, ON_JAX, Strategy
 
 # Order of roles in TF_CONFIG and in the task list: the chief first.
 ROLE_ORDER = ("chief", "worker", "ps", "evaluator")
@@ -45,6 +44,13 @@ CLUSTER_ROLES = ("chief", "worker", "ps")
 # ParameterServerStrategy's workers and ps only serve: the launcher starts a
 # TensorFlow server for them; the chief (coordinator) runs the script.
 SERVER_COMMAND = ("-m", "launcher.runtime.server")
+
+# TensorFlow's coordination heartbeat timeout (MGPU_TF_HEARTBEAT_S default): above
+# the launcher's own stall bound (job/stalls.py, STOPPED_HANG_S), and more than twice
+# the longest freeze that must pass (a frozen leader sees its peers' last heartbeat
+# up to half the timeout older than the freeze; the peers' heartbeat calls time out
+# with it).
+TF_HEARTBEAT_S = 15
 
 
 def _lifetime(strategy: str, role: str) -> str:
@@ -102,7 +108,7 @@ class Task:
     lifetime: str  # "job": must exit 0 by itself; "service": runs until the launcher stops it
     env: Mapping[str, str] = field(hash=False)
     tf_config: Mapping[str, Any] = field(hash=False)
-    # Which rule chose `address` (launcher/job/addresses.py): tf_address,
+    # Which rule chose `address` (launcher/spec/addresses.py): tf_address,
     # network_interface, ssh_config or address.
     address_rule: str = "address"
 
@@ -356,7 +362,7 @@ def build_plan(
 
     `addresses`: each host's TF_CONFIG address (launcher.transport.resolve.
     tf_addresses, which reads the ssh config and the agents' hellos); a host
-    missing there gets what the cluster file alone says (launcher.job.addresses).
+    missing there gets what the cluster file alone says (launcher.spec.addresses).
     An address not known yet (a network interface's, before the hello) appears
     as `<address of IF on HOST>`: such a plan is for --dry-run only.
     """

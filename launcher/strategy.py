@@ -1,10 +1,10 @@
 """The distribution strategies a job may use (`strategy:` in the cluster
-file), named once: every launcher-side module compares against these.
+file), named once: the launcher side and the shipped runtime compare against
+these. Standard library only: shipped to the hosts with the agent.
 
 `Strategy` is a `StrEnum`, so a member equals its YAML name (`config.strategy
 == Strategy.PARAMETER_SERVER` holds for the string the config holds) and prints
-as it. The shipped side (agent, bootstrap, runtime) cannot import this module
-and keeps its own few string comparisons (tests/test_layering.py).
+as it, and it equals the `MGPU_STRATEGY` value a task's runtime reads.
 """
 
 from __future__ import annotations

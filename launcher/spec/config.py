@@ -20,7 +20,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .strategy import ON_JAX, Strategy
+from ..strategy import ON_JAX, Strategy
 from .yamldoc import YamlProblem, load_document
 
 ROLES = ("chief", "worker", "ps", "evaluator")
@@ -86,7 +86,7 @@ class HostSpec(_Strict):
     # `per_gpu`: one worker per entry of `gpus` instead of one over all of them.
     tasks_per_host: Literal["one", "per_gpu"] | None = None
     # The address other hosts reach this host's tasks at (TF_CONFIG), when it is
-    # not the one SSH connects to; see launcher/job/addresses.py for the order.
+    # not the one SSH connects to; see launcher/spec/addresses.py for the order.
     tf_address: str | None = None
     # Put this interface's IPv4 address into TF_CONFIG (read by the host's agent).
     network_interface: str | None = None
@@ -218,7 +218,7 @@ class ClusterConfig(_Strict):
     transport: Literal["ssh", "local", "slurm"] = "ssh"
     python: str | None = None
     workdir: str | None = None
-    # The names of launcher/job/strategy.py's `Strategy` (tests/test_config.py checks).
+    # The names of launcher/strategy.py's `Strategy` (tests/test_config.py checks).
     strategy: Literal["multi_worker_mirrored", "parameter_server", "legacy_server",
                       "keras_distribution"] = "multi_worker_mirrored"
     # `auto`: the Keras the script gets when run by hand (TensorFlow's default);
@@ -231,7 +231,7 @@ class ClusterConfig(_Strict):
     network_interface: str | None = None
     env: dict[str, str | int | float | bool] = Field(default_factory=dict)
     ssh: SSHSettings = Field(default_factory=SSHSettings)
-    # Under `transport: slurm` the hosts may come from the allocation (launcher.job.slurm).
+    # Under `transport: slurm` the hosts may come from the allocation (launcher.spec.allocation).
     hosts: list[HostSpec] = Field(default_factory=list)
     checkpoint: CheckpointSettings = Field(default_factory=CheckpointSettings)
     restart: RestartPolicy = Field(default_factory=RestartPolicy)
@@ -289,7 +289,7 @@ class ConfigError(Exception):
 def _read_yaml(text: str, source: str) -> tuple[Any, dict[tuple, int]]:
     """The document and the 1-based YAML line of every key path (('hosts', 0,
     'roles'), ...). Rejects duplicate keys, which PyYAML would silently
-    collapse, and documents too deep or too big (launcher.job.yamldoc)."""
+    collapse, and documents too deep or too big (launcher.spec.yamldoc)."""
     try:
         document = load_document(text)
     except YamlProblem as exc:
@@ -421,7 +421,7 @@ def _semantic_problems(config: ClusterConfig) -> Problems:
     """Checks that span several keys (pydantic sees one field at a time)."""
     if not config.hosts:
         if config.transport == "slurm":
-            return []  # the allocation's nodes, once known (launcher.job.slurm)
+            return []  # the allocation's nodes, once known (launcher.spec.allocation)
         return [(("hosts",), "required key is missing: list at least one host "
                  "(or use `transport: slurm` inside a Slurm allocation)")]
     totals = {role: sum(effective_roles(config, h).get(role, 0)
