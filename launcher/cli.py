@@ -11,6 +11,10 @@ The terminal never decides the job's fate: SIGHUP and a closed stdout (EPIPE)
 only make the printer stop writing; the job runs on, the run directory gets
 everything and the exit code is the job's. `--detach` (launcher/ops/control.py)
 runs the same command in the background.
+
+The launch itself (hosts, agents, plan, supervisor, summary) is
+launcher/job/launch.py's: this module parses arguments, calls it, prints what
+comes back and owns the signals while it runs.
 """
 
 from __future__ import annotations
@@ -22,57 +26,27 @@ import json
 import logging
 import os
 import signal
-import socket
 import sys
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import TextIO
 
-from . import __version__, firewall
-from .job import checkpoints, stops
-from .job.checkpoints import checkpoint_state
+from . import __version__
 from .job.classify import signal_name
-from .job.recovery import HostInfo
+from .job.launch import Job, Launch, LaunchRefused
+from .job.reach import Connected
 from .job.states import Failure, RunResult
-from .job.supervisor import RestartPolicy, Supervisor
 from .ops import control, prereqs, usage
 from .ops.live import format_duration
 from .ops.printer import Printer
 from .spec import rundir
-from .spec.addresses import AddressError, TFAddress, with_interfaces
-from .spec.allocation import (
-    SlurmError,
-    read_allocation,
-    slurm_config,
-    why_stopped,
-    with_allocation,
-)
-from .spec.config import (
-    ConfigError,
-    LoadedConfig,
-    dump_config,
-    effective_roles,
-    load_config,
-    local_config,
-)
-from .spec.plan import (
-    Plan,
-    PlanError,
-    build_plan,
-    default_checkpoint_dir,
-    host_targets,
-    ports_needed,
-    render_plan,
-    resolve_script,
-)
-from .spec.rundir import RunRecorder
-from .transport import TransportError
-from .transport.inbox import Inbox
-from .transport.local import LocalTransport
-from .transport.ports import busy_ports, free_ports
-from .transport.resolve import tf_addresses
+from .spec.addresses import AddressError
+from .spec.allocation import SlurmError, read_allocation, slurm_config, with_allocation
+from .spec.config import ConfigError, LoadedConfig, load_config, local_config
+from .spec.plan import Plan, PlanError, render_plan, resolve_script
+from .transport import Transport, TransportError
+from .transport.factory import make_transport
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 # Subcommand -> module with `main(argv) -> int`, imported only when used.
@@ -176,6 +150,9 @@ def _main(argv: list[str]) -> int:
     except AddressError as exc:
         say(f"mgpu-launch: {exc}")
         return EXIT_USAGE
+    except LaunchRefused as exc:  # e.g. simulated hosts' ports or checkpoint dir taken
+        say(f"mgpu-launch: {exc}")
+        return EXIT_USAGE
 
 
 def _load(args: argparse.Namespace) -> tuple[LoadedConfig, list[str]]:
@@ -222,20 +199,6 @@ def _default_run_dir(name: str) -> Path:
     return Path("runs") / f"{name}-{stamp}-{os.getpid()}"
 
 
-def _describe_port_holder(port: int) -> str:
-    try:
-        import psutil
-
-        for conn in psutil.net_connections(kind="inet"):
-            listening = conn.laddr and conn.status == psutil.CONN_LISTEN
-            if listening and conn.laddr.port == port and conn.pid:
-                proc = psutil.Process(conn.pid)
-                return f" (held by pid {conn.pid}: {' '.join(proc.cmdline())[:80]})"
-    except Exception:  # best effort: psutil may lack the rights to look
-        pass
-    return ""
-
-
 def _run(argv: list[str]) -> int:
     args = _run_parser().parse_args(argv)
     if args.json and not args.dry_run:
@@ -243,9 +206,8 @@ def _run(argv: list[str]) -> int:
     loaded, command = _load(args)
     config = loaded.config
     local = config.transport == "local"
-    launch_cwd = Path.cwd()
     if local:
-        command = list(resolve_script(command, launch_cwd))
+        command = list(resolve_script(command, Path.cwd()))
         if not Path(command[0]).exists():
             raise UsageError(f"training script not found: {command[0]}")
     run_dir = Path(args.run_dir) if args.run_dir else _default_run_dir(config.name)
@@ -253,284 +215,139 @@ def _run(argv: list[str]) -> int:
     if not args.dry_run and not control.run_dir_free(run_dir):
         raise UsageError(f"run directory {run_dir} is not empty: give a new --run-dir "
                          "(each run keeps its own logs, events and summary)")
-    default_python = sys.executable if local else "python3"
     # Every host's TF address as far as known before any agent answered (spares too).
-    addresses = tf_addresses(loaded, host_targets(config, default_python, loaded.base_dir))
-    make_plan = _plan_factory(loaded, command, str(run_dir), default_python, str(launch_cwd),
-                              addresses)
+    launch = Launch(loaded, command, run_dir, str(Path.cwd()))
     if args.dry_run:
-        plan = make_plan(0)
-        if args.json:
-            print(json.dumps(plan.to_json(), indent=2))
-        else:
-            if config.ports.base == "auto":
-                print("# ports.base is auto: these ports are free now; a launch picks again")
-            if plan.unresolved:
-                print("# <address of IF on HOST>: that interface's IPv4 address, read by the "
-                      "host's agent when the job starts")
-            print(render_plan(plan))
-        return EXIT_OK
-
+        return _dry_run(launch.plan(0), args.json, config.ports.base == "auto")
     if local:  # simulated hosts run the tasks with this machine's Python
-        pythons = [t.python for t in host_targets(config, default_python, loaded.base_dir)]
+        pythons = [t.python for t in launch.reach.targets]
         missing = prereqs.local_problem(pythons, Path(command[0]), config.strategy)
         if missing:
             say(f"mgpu-launch: {missing}")
             return EXIT_USAGE
     if local and not args.detach:  # a detached run claims it in its own process
-        claimed = _claim_checkpoint_dir(loaded, run_dir)
-        if claimed is None:
-            return EXIT_USAGE
-        if claimed is not loaded:
-            loaded = claimed
-            make_plan = _plan_factory(loaded, command, str(run_dir), default_python,
-                                      str(launch_cwd), addresses)
-    first_plan = make_plan(0)
+        moved = launch.claim_checkpoint_dir()
+        if moved:
+            say(f"mgpu-launch: {moved}")
+    first_plan = launch.plan(0)
     if local:
-        busy = busy_ports([t.port for t in first_plan.tasks if t.port])
-        if busy:
-            details = ", ".join(f"{p}{_describe_port_holder(p)}" for p in busy)
-            say(f"mgpu-launch: port(s) already in use on this machine: {details}\n"
-                "  stop what holds them, set `ports: {base: <other port>}`, "
-                "or `ports: {base: auto}`")
-            return EXIT_USAGE
+        launch.check_ports(first_plan)
     if args.max_restarts is not None and args.max_restarts < 0:
         raise UsageError("--max-restarts needs a number >= 0")
-    max_restarts = config.restart.max_restarts if args.max_restarts is None else args.max_restarts
     if args.detach:
         return control.detach(argv, args.rest, run_dir, config.name)
-    return _launch(loaded, first_plan, make_plan, run_dir, args, max_restarts, default_python,
-                   addresses)
+    return _launch(launch, first_plan, args)
 
 
-def _claim_checkpoint_dir(loaded: LoadedConfig, run_dir: Path) -> LoadedConfig | None:
-    """Simulated hosts: no two live runs share a checkpoint directory (each would
-    resume from, and overwrite, the other's backups). A default directory in use
-    is replaced by the next free `<dir>-2`, `-3`, ...; one the cluster file names
-    is an error (None). Real hosts' directories are not visible here to lock."""
-    configured = loaded.config.checkpoint.dir
-    wanted = Path(default_checkpoint_dir(loaded))
-    for attempt in range(1, 100):
-        candidate = wanted if attempt == 1 else wanted.with_name(f"{wanted.name}-{attempt}")
-        try:
-            checkpoints.claim(candidate, run_dir)  # held until this process ends
-        except checkpoints.CheckpointDirBusy as exc:
-            if configured is not None:
-                say(f"mgpu-launch: {exc}: two jobs must not share a checkpoint directory; "
-                    "wait for it, or set another `checkpoint.dir`")
-                return None
-            continue
-        if attempt == 1:
-            return loaded
-        say(f"mgpu-launch: {wanted} is in use by another run: this run uses {candidate} "
-            "(it starts from scratch)")
-        checkpoint = loaded.config.checkpoint.model_copy(update={"dir": str(candidate)})
-        return replace(loaded, config=loaded.config.model_copy(update={"checkpoint": checkpoint}))
-    say(f"mgpu-launch: {wanted} and 98 more checkpoint directories are in use")
-    return None
+def _dry_run(plan: Plan, as_json: bool, ports_auto: bool) -> int:
+    if as_json:
+        print(json.dumps(plan.to_json(), indent=2))
+        return EXIT_OK
+    if ports_auto:
+        print("# ports.base is auto: these ports are free now; a launch picks again")
+    if plan.unresolved:
+        print("# <address of IF on HOST>: that interface's IPv4 address, read by the "
+              "host's agent when the job starts")
+    print(render_plan(plan))
+    return EXIT_OK
 
 
-def _plan_factory(loaded: LoadedConfig, command: list[str], run_dir: str, default_python: str,
-                  launch_cwd: str, addresses: dict[str, TFAddress]):
-    """`make_plan(generation, active_hosts=None, ports=None)` for this job, picking
-    ports as needed. `addresses`: each host's TF address, read at every call
-    (the launch fills in interface addresses as agents say hello)."""
-    config = loaded.config
-    local = config.transport == "local"
+class _EarlyEnd(Exception):
+    """The launch ended before its job started; `code` is the exit code."""
 
-    def make_plan(generation: int, active_hosts: Sequence[str] | None = None,
-                  ports: Sequence[int] | None = None) -> Plan:
-        needed = ports_needed(config, active_hosts)
-        if ports is None and config.ports.base == "auto":
-            ports = free_ports(needed)
-        elif ports is None and local and generation > 0:
-            fixed = [config.ports.base + i for i in range(needed)]
-            if busy_ports(fixed):  # something still holds the old ports: take fresh ones
-                ports = free_ports(needed)
-        return build_plan(loaded, command, run_dir=run_dir, ports=ports, generation=generation,
-                          default_python=default_python, launch_cwd=launch_cwd,
-                          active_hosts=active_hosts, addresses=addresses)
-
-    return make_plan
+    def __init__(self, code: int) -> None:
+        self.code = code
 
 
-def _launch(loaded: LoadedConfig, first_plan: Plan, make_plan, run_dir: Path,
-            args: argparse.Namespace, max_restarts: int, default_python: str,
-            addresses: dict[str, TFAddress]) -> int:
-    config = loaded.config
+def _launch(launch: Launch, first_plan: Plan, args: argparse.Namespace) -> int:
+    config = launch.loaded.config
     printer = Printer([t.label for t in first_plan.tasks], quiet=args.quiet,
                       verbose=args.verbose, live=None if args.live else False,
                       on_terminal_lost=_stdout_gone)
     previous_hangup = _watch_terminal(printer)
-    transport = _make_transport(config, args.verbose)
-    events = Inbox()  # task output bounded: a flood never hides an exit
+    if config.transport == "ssh" and not args.verbose:
+        # paramiko logs tracebacks of what the launcher reports itself in
+        # words (a dropped connection, an aborted handshake): -v shows them.
+        logging.getLogger("paramiko").addHandler(logging.NullHandler())
+        logging.getLogger("paramiko").propagate = False
+    transport = make_transport(config)
     printer.notice(
         f"job {config.name!r}: {len(first_plan.tasks)} tasks on {len(first_plan.hosts)} "
         f"{'simulated ' if config.transport == 'local' else ''}hosts, "
         f"strategy {config.strategy}"
     )  # the run directory is named once it exists: a launch that fails first writes none
-    targets = {t.name: t for t in host_targets(config, default_python, loaded.base_dir)}
-    # SIGTERM (e.g. `mgpu-launch stop`) while hosts are reached ends it as Ctrl-C does.
-    previous_term = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        # Spares too: a spare that cannot be reached is better known now.
-        links = transport.connect(list(targets.values()), str(run_dir), events)
-    except TransportError as exc:
-        say(f"mgpu-launch: {exc}")
-        control.record_early_end(run_dir, "failed", str(exc))
-        return _done(printer, previous_hangup, EXIT_USAGE)
-    except KeyboardInterrupt as exc:
-        signum = exc.args[0] if exc.args and isinstance(exc.args[0], int) else signal.SIGINT
-        control.record_early_end(run_dir, "interrupted", "stopped while reaching the hosts",
-                                 interrupted_by=signum)
-        return _done(printer, previous_hangup, 128 + signum)
-    finally:
-        signal.signal(signal.SIGTERM, previous_term)
-    planned = dict(addresses)  # before any hello: what a reconnected host is resolved from
-    try:
-        # Named interfaces' addresses, from the hellos; generation 0 again with them.
-        addresses.update(with_interfaces(planned, {n: link.hello for n, link in links.items()}))
-    except AddressError as exc:
-        say(f"mgpu-launch: {exc}")
-        for link in links.values():
-            link.close()
-        transport.close()
-        control.record_early_end(run_dir, "failed", str(exc))
-        return _done(printer, previous_hangup, EXIT_USAGE)
-    if first_plan.unresolved:
-        first_plan = make_plan(0, ports=[t.port for t in first_plan.tasks if t.port])
-    refusals, notices = firewall.preflight(config.security.tf_ports,
-                                           {n: link.hello for n, link in links.items()})
-    for line in notices:
-        printer.notice(line)
-    if refusals:
-        say("mgpu-launch: " + "\nmgpu-launch: ".join(refusals))
-        for link in links.values():
-            link.close()
-        transport.close()
-        control.record_early_end(run_dir, "failed", refusals[0].splitlines()[0])
-        return _done(printer, previous_hangup, EXIT_USAGE)
+        connected = _reach_hosts(launch, transport, first_plan, printer)
+    except _EarlyEnd as end:
+        return _done(printer, previous_hangup, end.code)
     # A stop asked for before the supervisor exists is kept for it, not lost.
     early_stops: list[int] = []
     previous_stops = {sig: signal.signal(sig, lambda signum, _frame: early_stops.append(signum))
                       for sig in (signal.SIGINT, signal.SIGTERM)}
-    recorder = RunRecorder(run_dir)
-    recorder.write_config(dump_config(loaded))
-    printer.notice(f"run dir {run_dir}")
-
-    def reconnect(host: str):
-        link = transport.connect([targets[host]], str(run_dir), events)[host]
-        try:  # the same rules: an interface's address may have changed meanwhile
-            addresses.update(with_interfaces({host: planned[host]}, {host: link.hello}))
-        except AddressError:
-            link.close()
-            raise
-        return link
-
-    supervisor = Supervisor(
-        make_plan=lambda g, active: first_plan if g == 0 else make_plan(g, active),
-        hosts=[HostInfo(name, _workers_on(config, name), spec.spare)
-               for name, spec in ((h.name or h.address, h) for h in config.hosts)],
-        links=links, events=events, recorder=recorder, printer=printer,
-        policy=_restart_policy(config, max_restarts), reconnect=reconnect,
-        checkpoint_probe=lambda: checkpoint_state(first_plan.checkpoint_dir),
-        launcher_info={"launcher_pid": os.getpid(), "launcher_host": socket.gethostname()},
-    )
-    with _stops_go_to(supervisor, early_stops):  # until the summary is written
-        result = _supervise(supervisor, transport, printer)
-        if config.transport == "slurm" and result.interrupted_by == signal.SIGTERM:
-            result = replace(result, message=why_stopped(read_allocation(os.environ).job_id))
-        summary = _note_terminal(result.to_json(), printer, recorder)
-        stop = stops.entry(result, first_plan.grace_s)  # what a stop did to the tasks
-        if stop is not None:
-            summary["stop"] = stop
-        events.close()
-        if events.dropped or events.cut:  # lines the logs lack, or have cut
-            summary["output_lines_dropped"] = dict(events.dropped)
-            summary["output_lines_cut"] = dict(events.cut)
-        try:
-            recorder.write_summary(summary)
-        except OSError as exc:  # a full disk: the summary still reaches the user
-            say(f"mgpu-launch: cannot write {run_dir / rundir.SUMMARY} ({exc}); it is:\n"
-                + json.dumps(summary, indent=2, default=str))
-        recorder.close()
+    job = launch.start(connected, printer, args.max_restarts)
+    printer.notice(f"run dir {launch.run_dir}")
+    with _stops_go_to(job, early_stops):  # until the summary is written
+        outcome = job.run()
+        if outcome.unwritten is not None:
+            say(f"mgpu-launch: cannot write {launch.run_dir / rundir.SUMMARY} "
+                f"({outcome.unwritten}); it is:\n"
+                + json.dumps(outcome.summary, indent=2, default=str))
     for sig, handler in previous_stops.items():
         signal.signal(sig, handler)
-    if events.drop_report():  # said once, with the counts
-        printer.notice(events.drop_report())
-    _print_outcome(printer, result, run_dir)
-    if stop is not None:
-        printer.notice(stop["said"])
-    return _done(printer, previous_hangup, exit_code(result))
+    if outcome.drops:  # said once, with the counts
+        printer.notice(outcome.drops)
+    _print_outcome(printer, outcome.result, launch.run_dir)
+    if outcome.stop is not None:
+        printer.notice(outcome.stop["said"])
+    return _done(printer, previous_hangup, exit_code(outcome.result))
 
 
-def _make_transport(config, verbose: bool):
-    """The transport of `config.transport`; each agent's lease is the heartbeat timeout."""
-    lease_s = config.restart.heartbeat_timeout_s
-    if config.transport == "local":
-        return LocalTransport(lease_s=lease_s)
-    if config.transport == "slurm":
-        from .transport.slurm import SlurmTransport
-
-        return SlurmTransport(read_allocation(os.environ).job_id, lease_s=lease_s)
-    from .transport.ssh import SSHTransport  # paramiko is imported only when needed
-
-    if not verbose:
-        # paramiko logs tracebacks of what the launcher reports itself in
-        # words (a dropped connection, an aborted handshake): -v shows them.
-        logging.getLogger("paramiko").addHandler(logging.NullHandler())
-        logging.getLogger("paramiko").propagate = False
-    return SSHTransport(lease_s=lease_s)
-
-
-def _restart_policy(config, max_restarts: int) -> RestartPolicy:
-    restart = config.restart
-    return RestartPolicy(
-        max_restarts=max_restarts, max_total_restarts=restart.max_total_restarts,
-        backoff_s=restart.backoff_s, backoff_max_s=restart.backoff_max_s,
-        start_timeout_s=restart.start_timeout_s,
-        heartbeat_timeout_s=restart.heartbeat_timeout_s,
-        hang_timeout_s=restart.hang_timeout_s, on_host_loss=restart.on_host_loss,
-        min_workers=restart.min_workers, host_wait_s=restart.host_wait_s,
-        warm_standby=restart.warm_standby,
-    )
+def _reach_hosts(launch: Launch, transport: Transport, first_plan: Plan,
+                 printer: Printer) -> Connected:
+    """Every host's agent, or _EarlyEnd: a host not reached or not fit is exit
+    2, a stop meanwhile 128 + the signal (recorded for a detached launcher)."""
+    run_dir = launch.run_dir
+    # SIGTERM (e.g. `mgpu-launch stop`) while hosts are reached ends it as Ctrl-C does.
+    previous_term = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        connected = launch.connect(transport, first_plan)
+    except (TransportError, AddressError) as exc:
+        say(f"mgpu-launch: {exc}")
+        control.record_early_end(run_dir, "failed", str(exc))
+        raise _EarlyEnd(EXIT_USAGE) from None
+    except KeyboardInterrupt as exc:
+        signum = exc.args[0] if exc.args and isinstance(exc.args[0], int) else signal.SIGINT
+        control.record_early_end(run_dir, "interrupted", "stopped while reaching the hosts",
+                                 interrupted_by=signum)
+        raise _EarlyEnd(128 + signum) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous_term)
+    refusals, notices = launch.preflight(connected)
+    for line in notices:
+        printer.notice(line)
+    if refusals:
+        say("mgpu-launch: " + "\nmgpu-launch: ".join(refusals))
+        connected.close()
+        control.record_early_end(run_dir, "failed", refusals[0].splitlines()[0])
+        raise _EarlyEnd(EXIT_USAGE)
+    return connected
 
 
 @contextlib.contextmanager
-def _stops_go_to(supervisor: Supervisor, early: Sequence[int] = ()) -> Iterator[None]:
-    """SIGINT and SIGTERM only ask the supervisor to stop (it stops every task);
-    `early`: stops that came before it existed."""
+def _stops_go_to(job: Job, early: Sequence[int] = ()) -> Iterator[None]:
+    """SIGINT and SIGTERM only ask the job's supervisor to stop (it stops every
+    task); `early`: stops that came before it existed."""
     previous = {
-        sig: signal.signal(sig, lambda signum, _frame: supervisor.request_stop(signum))
+        sig: signal.signal(sig, lambda signum, _frame: job.request_stop(signum))
         for sig in (signal.SIGINT, signal.SIGTERM)
     }
     for signum in early:
-        supervisor.request_stop(signum)
+        job.request_stop(signum)
     try:
         yield
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-
-
-def _supervise(supervisor: Supervisor, transport, printer: Printer) -> RunResult:
-    """Run the job; whatever happens, every agent's link and the transport are
-    closed afterwards, and a fault of the launcher itself is a failed result."""
-    started = time.monotonic()
-    try:
-        result = supervisor.run()
-    except Exception as exc:  # still stop everything, and report
-        why = (f"cannot go on: {exc}" if isinstance(exc, PlanError)  # e.g. hosts lost
-               else f"mgpu-launch itself failed: {type(exc).__name__}: {exc}")
-        result = RunResult(status="failed", restarts=0, wall_s=time.monotonic() - started,
-                           root_cause=None, tasks={}, message=why)
-        printer.notice(result.message)
-    finally:
-        for link in supervisor.links.values():
-            link.close()
-        transport.close()
-        printer.close()
-    return result
 
 
 # ---------------------------------------------------------------- the terminal
@@ -597,31 +414,11 @@ def _interrupt(signum: int, _frame) -> None:
     raise KeyboardInterrupt(signum)
 
 
-def _note_terminal(summary: dict, printer: Printer, recorder: RunRecorder) -> dict:
-    """Record in the run directory that the terminal went away (when, why) and
-    how many lines it did not show. (The printer cannot reach the recorder: the
-    supervisor thread owns it.)"""
-    if printer.terminal_lost is not None:
-        recorder.event("terminal_lost", reason=printer.terminal_lost,
-                       lost_t=printer.terminal_lost_t)
-        summary["terminal_lost"] = {"reason": printer.terminal_lost,
-                                    "t": printer.terminal_lost_t}
-    if printer.dropped:
-        summary["terminal_lines_dropped"] = printer.dropped
-    return summary
-
-
 def _done(printer: Printer, previous_hangup, code: int) -> int:
     """The last of a run: let the terminal take the last lines (bounded)."""
     printer.finish()
     signal.signal(signal.SIGHUP, previous_hangup)
     return code
-
-
-def _workers_on(config, host_name: str) -> int:
-    spec = next(h for h in config.hosts if (h.name or h.address) == host_name)
-    roles = effective_roles(config, spec)
-    return roles.get("chief", 0) + roles.get("worker", 0)
 
 
 def exit_code(result: RunResult) -> int:

@@ -189,7 +189,7 @@ def harness(tmp_path: Path, script: Script, hosts: int = 2,
     output = io.StringIO()
     printer = Printer([t.label for t in plan.tasks], stream=output, live=False, colour=False)
     settings = {"max_restarts": 3, "backoff_s": 0.0, "heartbeat_timeout_s": 10.0,
-                "hang_timeout_s": 300.0, **policy}
+                "hang_timeout_s": 300.0, "warm_standby": "off", **policy}
     supervisor = Supervisor(
         make_plan=make_plan, hosts=[HostInfo(h.name, 1, False) for h in plan.hosts],
         links=links, events=world, recorder=recorder, printer=printer,

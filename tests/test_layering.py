@@ -102,6 +102,19 @@ RULES = (
          forbidden=("launcher.cli",),
          reason="outcomes are values (RunResult): only the cli turns them into text and "
          "exit codes"),
+    Rule("the launch is below the cli", ("launcher.job.launch", "launcher.job.reach",
+                                         "launcher.transport.factory"),
+         forbidden=("launcher.ops", "launcher.cli"),
+         reason="a launch returns values or raises (RunResult, Outcome, LaunchRefused); it "
+         "speaks through the Voice it is handed, and only the cli prints, owns the signals "
+         "and turns outcomes into exit codes"),
+    Rule("reaching hosts never trains", ("launcher.job.reach",),
+         forbidden=("launcher.job.supervisor", "launcher.job.launch"),
+         reason="`check` reaches the hosts through the launch's own steps (addresses, "
+         "plan, connect, hellos) and must never start a job"),
+    Rule("check's probes are text", ("launcher.ops.check_scripts",), allowed=(),
+         reason="the scripts `check` runs on the hosts with their Python: standard "
+         "library only, nothing of the launcher side is there"),
     Rule("check never trains", ("launcher.ops.check", "launcher.ops.check_collective"),
          forbidden=("launcher.job.supervisor",),
          reason="`mgpu-launch check` talks to the agents directly and never starts a job"),

@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from ..spec.config import RestartPolicy  # the cluster file's `restart:`, its defaults
 from ..spec.plan import Plan, Task, task_label
 from ..spec.rundir import RunRecorder, log_file_name
 from ..strategy import COLLECTIVE, ON_JAX, Strategy
@@ -79,21 +80,6 @@ STUCK_KINDS = ("hang", "start_timeout")
 WATCHED_STRATEGIES = COLLECTIVE
 # Messages refused as malformed that are recorded one by one; the rest are counted.
 MAX_BAD_MESSAGES_RECORDED = 20
-
-
-@dataclass(frozen=True)
-class RestartPolicy:
-    max_restarts: int = 0
-    max_total_restarts: int = 100
-    backoff_s: float = 1.0
-    backoff_max_s: float = 60.0
-    start_timeout_s: float = 600.0
-    heartbeat_timeout_s: float = 10.0
-    hang_timeout_s: float = 300.0
-    on_host_loss: str = "wait"
-    min_workers: int = 1
-    host_wait_s: float = 300.0
-    warm_standby: str = "off"  # "auto": agents keep a standby per task (launcher.standby)
 
 
 @dataclass

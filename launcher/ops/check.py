@@ -13,7 +13,9 @@ problems host by host, and a verdict. Exit 0 only when the run would start, 2
 otherwise.
 
 Small probes run on the hosts as `python -c` through the agent's `exec_check`
-op (standard library only). Owns only this report: never starts training.
+op (standard library only). The hosts are reached by the launch's own steps
+(launcher/job/reach.py: addresses, plan, connect, hellos). Owns only this
+report: never starts training.
 
 Must not import: supervisor.
 """
@@ -33,132 +35,22 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import firewall
-from ..spec.addresses import AddressError, with_interfaces
+from ..job.reach import Reach
 from ..spec.allocation import SlurmError, read_allocation, slurm_config, with_allocation
 from ..spec.config import ConfigError, LoadedConfig, keras_backend, load_config, local_config
-from ..spec.plan import HostTarget, Plan, PlanError, build_plan, host_targets, ports_needed
+from ..spec.plan import HostTarget, Plan, PlanError
 from ..strategy import ON_JAX
-from ..transport import AgentLink, AgentMessage, HostProblem, Transport
-from ..transport.ports import free_ports
-from ..transport.resolve import tf_addresses
+from ..transport import AgentLink, AgentMessage, Transport
+from ..transport.factory import make_transport
 from . import check_collective, usage
 from .check_collective import CollectiveReport, task_addresses
+from .check_scripts import LISTEN, PROBE, REMOVE, WRITE_NONCE
 
 EXIT_READY, EXIT_NOT_READY = 0, 2
 PROBE_TIMEOUT_S = 30.0  # one probe on one host: a few socket connects and a stat
 PEER_TIMEOUT_S = 3.0  # a TCP connect between two hosts of one cluster
 # One `true` over SSH taking longer: say so (it is mostly the login shell).
 SLOW_LOGIN_S = 1.0
-
-# Binds each planned port on every interface with SO_REUSEADDR, as
-# TensorFlow's gRPC server does (so connections of an earlier run lingering in
-# TIME_WAIT do not count as busy, but a listening process does); reports which
-# were busy, then accepts connections until stopped.
-LISTEN = r"""
-import json, socket, sys, time
-ports, report = json.loads(sys.argv[1]), {"listening": [], "busy": {}}
-held = []
-for port in ports:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind(("", port)); sock.listen(64); held.append(sock)
-        report["listening"].append(port)
-    except OSError as exc:
-        report["busy"][str(port)] = exc.strerror or str(exc)
-        sock.close()
-print(json.dumps(report), flush=True)
-deadline, accepted = time.time() + 120, []
-for sock in held:
-    sock.settimeout(0.05)
-while held and time.time() < deadline:
-    for sock in held:
-        try:  # kept open: the peer closes first, so no TIME_WAIT lingers on this port
-            accepted.append(sock.accept()[0])
-        except OSError:
-            pass
-"""
-
-WRITE_NONCE = r"""
-import json, os, sys
-folder, name, nonce = json.loads(sys.argv[1])
-try:
-    os.makedirs(folder, exist_ok=True)
-    with open(os.path.join(folder, name), "w") as handle:
-        handle.write(nonce)
-    print(json.dumps({"ok": True}))
-except OSError as exc:
-    print(json.dumps({"ok": False, "error": f"{exc.strerror or exc} ({folder})"}))
-"""
-
-# Removes the nonce file (if given) and this check's run folder on the host.
-REMOVE = r"""
-import json, os, shutil, sys
-nonce_file, run_dir = json.loads(sys.argv[1])
-if nonce_file and os.path.exists(nonce_file):
-    os.unlink(nonce_file)
-shutil.rmtree(run_dir, ignore_errors=True)
-try:
-    os.rmdir(os.path.dirname(run_dir))  # check-<time>/, once no host uses it any more
-except OSError:
-    pass
-"""
-
-# Peers, checkpoint directory and GPUs, seen from one host.
-PROBE = r"""
-import json, os, shutil, socket, subprocess, sys
-from concurrent.futures import ThreadPoolExecutor
-args = json.loads(sys.argv[1])
-out = {"peers": {}, "checkpoint": {}, "gpus": None}
-
-def reach(peer):
-    try:
-        socket.create_connection((peer[0], peer[1]), timeout=args["peer_timeout"]).close()
-        return None
-    except OSError as exc:
-        return exc.strerror or str(exc) or type(exc).__name__
-
-peers = args["peers"]
-if peers:
-    with ThreadPoolExecutor(min(16, len(peers))) as pool:
-        for peer, error in zip(peers, pool.map(reach, peers)):
-            out["peers"][f"{peer[0]}:{peer[1]}"] = error
-folder = args["checkpoint_dir"]
-check = out["checkpoint"]
-try:
-    with open(os.path.join(folder, args["nonce_name"])) as handle:
-        check["nonce_seen"] = handle.read() == args["nonce"]
-except OSError:
-    check["nonce_seen"] = False
-check["exists"] = os.path.isdir(folder)
-if check["exists"]:
-    usage = shutil.disk_usage(folder)
-    check["free_gb"] = round(usage.free / 1e9, 1)
-    check["writable"] = os.access(folder, os.W_OK)
-smi = shutil.which("nvidia-smi")
-if smi:
-    try:
-        done = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=20)
-        out["gpus"] = [line for line in done.stdout.splitlines() if line.startswith("GPU")]
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        out["gpus_error"] = str(exc)
-out["cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES")
-from importlib import metadata
-for name in ("jax", "jaxlib"):
-    try:
-        out.setdefault("jax", {})[name] = metadata.version(name)
-    except Exception:  # not installed: the host still trains (jax is for keras_distribution)
-        out.setdefault("jax", {})[name] = None
-backend = os.environ.get("KERAS_BACKEND")
-try:
-    with open(os.path.expanduser("~/.keras/keras.json")) as handle:
-        backend = backend or json.load(handle).get("backend")
-except (OSError, ValueError, AttributeError):
-    pass
-out["keras_backend"] = backend or "tensorflow"
-print(json.dumps(out))
-"""
-
 
 @dataclass
 class HostReport:
@@ -448,64 +340,41 @@ def run_check(loaded: LoadedConfig, collective_timeout_s: float | None = (
     collective's report: None when `collective_timeout_s` is None or no host
     could be reached)."""
     config = loaded.config
-    local = config.transport == "local"
-    default_python = sys.executable if local else "python3"
-    targets = host_targets(config, default_python, loaded.base_dir)
-    ports_fixed = isinstance(config.ports.base, int)
-    run_dir = (tempfile.mkdtemp(prefix="mgpu-check-") if local
+    run_dir = (tempfile.mkdtemp(prefix="mgpu-check-") if config.transport == "local"
                else f"check-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
-    reports = {h.name: HostReport(h) for h in targets}
-    # Each host's TF_CONFIG address by the launch's own rules (tf_address,
-    # network_interface, the ssh config's HostName); interfaces after the hellos.
-    try:
-        addresses = tf_addresses(loaded, targets)
-    except AddressError as exc:
-        for host, reason in exc.problems.items():
-            reports[host].problems.append(reason)
-        addresses = exc.addresses
-    # The job's own plan, generation 0: its TF_CONFIG addresses and ports, its
-    # environment (`ports.base: auto`: ports free here now, as a launch picks them).
-    plan = build_plan(loaded, ["<check>"], run_dir=run_dir,
-                      ports=None if ports_fixed else free_ports(ports_needed(config)),
-                      default_python=default_python, launch_cwd=os.getcwd(),
-                      addresses=addresses)
-    for task in plan.tasks:
-        if ports_fixed and task.port:
+    # The launch's own steps: each host's TF_CONFIG address by its rules
+    # (tf_address, network_interface, the ssh config's HostName), the job's own
+    # plan of generation 0 (`ports.base: auto`: ports free here now, as a launch
+    # picks them), the agents, and the plan again with the interfaces' addresses.
+    reach, unaddressed = Reach.each(loaded, ["<check>"], run_dir)
+    reports = {h.name: HostReport(h) for h in reach.targets}
+    for host, reason in unaddressed.items():
+        reports[host].problems.append(reason)
+    first = reach.plan(0)
+    for task in first.tasks:
+        if isinstance(config.ports.base, int) and task.port:
             reports[task.host].ports.append(task.port)
-    events: queue.Queue[AgentMessage] = queue.Queue()
+    connected, problems = reach.connect_each(make_transport(config, checking=True), first)
+    for host, reasons in problems.items():
+        reports[host].problems.extend(reasons)
     collective = None
-    transport, links, problems = _connect(config.transport, targets, run_dir, events)
-    for problem in problems:
-        reports[problem.host].problems.append(problem.reason)
     try:
-        for name, link in links.items():
-            reports[name].hello = link.hello
+        for name, hello in connected.hellos().items():
+            reports[name].hello = hello
             _judge_tf_ports(reports[name], config.security.tf_ports)
-        if plan.unresolved:  # named interfaces: their addresses came with the hellos
-            try:
-                addresses = with_interfaces(addresses, {n: link.hello for n, link in links.items()})
-            except AddressError as exc:
-                for host, reason in exc.problems.items():
-                    reports[host].problems.append(reason)
-                addresses = exc.addresses
-            plan = build_plan(loaded, ["<check>"], run_dir=run_dir,
-                              ports=[t.port for t in plan.tasks if t.port],
-                              default_python=default_python, launch_cwd=os.getcwd(),
-                              addresses=addresses)
-        if links:
-            collective = _probe(Agents(links, events), reports, plan, collective_timeout_s)
+        if connected.links:
+            collective = _probe(Agents(connected.links, connected.events), reports,
+                                connected.plan, collective_timeout_s)
         if config.transport == "ssh":
-            _time_logins(transport, [reports[name] for name in links])
+            _time_logins(connected.transport, [reports[name] for name in connected.links])
     finally:
-        for link in links.values():
-            link.close()
-        transport.close()
+        connected.close()
     backend = keras_backend(config)  # the tasks' KERAS_BACKEND, when the config sets one
     for report in reports.values():
         report.keras_backend = backend or report.keras_backend
     judge_versions(list(reports.values()), config.keras,
                    backend if config.strategy in ON_JAX else None)
-    return list(reports.values()), plan.checkpoint_dir, collective
+    return list(reports.values()), connected.plan.checkpoint_dir, collective
 
 
 def _judge_tf_ports(report: HostReport, mode: str) -> None:
@@ -518,29 +387,6 @@ def _judge_tf_ports(report: HostReport, mode: str) -> None:
         why = str(info.get("why") if isinstance(info, dict) else "the agent is too old to say")
         report.problems.append(f"TF ports cannot be sealed (security.tf_ports: cluster): "
                                f"{why}; fix: {firewall.fix_for(why)}")
-
-
-def _connect(kind: str, targets: Sequence[HostTarget], run_dir: str,
-             events: queue.Queue[AgentMessage]
-             ) -> tuple[Transport, dict[str, AgentLink], list[HostProblem]]:
-    """Every transport keeps the hosts that answered: each one is checked."""
-    transport: Transport
-    if kind == "slurm":  # one srun step per node instead of SSH
-        from ..spec.allocation import read_allocation
-        from ..transport.slurm import SlurmTransport
-
-        transport = SlurmTransport(read_allocation(os.environ).job_id, require_tensorflow=False,
-                                   signal_when_gone=False)
-    elif kind == "local":
-        from ..transport.local import LocalTransport
-
-        transport = LocalTransport()
-    else:
-        from ..transport.ssh import SSHTransport
-
-        transport = SSHTransport(require_tensorflow=False)
-    links, problems = transport.connect_each(targets, run_dir, events)
-    return transport, links, problems
 
 
 def _time_logins(transport: Transport, reports: list[HostReport]) -> None:
@@ -561,26 +407,7 @@ def _probe(agents: Agents, reports: dict[str, HostReport], plan: Plan,
     checkpoint_dir = plan.checkpoint_dir
     # 1. Each host listens on its planned ports; one host writes the nonce.
     listen = {h: reports[h].ports for h in hosts if reports[h].ports}
-    listening = agents.start_listeners(listen) if listen else {}
-    open_ports: dict[str, list[int]] = {}
-    for host, report in listening.items():
-        if report is None:
-            reports[host].problems.append("could not listen on the planned ports (no report)")
-            continue
-        reports[host].busy = report.get("busy", {})
-        for port, error in reports[host].busy.items():
-            reports[host].problems.append(
-                f"port {port} is busy ({error}): stop what holds it, or change `ports.base`")
-        open_ports[host] = report.get("listening", [])
-    # Peers are reached on exactly the TF_CONFIG addresses the tasks will use.
-    names: dict[str, str] = {}  # "address:port" -> "host1/worker1"
-    peers: list[tuple[str, str, int]] = []  # (host, address, port)
-    addresses = task_addresses(plan)
-    for task in plan.tasks:
-        address = addresses.get(task.label)
-        if address and task.port in open_ports.get(task.host, ()):
-            peers.append((task.host, address.rpartition(":")[0].strip("[]"), task.port))
-            names[f"{peers[-1][1]}:{task.port}"] = task.label
+    names, peers = _peers(plan, _listen(agents, listen, reports))
     writer = hosts[0]
     nonce, nonce_name = secrets.token_hex(16), f".mgpu-check-{secrets.token_hex(4)}"
     wrote = agents.exec_all({writer: [agents.python(writer), "-c", WRITE_NONCE,
@@ -619,6 +446,38 @@ def _probe(agents: Agents, reports: dict[str, HostReport], plan: Plan,
          str(agents.links[h].hello.get("run_dir"))])] for h in hosts}
     agents.exec_all(cleanup, timeout=10)
     return collective
+
+
+def _listen(agents: Agents, listen: dict[str, list[int]], reports: dict[str, HostReport]
+            ) -> dict[str, list[int]]:
+    """Start the listeners; each host's ports that listen (busy ones are problems)."""
+    listening = agents.start_listeners(listen) if listen else {}
+    open_ports: dict[str, list[int]] = {}
+    for host, report in listening.items():
+        if report is None:
+            reports[host].problems.append("could not listen on the planned ports (no report)")
+            continue
+        reports[host].busy = report.get("busy", {})
+        for port, error in reports[host].busy.items():
+            reports[host].problems.append(
+                f"port {port} is busy ({error}): stop what holds it, or change `ports.base`")
+        open_ports[host] = report.get("listening", [])
+    return open_ports
+
+
+def _peers(plan: Plan, open_ports: dict[str, list[int]]
+           ) -> tuple[dict[str, str], list[tuple[str, str, int]]]:
+    """Peers are reached on exactly the TF_CONFIG addresses the tasks will use:
+    ("address:port" -> "host1/worker1", [(host, address, port)])."""
+    names: dict[str, str] = {}
+    peers: list[tuple[str, str, int]] = []
+    addresses = task_addresses(plan)
+    for task in plan.tasks:
+        address = addresses.get(task.label)
+        if address and task.port in open_ports.get(task.host, ()):
+            peers.append((task.host, address.rpartition(":")[0].strip("[]"), task.port))
+            names[f"{peers[-1][1]}:{task.port}"] = task.label
+    return names, peers
 
 
 def _without_framework(strategy: str, reports: list[HostReport]) -> str:
