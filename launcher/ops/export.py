@@ -26,7 +26,7 @@ from typing import Any
 import yaml
 
 from ..spec.allocation import NODE_BY_POSITION, Allocation, with_allocation
-from ..spec.config import ConfigError, LoadedConfig, load_config, looks_secret
+from ..spec.config import ConfigError, LoadedConfig, load_config
 from ..spec.plan import (
     ROLE_ORDER,
     Plan,
@@ -36,6 +36,7 @@ from ..spec.plan import (
     default_checkpoint_dir,
     ports_needed,
 )
+from ..spec.redact import looks_secret
 from ..strategy import Strategy
 from . import usage
 
@@ -234,7 +235,7 @@ def tfjob_secret_name(job_name: str) -> str:
 
 
 def _env_var(name: str, value: str, secret: str) -> dict[str, Any]:
-    """One container env entry: a secret-looking name (config.looks_secret) reads
+    """One container env entry: a secret-looking name (launcher.spec.redact) reads
     its value from key NAME of Secret `secret`, so the value is never written."""
     if looks_secret(name):
         return {"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": name}}}

@@ -25,14 +25,9 @@ from ..firewall import Seal, describe, seal_for, split_families
 from ..strategy import COLLECTIVE, ON_JAX, Strategy
 from . import rundir
 from .addresses import TFAddress, choose
-from .config import (
-    ClusterConfig,
-    HostSpec,
-    LoadedConfig,
-    effective_roles,
-    keras_backend,
-    redact_env,
-)
+from .config import ClusterConfig, LoadedConfig, effective_roles, keras_backend
+from .hosts import HostSpec
+from .redact import redact_env
 
 # Order of roles in TF_CONFIG and in the task list: the chief first.
 ROLE_ORDER = ("chief", "worker", "ps", "evaluator")
