@@ -38,7 +38,7 @@ RUNTIME_KNOBS = frozenset({
     "MGPU_ALLOW_SINGLE_HOST_STRATEGY",  # allow MirroredStrategy in a multi-worker job
     "MGPU_STACKS_SIGNAL",  # the signal on which a task dumps its Python stacks (off: none)
     # keras_distribution on JAX: the coordination service's timeouts (default:
-    # from `restart:`, see plan._jax_env)
+    # from `restart:`, see taskenv.jax_env)
     "MGPU_JAX_HEARTBEAT_S",
     "MGPU_JAX_SHUTDOWN_S",
     "MGPU_JAX_INIT_TIMEOUT_S",
