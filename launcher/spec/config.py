@@ -37,6 +37,7 @@ RUNTIME_KNOBS = frozenset({
     "MGPU_KERAS_UNTESTED",  # run the Keras 3 patches on an untested Keras version
     "MGPU_ALLOW_SINGLE_HOST_STRATEGY",  # allow MirroredStrategy in a multi-worker job
     "MGPU_STACKS_SIGNAL",  # the signal on which a task dumps its Python stacks (off: none)
+    "MGPU_STEPS_EVERY_S",  # how often the optimizer's step counter is read (0: never)
     # keras_distribution on JAX: the coordination service's timeouts (default:
     # from `restart:`, see taskenv.jax_env)
     "MGPU_JAX_HEARTBEAT_S",
