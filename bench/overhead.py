@@ -10,6 +10,17 @@ TF_CONFIG, and wait for both. The launcher runs the same 2 simulated hosts as
 `--local 2`, from a cluster file that sets `restart.warm_standby`.
 
     python bench/overhead.py [--rounds 3] [--epochs 3] [--standby auto,off]
+
+`--steps` measures instead what counting steps with no code costs
+(`runtime.steps`: the optimizer's counter read by a thread every
+`MGPU_STEPS_EVERY_S`): one task process, started as the agent starts it
+(`python -m launcher.bootstrap`, a progress pipe), trains a Keras `fit` of
+`--steps-count` steps with counting off (`0`), at the default (2 s) and at
+0.05 s (40 times as often, to make any cost visible), alternating, and prints
+the median steps/s of each and the ratios to "off". Target: default / off
+within noise (>= 0.98).
+
+    python bench/overhead.py --steps [--rounds 5] [--steps-count 3000]
 """
 
 from __future__ import annotations
@@ -85,12 +96,80 @@ def under_launcher(epochs: int, workdir: str, round_no: int, standby: str) -> fl
     return elapsed
 
 
+STEPS_SCRIPT = """\
+import sys, time
+import numpy as np
+import tensorflow as tf
+steps = int(sys.argv[1])
+x = np.random.default_rng(0).normal(size=(4096, 32)).astype("float32")
+y = (x.sum(axis=1) > 0).astype("float32")
+data = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(64)
+model = tf.keras.Sequential([tf.keras.layers.Input((32,)),
+                             tf.keras.layers.Dense(64, activation="relu"),
+                             tf.keras.layers.Dense(1)])
+model.compile(optimizer="adam", loss="mse")
+model.fit(data, epochs=1, steps_per_epoch=20, verbose=0)  # build, trace, warm up
+begin = time.perf_counter()
+model.fit(data, epochs=1, steps_per_epoch=steps, verbose=0)
+print("STEPS_PER_S", steps / (time.perf_counter() - begin), flush=True)
+"""
+
+
+def steps_per_s(workdir: str, every_s: str, count: int) -> float:
+    """One task's training throughput with the step counter read every `every_s`."""
+    script = os.path.join(workdir, "steps_train.py")
+    with open(script, "w") as handle:
+        handle.write(STEPS_SCRIPT)
+    read_fd, write_fd = os.pipe()  # the progress channel, as the agent opens it
+    env = base_env(workdir)
+    env.update(MGPU_PROGRESS_FD=str(write_fd), MGPU_STEPS_EVERY_S=every_s)
+    proc = subprocess.Popen([sys.executable, "-m", "launcher.bootstrap", script, str(count)],
+                            env=env, cwd=workdir, stdout=subprocess.PIPE, text=True,
+                            stderr=subprocess.DEVNULL, pass_fds=(write_fd,))
+    os.close(write_fd)
+    reports = 0
+    with os.fdopen(read_fd, "rb") as channel:
+        for _ in channel:
+            reports += 1
+    out, _ = proc.communicate()
+    line = next((x for x in out.splitlines() if x.startswith("STEPS_PER_S ")), None)
+    if proc.returncode != 0 or line is None:
+        raise SystemExit(f"steps run failed (exit {proc.returncode})")
+    if every_s != "0" and reports == 0:
+        raise SystemExit("the step counter reported nothing: is runtime.steps installed?")
+    return float(line.split()[1])
+
+
+def compare_steps(rounds: int, count: int) -> None:
+    settings = {"off": "0", "default": "", "every 0.05 s": "0.05"}
+    rates: dict[str, list[float]] = {name: [] for name in settings}
+    with tempfile.TemporaryDirectory() as workdir:
+        for round_no in range(rounds):
+            line = f"round {round_no + 1}:"
+            for name, every in settings.items():
+                rates[name].append(steps_per_s(workdir, every, count))
+                line += f"   {name} {rates[name][-1]:7.1f} steps/s"
+            print(line, flush=True)
+    off = statistics.median(rates["off"])
+    print(f"\nmedian steps/s, one task, Keras fit of {count} steps:")
+    for name in settings:
+        m = statistics.median(rates[name])
+        target = "  (target >= 0.98)" if name == "default" else ""
+        print(f"  step counting {name:13} {m:7.1f}   ratio to off {m / off:.3f}{target}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--standby", default="auto,off", help="restart.warm_standby settings")
+    parser.add_argument("--steps", action="store_true",
+                        help="measure the zero-code step counter's cost instead")
+    parser.add_argument("--steps-count", type=int, default=3000)
     args = parser.parse_args()
+    if args.steps:
+        compare_steps(args.rounds, args.steps_count)
+        return
     settings = args.standby.split(",")
     hand: list[float] = []
     launched: dict[str, list[float]] = {s: [] for s in settings}

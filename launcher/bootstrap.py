@@ -11,7 +11,8 @@ Owns what must happen in the task process before and around the user's code:
   versions and refuse on others (`runtime.keras_compat`), say which Keras the
   task uses, stop a worker of a multi-worker job that builds a single-host
   strategy, and shorten TensorFlow's coordination heartbeat when
-  `MGPU_TF_HEARTBEAT_S` is set (`runtime.guards`);
+  `MGPU_TF_HEARTBEAT_S` is set (`runtime.guards`), and count the training
+  steps of any Keras `fit` or custom loop from its optimizer (`runtime.steps`);
 - warm starts: `python -m launcher.bootstrap --standby` imports TensorFlow,
   waits for its task on stdin and then goes on exactly as above
   (`launcher.standby`);
@@ -120,7 +121,7 @@ def _write_error(exc: BaseException) -> None:
 
 
 def install_hooks() -> None:
-    from launcher.runtime import guards, hooks, keras_compat, keras_jax
+    from launcher.runtime import guards, hooks, keras_compat, keras_jax, steps
 
     for name, hook in keras_compat.HOOKS.items():
         hooks.when_imported(name, hook)
@@ -131,6 +132,9 @@ def install_hooks() -> None:
         if name == guards.COLLECTIVE and not guards.several_workers():
             continue  # the heartbeat matters only between several workers
         hooks.when_imported(name, hook)
+    if steps.enabled():  # steps and steps/s from any script (the optimizer's counter)
+        for name, hook in steps.HOOKS.items():
+            hooks.when_imported(name, hook)
 
 
 def main() -> None:

@@ -87,3 +87,13 @@ def alive(pids) -> list[int]:
 def workdir(tmp_path: Path) -> Path:
     """A scratch folder to launch from (run and checkpoint dirs land here)."""
     return tmp_path
+
+
+def reported_steps(run_dir: Path, generation: int = 0) -> dict[str, list[int]]:
+    """The steps each task of `generation` reported as progress, in order."""
+    steps: dict[str, list[int]] = {}
+    for event in read_events(run_dir):
+        if event["event"] == "progress" and event.get("generation") == generation \
+                and "step" in event:
+            steps.setdefault(event["task"], []).append(int(event["step"]))
+    return steps

@@ -33,7 +33,7 @@ QUICK_START = (
     "mgpu-launch --local 2 examples/digits/train.py",
     "bash .ci/run",
 )
-TEST_COMMAND = ".venv/bin/python -m pytest -q -p no:cacheprovider tests"
+TEST_COMMAND = ".venv/bin/python -m pytest -q -p no:cacheprovider --durations=20 tests"
 
 FENCE = re.compile(r"^(?P<indent>\s*)(?P<fence>```+|~~~+)(?P<lang>[\w-]*)\s*$")
 MARKER = re.compile(r"^\s*<!--\s*(?P<kind>runnable|file)(?::\s*(?P<arg>[^>]*?))?\s*-->\s*$")

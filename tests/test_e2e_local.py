@@ -17,6 +17,7 @@ from tests.conftest import (
     alive,
     read_events,
     read_summary,
+    reported_steps,
     run_cli,
     start_cli,
     task_pids,
@@ -63,6 +64,12 @@ def test_unmodified_tutorial_script_trains_to_identical_weights(workdir: Path):
                       result.stdout, re.M)
     assert len(sums) == 2, result.stdout[-2000:]
     assert sums[0][1] == sums[1][1]
+    # It never calls the runtime, yet its steps reach the launcher (the optimizer's
+    # counter): 3 epochs of 10 steps, counted from the start of training.
+    steps = reported_steps(run_dir)
+    assert set(steps) == {"worker0", "worker1"}, steps
+    assert all(s == sorted(s) and s[-1] == 30 for s in steps.values()), steps
+    assert read_summary(run_dir)["tasks"]["host1/worker1"]["last_progress"]["step"] == 30
 
 
 def test_kill_9_of_a_worker_stops_the_peer_and_names_the_root_cause(workdir: Path):

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import PYTHON, SCRIPTS, cli_env, read_summary, run_cli
+from tests.conftest import PYTHON, SCRIPTS, cli_env, read_summary, reported_steps, run_cli
 from tests.test_strategies import STRATEGY_SCRIPTS, explain, results, write_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.keras_matrix]
@@ -105,6 +105,8 @@ def test_keras_auto_runs_tensorflows_keras3_tutorial_to_the_end(workdir: Path):
     assert evaluated["keras"].startswith("keras")  # Keras 3, as when run by hand
     assert 0.0 <= evaluated["accuracy"] <= 1.0
     assert (workdir / "ckpt" / "ckpt_3.weights.h5").exists()
+    # Keras 3 `fit` counted by its optimizer, no runtime call: 3 epochs of 384/32 steps.
+    assert reported_steps(run_dir)["worker0"][-1] == 36, reported_steps(run_dir)
 
 
 def test_tf_keras_only_script_under_keras3_gets_the_hint(workdir: Path):

@@ -14,7 +14,7 @@ from launcher.job.classify import classify_exit
 from launcher.job.states import Failure
 from launcher.spec.config import local_config
 from launcher.spec.plan import build_plan
-from tests.conftest import SCRIPTS, read_events, read_summary, run_cli
+from tests.conftest import SCRIPTS, read_events, read_summary, reported_steps, run_cli
 from tests.test_strategies import explain
 
 KERAS3_ERROR = {"type": "AttributeError", "message": "'SparseCategoricalAccuracy' object has "
@@ -37,6 +37,8 @@ def test_keras_auto_trains_tfs_custom_loop_tutorial_under_tf_keras(workdir: Path
     assert "reset_states" in summary["keras_switched"]["why"], summary
     switched = [e for e in read_events(run_dir) if e["event"] == "keras_switched"]
     assert len(switched) == 1 and switched[0]["task"] == "host0/worker0", switched
+    # A custom loop's `optimizer.apply_gradients`, counted with no runtime call: 2 x 4 steps.
+    assert reported_steps(run_dir, generation=1)["worker0"][-1] == 8, read_events(run_dir)
 
 
 def _plan(keras: str = "auto", strategy: str = "multi_worker_mirrored", env=None):

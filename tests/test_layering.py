@@ -85,8 +85,11 @@ RULES = (
          reason="the strategies' names and properties are compared by config, plan, "
          "supervisor, the operator's commands and the shipped runtime: they depend on "
          "nothing and are shipped to the hosts (standard library only)"),
-    Rule("config comes first", ("launcher.spec.config",),
-         allowed=("launcher.spec.yamldoc", "launcher.strategy"),
+    Rule("config comes first", ("launcher.spec.config", "launcher.spec.hosts",
+                                "launcher.spec.problems", "launcher.spec.redact",
+                                "launcher.spec.strict"),
+         allowed=("launcher.spec.yamldoc", "launcher.strategy", "launcher.spec.hosts",
+                  "launcher.spec.problems", "launcher.spec.redact", "launcher.spec.strict"),
          reason="the data flows one way, config -> plan -> transport/agent -> supervisor "
          "-> cli; the cluster file's schema depends on nothing else of the launcher"),
     Rule("plan is pure", ("launcher.spec.plan",),

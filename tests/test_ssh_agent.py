@@ -27,9 +27,10 @@ import pytest
 from launcher.ops.sshsim import generate_key
 from launcher.spec.config import load_config
 from launcher.spec.plan import HostTarget, host_targets
-from launcher.transport import TransportError, ssh_connect
+from launcher.transport import TransportError, ssh_auth
 from launcher.transport.ssh import SSHTransport
-from launcher.transport.ssh_connect import Connector, Refused
+from launcher.transport.ssh_connect import Connector
+from launcher.transport.ssh_endpoint import Refused
 from tests.conftest import run_cli
 from tests.sshcluster import MARKER, agent_add, sim_cluster, ssh_agent, write_script, write_yaml
 
@@ -198,7 +199,7 @@ def no_key_files(tmp_path, monkeypatch) -> None:
                                   "mute-on-sign"])
 def test_an_agent_failure_is_reported_as_one_naming_ssh_auth_sock(
         cluster, agent_yaml, tmp_path, monkeypatch, capfd, no_key_files, kind):
-    monkeypatch.setattr(ssh_connect, "AGENT_TIMEOUT_S", 0.5)  # for "mute-on-sign"
+    monkeypatch.setattr(ssh_auth, "AGENT_TIMEOUT_S", 0.5)  # for "mute-on-sign"
     public = Path(f"{cluster.client_key}.pub")
     blob = base64.b64decode(public.read_text().split()[1])
     fingerprint = "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")

@@ -28,7 +28,7 @@ from launcher.transport import TransportError
 from launcher.transport._paramiko import paramiko
 from launcher.transport.shipping import bundle_id
 from launcher.transport.ssh import SSHTransport, agent_command
-from launcher.transport.ssh_connect import Refused, SSHConfigs, merge_endpoint, parse_jump
+from launcher.transport.ssh_endpoint import Refused, SSHConfigs, merge_endpoint, parse_jump
 from tests.conftest import read_events, run_cli, start_cli, wait_for
 from tests.sshcluster import (
     MARKER,

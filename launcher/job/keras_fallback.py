@@ -28,7 +28,7 @@ from ..strategy import ON_JAX
 from .classify import tf_keras_hint
 from .states import Failure
 
-# What `keras: tf_keras` puts in every task's environment (plan._keras_env).
+# What `keras: tf_keras` puts in every task's environment (taskenv.keras_env).
 TF_KERAS_ENV = {"TF_USE_LEGACY_KERAS": "1", "MGPU_KERAS": "tf_keras"}
 
 

@@ -10,7 +10,7 @@ on without it, and the job is restarted (its peers' stacks taken first).
 The span is measured on the agent's own clock (the heartbeats' `t`), so a
 heartbeat delivered late by a loaded machine or network never lengthens it.
 TensorFlow's coordination heartbeat (`MGPU_TF_HEARTBEAT_S`, set by the plan to
-`TF_HEARTBEAT_S` in spec/plan.py) is kept well above this bound: it is the fallback for a hang
+`TF_HEARTBEAT_S` in spec/taskenv.py) is kept well above this bound: it is the fallback for a hang
 no agent can see (a host cut off), and it must not take a short freeze of the
 coordination leader itself for a death (a peer's heartbeat is up to half the
 timeout old when the freeze begins).

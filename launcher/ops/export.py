@@ -26,7 +26,7 @@ from typing import Any
 import yaml
 
 from ..spec.allocation import NODE_BY_POSITION, Allocation, with_allocation
-from ..spec.config import ConfigError, LoadedConfig, load_config, looks_secret
+from ..spec.config import ConfigError, LoadedConfig, load_config
 from ..spec.plan import (
     ROLE_ORDER,
     Plan,
@@ -36,6 +36,7 @@ from ..spec.plan import (
     default_checkpoint_dir,
     ports_needed,
 )
+from ..spec.redact import looks_secret
 from ..strategy import Strategy
 from . import usage
 
@@ -234,7 +235,7 @@ def tfjob_secret_name(job_name: str) -> str:
 
 
 def _env_var(name: str, value: str, secret: str) -> dict[str, Any]:
-    """One container env entry: a secret-looking name (config.looks_secret) reads
+    """One container env entry: a secret-looking name (launcher.spec.redact) reads
     its value from key NAME of Secret `secret`, so the value is never written."""
     if looks_secret(name):
         return {"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": name}}}
@@ -256,47 +257,60 @@ def tfjob_manifest(loaded: LoadedConfig, command: Sequence[str], *, image: str =
                           else f"{K8S_CHECKPOINT_ROOT}/{config.name}")
     plan = _plan(loaded, command)
     name = _dns_name(config.name)
-    secret = tfjob_secret_name(name)
     # max_restarts 0: no restart at all (the operator's default, Never).
     policy = restart_policy if config.restart.max_restarts > 0 else "Never"
-
     specs: dict[str, Any] = {}
     for role in ROLE_ORDER:
         tasks = [t for t in plan.tasks if t.role == role]
-        if not tasks:
-            continue
-        gpus = _gpus(tasks)
-        env = _shared_env(tasks[0], checkpoint_dir=checkpoint_dir)
-        # The plan's argv: the script under the launcher's bootstrap (the Keras 3 fixes,
-        # the guards, `__main__` as by hand), or the launcher's TensorFlow server for
-        # the workers and ps of a parameter_server job (they only serve the chief).
-        argv = [config.python or "python3", *tasks[0].argv[1:]]
-        container: dict[str, Any] = {
-            "name": TFJOB_CONTAINER,
-            "image": image,
-            "command": argv,
-            "env": [_env_var(k, v, secret)
-                    for k, v in sorted({**env, "MGPU_TASK_TYPE": role}.items())],
-        }
-        if config.workdir and config.workdir.startswith("/"):
-            container["workingDir"] = config.workdir
-        if gpus:
-            # A quantity: the core API's type is a string (the CRD also takes an integer).
-            container["resources"] = {"limits": {"nvidia.com/gpu": str(gpus)}}
-        pod: dict[str, Any] = {"containers": [container]}
-        if pvc:
-            container["volumeMounts"] = [{"name": CHECKPOINT_VOLUME, "mountPath": checkpoint_dir}]
-            pod["volumes"] = [{"name": CHECKPOINT_VOLUME,
-                               "persistentVolumeClaim": {"claimName": pvc}}]
-        specs[TFJOB_REPLICA_TYPES[role]] = {
-            "replicas": len(tasks),
-            "restartPolicy": policy,
-            "template": {"spec": pod},
-        }
+        if tasks:
+            pod = _pod(loaded, role, tasks, image=image, checkpoint_dir=checkpoint_dir,
+                       pvc=pvc, secret=tfjob_secret_name(name))
+            specs[TFJOB_REPLICA_TYPES[role]] = {
+                "replicas": len(tasks),
+                "restartPolicy": policy,
+                "template": {"spec": pod},
+            }
     metadata: dict[str, Any] = {"name": name,
                                 "labels": {"app.kubernetes.io/created-by": "mgpu-launch"}}
     if namespace:
         metadata["namespace"] = namespace
+    return {"apiVersion": "kubeflow.org/v1", "kind": "TFJob", "metadata": metadata,
+            "spec": _tfjob_spec(loaded, specs)}
+
+
+def _pod(loaded: LoadedConfig, role: str, tasks: list[Task], *, image: str,
+         checkpoint_dir: str, pvc: str | None, secret: str) -> dict[str, Any]:
+    """The pod template of one role's replicas: its container, GPUs and checkpoint volume."""
+    config = loaded.config
+    gpus = _gpus(tasks)
+    env = _shared_env(tasks[0], checkpoint_dir=checkpoint_dir)
+    # The plan's argv: the script under the launcher's bootstrap (the Keras 3 fixes,
+    # the guards, `__main__` as by hand), or the launcher's TensorFlow server for
+    # the workers and ps of a parameter_server job (they only serve the chief).
+    argv = [config.python or "python3", *tasks[0].argv[1:]]
+    container: dict[str, Any] = {
+        "name": TFJOB_CONTAINER,
+        "image": image,
+        "command": argv,
+        "env": [_env_var(k, v, secret)
+                for k, v in sorted({**env, "MGPU_TASK_TYPE": role}.items())],
+    }
+    if config.workdir and config.workdir.startswith("/"):
+        container["workingDir"] = config.workdir
+    if gpus:
+        # A quantity: the core API's type is a string (the CRD also takes an integer).
+        container["resources"] = {"limits": {"nvidia.com/gpu": str(gpus)}}
+    pod: dict[str, Any] = {"containers": [container]}
+    if pvc:
+        container["volumeMounts"] = [{"name": CHECKPOINT_VOLUME, "mountPath": checkpoint_dir}]
+        pod["volumes"] = [{"name": CHECKPOINT_VOLUME,
+                           "persistentVolumeClaim": {"claimName": pvc}}]
+    return pod
+
+
+def _tfjob_spec(loaded: LoadedConfig, specs: dict[str, Any]) -> dict[str, Any]:
+    """The TFJob's `spec`: its run and success policies around the replica specs."""
+    config = loaded.config
     spec: dict[str, Any] = {
         "runPolicy": {
             # The operator's budget of restarts for the whole job.
@@ -314,7 +328,7 @@ def tfjob_manifest(loaded: LoadedConfig, command: Sequence[str], *, image: str =
     # parameter_server: the default, the chief (the coordinator, the only task that
     # runs the script) exiting 0 is success; its servers are then deleted.
     spec["tfReplicaSpecs"] = specs
-    return {"apiVersion": "kubeflow.org/v1", "kind": "TFJob", "metadata": metadata, "spec": spec}
+    return spec
 
 
 def tf_port_policy(manifest: dict[str, Any]) -> dict[str, Any]:

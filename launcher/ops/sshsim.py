@@ -35,7 +35,7 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from . import usage
 
-SSHD = os.environ.get("MGPU_SSHD", "/usr/sbin/sshd")
+DEFAULT_SSHD = "/usr/sbin/sshd"  # MGPU_SSHD names another (read when a host starts)
 PRIVSEP_DIR = "/run/sshd"
 START_TIMEOUT_S = 10.0  # an sshd binds its port in a few ms; a loaded machine is slower
 STOP_GRACE_S = 5.0  # sshd exits at once on SIGTERM; what a session runs may take a moment
@@ -280,9 +280,15 @@ def generate_key(path: Path, comment: str) -> str:
     return public
 
 
+def sshd_path() -> str:
+    """The sshd every simulated host runs: `MGPU_SSHD`, else /usr/sbin/sshd."""
+    return os.environ.get("MGPU_SSHD", DEFAULT_SSHD)
+
+
 def _start_sshd(host: SimHost) -> subprocess.Popen:
     os.makedirs(PRIVSEP_DIR, mode=0o755, exist_ok=True)
-    argv = [SSHD, "-D", "-f", str(host.dir / "sshd_config"), "-E", str(host.dir / "sshd.log")]
+    argv = [sshd_path(), "-D", "-f", str(host.dir / "sshd_config"),
+            "-E", str(host.dir / "sshd.log")]
     if host.private_mounts:
         # This host gets its own mount namespace with an empty tmpfs over each
         # path: the same path names a different directory there, exactly like
@@ -509,7 +515,7 @@ def _refuse_running(directory: Path) -> None:
             "another --dir")
 
 
-def main(argv: list[str]) -> int:
+def _parser() -> usage.Parser:
     parser = usage.Parser(
         prog="mgpu-launch simulate",
         description="Start N simulated SSH hosts (one private sshd per loopback address) "
@@ -525,6 +531,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--port", type=int, help="sshd port (default: 2222 or the next free)")
     parser.add_argument("--detach", action="store_true",
                         help="leave the sshds running in the background and return")
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    parser = _parser()
     args = parser.parse_args(argv[1:])
     if args.count == "stop":
         count = stop_directory(Path(args.dir))
@@ -554,6 +565,11 @@ def main(argv: list[str]) -> int:
     if args.detach:
         print(f"stop:  mgpu-launch simulate stop --dir {args.dir}")
         return 0
+    return _serve(cluster)
+
+
+def _serve(cluster: SimCluster) -> int:
+    """Keep the hosts up until Ctrl-C or SIGTERM (0), or until one sshd exits (1)."""
     print("press Ctrl-C to stop them")
 
     def stop_on_term(_signum, _frame):

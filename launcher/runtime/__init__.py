@@ -192,20 +192,40 @@ def legacy_device_setter():
 def report_progress(step: int, **metrics: float) -> None:
     """Tell the launcher how far training got (shown live, used to spot hangs).
 
-    Cheap and safe to call every step: a no-op outside the launcher.
+    Cheap and safe to call every step: a no-op outside the launcher. Without
+    it the launcher still sees the steps of Keras `fit` and of custom loops
+    through the optimizer's step counter (`runtime.steps`); once the script
+    reports a step itself, only its own reports count.
     """
-    fd = os.environ.get("MGPU_PROGRESS_FD")
-    if not fd:
+    global _script_reports_steps
+    if not os.environ.get("MGPU_PROGRESS_FD"):
         return
+    _script_reports_steps = True
     record = {"step": int(step), "time": time.time()}
     for key, value in metrics.items():
         try:
             record[key] = float(value)
         except (TypeError, ValueError):
             continue
+    write_progress(record)
+
+
+# Set by the first report_progress: the optimizer watcher (runtime.steps) then stops.
+_script_reports_steps = False
+
+
+def steps_reported_by_script() -> bool:
+    return _script_reports_steps
+
+
+def write_progress(record: dict) -> None:
+    """One progress record to the launcher (best effort; no-op outside it)."""
+    fd = os.environ.get("MGPU_PROGRESS_FD")
+    if not fd:
+        return
     try:
         os.write(int(fd), (json.dumps(record) + "\n").encode())
-    except OSError:
+    except (OSError, ValueError):
         pass  # progress is best effort; never break training over it
 
 

@@ -26,7 +26,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .config import ClusterConfig, HostSpec
+from .config import ClusterConfig
+from .hosts import HostSpec
 
 RULES = ("tf_address", "network_interface", "ssh_config", "address")
 

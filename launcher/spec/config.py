@@ -1,29 +1,33 @@
 """Load and validate the cluster YAML.
 
-Owns: the schema of the cluster file (pydantic models), YAML line numbers for
-every key, and the translation of validation failures into `ConfigError`s that
-name the file, the line, the key path and what was expected.
+Owns: the schema of the cluster file (pydantic models; a host entry and the
+`ssh:` section are launcher.spec.hosts'), the checks that span several keys
+(roles a strategy needs, distinct host names, a shared checkpoint directory),
+and loading: `load_config`, `parse_config`, `revalidate`, `local_config`,
+`dump_config`. Every problem becomes a `ConfigError` line naming the file, the
+line, the key path and what was expected (launcher.spec.problems words them);
+secret-looking `env:` values are masked in the dump (launcher.spec.redact).
 
 Must not import: plan, transport, supervisor, cli (the flow is one-way).
 """
 
 from __future__ import annotations
 
-import difflib
 import os
-import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from ..strategy import ON_JAX, Strategy
-from .yamldoc import YamlProblem, load_document
+from .hosts import ROLES, HostSpec, SSHSettings, interface_name
+from .problems import ConfigError, describe, dotted, line_for, not_utf8, not_yaml, read_yaml
+from .redact import redact_env
+from .strict import Strict as _Strict
 
-ROLES = ("chief", "worker", "ps", "evaluator")
 # MGPU_* variables a user may set in `env:` to tune the runtime in the tasks
 # (all other MGPU_* names are set by the launcher for each task).
 RUNTIME_KNOBS = frozenset({
@@ -33,8 +37,9 @@ RUNTIME_KNOBS = frozenset({
     "MGPU_KERAS_UNTESTED",  # run the Keras 3 patches on an untested Keras version
     "MGPU_ALLOW_SINGLE_HOST_STRATEGY",  # allow MirroredStrategy in a multi-worker job
     "MGPU_STACKS_SIGNAL",  # the signal on which a task dumps its Python stacks (off: none)
+    "MGPU_STEPS_EVERY_S",  # how often the optimizer's step counter is read (0: never)
     # keras_distribution on JAX: the coordination service's timeouts (default:
-    # from `restart:`, see plan._jax_env)
+    # from `restart:`, see taskenv.jax_env)
     "MGPU_JAX_HEARTBEAT_S",
     "MGPU_JAX_SHUTDOWN_S",
     "MGPU_JAX_INIT_TIMEOUT_S",
@@ -42,88 +47,6 @@ RUNTIME_KNOBS = frozenset({
 # Keras backends `strategy: keras_distribution` can run on (`keras:` or KERAS_BACKEND).
 KERAS_BACKENDS = ("jax",)
 DEFAULT_PORT_BASE = 23456
-# A network interface's name as Linux allows it (at most 15 bytes, no `/` or blanks).
-INTERFACE_NAME = re.compile(r"[A-Za-z0-9_.:@\-]{1,15}")
-# What TF_CONFIG's `host:port` can hold: a host name, an IPv4 address, or [IPv6].
-TF_ADDRESS = re.compile(r"\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.\-]+")
-
-
-def _interface_name(value: str | None) -> str | None:
-    if value is not None and not INTERFACE_NAME.fullmatch(value):
-        raise ValueError("expected an interface name such as eth1 or ib0 "
-                         "(at most 15 characters, no blanks or /)")
-    return value
-
-
-class _Strict(BaseModel):
-    # An unknown key is an error: a typo must never be silently ignored.
-    # Strict: `max_restarts: true` or `port: "22"` is a mistake, not 1 or 22;
-    # no inf or nan (`.inf` is no timeout: a timeout that never ends hangs a job).
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
-
-
-class SSHSettings(_Strict):
-    user: str | None = None
-    port: int = Field(default=22, ge=1, le=65535)
-    identity_file: str | None = None
-    known_hosts: str = "~/.ssh/known_hosts"
-    host_key_policy: Literal["strict", "accept-new"] = "strict"
-    config_file: str | None = "~/.ssh/config"
-    connect_timeout_s: float = Field(default=10.0, gt=0)
-
-
-class HostSpec(_Strict):
-    address: str = Field(min_length=1)
-    # Display name used in output prefixes and log file names (default: address).
-    name: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.\-]+$")
-    gpus: list[int] = Field(default_factory=list)
-    roles: dict[Literal["chief", "worker", "ps", "evaluator"], int] = Field(
-        default_factory=lambda: {"worker": 1}
-    )
-    python: str | None = None
-    # A spare host runs nothing until another host is lost; then it takes over.
-    spare: bool = False
-    # `per_gpu`: one worker per entry of `gpus` instead of one over all of them.
-    tasks_per_host: Literal["one", "per_gpu"] | None = None
-    # The address other hosts reach this host's tasks at (TF_CONFIG), when it is
-    # not the one SSH connects to; see launcher/spec/addresses.py for the order.
-    tf_address: str | None = None
-    # Put this interface's IPv4 address into TF_CONFIG (read by the host's agent).
-    network_interface: str | None = None
-    # Per-host overrides of the `ssh:` section.
-    user: str | None = None
-    port: int | None = Field(default=None, ge=1, le=65535)
-    identity_file: str | None = None
-    known_hosts: str | None = None
-    host_key_policy: Literal["strict", "accept-new"] | None = None
-    config_file: str | None = None
-    connect_timeout_s: float | None = Field(default=None, gt=0)
-
-    @field_validator("roles")
-    @classmethod
-    def _counts_non_negative(cls, roles: dict[str, int]) -> dict[str, int]:
-        for role, count in roles.items():
-            if count < 0:
-                raise ValueError(f"count of {role!r} must be 0 or more, got {count}")
-        return roles
-
-    @field_validator("tf_address")
-    @classmethod
-    def _tf_address(cls, value: str | None) -> str | None:
-        if value is not None and not TF_ADDRESS.fullmatch(value):
-            raise ValueError("expected a host name or IP address without a port "
-                             "(each task's port is added to it), e.g. 10.0.1.5; IPv6 in "
-                             "brackets")
-        return value
-
-    _interface = field_validator("network_interface")(_interface_name)
-
-    @field_validator("gpus")
-    @classmethod
-    def _gpu_ids(cls, gpus: list[int]) -> list[int]:
-        if any(g < 0 for g in gpus) or len(set(gpus)) != len(gpus):
-            raise ValueError("GPU ids must be distinct non-negative integers")
-        return gpus
 
 
 class CheckpointSettings(_Strict):
@@ -238,7 +161,7 @@ class ClusterConfig(_Strict):
     ports: PortSettings = Field(default_factory=PortSettings)
     security: SecuritySettings = Field(default_factory=SecuritySettings)
 
-    _interface = field_validator("network_interface")(_interface_name)
+    _interface = field_validator("network_interface")(interface_name)
 
     @field_validator("env")
     @classmethod
@@ -273,103 +196,12 @@ class LoadedConfig:
         return path if path.is_absolute() else (self.base_dir / path).resolve()
 
 
-class ConfigError(Exception):
-    """A cluster file that cannot be used. `problems` holds one line per issue."""
-
-    def __init__(self, source: str, problems: list[str]):
-        self.source = source
-        self.problems = problems
-        listing = "\n".join(f"  {p}" for p in problems)
-        super().__init__(f"invalid cluster config {source}:\n{listing}")
-
-
-# --------------------------------------------------------------------------- YAML
-
-
-def _read_yaml(text: str, source: str) -> tuple[Any, dict[tuple, int]]:
-    """The document and the 1-based YAML line of every key path (('hosts', 0,
-    'roles'), ...). Rejects duplicate keys, which PyYAML would silently
-    collapse, and documents too deep or too big (launcher.spec.yamldoc)."""
-    try:
-        document = load_document(text)
-    except YamlProblem as exc:
-        where = f"{source}:{exc.line}" if exc.line else source
-        raise ConfigError(source, [f"{where}: {_dotted(exc.path)}: {exc.message}"]) from None
-    if document.duplicates:
-        raise ConfigError(source, [f"{source}:{line}: {_dotted(path)}: duplicate key"
-                                   for path, line in document.duplicates])
-    return document.data, document.lines
-
-
-def _dotted(path: tuple) -> str:
-    out = ""
-    for part in path:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out or "(top level)"
-
-
-def _line_for(lines: dict[tuple, int], path: tuple) -> int | None:
-    for end in range(len(path), -1, -1):
-        if path[:end] in lines:
-            return lines[path[:end]]
-    return None
-
-
-def _model_for(path: tuple) -> type[BaseModel] | None:
-    """The pydantic model that owns the mapping at `path` (for key suggestions)."""
-    model: type[BaseModel] | None = ClusterConfig
-    for part in path:
-        if model is None:
-            return None
-        if isinstance(part, int):
-            continue
-        field = model.model_fields.get(part)
-        if field is None:
-            return None
-        annotation = field.annotation
-        args = getattr(annotation, "__args__", ()) or ()
-        candidates = [annotation, *args]
-        model = next(
-            (c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None
-        )
-    return model
-
-
-def _describe(error: dict) -> tuple[tuple, str]:
-    loc = tuple(p for p in error["loc"] if p not in ("[key]",))
-    kind = error["type"]
-    if kind == "extra_forbidden":
-        parent, key = loc[:-1], loc[-1]
-        model = _model_for(parent)
-        allowed = sorted(model.model_fields) if model else []
-        close = difflib.get_close_matches(str(key), allowed, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        return loc, f"unknown key {key!r}{hint} (expected one of: {', '.join(allowed)})"
-    if kind == "missing":
-        return loc, "required key is missing"
-    if kind == "literal_error" and "[key]" in error["loc"]:
-        return loc, f"unknown role {loc[-1]!r} (expected one of: {', '.join(ROLES)})"
-    message = error["msg"]
-    if message.startswith("Value error, "):
-        message = message[len("Value error, ") :]
-    got = error.get("input")
-    if kind not in ("missing",) and not isinstance(got, dict | list):
-        message += f" (got {got!r})"
-    return loc, message
-
-
 def parse_config(text: str, source: str = "<string>", base_dir: Path | None = None) -> LoadedConfig:
     """Validate YAML text. Raises ConfigError with one line per problem."""
     try:
-        data, lines = _read_yaml(text, source)
+        data, lines = read_yaml(text, source)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
-        where = f"{source}:{mark.line + 1}" if mark else source
-        problem = getattr(exc, "problem", None) or str(exc)
-        context, start = getattr(exc, "context", None), getattr(exc, "context_mark", None)
-        if context and start is not None and mark is not None and start.line != mark.line:
-            problem += f" ({context} started at line {start.line + 1})"
-        raise ConfigError(source, [f"{where}: not valid YAML: {problem}"]) from None
+        raise ConfigError(source, [not_yaml(exc, source)]) from None
     if not isinstance(data, dict):
         raise ConfigError(source, [f"{source}:1: expected a mapping of keys (name, hosts, ...)"])
     try:
@@ -377,13 +209,13 @@ def parse_config(text: str, source: str = "<string>", base_dir: Path | None = No
     except ValidationError as exc:
         problems = []
         for error in exc.errors():
-            loc, message = _describe(error)
-            line = _line_for(lines, loc)
+            loc, message = describe(error, ClusterConfig)
+            line = line_for(lines, loc)
             where = f"{source}:{line}" if line else source
-            problems.append(f"{where}: {_dotted(loc)}: {message}")
+            problems.append(f"{where}: {dotted(loc)}: {message}")
         raise ConfigError(source, problems) from None
     base_dir = base_dir or Path.cwd()
-    problems = [f"{source}:{_line_for(lines, loc)}: {_dotted(loc)}: {msg}"
+    problems = [f"{source}:{line_for(lines, loc)}: {dotted(loc)}: {msg}"
                 for loc, msg in [*_semantic_problems(config),
                                  *_checkpoint_dir_problems(config, base_dir)]]
     if problems:
@@ -398,9 +230,10 @@ def revalidate(loaded: LoadedConfig, data: dict[str, Any]) -> LoadedConfig:
     try:
         config = ClusterConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(source, [f"{source}: {_dotted(loc)}: {message}"
-                                   for loc, message in map(_describe, exc.errors())]) from None
-    problems = [f"{source}: {_dotted(loc)}: {msg}" for loc, msg in _semantic_problems(config)]
+        raise ConfigError(source, [f"{source}: {dotted(loc)}: {message}"
+                                   for loc, message in (describe(e, ClusterConfig)
+                                                        for e in exc.errors())]) from None
+    problems = [f"{source}: {dotted(loc)}: {msg}" for loc, msg in _semantic_problems(config)]
     if problems:
         raise ConfigError(source, problems)
     return LoadedConfig(config=config, source=loaded.source, base_dir=loaded.base_dir)
@@ -601,19 +434,9 @@ def load_config(path: str | os.PathLike) -> LoadedConfig:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ConfigError(str(path), [_not_utf8(path, raw, exc.start)]) from None
+        raise ConfigError(str(path), [not_utf8(path, raw, exc.start)]) from None
     loaded = parse_config(text, source=str(path), base_dir=path.resolve().parent)
     return LoadedConfig(config=loaded.config, source=path, base_dir=loaded.base_dir)
-
-
-def _not_utf8(path: Path, raw: bytes, offset: int) -> str:
-    """Where a cluster file stops being UTF-8: line, key and byte."""
-    line = raw.count(b"\n", 0, offset) + 1
-    start = raw.rfind(b"\n", 0, offset) + 1
-    key = re.match(rb"\s*-?\s*([A-Za-z0-9_.\-]+)\s*:", raw[start:offset + 1])
-    named = f"{key.group(1).decode()}: " if key else ""
-    return (f"{path}:{line}: {named}not UTF-8 text (byte 0x{raw[offset]:02x} at column "
-            f"{offset - start + 1}): save the file as UTF-8")
 
 
 def local_config(num_hosts: int, name: str = "local") -> LoadedConfig:
@@ -626,21 +449,6 @@ def local_config(num_hosts: int, name: str = "local") -> LoadedConfig:
     }
     return LoadedConfig(config=ClusterConfig.model_validate(data), source=None,
                         base_dir=Path.cwd())
-
-
-# `env:` names whose values are secrets: shown as *** wherever the launcher
-# prints or records them (--dry-run, check, the run directory's config.yaml).
-SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|KEY|CREDENTIAL", re.IGNORECASE)
-MASK = "***"
-
-
-def looks_secret(name: str) -> bool:
-    return bool(SECRET_NAME.search(name))
-
-
-def redact_env(env: dict[str, Any]) -> dict[str, Any]:
-    """`env` with the values of secret-looking names replaced by ***."""
-    return {key: (MASK if looks_secret(key) else value) for key, value in env.items()}
 
 
 def dump_config(loaded: LoadedConfig) -> str:

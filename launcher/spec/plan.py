@@ -2,7 +2,8 @@
 
 Owns: `build_plan(loaded_config, ...) -> Plan`, a pure function returning frozen
 dataclasses. Given the same inputs it returns the same plan; it touches no
-file, socket or environment variable. `--dry-run` prints exactly this.
+file, socket or environment variable. `--dry-run` prints exactly this. The
+environment the tasks share is launcher.spec.taskenv's.
 
 Must not import: transport, supervisor, cli.
 """
@@ -12,7 +13,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import math
 import os
 import shlex
 from collections.abc import Mapping, Sequence
@@ -22,17 +22,13 @@ from types import MappingProxyType
 from typing import Any
 
 from ..firewall import Seal, describe, seal_for, split_families
-from ..strategy import COLLECTIVE, ON_JAX, Strategy
+from ..strategy import COLLECTIVE, Strategy
 from . import rundir
 from .addresses import TFAddress, choose
-from .config import (
-    ClusterConfig,
-    HostSpec,
-    LoadedConfig,
-    effective_roles,
-    keras_backend,
-    redact_env,
-)
+from .config import ClusterConfig, LoadedConfig, effective_roles
+from .hosts import HostSpec
+from .redact import redact_env
+from .taskenv import keras_distribution_env, shared_env
 
 # Order of roles in TF_CONFIG and in the task list: the chief first.
 ROLE_ORDER = ("chief", "worker", "ps", "evaluator")
@@ -44,14 +40,6 @@ CLUSTER_ROLES = ("chief", "worker", "ps")
 # ParameterServerStrategy's workers and ps only serve: the launcher starts a
 # TensorFlow server for them; the chief (coordinator) runs the script.
 SERVER_COMMAND = ("-m", "launcher.runtime.server")
-
-# TensorFlow's coordination heartbeat timeout (MGPU_TF_HEARTBEAT_S default): above
-# the launcher's own stall bound (job/stalls.py, STOPPED_HANG_S), and more than twice
-# the longest freeze that must pass (a frozen leader sees its peers' last heartbeat
-# up to half the timeout older than the freeze; the peers' heartbeat calls time out
-# with it).
-TF_HEARTBEAT_S = 15
-
 
 def _lifetime(strategy: str, role: str) -> str:
     """`service` tasks never exit by themselves (TF servers, TF1 ps that join()):
@@ -283,56 +271,6 @@ def ports_needed(config: ClusterConfig, active_hosts: Sequence[str] | None = Non
                for role, count in effective_roles(config, h).items() if role in CLUSTER_ROLES)
 
 
-def _keras_env(keras: str) -> dict[str, str]:
-    """`TF_USE_LEGACY_KERAS` for the `keras:` key (read when TensorFlow is imported).
-
-    `auto` sets nothing: each script gets the Keras it gets when run by hand
-    (TensorFlow's default, Keras 3 for `tf.keras` since TF 2.16, patched by the
-    runtime under MultiWorkerMirroredStrategy; or what `env:` or the script
-    itself sets). Forcing tf_keras broke scripts written for Keras 3 through
-    `tf.keras` (docs/strategies-and-keras.md).
-    """
-    if keras == "tf_keras":
-        return {"TF_USE_LEGACY_KERAS": "1"}
-    if keras == "keras3":
-        return {"TF_USE_LEGACY_KERAS": "0"}
-    return {}
-
-
-def _jax_env(config: ClusterConfig) -> dict[str, str]:
-    """JAX's coordination-service timeouts, from the restart policy (whole
-    seconds, as `jax.distributed.initialize` takes them; the runtime passes them).
-
-    - heartbeat: a hung or cut-off process is declared dead, and its peers
-      stopped, after `restart.heartbeat_timeout_s` instead of JAX's 100 s;
-    - shutdown: the exit barrier waits for slower peers (the chief saving a
-      model) up to `restart.hang_timeout_s`, the launcher's own bound on a
-      silent task (JAX's default 300 s);
-    - initialization: every process joins within `restart.start_timeout_s`.
-    """
-    restart = config.restart
-    return {
-        "MGPU_JAX_HEARTBEAT_S": str(max(1, math.ceil(restart.heartbeat_timeout_s))),
-        "MGPU_JAX_SHUTDOWN_S": str(max(1, math.ceil(restart.hang_timeout_s))),
-        "MGPU_JAX_INIT_TIMEOUT_S": str(max(1, math.ceil(restart.start_timeout_s))),
-    }
-
-
-def _keras_distribution_env(config: ClusterConfig, cluster: Mapping[str, Sequence[str]],
-                            role: str, index: int) -> dict[str, str]:
-    """What `keras.distribution.initialize()` reads: every process's address
-    (the first, process 0's, is JAX's coordinator), their count, and this
-    task's process id, in TF_CONFIG's order (the chief first)."""
-    addresses = [a for r in ("chief", "worker") for a in cluster.get(r, ())]
-    before = len(cluster.get("chief", ())) if role == "worker" else 0
-    return {
-        "KERAS_BACKEND": keras_backend(config) or "jax",
-        "KERAS_DISTRIBUTION_JOB_ADDRESSES": ",".join(addresses),
-        "KERAS_DISTRIBUTION_NUM_PROCESSES": str(len(addresses)),
-        "KERAS_DISTRIBUTION_PROCESS_ID": str(before + index),
-    }
-
-
 def default_checkpoint_dir(loaded: LoadedConfig) -> str:
     configured = loaded.resolve_path(loaded.config.checkpoint.dir)
     if configured is not None:
@@ -369,31 +307,20 @@ def build_plan(
     config = loaded.config
     if not command:
         raise PlanError("no training script given")
-    active = default_active_hosts(config) if active_hosts is None else list(active_hosts)
-    chosen = set(active)  # a set: 10,000 hosts in a list would be quadratic
-    targets = [h for h in host_targets(config, default_python, loaded.base_dir)
-               if h.name in chosen]
-    if not targets:
-        raise PlanError("no host left to run on")
-    specs = {(h.name or h.address): h for h in config.hosts}
-    tf_of = {t.name: (addresses or {}).get(t.name) or choose(config, specs[t.name])
-             for t in targets}
+    targets = _active_targets(loaded, default_python, active_hosts)
+    tf_of = _tf_addresses(config, targets, addresses or {})
     slots = _slots(config, targets)
     _check_roles(config.strategy, [slot.role for slot in slots])
     port_of = _ports(config, [s for s in slots if s.role in CLUSTER_ROLES], ports)
-    cluster: dict[str, list[str]] = {}
-    for slot in slots:
-        if slot.role in CLUSTER_ROLES:
-            cluster.setdefault(slot.role, []).append(
-                f"{tf_of[slot.target.name].shown}:{port_of[(slot.role, slot.index)]}")
+    cluster = _cluster(slots, tf_of, port_of)
     checkpoint_dir = default_checkpoint_dir(loaded)
-    shared_env = _shared_env(config, checkpoint_dir, generation,
-                             num_workers=len(cluster.get("chief", [])) +
-                             len(cluster.get("worker", [])))
+    common_env = shared_env(config, checkpoint_dir, generation,
+                            num_workers=len(cluster.get("chief", [])) +
+                            len(cluster.get("worker", [])))
     workdir = str(loaded.resolve_path(config.workdir) or launch_cwd)
     frozen = _freeze(cluster)  # once: every task's TF_CONFIG shares it (10,000 hosts)
     tasks = [_task(config, slot, tf_of[slot.target.name], cluster, frozen, port_of,
-                   shared_env, command, run_dir, workdir)
+                   common_env, command, run_dir, workdir)
              for slot in slots]
     return Plan(
         name=config.name,
@@ -409,6 +336,38 @@ def build_plan(
         firewall=MappingProxyType(_seals(config, loaded, default_python, run_dir, tasks,
                                          {**(addresses or {}), **tf_of})),
     )
+
+
+def _active_targets(loaded: LoadedConfig, default_python: str,
+                    active_hosts: Sequence[str] | None) -> list[HostTarget]:
+    """The hosts of this generation (default: every host but the spares), in file order."""
+    config = loaded.config
+    active = default_active_hosts(config) if active_hosts is None else list(active_hosts)
+    chosen = set(active)  # a set: 10,000 hosts in a list would be quadratic
+    targets = [h for h in host_targets(config, default_python, loaded.base_dir)
+               if h.name in chosen]
+    if not targets:
+        raise PlanError("no host left to run on")
+    return targets
+
+
+def _tf_addresses(config: ClusterConfig, targets: Sequence[HostTarget],
+                  known: Mapping[str, TFAddress]) -> dict[str, TFAddress]:
+    """Each host's TF_CONFIG address: `known` (see build_plan), else what the
+    cluster file alone says."""
+    specs = {(h.name or h.address): h for h in config.hosts}
+    return {t.name: known.get(t.name) or choose(config, specs[t.name]) for t in targets}
+
+
+def _cluster(slots: Sequence[_Slot], tf_of: Mapping[str, TFAddress],
+             port_of: Mapping[tuple[str, int], int]) -> dict[str, list[str]]:
+    """TF_CONFIG's `cluster`: each role's `address:port`s in task order (no evaluator)."""
+    cluster: dict[str, list[str]] = {}
+    for slot in slots:
+        if slot.role in CLUSTER_ROLES:
+            cluster.setdefault(slot.role, []).append(
+                f"{tf_of[slot.target.name].shown}:{port_of[(slot.role, slot.index)]}")
+    return cluster
 
 
 def _seals(config: ClusterConfig, loaded: LoadedConfig, default_python: str, run_dir: str,
@@ -467,48 +426,18 @@ def _ports(config: ClusterConfig, serving: list[_Slot],
     return {(slot.role, slot.index): ports[i] for i, slot in enumerate(serving)}
 
 
-def _shared_env(config: ClusterConfig, checkpoint_dir: str, generation: int,
-                num_workers: int) -> dict[str, str]:
-    """The environment every task of the job gets."""
-    shared_env = {
-        # TensorFlow's INFO start-up chatter hides what matters; warnings and
-        # errors (the collective aborts the supervisor watches for) still show.
-        "TF_CPP_MIN_LOG_LEVEL": "1",
-        **config.env_strings(),
-        **_keras_env(config.keras),
-        # Lines reach the launcher as they are printed, not at exit.
-        "PYTHONUNBUFFERED": "1",
-        "MGPU_CHECKPOINT_DIR": checkpoint_dir,
-        "MGPU_GENERATION": str(generation),
-        "MGPU_NUM_WORKERS": str(num_workers),
-        "MGPU_STRATEGY": config.strategy,
-        "MGPU_KERAS": config.keras,
-        "MGPU_SAVE_FREQ": str(config.checkpoint.save_freq),
-    }
-    # Long enough to survive a frozen or starved task (stalls.py); a frozen task
-    # is a hang by the launcher's own bound, sooner (docs/fault-tolerance.md).
-    shared_env.setdefault("MGPU_TF_HEARTBEAT_S", str(TF_HEARTBEAT_S))
-    if config.strategy in ON_JAX:
-        for key, value in _jax_env(config).items():
-            shared_env.setdefault(key, value)  # an `env:` value wins
-    if config.strategy == Strategy.PARAMETER_SERVER:
-        # Fail an RPC to a dead worker at once so the coordinator reschedules it.
-        shared_env["GRPC_FAIL_FAST"] = "use_caller"
-    return shared_env
-
-
 def _task(config: ClusterConfig, slot: _Slot, tf: TFAddress, cluster: dict[str, list[str]],
           frozen_cluster: Mapping[str, Any], port_of: dict[tuple[str, int], int],
-          shared_env: dict[str, str],
+          common_env: dict[str, str],
           command: Sequence[str], run_dir: str, workdir: str) -> Task:
     role, index, target = slot.role, slot.index, slot.target
-    env = dict(shared_env)
+    env = dict(common_env)
     env.update(MGPU_TASK_TYPE=role, MGPU_TASK_INDEX=str(index), MGPU_HOST=target.name,
                MGPU_RUN_DIR=host_run_dir(run_dir, config.transport, target.name))
     if slot.gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in slot.gpus)
     if config.strategy == Strategy.KERAS_DISTRIBUTION:
-        env.update(_keras_distribution_env(config, cluster, role, index))
+        env.update(keras_distribution_env(config, cluster, role, index))
     tf_config = MappingProxyType({"cluster": frozen_cluster,
                                   "task": MappingProxyType({"type": role, "index": index})})
     runs_server = config.strategy == Strategy.PARAMETER_SERVER and role in ("worker", "ps")

@@ -3,7 +3,7 @@
 paramiko's config module imports `invoke` (~45 ms of CPU on every launcher
 start) only to run `Match exec` commands of an ssh config, which mgpu-launch
 does not support (docs/ssh.md). An ssh config
-that uses it is refused with a clear message (`ssh_connect.SSHConfigs`).
+that uses it is refused with a clear message (`ssh_endpoint.SSHConfigs`).
 """
 
 import sys

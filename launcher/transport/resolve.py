@@ -5,7 +5,7 @@ launcher's side can read.
 `tf_addresses` is the one entry point: the CLI calls it before the first plan
 (`--dry-run` included, with no hellos) and again once the agents said hello;
 `check` calls it to test reachability on exactly these addresses. The ssh
-config is read by `ssh_connect`'s own parser and lookup, so the TF address and
+config is read by `ssh_endpoint`'s own parser and lookup, so the TF address and
 the connection can never disagree on what an alias means.
 
 Must not import: supervisor, cli.
@@ -21,7 +21,7 @@ from ..spec.config import LoadedConfig
 from ..spec.plan import HostTarget
 
 if TYPE_CHECKING:  # paramiko is imported only for SSH hosts that need it
-    from .ssh_connect import SSHConfigs
+    from .ssh_endpoint import SSHConfigs
 
 
 def tf_addresses(loaded: LoadedConfig, targets: Sequence[HostTarget],
@@ -43,7 +43,7 @@ def tf_addresses(loaded: LoadedConfig, targets: Sequence[HostTarget],
         spec = specs[target.name]
         tf = choose(config, spec)
         if config.transport == "ssh" and tf.rule == "address":
-            from .ssh_connect import Refused, SSHConfigs, target_hostname
+            from .ssh_endpoint import Refused, SSHConfigs, target_hostname
 
             ssh_configs = ssh_configs or SSHConfigs()
             try:

@@ -4,7 +4,7 @@ Owns: uploading the agent bundle over SFTP into a per-version cache on the
 host, starting the agent there (`exec`, `python -S`), and turning each host's
 connection into an `AgentLink`. Every host is handled at once in a bounded
 thread pool; every host that fails is reported, one `HostProblem` each.
-How a connection is opened (ssh config, host keys, keys) is `ssh_connect`.
+How a connection is opened (ssh config, host keys, keys) is `ssh_connect`'s.
 
 Security: every value reaching the remote shell is shlex-quoted; TF_CONFIG
 travels on the agent's stdin, never on a command line; the bundle is 0700/0600.
@@ -36,7 +36,8 @@ from ._paramiko import paramiko
 from .child import DEFAULT_LEASE_S
 from .link import AgentLink, AgentMessage
 from .shipping import USE_MARKER, bundle_files, bundle_id, stale_bundles
-from .ssh_connect import Connector, Endpoint, Refused
+from .ssh_connect import Connector
+from .ssh_endpoint import Endpoint, Refused
 
 MAX_PARALLEL = 64  # threads mostly wait on the network; bounded so 500 hosts stay sane
 # An agent heartbeats every second: one silent this long is on a dead host or

@@ -1,0 +1,154 @@
+"""Steps from any script, zero code: the step count read from the optimizer.
+
+Every Keras `fit` and every custom training loop that calls
+`optimizer.apply_gradients` counts its steps in the optimizer's `iterations`
+variable: from the start of training, not per epoch, and restored with the
+optimizer by BackupAndRestore or a `tf.train.Checkpoint`. So the launcher can
+show steps and steps/s for a script that never calls the runtime (TensorFlow's
+multi-worker tutorials as they are):
+
+- a post-import hook on `keras` and `tf_keras` wraps the optimizer base
+  classes' `__init__` (Keras 3's `Optimizer`, tf_keras' `Optimizer` and legacy
+  `OptimizerV2`) to remember each optimizer built, by weak reference;
+- one daemon thread, started with the first optimizer, reads their step
+  counters every `MGPU_STEPS_EVERY_S` seconds (default 2; `0` turns this off)
+  and reports the highest as progress when it changed, through the channel of
+  `runtime.report_progress`. Nothing runs inside the training step: the cost
+  is one variable read every two seconds, and one more at a clean exit (the
+  last steps of a short run).
+
+A script that reports steps itself (`runtime.callbacks()`,
+`report_progress(step)`) wins: after its first step report this module stays
+silent for the rest of the process, so the two never disagree on a step.
+
+Only an existing counter is read: a legacy optimizer creates `iterations` on
+first use, inside the script's strategy scope, and reading it earlier from
+another thread would create it outside that scope. Keras 3 on JAX keeps the
+counter in its trainer's state during `fit` and writes it back at each epoch's
+end: there the steps advance an epoch at a time.
+
+Standard library only at import time; Keras is reached only through the
+modules the hooks receive. Must not import the launcher side.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import os
+import threading
+import time
+import weakref
+from types import ModuleType
+
+EVERY_S_DEFAULT = 2.0
+_MARK = "_mgpu_counts_steps"
+
+_lock = threading.Lock()
+_optimizers: list[weakref.ref] = []
+_watcher: threading.Thread | None = None
+_last_reported: int | None = None
+
+
+def every_s() -> float:
+    """Seconds between two reads (0: off), from MGPU_STEPS_EVERY_S."""
+    raw = os.environ.get("MGPU_STEPS_EVERY_S", "").strip()
+    try:
+        value = float(raw) if raw else EVERY_S_DEFAULT
+    except ValueError:
+        return EVERY_S_DEFAULT
+    return max(value, 0.0)
+
+
+def enabled() -> bool:
+    """Counting is on in a task of the launcher (it has a progress channel)."""
+    return bool(os.environ.get("MGPU_PROGRESS_FD")) and every_s() > 0
+
+
+def track(optimizer) -> None:
+    """Remember `optimizer`; start the watcher with the first one."""
+    global _watcher
+    with _lock:
+        _optimizers[:] = [ref for ref in _optimizers if ref() is not None]
+        _optimizers.append(weakref.ref(optimizer))
+        if _watcher is None:
+            _watcher = threading.Thread(target=_watch, args=(every_s(),),
+                                        name="mgpu-steps", daemon=True)
+            _watcher.start()
+            atexit.register(report_step)  # the last steps of a short run, at a clean exit
+
+
+def current_step() -> int | None:
+    """The highest step counter among the live optimizers (None: none yet)."""
+    with _lock:
+        optimizers = [ref() for ref in _optimizers]
+    steps = [step for step in map(read_iterations, optimizers) if step is not None]
+    return max(steps) if steps else None
+
+
+def read_iterations(optimizer) -> int | None:
+    """An optimizer's step counter if it already exists (never creates it)."""
+    if optimizer is None:
+        return None
+    counter = getattr(optimizer, "_iterations", None)
+    if counter is None:
+        return None
+    try:
+        value = counter.numpy() if hasattr(counter, "numpy") else counter
+        return int(value)
+    except Exception:  # noqa: BLE001 - a counter being replaced, a backend quirk: skip
+        return None
+
+
+def _watch(period_s: float) -> None:
+    while True:
+        time.sleep(period_s)
+        if not report_step():
+            return  # the script counts its own steps: its numbers stand
+
+
+def report_step() -> bool:
+    """Report the step counter if it moved; False once the script reports its own."""
+    global _last_reported
+    from launcher import runtime  # loaded already: this module is part of it
+
+    if runtime.steps_reported_by_script():
+        return False
+    step = current_step()
+    if step is not None and step > 0 and step != _last_reported:
+        _last_reported = step
+        runtime.write_progress({"step": step, "time": time.time()})
+    return True
+
+
+def count_steps_of(cls) -> None:
+    """Wrap `cls.__init__` so that every optimizer built is tracked (once)."""
+    original = cls.__init__
+    if getattr(original, _MARK, False):
+        return
+
+    @functools.wraps(original)
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        track(self)
+
+    setattr(__init__, _MARK, True)
+    cls.__init__ = __init__
+
+
+def _optimizer_bases(module: ModuleType) -> list[type]:
+    optimizers = module.optimizers  # an AttributeError names what moved (hooks.py warns)
+    bases = [optimizers.Optimizer]
+    legacy = getattr(optimizers, "legacy", None)  # tf_keras' OptimizerV2
+    if legacy is not None and getattr(legacy, "Optimizer", None) is not None:
+        bases.append(legacy.Optimizer)
+    return bases
+
+
+def on_keras(module: ModuleType) -> None:
+    """`keras` (Keras 3, also behind `tf.keras` from TF 2.16) or `tf_keras` imported."""
+    for base in _optimizer_bases(module):
+        count_steps_of(base)
+
+
+HOOKS = {"keras": on_keras, "tf_keras": on_keras}

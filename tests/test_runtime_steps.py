@@ -1,0 +1,105 @@
+"""runtime/steps.py, the zero-code step counter, as a unit: plain classes stand
+in for optimizers (the module reads only their `_iterations`). The real
+optimizers of Keras 3, tf_keras and a custom loop are counted end to end in
+test_e2e_local.py, test_keras3.py and test_keras_fallback.py."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from launcher import runtime
+from launcher.runtime import steps
+
+
+class Counter:
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+    def numpy(self) -> int:
+        return self.value
+
+
+class BaseOptimizer:
+    def __init__(self, iterations: int | None = 0) -> None:
+        self._iterations = None if iterations is None else Counter(iterations)
+
+
+class Adam(BaseOptimizer):
+    def __init__(self, iterations: int | None = 0) -> None:
+        super().__init__(iterations)
+        self.name = "adam"
+
+
+@pytest.fixture
+def channel(monkeypatch):
+    """A progress pipe as the agent gives a task; yields a reader of its records."""
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(read_fd, False)
+    monkeypatch.setenv("MGPU_PROGRESS_FD", str(write_fd))
+    monkeypatch.setattr(runtime, "_script_reports_steps", False)
+    monkeypatch.setattr(steps, "_optimizers", [])
+    monkeypatch.setattr(steps, "_last_reported", None)
+    monkeypatch.setattr(steps, "_watcher", object())  # no thread: the test calls report_step
+
+    def records() -> list[dict]:
+        try:
+            data = os.read(read_fd, 65536).decode()
+        except BlockingIOError:
+            return []
+        return [json.loads(line) for line in data.splitlines()]
+
+    yield records
+    os.close(read_fd)
+    os.close(write_fd)
+
+
+def test_every_optimizer_built_is_counted_and_the_highest_step_reported(channel):
+    steps.count_steps_of(BaseOptimizer)
+    steps.count_steps_of(BaseOptimizer)  # a second hook call wraps nothing twice
+    first, second = Adam(5), Adam(7)
+    assert first.name == "adam"  # the subclass' own __init__ still runs
+    assert steps.current_step() == 7
+    assert steps.report_step()
+    assert [r["step"] for r in channel()] == [7]
+    assert steps.report_step() and channel() == []  # unchanged: nothing said
+    second._iterations.value = 12
+    steps.report_step()
+    assert [r["step"] for r in channel()] == [12]
+
+
+def test_a_counter_not_yet_created_is_never_created(channel):
+    steps.count_steps_of(BaseOptimizer)
+    legacy = Adam(iterations=None)  # OptimizerV2 creates it on first use, in its scope
+    assert steps.current_step() is None
+    assert legacy._iterations is None
+    steps.report_step()
+    assert channel() == []
+
+
+def test_the_scripts_own_reports_win(channel):
+    steps.count_steps_of(BaseOptimizer)
+    optimizer = Adam(3)
+    runtime.report_progress(100, loss=0.5)  # e.g. runtime.callbacks() counting by epoch
+    optimizer._iterations.value = 4
+    assert steps.report_step() is False  # the watcher stops for good
+    assert [r["step"] for r in channel()] == [100]
+
+
+def test_a_dropped_optimizer_is_forgotten(channel):
+    steps.count_steps_of(BaseOptimizer)
+    Adam(9)  # not kept: only a weak reference was taken
+    assert steps.current_step() is None
+
+
+@pytest.mark.parametrize("raw, expected", [("", 2.0), ("0.5", 0.5), ("0", 0.0),
+                                           ("soon", 2.0), ("-3", 0.0)])
+def test_the_period_and_its_off_switch(monkeypatch, raw, expected):
+    monkeypatch.setenv("MGPU_STEPS_EVERY_S", raw)
+    monkeypatch.setenv("MGPU_PROGRESS_FD", "9")
+    assert steps.every_s() == expected
+    assert steps.enabled() is (expected > 0)
+    monkeypatch.delenv("MGPU_PROGRESS_FD")
+    assert not steps.enabled()  # outside the launcher: nothing to report to
