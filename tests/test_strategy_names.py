@@ -16,7 +16,7 @@ from launcher.job.config import ClusterConfig
 from launcher.job.strategy import COLLECTIVE, ON_JAX, Strategy, framework
 
 REPO = Path(__file__).resolve().parent.parent
-SHIPPED = ("launcher/runtime/", "launcher/bootstrap.py", "launcher/agent.py",
+SHIPPED = ("launcher/runtime/", "launcher/bootstrap.py", "launcher/agent/",
            "launcher/standby.py")
 NAMES = {s.value for s in Strategy}
 
