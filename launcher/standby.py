@@ -39,18 +39,23 @@ A standby is used only where it cannot change what the script sees:
 No TensorFlow context is created: devices (and GPU memory) are touched only
 when the script first uses them, as in a cold start.
 
-Shipped to hosts with the agent, which imports it at its first start (not
-at its own start-up: `ast`); standard library only (TensorFlow is
-imported by `wait_for_task`, in the standby only). Must not import the
-launcher side.
+Shipped to hosts with the agent (launcher/agent/standbys.py imports it);
+standard library only (TensorFlow is imported by `wait_for_task`, in the
+standby only). Must not import the launcher side. `ast` is imported by the
+functions that read a script, not at the top: the agent imports this module
+when it starts, and `ast` would add ~3-5 ms to every agent's start-up (a
+fan-out pays it once per host); only a task's first start reads its script.
 """
 
 from __future__ import annotations
 
-import ast
 import json
 import os
 import sys
+
+TYPE_CHECKING = False  # the typing module costs start-up time too
+if TYPE_CHECKING:
+    import ast
 
 FLAG = "--standby"  # `python -m launcher.bootstrap --standby`
 # The standby says it is ready (TensorFlow imported) on the fd this names: its
@@ -97,6 +102,8 @@ EnvWrite = tuple[str | None, int, str | None, str]
 def script_env_writes(path: str) -> list[EnvWrite]:
     """Every write to an environment variable that `path` may make, anywhere
     in its file (not only at its top: a `main()` may import TensorFlow too)."""
+    import ast  # see the module docstring
+
     try:
         with open(path, "rb") as handle:
             tree = ast.parse(handle.read(), filename=path)
@@ -120,6 +127,8 @@ def leading_presets(path: str) -> list[Preset]:
     """The constant `os.environ.setdefault` calls at the top of `path`, before
     any statement but a docstring, a standard-library import or another such
     call: nothing of the script, nor of any package, can have read them yet."""
+    import ast  # see the module docstring
+
     try:
         with open(path, "rb") as handle:
             tree = ast.parse(handle.read(), filename=path)
@@ -157,6 +166,8 @@ def _presettable(name: str) -> bool:
 
 
 def _stdlib_only(node: ast.Import | ast.ImportFrom) -> bool:
+    import ast
+
     if isinstance(node, ast.ImportFrom):
         return node.level == 0 and (node.module or "").split(".")[0] in _STDLIB
     return all(alias.name.split(".")[0] in _STDLIB for alias in node.names)
@@ -180,17 +191,23 @@ def env_write_problem(path: str, writes: list[EnvWrite], env: dict[str, str]) ->
 
 
 def _is_environ(node: ast.AST) -> bool:
+    import ast
+
     return (isinstance(node, ast.Attribute) and node.attr == "environ") or (
         isinstance(node, ast.Name) and node.id == "environ")
 
 
 def _key(node: ast.AST | None) -> str | None:
+    import ast
+
     return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
 
 
 def _env_writes(node: ast.AST) -> list[tuple[str | None, str | None, str]]:
     """(name, constant value, kind) of each variable an ast node writes; name
     None: not known before the script runs."""
+    import ast
+
     out: list[tuple[str | None, str | None, str]] = []
     value = _key(node.value) if isinstance(node, ast.Assign) else None
     targets: list[ast.expr] = []

@@ -21,7 +21,7 @@ import time
 
 import psutil
 
-from launcher.agent import EXIT_LEASE
+from launcher.agent.lease import EXIT_LEASE
 from launcher.spec.plan import HostTarget
 from launcher.transport.link import AgentLink
 from launcher.transport.local import LocalTransport

@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from launcher.agent import MAX_COMMAND_BYTES, MAX_OUTPUT_LINE
+from launcher.agent.protocol import MAX_COMMAND_BYTES, MAX_OUTPUT_LINE
 from launcher.transport.link import AgentLink, AgentMessage
 from tests.agentproc import AgentProc
 from tests.conftest import wait_for

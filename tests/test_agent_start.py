@@ -85,7 +85,7 @@ def test_site_dirs_are_the_folders_site_main_would_add(tmp_path):
         subprocess.run([sys.executable, "-m", "venv", "--without-pip", *extra,
                         str(tmp_path / name)], check=True)
         made.append(tmp_path / name / "bin" / "python")
-    probe = ("import os, sys; from launcher.agent import site_dirs; ours = site_dirs(); "
+    probe = ("import os, sys; from launcher.agent.hostfacts import site_dirs; ours = site_dirs(); "
              "import site; site.main(); "
              "theirs = [p for p in sys.path if p.endswith(('site-packages', 'dist-packages')) "
              "and os.path.isdir(p)]; "

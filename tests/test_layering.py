@@ -43,6 +43,10 @@ class Rule:
     optional: bool = False
 
 
+# launcher/agent/: every part but its entry point (main, __main__) and package init.
+AGENT_PARTS = ("bundle", "commands", "files", "hostfacts", "lease", "leftovers", "protocol",
+               "seal", "spawn", "stacks", "standbys", "tasks")
+
 RULES = (
     Rule("runtime is shipped", ("launcher.runtime", "launcher.bootstrap", "launcher.standby"),
          allowed=("launcher.runtime", "launcher.bootstrap", "launcher.standby", "launcher.strategy",
@@ -53,14 +57,26 @@ RULES = (
          "transport, supervisor, cli, with pydantic, yaml and paramiko behind them) is "
          "neither shipped nor installed on the hosts"),
     Rule("agent is standalone", ("launcher.agent",),
-         allowed=("launcher", "launcher.bootstrap", "launcher.netif", "launcher.outlines",
-                  "launcher.proctree", "launcher.standby", "launcher.firewall",
-                  "launcher.hostruns"),
+         allowed=("launcher", "launcher.agent", "launcher.bootstrap", "launcher.netif",
+                  "launcher.outlines", "launcher.proctree", "launcher.standby",
+                  "launcher.firewall", "launcher.hostruns"),
          allowed_names=frozenset({"__version__", "firewall"}),
-         reason="the agent runs on every host from the shipped bundle with `python -S`, "
-         "standard library only; nothing of the launcher side (config, plan, supervisor, "
-         "...) is shipped, and every import costs start-up time once per host (the "
-         "bootstrap is shipped too: the agent reads the stack signal's name from it)"),
+         reason="the agent's parts (launcher/agent/) run on every host from the shipped "
+         "bundle with `python -S`, standard library only; nothing of the launcher side "
+         "(config, plan, supervisor, ...) is shipped, and every import costs start-up time "
+         "once per host (the bootstrap is shipped too: the agent reads the stack signal's "
+         "name from it)"),
+    Rule("agent package init is import-free", ("launcher.agent",), no_imports_at_all=True,
+         reason="launcher/agent/__init__.py runs before every part of the agent (and "
+         "before `python -m launcher.agent`): it lists the parts, and imports nothing"),
+    Rule("the agent's wire stands alone", ("launcher.agent.protocol",), allowed=(),
+         reason="launcher/agent/protocol.py is the agent's side of the messages (events "
+         "written, commands' fields checked, bounds): it depends on no other part"),
+    Rule("the agent's parts are wired from its main",
+         tuple(f"launcher.agent.{part}" for part in AGENT_PARTS),
+         forbidden=("launcher.agent.main", "launcher.agent.__main__"),
+         reason="launcher/agent/main.py builds the parts and hands each the others it "
+         "needs through its constructor; a part that imported main would close a cycle"),
     Rule("interfaces are standard library", ("launcher.netif",), allowed=(),
          reason="launcher/netif.py is shipped with the agent, which reports the host's "
          "interfaces in its hello: it runs with `python -S` on every host"),
@@ -454,3 +470,8 @@ def test_an_import_up_a_floor_is_caught(tmp_path):
         "launcher/job/supervisor.py:2: launcher.job.supervisor (job) imports "
         "launcher.ops.printer (ops, a floor above) (from ..ops.printer import Printer)"]
     assert problems["ops"] == []  # downward is fine
+
+
+def test_the_wiring_rule_names_every_part_of_the_agent():
+    parts = {p.stem for p in (REPO / "launcher" / "agent").glob("*.py")}
+    assert parts - {"__init__", "__main__", "main"} == set(AGENT_PARTS)

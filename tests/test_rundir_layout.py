@@ -14,7 +14,7 @@ from pathlib import Path
 from launcher.spec import rundir
 
 REPO = Path(__file__).resolve().parent.parent
-SHIPPED = ("launcher/runtime/", "launcher/bootstrap.py", "launcher/agent.py",
+SHIPPED = ("launcher/runtime/", "launcher/bootstrap.py", "launcher/agent/",
            "launcher/standby.py")
 FILES = {rundir.CONFIG, rundir.EVENTS, rundir.SUMMARY, rundir.LAUNCHER_PID,
          rundir.LAUNCHER_OUT, rundir.STOP_MARK}

@@ -103,3 +103,33 @@ def test_the_period_and_its_off_switch(monkeypatch, raw, expected):
     assert steps.enabled() is (expected > 0)
     monkeypatch.delenv("MGPU_PROGRESS_FD")
     assert not steps.enabled()  # outside the launcher: nothing to report to
+
+
+class FakeCallbacks:
+    class Callback:
+        pass
+
+
+class Model:
+    def fit(self, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callbacks=None):
+        for epoch in range(epochs):
+            for callback in callbacks or []:
+                if hasattr(callback, "on_epoch_end"):
+                    callback.on_epoch_end(epoch, {"loss": 1.0 / (epoch + 1)})
+        return list(callbacks or [])
+
+
+def test_fit_reports_each_epochs_loss_with_the_step(channel, monkeypatch):
+    monkeypatch.setattr(steps, "_epoch_loss", None)
+    steps.count_steps_of(BaseOptimizer)
+    steps.count_loss_of(Model, FakeCallbacks)
+    steps.count_loss_of(Model, FakeCallbacks)  # once only
+    optimizer = Adam(10)
+    mine = object()
+    given = Model().fit(epochs=2, callbacks=[mine])
+    assert given[0] is mine and len(given) == 2  # the script's callbacks kept, one added
+    assert [(r["step"], r["loss"]) for r in channel()] == [(10, 1.0)]  # step unchanged after
+    optimizer._iterations.value = 20
+    steps.report_step()
+    assert [(r["step"], r["loss"]) for r in channel()] == [(20, 0.5)]
+    assert len(Model().fit(None, None, 32, 1, 0, [])) == 0  # callbacks given by position

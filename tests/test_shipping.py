@@ -80,7 +80,7 @@ def test_a_local_code_cache_others_could_write_is_refused(tmp_path):
     with pytest.raises(UnsafeCache, match=f"{root} is writable by others"):
         install_local(root)
     os.chmod(root, 0o700)
-    agent = bundle / "launcher" / "agent.py"
+    agent = bundle / "launcher" / "agent" / "__main__.py"
     os.chown(agent, 65534, 65534)  # a file of another user in the bundle
     with pytest.raises(UnsafeCache, match=f"{agent} belongs to uid 65534"):
         install_local(root)
@@ -103,10 +103,10 @@ def test_a_launch_with_an_unsafe_cache_stops_before_running_anything(tmp_path):
 
 
 def test_the_agent_and_the_shipping_list_the_same_bundle():
-    from launcher import agent
+    from launcher.agent import bundle
     from launcher.transport import shipping
 
-    assert agent.BUNDLE_FILES == shipping.BUNDLE and agent.BUNDLE_DIRS == shipping.BUNDLE_DIRS
+    assert bundle.BUNDLE_FILES == shipping.BUNDLE and bundle.BUNDLE_DIRS == shipping.BUNDLE_DIRS
 
 
 def test_an_agent_refuses_a_changed_bundle_or_a_run_dir_others_can_write(tmp_path):

@@ -20,7 +20,6 @@ MAX_FUNCTION_LINES = 60
 
 # issue 20: being split on another branch; the lead empties this set when they land
 PENDING = {
-    "launcher/agent.py",
     "launcher/job/supervisor.py",
     "launcher/ops/records.py",
 }

@@ -290,7 +290,7 @@ def test_bundle_is_uploaded_once_private_and_reused(cluster, tmp_path):
             for link in links.values():
                 link.close()
             transport.close()
-            agent = root / bundle_id() / "launcher" / "agent.py"
+            agent = root / bundle_id() / "launcher" / "agent" / "__main__.py"
             if _ == 0:
                 first_inode = agent.stat().st_ino
         assert agent.stat().st_ino == first_inode  # reused, not uploaded again
@@ -381,15 +381,16 @@ def test_the_agent_command_runs_no_code_from_a_cache_others_could_write(tmp_path
     and a real interpreter; the bundle's stand-in agent prints its argv."""
     cache = ".cache/mgpu-launch/code/0.1.0-abc"
     bundle = tmp_path / cache
-    (bundle / "launcher").mkdir(parents=True, mode=0o700)
+    (bundle / "launcher" / "agent").mkdir(parents=True, mode=0o700)
     for folder in (tmp_path / ".cache/mgpu-launch", tmp_path / ".cache/mgpu-launch/code"):
         folder.chmod(0o700)
-    for name in ("__init__.py", "agent.py"):
-        (bundle / "launcher" / name).write_text(
+    agent = bundle / "launcher" / "agent" / "__main__.py"
+    for path in (bundle / "launcher" / "__init__.py", bundle / "launcher" / "agent" / "__init__.py",
+                 agent):
+        path.write_text(
             "import os, sys\nprint('agent', __name__, sys.argv[1:], os.environ['PYTHONPATH'])\n"
-            if name == "agent.py" else "")
-        (bundle / "launcher" / name).chmod(0o600)
-    agent = bundle / "launcher" / "agent.py"
+            if path == agent else "")
+        path.chmod(0o600)
     command = agent_command(sys.executable, cache, "h", "~/r", 2.0)
 
     def run() -> subprocess.CompletedProcess:
@@ -543,7 +544,7 @@ def test_a_host_whose_sftp_home_is_not_the_shells_home_still_runs(tmp_path_facto
         done = run_marker(sim, tmp_path, sim.config_dict(), marker_dir)
         assert done.returncode == 0, done.stdout + done.stderr
         assert (marker_dir / "host0").read_text() == "ran"
-        assert list(sftp_home.glob(".cache/mgpu-launch/code/*/launcher/agent.py"))
+        assert list(sftp_home.glob(".cache/mgpu-launch/code/*/launcher/agent/__main__.py"))
         assert not (shell_home / ".cache").exists()
         again = run_marker(sim, tmp_path, sim.config_dict(), marker_dir)  # uploaded already
         assert again.returncode == 0, again.stdout + again.stderr

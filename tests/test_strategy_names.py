@@ -17,7 +17,7 @@ from launcher.spec.config import ClusterConfig
 from launcher.strategy import COLLECTIVE, ON_JAX, Strategy, framework
 
 REPO = Path(__file__).resolve().parent.parent
-SHIPPED = ("launcher/bootstrap.py", "launcher/agent.py", "launcher/standby.py")
+SHIPPED = ("launcher/bootstrap.py", "launcher/agent/", "launcher/standby.py")
 NAMES = {s.value for s in Strategy}
 
 

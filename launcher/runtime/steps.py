@@ -17,6 +17,10 @@ multi-worker tutorials as they are):
   is one variable read every two seconds, and one more at a clean exit (the
   last steps of a short run).
 
+`fit` also gets one more callback, called at each epoch's end only, that
+keeps the epoch's loss as Keras logged it (already reduced across workers):
+the next report carries it. A custom loop's loss is the script's to report.
+
 A script that reports steps itself (`runtime.callbacks()`,
 `report_progress(step)`) wins: after its first step report this module stays
 silent for the rest of the process, so the two never disagree on a step.
@@ -48,6 +52,7 @@ _lock = threading.Lock()
 _optimizers: list[weakref.ref] = []
 _watcher: threading.Thread | None = None
 _last_reported: int | None = None
+_epoch_loss: float | None = None  # the last epoch's loss as Keras logged it
 
 
 def every_s() -> float:
@@ -117,8 +122,45 @@ def report_step() -> bool:
     step = current_step()
     if step is not None and step > 0 and step != _last_reported:
         _last_reported = step
-        runtime.write_progress({"step": step, "time": time.time()})
+        record: dict = {"step": step, "time": time.time()}
+        if _epoch_loss is not None:
+            record["loss"] = _epoch_loss
+        runtime.write_progress(record)
     return True
+
+
+def _epoch_end_callback(callbacks_module: ModuleType):
+    """A Keras callback (of the script's Keras) that keeps each epoch's loss."""
+
+    class EpochLoss(callbacks_module.Callback):
+        # Epoch ends only: a batch hook would make Keras hand over every
+        # step's logs, and logs at an epoch's end are already reduced.
+        def on_epoch_end(self, epoch, logs=None):
+            global _epoch_loss
+            try:
+                _epoch_loss = float((logs or {})["loss"])
+            except (KeyError, TypeError, ValueError):
+                return
+            report_step()
+
+    return EpochLoss
+
+
+def count_loss_of(model_class, callbacks_module: ModuleType) -> None:
+    """Wrap `model_class.fit` to add the epoch-loss callback (once)."""
+    original = model_class.fit
+    if getattr(original, _MARK, False):
+        return
+    epoch_loss = _epoch_end_callback(callbacks_module)
+
+    @functools.wraps(original)
+    def fit(self, *args, **kwargs):
+        if len(args) <= 5:  # callbacks is fit's 6th parameter: given by name or not at all
+            kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), epoch_loss()]
+        return original(self, *args, **kwargs)
+
+    setattr(fit, _MARK, True)
+    model_class.fit = fit
 
 
 def count_steps_of(cls) -> None:
@@ -149,6 +191,7 @@ def on_keras(module: ModuleType) -> None:
     """`keras` (Keras 3, also behind `tf.keras` from TF 2.16) or `tf_keras` imported."""
     for base in _optimizer_bases(module):
         count_steps_of(base)
+    count_loss_of(module.Model, module.callbacks)
 
 
 HOOKS = {"keras": on_keras, "tf_keras": on_keras}

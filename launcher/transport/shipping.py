@@ -31,11 +31,13 @@ from .. import __version__
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent  # launcher/
 # Relative to the package's parent. Standard library only, all of them.
-BUNDLE = ("launcher/__init__.py", "launcher/agent.py", "launcher/bootstrap.py",
+BUNDLE = ("launcher/__init__.py", "launcher/bootstrap.py",
           "launcher/netif.py", "launcher/outlines.py", "launcher/proctree.py",
           "launcher/standby.py", "launcher/firewall.py", "launcher/hostruns.py",
           "launcher/strategy.py")
-BUNDLE_DIRS = ("launcher/runtime",)
+BUNDLE_DIRS = ("launcher/runtime", "launcher/agent")
+# A complete bundle has it: the file `python -m launcher.agent` runs.
+AGENT_MAIN = "launcher/agent/__main__.py"
 USE_MARKER = ".mgpu-bundle"  # in a bundle's folder: the agent touches the folder
 UNUSED_FOR_S = 30 * 86400.0
 STAGING_STALE_S = 86400.0  # a staging folder this old is what a crashed upload left
@@ -131,7 +133,7 @@ def install_local(cache_root: Path | None = None) -> Path:
     """
     root = cache_root or default_cache_root()
     target = root / bundle_id()
-    if (target / "launcher" / "agent.py").exists():
+    if (target / AGENT_MAIN).exists():
         for folder in (root.parent, root):
             check_private(folder)
         check_private(target, recursive=True)
@@ -154,7 +156,7 @@ def install_local(cache_root: Path | None = None) -> Path:
         try:
             os.rename(staging, target)
         except OSError:  # another launcher won the race
-            if not (target / "launcher" / "agent.py").exists():
+            if not (target / AGENT_MAIN).exists():
                 raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -35,7 +35,7 @@ from ._paramiko import paramiko
 # agent, and sshd may keep the session for hours.
 from .child import DEFAULT_LEASE_S
 from .link import AgentLink, AgentMessage
-from .shipping import USE_MARKER, bundle_files, bundle_id, stale_bundles
+from .shipping import AGENT_MAIN, USE_MARKER, bundle_files, bundle_id, stale_bundles
 from .ssh_connect import Connector
 from .ssh_endpoint import Endpoint, Refused
 
@@ -62,7 +62,7 @@ REMOTE_CACHE = ".cache/mgpu-launch/code"  # relative to the remote home director
 _AGENT_MAIN = """import os,sys
 b=%(home)s or os.environ.get("HOME","")
 c=b+"/"+%(cache)s
-if not os.path.isfile(c+"/launcher/agent.py"):
+if not os.path.isfile(c+"/"+%(agent_main)s):
     sys.stderr.write("no bundle; HOME="+os.environ.get("HOME","")+"\\n");sys.exit(%(missing)d)
 u=os.getuid();bad=[]
 def chk(p):
@@ -75,7 +75,7 @@ for d,ds,fs in os.walk(c,onerror=lambda e:bad.append(str(e))):
     for n in ds+fs:chk(d+"/"+n)
 if bad:
     sys.stderr.write("not yours alone: "+" ".join(bad[:3])+"\\n");sys.exit(%(unsafe)d)
-os.environ["PYTHONPATH"]=c;sys.path.insert(0,c);sys.argv[:2]=[c+"/launcher/agent.py"]
+os.environ["PYTHONPATH"]=c;sys.path.insert(0,c);sys.argv[:2]=[c+"/"+%(agent_main)s]
 import runpy
 runpy.run_module("launcher.agent",run_name="__main__",alter_sys=True)
 """
@@ -99,7 +99,7 @@ def agent_command(python: str, cache: str, host: str, run_dir: str, eof_grace_s:
     root = posixpath.dirname(cache.rstrip("/"))
     parents = [p for p in (posixpath.dirname(root), root) if p]
     main = _AGENT_MAIN % {"home": json.dumps(home or ""), "cache": json.dumps(cache),
-                          "parents": json.dumps(parents),
+                          "parents": json.dumps(parents), "agent_main": json.dumps(AGENT_MAIN),
                           "missing": EXIT_BUNDLE_MISSING, "unsafe": EXIT_UNSAFE_CACHE}
     # `launcher.agent` stays on its command line (ps, `pgrep -f launcher.agent`).
     return (f"exec {shlex.quote(python)} -S -c {shlex.quote(main)} launcher.agent "
@@ -141,7 +141,7 @@ def upload_bundle(sftp: paramiko.SFTPClient, cache_root: str, version: str) -> N
         try:
             sftp.rename(staging, target)
         except OSError:
-            sftp.stat(f"{target}/launcher/agent.py")  # another launcher won: fine
+            sftp.stat(f"{target}/{AGENT_MAIN}")  # another launcher won: fine
             _remove_tree(sftp, staging)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -399,7 +399,7 @@ class SSHTransport:
         try:
             home = sftp.normalize(".")
             try:
-                sftp.stat(f"{self._remote_cache}/{version}/launcher/agent.py")
+                sftp.stat(f"{self._remote_cache}/{version}/{AGENT_MAIN}")
             except FileNotFoundError:
                 upload_bundle(sftp, self._remote_cache, version)
             return home

@@ -1,0 +1,129 @@
+"""The agent's side of the wire: events written, commands' fields checked.
+
+Newline-delimited JSON, one object per line; docs/design.md ("The agent
+protocol") describes every message and its fields, in one place:
+
+supervisor -> agent (`op`): start, signal, stop, exec_check, stacks, ping.
+agent -> supervisor (`ev`, each with `t`): hello, started, start_failed,
+output, progress, exited, heartbeat, exec_result, stacks, log, bye.
+
+A bad command (not JSON, not an object, wrong types, a task name that is not
+a plain file name, longer than MAX_COMMAND_BYTES) is refused with a `log` (or
+`start_failed`) and never ends the agent or writes outside the run directory
+(launcher/agent/commands.py); a task's output line longer than
+MAX_OUTPUT_LINE is cut, with a marker (launcher/agent/tasks.py).
+
+Standard library only; imports nothing of the launcher.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+
+MAX_COMMAND_BYTES = 2**20
+MAX_OUTPUT_LINE = 8192  # bytes of one output line; the rest is counted, not sent
+MAX_PROGRESS_LINE = 2**16
+MAX_ERROR_FILE = 2**16
+TASK_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")  # a plain file name: no / or ..
+CHUNK = 2**16
+
+
+class Emitter:
+    """Writes events to the supervisor; one lock so lines never interleave."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+        self._lock = threading.Lock()
+
+    def __call__(self, event: str, **fields: object) -> None:
+        fields["ev"] = event
+        fields.setdefault("t", time.time())
+        data = (json.dumps(fields, separators=(",", ":")) + "\n").encode()
+        with self._lock:
+            try:
+                self._stream.write(data)
+                self._stream.flush()
+            except (BrokenPipeError, ValueError, OSError):
+                pass  # the supervisor is gone; stdin EOF will stop us
+
+
+class BadCommand(ValueError):
+    """A command whose fields are missing or of the wrong type."""
+
+
+def task_name(value: object) -> str:
+    if not isinstance(value, str) or not TASK_NAME.fullmatch(value):
+        raise BadCommand(f"task name {str(value)[:80]!r} is not a plain name "
+                         "(letters, digits, '_', '.', '-'; no '/', not starting with '.')")
+    return value
+
+
+def names(value: object) -> list[str] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise BadCommand(f"tasks must be null or a list of names, not {str(value)[:80]!r}")
+    return value
+
+
+def integer(message: dict, key: str, default: int | None = None, low: int | None = None,
+            high: int | None = None) -> int:
+    value = message.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadCommand(f"{key} must be an integer, not {str(value)[:80]!r}")
+    if (low is not None and value < low) or (high is not None and value > high):
+        raise BadCommand(f"{key}={value} is out of range")
+    return value
+
+
+def seconds(message: dict, key: str, default: float) -> float:
+    value = message.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) \
+            or not 0 <= value < float("inf"):
+        raise BadCommand(f"{key} must be a number of seconds, not {str(value)[:80]!r}")
+    return float(value)
+
+
+def opt_str(message: dict, key: str) -> str | None:
+    value = message.get(key)
+    if value is not None and not isinstance(value, str):
+        raise BadCommand(f"{key} must be a string, not {str(value)[:80]!r}")
+    return value
+
+
+def str_list(message: dict, key: str) -> list[str]:
+    value = message.get(key)
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
+        raise BadCommand(f"{key} must be a non-empty list of strings, not {str(value)[:80]!r}")
+    return value
+
+
+def start_spec(message: dict) -> dict:
+    """A `start` command's argv, cwd, env, tf_config and standby, checked."""
+    env = message.get("env", {})
+    if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
+        raise BadCommand("env must be an object of strings")
+    tf_config = message.get("tf_config")
+    if not isinstance(tf_config, str):
+        raise BadCommand("tf_config must be a string")
+    standby = message.get("standby", "off")
+    if standby not in ("auto", "off"):
+        raise BadCommand(f"standby must be 'auto' or 'off', not {str(standby)[:40]!r}")
+    return {"argv": str_list(message, "argv"), "cwd": opt_str(message, "cwd") or None,
+            "env": env, "tf_config": tf_config, "standby": standby}
+
+
+def skip_line(stream, on_chunk=lambda: None) -> int:
+    """Read and drop the rest of a line; its length without the newline."""
+    skipped = 0
+    while True:
+        chunk = stream.readline(CHUNK)
+        if not chunk:
+            return skipped
+        on_chunk()
+        if chunk.endswith(b"\n"):
+            return skipped + len(chunk) - 1
+        skipped += len(chunk)

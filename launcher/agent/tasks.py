@@ -1,0 +1,360 @@
+"""The task processes of one host: start, output, progress, exit, stop.
+
+- every task runs in its own session/process group; stopping a task signals
+  the whole group and its whole tree (launcher.proctree: its cgroup, or the
+  tree recorded while it lived, which keeps a `setsid` child whose parent is
+  gone); when a task exits, whatever is left of its tree is killed;
+- TF_CONFIG is written to a 0600 file in the run directory and exported to the
+  task; it never appears on a command line;
+- a task's output is cut into lines (launcher.outlines: a run of carriage
+  returns, a progress bar, is one line, its last state); a line longer than
+  MAX_OUTPUT_LINE is cut, with a marker;
+- a start is handed to the task's standby when one can serve it
+  (launcher/agent/standbys.py), else started cold, always on the command
+  thread (launcher/agent/spawn.py: PR_SET_PDEATHSIG).
+
+Standard library only; of the launcher, imports outlines, proctree and the
+agent's parts it drives (standbys, stacks, seal, pid records, files, spawn).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+
+from launcher.agent import hostfacts
+from launcher.agent.bundle import CODE_DIR, mark_used
+from launcher.agent.files import private_dir, read_json, unlink, write_private
+from launcher.agent.leftovers import PidRecords
+from launcher.agent.protocol import (
+    CHUNK,
+    MAX_ERROR_FILE,
+    MAX_OUTPUT_LINE,
+    MAX_PROGRESS_LINE,
+    BadCommand,
+    integer,
+    skip_line,
+    start_spec,
+    task_name,
+)
+from launcher.agent.seal import Seal
+from launcher.agent.spawn import TOKEN_VAR, Spawner
+from launcher.agent.stacks import stacks_setup
+from launcher.agent.standbys import Standbys, Want
+from launcher.outlines import LineSplitter
+from launcher.proctree import TaskTree
+
+TAIL_LINES = 30
+# After a task exits, how long to let its output pipes drain (a grandchild
+# that inherited them may keep them open forever).
+DRAIN_S = 1.0
+
+
+class RunningTask:
+    def __init__(self, name: str, generation: int, proc: subprocess.Popen, error_file: str,
+                 tree: TaskTree):
+        self.name = name
+        self.tree = tree  # every process it started, even one that left its session
+        self.generation = generation
+        self.proc = proc
+        self.error_file = error_file
+        self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        self.readers: list[threading.Thread] = []
+        self.stopping = False  # the agent sent SIGTERM
+        self.killed = False  # the agent sent SIGKILL
+        self.stacks_file: str | None = None
+        self.stacks_signum: int | None = None
+        self.stacks_problem = ""  # why there are no stacks for this task, if so
+        self.standby: Want | None = None  # its next standby, not started yet
+        self.pid_file: str | None = None
+        self._ps = None
+
+    @property
+    def ps(self):
+        """The task's psutil.Process (None without psutil, or once it is gone)."""
+        psutil = hostfacts.load_psutil() if self._ps is None else None
+        if psutil is not None:
+            try:
+                self._ps = psutil.Process(self.proc.pid)
+            except psutil.Error:
+                return None
+        return self._ps
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def signal_tree(self, signum: int) -> None:
+        """Signal the task's process group and any descendant that left it."""
+        victims = []
+        if self.ps is not None:
+            try:
+                victims = self.ps.children(recursive=True)
+            except hostfacts.psutil.Error:
+                victims = []
+        try:
+            os.killpg(self.proc.pid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass
+        for child in victims:
+            try:
+                child.send_signal(signum)
+            except hostfacts.psutil.Error:
+                pass
+        self.tree.signal(signum)  # its orphans too (setsid, then the parent died)
+
+
+class Tasks:
+    """The host's tasks by name; `start`, `signal` and `stop` come from commands."""
+
+    def __init__(self, run_dir: str, spawner: Spawner, standbys: Standbys, seal: Seal,
+                 records: PidRecords, emit) -> None:
+        self.run_dir = run_dir
+        self.spawner = spawner
+        self.lock = spawner.lock
+        self.standbys = standbys
+        self.seal = seal
+        self.records = records
+        self.emit = emit
+        self.tasks: dict[str, RunningTask] = {}
+
+    def start(self, message: dict) -> None:
+        raw_name = message.get("task")
+        if not isinstance(raw_name, str):
+            raise BadCommand(f"task must be a string, not {type(raw_name).__name__}")
+        name = raw_name[:200]
+        generation = message.get("generation", 0)
+        try:
+            task_name(name)
+            generation = integer(message, "generation", default=0, low=0)
+            spec = start_spec(message)
+        except BadCommand as exc:
+            self.emit("start_failed", task=name,
+                      generation=generation if isinstance(generation, int) else None,
+                      error=f"refused: {exc}")
+            return
+        with self.lock:
+            old = self.tasks.get(name)
+            busy = (f"task {name} is still running (pid {old.proc.pid})"
+                    if old is not None and old.alive() else
+                    "the agent is stopping" if self.spawner.closing else "")
+        if busy:
+            self.emit("start_failed", task=name, generation=generation, error=busy)
+            return
+        refusal = self.seal.seal(message.get("firewall"))  # before the task opens its port
+        if refusal:
+            self.emit("start_failed", task=name, generation=generation, error=refusal)
+            return
+        self._launch(name, generation, spec)
+
+    def _launch(self, name: str, generation: int, spec: dict) -> None:
+        """Hand the task to its standby, or start it cold; then watch it."""
+        standby = self.standbys.take(name)
+        try:
+            env = self._task_env(name, generation, spec)
+            why_cold = self.standbys.why_cold(name, spec, env, standby)
+            if not why_cold:
+                assert standby is not None
+                env[TOKEN_VAR], env["MGPU_PROGRESS_FD"] = standby.token, str(standby.progress_fd)
+                stacks = stacks_setup(self.run_dir, name, generation, env)
+                why_cold = self.standbys.hand_off(standby, spec, env)
+            if why_cold:
+                if standby is not None:
+                    self.standbys.drop(standby)
+                    standby = None
+                stacks = stacks_setup(self.run_dir, name, generation, env)
+                proc, tree, progress_read = self._start_cold(spec, env)
+            else:
+                assert standby is not None
+                proc, progress_read, tree = standby.proc, standby.progress_read, standby.tree
+        except (OSError, ValueError, subprocess.SubprocessError) as exc:
+            if standby is not None:
+                self.standbys.drop(standby)
+            self.emit("start_failed", task=name, generation=generation,
+                      error=f"{type(exc).__name__}: {exc}")
+            return
+        mark_used()
+        task = RunningTask(name, generation, proc, env["MGPU_ERROR_FILE"], tree)
+        task.stacks_file, task.stacks_signum, task.stacks_problem = stacks
+        task.pid_file = self.records.write(task.name, task.generation, proc.pid, env[TOKEN_VAR])
+        with self.lock:
+            self.tasks[name] = task
+        self.emit("started", task=name, generation=generation, pid=proc.pid,
+                  start="cold" if why_cold else "warm", start_reason=why_cold)
+        self._follow(task, progress_read)
+        task.standby = self.standbys.want(name, spec, env)
+
+    def _start_cold(self, spec: dict,
+                    env: dict[str, str]) -> tuple[subprocess.Popen, TaskTree, int]:
+        """A new interpreter for the task, with its own token and progress pipe."""
+        env[TOKEN_VAR] = os.urandom(8).hex()
+        progress_read, progress_write = os.pipe()
+        env["MGPU_PROGRESS_FD"] = str(progress_write)
+        try:
+            proc, tree = self.spawner.popen(spec["argv"], spec["cwd"], env,
+                                            subprocess.DEVNULL, progress_write)
+        except BaseException:
+            os.close(progress_read)
+            raise
+        finally:
+            os.close(progress_write)  # the task holds the only write end now
+        return proc, tree, progress_read
+
+    def _task_env(self, name: str, generation: int, spec: dict) -> dict[str, str]:
+        """The task's environment but for its token, progress fd and stacks file;
+        writes its TF_CONFIG file and clears its error file."""
+        tf_config_file = os.path.join(private_dir(self.run_dir, "tf_config"), f"{name}.json")
+        write_private(tf_config_file, spec["tf_config"])
+        error_file = os.path.join(private_dir(self.run_dir, "errors"),
+                                  f"{name}-gen{generation}.json")
+        if os.path.exists(error_file):
+            os.unlink(error_file)
+        env = dict(os.environ)
+        env.update(spec["env"])
+        if env.get("MGPU_RUN_DIR", "").startswith("~"):
+            env["MGPU_RUN_DIR"] = os.path.expanduser(env["MGPU_RUN_DIR"])
+        env["TF_CONFIG"] = spec["tf_config"]
+        env["MGPU_TF_CONFIG_FILE"] = tf_config_file
+        env["MGPU_ERROR_FILE"] = error_file
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (CODE_DIR, env.get("PYTHONPATH", "")) if p
+        )
+        return env
+
+    def _follow(self, task: RunningTask, progress_read: int) -> None:
+        """A thread per output stream, one for progress, one for the exit."""
+        for stream_name, stream in (("stdout", task.proc.stdout), ("stderr", task.proc.stderr)):
+            reader = threading.Thread(
+                target=self._read_output, args=(task, stream_name, stream), daemon=True
+            )
+            reader.start()
+            task.readers.append(reader)
+        threading.Thread(target=self._read_progress, args=(task, progress_read),
+                         daemon=True).start()
+        threading.Thread(target=self._wait, args=(task,), daemon=True).start()
+
+    def _read_output(self, task: RunningTask, stream_name: str, stream) -> None:
+        # Lines end at "\n"; a "\r" run (a progress bar) keeps its last state.
+        splitter = LineSplitter(MAX_OUTPUT_LINE)
+        while True:
+            try:
+                data = stream.read1(CHUNK)
+            except (OSError, ValueError):
+                data = b""
+            texts = splitter.feed(data) if data else splitter.close()
+            for text in texts:
+                task.tail.append(text)
+                self.emit("output", task=task.name, generation=task.generation,
+                          stream=stream_name, text=text)
+            if not data:
+                break
+        stream.close()
+
+    def _read_progress(self, task: RunningTask, fd: int) -> None:
+        with os.fdopen(fd, "rb") as stream:
+            while True:
+                raw = stream.readline(MAX_PROGRESS_LINE + 1)
+                if not raw:
+                    break
+                if len(raw) > MAX_PROGRESS_LINE and not raw.endswith(b"\n"):
+                    skip_line(stream)
+                    continue
+                try:
+                    data = json.loads(raw)
+                except (ValueError, RecursionError):
+                    continue
+                if isinstance(data, dict):
+                    self.emit("progress", task=task.name, generation=task.generation, data=data)
+                    if task.standby is not None and "step" in data:
+                        task.standby.trained()  # it trains: its start is behind it
+
+    def _wait(self, task: RunningTask) -> None:
+        code = task.proc.wait()
+        exited_at = time.time()  # before draining: the root cause is the earliest exit
+        if code != 0 and task.standby is not None:
+            task.standby.now()  # a restart is likely to follow
+        # Whatever the task left behind in its group (data-loader workers,
+        # multiprocessing children) dies with it: no orphan may hold a GPU.
+        try:
+            os.killpg(task.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        # And so does what left the group (setsid) or lost its parent.
+        self.spawner.reaped(task.tree)
+        if task.pid_file:
+            unlink(task.pid_file)  # nothing left to reap
+        for reader in task.readers:
+            reader.join(timeout=DRAIN_S)
+        self.emit(
+            "exited",
+            task=task.name,
+            generation=task.generation,
+            code=code if code >= 0 else None,
+            signal=-code if code < 0 else None,
+            stopping=_stopped_by_us(task, code),
+            tail=list(task.tail),
+            error=read_json(task.error_file, MAX_ERROR_FILE),
+            t=exited_at,
+        )
+
+    def signal(self, name: str, signum: int) -> None:
+        task = self.tasks.get(name)
+        if task is not None and task.alive():
+            task.signal_tree(signum)
+
+    def running(self, names: list[str] | None) -> list[RunningTask]:
+        """The live tasks of `names` (None: all)."""
+        with self.lock:
+            return [t for n, t in self.tasks.items()
+                    if (names is None or n in names) and t.alive()]
+
+    def stop(self, names: list[str] | None, grace_s: float) -> None:
+        """SIGTERM now, SIGKILL whatever is left after the grace period."""
+        with self.lock:
+            victims = [t for n, t in self.tasks.items() if (names is None or n in names)]
+        victims = [t for t in victims if t.alive()]
+        for task in victims:
+            task.stopping = True
+            task.signal_tree(signal.SIGTERM)
+            # A stopped (SIGSTOP) process acts on SIGTERM only once continued.
+            task.signal_tree(signal.SIGCONT)
+        if victims:
+            timer = threading.Timer(grace_s, _kill_leftovers, args=(victims,))
+            timer.daemon = True
+            timer.start()
+
+    def wait_all(self, timeout_s: float) -> None:
+        """Wait for every task to exit; SIGKILL the trees of those that do not."""
+        deadline = time.monotonic() + timeout_s
+        for task in list(self.tasks.values()):
+            remaining = max(0.0, deadline - time.monotonic())
+            try:
+                task.proc.wait(timeout=remaining)
+            except subprocess.TimeoutExpired:
+                task.signal_tree(signal.SIGKILL)
+
+    def usage(self) -> dict[str, dict]:
+        """Per running task: CPU, RSS and status (empty without psutil)."""
+        with self.lock:
+            tasks = list(self.tasks.values())
+        return {task.name: hostfacts.tree_usage(task.ps) for task in tasks
+                if task.alive() and task.ps is not None}
+
+
+def _kill_leftovers(victims: list[RunningTask]) -> None:
+    for task in victims:
+        if task.alive():
+            task.killed = True
+        task.signal_tree(signal.SIGKILL)  # the group, even if its leader is gone
+
+
+def _stopped_by_us(task: RunningTask, code: int) -> bool:
+    """Did our stop end it? A SIGKILL we never sent means someone else killed it
+    (the stop may have raced with an exit not yet reaped)."""
+    if not task.stopping:
+        return False
+    return not (code == -signal.SIGKILL and not task.killed)
