@@ -431,7 +431,7 @@ def _launch(loaded: LoadedConfig, first_plan: Plan, make_plan, run_dir: Path,
         make_plan=lambda g, active: first_plan if g == 0 else make_plan(g, active),
         hosts=[HostInfo(name, _workers_on(config, name), spec.spare)
                for name, spec in ((h.name or h.address, h) for h in config.hosts)],
-        links=links, events=events, recorder=recorder, printer=printer,
+        links=links, events=events, recorder=recorder, voice=printer,
         policy=_restart_policy(config, max_restarts), reconnect=reconnect,
         checkpoint_probe=lambda: checkpoint_state(first_plan.checkpoint_dir),
         launcher_info={"launcher_pid": os.getpid(), "launcher_host": socket.gethostname()},

@@ -369,7 +369,7 @@ def test_the_live_view_gets_numbers_only(tmp_path: Path):
     h = harness(tmp_path, lambda g, t: [(1.0, "progress", {"data": {"step": 5, "loss": "x"}}),
                                         (3.0, "exit", {"code": 0})])
     rows = []
-    h.supervisor._printer.refresh = lambda snapshot: rows.extend(snapshot)  # noqa: SLF001
+    h.supervisor._voice.refresh = lambda snapshot: rows.extend(snapshot)  # noqa: SLF001
     assert h.supervisor.run().status == "succeeded"
     assert rows and all(r.loss is None for r in rows)
     assert any(r.step == 5 for r in rows)
