@@ -10,11 +10,12 @@ the root cause only through `consider`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..spec.plan import Plan
 from .phases import Phase, move
 from .stalls import StoppedWatch
-from .states import Failure, TaskRecord, TaskState
+from .states import Failure, TaskRecord, TaskRow, TaskState
 
 
 @dataclass
@@ -92,3 +93,26 @@ class Generation:
 
     def on_host(self, host: str) -> list[TaskRecord]:
         return [r for r in self.records.values() if r.task.host == host]
+
+    def rows(self, now: float, restarts: int) -> list[TaskRow]:
+        """The live status of every task (monotonic `now`), for the views."""
+        rows = []
+        for record in self.records.values():
+            progress = record.last_progress
+            rate = None
+            if len(record.step_marks) == 2:
+                (t0, s0), (t1, s1) = record.step_marks
+                rate = (s1 - s0) / (t1 - t0) if t1 > t0 else None
+            rows.append(TaskRow(
+                label=record.task.label, host=record.task.host, task=record.task.name,
+                state=record.state.value, generation=self.plan.generation, restarts=restarts,
+                step=_number(progress.get("step")), steps_per_s=rate,
+                loss=_number(progress.get("loss")),
+                cpu_percent=record.usage.get("cpu"), rss_mb=record.usage.get("rss_mb"),
+                silent_s=None if record.last_activity is None else now - record.last_activity,
+            ))
+        return rows
+
+
+def _number(value: Any) -> float | None:
+    return value if isinstance(value, int | float) and not isinstance(value, bool) else None
