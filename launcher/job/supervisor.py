@@ -570,12 +570,13 @@ class Supervisor:
         (an exit, a start failure, its host lost); a hung or aborting task is
         still running: it stays so until the teardown confirms its exit."""
         failure = self._failure(gen, record, **details)
-        if gen.failure is None:
+        first = gen.failure is None
+        self._consider(gen, failure)  # the phase moves to FAILING
+        if first:
             self._tell(ev.FailureDetected(
                 generation=gen.plan.generation, task=record.task.name, host=record.task.host,
                 failure=failure.kind, exit_code=record.exit_code, signal=record.signal,
                 reason=failure.reason))
-        self._consider(gen, failure)
 
     def _consider(self, gen: Generation, failure: Failure) -> None:
         if gen.consider(failure):  # a new root cause, after an earlier one
