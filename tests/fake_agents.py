@@ -192,7 +192,7 @@ def harness(tmp_path: Path, script: Script, hosts: int = 2,
                 "hang_timeout_s": 300.0, "warm_standby": "off", **policy}
     supervisor = Supervisor(
         make_plan=make_plan, hosts=[HostInfo(h.name, 1, False) for h in plan.hosts],
-        links=links, events=world, recorder=recorder, printer=printer,
+        links=links, events=world, recorder=recorder, voice=printer,
         policy=RestartPolicy(**settings), checkpoint_probe=checkpoint_probe,
         clock=clock, wall_clock=clock.wall)
     return Harness(supervisor, clock, world, links, recorder, output, tmp_path)

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher.job.resumes import Resumes, notice
+from launcher.job.events import Resumed
+from launcher.job.resumes import Resumes
+from launcher.ops.narrate import line
 from tests.conftest import SCRIPTS, read_events, read_summary, run_cli
 from tests.test_strategies import explain
 
@@ -27,6 +29,13 @@ def test_a_restarted_fit_says_the_epoch_it_resumed_at(workdir: Path):
     assert entry["checkpoint"], entry  # the backup's series, seen on disk at the restart
     events = [e for e in read_events(run_dir) if e["event"] == "resumed"]
     assert [e["epoch"] for e in events] == [2], events
+
+
+def notice(entry: dict) -> str:
+    """The line the terminal shows for the `resumed` event of `entry`."""
+    said = line(Resumed(**entry))
+    assert said is not None and said[0] == "notice"
+    return said[1]
 
 
 def test_a_custom_loop_resumes_at_its_reported_step_and_a_first_start_says_nothing():

@@ -18,13 +18,6 @@ REPO = Path(__file__).resolve().parent.parent
 MAX_MODULE_LINES = 600
 MAX_FUNCTION_LINES = 60
 
-# issue 20: being split on another branch; the lead empties this set when they land
-PENDING = {
-    "launcher/job/supervisor.py",
-    "launcher/ops/records.py",
-}
-
-
 @dataclass(frozen=True)
 class TooLong:
     path: str  # relative to the repository
@@ -69,19 +62,11 @@ def modules(root: Path = REPO) -> list[Path]:
 
 
 def test_no_module_or_function_is_too_long():
-    found = [item for path in modules() if str(path.relative_to(REPO)) not in PENDING
+    found = [item for path in modules()
              for item in too_long(path)]
     assert not found, (
         "too long (issue 20 item 7: modules of a few hundred lines, functions that fit on "
         "a screen; split by concern):\n" + "\n".join(f"  {item}" for item in found))
-
-
-def test_pending_modules_are_still_too_long():
-    """PENDING cannot go stale: an entry that meets the limits leaves the set."""
-    done = [rel for rel in sorted(PENDING)
-            if not (REPO / rel).exists() or not too_long(REPO / rel)]
-    assert not done, (f"these are within the limits now (or gone): remove them from "
-                      f"PENDING in tests/test_sizes.py: {done}")
 
 
 def test_the_limits_are_measured_as_documented(tmp_path):

@@ -369,7 +369,7 @@ def test_the_live_view_gets_numbers_only(tmp_path: Path):
     h = harness(tmp_path, lambda g, t: [(1.0, "progress", {"data": {"step": 5, "loss": "x"}}),
                                         (3.0, "exit", {"code": 0})])
     rows = []
-    h.supervisor._printer.refresh = lambda snapshot: rows.extend(snapshot)  # noqa: SLF001
+    h.supervisor._voice.refresh = lambda snapshot: rows.extend(snapshot)  # noqa: SLF001
     assert h.supervisor.run().status == "succeeded"
     assert rows and all(r.loss is None for r in rows)
     assert any(r.step == 5 for r in rows)
@@ -386,3 +386,41 @@ def test_a_burst_longer_than_a_batch_loses_no_line(tmp_path: Path):
     for name in ("worker0", "worker1"):
         log = (tmp_path / "logs" / f"host{name[-1]}-{name}.log").read_text().splitlines()
         assert log == [f"{name} line {n}" for n in range(1, 1601)]
+
+
+def test_the_story_told_to_listeners_is_what_status_replays(tmp_path: Path):
+    """Every event reaches a listener as it is written, with the generation's
+    phase at that moment; status's replay of events.jsonl (the same state
+    machine) ends with the tasks in the states the supervisor left them."""
+    from launcher.job.phases import Phase
+    from launcher.ops.records import load_run
+
+    def script(generation: int, name: str):
+        if name == "worker1" and generation == 0:
+            return [(1.0, "output", {"text": "epoch 1"})]  # then nothing: a hang
+        return [(1.0, "progress", {"data": {"step": 1}}), *SUCCESS]
+
+    h = harness(tmp_path, script, hang_timeout_s=20.0)
+    told: list[tuple[str, Phase | None]] = []
+
+    class Listener:
+        def tell(self, event):
+            told.append((event.kind, h.supervisor.phase))
+
+    h.supervisor._listeners.append(Listener())  # noqa: SLF001
+    result = h.supervisor.run()
+    assert result.status == "succeeded" and result.restarts == 1
+    h.recorder.close()
+    kinds = [kind for kind, _ in told]
+    assert kinds == [e["event"] for e in map(json.loads,
+                                             (tmp_path / "events.jsonl").read_text().splitlines())]
+    phase_of = dict(told)
+    assert phase_of["failure_detected"] is Phase.FAILING
+    assert phase_of["stacks_requested"] is Phase.TAKING_STACKS
+    assert phase_of["teardown_begun"] is Phase.TEARING_DOWN
+    assert phase_of["restart"] is Phase.BACKOFF
+    assert phase_of["job_done"] is Phase.ENDED
+    assert h.supervisor.phase is Phase.ENDED
+    replayed = {t.label: t.state for t in load_run(tmp_path, alive=lambda _: True).tasks}
+    assert replayed == {label: task["state"] for label, task in result.tasks.items()}
+    assert set(replayed.values()) == {"succeeded"}

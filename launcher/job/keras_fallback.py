@@ -48,12 +48,6 @@ def switched(generation: int, failure: Failure) -> dict[str, Any]:
             "task": failure.task, "why": failure.reason}
 
 
-def notice(record: dict[str, Any]) -> str:
-    return (f"{record['task']} failed of tf_keras (Keras 2) code under Keras 3: generation "
-            f"{record['generation']} runs under tf_keras (TF_USE_LEGACY_KERAS=1); set "
-            "`keras: tf_keras` in the cluster file to start under it")
-
-
 def under_tf_keras(plan: Plan) -> Plan:
     """`plan` with every task under tf_keras."""
     return replace(plan, tasks=tuple(replace(task, env={**task.env, **TF_KERAS_ENV})

@@ -38,10 +38,11 @@ from ..spec.rundir import RunRecorder
 from ..transport import Transport
 from ..transport.ports import busy_ports
 from . import checkpoints, stops
+from .output import Voice
 from .reach import Connected, Reach
 from .recovery import HostInfo
 from .states import RunResult
-from .supervisor import Supervisor, Voice
+from .supervisor import Supervisor
 
 
 class LaunchRefused(Exception):
@@ -147,7 +148,7 @@ class Launch:
             make_plan=lambda g, active: first if g == 0 else self.plan(g, active),
             hosts=[HostInfo(h.name or h.address, _workers_on(loaded, h), h.spare)
                    for h in config.hosts],
-            links=connected.links, events=connected.events, recorder=recorder, printer=screen,
+            links=connected.links, events=connected.events, recorder=recorder, voice=screen,
             policy=policy, reconnect=connected.reconnect,
             checkpoint_probe=lambda: checkpoints.checkpoint_state(first.checkpoint_dir),
             launcher_info={"launcher_pid": os.getpid(), "launcher_host": socket.gethostname()},

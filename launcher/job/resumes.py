@@ -5,9 +5,9 @@ know which. The runtime's Keras callbacks report the first epoch they see begin
 (after the backup's restore) as `start_epoch`, with the optimizer's restored
 step count (`start_step`); a custom loop that calls `runtime.report_progress`
 reports its own step, restored from its checkpoint. The first such report of a
-generation after a restart is where it resumed: a `resumed` event, a notice
-("generation 2 resumed at epoch 3 (step 30)") and an entry of the summary's
-`resumed` list, with the checkpoint series seen on disk when the generation
+generation after a restart is where it resumed: a `resumed` event (worded
+"generation 2 resumed at epoch 3 (step 30)" by launcher/ops/narrate.py) and an
+entry of the summary's `resumed` list, with the checkpoint series seen on disk when the generation
 started (launcher/job/checkpoints.py), when this machine sees them.
 
 Pure bookkeeping over progress records; no I/O. Owned by the supervisor thread.
@@ -51,15 +51,3 @@ class Resumes:
         self.entries.append(entry)
         return entry
 
-
-def notice(entry: dict[str, Any]) -> str:
-    where = []
-    if "epoch" in entry:
-        where.append(f"epoch {entry['epoch']}")
-    if "step" in entry:
-        where.append(f"step {entry['step']}" if not where else f"(step {entry['step']})")
-    fresh = entry.get("epoch", 0) == 0 and entry.get("step", 0) == 0
-    if fresh:
-        return (f"generation {entry['generation']} started from the beginning "
-                "(no checkpoint restored)")
-    return f"generation {entry['generation']} resumed at {' '.join(where)}"

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..spec.plan import Task
+from . import events as ev
 from .classify import OutputWatcher
 
 
@@ -61,6 +62,44 @@ TRANSITIONS: dict[TaskState, frozenset[TaskState]] = {
     TaskState.STOPPED: frozenset(),
     TaskState.LOST: frozenset(),
 }
+
+
+def apply(state: TaskState, event: ev.Event, *, host: str, lifetime: str = "job") -> TaskState:
+    """A task's state after `event`: the one state machine, followed by the
+    supervisor as it decides and by `status` as it replays events.jsonl.
+
+    `event` is one of this task's events (the caller matches the task's name
+    and generation), or an event of its whole generation or host. A state the
+    event does not move is returned as it is; whether the move is legal is
+    the caller's to check (`TaskRecord.move`): a replay takes what was written.
+    """
+    if isinstance(event, ev.TaskStarted) and state in (TaskState.PENDING, TaskState.STARTING):
+        return TaskState.RUNNING
+    if isinstance(event, ev.TaskExited):
+        return _after_exit(state, event, lifetime)
+    if (isinstance(event, ev.StartFailed) or (  # (version 1 wrote no start_failed event)
+            isinstance(event, ev.FailureDetected) and event.failure == "start_failed")) \
+            and state in (TaskState.PENDING, TaskState.STARTING, TaskState.RUNNING):
+        return TaskState.FAILED
+    if isinstance(event, ev.TaskRestarted) and state is TaskState.FAILED:
+        return TaskState.STARTING  # a parameter-server worker, restarted alone
+    if state.terminal:
+        return state
+    if isinstance(event, ev.TeardownBegun):
+        return TaskState.STOPPING
+    if isinstance(event, ev.HostLost) and event.host == host or \
+            isinstance(event, ev.TaskUnconfirmed):
+        return TaskState.LOST
+    return state
+
+
+def _after_exit(state: TaskState, event: ev.TaskExited, lifetime: str) -> TaskState:
+    if event.stopped_by_launcher:
+        return TaskState.STOPPED
+    if state is TaskState.STOPPING:  # a job task may finish before the stop reaches it
+        return TaskState.SUCCEEDED if event.exit_code == 0 and lifetime == "job" \
+            else TaskState.STOPPED
+    return TaskState.SUCCEEDED if event.exit_code == 0 else TaskState.FAILED
 
 
 class IllegalTransition(Exception):

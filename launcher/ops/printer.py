@@ -39,7 +39,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TextIO
 
+from ..job.events import Event
 from ..job.states import TaskRow
+from . import narrate
 from .live import LiveScreen, clean_for_screen, describe_row
 
 _COLOURS = ("36", "33", "35", "32", "34", "91", "96", "93")
@@ -184,6 +186,13 @@ class Printer:
         """A line from the launcher itself (always shown)."""
         self._put([f"{self._prefix(LAUNCHER, '1')} {line}"
                    for line in text.splitlines() or [""]], False)
+
+    def tell(self, event: Event) -> None:
+        """An event of the run, in the words of launcher/ops/narrate.py (if any)."""
+        said = narrate.line(event)
+        if said is not None:
+            level, text = said
+            (self.notice if level == "notice" else self.debug)(text)
 
     def debug(self, text: str) -> None:
         """Launcher detail shown only with --verbose."""

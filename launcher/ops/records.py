@@ -13,63 +13,28 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import signal as signals
 import socket
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
 import yaml
 
-from ..spec.plan import task_label
 from ..spec.rundir import CONFIG, EVENTS, LAUNCHER_OUT, LAUNCHER_PID, LOGS, SUMMARY, log_file_name
 from . import usage
+from .replay import TaskView, failure_from_event, split_name
+from .replay import replay as replayed
 
 EXIT_OK, EXIT_USAGE = 0, 2
-_TASK_NAME = re.compile(r"^(chief|worker|ps|evaluator)(\d+)$")
 # How often `logs -f` looks for new lines and for summary.json.
 FOLLOW_POLL_S = 0.2
 
 
 class RunDirError(Exception):
     """RUN_DIR is not a run directory (or not one we can read)."""
-
-
-@dataclass
-class TaskView:
-    """One task as last recorded: its latest generation wins."""
-
-    label: str  # host0/worker0
-    host: str
-    role: str
-    index: int
-    generation: int
-    state: str = "pending"
-    address: str | None = None
-    port: int | None = None
-    pid: int | None = None
-    exit_code: int | None = None
-    signal: int | None = None
-    last_step: int | None = None
-    last_progress: dict[str, Any] = field(default_factory=dict)
-    last_progress_t: float | None = None
-    log_path: Path | None = None
-
-    @property
-    def name(self) -> str:
-        return f"{self.role}{self.index}"
-
-    def exit_text(self) -> str:
-        if self.signal is not None:
-            try:
-                return f"signal {self.signal} ({signals.Signals(self.signal).name})"
-            except ValueError:
-                return f"signal {self.signal}"
-        return "" if self.exit_code is None else str(self.exit_code)
 
 
 @dataclass
@@ -160,13 +125,6 @@ def _read_config(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _split_name(task: str) -> tuple[str, int]:
-    match = _TASK_NAME.match(task)
-    if match is None:
-        return task, 0
-    return match.group(1), int(match.group(2))
-
-
 def read_launcher_pid(run_dir: Path) -> dict[str, Any] | None:
     """launcher.pid of a detached run (`PID HOST`) as a launch event's fields;
     `t` is when the file was written, just after the launcher was started."""
@@ -222,7 +180,7 @@ def load_run(run_dir: str | os.PathLike,
     config = _read_config(run_dir / CONFIG)
     events = read_events(events_path)
     summary = _read_json(run_dir / SUMMARY)
-    replay = _replay(events)
+    replay = replayed(events)
     for view in replay.tasks.values():
         view.log_path = run_dir / LOGS / log_file_name(view.host, view.name)
     started_t = replay.first_launch.get("t") if replay.first_launch else None
@@ -235,7 +193,7 @@ def load_run(run_dir: str | os.PathLike,
         failures = list(summary.get("failures") or [])
         _merge_summary(replay.tasks, summary)
     else:
-        failures = [_failure_from_event(e) for _, e in sorted(replay.failures.items())]
+        failures = [failure_from_event(e) for _, e in sorted(replay.failures.items())]
         launcher = replay.first_launch or detached
         status, detail = _still_going(alive(launcher) if launcher else None, started_t,
                                       detached)
@@ -246,77 +204,6 @@ def load_run(run_dir: str | os.PathLike,
         tasks=list(replay.tasks.values()), root_cause=root_cause, failures=failures,
         last_event_t=events[-1].get("t") if events else None,
     )
-
-
-@dataclass
-class _Replayed:
-    """What events.jsonl says, read from the start."""
-
-    tasks: dict[str, TaskView] = field(default_factory=dict)  # by name: unique per generation
-    generation: int = 0
-    restarts: int = 0
-    first_launch: dict[str, Any] | None = None
-    failures: dict[int, dict[str, Any]] = field(default_factory=dict)  # first per generation
-
-
-def _replay(events: list[dict[str, Any]]) -> _Replayed:
-    replay = _Replayed()
-    for event in events:
-        kind = event.get("event")
-        gen = event.get("generation", replay.generation)
-        if kind == "launch":
-            _on_launch(replay, event, int(gen))
-        elif kind == "restart":
-            replay.restarts = int(event.get("restarts", replay.restarts + 1))
-        elif kind == "failure_detected":
-            replay.failures.setdefault(int(gen), event)
-        elif kind == "host_lost":
-            for view in replay.tasks.values():
-                if view.host == event.get("host") and view.generation == gen and \
-                        view.state in ("pending", "starting", "running"):
-                    view.state = "lost"
-        view = replay.tasks.get(str(event.get("task")))
-        if view is not None and kind != "launch" and gen == view.generation:
-            _apply_task_event(view, str(kind), event)
-    return replay
-
-
-def _on_launch(replay: _Replayed, event: dict[str, Any], generation: int) -> None:
-    replay.generation = generation
-    replay.first_launch = replay.first_launch or event
-    for entry in event.get("tasks", []):
-        name = str(entry.get("task"))
-        role, index = _split_name(name)
-        host = str(entry.get("host"))
-        previous = replay.tasks.get(name)
-        view = TaskView(label=task_label(host, entry.get("task")), host=host, role=role,
-                        index=index, generation=generation,
-                        address=entry.get("address"), port=entry.get("port"))
-        if previous is not None:  # progress survives a restart: training resumes
-            view.last_step, view.last_progress = previous.last_step, previous.last_progress
-        replay.tasks[name] = view
-
-
-def _apply_task_event(view: TaskView, kind: str, event: dict[str, Any]) -> None:
-    if kind == "task_started":
-        view.state, view.pid = "running", event.get("pid")
-    elif kind == "progress":
-        view.last_step = event.get("step", view.last_step)
-        view.last_progress = {k: v for k, v in event.items()
-                              if k not in ("t", "event", "generation", "task", "host")}
-        view.last_progress_t = event.get("t")
-    elif kind == "task_exited":
-        view.exit_code, view.signal = event.get("exit_code"), event.get("signal")
-        if event.get("stopped_by_launcher"):
-            view.state = "stopped"
-        elif view.exit_code == 0 and view.signal is None:
-            view.state = "succeeded"
-        else:
-            view.state = "failed"
-    elif kind == "failure_detected" and view.state not in ("failed",):
-        view.state = "failed"
-    elif kind == "task_restarted":  # a parameter-server worker, restarted alone
-        view.state, view.exit_code, view.signal = "starting", None, None
 
 
 def _finished(summary: dict[str, Any]) -> tuple[str, str]:
@@ -353,7 +240,7 @@ def _merge_summary(tasks: dict[str, TaskView], summary: dict[str, Any]) -> None:
         host, _, name = label.partition("/")
         view = tasks.get(name)
         if view is None or view.host != host:
-            role, index = _split_name(name)
+            role, index = split_name(name)
             view = tasks[name] = TaskView(label=label, host=host, role=role, index=index,
                                           generation=0)
         view.state = final.get("state", view.state)
@@ -364,24 +251,6 @@ def _merge_summary(tasks: dict[str, TaskView], summary: dict[str, Any]) -> None:
         if progress:
             view.last_progress = progress
             view.last_step = progress.get("step", view.last_step)
-
-
-def _failure_from_event(event: dict[str, Any]) -> dict[str, Any]:
-    task = task_label(event.get('host'), event.get('task'))
-    kind = event.get("kind")
-    if event.get("reason"):
-        what = str(event["reason"])
-    elif kind == "signal":
-        what = f"was killed by signal {event.get('signal')}"
-    elif kind == "exit":
-        what = f"exited with code {event.get('exit_code')}"
-    else:
-        what = str(kind)
-    return {"task": task, "host": event.get("host"), "generation": event.get("generation"),
-            "t": event.get("t"), "kind": kind, "exit_code": event.get("exit_code"),
-            "signal": event.get("signal"),
-            "description": f"{task} (host {event.get('host')}, generation "
-                           f"{event.get('generation')}) {what}"}
 
 
 # ------------------------------------------------------------------- status

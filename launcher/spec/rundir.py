@@ -17,6 +17,9 @@ from typing import IO, Any
 # The run directory's layout (docs/operations.md); names, not paths.
 CONFIG = "config.yaml"  # the cluster file as the launch read it
 EVENTS = "events.jsonl"  # one JSON event per line, appended as the run goes
+# The schema of events.jsonl, written as `"v": 2` on every line (launcher/job/events.py
+# defines the kinds); a line without `v` is of version 1 (before the typed events).
+EVENTS_SCHEMA = 2
 SUMMARY = "summary.json"  # the outcome, written once the run has ended
 LOGS = "logs"  # folder: one log per task, named by log_file_name()
 STACKS = "stacks"  # folder: the Python stacks of stuck tasks, one file per task
@@ -57,7 +60,7 @@ class RunRecorder:
             handle.write(text)
 
     def event(self, event: str, **fields: Any) -> dict[str, Any]:
-        record = {"t": round(self._clock(), 6), "event": event, **fields}
+        record = {"t": round(self._clock(), 6), "event": event, "v": EVENTS_SCHEMA, **fields}
         try:
             self._events.write(json.dumps(record, default=str) + "\n")
         except OSError:  # a full disk must not end a job of days: counted, not raised

@@ -1,0 +1,72 @@
+"""Who is to blame: the culprit behind a collective abort, a failure that
+repeats, the frames a stuck task was in. Pure functions over the generation's
+values; the supervisor follows them.
+"""
+
+from __future__ import annotations
+
+from ..strategy import framework as strategy_framework
+from .generation import Generation
+from .recovery import innermost_frame
+from .states import Failure, TaskRecord
+
+
+def culprit(gen: Generation, reporter: TaskRecord) -> Failure | None:
+    """A collective abort is a symptom; the peer behind it when known: the one
+    TF names a line after the abort ("stopped sending heartbeats"), else a
+    peer its agent saw stopped (SIGSTOP): when the coordination leader itself
+    is stopped, the others only see a deadline pass. None: no one else to blame."""
+    failure = gen.failure
+    if failure is None or failure.kind != "collective_abort" \
+            or failure.task != reporter.task.label:
+        return None
+    named = reporter.watcher.culprit
+    blamed = gen.record_of(*named) if named else None
+    framework = strategy_framework(gen.plan.strategy)
+    reason = (f"stopped sending {framework} heartbeats (hung, stopped, or cut off); "
+              f"reported by {reporter.task.label}")
+    if blamed is None:
+        blamed = next((r for r in gen.records.values()
+                       if r is not reporter and r.usage.get("status") == "stopped"), None)
+        reason = ("was stopped (SIGSTOP, Ctrl-Z or a debugger): its peers' collectives "
+                  f"aborted; reported by {reporter.task.label}")
+    if blamed is None or blamed is reporter:
+        return None
+    return Failure(task=blamed.task.label, host=blamed.task.host,
+                   generation=gen.plan.generation, t=failure.t, kind="hang", reason=reason,
+                   last_lines=failure.last_lines)
+
+
+def repeated_failure(failures: list[Failure]) -> str:
+    """The last failure's description when it repeats the one before it: the
+    same exception type raised at the same innermost frame. "" otherwise."""
+    if len(failures) < 2:
+        return ""
+    last, before = failures[-1], failures[-2]
+    if last.secondary or before.secondary:
+        return ""  # a peer's loss seen twice (gRPC UNAVAILABLE...): not the script's bug
+    where = innermost_frame(last.error)
+    if where is None or where != innermost_frame(before.error):
+        return ""
+    kind, path, line, function = where
+    return f"{kind} at {path}:{line} in {function}, in {last.task}"
+
+
+def last_words(record: TaskRecord) -> str:
+    return repr(record.tail[-1][:200]) if record.tail else "nothing"
+
+
+def innermost_frames(stacks: str, count: int = 5) -> tuple[str, ...]:
+    """The innermost frames of the main thread in a faulthandler dump.
+
+    faulthandler lists threads newest first, so the main thread (the oldest)
+    comes last; within a thread the most recent call comes first.
+    """
+    blocks: list[list[str]] = []
+    for line in stacks.splitlines():
+        if line.startswith(("Thread 0x", "Current thread 0x")):
+            blocks.append([])
+        elif blocks and line.strip().startswith("File "):
+            blocks[-1].append(line.strip())
+    with_frames = [block for block in blocks if block]
+    return tuple(with_frames[-1][:count]) if with_frames else ()

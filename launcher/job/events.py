@@ -1,0 +1,426 @@
+"""The story of a run: every event kind, one typed record each, and its JSON line.
+
+The supervisor decides and tells; it formats no text for people. Each thing
+that happens is one of the frozen records below, handed to the run
+directory's recorder (one JSON line of `events.jsonl`) and to the views that
+listen (`Listener`: the printer turns an event into its line,
+launcher/ops/narrate.py). `status` reads the lines back with `from_record`.
+
+The JSON line of an event is `{"t": ..., "event": <kind>, "v": 2, <fields>}`:
+its fields in the order declared here, under the names `events.jsonl` always
+had (additions only). `v` is the schema version (`rundir.EVENTS_SCHEMA`); a
+line without it was written before the version existed: version 1, the same
+kinds and keys, fewer of them. A reader keeps what it does not know: an
+unknown kind reads as `Unknown`, unknown keys land in `extra`.
+
+A few events are told, not written (`recorded = False`): an agent's own
+diagnostics, which may be many and say nothing of the job's state.
+
+Pure values; no I/O but through the recorder handed to `write`. Must not
+import ops or cli.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol
+
+from ..spec.rundir import EVENTS_SCHEMA, RunRecorder
+
+
+@dataclass(frozen=True, kw_only=True)
+class Event:
+    """What every event has: when (Unix time, set when written or read back)."""
+
+    kind: ClassVar[str] = ""
+    recorded: ClassVar[bool] = True  # written to events.jsonl
+    # Fields left out of the line when None (they were absent before, too).
+    optional: ClassVar[tuple[str, ...]] = ()
+    t: float | None = field(default=None, compare=False)
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)  # keys not known here
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskEvent(Event):
+    """An event of one task of one generation."""
+
+    generation: int
+    task: str  # the task's name: worker1
+    host: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.host}/{self.task}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Placed:
+    """One task of a `launch` event: where it runs."""
+
+    task: str
+    host: str
+    address: str | None = None
+    port: int | None = None
+    address_rule: str | None = None
+    lifetime: str = "job"  # "service" tasks (ps) run until the launcher stops them
+
+
+# ------------------------------------------------------------- a generation
+
+
+@dataclass(frozen=True, kw_only=True)
+class Launch(Event):
+    kind = "launch"
+    optional = ("launcher_pid", "launcher_host")
+    generation: int
+    launcher_pid: int | None = None
+    launcher_host: str | None = None
+    tasks: tuple[Placed, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskStarted(TaskEvent):
+    kind = "task_started"
+    pid: int | None = None
+    start: str = "cold"  # "warm": a standby took the task (launcher/standby.py)
+    start_reason: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class StartFailed(TaskEvent):
+    kind = "start_failed"
+    error: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Cluster(TaskEvent):
+    kind = "cluster"
+    state: str = ""  # joining | joined (MultiWorkerMirroredStrategy's setup)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Progress(TaskEvent):
+    """The runtime's report; its metrics are keys of the line itself."""
+
+    kind = "progress"
+    metrics: dict[str, Any] = field(default_factory=dict)  # step, loss, epoch, ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskExited(TaskEvent):
+    kind = "task_exited"
+    exit_code: int | None = None
+    signal: int | None = None
+    stopped_by_launcher: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskRestarted(TaskEvent):
+    """A ParameterServerStrategy worker restarted alone."""
+
+    kind = "task_restarted"
+    exit_code: int | None = None
+    signal: int | None = None
+    reason: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskUnconfirmed(TaskEvent):
+    """No agent confirmed the task's exit within the teardown: counted lost."""
+
+    kind = "task_unconfirmed"
+
+
+@dataclass(frozen=True, kw_only=True)
+class FailureDetected(TaskEvent):
+    kind = "failure_detected"
+    failure: str = dataclasses.field(default="", metadata={"key": "kind"})
+    exit_code: int | None = None
+    signal: int | None = None
+    reason: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RootCause(TaskEvent):
+    """A later finding names another task as the generation's root cause."""
+
+    kind = "root_cause"
+    failure: str = dataclasses.field(default="", metadata={"key": "kind"})
+    reason: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class StacksRequested(Event):
+    kind = "stacks_requested"
+    generation: int
+    tasks: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Stacks(TaskEvent):
+    kind = "stacks"
+    file: str = ""
+    taken: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class StopRequested(Event):
+    kind = "stop_requested"
+    generation: int
+    signal: int | None = None
+    grace_s: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class TeardownBegun(Event):
+    kind = "teardown_begun"
+    generation: int
+    why: str = ""  # failure | stop | finished (servers stopped once training is done)
+    grace_s: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class TeardownDone(Event):
+    kind = "teardown_done"
+    generation: int
+
+
+# -------------------------------------------------------------------- hosts
+
+
+@dataclass(frozen=True, kw_only=True)
+class HostLost(Event):
+    kind = "host_lost"
+    generation: int
+    host: str
+    detail: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class HostWait(Event):
+    kind = "host_wait"
+    host: str
+    timeout_s: float = 0.0
+    detail: str = ""  # why the first reconnection failed
+
+
+@dataclass(frozen=True, kw_only=True)
+class HostBack(Event):
+    kind = "host_back"
+    host: str
+    attempts: int = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class HostsChosen(Event):
+    """The hosts of the next generation after a loss (recovery.choose_hosts)."""
+
+    kind = "hosts_chosen"
+    hosts: tuple[str, ...] = ()
+    lost: tuple[str, ...] = ()
+    message: str = ""  # what changed: spares, waits, hosts gone on without
+
+
+@dataclass(frozen=True, kw_only=True)
+class Reaped(Event):
+    kind = "reaped"
+    host: str
+    tasks: tuple[str, ...] = ()
+    count: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class BadMessage(Event):
+    kind = "bad_message"
+    host: str
+    reason: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class AgentLog(Event):
+    """An agent's own diagnostics (told, not written)."""
+
+    kind = "agent_log"
+    recorded = False
+    host: str
+    text: str = ""
+    notice: bool = False  # shown always; else only with --verbose
+
+
+# ---------------------------------------------------------------------- job
+
+
+@dataclass(frozen=True, kw_only=True)
+class Restart(Event):
+    kind = "restart"
+    generation: int
+    restarts: int = 0
+    counted: bool = True
+    progress: bool = False
+    hosts: tuple[str, ...] = ()
+    backoff_s: float = 0.0
+    spent: int = 0  # restarts without progress so far...
+    max_restarts: int = 0  # ...of restart.max_restarts
+    total: int = 0  # restarts counted against...
+    max_total_restarts: int = 0  # ...restart.max_total_restarts
+    preempted: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class Resumed(Event):
+    kind = "resumed"
+    optional = ("epoch", "step", "checkpoint")
+    generation: int
+    epoch: int | None = None
+    step: int | None = None
+    checkpoint: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class KerasSwitched(Event):
+    kind = "keras_switched"
+    generation: int
+    from_: str = dataclasses.field(default="keras3", metadata={"key": "from"})
+    to: str = "tf_keras"
+    task: str = ""
+    why: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobDone(Event):
+    kind = "job_done"
+    status: str
+    restarts: int = 0
+    wall_s: float = 0.0
+    stopped_by: str = ""
+    message: str = ""  # why the launcher gave up, when it did
+
+
+@dataclass(frozen=True, kw_only=True)
+class TerminalLost(Event):
+    kind = "terminal_lost"
+    reason: str = ""
+    lost_t: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Unknown(Event):
+    """A line of a kind this version does not know (all its keys in `extra`)."""
+
+    kind = ""
+    name: str = ""
+
+
+KINDS: dict[str, type[Event]] = {cls.kind: cls for cls in (
+    Launch, TaskStarted, StartFailed, Cluster, Progress, TaskExited, TaskRestarted,
+    TaskUnconfirmed, FailureDetected, RootCause, StacksRequested, Stacks, StopRequested,
+    TeardownBegun, TeardownDone, HostLost, HostWait, HostBack, HostsChosen, Reaped,
+    BadMessage, AgentLog, Restart, Resumed, KerasSwitched, JobDone, TerminalLost)}
+
+# Keys of a progress line that are not metrics.
+_PROGRESS_RESERVED = frozenset({"t", "event", "v", "generation", "task", "host"})
+
+
+class Listener(Protocol):
+    """A view of the story: told every event as it happens (from the
+    supervisor thread; it must not block)."""
+
+    def tell(self, event: Event) -> None: ...
+
+
+# ------------------------------------------------------------------ writing
+
+
+def keys(cls: type[Event]) -> list[str]:
+    """The JSON keys of a kind's fields, in order (as docs/operations.md lists them)."""
+    return [f.metadata.get("key", f.name) for f in dataclasses.fields(cls)
+            if f.name not in ("t", "extra") and not (cls is Progress and f.name == "metrics")]
+
+
+def fields_of(event: Event) -> dict[str, Any]:
+    """The event's keys and values as its JSON line holds them (no t, event, v)."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(event):
+        if f.name in ("t", "extra"):
+            continue
+        value = getattr(event, f.name)
+        if value is None and f.name in event.optional:
+            continue
+        if f.name == "metrics":
+            out.update({k: v for k, v in value.items() if k not in _PROGRESS_RESERVED})
+            continue
+        out[f.metadata.get("key", f.name)] = _plain(value)
+    return out
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {k: v for k, v in dataclasses.asdict(value).items()}
+    return value
+
+
+def to_record(event: Event, t: float) -> dict[str, Any]:
+    """The event as one line of events.jsonl (a dict: json.dumps makes the line)."""
+    return {"t": t, "event": event.kind, "v": EVENTS_SCHEMA, **fields_of(event)}
+
+
+def write(recorder: RunRecorder, event: Event) -> None:
+    """Append `event` to the run's events.jsonl (the recorder stamps `t` and `v`)."""
+    if event.recorded:
+        recorder.event(event.kind, **fields_of(event))
+
+
+# ------------------------------------------------------------------ reading
+
+
+def version(record: dict[str, Any]) -> int:
+    """The schema version of a line: 1 when it has none (written before `v`)."""
+    v = record.get("v")
+    return v if isinstance(v, int) and not isinstance(v, bool) else 1
+
+
+def from_record(record: dict[str, Any]) -> Event:
+    """A line of events.jsonl read back; never raises on a line of another
+    version (unknown kind: `Unknown`; unknown keys: `extra`; a value of the
+    wrong type is kept as it is)."""
+    t = record.get("t")
+    t = t if isinstance(t, int | float) and not isinstance(t, bool) else None
+    name = str(record.get("event", ""))
+    cls = KINDS.get(name)
+    rest = {k: v for k, v in record.items() if k not in ("t", "event", "v")}
+    if cls is None:
+        return Unknown(t=t, name=name, extra=rest)
+    by_key = {f.metadata.get("key", f.name): f for f in dataclasses.fields(cls)
+              if f.name not in ("t", "extra")}
+    values: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    for key, value in rest.items():
+        f = by_key.get(key)
+        if f is None or f.name == "metrics":
+            extra[key] = value
+        else:
+            values[f.name] = _typed(f.name, value)
+    if cls is Progress:
+        values["metrics"], extra = extra, {}
+    for f in dataclasses.fields(cls):  # required keys a line lacks: a neutral value
+        if f.name not in values and f.default is dataclasses.MISSING \
+                and f.default_factory is dataclasses.MISSING and f.name not in ("t", "extra"):
+            values[f.name] = 0 if f.name == "generation" else ""
+    return cls(t=t, extra=extra, **values)
+
+
+def _typed(name: str, value: Any) -> Any:
+    if name == "tasks" and isinstance(value, list):
+        return tuple(_placed(v) if isinstance(v, dict) else str(v) for v in value)
+    if isinstance(value, list):
+        return tuple(value)
+    return value
+
+
+def _placed(entry: dict[str, Any]) -> Placed:
+    known = {f.name for f in dataclasses.fields(Placed)}
+    return Placed(**{"task": "", "host": "",
+                     **{k: v for k, v in entry.items() if k in known}})

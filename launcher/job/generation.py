@@ -1,0 +1,118 @@
+"""One generation of a job: its plan, its tasks' records, its phase and the
+data that goes with the phase (the failure, the teardown's and the stacks'
+deadlines).
+
+Owned by the supervisor thread; the live view reads `phase` and the records.
+The phase moves only through `enter` (launcher/job/phases.py lists the moves);
+the root cause only through `consider`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..spec.plan import Plan
+from .phases import Phase, move
+from .stalls import StoppedWatch
+from .states import Failure, TaskRecord, TaskRow, TaskState
+
+
+@dataclass
+class Generation:
+    plan: Plan
+    records: dict[str, TaskRecord]
+    phase: Phase = Phase.STARTING
+    failure: Failure | None = None  # the root cause so far (FAILING and after)
+    teardown_deadline: float = 0.0  # TEARING_DOWN, STOPPING: when to give up on exits
+    stacks_deadline: float = 0.0  # TAKING_STACKS: until when to wait for the stacks
+    stop_signal: int | None = None  # the signal of the stop asked for (STOPPING)
+    advanced: bool = False  # the runtime reported a checkpoint saved in this generation
+    lost_hosts: set[str] = field(default_factory=set)
+    single_restarts: dict[str, int] = field(default_factory=dict)
+    started_at: float = 0.0  # monotonic
+    forming_since: float | None = None  # the first `joining` of the generation (monotonic)
+    stacks_pending: set[str] = field(default_factory=set)
+    stopped: StoppedWatch = field(default_factory=StoppedWatch)  # frozen tasks (SIGSTOP)
+
+    def enter(self, phase: Phase) -> None:
+        """The only way the phase changes; raises phases.IllegalPhase otherwise."""
+        self.phase = move(self.phase, phase)
+
+    @property
+    def tearing_down(self) -> bool:
+        return self.phase.stopping
+
+    @property
+    def interrupted(self) -> bool:
+        """A stop was asked for (the generation ends interrupted)."""
+        return self.stop_signal is not None or self.phase is Phase.STOPPING
+
+    def settled(self) -> bool:
+        """Something decided the generation's end: a failure or a teardown."""
+        return not self.phase.running or self.failure is not None
+
+    def consider(self, failure: Failure) -> bool:
+        """The earliest primary failure is the root cause, not the peers that
+        failed because of it (their symptoms may even be reported first).
+        True when `failure` replaced an earlier root cause."""
+        current = self.failure
+        if current is None or (
+            (failure.secondary, failure.t) < (current.secondary, current.t)
+            and failure.task != current.task
+        ):
+            self.failure = failure
+            if self.phase.running:
+                self.enter(Phase.FAILING)
+            return current is not None
+        return False
+
+    def all_terminal(self) -> bool:
+        return all(r.state.terminal for r in self.records.values())
+
+    def jobs_done(self) -> bool:
+        """Every task that must finish by itself has exited 0."""
+        return all(r.state is TaskState.SUCCEEDED
+                   for r in self.records.values() if r.task.lifetime == "job")
+
+    def finishing(self) -> bool:
+        """A task finished training and exited 0: the others are winding down.
+        TF's coordination service then reports the departed peer as
+        "unhealthy" from the survivors; that is no failure."""
+        return any(r.state is TaskState.SUCCEEDED for r in self.records.values())
+
+    def services_left(self) -> bool:
+        return any(not r.state.terminal
+                   for r in self.records.values() if r.task.lifetime == "service")
+
+    def record_of(self, role: str, index: int) -> TaskRecord | None:
+        if role == "process":  # JAX names a process by its KERAS_DISTRIBUTION_PROCESS_ID
+            return next((r for r in self.records.values()
+                         if r.task.env.get("KERAS_DISTRIBUTION_PROCESS_ID") == str(index)), None)
+        return self.records.get(f"{role}{index}")
+
+    def on_host(self, host: str) -> list[TaskRecord]:
+        return [r for r in self.records.values() if r.task.host == host]
+
+    def rows(self, now: float, restarts: int) -> list[TaskRow]:
+        """The live status of every task (monotonic `now`), for the views."""
+        rows = []
+        for record in self.records.values():
+            progress = record.last_progress
+            rate = None
+            if len(record.step_marks) == 2:
+                (t0, s0), (t1, s1) = record.step_marks
+                rate = (s1 - s0) / (t1 - t0) if t1 > t0 else None
+            rows.append(TaskRow(
+                label=record.task.label, host=record.task.host, task=record.task.name,
+                state=record.state.value, generation=self.plan.generation, restarts=restarts,
+                step=_number(progress.get("step")), steps_per_s=rate,
+                loss=_number(progress.get("loss")),
+                cpu_percent=record.usage.get("cpu"), rss_mb=record.usage.get("rss_mb"),
+                silent_s=None if record.last_activity is None else now - record.last_activity,
+            ))
+        return rows
+
+
+def _number(value: Any) -> float | None:
+    return value if isinstance(value, int | float) and not isinstance(value, bool) else None

@@ -1,0 +1,103 @@
+"""Tasks' output lines: to the terminal (through the `Voice`, TensorFlow's
+start-up noise folded), to each task's log file, and watched for a collective
+abort, which fails the group seconds before its tasks would exit by themselves.
+
+Called from the supervisor thread only. A finding is handed to the
+supervisor's `fail`; a new root cause is told as a `RootCause` event.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from ..spec.plan import task_label
+from ..spec.rundir import RunRecorder, log_file_name
+from ..strategy import COLLECTIVE
+from ..transport import AgentMessage
+from . import events as ev
+from .blame import culprit
+from .generation import Generation
+from .noise import NoiseFolder
+from .states import Failure, TaskRecord, TaskRow
+
+# Strategies whose workers all die with a peer: their output tells of it first.
+WATCHED_STRATEGIES = COLLECTIVE
+
+
+class Voice(ev.Listener, Protocol):
+    """Where the story goes for people (the operator's printer, launcher/ops/
+    printer.py, is one): told every event, handed every task's output line and
+    the live rows. The supervisor sits below the views and never imports them
+    (tests/test_layering.py, floors)."""
+
+    verbose: bool
+
+    def task_line(self, label: str, text: str) -> None: ...
+    def refresh(self, rows: Sequence[TaskRow]) -> None: ...
+
+
+def root_cause(failure: Failure) -> ev.RootCause:
+    """The event naming `failure` the generation's root cause."""
+    return ev.RootCause(generation=failure.generation, task=failure.task.partition("/")[2],
+                        host=failure.host, failure=failure.kind, reason=failure.reason)
+
+
+class TaskOutput:
+    def __init__(self, voice: Voice, recorder: RunRecorder, clock: Callable[[], float],
+                 tell: Callable[[ev.Event], None], fail: Callable[..., None]) -> None:
+        self._voice = voice
+        self._recorder = recorder
+        self._clock = clock
+        self._tell = tell
+        self._fail = fail  # fail(gen, record, kind=..., reason=..., last_lines=...)
+        self._noise = NoiseFolder(enabled=not voice.verbose)  # TF start-up: one line a task
+
+    def log_path(self, host: str, name: str | None) -> str:
+        """A task's log file as the user may type it (relative when under the cwd)."""
+        path = os.path.join(self._recorder.logs_dir, log_file_name(host, name))
+        relative = os.path.relpath(path)
+        return path if relative.startswith("..") else relative
+
+    def flush(self, record: TaskRecord) -> None:
+        """The task exited: what the noise folder held back is shown now."""
+        for shown in self._noise.flush(record.task.label,
+                                       self.log_path(record.task.host, record.task.name)):
+            self._voice.task_line(record.task.label, shown)
+
+    def line(self, gen: Generation | None, message: AgentMessage) -> None:
+        """One `output` message: shown, logged, and watched."""
+        body = message.message
+        name, text = body.get("task"), body.get("text", "")
+        record = gen.records.get(name) if gen and name else None
+        label = record.task.label if record else task_label(message.host, name)
+        for shown in self._noise.show(label, text, self.log_path(message.host, name)):
+            self._voice.task_line(label, shown)
+        self._recorder.log_line(log_file_name(message.host, name), text)
+        if record is None or gen is None or body.get("generation") != gen.plan.generation:
+            return
+        record.last_activity = self._clock()
+        record.tail.append(text)
+        if (gen.plan.strategy in WATCHED_STRATEGIES and not gen.tearing_down
+                and not gen.finishing()):
+            self._watch(gen, record, text)
+        elif gen.failure is not None and gen.failure.kind == "collective_abort":
+            record.watcher.feed(text)
+            self._blame(gen, record)
+
+    def _watch(self, gen: Generation, record: TaskRecord, text: str) -> None:
+        """A collective abort in a task's output fails the group now, seconds
+        before the task would exit by itself."""
+        alarm = record.watcher.feed(text)
+        if alarm is not None and gen.failure is None:
+            self._fail(gen, record, kind="collective_abort",
+                       reason=f"aborted its collective ops ({alarm.code}): a peer died or hung",
+                       last_lines=(alarm.line,))
+            self._blame(gen, record)
+
+    def _blame(self, gen: Generation, reporter: TaskRecord) -> None:
+        blamed = culprit(gen, reporter)
+        if blamed is not None:
+            gen.failure = blamed
+            self._tell(root_cause(blamed))

@@ -1,0 +1,95 @@
+"""Every wait has an end: hosts whose agent stopped talking, tasks that stopped
+making progress or were frozen, and a job that did not get going.
+
+Pure checks over the generation and the clock; a finding is handed to the
+supervisor's `fail` (a task's failure) or `host_lost`. Called from the
+supervisor thread only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from ..transport import AgentLink
+from .blame import last_words
+from .generation import Generation
+from .states import TaskRecord, TaskState
+
+
+class Limits(Protocol):  # what of the restart policy the watches read
+    start_timeout_s: float
+    heartbeat_timeout_s: float
+    hang_timeout_s: float
+
+
+class Watch:
+    def __init__(self, policy: Limits, links: dict[str, AgentLink],
+                 clock: Callable[[], float], fail: Callable[..., None],
+                 host_lost: Callable[[Generation, str, str], None]) -> None:
+        self._policy = policy
+        self._links = links
+        self._clock = clock
+        self._fail = fail  # fail(gen, record, kind=..., reason=..., last_lines=...)
+        self._host_lost = host_lost
+
+    def silence(self, gen: Generation) -> None:
+        """Hosts whose agent stopped talking, tasks that stopped making progress,
+        and a job that did not get going."""
+        now = self._clock()
+        for host in {t.host for t in gen.plan.tasks} - gen.lost_hosts:
+            link = self._links.get(host)
+            if link is not None and now - link.last_seen > self._policy.heartbeat_timeout_s:
+                self._host_lost(gen, host, f"no heartbeat from its agent for "
+                                f"{now - link.last_seen:.0f} s")
+        if gen.settled():
+            return
+        self.start(gen, now)
+        for record in gen.records.values():
+            if record.state is not TaskState.RUNNING or record.task.lifetime != "job":
+                continue
+            if record.cluster == "joining":
+                continue  # waiting for its peers: restart.start_timeout_s decides
+            silent = now - (record.last_activity or now)
+            if silent > self._policy.hang_timeout_s:
+                self._fail(gen, record, kind="hang",
+                           reason=f"made no progress for {silent:.0f} s (no output, no "
+                           f"progress report; restart.hang_timeout_s="
+                           f"{self._policy.hang_timeout_s:g})")
+
+    def stopped(self, gen: Generation, record: TaskRecord, status: Any, t: Any) -> None:
+        """A task frozen (SIGSTOP) past `stalls.STOPPED_HANG_S` is hung; a shorter
+        freeze (a VM pause, a starved host) passes."""
+        span = gen.stopped.hung(f"{record.task.host}/{record.task.name}", status, t)
+        if (span is None or gen.settled()
+                or record.state is not TaskState.RUNNING or record.task.lifetime != "job"):
+            return
+        self._fail(gen, record, kind="hang",
+                   reason=f"was stopped (SIGSTOP, Ctrl-Z or a debugger) for {span:.1f} s "
+                   f"(a freeze over {gen.stopped.limit_s:g} s is a hang): its peers cannot "
+                   "go on without it")
+
+    def start(self, gen: Generation, now: float) -> None:
+        """`restart.start_timeout_s`: every task started, and a cluster that
+        some task began to form (MultiWorkerMirroredStrategy's setup) formed,
+        within it. The failure names every task missing and its last words."""
+        limit = self._policy.start_timeout_s
+        records = list(gen.records.values())
+        # Per task: a ParameterServerStrategy worker may be started again late.
+        missing = [r for r in records if r.state is TaskState.STARTING
+                   and now - (r.started_at or now) > limit]
+        what = "not started (its agent never confirmed the start)"
+        # From the first task's joining: data loading before the strategy is no hang.
+        forming = gen.forming_since is not None and now - gen.forming_since > limit
+        if not missing and forming and not gen.finishing():
+            missing = [r for r in records if r.cluster != "joined" and not r.state.terminal
+                       and r.task.role in ("chief", "worker") and r.task.lifetime == "job"]
+            # Those that never began to join first: the others wait for them.
+            missing.sort(key=lambda r: r.cluster == "joining")
+            what = "not joined the cluster"
+        if not missing:
+            return
+        named = "; ".join(f"{r.task.label} (last output: {last_words(r)})" for r in missing)
+        self._fail(gen, missing[0], kind="start_timeout",
+                   reason=f"{len(missing)} task(s) {what} within restart.start_timeout_s="
+                   f"{limit:g}: {named}", last_lines=tuple(missing[0].tail))

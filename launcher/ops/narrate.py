@@ -1,0 +1,122 @@
+"""The run's story in words: each event of launcher/job/events.py to the line a
+person reads in the terminal, in one place.
+
+`line(event)` is pure: an event in, `("notice" | "debug", text)` out, or None
+for an event the terminal does not tell (a progress report, a task start:
+the live table and `status` show those). The printer calls it for every event
+the supervisor tells it (`Printer.tell`).
+
+Must not import: supervisor, transport, cli.
+"""
+
+from __future__ import annotations
+
+import signal as signals
+
+from ..job import events as ev
+
+Said = tuple[str, str]  # ("notice" | "debug", text)
+
+
+def describe(label: str, host: str, generation: int, reason: str) -> str:
+    """A failure as the terminal and summary.json say it (states.Failure.describe)."""
+    return f"{label} (host {host}, generation {generation}) {reason}"
+
+
+def line(event: ev.Event) -> Said | None:
+    """The line a person reads for `event`, or None."""
+    teller = _TELLERS.get(type(event))
+    text = teller(event) if teller is not None else None
+    if text is None:
+        return None
+    if isinstance(event, ev.BadMessage | ev.AgentLog) and not getattr(event, "notice", False):
+        return "debug", text
+    return "notice", text
+
+
+def _failure(event: ev.FailureDetected) -> str:
+    return "failure: " + describe(event.label, event.host, event.generation, event.reason)
+
+
+def _root_cause(event: ev.RootCause) -> str:
+    return "root cause: " + describe(event.label, event.host, event.generation, event.reason)
+
+
+def _restart(event: ev.Restart) -> str:
+    why = "the checkpoint advanced: not counted" if not event.counted else \
+        f"{event.spent} of {event.max_restarts} allowed without progress"
+    if event.preempted and not event.counted:
+        why = "preempted: not counted"
+    return (f"restarting as generation {event.generation} in {event.backoff_s:g} s ({why}; "
+            f"restart {event.total} of at most {event.max_total_restarts}); workers resume "
+            "from the last checkpoint")
+
+
+def _stop(event: ev.StopRequested) -> str:
+    name = signals.Signals(event.signal).name if event.signal else "stop"
+    return (f"{name}: stopping every task (SIGTERM, SIGKILL after {event.grace_s or 0:g} s; "
+            "press Ctrl-C again to kill now)")
+
+
+def _teardown(event: ev.TeardownBegun) -> str | None:
+    # Servers (ps, PS-strategy workers) never exit by themselves.
+    return "training finished; stopping the servers" if event.why == "finished" else None
+
+
+def _stacks_requested(event: ev.StacksRequested) -> str:
+    return f"taking the Python stacks of {len(event.tasks)} task(s) before stopping them"
+
+
+def _task_restarted(event: ev.TaskRestarted) -> str:
+    return (f"{event.label} {event.reason}; ParameterServerStrategy reschedules its work: "
+            "restarting that worker alone")
+
+
+def _reaped(event: ev.Reaped) -> str:
+    return (f"host {event.host}: stopped {event.count} leftover task(s) of an earlier agent "
+            f"of this job ({', '.join(event.tasks)})")
+
+
+def _resumed(event: ev.Resumed) -> str:
+    where = []
+    if event.epoch is not None:
+        where.append(f"epoch {event.epoch}")
+    if event.step is not None:
+        where.append(f"step {event.step}" if not where else f"(step {event.step})")
+    if (event.epoch or 0) == 0 and (event.step or 0) == 0:
+        return (f"generation {event.generation} started from the beginning "
+                "(no checkpoint restored)")
+    return f"generation {event.generation} resumed at {' '.join(where)}"
+
+
+def _keras(event: ev.KerasSwitched) -> str:
+    return (f"{event.task} failed of tf_keras (Keras 2) code under Keras 3: generation "
+            f"{event.generation} runs under tf_keras (TF_USE_LEGACY_KERAS=1); set "
+            "`keras: tf_keras` in the cluster file to start under it")
+
+
+def _agent_log(event: ev.AgentLog) -> str:
+    return f"host {event.host}: {event.text}" if event.notice else \
+        f"agent {event.host}: {event.text}"
+
+
+_TELLERS = {
+    ev.FailureDetected: _failure,
+    ev.RootCause: _root_cause,
+    ev.Restart: _restart,
+    ev.StopRequested: _stop,
+    ev.TeardownBegun: _teardown,
+    ev.StacksRequested: _stacks_requested,
+    ev.TaskRestarted: _task_restarted,
+    ev.TaskUnconfirmed: lambda e: f"{e.label}: no exit confirmed by its agent",
+    ev.HostLost: lambda e: f"lost host {e.host}: {e.detail}",
+    ev.HostWait: lambda e: f"waiting up to {e.timeout_s:g} s for host {e.host}: {e.detail}",
+    ev.HostBack: lambda e: f"host {e.host} is back",
+    ev.HostsChosen: lambda e: e.message or None,
+    ev.Reaped: _reaped,
+    ev.Resumed: _resumed,
+    ev.KerasSwitched: _keras,
+    ev.JobDone: lambda e: e.message or None,
+    ev.BadMessage: lambda e: f"agent {e.host}: ignored a malformed message: {e.reason}",
+    ev.AgentLog: _agent_log,
+}
