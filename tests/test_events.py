@@ -4,6 +4,7 @@ one task state machine (`states.apply`) and the generation's phases."""
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 from pathlib import Path
@@ -127,3 +128,21 @@ def test_a_phase_moves_only_as_the_table_says():
     documented = re.findall(r"\b[A-Z_]{5,}\b", move.__module__ and
                             __import__("launcher.job.phases", fromlist=["x"]).__doc__)
     assert {p.name for p in Phase} <= set(documented)
+
+
+def test_events_are_written_only_as_typed_records():
+    """No module writes an event by name (`recorder.event("kind", ...)`): every
+    kind is a record of job/events.py, written through `events.write`."""
+    repo = Path(__file__).resolve().parent.parent
+    found = []
+    for path in sorted((repo / "launcher").rglob("*.py")):
+        rel = str(path.relative_to(repo))
+        if rel == "launcher/job/events.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                    and node.func.attr == "event" and node.args \
+                    and isinstance(node.args[0], ast.Constant):
+                found.append(f"{rel}:{node.lineno}: {ast.unparse(node)[:80]}")
+    assert not found, "write a typed record of launcher/job/events.py instead:\n" + \
+        "\n".join(found)

@@ -38,6 +38,7 @@ from ..spec.rundir import RunRecorder
 from ..transport import Transport
 from ..transport.ports import busy_ports
 from . import checkpoints, stops
+from . import events as ev
 from .output import Voice
 from .reach import Connected, Reach
 from .recovery import HostInfo
@@ -218,8 +219,8 @@ class Job:
         and how many lines it did not show."""
         screen = self.screen
         if screen.terminal_lost is not None:
-            self.recorder.event("terminal_lost", reason=screen.terminal_lost,
-                                lost_t=screen.terminal_lost_t)
+            ev.write(self.recorder, ev.TerminalLost(reason=screen.terminal_lost,
+                                                    lost_t=screen.terminal_lost_t))
             summary["terminal_lost"] = {"reason": screen.terminal_lost,
                                         "t": screen.terminal_lost_t}
         if screen.dropped:

@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..job import events
 from ..job.states import RunResult
 from ..job.stops import HOW_TO_SAVE
 from ..spec.rundir import (
@@ -143,7 +144,7 @@ def record_early_end(run_dir: Path, status: str, message: str,
         return
     try:
         recorder = RunRecorder(run_dir)
-        recorder.event("job_done", status=status, restarts=0, wall_s=0.0)
+        events.write(recorder, events.JobDone(status=status, message=message))
         recorder.write_summary(RunResult(status=status, restarts=0, wall_s=0.0,
                                          root_cause=None, tasks={}, message=message,
                                          interrupted_by=interrupted_by).to_json())
