@@ -29,7 +29,9 @@ def _loaded(pid: int, library: str) -> bool:
 
 
 def test_ctrl_c_while_the_launcher_loads_exits_130_without_a_traceback(tmp_path: Path):
-    (tmp_path / "train.py").write_text("print('hi')\n")
+    # A task that would outlive the test: the Ctrl-C, however late the loaded
+    # machine delivers it, always comes before the job could end by itself.
+    (tmp_path / "train.py").write_text("import time\nprint('hi', flush=True)\ntime.sleep(600)\n")
     proc = start_cli(["--local", "1", "train.py"], cwd=tmp_path)
     # pydantic's compiled core loads while the launcher's modules are imported.
     wait_for(lambda: _loaded(proc.pid, "pydantic_core") or proc.poll() is not None, 30,
