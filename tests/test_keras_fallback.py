@@ -39,6 +39,8 @@ def test_keras_auto_trains_tfs_custom_loop_tutorial_under_tf_keras(workdir: Path
     assert len(switched) == 1 and switched[0]["task"] == "host0/worker0", switched
     # A custom loop's `optimizer.apply_gradients`, counted with no runtime call: 2 x 4 steps.
     assert reported_steps(run_dir, generation=1)["worker0"][-1] == 8, read_events(run_dir)
+    # The tutorial restores nothing: no resume point is claimed from the counted steps.
+    assert summary["resumed"] == [] and "resumed at" not in result.stdout, summary
 
 
 def _plan(keras: str = "auto", strategy: str = "multi_worker_mirrored", env=None):

@@ -133,3 +133,20 @@ def test_fit_reports_each_epochs_loss_with_the_step(channel, monkeypatch):
     steps.report_step()
     assert [(r["step"], r["loss"]) for r in channel()] == [(20, 0.5)]
     assert len(Model().fit(None, None, 32, 1, 0, [])) == 0  # callbacks given by position
+
+
+def test_counted_steps_are_never_taken_for_a_resume_point(channel):
+    from launcher.job.resumes import Resumes
+
+    steps.count_steps_of(BaseOptimizer)
+    Adam(12)  # seconds into a restarted generation that restored nothing
+    kept = Adam(12)
+    steps.report_step()
+    [counted] = channel()
+    assert counted["counted"] == 1 and kept.name == "adam"
+    resumes = Resumes()
+    resumes.starting(1, None)
+    assert resumes.on_progress(1, counted) is None  # not "generation 1 resumed at step 12"
+    assert resumes.on_progress(1, {"step": 30, "start_epoch": 1, "epoch": 3,
+                                   "start_step": 30}) == {"generation": 1, "epoch": 3,
+                                                          "step": 30}

@@ -4,7 +4,9 @@ After a restart the workers restore the last checkpoint; the user wants to
 know which. The runtime's Keras callbacks report the first epoch they see begin
 (after the backup's restore) as `start_epoch`, with the optimizer's restored
 step count (`start_step`); a custom loop that calls `runtime.report_progress`
-reports its own step, restored from its checkpoint. The first such report of a
+reports its own step, restored from its checkpoint. (The steps the bootstrap
+reads off the optimizer of a script that reports nothing, marked `counted`,
+are taken a few seconds into training: never a resume point.) The first such report of a
 generation after a restart is where it resumed: a `resumed` event (worded
 "generation 2 resumed at epoch 3 (step 30)" by launcher/ops/narrate.py) and an
 entry of the summary's `resumed` list, with the checkpoint series seen on disk when the generation
@@ -36,6 +38,8 @@ class Resumes:
     def on_progress(self, generation: int, data: dict[str, Any]) -> dict[str, Any] | None:
         """The resume entry, for the first progress report of a restarted generation."""
         if generation != self._waiting or not isinstance(data.get("step"), int | float):
+            return None
+        if data.get("counted"):  # the optimizer's count seconds into training (runtime.steps)
             return None
         self._waiting = None
         entry: dict[str, Any] = {"generation": generation}

@@ -122,7 +122,10 @@ def report_step() -> bool:
     step = current_step()
     if step is not None and step > 0 and step != _last_reported:
         _last_reported = step
-        record: dict = {"step": step, "time": time.time()}
+        # `counted`: read off the optimizer, not reported by the script. Where a
+        # restarted generation resumed is not this (it is read seconds into
+        # training): the launcher takes resume points from the script's reports.
+        record: dict = {"step": step, "time": time.time(), "counted": 1}
         if _epoch_loss is not None:
             record["loss"] = _epoch_loss
         runtime.write_progress(record)
