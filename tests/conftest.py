@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -97,3 +98,11 @@ def reported_steps(run_dir: Path, generation: int = 0) -> dict[str, list[int]]:
                 and "step" in event:
             steps.setdefault(event["task"], []).append(int(event["step"]))
     return steps
+
+
+def pytest_configure(config) -> None:
+    """A suite started in the background by a non-interactive shell (`bash
+    .ci/run &`) inherits SIGINT ignored, and so would every launcher a test
+    starts: the Ctrl-C tests would send a signal nobody hears. With Python's
+    own handler here, the processes the tests start get the default."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)

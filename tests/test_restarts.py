@@ -75,7 +75,10 @@ def test_a_worker_that_never_joins_is_named_at_the_start_timeout_with_its_stack(
     events = read_events(run_dir)
     launched = [e["t"] for e in events if e["event"] == "launch"][0]
     detected = [e["t"] for e in events if e["event"] == "failure_detected"][0]
-    assert 12 <= detected - launched < 20
+    # At the start timeout, not at a later bound (TF's heartbeat, hang_timeout_s
+    # 300 s): its stacks are taken first, and TF's start alone takes 10-18 s on
+    # a loaded 2-core machine.
+    assert 12 <= detected - launched < 30
     stacks = (run_dir / "stacks" / "worker1.txt").read_text()
     assert "wait_for_data" in stacks and "never_joins.py" in stacks
     assert any("wait_for_data" in frame for frame in cause["stack"]), cause["stack"]
