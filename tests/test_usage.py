@@ -52,3 +52,20 @@ def test_a_launch_that_fails_before_starting_names_no_run_directory(tmp_path: Pa
     assert "connection refused" in done.stderr, done.stderr
     assert "run dir" not in done.stdout + done.stderr, done.stdout
     assert not (tmp_path / "runs").exists()
+
+
+def test_ctrl_c_that_lands_in_a_string_exec_while_loading_still_exits_130(tmp_path: Path):
+    # The interrupt the test above sends at a random moment of the import, made
+    # certain: it goes through a string exec (as in dataclasses), which under
+    # `python -m` made CPython die by SIGINT (-2) after we returned 130.
+    (tmp_path / "sitecustomize.py").write_text(
+        "import importlib.abc, sys\n"
+        "class Interrupt(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'launcher.cli':\n"
+        "            exec('raise KeyboardInterrupt', {})\n"
+        "sys.meta_path.insert(0, Interrupt())\n")
+    done = run_cli(["--local", "1", "train.py"], cwd=tmp_path, timeout=60,
+                   PYTHONPATH=f"{tmp_path}:{Path(__file__).resolve().parents[1]}")
+    assert done.returncode == 130, done.stderr
+    assert done.stderr.strip() == "mgpu-launch: interrupted", done.stderr
