@@ -16,8 +16,12 @@ Must not import the launcher side.
 
 from __future__ import annotations
 
+import os
 import re
+import sys
 from dataclasses import asdict, dataclass
+
+_STANDALONE = "_mgpu_xplane_pb2"  # the protos loaded without importing TensorFlow
 
 # Op types of collective communication (CPU and GPU collectives, NCCL, XLA's
 # collective HLOs); an event name is `<tf op name>:<op type>` on the host.
@@ -55,11 +59,33 @@ class TraceSummary:
 
 
 def _xplane_pb2():
-    try:
-        from tensorflow.tsl.profiler.protobuf import xplane_pb2  # TF 2.13 and later
-    except ImportError:  # pragma: no cover - other layouts of the same protos
-        from tsl.profiler.protobuf import xplane_pb2
-    return xplane_pb2
+    """TensorFlow's XSpace protos (TF 2.13 and later ship them in `tensorflow.tsl`).
+
+    Where TensorFlow is not imported (the launcher, a test), the generated module
+    is loaded by itself from TensorFlow's folder: it needs only protobuf, and
+    `import tensorflow` would cost seconds. The descriptor registered is the
+    same one TensorFlow registers if it is imported later."""
+    if "tensorflow" in sys.modules:
+        from tensorflow.tsl.profiler.protobuf import xplane_pb2
+        return xplane_pb2
+    loaded = sys.modules.get(_STANDALONE)
+    if loaded is not None:
+        return loaded
+    import importlib.util
+
+    spec = importlib.util.find_spec("tensorflow")
+    if spec is None or spec.origin is None:
+        raise ImportError("reading a trace needs TensorFlow's xplane protos: "
+                          "TensorFlow is not installed")
+    path = os.path.join(os.path.dirname(spec.origin), "tsl", "profiler", "protobuf",
+                        "xplane_pb2.py")
+    module_spec = importlib.util.spec_from_file_location(_STANDALONE, path)
+    if module_spec is None or module_spec.loader is None:
+        raise ImportError(f"TensorFlow's xplane protos are not at {path}")
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    sys.modules[_STANDALONE] = module
+    return module
 
 
 def summarise(xspace: bytes, steps: int | None = None) -> TraceSummary:
