@@ -39,7 +39,10 @@ from .states import TaskState
 PROFILES = "profiles"  # RUN_DIR/profiles/
 REQUEST = "request.json"  # RUN_DIR/profiles/request.json: `mgpu-launch profile`'s ask
 SUMMARY = "summary.json"  # RUN_DIR/profiles/<id>/summary.json: the capture's result
-DELAY_S = 1.0  # from the request to the traces' start: every agent has it by then
+# From the request to the traces' start, by each agent's clock: more than the
+# spread of the request's arrival at the agents (milliseconds on a LAN) plus the
+# tasks' look for it (runtime/trace.py, POLL_S 0.2 s).
+DELAY_S = 0.5
 # After the traces should have ended: stopping the profiler, writing and
 # summarising the xplane.pb (a second or two on a loaded host), sending it.
 ANSWER_MARGIN_S = 30.0

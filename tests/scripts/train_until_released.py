@@ -2,7 +2,10 @@
 
 Knows nothing of mgpu-launch (steps are counted off the optimizer); for tests
 that act on a job while it trains (`mgpu-launch profile`). Never outlives a
-broken test: it stops after 120 s.
+broken test: it stops after 120 s. `alone` after the release file: each
+worker trains by itself (the default strategy, no collectives): TF 2.21's
+profiler crashes a MultiWorkerMirroredStrategy task at `stop()` now and then
+(docs/profiles.md), which a test must not depend on.
 """
 
 import json
@@ -19,8 +22,9 @@ import tensorflow as tf  # noqa: E402
 release = Path(sys.argv[1])
 deadline = time.monotonic() + 120
 tf_config = json.loads(os.environ["TF_CONFIG"])
-num_workers = len(tf_config["cluster"]["worker"])
-strategy = tf.distribute.MultiWorkerMirroredStrategy()
+num_workers = len(tf_config["cluster"]["worker"]) if "alone" not in sys.argv else 1
+alone = sys.argv[2:] == ["alone"]
+strategy = tf.distribute.get_strategy() if alone else tf.distribute.MultiWorkerMirroredStrategy()
 
 rng = np.random.default_rng(0)
 x = rng.normal(size=(512, 16)).astype("float32")
