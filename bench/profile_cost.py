@@ -30,7 +30,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 ROUND = r"""
-import json, os, sys, threading, time
+import json, os, statistics, sys, threading, time
 os.environ["TF_USE_LEGACY_KERAS"] = "1"
 import numpy as np
 import tensorflow as tf

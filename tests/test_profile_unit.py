@@ -151,3 +151,17 @@ def test_a_request_file_starts_a_capture_and_a_bad_id_never_names_a_folder(tmp_p
     profiler.poll(gen, links)
     assert links["h0"].sent[0]["id"] == "t2" and links["h0"].sent[0]["seconds"] == 0.5
     assert not (tmp_path / "profiles" / "request.json").exists()
+
+
+def test_a_task_that_dies_during_the_trace_is_named_at_once(tmp_path: Path):
+    profiler = Profiler(tmp_path)
+    links = {"h0": FakeLink(), "h1": FakeLink()}
+    gen = _gen(worker0=("h0", TaskState.RUNNING), worker1=("h1", TaskState.RUNNING))
+    done = []
+    profiler.capture(gen, links, 1.0, ident="t3", on_done=done.append)
+    profiler.on_message("h0", {"ev": "profile", "id": "t3", "task": "worker0",
+                               "summary": {"steps": 2}, "error": ""})
+    gen.records["worker1"].state = TaskState.FAILED  # e.g. the profiler crashed it
+    profiler.poll(gen, links)
+    assert done and done[0].missing == {
+        "worker1": "it stopped running during the trace (failed)"}

@@ -161,14 +161,25 @@ class Profiler:
         return capture
 
     def poll(self, gen: Generation, links: Mapping[str, Link]) -> None:
-        """Take a request of `mgpu-launch profile`; end a capture past its deadline."""
+        """Take a request of `mgpu-launch profile`; end a capture past its deadline,
+        or once a task asked has stopped running (its answer will never come)."""
         capture = self.current
-        if capture is not None and self._clock() > capture.deadline:
-            for name in capture.asked:
-                capture.missing[name] = (f"no answer within {ANSWER_MARGIN_S:.0f} s of the "
-                                         "trace's end")
-            capture.asked.clear()
-            self._finish(capture)
+        if capture is not None:
+            for name in list(capture.asked):
+                record = gen.records.get(name)
+                if gen.plan.generation != capture.generation:
+                    capture.missing[name] = "the job restarted during the trace"
+                elif record is None or record.state is not TaskState.RUNNING:
+                    state = record.state.name.lower() if record is not None else "gone"
+                    capture.missing[name] = f"it stopped running during the trace ({state})"
+                elif self._clock() > capture.deadline:
+                    capture.missing[name] = (f"no answer within {ANSWER_MARGIN_S:.0f} s of "
+                                             "the trace's end")
+                else:
+                    continue
+                del capture.asked[name]
+            if not capture.asked:
+                self._finish(capture)
         request = self._take_request()
         if request is not None:
             self.capture(gen, links, request.get("seconds", 2.0), ident=request.get("id"))

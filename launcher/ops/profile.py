@@ -43,6 +43,9 @@ collective ops (waiting for peers), waiting for input, and computing. The
 traces go to RUN_DIR/profiles/<time>/ (open them with
 `tensorboard --logdir RUN_DIR/profiles/<time>`, Profile tab).
 
+TensorFlow 2.21's profiler can crash a MultiWorkerMirroredStrategy task when
+a trace stops; the job then restarts from its last checkpoint (docs/profiles.md).
+
 exit codes: 0 every task traced; 1 some tasks did not answer (named); 2 RUN_DIR
 is not a running job."""
 
