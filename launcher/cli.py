@@ -57,6 +57,7 @@ SUBCOMMANDS = {
     "logs": "launcher.ops.records",
     "export": "launcher.ops.export",      # Slurm / Kubernetes TFJob
     "stop": "launcher.ops.control",       # stop a running (e.g. detached) job
+    "drill": "launcher.ops.drill",        # inject faults: will the script survive them?
 }
 
 USAGE = """\
@@ -76,6 +77,7 @@ other commands:
                                                launcher) and wait for its summary
   mgpu-launch export --to slurm|tfjob CLUSTER.yaml SCRIPT [ARGS...]
   mgpu-launch simulate N [--dir DIR] [--detach] | simulate stop --dir DIR
+  mgpu-launch drill CLUSTER.yaml|--local N SCRIPT  inject faults: does the script resume?
 
 The launcher keeps the job running when its terminal goes away (SIGHUP, a closed
 pipe such as `| head`); everything is in the run directory."""

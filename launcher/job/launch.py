@@ -134,9 +134,10 @@ class Launch:
         return firewall.preflight(self.loaded.config.security.tf_ports, connected.hellos())
 
     def start(self, connected: Connected, screen: Screen,
-              max_restarts: int | None = None) -> Job:
+              max_restarts: int | None = None, listeners: Sequence[ev.Listener] = ()) -> Job:
         """The run directory's first files and the job's supervisor, not yet running.
-        `max_restarts` overrides `restart.max_restarts` (`--max-restarts`)."""
+        `max_restarts` overrides `restart.max_restarts` (`--max-restarts`);
+        `listeners` are told every event beside the screen (`mgpu-launch drill`)."""
         loaded = self.loaded
         config = loaded.config
         recorder = RunRecorder(self.run_dir)
@@ -153,6 +154,7 @@ class Launch:
             policy=policy, reconnect=connected.reconnect,
             checkpoint_probe=lambda: checkpoints.checkpoint_state(first.checkpoint_dir),
             launcher_info={"launcher_pid": os.getpid(), "launcher_host": socket.gethostname()},
+            listeners=listeners,
         )
         return Job(self, connected, supervisor, recorder, screen)
 
