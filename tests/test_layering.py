@@ -161,6 +161,10 @@ RULES = (
          forbidden=("launcher.transport", "launcher.job.supervisor", "launcher.cli"),
          reason="`simulate` is also the SSH tests' fixture: it must not depend on the "
          "transport it is used to test"),
+    Rule("drill verdicts are values", ("launcher.ops.drill_report",),
+         forbidden=("launcher.job.supervisor", "launcher.transport", "launcher.cli"),
+         reason="the drill's verdicts, checkpoint interval and report are pure over what "
+         "it observed: tested without a job"),
     Rule("run control is beside the supervisor", ("launcher.ops.control",), optional=True,
          forbidden=("launcher.job.supervisor", "launcher.transport", "launcher.cli"),
          reason="`--detach` and `stop RUN_DIR` signal a launcher process and read its run "

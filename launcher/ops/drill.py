@@ -74,7 +74,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
-    args = _parser().parse_args(argv[1:])
+    parser = _parser()
+    args = parser.parse_args(argv[1:])
+    rest = args.rest
+    if rest and rest[0].lower().endswith((".yaml", ".yml")):  # options may follow it too
+        args.rest = [rest[0], *parser.parse_args(rest[1:], namespace=args).rest]
     try:
         loaded, command, faults = _load(args)
         run_dir = _run_dir(args, loaded)

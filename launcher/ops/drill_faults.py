@@ -57,6 +57,8 @@ class Story:
         self.offset: dict[int, int] = {}
         self.resumed: dict[int, int] = {}
         self.first_step_t: dict[int, float] = {}
+        self.counted_first: dict[int, tuple[float, int]] = {}
+        self.counted_moved: dict[int, float] = {}
         self.detected_t: dict[int, float] = {}
         self.exits: dict[tuple[int, str], tuple[float, int | None, int | None]] = {}
         self.checkpoints: list[tuple[float, int, int]] = []  # (t, step, generation)
@@ -95,6 +97,9 @@ class Story:
             self.offset[gen] = int(m.get("start_step") or 0)
             self.resumed.setdefault(gen, self.offset[gen])
             return
+        if m.get("counted"):  # read off the optimizer every 2 s (runtime/steps.py)
+            self._counted(gen, event.task, int(step), t)
+            return
         absolute = int(step) + self.offset.get(gen, 0)
         if gen > 0 and gen not in self.resumed:  # the first step done after the restore
             self.resumed[gen] = max(0, absolute - 1)
@@ -105,6 +110,23 @@ class Story:
             if (absolute, gen) not in {(c[1], c[2]) for c in self.checkpoints[-4:]}:
                 self.checkpoints.append((t, absolute, gen))
         self.points.setdefault((gen, event.task), []).append((t, absolute, saved))
+
+    def _counted(self, gen: int, task: str, step: int, t: float) -> None:
+        """A script that reports no steps: the optimizer's restored count, first
+        read, is where it resumed; the count moving is its first step."""
+        first = self.counted_first.setdefault(gen, (t, step))
+        if step > first[1]:
+            self.counted_moved.setdefault(gen, t)
+        self.points.setdefault((gen, task), []).append((t, step, False))
+
+    def first_step(self, gen: int) -> float | None:
+        """When generation `gen` trained its first step (the script's word first)."""
+        return self.first_step_t.get(gen) or self.counted_moved.get(gen)
+
+    def resumed_at(self, gen: int) -> int | None:
+        if gen in self.resumed:
+            return self.resumed[gen]
+        return self.counted_first[gen][1] if gen in self.counted_first else None
 
     def on_disk_change(self) -> None:
         """The checkpoint directory's series moved: a save, for a script that
@@ -192,7 +214,7 @@ class Injector:
         """Wait for the current generation to train and save: two saves before
         the first fault (one interval to time), one after each recovery."""
         story = self.story
-        self._wait(lambda: story.generation in story.first_step_t, RECOVER_WAIT_S)
+        self._wait(lambda: story.first_step(story.generation), RECOVER_WAIT_S)
         gen = story.generation
         began = time.monotonic()
         self._wait(lambda: story.saves_in(gen) >= 1, self.checkpoint_wait_s)
@@ -210,8 +232,11 @@ class Injector:
         with story.cond:
             victims = [v for v in story.tasks.get(gen, []) if v[2] is not None]
             if story.ended is not None:
-                observed.not_injected = (f"the job ended ({story.ended.status}) before the "
-                                         f"{fault}: give it more steps to train")
+                ended = story.ended
+                observed.not_injected = (
+                    f"the job finished before the {fault}: give it more steps to train"
+                    if ended.status == "succeeded" else
+                    f"the job {ended.status} before the {fault}: {ended.message or 'see its logs'}")
                 return observed
             if not victims:
                 observed.not_injected = f"no task was running to inject the {fault} into"
@@ -233,11 +258,11 @@ class Injector:
         if fault == "preempt":
             self._preempt(observed, task, host, t0)
         self._wait(lambda: story.detected_t.get(gen), DETECT_WAIT_S)
-        self._wait(lambda: story.first_step_t.get(gen + 1), RECOVER_WAIT_S)
+        self._wait(lambda: story.first_step(gen + 1), RECOVER_WAIT_S)
         with story.cond:
             observed.detected_t = story.detected_t.get(gen)
-            observed.recovered_t = story.first_step_t.get(gen + 1)
-            observed.resumed_from_step = story.resumed.get(gen + 1)
+            observed.recovered_t = story.first_step(gen + 1)
+            observed.resumed_from_step = story.resumed_at(gen + 1)
             if observed.recovered_t is None and story.ended is not None:
                 observed.ended = (f"the job {story.ended.status}"
                                   + (f": {story.ended.message}" if story.ended.message else ""))
