@@ -272,6 +272,12 @@ class Injector:
             furthest = story.furthest(gen)
             if furthest is not None:
                 observed.step_at_fault = max(observed.step_at_fault or 0, furthest)
+            if observed.recovered_t is None and story.ended is not None \
+                    and story.ended.status == "succeeded":  # a drill job, not the script
+                observed.t0 = None  # to be injected again, in a job of its own
+                observed.not_injected = (f"the job finished right after the {fault}, with "
+                                         "nothing left to train: give it more steps")
+                return observed
         if observed.recovered_t is not None:
             self.say(f"drill: {fault}: training again {observed.recovered_t - t0:.1f} s after "
                      f"it, from step {observed.resumed_from_step}")
