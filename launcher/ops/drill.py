@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import os
 import signal
 import sys
@@ -205,6 +206,9 @@ def _one_job(args: argparse.Namespace, loaded: LoadedConfig, command: list[str],
     if refusals:
         connected.close()
         raise Usage("; ".join(refusals))
+    if config.transport == "ssh":  # paramiko's own tracebacks of what the launcher says
+        logging.getLogger("paramiko").addHandler(logging.NullHandler())
+        logging.getLogger("paramiko").propagate = False
     printer = Printer([t.label for t in first.tasks], quiet=args.quiet, live=False)
     for line in notices:
         printer.notice(line)
