@@ -62,6 +62,7 @@ class Story:
         self.detected_t: dict[int, float] = {}
         self.exits: dict[tuple[int, str], tuple[float, int | None, int | None]] = {}
         self.checkpoints: list[tuple[float, int, int]] = []  # (t, step, generation)
+        self.disk_saves: list[tuple[float, int, int]] = []  # the same, seen on disk
         self.reported_checkpoints = False
         self.ended: ev.JobDone | None = None
 
@@ -129,15 +130,17 @@ class Story:
         return self.counted_first[gen][1] if gen in self.counted_first else None
 
     def on_disk_change(self) -> None:
-        """The checkpoint directory's series moved: a save, for a script that
-        reports none (its step: the furthest reported by then)."""
+        """The checkpoint directory's series moved: a save (its step: the
+        furthest reported by then), counted if the script reports none."""
         with self.cond:
-            if self.reported_checkpoints:
-                return
             step = self.furthest(self.generation)
             if step is not None:
-                self.checkpoints.append((self.clock(), step, self.generation))
+                self.disk_saves.append((self.clock(), step, self.generation))
                 self.cond.notify_all()
+
+    def saves(self) -> list[tuple[float, int, int]]:
+        """The saves the script reported; if it reports none, those seen on disk."""
+        return self.checkpoints if self.reported_checkpoints else self.disk_saves
 
     # ------------------------------------------------------------- reading
     def furthest(self, gen: int) -> int | None:
@@ -145,11 +148,11 @@ class Story:
         return max(steps) if steps else None
 
     def saves_in(self, gen: int) -> int:
-        return sum(1 for _, _, g in self.checkpoints if g == gen)
+        return sum(1 for _, _, g in self.saves() if g == gen)
 
     def last_checkpoint(self, upto: int | None = None) -> int | None:
         """The step of the last save (of generations up to `upto`)."""
-        saves = [c for c in self.checkpoints if upto is None or c[2] <= upto]
+        saves = [c for c in self.saves() if upto is None or c[2] <= upto]
         return saves[-1][1] if saves else None
 
     def trained_since(self, gen: int, task: str, t: float) -> bool:
