@@ -61,7 +61,9 @@ class Story:
         self.counted_moved: dict[int, float] = {}
         self.detected_t: dict[int, float] = {}
         self.exits: dict[tuple[int, str], tuple[float, int | None, int | None]] = {}
-        self.checkpoints: list[tuple[float, int, int]] = []  # (t, step, generation)
+        # (t, step, generation, told by the saver: chief, else worker0)
+        self.checkpoints: list[tuple[float, int, int, bool]] = []
+        self.saver_reports = False
         self.disk_saves: list[tuple[float, int, int]] = []  # the same, seen on disk
         self.reported_checkpoints = False
         self.ended: ev.JobDone | None = None
@@ -106,10 +108,14 @@ class Story:
             self.resumed[gen] = max(0, absolute - 1)
         self.first_step_t.setdefault(gen, t)
         saved = bool(m.get("checkpoint"))
-        if saved:  # every worker may say so: one save per step
+        if saved:  # the saver's word (the chief; a peer may run ahead of its save)
             self.reported_checkpoints = True
-            if (absolute, gen) not in {(c[1], c[2]) for c in self.checkpoints[-4:]}:
-                self.checkpoints.append((t, absolute, gen))
+            if event.task in ("chief", "worker0") or not self.saver_reports:
+                if event.task in ("chief", "worker0") and not self.saver_reports:
+                    self.saver_reports = True
+                    self.checkpoints = [c for c in self.checkpoints if c[3]]
+                if (absolute, gen) not in {(c[1], c[2]) for c in self.checkpoints[-4:]}:
+                    self.checkpoints.append((t, absolute, gen, self.saver_reports))
         self.points.setdefault((gen, event.task), []).append((t, absolute, saved))
 
     def _counted(self, gen: int, task: str, step: int, t: float) -> None:
@@ -140,7 +146,9 @@ class Story:
 
     def saves(self) -> list[tuple[float, int, int]]:
         """The saves the script reported; if it reports none, those seen on disk."""
-        return self.checkpoints if self.reported_checkpoints else self.disk_saves
+        if self.reported_checkpoints:
+            return [c[:3] for c in self.checkpoints]
+        return self.disk_saves
 
     # ------------------------------------------------------------- reading
     def furthest(self, gen: int) -> int | None:

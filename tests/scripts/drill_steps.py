@@ -50,7 +50,8 @@ def save(seconds: float) -> None:
 def on_sigterm(_signum, _frame) -> None:
     print(f"SIGTERM at step {step}: saving", flush=True)
     save(args.sigterm_save_s)
-    runtime.report_checkpoint(step)
+    if runtime.is_chief():
+        runtime.report_checkpoint(step)
     sys.exit(42)
 
 
@@ -62,7 +63,10 @@ while step < args.steps:
     step += 1
     if args.save_every and step % args.save_every == 0:
         save(args.save_s)
-        runtime.report_checkpoint(step)
+        if runtime.is_chief():
+            runtime.report_checkpoint(step)
+        else:
+            runtime.report_progress(step)
     else:
         runtime.report_progress(step)
 print(f"DONE step={step}", flush=True)
