@@ -28,6 +28,7 @@ from ..job.launch import Job
 from .drill_report import Observed, Point
 
 POLL_S = 0.1
+DISK_EVERY_S = 1.0  # a look at the checkpoint directory walks it (a shared filesystem)
 DETECT_WAIT_S = 120.0  # a hang is detected in 7-8 s; a lost host's heartbeat in 10 s
 RECOVER_WAIT_S = 600.0  # start, form the cluster, restore, trace the first step
 # Freeze the agent first (it reports nothing more), kill the tasks' process
@@ -192,12 +193,15 @@ class Injector:
         self.observed: list[Observed] = []
         self.fault_t: dict[int, float] = {}  # generation -> when its fault came
         self._disk = checkpoints.checkpoint_state(checkpoint_dir)
+        self._next_look = 0.0
         self.injected = 0
 
     def run(self) -> None:
         try:
             for index, fault in enumerate(self.faults):
                 self.observed.append(self._one(fault, first=index == 0))
+        except Exception as exc:  # noqa: BLE001 - the drill's own fault: end the job, say it
+            self.say(f"drill: stopped by its own error: {type(exc).__name__}: {exc}")
         finally:
             if self.story.ended is None:
                 self.job.request_stop(signal.SIGTERM)  # the drill is over: end the job
@@ -216,6 +220,9 @@ class Injector:
             self._look_at_disk()
 
     def _look_at_disk(self) -> None:
+        if time.monotonic() < self._next_look:
+            return
+        self._next_look = time.monotonic() + DISK_EVERY_S
         now = checkpoints.checkpoint_state(self.checkpoint_dir)
         if checkpoints.advanced(self._disk, now):
             self.story.on_disk_change()
