@@ -135,7 +135,8 @@ def _sigterm_note(o: Observed, lost: int | None) -> str:
                 "the script saved on SIGTERM")
     spared = ""
     if lost:
-        seconds = f" (~{lost / o.steps_per_s:.1f} s)" if o.steps_per_s else ""
+        seconds = (f" (~{lost / o.steps_per_s:.1f} s)"
+                   if o.steps_per_s and lost / o.steps_per_s >= 0.1 else "")
         spared = f": a save then would have spared the {lost} step(s) trained again{seconds}"
     return ("the script did not save on SIGTERM" + spared + " — turn it on with "
             "runtime.callbacks(save_on_sigterm=True) (tf_keras under "
