@@ -1,7 +1,7 @@
 """`mgpu-launch drill`: real faults injected into real jobs, and the verdicts' words.
 
-The end-to-end tests run the real CLI on simulated hosts (local, and two
-OpenSSH sshds on loopback for the loss of a host) with
+The end-to-end tests run the real CLI on simulated hosts (local, two OpenSSH
+sshds on loopback for the loss of a host, a real Slurm allocation) with
 tests/scripts/drill_steps.py, a job without TensorFlow whose resume habits are
 chosen by its flags: one that resumes, one that never saves, one that saves
 but never restores, one whose save on SIGTERM outlasts the grace.
@@ -10,6 +10,7 @@ but never restores, one whose save on SIGTERM outlasts the grace.
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,8 @@ from launcher.ops.drill_report import (
     report,
     young_daly,
 )
-from tests.conftest import SCRIPTS, run_cli
+from tests.conftest import PYTHON, SCRIPTS, cli_env, run_cli
+from tests.slurmcluster import slurm_cluster, unavailable
 from tests.sshcluster import sim_cluster, write_yaml
 
 STEPS = str(SCRIPTS / "drill_steps.py")
@@ -126,6 +128,22 @@ def test_a_drill_over_two_ssh_hosts_survives_the_loss_of_a_host(tmp_path_factory
     assert host["detected_s"] < 10 and host["resumed_from_step"] >= host["last_checkpoint_step"]
     assert "lost host host1" in output, output[-3000:]
     assert data["hosts"] == 2
+
+
+@pytest.mark.e2e
+def test_a_drill_inside_a_slurm_allocation(workdir: Path):
+    # .ci/run installs slurm-wlm and munge: a missing piece is a broken setup, not a skip.
+    assert not unavailable(), unavailable()
+    with slurm_cluster(2) as slurm:
+        env = slurm.env(**{k: v for k, v in cli_env().items() if not k.startswith("SLURM")})
+        done = subprocess.run(["salloc", "-N2", "--quiet", PYTHON, "-m", "launcher", "drill",
+                               "--slurm", "--run-dir", str(workdir / "drill"), "-q",
+                               "--faults", "kill", STEPS], cwd=workdir, env=env,
+                              capture_output=True, text=True, timeout=150)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    kill = by_fault(json.loads((workdir / "drill" / "drill.json").read_text()))["kill"]
+    assert kill["verdict"] == "pass" and kill["resumed_from_step"] > 0, kill
+    assert "node2/worker1" in done.stdout
 
 
 # ------------------------------------------------------------ usage errors

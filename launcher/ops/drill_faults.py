@@ -169,11 +169,16 @@ class Story:
         return any(p[0] > t for p in self.points.get((gen, task), []))
 
     def series(self, until: dict[int, float]) -> list[list[Point]]:
-        """One task's reports per generation (the one with most), up to its fault."""
+        """One task's reports per generation, up to its fault: the saver's
+        (it reports the saves), else the one with most."""
         best: dict[int, list[Point]] = {}
+
+        def rank(points: list[Point]) -> tuple[bool, int]:
+            return any(p[2] for p in points), len(points)
+
         for (gen, _), pts in self.points.items():
             kept = [p for p in pts if p[0] < until.get(gen, float("inf"))]
-            if len(kept) > len(best.get(gen, [])):
+            if rank(kept) > rank(best.get(gen, [])):
                 best[gen] = kept
         return [best[g] for g in sorted(best)]
 
