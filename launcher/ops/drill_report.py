@@ -161,7 +161,7 @@ def cost_and_rate(series: list[list[Point]]) -> tuple[float | None, float | None
     pure_steps = pure_time = 0.0
     saves: list[tuple[float, int]] = []
     gaps: list[float] = []
-    for points in series:
+    for points in map(_one_per_step, series):
         last_save: float | None = None
         for (ta, sa, _), (tb, sb, saved) in zip(points[1:], points[2:], strict=False):
             if sb <= sa or tb <= ta:
@@ -180,6 +180,18 @@ def cost_and_rate(series: list[list[Point]]) -> tuple[float | None, float | None
         cost = max(0.0, statistics.median(dt - ds / rate for dt, ds in saves))
     interval = statistics.median(gaps) if gaps else None
     return (_round(cost, 3), _round(rate, 2), _round(interval, 2))
+
+
+def _one_per_step(points: list[Point]) -> list[Point]:
+    """Reports of the same step as one, the last (Keras reports a step, then
+    the same step again at its epoch's end, after the save)."""
+    out: list[Point] = []
+    for t, step, saved in points:
+        if out and out[-1][1] == step:
+            saved = saved or out[-1][2]
+            out.pop()
+        out.append((t, step, saved))
+    return out
 
 
 def _round(value: float | None, digits: int) -> float | None:
