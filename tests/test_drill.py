@@ -214,3 +214,12 @@ def test_checkpoint_cost_interval_and_young_daly():
     assert data["recommended_interval_s"] == 60.0 and data["mtbf_job_hours"] == 1.0
     assert data["goodput_at_recommended"] > data["goodput_at_current"]
     assert "recommended interval: 60 s" in render(data)
+
+
+def test_a_save_reported_at_an_epochs_end_is_timed():
+    # Keras: a batch report at step 10, then step 10 again at the epoch's end,
+    # after the save (0.5 s); 10 steps/s between.
+    points = [(0.0, 0, False), (0.5, 5, False), (1.0, 10, False), (1.5, 10, True),
+              (2.0, 15, False), (2.5, 20, False), (3.0, 20, True), (3.5, 25, False)]
+    cost, rate, interval = cost_and_rate([points])
+    assert (cost, rate, interval) == (0.5, 10.0, 1.5)
