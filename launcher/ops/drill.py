@@ -171,7 +171,9 @@ def _drill(args: argparse.Namespace, loaded: LoadedConfig, command: list[str],
     hosts = sum(1 for h in loaded.config.hosts if not h.spare)
     data = report([judge(o) for o in observed], series, hosts, args.mtbf_hours)
     data["run_dir"] = str(run_dir)
-    (run_dir / DRILL_JSON).write_text(json.dumps(data, indent=2) + "\n")
+    fd = os.open(run_dir / DRILL_JSON, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:  # user-readable only, as the run directory
+        handle.write(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
     print(render(data), flush=True)
     print(f"drill: {run_dir / DRILL_JSON}", flush=True)
     if stops:
