@@ -305,6 +305,18 @@ class TerminalLost(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class JobStarted(Event):
+    """What ran and on what: written once, before the first generation's launch
+    (the report's command and cluster, launcher/ops/report.py)."""
+
+    kind = "job_started"
+    command: tuple[str, ...] = ()  # the script and its arguments, as every task runs them
+    # Per host, from its agent's hello: host, hostname, mgpu_launch (version),
+    # python (version), tensorflow, keras, tf_keras (None: not installed).
+    hosts: tuple[dict[str, Any], ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
 class Unknown(Event):
     """A line of a kind this version does not know (all its keys in `extra`)."""
 
@@ -316,7 +328,8 @@ KINDS: dict[str, type[Event]] = {cls.kind: cls for cls in (
     Launch, TaskStarted, StartFailed, Cluster, Progress, TaskExited, TaskRestarted,
     TaskUnconfirmed, FailureDetected, RootCause, StacksRequested, Stacks, StopRequested,
     TeardownBegun, TeardownDone, HostLost, HostWait, HostBack, HostsChosen, Reaped,
-    BadMessage, AgentLog, Restart, Resumed, KerasSwitched, JobDone, TerminalLost)}
+    BadMessage, AgentLog, Restart, Resumed, KerasSwitched, JobDone, TerminalLost,
+    JobStarted)}
 
 # Keys of a progress line that are not metrics.
 _PROGRESS_RESERVED = frozenset({"t", "event", "v", "generation", "task", "host"})

@@ -141,6 +141,8 @@ class Launch:
         config = loaded.config
         recorder = RunRecorder(self.run_dir)
         recorder.write_config(dump_config(loaded))
+        ev.write(recorder, ev.JobStarted(command=tuple(self.reach.command),
+                                         hosts=host_facts(connected.hellos())))
         policy = config.restart
         if max_restarts is not None:
             policy = policy.model_copy(update={"max_restarts": max_restarts})
@@ -226,6 +228,19 @@ class Job:
         if screen.dropped:
             summary["terminal_lines_dropped"] = screen.dropped
         return summary
+
+
+def host_facts(hellos: dict[str, dict[str, Any] | None]) -> tuple[dict[str, Any], ...]:
+    """Each host's versions, as its agent's hello told them (`job_started`)."""
+    facts = []
+    for host, hello in hellos.items():
+        hello = hello or {}
+        packages = hello.get("packages") or {}
+        facts.append({"host": host, "hostname": hello.get("hostname"),
+                      "mgpu_launch": hello.get("version"),
+                      "python": hello.get("python_version"),
+                      **{name: packages.get(name) for name in ("tensorflow", "keras", "tf_keras")}})
+    return tuple(facts)
 
 
 def _workers_on(loaded: LoadedConfig, spec: Any) -> int:
