@@ -129,9 +129,8 @@ def _fixture_run(tmp_path: Path) -> Path:
     facts = [{"host": h, "hostname": "box", "mgpu_launch": "0.1.0", "python": "3.11.2",
               "tensorflow": "2.16.1", "keras": "3.3.3", "tf_keras": None}
              for h in ("host0", "host1")]
-    lines = [{"t": 0.0, "event": "job_started", "v": 2, "command": ["train.py", HOSTILE],
-              "hosts": facts},
-             {"t": 0.1, "event": "launch", "v": 2, "generation": 0, "tasks": ids}]
+    lines = [{"t": 0.0, "event": "launch", "v": 2, "generation": 0, "tasks": ids,
+              "command": ["train.py", HOSTILE], "hosts": facts}]
     for step in range(1, 11):
         for task in ids:
             lines.append({"t": 5.0 + step * (1.8 if task["task"] == "worker1" else 1.0),

@@ -72,11 +72,16 @@ class Placed:
 @dataclass(frozen=True, kw_only=True)
 class Launch(Event):
     kind = "launch"
-    optional = ("launcher_pid", "launcher_host")
+    optional = ("launcher_pid", "launcher_host", "command", "hosts")
     generation: int
     launcher_pid: int | None = None
     launcher_host: str | None = None
     tasks: tuple[Placed, ...] = ()
+    # Generation 0 only: what ran and on what (`mgpu-launch report` shows them).
+    command: tuple[str, ...] | None = None  # the script and its arguments, as every task runs
+    # Per host, from its agent's hello: host, hostname, mgpu_launch (version),
+    # python (version), tensorflow, keras, tf_keras (None: not installed).
+    hosts: tuple[dict[str, Any], ...] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -305,18 +310,6 @@ class TerminalLost(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
-class JobStarted(Event):
-    """What ran and on what: written once, before the first generation's launch
-    (the report's command and cluster, launcher/ops/report.py)."""
-
-    kind = "job_started"
-    command: tuple[str, ...] = ()  # the script and its arguments, as every task runs them
-    # Per host, from its agent's hello: host, hostname, mgpu_launch (version),
-    # python (version), tensorflow, keras, tf_keras (None: not installed).
-    hosts: tuple[dict[str, Any], ...] = ()
-
-
-@dataclass(frozen=True, kw_only=True)
 class Unknown(Event):
     """A line of a kind this version does not know (all its keys in `extra`)."""
 
@@ -328,8 +321,7 @@ KINDS: dict[str, type[Event]] = {cls.kind: cls for cls in (
     Launch, TaskStarted, StartFailed, Cluster, Progress, TaskExited, TaskRestarted,
     TaskUnconfirmed, FailureDetected, RootCause, StacksRequested, Stacks, StopRequested,
     TeardownBegun, TeardownDone, HostLost, HostWait, HostBack, HostsChosen, Reaped,
-    BadMessage, AgentLog, Restart, Resumed, KerasSwitched, JobDone, TerminalLost,
-    JobStarted)}
+    BadMessage, AgentLog, Restart, Resumed, KerasSwitched, JobDone, TerminalLost)}
 
 # Keys of a progress line that are not metrics.
 _PROGRESS_RESERVED = frozenset({"t", "event", "v", "generation", "task", "host"})

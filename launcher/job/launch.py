@@ -141,8 +141,6 @@ class Launch:
         config = loaded.config
         recorder = RunRecorder(self.run_dir)
         recorder.write_config(dump_config(loaded))
-        ev.write(recorder, ev.JobStarted(command=tuple(self.reach.command),
-                                         hosts=host_facts(connected.hellos())))
         policy = config.restart
         if max_restarts is not None:
             policy = policy.model_copy(update={"max_restarts": max_restarts})
@@ -154,7 +152,9 @@ class Launch:
             links=connected.links, events=connected.events, recorder=recorder, voice=screen,
             policy=policy, reconnect=connected.reconnect,
             checkpoint_probe=lambda: checkpoints.checkpoint_state(first.checkpoint_dir),
-            launcher_info={"launcher_pid": os.getpid(), "launcher_host": socket.gethostname()},
+            launcher_info={"launcher_pid": os.getpid(), "launcher_host": socket.gethostname(),
+                           "command": tuple(self.reach.command),
+                           "hosts": host_facts(connected.hellos())},
         )
         return Job(self, connected, supervisor, recorder, screen)
 
@@ -231,7 +231,7 @@ class Job:
 
 
 def host_facts(hellos: dict[str, dict[str, Any] | None]) -> tuple[dict[str, Any], ...]:
-    """Each host's versions, as its agent's hello told them (`job_started`)."""
+    """Each host's versions, as its agent's hello told them (generation 0's `launch`)."""
     facts = []
     for host, hello in hellos.items():
         hello = hello or {}

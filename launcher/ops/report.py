@@ -95,10 +95,12 @@ def build(run_dir: str | os.PathLike, now: float | None = None) -> Report:
     report.goodput = (summary or {}).get("goodput") if isinstance(
         (summary or {}).get("goodput"), dict) else None
     report.stragglers = _stragglers(records, summary)
-    started = next((e for e in events if isinstance(e, ev.JobStarted)), None)
-    if started is not None:
-        report.command = [str(word) for word in started.command]
-    report.hosts, report.versions_recorded = _hosts(report.config, events, started)
+    first = next((e for e in events if isinstance(e, ev.Launch) and e.command is not None),
+                 None)  # generation 0's launch: what ran, on what
+    if first is not None and first.command is not None:
+        report.command = [str(word) for word in first.command]
+    report.hosts, report.versions_recorded = _hosts(report.config, events,
+                                                    first.hosts if first else None)
     return report
 
 
@@ -280,7 +282,7 @@ def _stragglers(records: Sequence[dict[str, Any]],
 
 
 def _hosts(config: dict[str, Any], events: Sequence[ev.Event],
-           started: ev.JobStarted | None) -> tuple[list[dict[str, Any]], bool]:
+           hosts: Sequence[Any] | None) -> tuple[list[dict[str, Any]], bool]:
     """One row per host: the cluster file's entry, the tasks it ran, its versions."""
     ran: dict[str, list[str]] = {}
     for event in events:
@@ -289,8 +291,7 @@ def _hosts(config: dict[str, Any], events: Sequence[ev.Event],
                 if isinstance(placed, ev.Placed):
                     names = ran.setdefault(placed.host, [])
                     names += [] if placed.task in names else [placed.task]
-    facts = {str(f.get("host")): f for f in (started.hosts if started else ())
-             if isinstance(f, dict)}
+    facts = {str(f.get("host")): f for f in hosts or () if isinstance(f, dict)}
     rows = []
     for entry in config.get("hosts") or []:
         if not isinstance(entry, dict):
