@@ -157,7 +157,7 @@ def _fixture_run(tmp_path: Path) -> Path:
 def test_a_killed_and_restarted_job_reported_and_rendered(workdir: Path):
     run = workdir / "run"
     proc = start_cli(["--run-dir", str(run), "--local", "2", str(SCRIPTS / "fault_steps.py"),
-                      "--steps", "30", "--step-s", "0.05"], cwd=workdir)
+                      "--steps", "30", "--step-s", "0.1"], cwd=workdir)
     pids: set[int] = set()
     try:
         wait_for(lambda: [e for e in read_events(run) if e["event"] == "progress"
@@ -180,7 +180,12 @@ def test_a_killed_and_restarted_job_reported_and_rendered(workdir: Path):
     page = out.read_text()
     assert "worker0 (host0)" in page and "worker1 (host1)" in page
     assert "root cause <b>host1/worker1</b>" in page and "killed (SIGKILL" in page
-    assert "fault_steps.py --steps 30 --step-s 0.05" in page  # the command that ran
+    assert "fault_steps.py --steps 30 --step-s 0.1" in page  # the command that ran
+    report = rep.build(run)
+    restart = next(s for s in report.spans if s.state == "restarting")
+    assert restart.start == pytest.approx(report.faults[0].t)
+    assert {s.row for s in report.spans if s.state == "training" and s.start > restart.end} \
+        == {0, 1}  # generation 1 trained on both tasks
     assert "steps/s" in page and "<h2>Cluster</h2>" in page
     screenshot, console = _chromium(out, workdir / "shot.png")
     assert console == [], console
