@@ -91,7 +91,10 @@ def build(run_dir: str | os.PathLike, now: float | None = None) -> Report:
                     config=_read_config(run_dir / CONFIG))
     _timeline(report, events)
     report.faults = _faults(report, events, summary)
-    report.rates = _rates(events, t0, min_gap_s=report.duration_s / 300)
+    # Rates over windows of 1/20 of the run up to 2 s (1/300 of a long run):
+    # smooth enough to read, a few hundred points at most.
+    gap = max(report.duration_s / 300, min(2.0, report.duration_s / 20))
+    report.rates = _rates(events, t0, min_gap_s=gap)
     report.goodput = (summary or {}).get("goodput") if isinstance(
         (summary or {}).get("goodput"), dict) else None
     report.stragglers = _stragglers(records, summary)

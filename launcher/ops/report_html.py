@@ -50,7 +50,7 @@ def render(report: Report) -> str:
     body = [_header(report), _timeline(report), _rates(report), _goodput(report),
             _stragglers(report), _cluster(report),
             f'<p class="none">written by mgpu-launch {esc(__version__)} at '
-            f'{esc(_when(None))} from {esc(view.run_dir)}</p>']
+            f'{esc(_when(None))}</p>']
     return ("<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n"
             "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; "
             "style-src 'unsafe-inline'; img-src data:\">\n"
@@ -92,7 +92,7 @@ def _header(report: Report) -> str:
                             f"{'' if view.restarts == 1 else 's'})"),
             ("strategy", esc(view.strategy or "?")),
             ("transport", esc(view.transport or "?")),
-            ("run directory", esc(view.run_dir))]
+            ("run directory", esc(view.run_dir.resolve()))]
     command = (f"<pre>{esc(shlex.join(report.command))}</pre>" if report.command
                else NOT_RECORDED.format(" (written by an mgpu-launch before the command "
                                         "was recorded)"))
