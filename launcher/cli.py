@@ -58,6 +58,7 @@ SUBCOMMANDS = {
     "export": "launcher.ops.export",      # Slurm / Kubernetes TFJob
     "stop": "launcher.ops.control",       # stop a running (e.g. detached) job
     "report": "launcher.ops.report",      # a run as one self-contained HTML file
+    "profile": "launcher.ops.profile",    # trace every task of a running job at once
 }
 
 USAGE = """\
@@ -76,6 +77,8 @@ other commands:
   mgpu-launch stop RUN_DIR [--timeout S]       stop a running job gracefully (SIGTERM to its
                                                launcher) and wait for its summary
   mgpu-launch report RUN_DIR [-o FILE]         the run as one HTML file (opens offline)
+  mgpu-launch profile RUN_DIR [--seconds S]    trace every task of a running job at once:
+                                               step time, collectives, input, compute
   mgpu-launch export --to slurm|tfjob CLUSTER.yaml SCRIPT [ARGS...]
   mgpu-launch simulate N [--dir DIR] [--detach] | simulate stop --dir DIR
 

@@ -45,7 +45,7 @@ class Rule:
 
 # launcher/agent/: every part but its entry point (main, __main__) and package init.
 AGENT_PARTS = ("bundle", "commands", "files", "hostfacts", "lease", "leftovers", "protocol",
-               "seal", "spawn", "stacks", "standbys", "tasks")
+               "seal", "spawn", "stacks", "standbys", "tasks", "profiles")
 
 RULES = (
     Rule("runtime is shipped", ("launcher.runtime", "launcher.bootstrap", "launcher.standby"),
@@ -171,6 +171,14 @@ RULES = (
          forbidden=("launcher.job.supervisor", "launcher.transport", "launcher.cli"),
          reason="`--detach` and `stop RUN_DIR` signal a launcher process and read its run "
          "directory; they never drive a job themselves"),
+    Rule("traces are asked beside the supervisor", ("launcher.job.profiling",),
+         forbidden=("launcher.job.supervisor", "launcher.ops", "launcher.cli"),
+         reason="the supervisor drives a capture from its thread (and the straggler radar "
+         "may too); a capture asks the agents through the links it is handed"),
+    Rule("profile asks through the run directory", ("launcher.ops.profile",),
+         forbidden=("launcher.job.supervisor", "launcher.transport", "launcher.cli"),
+         reason="`mgpu-launch profile RUN_DIR` leaves a request in the run directory for the "
+         "running launcher and reads its answer there; it never reaches a host itself"),
 )
 
 

@@ -39,6 +39,7 @@ from .generation import Generation
 from .hostwait import HostWaiter
 from .output import TaskOutput, Voice, root_cause
 from .phases import Phase
+from .profiling import Profiler
 from .protocol import BadMessage, check_message
 from .recovery import (
     Budget,
@@ -116,6 +117,8 @@ class Supervisor:
         self._waiter = HostWaiter(reconnect, links, self._tell, self._wait, self._stop_pending,
                                   clock, hosts=self._hosts, policy=policy)
         self.current: Generation | None = None  # read-only for observers (live view)
+        # Synchronized traces of the running tasks (job/profiling.py).
+        self.profiler = Profiler(getattr(recorder, "run_dir", None), clock, wall_clock)
 
     @property
     def links(self) -> dict[str, AgentLink]:
@@ -302,6 +305,7 @@ class Supervisor:
             if self._clock() >= next_watch:
                 next_watch = self._clock() + 0.5
                 self._watch.silence(gen)
+                self.profiler.poll(gen, self._links)  # traces asked by `mgpu-launch profile`
                 self._voice.refresh(self.snapshot())
             if self._decide(gen):
                 break
@@ -424,6 +428,9 @@ class Supervisor:
         body, event = message.message, message.event
         name = body.get("task")
         record = gen.records.get(name) if name else None
+        if event in ("profile", "profile_part"):
+            self.profiler.on_message(message.host, body)
+            return
         if event == "stacks" and record is not None and body.get("generation") is None:
             gen.stacks_pending.discard(name)  # the agent has no such task running
             return
