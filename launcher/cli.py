@@ -37,7 +37,7 @@ from .job.classify import signal_name
 from .job.launch import Job, Launch, LaunchRefused
 from .job.reach import Connected
 from .job.states import Failure, RunResult
-from .ops import control, prereqs, usage
+from .ops import control, outlets, prereqs, usage
 from .ops.live import format_duration
 from .ops.printer import Printer
 from .spec import rundir
@@ -115,6 +115,9 @@ def _run_parser() -> argparse.ArgumentParser:
     parser.add_argument("--detach", action="store_true",
                         help="run in the background (own session, output to "
                         "RUN_DIR/launcher.out); print the run dir and return")
+    parser.add_argument("--metrics-port", type=int, metavar="PORT",
+                        help="serve Prometheus metrics on this port while the job runs "
+                        "(127.0.0.1 unless metrics.host says otherwise; 0: any free port)")
     parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     return parser
 
@@ -150,7 +153,7 @@ def _main(argv: list[str]) -> int:
     except AddressError as exc:
         say(f"mgpu-launch: {exc}")
         return EXIT_USAGE
-    except LaunchRefused as exc:  # e.g. simulated hosts' ports or checkpoint dir taken
+    except (LaunchRefused, outlets.OutletError) as exc:  # e.g. ports or checkpoint dir taken
         say(f"mgpu-launch: {exc}")
         return EXIT_USAGE
 
@@ -234,9 +237,11 @@ def _run(argv: list[str]) -> int:
         launch.check_ports(first_plan)
     if args.max_restarts is not None and args.max_restarts < 0:
         raise UsageError("--max-restarts needs a number >= 0")
-    if args.detach:
+    views = outlets.make_views(loaded, run_dir, args.metrics_port)  # a busy port: exit 2
+    if args.detach:  # the background launcher makes its own
+        outlets.close_all(views)
         return control.detach(argv, args.rest, run_dir, config.name)
-    return _launch(launch, first_plan, args)
+    return _launch(launch, first_plan, args, views)
 
 
 def _dry_run(plan: Plan, as_json: bool, ports_auto: bool) -> int:
@@ -259,7 +264,8 @@ class _EarlyEnd(Exception):
         self.code = code
 
 
-def _launch(launch: Launch, first_plan: Plan, args: argparse.Namespace) -> int:
+def _launch(launch: Launch, first_plan: Plan, args: argparse.Namespace,
+            views: list[outlets.View]) -> int:
     config = launch.loaded.config
     printer = Printer([t.label for t in first_plan.tasks], quiet=args.quiet,
                       verbose=args.verbose, live=None if args.live else False,
@@ -276,15 +282,18 @@ def _launch(launch: Launch, first_plan: Plan, args: argparse.Namespace) -> int:
         f"{'simulated ' if config.transport == 'local' else ''}hosts, "
         f"strategy {config.strategy}"
     )  # the run directory is named once it exists: a launch that fails first writes none
+    for line in outlets.announcements(views):
+        printer.notice(line)
     try:
         connected = _reach_hosts(launch, transport, first_plan, printer)
     except _EarlyEnd as end:
+        outlets.close_all(views)
         return _done(printer, previous_hangup, end.code)
     # A stop asked for before the supervisor exists is kept for it, not lost.
     early_stops: list[int] = []
     previous_stops = {sig: signal.signal(sig, lambda signum, _frame: early_stops.append(signum))
                       for sig in (signal.SIGINT, signal.SIGTERM)}
-    job = launch.start(connected, printer, args.max_restarts)
+    job = launch.start(connected, printer, args.max_restarts, views)
     printer.notice(f"run dir {launch.run_dir}")
     with _stops_go_to(job, early_stops):  # until the summary is written
         outcome = job.run()

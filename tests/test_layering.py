@@ -103,9 +103,10 @@ RULES = (
          "nothing and are shipped to the hosts (standard library only)"),
     Rule("config comes first", ("launcher.spec.config", "launcher.spec.hosts",
                                 "launcher.spec.problems", "launcher.spec.redact",
-                                "launcher.spec.strict"),
+                                "launcher.spec.strict", "launcher.spec.outlets"),
          allowed=("launcher.spec.yamldoc", "launcher.strategy", "launcher.spec.hosts",
-                  "launcher.spec.problems", "launcher.spec.redact", "launcher.spec.strict"),
+                  "launcher.spec.problems", "launcher.spec.redact", "launcher.spec.strict",
+                  "launcher.spec.outlets"),
          reason="the data flows one way, config -> plan -> transport/agent -> supervisor "
          "-> cli; the cluster file's schema depends on nothing else of the launcher"),
     Rule("plan is pure", ("launcher.spec.plan",),
