@@ -14,6 +14,7 @@ from pathlib import Path
 from ..job.launch import View
 from ..spec.config import LoadedConfig
 from .metrics import JobMetrics, MetricsError, MetricsOutlet
+from .notify import Notifier
 
 
 class OutletError(Exception):
@@ -36,6 +37,8 @@ def make_views(loaded: LoadedConfig, run_dir: Path,
                                        textfile))
         except MetricsError as exc:
             raise OutletError(str(exc)) from None
+    if loaded.config.notify is not None:
+        views.append(Notifier(loaded.config.notify, loaded.config.name, run_dir))
     return views
 
 
