@@ -70,7 +70,8 @@ mgpu-launch --dry-run [--json] CLUSTER.yaml SCRIPT    print the plan, start noth
 EPILOG = """\
 other commands:
   mgpu-launch check CLUSTER.yaml               check the cluster before a run
-  mgpu-launch status RUN_DIR [--json]          state of a run (finished or still going)
+  mgpu-launch status RUN_DIR [--json|--watch]  state of a run (finished or still going);
+                                               --watch: its live table until it ends
   mgpu-launch logs RUN_DIR [TASK] [-f] [-n N]  a task's log; -f follows a running job
   mgpu-launch stop RUN_DIR [--timeout S]       stop a running job gracefully (SIGTERM to its
                                                launcher) and wait for its summary
