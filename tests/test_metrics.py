@@ -76,6 +76,7 @@ def test_job_and_task_metrics_follow_the_story():
     assert got[("mgpu_task_steps_per_second", task("worker0", "h0"))] == 10
     assert got[("mgpu_task_seconds_since_progress", task("worker0", "h0"))] == 3
     assert ("mgpu_task_step", task("worker1", "h1")) not in got  # no report: no sample
+    assert got[("mgpu_task_seconds_since_progress", task("worker1", "h1"))] == 5  # its start
     metrics.tell(ev.FailureDetected(generation=0, task="worker1", host="h1", failure="exit"))
     metrics.tell(ev.Restart(generation=1, restarts=1))
     got = samples(metrics.text())

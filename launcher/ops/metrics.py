@@ -103,7 +103,8 @@ class JobMetrics:
                                  "second, over its last two progress reports",
                                  labels=list(TASK_LABELS))
         silent = GaugeMetricFamily("mgpu_task_seconds_since_progress", "Seconds since each "
-                                   "running task last reported progress",
+                                   "running task last reported progress (or started, "
+                                   "before its first report)",
                                    labels=list(TASK_LABELS))
         for row in state.rows(now):
             labels = [self.job, row.task, row.host]

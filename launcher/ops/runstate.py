@@ -47,6 +47,7 @@ class RunState:
     replayed: Replayed = field(default_factory=Replayed)
     job_state: str = "starting"
     marks: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # (t, step)
+    task_started_t: dict[str, float] = field(default_factory=dict)  # this generation's start
     stragglers: dict[str, Straggler] = field(default_factory=dict)  # by task, this generation
     straggler_reports: int = 0
     goodput: dict[str, float] = field(default_factory=dict)  # part -> seconds
@@ -66,8 +67,11 @@ class RunState:
             self._straggler(event)
         elif isinstance(event, ev.Progress):
             self._progress(event)
+        elif isinstance(event, ev.TaskStarted):
+            self.task_started_t[event.task] = float(event.t or 0.0)
         elif isinstance(event, ev.Launch):
             self.stragglers.clear()
+            self.task_started_t.clear()
             self.job_state = "starting"
         elif isinstance(event, ev.JobDone):
             self.ended = event
@@ -124,19 +128,20 @@ class RunState:
         return (marks[1][1] - marks[0][1]) / (marks[1][0] - marks[0][0])
 
     def rows(self, now: float) -> list[TaskRow]:
-        """The live table's rows (no CPU or memory: the run directory has none)."""
+        """The live table's rows (no CPU or memory: the run directory has none).
+        `silent_s`: since the task's last progress report, or its start before one."""
         out = []
         for name, view in self.replayed.tasks.items():
             over = view.state in _OVER
             loss = view.last_progress.get("loss")
+            since = view.last_progress_t or self.task_started_t.get(name)
             out.append(TaskRow(
                 label=view.label, host=view.host, task=name, state=view.state,
                 generation=view.generation, restarts=self.replayed.restarts,
                 step=view.last_step if _number(view.last_step) else None,
                 steps_per_s=None if over else self.rate(name),
                 loss=loss if _number(loss) else None, cpu_percent=None, rss_mb=None,
-                silent_s=None if over or view.last_progress_t is None
-                else max(0.0, now - view.last_progress_t)))
+                silent_s=None if over or since is None else max(0.0, now - since)))
         return out
 
 
