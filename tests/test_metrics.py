@@ -12,10 +12,12 @@ import socket
 import urllib.request
 from pathlib import Path
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from launcher.job import events as ev
 from launcher.ops.metrics import JobMetrics
+from launcher.spec.config import ConfigError, parse_config
 from tests.conftest import run_cli, start_cli, wait_for
 
 # Reports a step every 0.1 s until the release file exists.
@@ -159,3 +161,23 @@ def test_a_busy_metrics_port_is_a_usage_error_before_anything_starts(workdir: Pa
     assert f"metrics port {port} on 127.0.0.1 is in use" in result.stderr
     assert "Traceback" not in result.stderr
     assert not (workdir / "run").exists()
+
+
+@pytest.mark.parametrize(("section", "expected"), [
+    ("metrics: {port: 70000}", "c.yaml:2: metrics.port: Input should be less than or equal "
+     "to 65535"),
+    ("metrics: {port: '9477'}", "c.yaml:2: metrics.port: Input should be a valid integer"),
+    ("metrics: {textfile: /var/lib/node/mgpu.txt}", "c.yaml:2: metrics.textfile: "
+     "node_exporter's textfile collector reads only files named *.prom"),
+    ("metrics: {prot: 9477}", "c.yaml:2: metrics.prot"),
+    ("notify: {command: ./n.sh, events: [failed, finished]}", "c.yaml:2: notify.events[1]: "
+     "Input should be 'failed', 'restarted', 'succeeded', 'stopped' or 'straggler'"),
+    ("notify: {command: '  '}", "c.yaml:2: notify.command: the command is empty"),
+    ("notify: {events: [failed]}", "c.yaml:2: notify.command: required key is missing"),
+    ("notify: {command: x, timeout_s: 0}", "c.yaml:2: notify.timeout_s: Input should be "
+     "greater than 0"),
+])
+def test_metrics_and_notify_keys_are_checked_with_the_line(section: str, expected: str):
+    with pytest.raises(ConfigError) as caught:
+        parse_config(f"hosts: [{{address: a}}]\n{section}\n", "c.yaml")
+    assert expected in str(caught.value)

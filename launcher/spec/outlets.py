@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, field_validator
 
 from .strict import Strict
 
@@ -47,8 +47,9 @@ class NotifySettings(Strict):
     # A command still running after this is killed (and that is recorded).
     timeout_s: float = Field(default=30.0, gt=0, le=3600)
 
-    @model_validator(mode="after")
-    def _no_blank_command(self) -> NotifySettings:
-        if not self.command.strip():
-            raise ValueError("notify.command is empty: give the shell command to run")
-        return self
+    @field_validator("command")
+    @classmethod
+    def _no_blank_command(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("the command is empty: give the shell command to run")
+        return value
