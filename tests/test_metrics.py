@@ -108,6 +108,13 @@ def test_goodput_parts_and_stragglers():
     assert got[("mgpu_straggler_reports_total", (("job", "demo"),))] == 1
     metrics.tell(ev.Launch(generation=1, tasks=(ev.Placed(task="worker0", host="h0"),)))
     assert samples(metrics.text())[("mgpu_stragglers", (("job", "demo"),))] == 0
+    # The ledger told as an event, as summary.json holds it.
+    metrics.tell(ev.from_record({"event": "goodput", "goodput": {
+        "wall_s": 100.0, "productive_s": 80.0, "parts": {"training": 80.0, "recovery": 20.0}}}))
+    got = samples(metrics.text())
+    assert got[("mgpu_goodput_seconds", (("job", "demo"), ("part", "recovery")))] == 20
+    assert ("mgpu_goodput_seconds", (("job", "demo"), ("part", "startup"))) not in got
+    assert got[("mgpu_goodput_ratio", (("job", "demo"),))] == 0.8
 
 
 def test_a_real_job_is_scraped_while_it_runs_and_its_textfile_ends_with_it(workdir: Path):

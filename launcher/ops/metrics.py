@@ -10,9 +10,10 @@ is served by prometheus-client's own HTTP server on its own thread, and/or
 written for node_exporter's textfile collector (tmp file + rename) every
 `TEXTFILE_EVERY_S` by a thread of its own, and once more at the end.
 
-Goodput parts and stragglers: `set_goodput(parts)` takes the goodput ledger's
-parts; a `straggler` event (kind and fields task, host, slowdown, evidence) is
-read from the story like any other.
+Goodput parts and stragglers: `set_goodput(parts, wall_s, productive_s)` takes
+the goodput ledger's parts (any thread), as does a `goodput` event told like any
+other; a `straggler` event (kind and fields task, host, slowdown, evidence) is
+read from the story by its kind.
 
 Must not import: supervisor, transport, cli.
 """
@@ -184,6 +185,10 @@ class MetricsOutlet:
 
     def tell(self, event: ev.Event) -> None:
         self.metrics.tell(event)
+
+    def set_goodput(self, parts: Mapping[str, float], wall_s: float | None = None,
+                    productive_s: float | None = None) -> None:
+        self.metrics.set_goodput(parts, wall_s, productive_s)
 
     def open(self, record) -> None:  # noqa: ARG002 - the metrics record nothing
         self._opened = True

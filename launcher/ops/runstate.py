@@ -6,7 +6,9 @@ Built on `replay` (the supervisor's own task state machine over the typed
 events), plus what a view needs beside it: the job's state, each task's
 steps/s (from its last two progress reports), the stragglers named, the
 goodput parts. `straggler` events are read by their kind and fields (task,
-host, slowdown, evidence), typed or not.
+host, slowdown, evidence), typed or not; the goodput parts are set by
+`set_goodput`, or by a `goodput` event whose fields (or `goodput` field) hold
+`parts` (and `wall_s`, `productive_s`), as summary.json's `goodput` does.
 
 Not thread-safe by itself (its users lock). Must not import supervisor,
 transport or cli.
@@ -65,6 +67,12 @@ class RunState:
         feed(self.replayed, event, ev.to_record(event, event.t or 0.0))
         if is_straggler(event):
             self._straggler(event)
+        elif _kind(event) == "goodput":  # the ledger told as an event: its fields
+            values = {**event.extra, **ev.fields_of(event)}
+            ledger = values["goodput"] if isinstance(values.get("goodput"), dict) else values
+            if isinstance(ledger.get("parts"), dict):
+                self.set_goodput(ledger["parts"], _seconds(ledger.get("wall_s")),
+                                 _seconds(ledger.get("productive_s")))
         elif isinstance(event, ev.Progress):
             self._progress(event)
         elif isinstance(event, ev.TaskStarted):
@@ -147,8 +155,16 @@ class RunState:
 
 def is_straggler(event: ev.Event) -> bool:
     """A `straggler` event, typed (launcher.job.events) or read back as Unknown."""
-    return event.kind == "straggler" or (isinstance(event, ev.Unknown)
-                                         and event.name == "straggler")
+    return _kind(event) == "straggler"
+
+
+def _kind(event: ev.Event) -> str:
+    """An event's kind, typed or read back as Unknown."""
+    return event.name if isinstance(event, ev.Unknown) else event.kind
+
+
+def _seconds(value: Any) -> float | None:
+    return float(value) if _number(value) else None
 
 
 def _number(value: Any) -> bool:
