@@ -240,9 +240,9 @@ def _run(argv: list[str]) -> int:
         launch.check_ports(first_plan)
     if args.max_restarts is not None and args.max_restarts < 0:
         raise UsageError("--max-restarts needs a number >= 0")
-    views = outlets.make_views(loaded, run_dir, args.metrics_port)  # a busy port: exit 2
+    views = outlets.make_outlets(loaded, run_dir, args.metrics_port)  # a busy port: exit 2
     if args.detach:  # the background launcher makes its own
-        outlets.close_all(views)
+        views.close()
         return control.detach(argv, args.rest, run_dir, config.name)
     return _launch(launch, first_plan, args, views)
 
@@ -268,7 +268,7 @@ class _EarlyEnd(Exception):
 
 
 def _launch(launch: Launch, first_plan: Plan, args: argparse.Namespace,
-            views: list[outlets.View]) -> int:
+            views: outlets.Outlets) -> int:
     config = launch.loaded.config
     printer = Printer([t.label for t in first_plan.tasks], quiet=args.quiet,
                       verbose=args.verbose, live=None if args.live else False,
@@ -285,18 +285,18 @@ def _launch(launch: Launch, first_plan: Plan, args: argparse.Namespace,
         f"{'simulated ' if config.transport == 'local' else ''}hosts, "
         f"strategy {config.strategy}"
     )  # the run directory is named once it exists: a launch that fails first writes none
-    for line in outlets.announcements(views):
+    for line in views.said:
         printer.notice(line)
     try:
         connected = _reach_hosts(launch, transport, first_plan, printer)
     except _EarlyEnd as end:
-        outlets.close_all(views)
+        views.close()
         return _done(printer, previous_hangup, end.code)
     # A stop asked for before the supervisor exists is kept for it, not lost.
     early_stops: list[int] = []
     previous_stops = {sig: signal.signal(sig, lambda signum, _frame: early_stops.append(signum))
                       for sig in (signal.SIGINT, signal.SIGTERM)}
-    job = launch.start(connected, printer, args.max_restarts, views)
+    job = launch.start(connected, printer, args.max_restarts, views.views)
     printer.notice(f"run dir {launch.run_dir}")
     with _stops_go_to(job, early_stops):  # until the summary is written
         outcome = job.run()
