@@ -81,3 +81,33 @@ def test_only_chosen_events_notify_and_a_pile_up_is_dropped_and_counted(tmp_path
     assert notifier.dropped == 10 - len(runs)
     assert [e.kind for e in recorded] == ["notify_failed"]
     assert f"{notifier.dropped} notification(s) dropped" in recorded[0].reason
+
+
+def test_a_job_the_launcher_could_not_go_on_with_still_notifies_failed(tmp_path: Path):
+    """The supervisor raised (hosts lost past planning, or a fault of its own):
+    the job still ends with `job_done`, and `failed` is notified."""
+    from types import SimpleNamespace as Stub
+
+    from launcher.job.launch import Job
+    from launcher.spec.rundir import RunRecorder
+
+    class Raising:
+        links: dict = {}
+
+        def run(self):
+            raise RuntimeError("boom")
+
+    out = tmp_path / "out.jsonl"
+    notifier = notify.Notifier(NotifySettings(command=f"cat >> {out}"), "demo", tmp_path)
+    screen = Stub(notice=lambda text: None, tell=lambda event: None, close=lambda: None,
+                  terminal_lost=None, terminal_lost_t=None, dropped=0)
+    connected = Stub(transport=Stub(close=lambda: None), plan=Stub(grace_s=3.0),
+                     events=Stub(close=lambda: None, dropped={}, cut={},
+                                 drop_report=lambda: ""))
+    launch = Stub(loaded=Stub(config=Stub(transport="local")))
+    outcome = Job(launch, connected, Raising(), RunRecorder(tmp_path / "run"), screen,
+                  [notifier]).run()
+    assert outcome.result.status == "failed"
+    [line] = [json.loads(x) for x in out.read_text().splitlines()]
+    assert line["notify"] == "failed" and "RuntimeError: boom" in line["message"]
+    assert read_events(tmp_path / "run")[-1]["event"] == "job_done"

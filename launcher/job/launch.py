@@ -241,6 +241,10 @@ class Job:
             result = RunResult(status="failed", restarts=0, wall_s=time.monotonic() - started,
                                root_cause=None, tasks={}, message=why)
             self.screen.notice(why)
+            done = ev.JobDone(status="failed", wall_s=round(result.wall_s, 3), message=why)
+            ev.write(self.recorder, done)  # the story still ends (status, report, notify)
+            for view in self.views:
+                view.tell(done)
         finally:
             for link in self.supervisor.links.values():
                 link.close()
