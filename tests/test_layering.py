@@ -103,9 +103,10 @@ RULES = (
          "nothing and are shipped to the hosts (standard library only)"),
     Rule("config comes first", ("launcher.spec.config", "launcher.spec.hosts",
                                 "launcher.spec.problems", "launcher.spec.redact",
-                                "launcher.spec.strict"),
+                                "launcher.spec.strict", "launcher.spec.outlets"),
          allowed=("launcher.spec.yamldoc", "launcher.strategy", "launcher.spec.hosts",
-                  "launcher.spec.problems", "launcher.spec.redact", "launcher.spec.strict"),
+                  "launcher.spec.problems", "launcher.spec.redact", "launcher.spec.strict",
+                  "launcher.spec.outlets"),
          reason="the data flows one way, config -> plan -> transport/agent -> supervisor "
          "-> cli; the cluster file's schema depends on nothing else of the launcher"),
     Rule("plan is pure", ("launcher.spec.plan",),
@@ -167,6 +168,12 @@ RULES = (
          forbidden=("launcher.transport", "launcher.job.supervisor", "launcher.cli"),
          reason="`simulate` is also the SSH tests' fixture: it must not depend on the "
          "transport it is used to test"),
+    Rule("views beside the terminal only read the story",
+         ("launcher.ops.runstate", "launcher.ops.metrics", "launcher.ops.notify",
+          "launcher.ops.status_watch"),
+         forbidden=("launcher.job.supervisor", "launcher.transport", "launcher.cli"),
+         reason="metrics, notifications and `status --watch` are told the events (or read "
+         "events.jsonl): they never drive the job, and `--watch` needs no launcher"),
     Rule("run control is beside the supervisor", ("launcher.ops.control",), optional=True,
          forbidden=("launcher.job.supervisor", "launcher.transport", "launcher.cli"),
          reason="`--detach` and `stop RUN_DIR` signal a launcher process and read its run "
