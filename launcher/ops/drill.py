@@ -215,7 +215,7 @@ def _one_job(args: argparse.Namespace, loaded: LoadedConfig, command: list[str],
     for line in notices:
         printer.notice(line)
     story = Story()
-    job = launch.start(connected, printer, listeners=[story])
+    job = launch.start(connected, printer, views=[story])
     printer.notice(f"drill: run dir {run_dir}; faults {', '.join(faults)}, each once "
                    "the job has saved a checkpoint")
     injector = Injector(job, story, faults, grace_s=connected.plan.grace_s,

@@ -47,7 +47,8 @@ _HOW = {"kill": "SIGKILL", "preempt": "SIGTERM, then the grace", "hang": "SIGSTO
 
 
 class Story:
-    """What the drill needs of the job's events (told from the supervisor thread)."""
+    """What the drill needs of the job's events (told from the supervisor thread):
+    a view of the job (`Launch.start(views=)`)."""
 
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self.cond = threading.Condition()
@@ -68,6 +69,12 @@ class Story:
         self.disk_saves: list[tuple[float, int, int]] = []  # the same, seen on disk
         self.reported_checkpoints = False
         self.ended: ev.JobDone | None = None
+
+    def open(self, record: Callable[[ev.Event], None]) -> None:
+        """A view of the job (launch.View): it adds no events of its own."""
+
+    def close(self) -> None:
+        pass
 
     def tell(self, event: ev.Event) -> None:
         with self.cond:
