@@ -27,6 +27,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -138,8 +139,6 @@ def _faults(given: str | None, transport: str) -> list[str]:
 
 
 def _run_dir(args: argparse.Namespace, loaded: LoadedConfig) -> Path:
-    import time
-
     name = f"{loaded.config.name}-drill-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     run_dir = (Path(args.run_dir) if args.run_dir else Path("runs") / name).resolve()
     if not control.run_dir_free(run_dir):
@@ -158,8 +157,12 @@ def _drill(args: argparse.Namespace, loaded: LoadedConfig, command: list[str],
         try:
             injector, story = _one_job(args, loaded, command, left, where, number, stops)
         except Usage as exc:
-            _say(f"mgpu-launch drill: {exc}")
-            return EXIT_USAGE
+            if number == 1:
+                _say(f"mgpu-launch drill: {exc}")
+                return EXIT_USAGE
+            observed += [Observed(f, not_injected=f"the drill's job {number}, for the {f}, "
+                                  f"could not start: {exc}") for f in left]
+            break
         series += story.series(injector.fault_t)
         ended_early = [o for o in injector.observed if o.t0 is None]
         retry = (injector.injected > 0 and story.ended is not None
