@@ -164,11 +164,10 @@ def _drill(args: argparse.Namespace, loaded: LoadedConfig, command: list[str],
                                   f"could not start: {exc}") for f in left]
             break
         series += story.series(injector.fault_t)
-        ended_early = [o for o in injector.observed if o.t0 is None]
-        retry = (injector.injected > 0 and story.ended is not None
-                 and story.ended.status == "succeeded" and not stops)
-        observed += [o for o in injector.observed if o.t0 is not None or not retry]
-        left = [o.fault for o in ended_early] if retry else []
+        again = [o.fault for o in injector.observed if o.again]
+        retry = injector.injected > 0 and not stops and number < MAX_JOBS
+        observed += [o for o in injector.observed if not (o.again and retry)]
+        left = again if retry else []
         if not left:
             break
     hosts = sum(1 for h in loaded.config.hosts if not h.spare)

@@ -69,6 +69,11 @@ class Story:
         self.disk_saves: list[tuple[float, int, int]] = []  # the same, seen on disk
         self.reported_checkpoints = False
         self.ended: ev.JobDone | None = None
+        self.finished: set[tuple[int, str]] = set()  # tasks that exited 0 by themselves
+
+    def finished_in(self, gen: int, but: str) -> bool:
+        """Did a task of `gen` other than `but` (the victim) finish training?"""
+        return any(g == gen and task != but for g, task in self.finished)
 
     def open(self, record: Callable[[ev.Event], None]) -> None:
         """A view of the job (launch.View): it adds no events of its own."""
@@ -96,6 +101,8 @@ class Story:
             self.detected_t.setdefault(event.generation, t)
         elif isinstance(event, ev.TaskExited):
             self.exits[(event.generation, event.task)] = (t, event.exit_code, event.signal)
+            if event.exit_code == 0 and not event.stopped_by_launcher:
+                self.finished.add((event.generation, event.task))
         elif isinstance(event, ev.JobDone):
             self.ended = event
 
@@ -263,6 +270,7 @@ class Injector:
             victims = [v for v in story.tasks.get(gen, []) if v[2] is not None]
             if story.ended is not None:
                 ended = story.ended
+                observed.again = ended.status == "succeeded"
                 observed.not_injected = (
                     f"the job finished before the {fault}: give it more steps to train"
                     if ended.status == "succeeded" else
@@ -302,11 +310,13 @@ class Injector:
             furthest = story.furthest(gen)
             if furthest is not None:
                 observed.step_at_fault = max(observed.step_at_fault or 0, furthest)
-            if observed.recovered_t is None and story.ended is not None \
-                    and story.ended.status == "succeeded":  # a drill job, not the script
-                observed.t0 = None  # to be injected again, in a job of its own
-                observed.not_injected = (f"the job finished right after the {fault}, with "
-                                         "nothing left to train: give it more steps")
+            done = observed.recovered_t is None and story.ended is not None \
+                and story.ended.status == "succeeded"
+            if done or story.finished_in(gen, but=task):  # the training ended, not the fault
+                observed.t0, observed.again = None, True  # again, in a job of its own
+                observed.not_injected = (f"the job finished its training during the {fault}, "
+                                         "with nothing left to resume: give it more steps")
+                self.say(f"drill: {observed.not_injected}")
                 return observed
         if observed.recovered_t is not None:
             self.say(f"drill: {fault}: training again {observed.recovered_t - t0:.1f} s after "

@@ -37,6 +37,7 @@ class Observed:
     generation: int = 0
     t0: float | None = None  # when the fault was injected; None: it was not
     not_injected: str = ""  # why not
+    again: bool = False  # the job finished first: inject it again, in a job of its own
     step_at_fault: int | None = None  # the furthest step the job had trained to
     last_checkpoint_step: int | None = None
     detected_t: float | None = None
