@@ -10,8 +10,8 @@ events and, once it has saved a checkpoint, injects faults one after another
 the configured grace), a hang (SIGSTOP) and, on SSH hosts, a whole host lost.
 Each is judged (launcher/ops/drill_report.py); RUN_DIR/drill.json gets the
 verdicts, the checkpoint cost and the recommended interval; a table goes to
-stdout. A job that finishes before every fault was injected is started again
-(RUN_DIR/job2, ...) for the rest.
+stdout. A job that finishes before every fault was injected, or finishes its
+training during one, is started again (RUN_DIR/job2, ...) for the rest.
 
 Exit codes: 0 every fault passed, 1 one failed, 2 usage (or a host that
 cannot be reached), 128 + signal when interrupted. docs/drill.md.
