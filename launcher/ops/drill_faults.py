@@ -222,8 +222,9 @@ class Injector:
         except Exception as exc:  # noqa: BLE001 - the drill's own fault: end the job, say it
             self.say(f"drill: stopped by its own error: {type(exc).__name__}: {exc}")
         finally:
-            if self.story.ended is None:
-                self.job.request_stop(signal.SIGTERM)  # the drill is over: end the job
+            if self.story.ended is None:  # the drill is over: end the job
+                self.say("drill: every fault injected; stopping the job")
+                self.job.request_stop(signal.SIGTERM)
 
     # -------------------------------------------------------------- waiting
     def _wait(self, ready: Callable[[], Any], timeout: float) -> Any:
