@@ -374,6 +374,11 @@ def test_lost_host_with_wait_resumes_when_it_is_back(workdir: Path, jobs):
     assert [t["host"] for t in relaunch["tasks"]] == ["host0", "host1"]
     resumed = re.search(r"host1/worker1 +\| RESUME gen=1 step=(\d+)", job.output)
     assert resumed and int(resumed.group(1)) > 0, job.output[-3000:]
+    # The time from the loss to the host's return is its own part of the ledger.
+    parts = summary["goodput"]["parts"]
+    assert parts["waiting_for_hosts"] > 0 and parts["recovery"] > 0, summary["goodput"]
+    back = job.events("host_back")[0]["t"] - job.events("host_lost")[0]["t"]
+    assert abs(parts["waiting_for_hosts"] - back) < 0.01, (back, summary["goodput"])
     job.assert_nothing_left()
 
 

@@ -75,8 +75,8 @@ def test_steps_read_off_the_optimizer_are_global_and_a_host_waited_for_is_its_ow
                progress(65, 150, generation=1, counted=1),  # 100..200 again
                progress(75, 250, generation=1, counted=1)]
     got = parts(records, now=80)  # running: no job_done yet
-    assert got["waiting_for_hosts"] == pytest.approx(20)
-    assert got["recovery"] == pytest.approx(65 - 25 - 20)
+    assert got["waiting_for_hosts"] == pytest.approx(50 - 25)  # lost to back
+    assert got["recovery"] == pytest.approx(65 - 25 - 25)
     assert got["redone"] == pytest.approx(5)  # 150 -> 250 in 10 s: 200 reached at 70
     assert got["training"] == pytest.approx(15 + 10)  # 10..25, then 70..80 (now)
     assert got["startup"] == pytest.approx(10)
@@ -98,3 +98,35 @@ def test_a_generation_that_failed_before_training_starts_the_recovery_at_its_fau
     got = parts(records)
     assert got["startup"] == pytest.approx(10) and got["recovery"] == pytest.approx(20)
     assert got["training"] == pytest.approx(10) and got["redone"] == 0
+
+
+def test_a_save_is_timed_once_and_rides_on_the_next_step_report(monkeypatch):
+    import os
+    import time
+
+    from launcher import runtime
+    from launcher.runtime import saves
+
+    class Manager:
+        def save(self):
+            time.sleep(0.05)
+            return self.write()
+
+        def write(self):  # a save inside a save (tf_keras' backup, its manager)
+            time.sleep(0.05)
+            return "ckpt-1"
+
+    saves.timed(Manager, "save")
+    saves.timed(Manager, "write")
+    saves.take()
+    read, write = os.pipe()
+    monkeypatch.setenv("MGPU_PROGRESS_FD", str(write))
+    assert Manager().save() == "ckpt-1"
+    runtime.write_progress({"cluster": "joined"})  # no step: keeps the seconds
+    runtime.write_progress({"step": 7})  # as the step counter reports
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        lines = [json.loads(line) for line in pipe]
+    assert "save_s" not in lines[0]
+    assert lines[1]["step"] == 7 and 0.1 <= lines[1]["save_s"] < 0.2, lines
+    assert saves.take() == 0.0

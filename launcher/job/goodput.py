@@ -68,7 +68,7 @@ def ledger(events: Iterable[ev.Event], now: float | None = None) -> dict[str, An
     finished run ends at its `job_done`.
     """
     gens: dict[int, _Gen] = {}
-    waits: list[list[float | None]] = []  # [start, end] of host waits
+    waits = _Waits()
     start = end = last_t = None
     done = False
     bases: dict[tuple[int, str], int] = {}
@@ -82,11 +82,7 @@ def ledger(events: Iterable[ev.Event], now: float | None = None) -> dict[str, An
         if isinstance(event, ev.JobDone):
             end, done = t, True
             start = min(start if start is not None else t, t - event.wall_s)
-        elif isinstance(event, ev.HostWait):
-            waits.append([t, None])
-        elif isinstance(event, ev.HostBack | ev.HostsChosen | ev.Launch):
-            for wait in waits:
-                wait[1] = t if wait[1] is None else wait[1]
+        waits.on(event, t)
         generation = getattr(event, "generation", None)
         if not isinstance(generation, int):
             continue
@@ -103,7 +99,36 @@ def ledger(events: Iterable[ev.Event], now: float | None = None) -> dict[str, An
     if start is None or last_t is None:
         return None
     end = end if done else max(last_t, now if now is not None else last_t)
-    return _account(start, end, done, gens, waits)
+    return _account(start, end, done, gens, waits.spans(end))
+
+
+class _Waits:
+    """The time spent waiting for lost hosts: from a host's loss to its return
+    (`host_back`), or, when the launcher waited for it (`host_wait`) in vain,
+    to the next launch."""
+
+    def __init__(self) -> None:
+        self._lost: dict[str, float] = {}
+        self._open: dict[str, float] = {}  # host: waited for since
+        self._closed: list[tuple[float, float]] = []
+
+    def on(self, event: ev.Event, t: float) -> None:
+        if isinstance(event, ev.HostLost):
+            self._lost[event.host] = t
+        elif isinstance(event, ev.HostWait):
+            self._open.setdefault(event.host, self._lost.get(event.host, t))
+        elif isinstance(event, ev.HostBack):
+            since = self._open.pop(event.host, self._lost.get(event.host))
+            if since is not None:
+                self._closed.append((since, t))
+            self._lost.pop(event.host, None)
+        elif isinstance(event, ev.Launch):
+            self._closed += [(since, t) for since in self._open.values()]
+            self._open.clear()
+            self._lost.clear()
+
+    def spans(self, end: float) -> list[tuple[float, float]]:
+        return sorted([*self._closed, *((since, end) for since in self._open.values())])
 
 
 def _on_progress(gen: _Gen, event: ev.Progress, t: float,
@@ -148,7 +173,7 @@ def _number(value: Any) -> float | None:
 
 
 def _account(start: float, end: float, done: bool, gens: dict[int, _Gen],
-             waits: list[list[float | None]]) -> dict[str, Any]:
+             waits: list[tuple[float, float]]) -> dict[str, Any]:
     """Label the time from `start` to `end`, then carve out waits and saves."""
     spans: list[tuple[float, float, str]] = []  # (from, to, part), in order
     cursor, mode = start, "startup"
@@ -171,7 +196,7 @@ def _account(start: float, end: float, done: bool, gens: dict[int, _Gen],
         mode = "other"
     spans.append((cursor, end, mode))
     spans = _clip(spans, start, end)
-    spans = _overlay(spans, sorted((a, b if b is not None else end) for a, b in waits),
+    spans = _overlay(spans, waits,
                      "waiting_for_hosts", ("startup", "recovery", "other"))
     spans = _overlay(spans, _saves(gens), "checkpointing", ("training", "redone"))
     parts = dict.fromkeys(PARTS, 0.0)
