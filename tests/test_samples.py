@@ -70,3 +70,12 @@ def test_a_report_held_back_is_written_once_its_gap_has_passed():
     (line, at), = sampler.due()  # the task went quiet: its last report, at its own time
     assert line.metrics["step"] == 3 and at == clock.now - 30
     assert sampler.due() == [] and sampler.lines(progress(4)) == []
+
+
+def test_while_a_generation_is_young_every_epoch_end_is_written():
+    clock = Clock()
+    sampler = ProgressSampler(clock=clock)
+    sampler.lines(progress(1))
+    clock.now += 0.001
+    assert sampler.lines(progress(2, epoch_end=1, checkpoint=1))
+    assert sampler.lines(progress(3)) == []

@@ -6,8 +6,9 @@ twice a second, the optimizer's step counter every 2 s, a custom loop's
 every report; `events.jsonl` keeps, per task:
 
 - every report of a generation's first `WHOLE_S` seconds, at most one per
-  `FLOOR_S` (the start of a generation is where a user looks first: when did
-  it form, where did it resume, how fast did it go);
+  `FLOOR_S` but every epoch's end and save (the start of a generation is
+  where a user looks first: when did it form, where did it resume, how fast
+  did it go);
 - then at most one line per `EVERY_S`;
 - a report held back is not lost: what it carried that counts (`save_s`, the
   seconds spent saving, and `checkpoint`) rides on the next line written; the
@@ -73,7 +74,11 @@ class ProgressSampler:
         key = (event.generation, event.task)
         last = self._written.get(key)
         gap = self._gap(event.generation, now)
-        if last is None or now - last >= gap or event.metrics.get("start_epoch"):
+        metrics = event.metrics
+        # A resume point always; an epoch's end or a save while the generation is young.
+        marks = metrics.get("start_epoch") or (gap == self.floor_s and (
+            metrics.get("epoch_end") or metrics.get("checkpoint")))
+        if last is None or now - last >= gap or marks:
             self._written[key] = now
             held = self._held.pop(key, None)
             return [(_with(event, held) if held else event, None)]
@@ -101,7 +106,7 @@ class ProgressSampler:
         for key in keys:
             held = self._held.pop(key, None)
             if held is not None:
-                out.append((_with(held.event, held, own=False), held.t))
+                out.append((_with(held.event, held, own=False), round(held.t, 6)))
         return out
 
 
