@@ -130,3 +130,15 @@ def test_a_save_is_timed_once_and_rides_on_the_next_step_report(monkeypatch):
     assert "save_s" not in lines[0]
     assert lines[1]["step"] == 7 and 0.1 <= lines[1]["save_s"] < 0.2, lines
     assert saves.take() == 0.0
+
+
+def test_a_view_told_the_events_keeps_the_same_ledger_as_the_file_gives():
+    from launcher.job import events as ev
+
+    records = [launch(0), progress(10, 1), progress(20, 11), event(21, "job_done",
+                                                                  status="succeeded", wall_s=22)]
+    book = goodput.Ledger()
+    for record in records:  # told events carry no time: the view stamps it
+        told = ev.from_record({k: v for k, v in record.items() if k != "t"})
+        book.add(told, t=record["t"])
+    assert book.result() == goodput.from_records(records)

@@ -1,6 +1,7 @@
 """The goodput ledger: where a run's wall-clock time went, from its typed events.
 
-`ledger(events, now)` is a pure function of the run's story (the events of
+`ledger(events, now)` (or a `Ledger` fed one event at a time) is a pure
+function of the run's story (the events of
 `events.jsonl`, read back with `events.from_record`): the same answer for
 `summary.json` (written when the run ends) and for `mgpu-launch status` of a
 running job (`now`: the moment asked). Its parts, in seconds, add up to
@@ -67,39 +68,58 @@ def ledger(events: Iterable[ev.Event], now: float | None = None) -> dict[str, An
     `now`: the moment of a running job (its last event's time when None); a
     finished run ends at its `job_done`.
     """
-    gens: dict[int, _Gen] = {}
-    waits = _Waits()
-    start = end = last_t = None
-    done = False
-    bases: dict[tuple[int, str], int] = {}
+    book = Ledger()
     for event in events:
-        t = event.t
+        book.add(event)
+    return book.result(now)
+
+
+class Ledger:
+    """The ledger kept as the events come (a view may `add` each event it is
+    told, with the time it was told: told events carry no `t`)."""
+
+    def __init__(self) -> None:
+        self._gens: dict[int, _Gen] = {}
+        self._waits = _Waits()
+        self._start: float | None = None
+        self._end: float | None = None  # the job_done's time
+        self._last_t: float | None = None
+        self._bases: dict[tuple[int, str], int] = {}
+
+    def add(self, event: ev.Event, t: float | None = None) -> None:
+        t = event.t if event.t is not None else t
         if t is None:
-            continue
-        last_t = t
-        if start is None and isinstance(event, ev.Launch):
-            start = t
+            return
+        self._last_t = t
+        if self._start is None and isinstance(event, ev.Launch):
+            self._start = t
         if isinstance(event, ev.JobDone):
-            end, done = t, True
-            start = min(start if start is not None else t, t - event.wall_s)
-        waits.on(event, t)
+            self._end = t
+            self._start = min(self._start if self._start is not None else t, t - event.wall_s)
+        self._waits.on(event, t)
         generation = getattr(event, "generation", None)
         if not isinstance(generation, int):
-            continue
-        gen = gens.get(generation)
+            return
+        gen = self._gens.get(generation)
         if gen is None:
-            gen = gens[generation] = _Gen(high=max(
-                (g.last[1] for n, g in gens.items() if n < generation and g.last), default=0))
+            gen = self._gens[generation] = _Gen(high=max(
+                (g.last[1] for n, g in self._gens.items() if n < generation and g.last),
+                default=0))
         if isinstance(event, _FAULTS) and gen.fault_t is None:
             gen.fault_t = t
         elif isinstance(event, _ENDS) and gen.end_t is None:
             gen.end_t = t
         elif isinstance(event, ev.Progress):
-            _on_progress(gen, event, t, bases)
-    if start is None or last_t is None:
-        return None
-    end = end if done else max(last_t, now if now is not None else last_t)
-    return _account(start, end, done, gens, waits.spans(end))
+            _on_progress(gen, event, t, self._bases)
+
+    def result(self, now: float | None = None) -> dict[str, Any] | None:
+        """The ledger so far (`now`: see `ledger`)."""
+        if self._start is None or self._last_t is None:
+            return None
+        done = self._end is not None
+        end = self._end if self._end is not None else max(
+            self._last_t, now if now is not None else self._last_t)
+        return _account(self._start, end, done, self._gens, self._waits.spans(end))
 
 
 class _Waits:
