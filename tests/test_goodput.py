@@ -142,3 +142,30 @@ def test_a_view_told_the_events_keeps_the_same_ledger_as_the_file_gives():
         told = ev.from_record({k: v for k, v in record.items() if k != "t"})
         book.add(told, t=record["t"])
     assert book.result() == goodput.from_records(records)
+
+
+def test_the_live_table_title_says_the_goodput_so_far():
+    import io
+    import time
+
+    from launcher.job import events as ev
+    from launcher.job.states import TaskRow
+    from launcher.ops.printer import Printer
+
+    now = [100.0]
+    out = io.StringIO()
+    printer = Printer(["host0/worker0"], stream=out, colour=False, live=True,
+                      size=lambda: (120, 20), clock=lambda: now[0])
+    rows = [TaskRow(label="host0/worker0", host="host0", task="worker0", state="running",
+                    generation=0, restarts=0, step=1, steps_per_s=1.0, loss=None,
+                    cpu_percent=None, rss_mb=None, silent_s=0.0)]
+    began = time.time() - 100  # a job that started 100 s ago, training for the last 50 s
+    try:
+        printer.tell(ev.Launch(generation=0, t=began))
+        printer.tell(ev.Progress(generation=0, task="worker0", host="host0",
+                                 metrics={"step": 1}, t=began + 50))
+        printer.refresh(rows)
+        printer.flush()
+    finally:
+        printer.close()
+    assert "goodput 50 %" in out.getvalue(), out.getvalue()
