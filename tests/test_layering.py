@@ -45,7 +45,7 @@ class Rule:
 
 # launcher/agent/: every part but its entry point (main, __main__) and package init.
 AGENT_PARTS = ("bundle", "commands", "files", "hostfacts", "lease", "leftovers", "protocol",
-               "seal", "spawn", "stacks", "standbys", "tasks")
+               "seal", "spawn", "stacks", "standbys", "tasks", "profiles")
 
 RULES = (
     Rule("runtime is shipped", ("launcher.runtime", "launcher.bootstrap", "launcher.standby"),
@@ -103,9 +103,10 @@ RULES = (
          "nothing and are shipped to the hosts (standard library only)"),
     Rule("config comes first", ("launcher.spec.config", "launcher.spec.hosts",
                                 "launcher.spec.problems", "launcher.spec.redact",
-                                "launcher.spec.strict"),
+                                "launcher.spec.strict", "launcher.spec.outlets"),
          allowed=("launcher.spec.yamldoc", "launcher.strategy", "launcher.spec.hosts",
-                  "launcher.spec.problems", "launcher.spec.redact", "launcher.spec.strict"),
+                  "launcher.spec.problems", "launcher.spec.redact", "launcher.spec.strict",
+                  "launcher.spec.outlets"),
          reason="the data flows one way, config -> plan -> transport/agent -> supervisor "
          "-> cli; the cluster file's schema depends on nothing else of the launcher"),
     Rule("plan is pure", ("launcher.spec.plan",),
@@ -155,6 +156,12 @@ RULES = (
     Rule("records are read-only", ("launcher.ops.records", "launcher.ops.replay"),
          forbidden=("launcher.job.supervisor", "launcher.transport", "launcher.cli"),
          reason="a run directory is data: `status` and `logs` read it without a launcher"),
+    Rule("the report is read-only", ("launcher.ops.report", "launcher.ops.report_html"),
+         forbidden=("launcher.job.supervisor", "launcher.transport", "launcher.cli"),
+         reason="`mgpu-launch report` reads a run directory, finished or still going, "
+         "without a launcher, and writes one file"),
+    Rule("charts are pure", ("launcher.ops.svg",), allowed=(),
+         reason="the report's charts are functions from values to SVG text"),
     Rule("the live view only reads rows", ("launcher.ops.live",),
          forbidden=("launcher.job.supervisor", "launcher.cli", "launcher.transport"),
          reason="live.render is pure over TaskRow snapshots; the supervisor drives it"),
@@ -165,10 +172,28 @@ RULES = (
          forbidden=("launcher.transport", "launcher.job.supervisor", "launcher.cli"),
          reason="`simulate` is also the SSH tests' fixture: it must not depend on the "
          "transport it is used to test"),
+    Rule("views beside the terminal only read the story",
+         ("launcher.ops.runstate", "launcher.ops.metrics", "launcher.ops.notify",
+          "launcher.ops.status_watch"),
+         forbidden=("launcher.job.supervisor", "launcher.transport", "launcher.cli"),
+         reason="metrics, notifications and `status --watch` are told the events (or read "
+         "events.jsonl): they never drive the job, and `--watch` needs no launcher"),
+    Rule("drill verdicts are values", ("launcher.ops.drill_report",),
+         forbidden=("launcher.job.supervisor", "launcher.transport", "launcher.cli"),
+         reason="the drill's verdicts, checkpoint interval and report are pure over what "
+         "it observed: tested without a job"),
     Rule("run control is beside the supervisor", ("launcher.ops.control",), optional=True,
          forbidden=("launcher.job.supervisor", "launcher.transport", "launcher.cli"),
          reason="`--detach` and `stop RUN_DIR` signal a launcher process and read its run "
          "directory; they never drive a job themselves"),
+    Rule("traces are asked beside the supervisor", ("launcher.job.profiling",),
+         forbidden=("launcher.job.supervisor", "launcher.ops", "launcher.cli"),
+         reason="the supervisor drives a capture from its thread (and the straggler radar "
+         "may too); a capture asks the agents through the links it is handed"),
+    Rule("profile asks through the run directory", ("launcher.ops.profile",),
+         forbidden=("launcher.job.supervisor", "launcher.transport", "launcher.cli"),
+         reason="`mgpu-launch profile RUN_DIR` leaves a request in the run directory for the "
+         "running launcher and reads its answer there; it never reaches a host itself"),
 )
 
 

@@ -72,11 +72,16 @@ class Placed:
 @dataclass(frozen=True, kw_only=True)
 class Launch(Event):
     kind = "launch"
-    optional = ("launcher_pid", "launcher_host")
+    optional = ("launcher_pid", "launcher_host", "command", "hosts")
     generation: int
     launcher_pid: int | None = None
     launcher_host: str | None = None
     tasks: tuple[Placed, ...] = ()
+    # Generation 0 only: what ran and on what (`mgpu-launch report` shows them).
+    command: tuple[str, ...] | None = None  # the script and its arguments, as every task runs
+    # Per host, from its agent's hello: host, hostname, mgpu_launch (version),
+    # python (version), tensorflow, keras, tf_keras (None: not installed).
+    hosts: tuple[dict[str, Any], ...] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -305,6 +310,16 @@ class TerminalLost(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class NotifyFailed(Event):
+    """A `notify.command` failed, timed out or was not run (launcher/ops/notify.py)."""
+
+    kind = "notify_failed"
+    notify: str = ""  # the notification: failed, restarted, succeeded, stopped, straggler
+    exit_code: int | None = None
+    reason: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
 class Unknown(Event):
     """A line of a kind this version does not know (all its keys in `extra`)."""
 
@@ -316,7 +331,8 @@ KINDS: dict[str, type[Event]] = {cls.kind: cls for cls in (
     Launch, TaskStarted, StartFailed, Cluster, Progress, TaskExited, TaskRestarted,
     TaskUnconfirmed, FailureDetected, RootCause, StacksRequested, Stacks, StopRequested,
     TeardownBegun, TeardownDone, HostLost, HostWait, HostBack, HostsChosen, Reaped,
-    BadMessage, AgentLog, Restart, Resumed, KerasSwitched, JobDone, TerminalLost)}
+    BadMessage, AgentLog, Restart, Resumed, KerasSwitched, JobDone, TerminalLost,
+    NotifyFailed)}
 
 # Keys of a progress line that are not metrics.
 _PROGRESS_RESERVED = frozenset({"t", "event", "v", "generation", "task", "host"})

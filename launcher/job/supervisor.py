@@ -39,6 +39,7 @@ from .generation import Generation
 from .hostwait import HostWaiter
 from .output import TaskOutput, Voice, root_cause
 from .phases import Phase
+from .profiling import Profiler
 from .protocol import BadMessage, check_message
 from .recovery import (
     Budget,
@@ -118,6 +119,8 @@ class Supervisor:
         self._waiter = HostWaiter(reconnect, links, self._tell, self._wait, self._stop_pending,
                                   clock, hosts=self._hosts, policy=policy)
         self.current: Generation | None = None  # read-only for observers (live view)
+        # Synchronized traces of the running tasks (job/profiling.py).
+        self.profiler = Profiler(getattr(recorder, "run_dir", None), clock, wall_clock)
 
     @property
     def links(self) -> dict[str, AgentLink]:
@@ -288,12 +291,14 @@ class Supervisor:
                                 for t in plan.tasks}, started_at=self._clock())
         self.current = gen
         self._starts = {}
+        first = self._launcher_info if plan.generation == 0 else {}  # what ran, on what
         self._tell(ev.Launch(
             generation=plan.generation, launcher_pid=self._launcher_info.get("launcher_pid"),
             launcher_host=self._launcher_info.get("launcher_host"),
             tasks=tuple(ev.Placed(task=t.name, host=t.host, address=t.address, port=t.port,
                                   address_rule=t.address_rule, lifetime=t.lifetime)
-                        for t in plan.tasks)))
+                        for t in plan.tasks),
+            command=first.get("command"), hosts=first.get("hosts")))
         for task in plan.tasks:
             if task.host not in gen.lost_hosts:  # a dead link found by an earlier start
                 self._start(gen, task)
@@ -305,6 +310,7 @@ class Supervisor:
                 self._watch.silence(gen)
                 for line, at in self._samples.due():  # progress held back, now due
                     ev.write(self._recorder, line, at)
+                self.profiler.poll(gen, self._links)  # traces asked by `mgpu-launch profile`
                 self._voice.refresh(self.snapshot())
             if self._decide(gen):
                 break
@@ -427,6 +433,9 @@ class Supervisor:
         body, event = message.message, message.event
         name = body.get("task")
         record = gen.records.get(name) if name else None
+        if event in ("profile", "profile_part"):
+            self.profiler.on_message(message.host, body)
+            return
         if event == "stacks" and record is not None and body.get("generation") is None:
             gen.stacks_pending.discard(name)  # the agent has no such task running
             return

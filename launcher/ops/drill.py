@@ -1,0 +1,255 @@
+"""`mgpu-launch drill`: will my script survive a failure? Find out before the real run.
+
+    mgpu-launch drill [OPTIONS] CLUSTER.yaml SCRIPT [ARGS...]
+    mgpu-launch drill [OPTIONS] --local N SCRIPT [ARGS...]
+    mgpu-launch drill [OPTIONS] --slurm SCRIPT [ARGS...]
+
+Runs the job as a launch does (launcher/job/launch.py), listens to its typed
+events and, once it has saved a checkpoint, injects faults one after another
+(launcher/ops/drill_faults.py): a worker killed, a preemption (SIGTERM with
+the configured grace), a hang (SIGSTOP) and, on SSH hosts, a whole host lost.
+Each is judged (launcher/ops/drill_report.py); RUN_DIR/drill.json gets the
+verdicts, the checkpoint cost and the recommended interval; a table goes to
+stdout. A job that finishes before every fault was injected, or finishes its
+training during one, is started again (RUN_DIR/job2, ...) for the rest.
+
+Exit codes: 0 every fault passed, 1 one failed, 2 usage (or a host that
+cannot be reached), 128 + signal when interrupted. docs/drill.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from ..job.launch import Launch, LaunchRefused
+from ..spec.addresses import AddressError
+from ..spec.allocation import SlurmError, read_allocation, slurm_config, with_allocation
+from ..spec.config import ConfigError, LoadedConfig, load_config, local_config
+from ..spec.plan import PlanError, resolve_script
+from ..transport import TransportError
+from ..transport.factory import make_transport
+from . import control, prereqs, usage
+from .drill_faults import Injector, Story
+from .drill_report import DEFAULT_MTBF_HOURS, FAULTS, Observed, judge, render, report
+from .printer import Printer
+
+EXIT_PASSED, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+DRILL_JSON = "drill.json"
+MAX_JOBS = 4
+
+
+class Usage(Exception):
+    """A usage error: said, exit 2."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = usage.Parser(
+        prog="mgpu-launch drill",
+        usage="mgpu-launch drill [OPTIONS] (CLUSTER.yaml | --local N | --slurm) SCRIPT [ARGS...]",
+        description="Run SCRIPT as a job, inject faults once it has saved a checkpoint "
+        "and say whether it resumed from its last checkpoint each time (docs/drill.md).")
+    parser.add_argument("--local", type=int, metavar="N", help="N simulated hosts here")
+    parser.add_argument("--slurm", action="store_true", help="the nodes of this Slurm allocation")
+    parser.add_argument("--faults", default=None, metavar="LIST",
+                        help="comma-separated, of kill, preempt, hang, host (default: those "
+                        "that apply: host on SSH hosts only)")
+    parser.add_argument("--run-dir", help="run directory (default runs/<name>-drill-<timestamp>)")
+    parser.add_argument("--mtbf-hours", type=float, default=DEFAULT_MTBF_HOURS, metavar="H",
+                        help="mean time between failures of one host, in hours, for the "
+                        "recommended checkpoint interval (default %(default)g)")
+    parser.add_argument("--checkpoint-wait", type=float, default=300.0, metavar="S",
+                        help="how long to wait for the first checkpoint before injecting "
+                        "anyway (default %(default)g s)")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no task output")
+    parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv[1:])
+    rest = args.rest
+    if rest and rest[0].lower().endswith((".yaml", ".yml")):  # options may follow it too
+        args.rest = [rest[0], *parser.parse_args(rest[1:], namespace=args).rest]
+    try:
+        loaded, command, faults = _load(args)
+        run_dir = _run_dir(args, loaded)
+    except Usage as exc:
+        _say(f"mgpu-launch drill: {exc}")
+        return EXIT_USAGE
+    except (ConfigError, SlurmError) as exc:
+        _say(f"mgpu-launch: {exc}")
+        return EXIT_USAGE
+    return _drill(args, loaded, command, faults, run_dir)
+
+
+def _load(args: argparse.Namespace) -> tuple[LoadedConfig, list[str], list[str]]:
+    rest = list(args.rest)
+    if rest and rest[0] == "--":
+        rest = rest[1:]
+    if args.local is not None and args.slurm:
+        raise Usage("--local and --slurm exclude each other")
+    if args.local is not None and args.local < 1:
+        raise Usage("--local needs a number of hosts >= 1")
+    if args.mtbf_hours <= 0:
+        raise Usage("--mtbf-hours needs a number of hours > 0")
+    if args.checkpoint_wait <= 0:
+        raise Usage("--checkpoint-wait needs a number of seconds > 0")
+    if args.local is not None or args.slurm:
+        if not rest:
+            raise Usage("no training script given")
+        loaded = local_config(args.local) if args.local is not None else slurm_config()
+        command = rest
+    elif len(rest) < 2:
+        raise Usage("expected a cluster YAML and a training script (or --local N, --slurm)")
+    else:
+        loaded, command = load_config(rest[0]), rest[1:]
+    transport = loaded.config.transport
+    if transport == "slurm":
+        loaded = with_allocation(loaded, read_allocation(os.environ))
+    if transport == "local":
+        command = list(resolve_script(command, Path.cwd()))
+        if not Path(command[0]).exists():
+            raise Usage(f"training script not found: {command[0]}")
+    return loaded, command, _faults(args.faults, transport)
+
+
+def _faults(given: str | None, transport: str) -> list[str]:
+    if given is None:
+        return [f for f in FAULTS if f != "host" or transport == "ssh"]
+    faults = [f.strip() for f in given.split(",") if f.strip()]
+    unknown = [f for f in faults if f not in FAULTS]
+    if unknown or not faults:
+        raise Usage(f"--faults: unknown fault {', '.join(unknown) or '(none given)'}: "
+                    f"choose from {','.join(FAULTS)}")
+    if "host" in faults and transport == "slurm":
+        raise Usage("--faults host: a lost host is drilled on SSH or simulated hosts, "
+                    "not inside a Slurm allocation")
+    return list(dict.fromkeys(faults))
+
+
+def _run_dir(args: argparse.Namespace, loaded: LoadedConfig) -> Path:
+    name = f"{loaded.config.name}-drill-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    run_dir = (Path(args.run_dir) if args.run_dir else Path("runs") / name).resolve()
+    if not control.run_dir_free(run_dir):
+        raise Usage(f"run directory {run_dir} is not empty: give a new --run-dir")
+    return run_dir
+
+
+def _drill(args: argparse.Namespace, loaded: LoadedConfig, command: list[str],
+           faults: list[str], run_dir: Path) -> int:
+    observed: list[Observed] = []
+    series: list = []
+    stops: list[int] = []
+    left = faults
+    for number in range(1, MAX_JOBS + 1):
+        where = run_dir if number == 1 else run_dir / f"job{number}"
+        try:
+            injector, story = _one_job(args, loaded, command, left, where, number, stops)
+        except Usage as exc:
+            if number == 1:
+                _say(f"mgpu-launch drill: {exc}")
+                return EXIT_USAGE
+            observed += [Observed(f, not_injected=f"the drill's job {number}, for the {f}, "
+                                  f"could not start: {exc}") for f in left]
+            break
+        series += story.series(injector.fault_t)
+        again = [o.fault for o in injector.observed if o.again]
+        retry = injector.injected > 0 and not stops and number < MAX_JOBS
+        observed += [o for o in injector.observed if not (o.again and retry)]
+        left = again if retry else []
+        if not left:
+            break
+    hosts = sum(1 for h in loaded.config.hosts if not h.spare)
+    data = report([judge(o) for o in observed], series, hosts, args.mtbf_hours)
+    data["run_dir"] = str(run_dir)
+    fd = os.open(run_dir / DRILL_JSON, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:  # user-readable only, as the run directory
+        handle.write(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+    print(render(data), flush=True)
+    print(f"drill: {run_dir / DRILL_JSON}", flush=True)
+    if stops:
+        return 128 + stops[0]
+    return EXIT_PASSED if data["passed"] and observed else EXIT_FAILED
+
+
+def _one_job(args: argparse.Namespace, loaded: LoadedConfig, command: list[str],
+             faults: list[str], run_dir: Path, number: int,
+             stops: list[int]) -> tuple[Injector, Story]:
+    """One job of the drill, with `faults` injected into it; raises Usage when
+    it cannot start (exit 2)."""
+    config = loaded.config
+    local = config.transport == "local"
+    try:
+        launch = Launch(loaded, command, run_dir, str(Path.cwd()))
+        if local and number == 1:
+            missing = prereqs.local_problem([t.python for t in launch.reach.targets],
+                                            Path(command[0]), config.strategy)
+            if missing:
+                raise Usage(missing)
+            moved = launch.claim_checkpoint_dir()
+            if moved:
+                _say(f"mgpu-launch: {moved}")
+        first = launch.plan(0)
+        if local:
+            launch.check_ports(first)
+        connected = launch.connect(make_transport(config), first)
+    except (LaunchRefused, PlanError, TransportError, AddressError) as exc:
+        raise Usage(str(exc)) from None
+    refusals, notices = launch.preflight(connected)
+    if refusals:
+        connected.close()
+        raise Usage("; ".join(refusals))
+    if config.transport == "ssh":  # paramiko's own tracebacks of what the launcher says
+        logging.getLogger("paramiko").addHandler(logging.NullHandler())
+        logging.getLogger("paramiko").propagate = False
+    printer = Printer([t.label for t in first.tasks], quiet=args.quiet, live=False)
+    for line in notices:
+        printer.notice(line)
+    story = Story()
+    job = launch.start(connected, printer, views=[story])
+    printer.notice(f"drill: run dir {run_dir}; faults {', '.join(faults)}, each once "
+                   "the job has saved a checkpoint")
+    injector = Injector(job, story, faults, grace_s=connected.plan.grace_s,
+                        checkpoint_wait_s=args.checkpoint_wait,
+                        checkpoint_dir=connected.plan.checkpoint_dir,
+                        say=printer.notice)
+    thread = threading.Thread(target=injector.run, name="drill", daemon=True)
+    with _stops_go_to(job, stops):
+        thread.start()
+        job.run()
+        thread.join(timeout=30)
+    printer.finish()
+    return injector, story
+
+
+@contextlib.contextmanager
+def _stops_go_to(job, stops: list[int]) -> Iterator[None]:
+    """Ctrl-C and SIGTERM stop the job (and the drill)."""
+    def stop(signum: int, _frame) -> None:
+        stops.append(signum)
+        job.request_stop(signum)
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _say(text: str) -> None:
+    try:
+        print(text, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass

@@ -1,0 +1,225 @@
+"""`mgpu-launch drill`: real faults injected into real jobs, and the verdicts' words.
+
+The end-to-end tests run the real CLI on simulated hosts (local, two OpenSSH
+sshds on loopback for the loss of a host, a real Slurm allocation) with
+tests/scripts/drill_steps.py, a job without TensorFlow whose resume habits are
+chosen by its flags: one that resumes, one that never saves, one that saves
+but never restores, one whose save on SIGTERM outlasts the grace.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from launcher.ops import drill
+from launcher.ops.drill_report import (
+    Observed,
+    cost_and_rate,
+    goodput,
+    judge,
+    render,
+    report,
+    young_daly,
+)
+from tests.conftest import PYTHON, SCRIPTS, cli_env, run_cli
+from tests.slurmcluster import slurm_cluster, unavailable
+from tests.sshcluster import sim_cluster, write_yaml
+
+STEPS = str(SCRIPTS / "drill_steps.py")
+FAULT_KEYS = ["fault", "verdict", "reason", "detected_s", "recovered_s", "resumed_from_step",
+              "last_checkpoint_step", "lost_steps"]
+NOTHING_RESTORED = ("restarted from step 0: nothing was restored — use BackupAndRestore or "
+                    "runtime.callbacks()")
+
+
+def run_drill(workdir: Path, args: list[str], timeout: float = 150) -> tuple[int, dict, str]:
+    run_dir = workdir / "drill"
+    done = run_cli(["drill", "--run-dir", str(run_dir), "-q", *args], cwd=workdir,
+                   timeout=timeout)
+    output = done.stdout + done.stderr
+    data = json.loads((run_dir / "drill.json").read_text()) if (
+        run_dir / "drill.json").exists() else {}
+    return done.returncode, data, output
+
+
+def by_fault(data: dict) -> dict[str, dict]:
+    return {f["fault"]: f for f in data["faults"]}
+
+
+# ------------------------------------------------------------- real jobs
+
+
+@pytest.mark.e2e
+def test_a_script_that_resumes_passes_every_fault(workdir: Path):
+    code, data, output = run_drill(workdir, ["--local", "2", "--faults", "kill,preempt,hang",
+                                             STEPS])
+    assert code == 0, output[-3000:]
+    faults = by_fault(data)
+    assert list(faults) == ["kill", "preempt", "hang"]
+    for fault in faults.values():
+        assert list(fault) == FAULT_KEYS
+        assert fault["verdict"] == "pass", fault
+        assert fault["resumed_from_step"] >= fault["last_checkpoint_step"] > 0, fault
+        assert fault["recovered_s"] > fault["detected_s"] >= 0, fault
+    assert faults["hang"]["detected_s"] > 7  # a freeze over 7 s is a hang (job/stalls.py)
+    assert "did not save on SIGTERM" in faults["preempt"]["reason"]
+    assert "save_on_sigterm=True" in faults["preempt"]["reason"]
+    # Each save of drill_steps.py takes 0.1 s, every 5 steps of 0.05 s.
+    assert 0.05 < data["checkpoint_cost_s"] < 2, data  # bounds loose: a loaded machine
+    assert 1 < data["steps_per_s"] < 25, data
+    assert data["current_interval_s"] > 0 and data["recommended_interval_s"] > 60, data
+    assert "PASS" in output and "recommended interval" in output
+
+
+@pytest.mark.e2e
+def test_a_script_that_never_checkpoints_fails(workdir: Path):
+    code, data, output = run_drill(workdir, ["--local", "2", "--faults", "kill",
+                                             "--checkpoint-wait", "1", STEPS,
+                                             "--save-every", "0"])
+    assert code == 1, output[-3000:]
+    kill = by_fault(data)["kill"]
+    assert kill["verdict"] == "fail" and kill["last_checkpoint_step"] is None, kill
+    assert kill["reason"].startswith("no checkpoint was saved before the kill"), kill
+    assert kill["lost_steps"] > 0
+    assert data["checkpoint_cost_s"] is None and data["recommended_interval_s"] is None
+
+
+@pytest.mark.e2e
+def test_a_script_that_saves_but_never_restores_fails(workdir: Path):
+    code, data, output = run_drill(workdir, ["--local", "2", "--faults", "kill", STEPS,
+                                             "--no-restore"])
+    assert code == 1, output[-3000:]
+    kill = by_fault(data)["kill"]
+    assert kill["verdict"] == "fail" and kill["resumed_from_step"] == 0, kill
+    assert kill["reason"] == NOTHING_RESTORED
+    assert kill["lost_steps"] >= kill["last_checkpoint_step"] > 0, kill
+    assert NOTHING_RESTORED in output
+
+
+@pytest.mark.e2e
+def test_a_sigterm_save_that_outlasts_the_grace_fails_naming_the_time(workdir: Path):
+    # restart.grace_s is 3 s under --local; the script's save on SIGTERM takes 5 s.
+    code, data, output = run_drill(workdir, ["--local", "2", "--faults", "preempt", STEPS,
+                                             "--sigterm-save-s", "5"])
+    assert code == 1, output[-3000:]
+    preempt = by_fault(data)["preempt"]
+    assert preempt["verdict"] == "fail", preempt
+    assert preempt["reason"].startswith(
+        "the SIGTERM save did not finish within grace_s (3 s): it took 5 s"), preempt
+
+
+@pytest.mark.e2e
+def test_a_drill_over_two_ssh_hosts_survives_the_loss_of_a_host(tmp_path_factory,
+                                                                  workdir: Path):
+    with sim_cluster(tmp_path_factory.mktemp("sim"), 2) as sim:
+        config = sim.config_dict()
+        config["name"] = "drill"
+        config["checkpoint"] = {"dir": str(workdir / "checkpoints")}
+        config["restart"] = {"backoff_s": 0}
+        cluster = write_yaml(workdir / "cluster.yaml", config)
+        code, data, output = run_drill(workdir, [str(cluster), "--faults", "host", STEPS])
+    assert code == 0, output[-3000:]
+    host = by_fault(data)["host"]
+    assert host["verdict"] == "pass", host
+    assert host["detected_s"] < 10 and host["resumed_from_step"] >= host["last_checkpoint_step"]
+    assert "lost host host1" in output, output[-3000:]
+    assert data["hosts"] == 2
+
+
+@pytest.mark.e2e
+def test_a_drill_inside_a_slurm_allocation(workdir: Path):
+    # .ci/run installs slurm-wlm and munge: a missing piece is a broken setup, not a skip.
+    assert not unavailable(), unavailable()
+    with slurm_cluster(2) as slurm:
+        env = slurm.env(**{k: v for k, v in cli_env().items() if not k.startswith("SLURM")})
+        done = subprocess.run(["salloc", "-N2", "--quiet", PYTHON, "-m", "launcher", "drill",
+                               "--slurm", "--run-dir", str(workdir / "drill"), "-q",
+                               "--faults", "kill", STEPS], cwd=workdir, env=env,
+                              capture_output=True, text=True, timeout=150)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    kill = by_fault(json.loads((workdir / "drill" / "drill.json").read_text()))["kill"]
+    assert kill["verdict"] == "pass" and kill["resumed_from_step"] > 0, kill
+    assert "node2/worker1" in done.stdout
+
+
+# ------------------------------------------------------------ usage errors
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--local", "2", "--faults", "kill,boom", STEPS], "unknown fault boom"),
+    (["--local", "2"], "no training script given"),
+    (["--local", "2", "--mtbf-hours", "0", STEPS], "--mtbf-hours"),
+    (["--local", "2", "missing.py"], "training script not found"),
+])
+def test_usage_errors_exit_2_and_say_what(workdir: Path, capsys, monkeypatch, argv, said):
+    monkeypatch.chdir(workdir)
+    assert drill.main(["drill", *argv]) == 2
+    assert said in capsys.readouterr().err
+
+
+def test_the_default_faults_are_those_that_apply():
+    assert drill._faults(None, "local") == ["kill", "preempt", "hang"]
+    assert drill._faults(None, "ssh") == ["kill", "preempt", "hang", "host"]
+    with pytest.raises(drill.Usage, match="Slurm"):
+        drill._faults("host", "slurm")
+
+
+# --------------------------------------------------------------- verdicts
+
+
+def observed(**kw) -> Observed:
+    base = dict(fault="kill", t0=100.0, detected_t=100.1, recovered_t=103.0,
+                step_at_fault=210, last_checkpoint_step=200, resumed_from_step=200)
+    return Observed(**{**base, **kw})
+
+
+def test_each_verdict_is_said_in_the_scripts_terms():
+    ok = judge(observed())
+    assert (ok.verdict, ok.lost_steps, ok.detected_s, ok.recovered_s) == ("pass", 10, 0.1, 3.0)
+    assert judge(observed(resumed_from_step=0)).reason == NOTHING_RESTORED
+    shared = judge(observed(resumed_from_step=120))
+    assert shared.verdict == "fail" and shared.reason == (
+        "resumed from step 120 but the last checkpoint was at step 200: is checkpoint.dir "
+        "shared by every host?")
+    late = judge(observed(fault="preempt", grace_s=30, term_saved=True, term_exit_t=141.0))
+    assert late.reason.startswith("the SIGTERM save did not finish within grace_s (30 s): "
+                                  "it took 41 s")
+    saved = judge(observed(fault="preempt", grace_s=30, term_saved=True, term_exit_t=104.0,
+                           resumed_from_step=210))
+    assert saved.verdict == "pass" and "saved on SIGTERM in 4.0 s" in saved.reason
+    spared = judge(observed(fault="preempt", grace_s=30, steps_per_s=5.0))
+    assert spared.verdict == "pass" and "would have spared the 10 step(s)" in spared.reason
+    gone = judge(observed(recovered_t=None, resumed_from_step=None, ended="the job failed"))
+    assert gone.verdict == "fail" and "did not resume" in gone.reason
+
+
+def test_checkpoint_cost_interval_and_young_daly():
+    # 10 steps/s; a save every 10 steps costs 0.5 s: reports every 5 steps.
+    points, t, step = [(0.0, 0, False)], 1.0, 0  # the first report (start-up) is left out
+    for _ in range(6):
+        for _ in range(2):
+            t, step = t + 0.5, step + 5
+            saved = step % 10 == 0
+            points.append((t + (0.5 if saved else 0.0), step, saved))
+            t += 0.5 if saved else 0.0
+    cost, rate, interval = cost_and_rate([points])
+    assert (cost, rate, interval) == (0.5, 10.0, 1.5)
+    assert young_daly(0.5, 3600.0) == pytest.approx(60.0)
+    assert goodput(60.0, 0.5, 3600.0, 10.0) > goodput(1.5, 0.5, 3600.0, 10.0)
+    data = report([judge(observed())], [points], hosts=2, mtbf_hours=2.0)
+    assert data["recommended_interval_s"] == 60.0 and data["mtbf_job_hours"] == 1.0
+    assert data["goodput_at_recommended"] > data["goodput_at_current"]
+    assert "recommended interval: 60 s" in render(data)
+
+
+def test_a_save_reported_at_an_epochs_end_is_timed():
+    # Keras: a batch report at step 10, then step 10 again at the epoch's end,
+    # after the save (0.5 s); 10 steps/s between.
+    points = [(0.0, 0, False), (0.5, 5, False), (1.0, 10, False), (1.5, 10, True),
+              (2.0, 15, False), (2.5, 20, False), (3.0, 20, True), (3.5, 25, False)]
+    cost, rate, interval = cost_and_rate([points])
+    assert (cost, rate, interval) == (0.5, 10.0, 1.5)
