@@ -121,7 +121,7 @@ def _write_error(exc: BaseException) -> None:
 
 
 def install_hooks() -> None:
-    from launcher.runtime import guards, hooks, keras_compat, keras_jax, steps
+    from launcher.runtime import guards, hooks, keras_compat, keras_jax, saves, steps
 
     for name, hook in keras_compat.HOOKS.items():
         hooks.when_imported(name, hook)
@@ -134,6 +134,9 @@ def install_hooks() -> None:
         hooks.when_imported(name, hook)
     if steps.enabled():  # steps and steps/s from any script (the optimizer's counter)
         for name, hook in steps.HOOKS.items():
+            hooks.when_imported(name, hook)
+    if os.environ.get("MGPU_PROGRESS_FD"):  # checkpoint saves timed (goodput)
+        for name, hook in saves.HOOKS.items():
             hooks.when_imported(name, hook)
 
 

@@ -19,7 +19,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+from launcher.job.goodput import PARTS as GOODPUT_PARTS
 from launcher.job.stalls import STOPPED_HANG_S
+from launcher.ops.records import load_run, render_status
 from tests.conftest import (
     SCRIPTS,
     alive,
@@ -135,11 +137,15 @@ def training_epochs(job: Job, generation: int) -> set[int]:
 
 def test_kill_9_mid_epoch_resumes_from_the_checkpoint(workdir: Path, jobs):
     job = launch(jobs, ["--local", "2", TRAIN, "--epochs", "6"], workdir)
-    # Both workers in (0-based) epoch 2 = the middle of epoch 3 of 6.
+    # Both workers in (0-based) epoch 2 = the middle of epoch 3 of 6, past its
+    # second step (the resumed generation trains steps 21 and 22 again).
     wait_for(lambda: all(any(e.get("epoch") == 2 and not e.get("epoch_end")
                              for e in job.events("progress", task=t))
-                         for t in ("worker0", "worker1")),
-             timeout=180, what="both workers in epoch 3")
+                         for t in ("worker0", "worker1"))
+             and any(e.get("epoch") == 2 and e["step"] >= 22 for e in job.events("progress")),
+             timeout=180, what="both workers in epoch 3, past its second step")
+    running = load_run(job.run_dir)  # `status` of the running job: its time so far
+    assert running.goodput["parts"]["startup"] > 0 < running.goodput["productive_s"], running
     os.kill(job.pids()[(0, "worker1")], signal.SIGKILL)
     killed_at = time.time()
     code = job.finish(timeout=180)
@@ -157,6 +163,16 @@ def test_kill_9_mid_epoch_resumes_from_the_checkpoint(workdir: Path, jobs):
     assert not re.search(r"\| BEGIN gen=1 epoch=[01]$", job.output, re.M)
     sums = checksums(job.output)
     assert len(sums) == 2 and len(set(sums.values())) == 1, sums
+    # Where the time went: start-up, the recovery, the steps of epoch 3 trained
+    # again, the backups of each epoch's end; said by `status` too.
+    goodput = summary["goodput"]
+    parts = goodput["parts"]
+    assert set(parts) == set(GOODPUT_PARTS), parts
+    assert abs(sum(parts.values()) - goodput["wall_s"]) <= 0.02 * goodput["wall_s"], goodput
+    assert abs(goodput["wall_s"] - summary["wall_s"]) <= 0.02 * summary["wall_s"], goodput
+    assert min(parts["training"], parts["startup"], parts["recovery"], parts["redone"],
+               parts["checkpointing"]) > 0, goodput
+    assert "goodput " in render_status(load_run(job.run_dir)), goodput
     job.assert_nothing_left()
 
 
@@ -360,6 +376,11 @@ def test_lost_host_with_wait_resumes_when_it_is_back(workdir: Path, jobs):
     assert [t["host"] for t in relaunch["tasks"]] == ["host0", "host1"]
     resumed = re.search(r"host1/worker1 +\| RESUME gen=1 step=(\d+)", job.output)
     assert resumed and int(resumed.group(1)) > 0, job.output[-3000:]
+    # The time from the loss to the host's return is its own part of the ledger.
+    parts = summary["goodput"]["parts"]
+    assert parts["waiting_for_hosts"] > 0 and parts["recovery"] > 0, summary["goodput"]
+    back = job.events("host_back")[0]["t"] - job.events("host_lost")[0]["t"]
+    assert abs(parts["waiting_for_hosts"] - back) < 0.01, (back, summary["goodput"])
     job.assert_nothing_left()
 
 

@@ -108,6 +108,8 @@ def test_keras_auto_runs_tensorflows_keras3_tutorial_to_the_end(workdir: Path):
     # Keras 3 `fit` counted by its optimizer, no runtime call: 3 epochs of 384/32 steps.
     assert reported_steps(run_dir)["worker0"][-1] == 36, reported_steps(run_dir)
     assert read_summary(run_dir)["tasks"]["host0/worker0"]["last_progress"]["loss"] > 0
+    # Its ModelCheckpoint saves were timed (no runtime call): the ledger's checkpoints.
+    assert read_summary(run_dir)["goodput"]["parts"]["checkpointing"] > 0
 
 
 def test_tf_keras_only_script_under_keras3_gets_the_hint(workdir: Path):

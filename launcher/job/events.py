@@ -383,10 +383,11 @@ def to_record(event: Event, t: float) -> dict[str, Any]:
     return {"t": t, "event": event.kind, "v": EVENTS_SCHEMA, **fields_of(event)}
 
 
-def write(recorder: RunRecorder, event: Event) -> None:
-    """Append `event` to the run's events.jsonl (the recorder stamps `t` and `v`)."""
+def write(recorder: RunRecorder, event: Event, at: float | None = None) -> None:
+    """Append `event` to the run's events.jsonl (the recorder stamps `t` and `v`;
+    `at`: the time it happened, for a line written late: job/samples.py)."""
     if event.recorded:
-        recorder.event(event.kind, **fields_of(event))
+        recorder.event(event.kind, **fields_of(event), **({"t": at} if at is not None else {}))
 
 
 # ------------------------------------------------------------------ reading

@@ -35,10 +35,10 @@ from .. import firewall
 from ..spec.allocation import read_allocation, why_stopped
 from ..spec.config import LoadedConfig, dump_config, effective_roles
 from ..spec.plan import Plan, PlanError, default_checkpoint_dir
-from ..spec.rundir import RunRecorder
+from ..spec.rundir import EVENTS, RunRecorder
 from ..transport import Transport
 from ..transport.ports import busy_ports
-from . import checkpoints, stops
+from . import checkpoints, goodput, stops
 from . import events as ev
 from .output import Voice
 from .reach import Connected, Reach
@@ -208,6 +208,7 @@ class Job:
         stop = stops.entry(result, self.connected.plan.grace_s)  # what a stop did to the tasks
         if stop is not None:
             summary["stop"] = stop
+        summary["goodput"] = self._goodput()
         events = self.connected.events
         events.close()
         if events.dropped or events.cut:  # lines the logs lack, or have cut
@@ -251,6 +252,14 @@ class Job:
             self.connected.transport.close()
             self.screen.close()
         return result
+
+    def _goodput(self) -> dict[str, Any] | None:
+        """Where the run's time went (job/goodput.py), from events.jsonl as written."""
+        try:
+            with open(self.recorder.run_dir / EVENTS, errors="replace") as lines:
+                return goodput.from_lines(lines)
+        except OSError:
+            return None
 
     def _note_terminal(self, summary: dict[str, Any]) -> dict[str, Any]:
         """Record in the run directory that the terminal went away (when, why)

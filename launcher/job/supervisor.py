@@ -48,6 +48,7 @@ from .recovery import (
     decide_restart,
 )
 from .restarts import End, JobSoFar, count_restart, keras_switched
+from .samples import ProgressSampler
 from .states import (
     Failure,
     IllegalTransition,
@@ -97,6 +98,7 @@ class Supervisor:
         self._events = events
         self._recorder = recorder
         self._voice = voice
+        self._samples = ProgressSampler()
         self._listeners = list(listeners)  # other views of the story (metrics, ...)
         self._output = TaskOutput(voice, recorder, clock, self._tell, self._fail)
         self._policy = policy
@@ -144,7 +146,8 @@ class Supervisor:
 
     def _tell(self, event: ev.Event) -> None:
         """Write `event` to the run directory and tell it to every view."""
-        ev.write(self._recorder, event)
+        for line, at in self._samples.lines(event):  # progress lines at a bounded rate
+            ev.write(self._recorder, line, at)
         self._voice.tell(event)
         for listener in self._listeners:
             listener.tell(event)
@@ -305,6 +308,8 @@ class Supervisor:
             if self._clock() >= next_watch:
                 next_watch = self._clock() + 0.5
                 self._watch.silence(gen)
+                for line, at in self._samples.due():  # progress held back, now due
+                    ev.write(self._recorder, line, at)
                 self.profiler.poll(gen, self._links)  # traces asked by `mgpu-launch profile`
                 self._voice.refresh(self.snapshot())
             if self._decide(gen):

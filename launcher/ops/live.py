@@ -147,9 +147,10 @@ def _pick(rows: Sequence[TaskRow], room: int) -> tuple[list[TaskRow], int]:
 
 def render(rows: Sequence[TaskRow], *, width: int, height: int, elapsed_s: float,
            colour: bool, label_style: Mapping[str, str] | None = None,
-           rule: str = "─") -> list[str]:
+           rule: str = "─", goodput: str = "") -> list[str]:
     """The status table as screen lines, none wider than `width - 1` and at
-    most `height - 1` of them (one line stays free for the scrolling logs)."""
+    most `height - 1` of them (one line stays free for the scrolling logs).
+    `goodput`: the title's last words (`goodput 91 %`), when known."""
     width = max(1, width - 1)  # a full-width line may wrap on some terminals
     label_style = label_style or {}
     first = rows[0] if rows else None
@@ -157,6 +158,8 @@ def render(rows: Sequence[TaskRow], *, width: int, height: int, elapsed_s: float
     if first is not None:
         restarts = f"{first.restarts} restart{'s' if first.restarts != 1 else ''}"
         title += f"{rule} generation {first.generation} ({restarts}) {rule} {state_counts(rows)} "
+    if goodput:
+        title += f"{rule} {goodput} "
     header = _line([(rule + title + rule * width, "1")], width, colour)
     if height < 5 or width < 30 or not rows:
         return [header]
@@ -235,6 +238,7 @@ class LiveScreen:
         self._rows: list[TaskRow] = []
         self._drawn = 0  # lines of table now on screen, just above the cursor
         self._table: list[str] = []
+        self.goodput = ""  # the title's goodput words (set by the printer)
 
     def _erase(self) -> str:
         # Up over the table, back to column 0, erase everything below.
@@ -244,7 +248,7 @@ class LiveScreen:
         width, height = self._size()
         return render(self._rows, width=width, height=height,
                       elapsed_s=self._clock() - self._started, colour=self.colour,
-                      label_style=self._label_style, rule=self._rule)
+                      label_style=self._label_style, rule=self._rule, goodput=self.goodput)
 
     def _emit(self, text: str) -> None:
         if self._write is not None:

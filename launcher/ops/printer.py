@@ -39,6 +39,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TextIO
 
+from ..job import goodput
 from ..job.events import Event
 from ..job.states import TaskRow
 from . import narrate
@@ -48,6 +49,7 @@ _COLOURS = ("36", "33", "35", "32", "34", "91", "96", "93")
 LAUNCHER = "mgpu-launch"
 # Plain --verbose output: how often every task's status is printed as a line.
 STATUS_EVERY_S = 10.0
+GOODPUT_EVERY_S = 5.0  # the live title's goodput, worked out this often
 # Lines waiting for the terminal; beyond this, task lines are dropped.
 BUFFER_LINES = 2000
 # Launcher notices are few and matter more: they are dropped only beyond this.
@@ -127,6 +129,8 @@ class Printer:
             emit=self._sink.write) if self._live else None
         self._states: dict[str, str] = {}
         self._next_status = clock() + STATUS_EVERY_S
+        self._ledger = goodput.Ledger()  # the title's goodput (supervisor thread)
+        self._next_goodput = 0.0
         # Shared between the callers and the writer thread, under _cond.
         self._cond = threading.Condition()
         self._queue: deque[str | _Gap | object] = deque()
@@ -189,6 +193,8 @@ class Printer:
 
     def tell(self, event: Event) -> None:
         """An event of the run, in the words of launcher/ops/narrate.py (if any)."""
+        if self._live:
+            self._ledger.add(event, t=time.time())
         said = narrate.line(event)
         if said is not None:
             level, text = said
@@ -205,12 +211,23 @@ class Printer:
         if self.verbose:
             self._report_changes(rows)
         if self.live and self.terminal_lost is None:
+            self._title_goodput()
             with self._cond:  # only the newest snapshot is ever drawn
                 self._rows = list(rows)
                 self._cond.notify()
         elif self.verbose and rows and self._clock() >= self._next_status:
             self._next_status = self._clock() + STATUS_EVERY_S
             self.debug("\n".join(describe_row(row) for row in rows))
+
+    def _title_goodput(self) -> None:
+        """`goodput 91 %` in the live table's title, worked out every GOODPUT_EVERY_S."""
+        screen = self._screen  # the writer thread may drop it: keep the object
+        if screen is None or self._clock() < self._next_goodput:
+            return
+        self._next_goodput = self._clock() + GOODPUT_EVERY_S
+        ledger = self._ledger.result(time.time())
+        if ledger and ledger["wall_s"] > 0 and ledger["productive_s"] > 0:
+            screen.goodput = f"goodput {100 * ledger['productive_s'] / ledger['wall_s']:.0f} %"
 
     def _report_changes(self, rows: Sequence[TaskRow]) -> None:
         changes = []

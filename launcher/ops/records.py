@@ -23,6 +23,7 @@ from typing import Any, TextIO
 
 import yaml
 
+from ..job import goodput
 from ..spec.rundir import CONFIG, EVENTS, LAUNCHER_OUT, LAUNCHER_PID, LOGS, SUMMARY, log_file_name
 from . import usage
 from .replay import TaskView, failure_from_event, split_name
@@ -53,6 +54,7 @@ class RunView:
     root_cause: dict[str, Any] | None
     failures: list[dict[str, Any]]
     last_event_t: float | None
+    goodput: dict[str, Any] | None = None  # where the time went (job/goodput.py)
 
     @property
     def finished(self) -> bool:
@@ -72,6 +74,7 @@ class RunView:
             "wall_s": self.wall_s,
             "root_cause": self.root_cause,
             "failures": self.failures,
+            "goodput": self.goodput,
             "logs_dir": str(self.run_dir / LOGS),
             "tasks": [
                 {
@@ -203,6 +206,8 @@ def load_run(run_dir: str | os.PathLike,
         generation=replay.generation, restarts=restarts, started_t=started_t, wall_s=wall_s,
         tasks=list(replay.tasks.values()), root_cause=root_cause, failures=failures,
         last_event_t=events[-1].get("t") if events else None,
+        goodput=(summary or {}).get("goodput") or goodput.from_records(
+            events, now=time.time() if status == "running" else None),
     )
 
 
@@ -303,12 +308,40 @@ def render_status(view: RunView, now: float | None = None) -> str:
         lines += ["", "failures that caused a restart:" if view.finished or view.restarts
                   else "failures:"]
         lines += [f"  {f.get('description') or f.get('task')}" for f in earlier]
+    if view.goodput:
+        lines += ["", goodput_line(view.goodput)]
     lines += ["", f"logs:       {view.run_dir / LOGS}"]
     if (view.run_dir / LAUNCHER_OUT).exists():  # a detached run: the launcher's own lines
         lines.append(f"launcher:   {view.run_dir / LAUNCHER_OUT}")
     if view.finished:
         lines.append(f"summary:    {view.run_dir / SUMMARY}")
     return "\n".join(lines)
+
+
+# The ledger's parts as `status` words them, in this order (training first).
+_PART_WORDS = (("training", "training"), ("startup", "start-up"), ("recovery", "recovery"),
+               ("redone", "re-done"), ("checkpointing", "checkpoints"),
+               ("waiting_for_hosts", "waiting for hosts"), ("other", "other"))
+
+
+def goodput_line(ledger: dict[str, Any]) -> str:
+    """`goodput 91 % (training 54 m, start-up 1 m, recovery 2 m, ...)`: parts over 0."""
+    wall = float(ledger.get("wall_s") or 0.0)
+    parts = ledger.get("parts") or {}
+    share = f"{100 * float(ledger.get('productive_s') or 0.0) / wall:.0f} %" if wall else "-"
+    said = [f"{words} {_duration(float(parts.get(key) or 0.0))}" for key, words in _PART_WORDS
+            if key == "training" or float(parts.get(key) or 0.0) >= 0.5]
+    return f"goodput {share} ({', '.join(said)})"
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} m"
+    if seconds < 48 * 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} d"
 
 
 def _status_main(argv: list[str], out: TextIO) -> int:

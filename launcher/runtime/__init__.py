@@ -223,6 +223,12 @@ def write_progress(record: dict) -> None:
     fd = os.environ.get("MGPU_PROGRESS_FD")
     if not fd:
         return
+    if "step" in record:  # the checkpoint saves timed since the last report (runtime.saves)
+        from . import saves
+
+        seconds = saves.take()
+        if seconds > 0:
+            record = {**record, "save_s": round(record.get("save_s", 0.0) + seconds, 4)}
     try:
         os.write(int(fd), (json.dumps(record) + "\n").encode())
     except (OSError, ValueError):

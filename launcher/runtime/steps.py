@@ -132,11 +132,12 @@ def report_step() -> bool:
     """Report the step counter if it moved; False once the script reports its own."""
     global _last_reported
     from launcher import runtime  # loaded already: this module is part of it
+    from launcher.runtime import saves
 
     if runtime.steps_reported_by_script():
         return False
     step = current_step()
-    if step is not None and step > 0 and step != _last_reported:
+    if step is not None and step > 0 and (step != _last_reported or saves.pending()):
         _last_reported = step
         # `counted`: read off the optimizer, not reported by the script. Where a
         # restarted generation resumed is not this (it is read seconds into

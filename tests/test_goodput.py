@@ -1,0 +1,171 @@
+"""The goodput ledger from recorded event lists (launcher/job/goodput.py): pure."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from launcher.job import goodput
+
+
+def launch(t: float, generation: int = 0) -> dict:
+    return {"t": t, "event": "launch", "v": 2, "generation": generation,
+            "tasks": [{"task": "worker0", "host": "h0"}, {"task": "worker1", "host": "h1"}]}
+
+
+def progress(t: float, step: int, generation: int = 0, task: str = "worker0", **more) -> dict:
+    return {"t": t, "event": "progress", "v": 2, "generation": generation, "task": task,
+            "host": "h0", "step": step, **more}
+
+
+def event(t: float, name: str, **fields) -> dict:
+    return {"t": t, "event": name, "v": 2, **fields}
+
+
+def parts(records: list[dict], now: float | None = None) -> dict:
+    ledger = goodput.from_records(records, now)
+    assert ledger is not None
+    assert sum(ledger["parts"].values()) == pytest.approx(ledger["wall_s"], abs=0.01)
+    return ledger["parts"]
+
+
+def test_a_clean_run_is_start_up_training_checkpoints_and_the_end():
+    records = [launch(100)]
+    records += [progress(110 + 10 * i, 10 * (i + 1)) for i in range(10)]  # 110..200
+    records.insert(5, progress(150, 50, task="worker1", save_s=2.0))
+    records.append(event(210, "job_done", status="succeeded", wall_s=112.0))
+    got = parts(records)
+    assert got["startup"] == pytest.approx(12)  # the launcher began 2 s before the launch
+    assert got["checkpointing"] == pytest.approx(2)
+    assert got["training"] == pytest.approx(88)
+    assert got["other"] == pytest.approx(10)  # last step to the job's end
+    assert got["redone"] == got["recovery"] == got["waiting_for_hosts"] == 0
+    ledger = goodput.from_records(records)
+    assert ledger["wall_s"] == pytest.approx(112) and ledger["productive_s"] == got["training"]
+
+
+def test_a_fault_then_a_resume_from_an_earlier_checkpoint_is_recovery_then_redone():
+    # Generation 0 trains steps 1..50 (t 110..150) and dies at 152; generation 1
+    # restores step 20 (runtime.callbacks: its steps count from the resume point)
+    # and trains past 50 at t 200 (global step 22 at 172, +1 step a second).
+    records = [launch(100), *[progress(100 + 10 * i, 10 * i) for i in range(1, 6)],
+               event(152, "failure_detected", generation=0, task="worker1", host="h1",
+                     kind="crashed"),
+               event(155, "teardown_begun", generation=0, why="failure"),
+               launch(160, generation=1),
+               progress(170, 0, generation=1, epoch=2, start_epoch=1, start_step=20)]
+    records += [progress(172 + 4 * i, 2 + 4 * i, generation=1) for i in range(11)]  # ..212
+    records.append(event(215, "job_done", status="succeeded", restarts=1, wall_s=115.0))
+    got = parts(records)
+    assert got["startup"] == pytest.approx(10)
+    assert got["recovery"] == pytest.approx(172 - 152)
+    assert got["redone"] == pytest.approx(200 - 172)  # steps 22..50 again
+    assert got["training"] == pytest.approx((152 - 110) + (212 - 200))
+    assert got["other"] == pytest.approx(3)
+
+
+def test_steps_read_off_the_optimizer_are_global_and_a_host_waited_for_is_its_own_part():
+    records = [launch(0), progress(10, 100, counted=1), progress(20, 200, counted=1),
+               event(25, "host_lost", generation=0, host="h1"),
+               event(30, "host_wait", host="h1", timeout_s=60),
+               event(50, "host_back", host="h1"),
+               launch(55, generation=1),
+               progress(60, 100, generation=1, counted=1),  # restored: no step yet
+               progress(65, 150, generation=1, counted=1),  # 100..200 again
+               progress(75, 250, generation=1, counted=1)]
+    got = parts(records, now=80)  # running: no job_done yet
+    assert got["waiting_for_hosts"] == pytest.approx(50 - 25)  # lost to back
+    assert got["recovery"] == pytest.approx(65 - 25 - 25)
+    assert got["redone"] == pytest.approx(5)  # 150 -> 250 in 10 s: 200 reached at 70
+    assert got["training"] == pytest.approx(15 + 10)  # 10..25, then 70..80 (now)
+    assert got["startup"] == pytest.approx(10)
+
+
+def test_a_running_job_before_its_first_step_is_all_start_up_and_nothing_launched_is_none():
+    assert parts([launch(100)], now=130)["startup"] == pytest.approx(30)
+    assert goodput.from_records([], now=5) is None
+    lines = [json.dumps(launch(100)), '{"t": 1', json.dumps(progress(104, 1))]
+    assert goodput.from_lines(lines, now=110)["parts"]["training"] == pytest.approx(6)
+
+
+def test_a_generation_that_failed_before_training_starts_the_recovery_at_its_fault():
+    records = [launch(0), event(10, "failure_detected", generation=0, task="worker0",
+                                 host="h0", kind="start_failed"),
+               launch(20, generation=1), progress(30, 1, generation=1),
+               progress(40, 11, generation=1),
+               event(41, "job_done", status="succeeded", restarts=1, wall_s=41.0)]
+    got = parts(records)
+    assert got["startup"] == pytest.approx(10) and got["recovery"] == pytest.approx(20)
+    assert got["training"] == pytest.approx(10) and got["redone"] == 0
+
+
+def test_a_save_is_timed_once_and_rides_on_the_next_step_report(monkeypatch):
+    import os
+    import time
+
+    from launcher import runtime
+    from launcher.runtime import saves
+
+    class Manager:
+        def save(self):
+            time.sleep(0.05)
+            return self.write()
+
+        def write(self):  # a save inside a save (tf_keras' backup, its manager)
+            time.sleep(0.05)
+            return "ckpt-1"
+
+    saves.timed(Manager, "save")
+    saves.timed(Manager, "write")
+    saves.take()
+    read, write = os.pipe()
+    monkeypatch.setenv("MGPU_PROGRESS_FD", str(write))
+    assert Manager().save() == "ckpt-1"
+    runtime.write_progress({"cluster": "joined"})  # no step: keeps the seconds
+    runtime.write_progress({"step": 7})  # as the step counter reports
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        lines = [json.loads(line) for line in pipe]
+    assert "save_s" not in lines[0]
+    assert lines[1]["step"] == 7 and 0.1 <= lines[1]["save_s"] < 0.2, lines
+    assert saves.take() == 0.0
+
+
+def test_a_view_told_the_events_keeps_the_same_ledger_as_the_file_gives():
+    from launcher.job import events as ev
+
+    records = [launch(0), progress(10, 1), progress(20, 11), event(21, "job_done",
+                                                                  status="succeeded", wall_s=22)]
+    book = goodput.Ledger()
+    for record in records:  # told events carry no time: the view stamps it
+        told = ev.from_record({k: v for k, v in record.items() if k != "t"})
+        book.add(told, t=record["t"])
+    assert book.result() == goodput.from_records(records)
+
+
+def test_the_live_table_title_says_the_goodput_so_far():
+    import io
+    import time
+
+    from launcher.job import events as ev
+    from launcher.job.states import TaskRow
+    from launcher.ops.printer import Printer
+
+    now = [100.0]
+    out = io.StringIO()
+    printer = Printer(["host0/worker0"], stream=out, colour=False, live=True,
+                      size=lambda: (120, 20), clock=lambda: now[0])
+    rows = [TaskRow(label="host0/worker0", host="host0", task="worker0", state="running",
+                    generation=0, restarts=0, step=1, steps_per_s=1.0, loss=None,
+                    cpu_percent=None, rss_mb=None, silent_s=0.0)]
+    began = time.time() - 100  # a job that started 100 s ago, training for the last 50 s
+    try:
+        printer.tell(ev.Launch(generation=0, t=began))
+        printer.tell(ev.Progress(generation=0, task="worker0", host="host0",
+                                 metrics={"step": 1}, t=began + 50))
+        printer.refresh(rows)
+        printer.flush()
+    finally:
+        printer.close()
+    assert "goodput 50 %" in out.getvalue(), out.getvalue()
