@@ -142,6 +142,10 @@ def test_a_real_job_is_scraped_while_it_runs_and_its_textfile_ends_with_it(workd
         assert got[("mgpu_task_state", task("worker0", "host0", state="running"))] == 1
         assert got[("mgpu_task_steps_per_second", task("worker1", "host1"))] > 0
         assert got[("mgpu_task_seconds_since_progress", task("worker1", "host1"))] < 10
+        # The job's own goodput ledger, kept from its events: start-up done, training on.
+        assert got[("mgpu_goodput_seconds", (("job", "demo"), ("part", "startup")))] > 0
+        assert got[("mgpu_goodput_seconds", (("job", "demo"), ("part", "training")))] > 0
+        assert 0 < got[("mgpu_goodput_ratio", (("job", "demo"),))] < 1
         release.touch()
         out, _ = proc.communicate(timeout=30)
     finally:

@@ -10,10 +10,12 @@ is served by prometheus-client's own HTTP server on its own thread, and/or
 written for node_exporter's textfile collector (tmp file + rename) every
 `TEXTFILE_EVERY_S` by a thread of its own, and once more at the end.
 
-Goodput parts and stragglers: `set_goodput(parts, wall_s, productive_s)` takes
-the goodput ledger's parts (any thread), as does a `goodput` event told like any
-other; a `straggler` event (kind and fields task, host, slowdown, evidence) is
-read from the story by its kind.
+Goodput parts and stragglers: the goodput parts are the job's own ledger
+(launcher/job/goodput.py), kept from the events told and worked out at each
+scrape; `set_goodput(parts, wall_s, productive_s)` (any thread), or a `goodput`
+event told like any other, puts given parts in its place. A `straggler` event
+(kind and fields task, host, slowdown, evidence) is read from the story by its
+kind.
 
 Must not import: supervisor, transport, cli.
 """
@@ -31,8 +33,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import write_to_textfile
 
 from ..job import events as ev
+from ..job import goodput
 from ..job.states import TaskState
-from .runstate import JOB_STATES, RunState
+from .runstate import JOB_STATES, RunState, kind_of
 
 # How often the textfile is rewritten while the job runs.
 TEXTFILE_EVERY_S = 5.0
@@ -52,6 +55,8 @@ class JobMetrics:
         self._clock = clock
         self._lock = threading.Lock()
         self._state = RunState()
+        self._ledger = goodput.Ledger()  # the job's own goodput, from the events told
+        self._goodput_given = False  # set_goodput (or a goodput event) wins over the ledger
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
 
@@ -59,13 +64,17 @@ class JobMetrics:
 
     def tell(self, event: ev.Event) -> None:
         with self._lock:
-            self._state.tell(event, self._clock())
+            now = self._clock()
+            self._state.tell(event, now)
+            self._ledger.add(event, t=now)
+            self._goodput_given |= kind_of(event) == "goodput"
 
     def set_goodput(self, parts: Mapping[str, float], wall_s: float | None = None,
                     productive_s: float | None = None) -> None:
         """The goodput ledger's parts in seconds (`goodput.parts` of summary.json),
         with its `wall_s` and `productive_s` when known."""
         with self._lock:
+            self._goodput_given = True
             self._state.set_goodput(parts, wall_s, productive_s)
 
     def text(self) -> str:
@@ -76,6 +85,10 @@ class JobMetrics:
 
     def collect(self) -> Iterator[Metric]:
         with self._lock:
+            if not self._goodput_given:
+                kept = self._ledger.result(self._clock())
+                if kept is not None:
+                    self._state.set_goodput(kept["parts"], kept["wall_s"], kept["productive_s"])
             yield from self._job_families()
             yield from self._task_families()
             yield from self._health_families()

@@ -67,7 +67,7 @@ class RunState:
         feed(self.replayed, event, ev.to_record(event, event.t or 0.0))
         if is_straggler(event):
             self._straggler(event)
-        elif _kind(event) == "goodput":  # the ledger told as an event: its fields
+        elif kind_of(event) == "goodput":  # the ledger told as an event: its fields
             values = {**event.extra, **ev.fields_of(event)}
             ledger = values["goodput"] if isinstance(values.get("goodput"), dict) else values
             if isinstance(ledger.get("parts"), dict):
@@ -155,10 +155,10 @@ class RunState:
 
 def is_straggler(event: ev.Event) -> bool:
     """A `straggler` event, typed (launcher.job.events) or read back as Unknown."""
-    return _kind(event) == "straggler"
+    return kind_of(event) == "straggler"
 
 
-def _kind(event: ev.Event) -> str:
+def kind_of(event: ev.Event) -> str:
     """An event's kind, typed or read back as Unknown."""
     return event.name if isinstance(event, ev.Unknown) else event.kind
 
