@@ -28,13 +28,20 @@ def test_profile_traces_every_task_of_a_running_job_at_once(workdir: Path):
     try:
         wait_for(lambda: set(reported_steps(run_dir)) == {"worker0", "worker1"}, 90,
                  "both workers training")
-        result = run_cli(["profile", str(run_dir), "--seconds", "1"], cwd=workdir, timeout=90)
+        # A MultiWorkerMirroredStrategy job (the default) is traced only when asked twice.
+        refused = run_cli(["profile", str(run_dir), "--seconds", "1"], cwd=workdir, timeout=90)
+        asked = list((run_dir / "profiles").iterdir()) if (run_dir / "profiles").exists() else []
+        result = run_cli(["profile", str(run_dir), "--seconds", "1", "--allow-restart"],
+                         cwd=workdir, timeout=90)
     finally:
         job.terminate()  # the launcher stops the tasks (SIGTERM): sooner than TF's own exit
         try:
             job.wait(timeout=60)
         finally:
             release.touch()
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "--allow-restart" in refused.stderr and "crash" in refused.stderr, refused.stderr
+    assert asked == [], asked  # refused before asking the launcher anything
     assert result.returncode == 0, result.stdout + result.stderr
     said = result.stdout + result.stderr
     (capture,) = (p for p in (run_dir / "profiles").iterdir() if p.is_dir())

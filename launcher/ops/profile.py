@@ -24,8 +24,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from ..job.profiling import ANSWER_MARGIN_S, DELAY_S, MAX_SECONDS, PROFILES, REQUEST, SUMMARY
 from ..job.profiling import new_id as new_trace_id
+from ..spec.rundir import CONFIG
 from ..spec.rundir import SUMMARY as RUN_SUMMARY
 from . import usage
 from .control import launcher_of, launcher_process
@@ -35,7 +38,7 @@ POLL_S = 0.1
 TAKEN_WITHIN_S = 5.0  # the launcher looks for a request every 0.5 s; a loaded one later
 
 PROFILE_USAGE = """\
-mgpu-launch profile RUN_DIR [--seconds S]
+mgpu-launch profile RUN_DIR [--seconds S] [--allow-restart]
 
 Traces every task of a running job for S seconds (default 2), all at the same
 moment, and prints per task: the step time and, per step, the time in
@@ -45,6 +48,7 @@ traces go to RUN_DIR/profiles/<time>/ (open them with
 
 TensorFlow 2.21's profiler can crash a MultiWorkerMirroredStrategy task when
 a trace stops; the job then restarts from its last checkpoint (docs/profiles.md).
+Such a job is traced only with --allow-restart.
 
 exit codes: 0 every task traced; 1 some tasks did not answer (named); 2 RUN_DIR
 is not a running job."""
@@ -150,11 +154,31 @@ def _part(total: Any, steps: int, window: float) -> str:
     return _ms(total / steps) + share
 
 
-def profile(run_dir: Path, seconds: float) -> int:
+# Strategies whose tasks TF 2.21's profiler may crash at stop() (docs/profiles.md).
+CRASH_PRONE = {"multi_worker_mirrored": "MultiWorkerMirroredStrategy"}
+
+
+def strategy_of(run_dir: Path) -> str | None:
+    """The run's strategy, from the cluster file it kept (config.yaml)."""
+    try:
+        config = yaml.safe_load((run_dir / CONFIG).read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    return config.get("strategy") if isinstance(config, dict) else None
+
+
+def profile(run_dir: Path, seconds: float, allow_restart: bool = False) -> int:
     try:
         check_running(run_dir)
     except NotRunning as exc:
         _say(f"mgpu-launch profile: {exc}")
+        return EXIT_USAGE
+    prone = CRASH_PRONE.get(strategy_of(run_dir) or "")
+    if prone and not allow_restart:
+        _say(f"mgpu-launch profile: TensorFlow 2.21's profiler can crash a {prone} task "
+             "when its trace stops (seen in 1 to 4 traces, docs/profiles.md); the job would "
+             "then restart from its last checkpoint. Run again with --allow-restart to "
+             "trace it anyway.")
         return EXIT_USAGE
     ident = ask(run_dir, seconds)
     folder = run_dir / PROFILES / ident
@@ -200,8 +224,11 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("run_dir", metavar="RUN_DIR")
     parser.add_argument("--seconds", type=_seconds, default=2.0, metavar="S",
                         help="how long each task traces (default 2; 0.1 to 60)")
+    parser.add_argument("--allow-restart", action="store_true",
+                        help="trace a MultiWorkerMirroredStrategy job even though TF's "
+                        "profiler may crash a task of it (the job then restarts)")
     args = parser.parse_args(list(argv)[1:])
     try:
-        return profile(Path(args.run_dir), args.seconds)
+        return profile(Path(args.run_dir), args.seconds, args.allow_restart)
     except KeyboardInterrupt:
         return 130
