@@ -110,6 +110,7 @@ class Generation:
                 loss=_number(progress.get("loss")),
                 cpu_percent=record.usage.get("cpu"), rss_mb=record.usage.get("rss_mb"),
                 silent_s=None if record.last_activity is None else now - record.last_activity,
+                slowdown=record.slowdown,
             ))
         return rows
 

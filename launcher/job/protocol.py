@@ -132,6 +132,11 @@ def _stacks(message: dict, clean: dict) -> None:
     clean["error"] = _text(message.get("error") or "", MAX_ERROR_FIELD)
 
 
+# A task's host signals in a heartbeat (launcher/agent/health.py); others are dropped.
+HEALTH_KEYS = frozenset({"run_delay_s", "cpu_s", "throttled_s", "gpu_util", "sm_clock_mhz",
+                         "sm_clock_max_mhz", "gpu_throttle"})
+
+
 def _heartbeat(message: dict, clean: dict) -> None:
     tasks = message.get("tasks") or {}
     if not isinstance(tasks, dict):
@@ -148,6 +153,11 @@ def _heartbeat(message: dict, clean: dict) -> None:
                 entry[key] = value
         if isinstance(stats.get("status"), str):
             entry["status"] = stats["status"][:20]
+        health = stats.get("health")
+        if isinstance(health, dict):  # host signals, every few beats (agent/health.py)
+            entry["health"] = {key: value for key, value in health.items()
+                               if key in HEALTH_KEYS and isinstance(value, int | float)
+                               and not isinstance(value, bool) and math.isfinite(value)}
         usage[name] = entry
     clean["tasks"] = usage
 

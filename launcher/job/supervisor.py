@@ -40,6 +40,7 @@ from .hostwait import HostWaiter
 from .output import TaskOutput, Voice, root_cause
 from .phases import Phase
 from .protocol import BadMessage, check_message
+from .radar import Radar
 from .recovery import (
     Budget,
     HostInfo,
@@ -115,6 +116,7 @@ class Supervisor:
         self._watch = Watch(policy, links, clock, self._fail, self._host_lost)
         self._waiter = HostWaiter(reconnect, links, self._tell, self._wait, self._stop_pending,
                                   clock, hosts=self._hosts, policy=policy)
+        self._radar = Radar(self._tell, clock, policy.on_straggler)  # stragglers named
         self.current: Generation | None = None  # read-only for observers (live view)
 
     @property
@@ -185,6 +187,7 @@ class Supervisor:
             stopped_by=end.stopped_by if status == "failed" else "",
             keras_switched=self._keras_switch,
             resumed=tuple(self._resumes.entries),
+            stragglers=tuple(self._radar.named),
         )
         self._tell(ev.JobDone(status=result.status, restarts=job.restarts,
                               wall_s=round(result.wall_s, 3), stopped_by=result.stopped_by,
@@ -414,6 +417,7 @@ class Supervisor:
                 if record is not None and record.task.host == message.host:
                     record.usage = usage
                     self._watch.stopped(gen, record, usage.get("status"), body.get("t"))
+                    self._radar.heartbeat(gen, record, usage, body.get("t"))
         else:
             self._handle_task(gen, message)
 
@@ -482,6 +486,7 @@ class Supervisor:
             record.step_marks = [*record.step_marks[-1:], (self._clock(), int(data["step"]))]
         if data.get("checkpoint"):  # the runtime saw a checkpoint saved: training moved
             gen.advanced = True
+        self._radar.progress(gen, data)
         self._tell(ev.Progress(**ids, metrics=dict(data)))
 
     # -------------------------------------------------------- exits, failures

@@ -1,0 +1,90 @@
+"""The straggler radar on the supervisor's side: each generation's synchronous
+tasks watched through their host signals (and traces, when taken), a
+`straggler` event told once a task is named (docs/stragglers.md), and the
+`health` samples written to events.jsonl at a bounded rate.
+
+The judgement is stragglers.py's (pure); this module feeds it from the
+supervisor thread and keeps what summary.json says (`stragglers`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ..strategy import COLLECTIVE
+from . import events as ev
+from .generation import Generation
+from .states import TaskRecord
+from .stragglers import Detector, Finding
+
+# A task's health sample is written to events.jsonl at most this often (the
+# radar itself hears every one, every 5 s): 64 tasks, a week: ~200 MB.
+HEALTH_RECORD_EVERY_S = 60.0
+SYNCHRONOUS_ROLES = ("chief", "worker")
+
+
+class Radar:
+    def __init__(self, tell: Callable[[ev.Event], None], clock: Callable[[], float],
+                 on_straggler: str = "warn") -> None:
+        self._tell = tell
+        self._clock = clock
+        self.on_straggler = on_straggler
+        self._generation: int | None = None
+        self._detector: Detector | None = None
+        self._recorded: dict[str, float] = {}  # task -> when its health was last written
+        self.named: list[dict[str, Any]] = []  # for summary.json
+        self.pending_replace: Finding | None = None  # on_straggler: replace, not yet done
+
+    def _for(self, gen: Generation) -> Detector | None:
+        if gen.plan.generation != self._generation:
+            self._generation = gen.plan.generation
+            self._recorded = {}
+            hosts = {t.name: t.host for t in gen.plan.tasks if t.role in SYNCHRONOUS_ROLES}
+            synchronous = gen.plan.strategy in COLLECTIVE and len(hosts) >= 2
+            self._detector = Detector(hosts) if synchronous else None
+        return self._detector
+
+    def heartbeat(self, gen: Generation, record: TaskRecord, usage: dict[str, Any],
+                  t: Any) -> None:
+        """A heartbeat's entry for `record`; its `health`, when it has one."""
+        figures = usage.get("health")
+        if not figures or not isinstance(t, int | float):
+            return
+        now = self._clock()
+        name = record.task.name
+        if now - self._recorded.get(name, -HEALTH_RECORD_EVERY_S) >= HEALTH_RECORD_EVERY_S:
+            self._recorded[name] = now
+            self._tell(ev.Health(generation=gen.plan.generation, task=name,
+                                 host=record.task.host, figures=dict(figures)))
+        detector = self._for(gen)
+        if detector is not None:
+            self._found(gen, detector.health(now, name, float(t), figures))
+
+    def progress(self, gen: Generation, data: dict[str, Any]) -> None:
+        detector = self._for(gen)
+        step = data.get("step")
+        if detector is not None and isinstance(step, int | float) and not isinstance(step, bool):
+            detector.progress(self._clock(), int(step))
+
+    def trace(self, gen: Generation, summaries: dict[str, dict[str, float]]) -> None:
+        """One synchronized trace's per-task summary (the profile library)."""
+        detector = self._for(gen)
+        if detector is not None:
+            self._found(gen, detector.trace(self._clock(), summaries))
+
+    def _found(self, gen: Generation, finding: Finding | None) -> None:
+        if finding is None:
+            return
+        record = gen.records.get(finding.task)
+        if record is not None:
+            record.slowdown = finding.slowdown
+        event = ev.Straggler(generation=gen.plan.generation, task=finding.task,
+                             host=finding.host, slowdown=finding.slowdown,
+                             evidence=finding.evidence, source=finding.source,
+                             samples=finding.samples, action=self.on_straggler)
+        self.named.append({"generation": event.generation, "task": event.task,
+                           "host": event.host, "slowdown": event.slowdown,
+                           "evidence": event.evidence, "source": event.source,
+                           "action": event.action})
+        self._tell(event)
