@@ -103,10 +103,8 @@ def _agent_log(event: ev.AgentLog) -> str:
 
 def _straggler(event: ev.Straggler) -> str:
     evidence = describe_evidence(event.evidence)
-    then = " (restart.on_straggler: replace: it is replaced at the next checkpoint)" \
-        if event.action == "replace" else ""
     return (f"straggler: {event.label} is {event.slowdown:.2g}x slower than its peers"
-            f"{': ' + evidence if evidence else ''}{then}")
+            f"{': ' + evidence if evidence else ''}")
 
 
 _TELLERS = {
