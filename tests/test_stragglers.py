@@ -23,6 +23,7 @@ from launcher.job.protocol import check_message
 from launcher.job.stragglers import Detector, describe
 from launcher.ops import narrate
 from launcher.spec.config import ConfigError, parse_config
+from tests.fake_agents import harness
 
 DATA = Path(__file__).parent / "data" / "stragglers"
 HOSTS = {"worker0": "host0", "worker1": "host1"}
@@ -272,3 +273,45 @@ def test_on_straggler_is_warn_by_default_and_checked():
         parse_config(spare, source="c.yaml")
     (problem,) = info.value.problems
     assert "restart.on_straggler" in problem and "not available yet" in problem
+
+
+# ------------------------------------------- the supervisor's radar, end to end
+
+
+def test_the_supervisor_names_a_straggler_in_events_terminal_and_summary(tmp_path: Path):
+    """Fake agents (tests/fake_agents.py): worker1's heartbeats say it waits for
+    a CPU four times as long as worker0; both report steps every second."""
+    def script(generation: int, name: str):
+        events = [(float(s), "progress", {"data": {"step": 10 * s}}) for s in range(1, 41)]
+        for s in range(3, 41, 3):
+            delay = s * (2.0 if name == "worker1" else 0.5)
+            events.append((s + 0.5, "heartbeat", {"tasks": {name: {"cpu": 50.0, "health": {
+                "cpu_s": 0.9 * s, "run_delay_s": delay, "throttled_s": 0.0}}}}))
+        return [*events, (41.0, "exit", {"code": 0})]
+
+    h = harness(tmp_path, script)
+    result = h.supervisor.run()
+    (event,) = h.events("straggler")
+    assert (event["task"], event["host"], event["source"]) == ("worker1", "host1", "host")
+    assert event["slowdown"] == pytest.approx((0.9 + 2.0) / (0.9 + 0.5), rel=0.01)
+    assert event["evidence"]["task"]["waiting_for_cpu"] == 200.0  # ms per step, 10 steps/s
+    assert "straggler: host1/worker1 is 2.1x slower than its peers" in h.output.getvalue()
+    (entry,) = result.to_json()["stragglers"]
+    assert (entry["task"], entry["host"], entry["slowdown"]) == \
+        ("worker1", "host1", event["slowdown"])
+    health = h.events("health")  # once a minute per task: the first sample of each
+    assert sorted(e["task"] for e in health) == ["worker0", "worker1"]
+
+
+def test_the_live_table_marks_the_straggler():
+    from launcher.job.states import TaskRow
+    from launcher.ops.live import describe_row, render
+
+    rows = [TaskRow(label=f"host{i}/worker{i}", host=f"host{i}", task=f"worker{i}",
+                    state="running", generation=0, restarts=0, step=300, steps_per_s=7.5,
+                    loss=None, cpu_percent=30.0, rss_mb=400.0, silent_s=1.0,
+                    slowdown=2.51 if i else None) for i in range(2)]
+    table = "\n".join(render(rows, width=120, height=10, elapsed_s=50, colour=False))
+    assert "running (straggler 2.5x)" in table
+    assert table.count("straggler") == 1
+    assert "host1/worker1 running (straggler 2.5x)" in describe_row(rows[1])
