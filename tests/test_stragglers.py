@@ -269,10 +269,7 @@ def test_on_straggler_is_warn_by_default_and_checked():
     spare = spare.replace("  - {name: b, address: 127.0.0.1}\n",
                           "  - {name: b, address: 127.0.0.1}\n"
                           "  - {name: c, address: 127.0.0.1, spare: true}\n")
-    with pytest.raises(ConfigError) as info:  # the restart with a spare is not built yet
-        parse_config(spare, source="c.yaml")
-    (problem,) = info.value.problems
-    assert "restart.on_straggler" in problem and "not available yet" in problem
+    assert parse_config(spare, source="c.yaml").config.restart.on_straggler == "replace"
 
 
 # ------------------------------------------- the supervisor's radar, end to end
@@ -315,3 +312,44 @@ def test_the_live_table_marks_the_straggler():
     assert "running (straggler 2.5x)" in table
     assert table.count("straggler") == 1
     assert "host1/worker1 running (straggler 2.5x)" in describe_row(rows[1])
+
+
+def test_replace_sets_the_slow_host_aside_at_the_next_checkpoint(tmp_path: Path):
+    """restart.on_straggler: replace, a spare host: at the first checkpoint after
+    worker1 is named, the job restarts with the spare in host1's place."""
+    from launcher.spec.config import ClusterConfig, LoadedConfig
+
+    loaded = LoadedConfig(config=ClusterConfig.model_validate({
+        "name": "r", "transport": "local", "ports": {"base": "auto"},
+        "hosts": [{"address": "127.0.0.1", "name": f"host{i}", "spare": i == 2}
+                  for i in range(3)],
+        "restart": {"on_straggler": "replace"}}), source=None, base_dir=tmp_path)
+
+    def script(generation: int, name: str):
+        if generation:
+            return [(1.0, "progress", {"data": {"step": 400}}), (2.0, "exit", {"code": 0})]
+        events = [(float(s), "progress", {"data": {"step": 10 * s, **(
+            {"checkpoint": 1} if s == 35 else {})}}) for s in range(1, 41)]
+        for s in range(3, 41, 3):
+            delay = s * (2.0 if name == "worker1" else 0.5)
+            events.append((s + 0.5, "heartbeat", {"tasks": {name: {"cpu": 50.0, "health": {
+                "cpu_s": 0.9 * s, "run_delay_s": delay}}}}))
+        return events
+
+    h = harness(tmp_path, script, loaded=loaded, on_straggler="replace")
+    result = h.supervisor.run()
+    (named,) = h.events("straggler")
+    assert (named["task"], named["action"]) == ("worker1", "replace")
+    (failure,) = h.events("failure_detected")
+    assert (failure["task"], failure["kind"]) == ("worker1", "straggler")
+    assert failure["t"] > named["t"] + 10  # at the checkpoint, not when named
+    assert "replaced by a spare host at a checkpoint" in failure["reason"]
+    assert h.events("task_unconfirmed") == []  # the slow host's task was stopped, confirmed
+    (chosen,) = h.events("hosts_chosen")
+    assert chosen["message"] == "host2 replaces host1"
+    (restart,) = h.events("restart")
+    assert restart["counted"] is False  # the checkpoint moved: a free restart
+    placed = {p["task"]: p["host"] for p in h.events("launch")[-1]["tasks"]}
+    assert placed == {"worker0": "host0", "worker1": "host2"}
+    assert result.status == "succeeded"
+    assert "host2 replaces host1" in h.output.getvalue()

@@ -5,6 +5,12 @@ tasks watched through their host signals (and traces, when taken), a
 
 The judgement is stragglers.py's (pure); this module feeds it from the
 supervisor thread and keeps what summary.json says (`stragglers`).
+
+With `restart.on_straggler: replace`, a named straggler's host is set aside
+at the job's next checkpoint (a save the runtime reports, or the checkpoint
+series moving on disk) while a spare host is idle: the generation fails with
+kind `straggler`, and the restart puts the spare in its place
+(recovery.choose_hosts, as for a lost host), saying so (`hosts_chosen`).
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..strategy import COLLECTIVE
+from . import checkpoints
 from . import events as ev
 from .generation import Generation
 from .states import TaskRecord
@@ -26,20 +33,26 @@ SYNCHRONOUS_ROLES = ("chief", "worker")
 
 class Radar:
     def __init__(self, tell: Callable[[ev.Event], None], clock: Callable[[], float],
-                 on_straggler: str = "warn") -> None:
+                 on_straggler: str = "warn", *, spares: tuple[str, ...] = (),
+                 fail: Callable[..., None] | None = None,
+                 probe: Callable[[], checkpoints.State | None] = lambda: None) -> None:
         self._tell = tell
         self._clock = clock
         self.on_straggler = on_straggler
+        self._spares = spares  # hosts marked spare: true
+        self._fail = fail  # the supervisor's: a failure of a task, with its kind and reason
+        self._probe = probe  # the checkpoint series on disk (checkpoints.checkpoint_state)
+        self._replace: tuple[Finding, checkpoints.State | None] | None = None
         self._generation: int | None = None
         self._detector: Detector | None = None
         self._recorded: dict[str, float] = {}  # task -> when its health was last written
         self.named: list[dict[str, Any]] = []  # for summary.json
-        self.pending_replace: Finding | None = None  # on_straggler: replace, not yet done
 
     def _for(self, gen: Generation) -> Detector | None:
         if gen.plan.generation != self._generation:
             self._generation = gen.plan.generation
             self._recorded = {}
+            self._replace = None
             hosts = {t.name: t.host for t in gen.plan.tasks if t.role in SYNCHRONOUS_ROLES}
             synchronous = gen.plan.strategy in COLLECTIVE and len(hosts) >= 2
             self._detector = Detector(hosts) if synchronous else None
@@ -60,12 +73,30 @@ class Radar:
         detector = self._for(gen)
         if detector is not None:
             self._found(gen, detector.health(now, name, float(t), figures))
+        if self._replace is not None and checkpoints.advanced(self._replace[1], self._probe()):
+            self._set_aside(gen)
 
     def progress(self, gen: Generation, data: dict[str, Any]) -> None:
         detector = self._for(gen)
         step = data.get("step")
         if detector is not None and isinstance(step, int | float) and not isinstance(step, bool):
             detector.progress(self._clock(), int(step))
+        if self._replace is not None and data.get("checkpoint"):
+            self._set_aside(gen)
+
+    def _set_aside(self, gen: Generation) -> None:
+        """The checkpoint came: fail the generation so that a spare takes the slow host's place."""
+        assert self._replace is not None
+        finding, self._replace = self._replace[0], None
+        record = gen.records.get(finding.task)
+        in_use = {t.host for t in gen.plan.tasks}
+        if record is None or self._fail is None or gen.failure is not None \
+                or not [s for s in self._spares if s not in in_use]:
+            return  # no idle spare left (or already failing): named, not replaced
+        gen.set_aside.add(finding.host)  # the restart chooses a spare instead
+        self._fail(gen, record, kind="straggler",
+                   reason=f"replaced by a spare host at a checkpoint: {finding.slowdown:.2g}x "
+                   "slower than its peers (restart.on_straggler: replace)")
 
     def trace(self, gen: Generation, summaries: dict[str, dict[str, float]]) -> None:
         """One synchronized trace's per-task summary (the profile library)."""
@@ -88,3 +119,5 @@ class Radar:
                            "evidence": event.evidence, "source": event.source,
                            "action": event.action})
         self._tell(event)
+        if self.on_straggler == "replace":
+            self._replace = (finding, self._probe())

@@ -116,7 +116,9 @@ class Supervisor:
         self._watch = Watch(policy, links, clock, self._fail, self._host_lost)
         self._waiter = HostWaiter(reconnect, links, self._tell, self._wait, self._stop_pending,
                                   clock, hosts=self._hosts, policy=policy)
-        self._radar = Radar(self._tell, clock, policy.on_straggler)  # stragglers named
+        self._radar = Radar(self._tell, clock, policy.on_straggler, fail=self._fail,
+                            spares=tuple(h.name for h in hosts if h.spare),
+                            probe=checkpoint_probe)  # stragglers named (and replaced)
         self.current: Generation | None = None  # read-only for observers (live view)
 
     @property

@@ -328,13 +328,9 @@ def _role_problems(config: ClusterConfig, totals: dict[str, int]) -> Problems:
             (("keras",), f"keras: jax runs Keras 3 on JAX, which trains across hosts with "
              f"strategy: keras_distribution, not {config.strategy}")
         )
-    if config.restart.on_straggler == "replace":
-        # Named and validated; the restart with a spare is not built yet (docs/stragglers.md).
-        spare = any(h.spare for h in config.hosts)
+    if config.restart.on_straggler == "replace" and not any(h.spare for h in config.hosts):
         problems.append(
             (("restart", "on_straggler"),
-             "on_straggler: replace is not available yet: use on_straggler: warn (the "
-             "straggler is named; replace its host by hand)" if spare else
              "on_straggler: replace needs a spare host to put in the slow host's place: "
              "add a host with `spare: true`, or use on_straggler: warn")
         )
