@@ -57,6 +57,7 @@ SUBCOMMANDS = {
     "logs": "launcher.ops.records",
     "export": "launcher.ops.export",      # Slurm / Kubernetes TFJob
     "stop": "launcher.ops.control",       # stop a running (e.g. detached) job
+    "report": "launcher.ops.report",      # a run as one self-contained HTML file
 }
 
 USAGE = """\
@@ -74,6 +75,7 @@ other commands:
   mgpu-launch logs RUN_DIR [TASK] [-f] [-n N]  a task's log; -f follows a running job
   mgpu-launch stop RUN_DIR [--timeout S]       stop a running job gracefully (SIGTERM to its
                                                launcher) and wait for its summary
+  mgpu-launch report RUN_DIR [-o FILE]         the run as one HTML file (opens offline)
   mgpu-launch export --to slurm|tfjob CLUSTER.yaml SCRIPT [ARGS...]
   mgpu-launch simulate N [--dir DIR] [--detach] | simulate stop --dir DIR
 

@@ -160,8 +160,11 @@ def test_kill_9_mid_epoch_resumes_from_the_checkpoint(workdir: Path, jobs):
     job.assert_nothing_left()
 
 
-@pytest.mark.parametrize("victim", ["worker1", "worker0"])
-def test_sigstop_of_a_worker_is_a_hang_detected_in_seconds(workdir: Path, jobs, victim: str):
+def test_sigstop_of_a_worker_is_a_hang_detected_in_seconds(workdir: Path, jobs):
+    # worker0, TensorFlow's coordination leader: its freeze also stalls its peer's
+    # heartbeats, so the peer is the likelier to be blamed. The harder case of the
+    # two; worker1's own agent sees it stopped just the same.
+    victim = "worker0"
     job = launch(jobs, ["--local", "2", TRAIN, "--epochs", "4"], workdir)
     wait_for(lambda: all(any(e.get("epoch", -1) >= 1 for e in job.events("progress", task=t))
                          for t in ("worker0", "worker1")),
@@ -176,8 +179,7 @@ def test_sigstop_of_a_worker_is_a_hang_detected_in_seconds(workdir: Path, jobs, 
     # Its agent sees it stopped: past the freeze a job must survive
     # (stalls.STOPPED_HANG_S) it is the hung task, never a peer that reports it.
     cause = summary["failures"][0]
-    label = {"worker0": "host0/worker0", "worker1": "host1/worker1"}[victim]
-    assert cause["task"] == label and cause["kind"] == "hang", cause
+    assert cause["task"] == "host0/worker0" and cause["kind"] == "hang", cause
     detected = job.events("failure_detected", generation=0)[0]
     assert STOPPED_HANG_S < detected["t"] - stopped_at < STOPPED_HANG_S + 3, \
         detected["t"] - stopped_at

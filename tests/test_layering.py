@@ -151,6 +151,12 @@ RULES = (
     Rule("records are read-only", ("launcher.ops.records", "launcher.ops.replay"),
          forbidden=("launcher.job.supervisor", "launcher.transport", "launcher.cli"),
          reason="a run directory is data: `status` and `logs` read it without a launcher"),
+    Rule("the report is read-only", ("launcher.ops.report", "launcher.ops.report_html"),
+         forbidden=("launcher.job.supervisor", "launcher.transport", "launcher.cli"),
+         reason="`mgpu-launch report` reads a run directory, finished or still going, "
+         "without a launcher, and writes one file"),
+    Rule("charts are pure", ("launcher.ops.svg",), allowed=(),
+         reason="the report's charts are functions from values to SVG text"),
     Rule("the live view only reads rows", ("launcher.ops.live",),
          forbidden=("launcher.job.supervisor", "launcher.cli", "launcher.transport"),
          reason="live.render is pure over TaskRow snapshots; the supervisor drives it"),

@@ -95,11 +95,20 @@ def test_a_dropped_optimizer_is_forgotten(channel):
 
 
 @pytest.mark.parametrize("raw, expected", [("", 2.0), ("0.5", 0.5), ("0", 0.0),
-                                           ("soon", 2.0), ("-3", 0.0)])
-def test_the_period_and_its_off_switch(monkeypatch, raw, expected):
+                                           ("soon", 2.0), ("-3", 2.0), ("nan", 2.0)])
+def test_the_period_and_its_off_switch(monkeypatch, capsys, raw, expected):
     monkeypatch.setenv("MGPU_STEPS_EVERY_S", raw)
     monkeypatch.setenv("MGPU_PROGRESS_FD", "9")
+    monkeypatch.setattr(steps, "_warned", set())
     assert steps.every_s() == expected
+    assert steps.every_s() == expected
+    # A value that is not a period is said once, in the task's log, with the default used.
+    said = capsys.readouterr().err
+    if raw in ("soon", "-3", "nan"):
+        assert said == (f"mgpu-launch: MGPU_STEPS_EVERY_S={raw!r} is not a number of seconds "
+                        "(0 turns step counting off); counting every 2 s\n"), said
+    else:
+        assert said == "", said
     assert steps.enabled() is (expected > 0)
     monkeypatch.delenv("MGPU_PROGRESS_FD")
     assert not steps.enabled()  # outside the launcher: nothing to report to

@@ -72,11 +72,16 @@ class Placed:
 @dataclass(frozen=True, kw_only=True)
 class Launch(Event):
     kind = "launch"
-    optional = ("launcher_pid", "launcher_host")
+    optional = ("launcher_pid", "launcher_host", "command", "hosts")
     generation: int
     launcher_pid: int | None = None
     launcher_host: str | None = None
     tasks: tuple[Placed, ...] = ()
+    # Generation 0 only: what ran and on what (`mgpu-launch report` shows them).
+    command: tuple[str, ...] | None = None  # the script and its arguments, as every task runs
+    # Per host, from its agent's hello: host, hostname, mgpu_launch (version),
+    # python (version), tensorflow, keras, tf_keras (None: not installed).
+    hosts: tuple[dict[str, Any], ...] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -152,7 +152,9 @@ class Launch:
             links=connected.links, events=connected.events, recorder=recorder, voice=screen,
             policy=policy, reconnect=connected.reconnect,
             checkpoint_probe=lambda: checkpoints.checkpoint_state(first.checkpoint_dir),
-            launcher_info={"launcher_pid": os.getpid(), "launcher_host": socket.gethostname()},
+            launcher_info={"launcher_pid": os.getpid(), "launcher_host": socket.gethostname(),
+                           "command": tuple(self.reach.command),
+                           "hosts": host_facts(connected.hellos())},
         )
         return Job(self, connected, supervisor, recorder, screen)
 
@@ -226,6 +228,19 @@ class Job:
         if screen.dropped:
             summary["terminal_lines_dropped"] = screen.dropped
         return summary
+
+
+def host_facts(hellos: dict[str, dict[str, Any] | None]) -> tuple[dict[str, Any], ...]:
+    """Each host's versions, as its agent's hello told them (generation 0's `launch`)."""
+    facts = []
+    for host, hello in hellos.items():
+        hello = hello or {}
+        packages = hello.get("packages") or {}
+        facts.append({"host": host, "hostname": hello.get("hostname"),
+                      "mgpu_launch": hello.get("version"),
+                      "python": hello.get("python_version"),
+                      **{name: packages.get(name) for name in ("tensorflow", "keras", "tf_keras")}})
+    return tuple(facts)
 
 
 def _workers_on(loaded: LoadedConfig, spec: Any) -> int:

@@ -290,12 +290,14 @@ class Supervisor:
                                 for t in plan.tasks}, started_at=self._clock())
         self.current = gen
         self._starts = {}
+        first = self._launcher_info if plan.generation == 0 else {}  # what ran, on what
         self._tell(ev.Launch(
             generation=plan.generation, launcher_pid=self._launcher_info.get("launcher_pid"),
             launcher_host=self._launcher_info.get("launcher_host"),
             tasks=tuple(ev.Placed(task=t.name, host=t.host, address=t.address, port=t.port,
                                   address_rule=t.address_rule, lifetime=t.lifetime)
-                        for t in plan.tasks)))
+                        for t in plan.tasks),
+            command=first.get("command"), hosts=first.get("hosts")))
         for task in plan.tasks:
             if task.host not in gen.lost_hosts:  # a dead link found by an earlier start
                 self._start(gen, task)

@@ -39,7 +39,9 @@ from __future__ import annotations
 
 import atexit
 import functools
+import math
 import os
+import sys
 import threading
 import time
 import weakref
@@ -61,8 +63,22 @@ def every_s() -> float:
     try:
         value = float(raw) if raw else EVERY_S_DEFAULT
     except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        _warn_once(f"mgpu-launch: MGPU_STEPS_EVERY_S={raw!r} is not a number of seconds "
+                   f"(0 turns step counting off); counting every {EVERY_S_DEFAULT:g} s")
         return EVERY_S_DEFAULT
-    return max(value, 0.0)
+    return value
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    """To the task's stderr (its log, prefixed by the launcher), once per process."""
+    if message not in _warned:
+        _warned.add(message)
+        print(message, file=sys.stderr, flush=True)
 
 
 def enabled() -> bool:

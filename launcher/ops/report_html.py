@@ -1,0 +1,199 @@
+"""A `Report` (launcher/ops/report.py) as one self-contained HTML page.
+
+No script, no external font, style sheet or image: the page opens from disk
+with no network, and its Content-Security-Policy forbids loading anything, so
+a run's own words (task names, messages, the command) can never fetch or run
+anything even if one escaped `esc` (none should: every value from the run goes
+through it).
+
+Pure: a Report in, text out.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import shlex
+from collections.abc import Sequence
+from typing import Any
+
+from .. import __version__
+from .report import Report
+from .svg import esc, line_chart, stacked_bar, timeline
+
+# The goodput ledger's parts (summary.json `goodput.parts`), in order, with colours.
+GOODPUT_PARTS = (("training", "#3c9a5f"), ("startup", "#9aa5b1"), ("recovery", "#d64545"),
+                 ("redone", "#e58a3a"), ("checkpointing", "#2f6fd1"),
+                 ("waiting_for_hosts", "#7a6fd0"), ("other", "#c8c8c8"))
+NOT_RECORDED = '<p class="none">not recorded{}</p>'
+
+STYLE = """
+body { font-family: "DejaVu Sans", Arial, sans-serif; margin: 24px auto; max-width: 1000px;
+       color: #1d2430; background: #ffffff; }
+h1 { font-size: 22px; margin-bottom: 4px; } h2 { font-size: 17px; margin-top: 28px;
+     border-bottom: 1px solid #dde1e7; padding-bottom: 4px; }
+table { border-collapse: collapse; font-size: 13px; } td, th { padding: 3px 10px 3px 0;
+     text-align: left; vertical-align: top; } th { color: #5b6573; font-weight: normal; }
+pre { background: #f4f5f7; padding: 8px; overflow-x: auto; font-size: 12px;
+      white-space: pre-wrap; word-break: break-all; }
+.status { display: inline-block; padding: 2px 8px; border-radius: 3px; color: #fff; }
+.succeeded { background: #3c9a5f; } .failed, .aborted { background: #d64545; }
+.running { background: #2f6fd1; } .interrupted, .unknown { background: #8a8f98; }
+.none { color: #8a8f98; font-style: italic; } .fault { color: #d64545; font-weight: bold; }
+"""
+
+
+def render(report: Report) -> str:
+    """The whole page."""
+    view = report.view
+    title = f"{view.name or 'run'}: {view.status}"
+    body = [_header(report), _timeline(report), _rates(report), _goodput(report),
+            _stragglers(report), _cluster(report),
+            f'<p class="none">written by mgpu-launch {esc(__version__)} at '
+            f'{esc(_when(None))}</p>']
+    return ("<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n"
+            "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; "
+            "style-src 'unsafe-inline'; img-src data:\">\n"
+            f"<title>{esc(title)}</title>\n<style>{STYLE}</style></head>\n<body>\n"
+            + "\n".join(body) + "\n</body></html>\n")
+
+
+def _when(t: float | None) -> str:
+    moment = datetime.datetime.now(datetime.UTC) if t is None else \
+        datetime.datetime.fromtimestamp(t, datetime.UTC)
+    return moment.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    head = "".join(f"<th>{esc(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{esc(_cell(c))}</td>" for c in row) + "</tr>"
+                   for row in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.2f}"
+    if isinstance(value, dict | list):
+        return json.dumps(value, default=str, sort_keys=True)
+    return str(value)
+
+
+def _header(report: Report) -> str:
+    view = report.view
+    wall = view.wall_s if isinstance(view.wall_s, int | float) else report.duration_s
+    rows = [("status", f'<span class="status {esc(view.status)}">{esc(view.status)}</span> '
+                       f"{esc(view.status_detail)}"),
+            ("started", esc(_when(report.t0))),
+            ("length", f"{wall:.1f} s"),
+            ("generations", f"{view.generation + 1} ({view.restarts} restart"
+                            f"{'' if view.restarts == 1 else 's'})"),
+            ("strategy", esc(view.strategy or "?")),
+            ("transport", esc(view.transport or "?")),
+            ("run directory", esc(view.run_dir.resolve()))]
+    command = (f"<pre>{esc(shlex.join(report.command))}</pre>" if report.command
+               else NOT_RECORDED.format(" (written by an mgpu-launch before the command "
+                                        "was recorded)"))
+    table = "".join(f"<tr><th>{name}</th><td>{value}</td></tr>" for name, value in rows)
+    return (f"<h1>{esc(view.name or 'run')}</h1><table>{table}</table>"
+            f"<h2>Command</h2><p>every task ran:</p>{command}")
+
+
+def _timeline(report: Report) -> str:
+    if len(report.rows) <= 1:
+        return "<h2>Timeline</h2>" + NOT_RECORDED.format(" (no task launched yet)")
+    chart = timeline(report.row_labels, report.spans, report.marks, report.duration_s)
+    return ("<h2>Timeline</h2><p>each task by generation; a red mark is a fault, "
+            "numbered below, on the task blamed for it</p>" + chart + _faults(report))
+
+
+def _faults(report: Report) -> str:
+    if not report.faults:
+        return "<p>no fault</p>"
+    items = []
+    for fault in report.faults:
+        blame = " (blamed after the first failure)" if fault.blamed_later else ""
+        items.append(f'<li><span class="fault">{fault.number}</span> at {fault.t:.1f} s, '
+                     f"generation {fault.generation}, {esc(fault.kind)}: root cause "
+                     f"<b>{esc(fault.task)}</b>{esc(blame)}: {esc(fault.description)}</li>")
+    return "<h3>Faults</h3><ol>" + "".join(items) + "</ol>" + _root_cause(report)
+
+
+def _root_cause(report: Report) -> str:
+    """The job's final root cause (summary.json): its exception and last lines."""
+    cause = report.view.root_cause
+    if not isinstance(cause, dict):
+        return ""
+    parts = [f"<h3>Root cause of the job's end</h3><p>{esc(cause.get('description') or '')}</p>"]
+    error = cause.get("error") or {}
+    if isinstance(error, dict) and error.get("traceback"):
+        parts.append("<pre>Traceback (most recent call last):\n"
+                     f"{esc(error['traceback'])}{esc(error.get('type', ''))}: "
+                     f"{esc(error.get('message', ''))}</pre>")
+    lines = cause.get("last_lines") or []
+    if lines:
+        parts.append("<p>its last lines:</p><pre>"
+                     + esc("\n".join(str(line) for line in lines[-20:])) + "</pre>")
+    return "".join(parts)
+
+
+def _rates(report: Report) -> str:
+    if not report.rates:
+        return "<h2>Steps per second</h2>" + NOT_RECORDED.format(" (no task reported steps)")
+    chart = line_chart(report.rates, report.duration_s, "steps/s",
+                       marks=[f.t for f in report.faults])
+    return ("<h2>Steps per second</h2><p>per task, from its progress reports; dashed: "
+            "the faults</p>" + chart)
+
+
+def _goodput(report: Report) -> str:
+    goodput = report.goodput
+    if not goodput:
+        why = "" if report.summary else " (the run has not ended)"
+        return "<h2>Goodput</h2>" + NOT_RECORDED.format(why)
+    parts = goodput.get("parts") or {}
+    known = [(name, float(parts.get(name) or 0.0), color) for name, color in GOODPUT_PARTS]
+    known += [(str(name), float(value), "#bbbbbb") for name, value in parts.items()
+              if name not in dict(GOODPUT_PARTS) and isinstance(value, int | float)]
+    wall = goodput.get("wall_s")
+    wall = float(wall) if isinstance(wall, int | float) and wall > 0 else \
+        sum(v for _, v, _ in known) or 1.0
+    rows = [(name, f"{value:.1f} s", f"{100.0 * value / wall:.1f} %") for name, value, _ in
+            known]
+    productive = goodput.get("productive_s")
+    lead = (f"<p>productive {float(productive):.1f} s of {wall:.1f} s: "
+            f"<b>{100.0 * float(productive) / wall:.1f} %</b></p>"
+            if isinstance(productive, int | float) else "")
+    return ("<h2>Goodput</h2>" + lead + stacked_bar(known)
+            + _table(("part", "time", "share"), rows))
+
+
+def _stragglers(report: Report) -> str:
+    stragglers = report.stragglers
+    if stragglers is None:
+        return "<h2>Stragglers</h2>" + NOT_RECORDED.format("")
+    if not stragglers:
+        return "<h2>Stragglers</h2><p>none: no task was slower than its peers</p>"
+    rows = []
+    for entry in stragglers:
+        slowdown = entry.get("slowdown")
+        rows.append((entry.get("task"), entry.get("host"),
+                     f"{slowdown:.2f}x" if isinstance(slowdown, int | float) else slowdown,
+                     entry.get("evidence")))
+    return "<h2>Stragglers</h2>" + _table(("task", "host", "slowdown", "evidence"), rows)
+
+
+def _cluster(report: Report) -> str:
+    if not report.hosts:
+        return "<h2>Cluster</h2>" + NOT_RECORDED.format("")
+    header = ("host", "address", "roles", "tasks run", "spare", "hostname", "mgpu-launch",
+              "python", "tensorflow", "keras", "tf_keras")
+    rows = [(h.get("host"), h.get("address"), h.get("roles"), ", ".join(h.get("tasks") or []),
+             "yes" if h.get("spare") else "no", h.get("hostname"), h.get("mgpu_launch"),
+             h.get("python"), h.get("tensorflow"), h.get("keras"), h.get("tf_keras"))
+            for h in report.hosts]
+    note = "" if report.versions_recorded else NOT_RECORDED.format(
+        ": the versions (written by an mgpu-launch before they were recorded)")
+    return "<h2>Cluster</h2>" + _table(header, rows) + note
