@@ -353,3 +353,51 @@ def test_replace_sets_the_slow_host_aside_at_the_next_checkpoint(tmp_path: Path)
     assert placed == {"worker0": "host0", "worker1": "host2"}
     assert result.status == "succeeded"
     assert "host2 replaces host1" in h.output.getvalue()
+
+
+# ------------------------------------------------ traces, taken by the radar
+
+
+class FakeProfiler:
+    """job/profiling.py's Profiler as the radar uses it: each capture answers at
+    once with the recorded per-task summaries (totals over the window, s)."""
+
+    def __init__(self, answers: dict[str, dict[str, float]]) -> None:
+        self.answers, self.current, self.asked = answers, None, []
+
+    def capture(self, gen, links, seconds, *, ident, keep_files, on_done):
+        from types import SimpleNamespace
+
+        self.asked.append((ident, seconds, keep_files))
+        traces = {name: SimpleNamespace(summary=summary) for name, summary in self.answers.items()}
+        on_done(SimpleNamespace(traces=traces))
+
+
+def test_the_radar_traces_rarely_and_names_the_task_its_peers_wait_for(tmp_path: Path):
+    from launcher.job.generation import Generation
+    from launcher.job.radar import Radar
+    from launcher.job.states import TaskRecord
+    from launcher.spec.config import local_config
+    from launcher.spec.plan import build_plan
+
+    plan = build_plan(local_config(2), ["x.py"], run_dir=str(tmp_path), ports=[1, 2])
+    gen = Generation(plan, {t.name: TaskRecord(t) for t in plan.tasks})
+    # worker1's input waits 46 ms a step; worker0 waits for it in the all-reduce.
+    profiler = FakeProfiler({
+        "worker0": {"window_s": 1.0, "steps": 16, "step_s": 0.0625, "collective_s": 0.77,
+                    "input_s": 0.02, "compute_s": 0.21},
+        "worker1": {"window_s": 1.0, "steps": 16, "step_s": 0.0625, "collective_s": 0.05,
+                    "input_s": 0.74, "compute_s": 0.21}})
+    told, clock = [], [0.0]
+    radar = Radar(told.append, lambda: clock[0], profiler=profiler)
+    for second in range(1, 60):
+        clock[0] = float(second)
+        radar.progress(gen, {"step": 16 * second})
+        radar.tick(gen, links={})
+    assert [ident for ident, _, _ in profiler.asked] == ["radar-g0-1", "radar-g0-2"]
+    assert {(s, keep) for _, s, keep in profiler.asked} == {(1.0, False)}
+    (named,) = [e for e in told if isinstance(e, ev.Straggler)]
+    assert (named.task, named.host, named.source) == ("worker1", "host1", "trace")
+    assert named.slowdown == pytest.approx((62.5 - 3.125) / (62.5 - 48.125), rel=0.01)
+    assert named.evidence["task"]["input_ms"] == pytest.approx(46.2, abs=0.1)
+    assert gen.records["worker1"].slowdown == named.slowdown

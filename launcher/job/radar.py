@@ -25,6 +25,12 @@ from .generation import Generation
 from .states import TaskRecord
 from .stragglers import Detector, Finding
 
+# Traces (job/profiling.py): one of TRACE_SECONDS of every task at these
+# seconds of training, then one every TRACE_EVERY_S: rare enough that their
+# cost stays within noise, and two agreeing traces name a straggler.
+TRACE_AT_S = (12.0, 24.0)
+TRACE_EVERY_S = 300.0
+TRACE_SECONDS = 1.0
 # A task's health sample is written to events.jsonl at most this often (the
 # radar itself hears every one, every 5 s): 64 tasks, a week: ~200 MB.
 HEALTH_RECORD_EVERY_S = 60.0
@@ -35,7 +41,8 @@ class Radar:
     def __init__(self, tell: Callable[[ev.Event], None], clock: Callable[[], float],
                  on_straggler: str = "warn", *, spares: tuple[str, ...] = (),
                  fail: Callable[..., None] | None = None,
-                 probe: Callable[[], checkpoints.State | None] = lambda: None) -> None:
+                 probe: Callable[[], checkpoints.State | None] = lambda: None,
+                 profiler: Any = None) -> None:
         self._tell = tell
         self._clock = clock
         self.on_straggler = on_straggler
@@ -43,6 +50,8 @@ class Radar:
         self._fail = fail  # the supervisor's: a failure of a task, with its kind and reason
         self._probe = probe  # the checkpoint series on disk (checkpoints.checkpoint_state)
         self._replace: tuple[Finding, checkpoints.State | None] | None = None
+        self._profiler = profiler  # job/profiling.py's Profiler: synchronized traces
+        self._traces: list[float] = []  # seconds of training at each trace taken
         self._generation: int | None = None
         self._detector: Detector | None = None
         self._recorded: dict[str, float] = {}  # task -> when its health was last written
@@ -53,6 +62,7 @@ class Radar:
             self._generation = gen.plan.generation
             self._recorded = {}
             self._replace = None
+            self._traces = []
             hosts = {t.name: t.host for t in gen.plan.tasks if t.role in SYNCHRONOUS_ROLES}
             synchronous = gen.plan.strategy in COLLECTIVE and len(hosts) >= 2
             self._detector = Detector(hosts) if synchronous else None
@@ -83,6 +93,34 @@ class Radar:
             detector.progress(self._clock(), int(step))
         if self._replace is not None and data.get("checkpoint"):
             self._set_aside(gen)
+
+    def tick(self, gen: Generation, links: Any) -> None:
+        """From the supervisor's loop: trace every task when a trace is due."""
+        detector = self._for(gen)
+        if detector is None or self._profiler is None or self._profiler.current is not None:
+            return
+        trained = detector.trained_s(self._clock())
+        taken = len(self._traces)
+        due = TRACE_AT_S[taken] if taken < len(TRACE_AT_S) else \
+            self._traces[-1] + TRACE_EVERY_S
+        if trained is None or trained < due:
+            return
+        self._traces.append(trained)
+        generation = gen.plan.generation
+        self._profiler.capture(gen, links, TRACE_SECONDS, keep_files=False,
+                               ident=f"radar-g{generation}-{taken + 1}",
+                               on_done=lambda capture: self._traced(gen, capture))
+
+    def _traced(self, gen: Generation, capture: Any) -> None:
+        """A trace's answers: each task's time per step, in ms, to the judgement."""
+        if gen.plan.generation != self._generation or self._detector is None:
+            return
+        summaries = {}
+        for name, trace in capture.traces.items():
+            per_step = per_step_ms(trace.summary or {})
+            if per_step:
+                summaries[name] = per_step
+        self._found(gen, self._detector.trace(self._clock(), summaries))
 
     def _set_aside(self, gen: Generation) -> None:
         """The checkpoint came: fail the generation so that a spare takes the slow host's place."""
@@ -121,3 +159,18 @@ class Radar:
         self._tell(event)
         if self.on_straggler == "replace":
             self._replace = (finding, self._probe())
+
+
+def per_step_ms(summary: dict[str, Any]) -> dict[str, float]:
+    """A trace summary's totals (runtime/xplane.py: `window_s`, `steps`,
+    `collective_s`, `input_s`, `compute_s`) as milliseconds per step."""
+    steps = summary.get("steps")
+    window = summary.get("window_s")
+    if not isinstance(steps, int | float) or steps <= 0 or not isinstance(window, int | float):
+        return {}
+    out = {"step_ms": 1000.0 * window / steps}
+    for key in ("collective", "input", "compute"):
+        value = summary.get(f"{key}_s")
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            out[f"{key}_ms"] = 1000.0 * value / steps
+    return out if "collective_ms" in out else {}

@@ -164,6 +164,13 @@ class Detector:
         self._rates = [*self._rates[-11:], rate]
         return rate > 0 and rate >= STEADY_RATE_SHARE * recent
 
+    def trained_s(self, now: float) -> float | None:
+        """Seconds since training began, while the steps move (None: not training)."""
+        if self._first_step_t is None or self._step is None \
+                or now - self._step[0] > MAX_WINDOW_S / 3:
+            return None
+        return now - self._first_step_t
+
     def step_rate(self) -> float | None:
         return statistics.median(self._rates) if self._rates else None
 
