@@ -14,7 +14,7 @@ Why is a task slower than its peers? The host says part of it (docs/stragglers.m
 
 Counters are cumulative (the launcher takes the differences), so a sample
 lost on the way costs nothing. One sample reads a few small files per thread:
-~1 ms for a TensorFlow process of 100 threads, every `HEALTH_EVERY_S`.
+~3 ms of CPU for a process of 120 threads, every `HEALTH_EVERY_S` (0.1 % of a core).
 
 Standard library only; imports nothing of the launcher.
 """
