@@ -401,3 +401,18 @@ def test_the_radar_traces_rarely_and_names_the_task_its_peers_wait_for(tmp_path:
     assert named.slowdown == pytest.approx((62.5 - 3.125) / (62.5 - 48.125), rel=0.01)
     assert named.evidence["task"]["input_ms"] == pytest.approx(46.2, abs=0.1)
     assert gen.records["worker1"].slowdown == named.slowdown
+
+
+def test_status_of_a_running_job_names_its_straggler(tmp_path: Path):
+    from launcher.ops.records import load_run, render_status
+
+    event = ev.Straggler(generation=0, task="worker1", host="host1", slowdown=2.5,
+                         evidence={"unit": "ms_per_step", "task": {"waiting_for_cpu": 315.0},
+                                   "peers": {"waiting_for_cpu": 120.0}})
+    lines = [{"t": 1.0, "event": "launch", "v": 2, "generation": 0, "tasks": [
+        {"task": f"worker{i}", "host": f"host{i}"} for i in range(2)]},
+        ev.to_record(event, 30.0)]
+    (tmp_path / "events.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    text = render_status(load_run(tmp_path, alive=lambda launch: True), now=31.0)
+    assert "straggler: host1/worker1 is 2.5x slower than its peers: waiting for a CPU " \
+        "315 ms/step (peers 120)" in text

@@ -23,8 +23,9 @@ from typing import Any, TextIO
 
 import yaml
 
+from ..job.events import from_record
 from ..spec.rundir import CONFIG, EVENTS, LAUNCHER_OUT, LAUNCHER_PID, LOGS, SUMMARY, log_file_name
-from . import usage
+from . import narrate, usage
 from .replay import TaskView, failure_from_event, split_name
 from .replay import replay as replayed
 
@@ -53,6 +54,7 @@ class RunView:
     root_cause: dict[str, Any] | None
     failures: list[dict[str, Any]]
     last_event_t: float | None
+    stragglers: tuple[str, ...] = ()  # the straggler radar's lines (docs/stragglers.md)
 
     @property
     def finished(self) -> bool:
@@ -203,6 +205,8 @@ def load_run(run_dir: str | os.PathLike,
         generation=replay.generation, restarts=restarts, started_t=started_t, wall_s=wall_s,
         tasks=list(replay.tasks.values()), root_cause=root_cause, failures=failures,
         last_event_t=events[-1].get("t") if events else None,
+        stragglers=tuple(said[1] for e in events if e.get("event") == "straggler"
+                         and (said := narrate.line(from_record(e))) is not None),
     )
 
 
@@ -303,6 +307,8 @@ def render_status(view: RunView, now: float | None = None) -> str:
         lines += ["", "failures that caused a restart:" if view.finished or view.restarts
                   else "failures:"]
         lines += [f"  {f.get('description') or f.get('task')}" for f in earlier]
+    if view.stragglers:
+        lines += ["", *view.stragglers]
     lines += ["", f"logs:       {view.run_dir / LOGS}"]
     if (view.run_dir / LAUNCHER_OUT).exists():  # a detached run: the launcher's own lines
         lines.append(f"launcher:   {view.run_dir / LAUNCHER_OUT}")
