@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from launcher.agent.health import HEALTH_EVERY_S
+from launcher.job.radar import TRACE_AT_S
 from launcher.job.stragglers import AGREE, WARMUP_S
 from tests.conftest import SCRIPTS, read_events, read_summary, start_cli, wait_for
 
@@ -77,11 +78,13 @@ def test_a_worker_whose_cpu_is_contended_is_named(workdir: Path):
 
 
 def test_a_balanced_job_names_nobody(workdir: Path):
-    run = Run(workdir)
+    """Its epochs end every 150 steps with an evaluation and a checkpoint save."""
+    run = Run(workdir, "--epoch-steps", "150", "--backup", str(workdir / "backup"))
     try:
         first = run.first_step()
-        # Past the warm-up and one round more than a straggler needs to be named.
-        steady_s = WARMUP_S + (AGREE + 1) * HEALTH_EVERY_S
+        # Past the warm-up and one round more than a straggler needs to be
+        # named, and past the radar's first two traces.
+        steady_s = max(WARMUP_S + (AGREE + 1) * HEALTH_EVERY_S, TRACE_AT_S[-1] + 5)
         wait_for(lambda: any(e["t"] - first["t"] >= steady_s for e in run.events("progress")),
                  steady_s + 30, f"{steady_s:g} s of training")
     finally:
@@ -89,3 +92,5 @@ def test_a_balanced_job_names_nobody(workdir: Path):
     assert run.events("straggler") == [] and summary["stragglers"] == []
     assert "straggler" not in output
     assert run.events("health")  # sampled, and written at its bounded rate
+    assert (workdir / "backup").is_dir()  # it saved
+

@@ -7,6 +7,9 @@ Options, each for one task only (`TASK:VALUE`, the task as `worker1`):
                               (an I/O-like wait: a slow disk or share)
   --pin worker1:0             that task runs on CPU 0 only (the test puts
                               other processes there: a noisy neighbour)
+For every task:
+  --epoch-steps N             epochs of N steps, each ending with an evaluation
+                              and a BackupAndRestore save into --backup DIR
 """
 
 import argparse
@@ -20,6 +23,8 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--slow-input", default="")
 parser.add_argument("--pin", default="")
 parser.add_argument("--steps", type=int, default=100_000)
+parser.add_argument("--epoch-steps", type=int, default=0)
+parser.add_argument("--backup", default="")
 args = parser.parse_args()
 
 config = json.loads(os.environ["TF_CONFIG"])
@@ -65,4 +70,9 @@ with strategy.scope():
     model.compile(optimizer=tf.keras.optimizers.SGD(0.01),
                   loss=tf.keras.losses.BinaryCrossentropy(from_logits=True))
 print(f"{me} training", flush=True)
-model.fit(dataset, epochs=1, steps_per_epoch=args.steps, verbose=0)
+if args.epoch_steps:
+    backup = tf.keras.callbacks.BackupAndRestore(backup_dir=args.backup)
+    model.fit(dataset, epochs=args.steps // args.epoch_steps, steps_per_epoch=args.epoch_steps,
+              validation_data=dataset, validation_steps=20, callbacks=[backup], verbose=0)
+else:
+    model.fit(dataset, epochs=1, steps_per_epoch=args.steps, verbose=0)
