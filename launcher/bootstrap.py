@@ -149,6 +149,10 @@ def main() -> None:
     sys.path[0] = os.path.dirname(os.path.abspath(script))
     register_stacks()
     install_hooks()
+    if os.environ.get("MGPU_PROFILE_REQUEST"):  # traces on request (`mgpu-launch profile`)
+        from launcher.runtime import trace
+
+        trace.start_watching()
     import runpy  # here: the agent imports this module for stacks_signal
     try:
         runpy.run_path(script, run_name="__main__")

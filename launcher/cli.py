@@ -37,7 +37,7 @@ from .job.classify import signal_name
 from .job.launch import Job, Launch, LaunchRefused
 from .job.reach import Connected
 from .job.states import Failure, RunResult
-from .ops import control, prereqs, usage
+from .ops import control, outlets, prereqs, usage
 from .ops.live import format_duration
 from .ops.printer import Printer
 from .spec import rundir
@@ -58,6 +58,7 @@ SUBCOMMANDS = {
     "export": "launcher.ops.export",      # Slurm / Kubernetes TFJob
     "stop": "launcher.ops.control",       # stop a running (e.g. detached) job
     "report": "launcher.ops.report",      # a run as one self-contained HTML file
+    "profile": "launcher.ops.profile",    # trace every task of a running job at once
 }
 
 USAGE = """\
@@ -71,11 +72,14 @@ mgpu-launch --dry-run [--json] CLUSTER.yaml SCRIPT    print the plan, start noth
 EPILOG = """\
 other commands:
   mgpu-launch check CLUSTER.yaml               check the cluster before a run
-  mgpu-launch status RUN_DIR [--json]          state of a run (finished or still going)
+  mgpu-launch status RUN_DIR [--json|--watch]  state of a run (finished or still going);
+                                               --watch: its live table until it ends
   mgpu-launch logs RUN_DIR [TASK] [-f] [-n N]  a task's log; -f follows a running job
   mgpu-launch stop RUN_DIR [--timeout S]       stop a running job gracefully (SIGTERM to its
                                                launcher) and wait for its summary
   mgpu-launch report RUN_DIR [-o FILE]         the run as one HTML file (opens offline)
+  mgpu-launch profile RUN_DIR [--seconds S]    trace every task of a running job at once:
+                                               step time, collectives, input, compute
   mgpu-launch export --to slurm|tfjob CLUSTER.yaml SCRIPT [ARGS...]
   mgpu-launch simulate N [--dir DIR] [--detach] | simulate stop --dir DIR
 
@@ -117,6 +121,9 @@ def _run_parser() -> argparse.ArgumentParser:
     parser.add_argument("--detach", action="store_true",
                         help="run in the background (own session, output to "
                         "RUN_DIR/launcher.out); print the run dir and return")
+    parser.add_argument("--metrics-port", type=int, metavar="PORT",
+                        help="serve Prometheus metrics on this port while the job runs "
+                        "(127.0.0.1 unless metrics.host says otherwise; 0: any free port)")
     parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     return parser
 
@@ -152,7 +159,7 @@ def _main(argv: list[str]) -> int:
     except AddressError as exc:
         say(f"mgpu-launch: {exc}")
         return EXIT_USAGE
-    except LaunchRefused as exc:  # e.g. simulated hosts' ports or checkpoint dir taken
+    except (LaunchRefused, outlets.OutletError) as exc:  # e.g. ports or checkpoint dir taken
         say(f"mgpu-launch: {exc}")
         return EXIT_USAGE
 
@@ -236,9 +243,11 @@ def _run(argv: list[str]) -> int:
         launch.check_ports(first_plan)
     if args.max_restarts is not None and args.max_restarts < 0:
         raise UsageError("--max-restarts needs a number >= 0")
-    if args.detach:
+    views = outlets.make_outlets(loaded, run_dir, args.metrics_port)  # a busy port: exit 2
+    if args.detach:  # the background launcher makes its own
+        views.close()
         return control.detach(argv, args.rest, run_dir, config.name)
-    return _launch(launch, first_plan, args)
+    return _launch(launch, first_plan, args, views)
 
 
 def _dry_run(plan: Plan, as_json: bool, ports_auto: bool) -> int:
@@ -261,7 +270,8 @@ class _EarlyEnd(Exception):
         self.code = code
 
 
-def _launch(launch: Launch, first_plan: Plan, args: argparse.Namespace) -> int:
+def _launch(launch: Launch, first_plan: Plan, args: argparse.Namespace,
+            views: outlets.Outlets) -> int:
     config = launch.loaded.config
     printer = Printer([t.label for t in first_plan.tasks], quiet=args.quiet,
                       verbose=args.verbose, live=None if args.live else False,
@@ -278,15 +288,18 @@ def _launch(launch: Launch, first_plan: Plan, args: argparse.Namespace) -> int:
         f"{'simulated ' if config.transport == 'local' else ''}hosts, "
         f"strategy {config.strategy}"
     )  # the run directory is named once it exists: a launch that fails first writes none
+    for line in views.said:
+        printer.notice(line)
     try:
         connected = _reach_hosts(launch, transport, first_plan, printer)
     except _EarlyEnd as end:
+        views.close()
         return _done(printer, previous_hangup, end.code)
     # A stop asked for before the supervisor exists is kept for it, not lost.
     early_stops: list[int] = []
     previous_stops = {sig: signal.signal(sig, lambda signum, _frame: early_stops.append(signum))
                       for sig in (signal.SIGINT, signal.SIGTERM)}
-    job = launch.start(connected, printer, args.max_restarts)
+    job = launch.start(connected, printer, args.max_restarts, views.views)
     printer.notice(f"run dir {launch.run_dir}")
     with _stops_go_to(job, early_stops):  # until the summary is written
         outcome = job.run()

@@ -45,7 +45,7 @@ class Rule:
 
 # launcher/agent/: every part but its entry point (main, __main__) and package init.
 AGENT_PARTS = ("bundle", "commands", "files", "hostfacts", "lease", "leftovers", "protocol",
-               "seal", "spawn", "stacks", "standbys", "tasks", "health")
+               "seal", "spawn", "stacks", "standbys", "tasks", "profiles", "health")
 
 RULES = (
     Rule("runtime is shipped", ("launcher.runtime", "launcher.bootstrap", "launcher.standby"),
@@ -103,9 +103,10 @@ RULES = (
          "nothing and are shipped to the hosts (standard library only)"),
     Rule("config comes first", ("launcher.spec.config", "launcher.spec.hosts",
                                 "launcher.spec.problems", "launcher.spec.redact",
-                                "launcher.spec.strict"),
+                                "launcher.spec.strict", "launcher.spec.outlets"),
          allowed=("launcher.spec.yamldoc", "launcher.strategy", "launcher.spec.hosts",
-                  "launcher.spec.problems", "launcher.spec.redact", "launcher.spec.strict"),
+                  "launcher.spec.problems", "launcher.spec.redact", "launcher.spec.strict",
+                  "launcher.spec.outlets"),
          reason="the data flows one way, config -> plan -> transport/agent -> supervisor "
          "-> cli; the cluster file's schema depends on nothing else of the launcher"),
     Rule("plan is pure", ("launcher.spec.plan",),
@@ -167,10 +168,24 @@ RULES = (
          forbidden=("launcher.transport", "launcher.job.supervisor", "launcher.cli"),
          reason="`simulate` is also the SSH tests' fixture: it must not depend on the "
          "transport it is used to test"),
+    Rule("views beside the terminal only read the story",
+         ("launcher.ops.runstate", "launcher.ops.metrics", "launcher.ops.notify",
+          "launcher.ops.status_watch"),
+         forbidden=("launcher.job.supervisor", "launcher.transport", "launcher.cli"),
+         reason="metrics, notifications and `status --watch` are told the events (or read "
+         "events.jsonl): they never drive the job, and `--watch` needs no launcher"),
     Rule("run control is beside the supervisor", ("launcher.ops.control",), optional=True,
          forbidden=("launcher.job.supervisor", "launcher.transport", "launcher.cli"),
          reason="`--detach` and `stop RUN_DIR` signal a launcher process and read its run "
          "directory; they never drive a job themselves"),
+    Rule("traces are asked beside the supervisor", ("launcher.job.profiling",),
+         forbidden=("launcher.job.supervisor", "launcher.ops", "launcher.cli"),
+         reason="the supervisor drives a capture from its thread (and the straggler radar "
+         "may too); a capture asks the agents through the links it is handed"),
+    Rule("profile asks through the run directory", ("launcher.ops.profile",),
+         forbidden=("launcher.job.supervisor", "launcher.transport", "launcher.cli"),
+         reason="`mgpu-launch profile RUN_DIR` leaves a request in the run directory for the "
+         "running launcher and reads its answer there; it never reaches a host itself"),
 )
 
 

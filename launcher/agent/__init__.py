@@ -15,6 +15,7 @@ Its parts, wired through constructors by `main`:
 - `standbys`: warm starts (launcher/standby.py): one standby per task;
 - `spawn`: every process the agent starts, and its process tree;
 - `stacks`: a task's Python stacks on request;
+- `profiles`: a task's trace on request (`profile`), its file sent back;
 - `leftovers`: pid records, and what an earlier agent of the run left;
 - `seal`: the job's firewall rules on this host, as tasks need them;
 - `lease`: the launcher's silence, and the agent's exit when it lasts;

@@ -21,6 +21,7 @@ import signal
 import subprocess
 import threading
 
+from launcher.agent.profiles import Profiles
 from launcher.agent.protocol import (
     MAX_COMMAND_BYTES,
     BadCommand,
@@ -55,10 +56,12 @@ class Lines:
 class Commands:
     """Parses, checks and runs one command line at a time."""
 
-    def __init__(self, tasks: Tasks, stacks: Stacks, emit) -> None:
+    def __init__(self, tasks: Tasks, stacks: Stacks, emit,
+                 profiles: Profiles | None = None) -> None:
         self.tasks = tasks
         self.stacks = stacks
         self.emit = emit
+        self.profiles = profiles
 
     def dispatch(self, raw: bytes) -> None:
         """One line from stdin: parse, check and run it; never raise."""
@@ -95,6 +98,12 @@ class Commands:
         elif op == "stacks":
             wanted = names(message.get("tasks"))
             self.stacks.request(self.tasks.running(wanted), wanted)
+        elif op == "profile" and self.profiles is not None:
+            wanted = names(message.get("tasks"))
+            try:
+                self.profiles.request(self.tasks.running(wanted), wanted, message)
+            except (TypeError, ValueError) as exc:
+                raise BadCommand(str(exc)) from exc
         else:
             self.emit("log", text=f"unknown op {str(op)[:40]!r}")
 

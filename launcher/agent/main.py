@@ -32,6 +32,7 @@ from launcher.agent.health import Health
 from launcher.agent.hostfacts import installed_versions, load_psutil
 from launcher.agent.lease import Lease
 from launcher.agent.leftovers import PidRecords
+from launcher.agent.profiles import Profiles
 from launcher.agent.protocol import Emitter
 from launcher.agent.seal import Seal
 from launcher.agent.spawn import Spawner
@@ -62,7 +63,9 @@ class Agent:
         self.standbys = Standbys(self.spawner, self.records, emit, self.lines.put)
         self.tasks = Tasks(self.run_dir, self.spawner, self.standbys, self.seal,
                            self.records, emit)
-        self.commands = Commands(self.tasks, Stacks(emit), emit)
+        self.profiles = Profiles(self.run_dir, emit)
+        self.tasks.on_profile = self.profiles.answered
+        self.commands = Commands(self.tasks, Stacks(emit), emit, self.profiles)
         self.lease = Lease(emit)
         self.health = Health()  # host signals for the straggler radar, every few beats
 

@@ -31,6 +31,8 @@ from launcher.agent import hostfacts
 from launcher.agent.bundle import CODE_DIR, mark_used
 from launcher.agent.files import private_dir, read_json, unlink, write_private
 from launcher.agent.leftovers import PidRecords
+from launcher.agent.profiles import REQUEST_ENV as PROFILE_REQUEST_ENV
+from launcher.agent.profiles import request_path
 from launcher.agent.protocol import (
     CHUNK,
     MAX_ERROR_FILE,
@@ -121,6 +123,7 @@ class Tasks:
         self.records = records
         self.emit = emit
         self.tasks: dict[str, RunningTask] = {}
+        self.on_profile = None  # (task, record): a trace's answer (main wires profiles.py)
 
     def start(self, message: dict) -> None:
         raw_name = message.get("task")
@@ -220,6 +223,7 @@ class Tasks:
         env["TF_CONFIG"] = spec["tf_config"]
         env["MGPU_TF_CONFIG_FILE"] = tf_config_file
         env["MGPU_ERROR_FILE"] = error_file
+        env[PROFILE_REQUEST_ENV] = request_path(self.run_dir, name)  # runtime/trace.py
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (CODE_DIR, env.get("PYTHONPATH", "")) if p
         )
@@ -267,7 +271,9 @@ class Tasks:
                     data = json.loads(raw)
                 except (ValueError, RecursionError):
                     continue
-                if isinstance(data, dict):
+                if isinstance(data, dict) and "profile" in data and self.on_profile:
+                    self.on_profile(task, data["profile"])  # a trace's answer (profiles.py)
+                elif isinstance(data, dict):
                     self.emit("progress", task=task.name, generation=task.generation, data=data)
                     if task.standby is not None and "step" in data:
                         task.standby.trained()  # it trains: its start is behind it

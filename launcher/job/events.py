@@ -331,6 +331,16 @@ class Straggler(TaskEvent):
 
 
 @dataclass(frozen=True, kw_only=True)
+class NotifyFailed(Event):
+    """A `notify.command` failed, timed out or was not run (launcher/ops/notify.py)."""
+
+    kind = "notify_failed"
+    notify: str = ""  # the notification: failed, restarted, succeeded, stopped, straggler
+    exit_code: int | None = None
+    reason: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
 class Unknown(Event):
     """A line of a kind this version does not know (all its keys in `extra`)."""
 
@@ -343,7 +353,7 @@ KINDS: dict[str, type[Event]] = {cls.kind: cls for cls in (
     TaskUnconfirmed, FailureDetected, RootCause, StacksRequested, Stacks, StopRequested,
     TeardownBegun, TeardownDone, HostLost, HostWait, HostBack, HostsChosen, Reaped,
     BadMessage, AgentLog, Restart, Resumed, KerasSwitched, JobDone, TerminalLost,
-    Health, Straggler)}
+    NotifyFailed, Health, Straggler)}
 
 # Keys of a progress line that are not metrics.
 _PROGRESS_RESERVED = frozenset({"t", "event", "v", "generation", "task", "host"})

@@ -24,8 +24,9 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -57,6 +58,16 @@ class Screen(Voice, Protocol):
     terminal_lost: str | None
     terminal_lost_t: float | None
     dropped: int
+
+    def close(self) -> None: ...
+
+
+class View(ev.Listener, Protocol):
+    """A view of the job beside the screen (metrics, notifications: launcher/ops/
+    outlets.py): told every event; opened before the supervisor runs, with a way
+    to add its own events to the story (from any thread); closed (bounded) after."""
+
+    def open(self, record: Callable[[ev.Event], None]) -> None: ...
 
     def close(self) -> None: ...
 
@@ -134,7 +145,7 @@ class Launch:
         return firewall.preflight(self.loaded.config.security.tf_ports, connected.hellos())
 
     def start(self, connected: Connected, screen: Screen,
-              max_restarts: int | None = None) -> Job:
+              max_restarts: int | None = None, views: Sequence[View] = ()) -> Job:
         """The run directory's first files and the job's supervisor, not yet running.
         `max_restarts` overrides `restart.max_restarts` (`--max-restarts`)."""
         loaded = self.loaded
@@ -155,8 +166,9 @@ class Launch:
             launcher_info={"launcher_pid": os.getpid(), "launcher_host": socket.gethostname(),
                            "command": tuple(self.reach.command),
                            "hosts": host_facts(connected.hellos())},
+            listeners=views,
         )
-        return Job(self, connected, supervisor, recorder, screen)
+        return Job(self, connected, supervisor, recorder, screen, views)
 
 
 class Job:
@@ -164,7 +176,10 @@ class Job:
     with `request_stop` (safe from a signal handler)."""
 
     def __init__(self, launch: Launch, connected: Connected, supervisor: Supervisor,
-                 recorder: RunRecorder, screen: Screen) -> None:
+                 recorder: RunRecorder, screen: Screen, views: Sequence[View] = ()) -> None:
+        self.views = list(views)
+        self._views_open = False
+        self._record_lock = threading.Lock()
         self.launch = launch
         self.connected = connected
         self.supervisor = supervisor
@@ -176,7 +191,16 @@ class Job:
 
     def run(self) -> Outcome:
         """Supervise the job, then write its summary: a result, whatever happens."""
-        result = self._supervise()
+        self._views_open = True
+        for view in self.views:
+            view.open(self._record)
+        try:
+            result = self._supervise()
+        finally:
+            for view in self.views:
+                view.close()
+            with self._record_lock:
+                self._views_open = False
         loaded = self.launch.loaded
         if loaded.config.transport == "slurm" and result.interrupted_by == signal.SIGTERM:
             result = replace(result, message=why_stopped(read_allocation(os.environ).job_id))
@@ -197,6 +221,14 @@ class Job:
         self.recorder.close()
         return Outcome(result, summary, stop, events.drop_report(), unwritten)
 
+    def _record(self, event: ev.Event) -> None:
+        """A view's own event (e.g. a notification failed): written and said."""
+        with self._record_lock:
+            if not self._views_open:
+                return
+            ev.write(self.recorder, event)
+        self.screen.tell(event)
+
     def _supervise(self) -> RunResult:
         """Run the job; whatever happens, every agent's link and the transport
         are closed afterwards, and a fault of the launcher itself is a failed result."""
@@ -209,6 +241,10 @@ class Job:
             result = RunResult(status="failed", restarts=0, wall_s=time.monotonic() - started,
                                root_cause=None, tasks={}, message=why)
             self.screen.notice(why)
+            done = ev.JobDone(status="failed", wall_s=round(result.wall_s, 3), message=why)
+            ev.write(self.recorder, done)  # the story still ends (status, report, notify)
+            for view in self.views:
+                view.tell(done)
         finally:
             for link in self.supervisor.links.values():
                 link.close()

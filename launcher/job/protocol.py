@@ -26,7 +26,8 @@ MAX_STACK = 256 * 1024
 MAX_ERROR_FIELD = 8000
 TASK_NAME = re.compile(r"^(chief|worker|ps|evaluator)\d{1,6}$")
 
-TASK_EVENTS = frozenset({"started", "start_failed", "output", "progress", "exited", "stacks"})
+TASK_EVENTS = frozenset({"started", "start_failed", "output", "progress", "exited", "stacks",
+                         "profile", "profile_part"})
 OTHER_EVENTS = frozenset({"hello", "heartbeat", "log", "bye", "exec_result", "agent_lost"})
 
 
@@ -47,7 +48,7 @@ def check_message(message: Any) -> dict[str, Any]:
         if not isinstance(task, str) or not TASK_NAME.match(task):
             raise BadMessage(f"{event}: bad task name {_short(task)}")
         clean["task"] = task
-        if event == "stacks" and message.get("generation") is None:
+        if event in ("stacks", "profile") and message.get("generation") is None:
             clean["generation"] = None  # the agent runs no such task: nothing to take
         else:
             clean["generation"] = _int(message.get("generation"), f"{event}: generation",
@@ -136,6 +137,43 @@ def _stacks(message: dict, clean: dict) -> None:
 HEALTH_KEYS = frozenset({"run_delay_s", "cpu_s", "throttled_s", "gpu_util", "sm_clock_mhz",
                          "sm_clock_max_mhz", "gpu_throttle"})
 
+TRACE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+MAX_PART = 2 * 2**20  # characters of base64 in one `profile_part` (1 MiB of trace)
+TRACE_FIGURES = ("window_s", "steps", "step_s", "collective_s", "input_s", "compute_s")
+
+
+def _trace_id(message: dict, clean: dict) -> None:
+    ident = message.get("id")
+    if not isinstance(ident, str) or not TRACE_ID.match(ident):
+        raise BadMessage(f"{clean['ev']}: bad trace id {_short(ident)}")
+    clean["id"] = ident
+
+
+def _profile(message: dict, clean: dict) -> None:
+    _trace_id(message, clean)
+    clean["error"] = _text(message.get("error") or "", MAX_ERROR_FIELD)
+    summary = message.get("summary")
+    clean["summary"] = None
+    if isinstance(summary, dict):
+        clean["summary"] = {key: _figure(summary.get(key)) for key in TRACE_FIGURES}
+
+
+def _figure(value: Any) -> float | int | None:
+    """A trace figure: a finite, non-negative number (None: not known)."""
+    if isinstance(value, int | float) and not isinstance(value, bool) \
+            and math.isfinite(value) and 0 <= value < 1e12:
+        return value
+    return None
+
+
+def _profile_part(message: dict, clean: dict) -> None:
+    _trace_id(message, clean)
+    clean["offset"] = _int(message.get("offset"), "profile_part: offset", low=0)
+    data = message.get("data")
+    if not isinstance(data, str) or len(data) > MAX_PART:
+        raise BadMessage("profile_part: data is not a string of base64 within bounds")
+    clean["data"] = data
+
 
 def _heartbeat(message: dict, clean: dict) -> None:
     tasks = message.get("tasks") or {}
@@ -170,7 +208,8 @@ def _log(message: dict, clean: dict) -> None:
 
 _CHECKS = {"started": _started, "start_failed": _start_failed, "output": _output,
            "progress": _progress, "exited": _exited, "stacks": _stacks,
-           "heartbeat": _heartbeat, "log": _log}
+           "heartbeat": _heartbeat, "log": _log, "profile": _profile,
+           "profile_part": _profile_part}
 
 
 def _int(value: Any, what: str, low: int, high: int = 2**63) -> int:

@@ -39,6 +39,7 @@ from .generation import Generation
 from .hostwait import HostWaiter
 from .output import TaskOutput, Voice, root_cause
 from .phases import Phase
+from .profiling import Profiler
 from .protocol import BadMessage, check_message
 from .radar import Radar
 from .recovery import (
@@ -120,6 +121,8 @@ class Supervisor:
                             spares=tuple(h.name for h in hosts if h.spare),
                             probe=checkpoint_probe)  # stragglers named (and replaced)
         self.current: Generation | None = None  # read-only for observers (live view)
+        # Synchronized traces of the running tasks (job/profiling.py).
+        self.profiler = Profiler(getattr(recorder, "run_dir", None), clock, wall_clock)
 
     @property
     def links(self) -> dict[str, AgentLink]:
@@ -307,6 +310,7 @@ class Supervisor:
             if self._clock() >= next_watch:
                 next_watch = self._clock() + 0.5
                 self._watch.silence(gen)
+                self.profiler.poll(gen, self._links)  # traces asked by `mgpu-launch profile`
                 self._voice.refresh(self.snapshot())
             if self._decide(gen):
                 break
@@ -430,6 +434,9 @@ class Supervisor:
         body, event = message.message, message.event
         name = body.get("task")
         record = gen.records.get(name) if name else None
+        if event in ("profile", "profile_part"):
+            self.profiler.on_message(message.host, body)
+            return
         if event == "stacks" and record is not None and body.get("generation") is None:
             gen.stacks_pending.discard(name)  # the agent has no such task running
             return

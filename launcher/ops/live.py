@@ -221,13 +221,14 @@ class LiveScreen:
                  label_style: Mapping[str, str] | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  size: Callable[[], tuple[int, int]] | None = None,
-                 emit: Callable[[str], None] | None = None) -> None:
+                 emit: Callable[[str], None] | None = None,
+                 started: float | None = None) -> None:
         self.stream = stream
         self._write = emit  # how text reaches the terminal (default: stream.write)
         self.colour = colour
         self._label_style = dict(label_style or {})
         self._clock = clock
-        self._started = clock()
+        self._started = clock() if started is None else started  # the title's clock starts
         self._size = size or (lambda: terminal_size(stream))
         encoding = (getattr(stream, "encoding", None) or "").lower().replace("-", "")
         self._rule = "─" if encoding.startswith("utf") else "-"

@@ -322,8 +322,17 @@ def _status_main(argv: list[str], out: TextIO) -> int:
                                      description="Show the state of a run (finished or not).")
     parser.add_argument("run_dir", metavar="RUN_DIR")
     parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.add_argument("--watch", action="store_true",
+                        help="redraw the live table until the job ends (a detached or "
+                        "remote-started job); exit 0 if it succeeded, else 1")
     args = parser.parse_args(argv)
+    if args.watch and args.json:
+        parser.error("--watch and --json exclude each other")
     try:
+        if args.watch:
+            from .status_watch import watch  # it reads this module
+
+            return watch(Path(args.run_dir), out)
         view = load_run(args.run_dir)
     except RunDirError as exc:
         print(f"mgpu-launch status: {exc}", file=sys.stderr)
@@ -524,7 +533,7 @@ def main(argv: Sequence[str]) -> int:
     """`argv[0]` is `status` or `logs` (as dispatched by the CLI)."""
     argv = list(argv)
     if not argv or argv[0] not in ("status", "logs"):
-        print("usage: mgpu-launch status RUN_DIR [--json] | "
+        print("usage: mgpu-launch status RUN_DIR [--json | --watch] | "
               "mgpu-launch logs RUN_DIR [TASK] [-f] [-n N]", file=sys.stderr)
         return EXIT_USAGE
     try:

@@ -81,24 +81,28 @@ class Replayed:
 def replay(records: list[dict[str, Any]]) -> Replayed:
     replayed = Replayed()
     for record in records:
-        event = ev.from_record(record)
-        if isinstance(event, ev.Launch):
-            _on_launch(replayed, event, record)
-            continue
-        if isinstance(event, ev.Restart):
-            replayed.restarts = event.restarts or replayed.restarts + 1
-        elif isinstance(event, ev.FailureDetected):
-            replayed.failures.setdefault(event.generation, event)
-        generation = getattr(event, "generation", replayed.generation)
-        if isinstance(event, ev.TaskEvent):
-            view = replayed.tasks.get(event.task)
-            views = [view] if view is not None else []
-        else:
-            views = list(replayed.tasks.values())
-        for view in views:
-            if view.generation == generation:
-                _on_event(view, event)
+        feed(replayed, ev.from_record(record), record)
     return replayed
+
+
+def feed(replayed: Replayed, event: ev.Event, record: dict[str, Any]) -> None:
+    """One more event (and its line) of the story, as `replay` reads each."""
+    if isinstance(event, ev.Launch):
+        _on_launch(replayed, event, record)
+        return
+    if isinstance(event, ev.Restart):
+        replayed.restarts = event.restarts or replayed.restarts + 1
+    elif isinstance(event, ev.FailureDetected):
+        replayed.failures.setdefault(event.generation, event)
+    generation = getattr(event, "generation", replayed.generation)
+    if isinstance(event, ev.TaskEvent):
+        view = replayed.tasks.get(event.task)
+        views = [view] if view is not None else []
+    else:
+        views = list(replayed.tasks.values())
+    for view in views:
+        if view.generation == generation:
+            _on_event(view, event)
 
 
 def _on_launch(replayed: Replayed, event: ev.Launch, record: dict[str, Any]) -> None:

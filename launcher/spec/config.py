@@ -24,6 +24,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from ..strategy import ON_JAX, Strategy
 from .hosts import ROLES, HostSpec, SSHSettings, interface_name
+from .outlets import MetricsSettings, NotifySettings
 from .problems import ConfigError, describe, dotted, line_for, not_utf8, not_yaml, read_yaml
 from .redact import redact_env
 from .strict import Strict as _Strict
@@ -163,6 +164,9 @@ class ClusterConfig(_Strict):
     restart: RestartPolicy = Field(default_factory=RestartPolicy)
     ports: PortSettings = Field(default_factory=PortSettings)
     security: SecuritySettings = Field(default_factory=SecuritySettings)
+    # Prometheus metrics and notifications (launcher.spec.outlets).
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+    notify: NotifySettings | None = None
 
     _interface = field_validator("network_interface")(interface_name)
 

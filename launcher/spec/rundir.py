@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from pathlib import Path
 from typing import IO, Any
@@ -53,6 +54,7 @@ class RunRecorder:
         self._clock = clock
         self._events = _private_open(self.run_dir / EVENTS, "a")
         self._logs: dict[str, IO[str]] = {}
+        self._lock = threading.Lock()  # events may come from a view's thread (notify)
         self.write_errors = 0  # events and log lines the disk did not take
 
     def write_config(self, text: str) -> None:
@@ -62,7 +64,8 @@ class RunRecorder:
     def event(self, event: str, **fields: Any) -> dict[str, Any]:
         record = {"t": round(self._clock(), 6), "event": event, "v": EVENTS_SCHEMA, **fields}
         try:
-            self._events.write(json.dumps(record, default=str) + "\n")
+            with self._lock:
+                self._events.write(json.dumps(record, default=str) + "\n")
         except OSError:  # a full disk must not end a job of days: counted, not raised
             self.write_errors += 1
         return record

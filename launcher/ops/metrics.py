@@ -1,0 +1,220 @@
+"""Prometheus metrics of a running job (`--metrics-port`, `metrics:` in the
+cluster file; docs/operations.md, "Metrics").
+
+`JobMetrics` is a `Listener` of the story: told every event by the supervisor
+thread, it keeps a `RunState` under a lock (held for microseconds: telling
+never waits on a scrape). It is also a prometheus-client collector in a
+private `CollectorRegistry`: a scrape builds every `mgpu_` family from that
+state at that moment (so "seconds since progress" is always fresh). The text
+is served by prometheus-client's own HTTP server on its own thread, and/or
+written for node_exporter's textfile collector (tmp file + rename) every
+`TEXTFILE_EVERY_S` by a thread of its own, and once more at the end.
+
+Goodput parts and stragglers: `set_goodput(parts, wall_s, productive_s)` takes
+the goodput ledger's parts (any thread), as does a `goodput` event told like any
+other; a `straggler` event (kind and fields task, host, slowdown, evidence) is
+read from the story by its kind.
+
+Must not import: supervisor, transport, cli.
+"""
+
+from __future__ import annotations
+
+import errno
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, generate_latest, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import write_to_textfile
+
+from ..job import events as ev
+from ..job.states import TaskState
+from .runstate import JOB_STATES, RunState
+
+# How often the textfile is rewritten while the job runs.
+TEXTFILE_EVERY_S = 5.0
+TASK_LABELS = ("job", "task", "host")
+TASK_STATES = tuple(s.value for s in TaskState)
+
+
+class MetricsError(Exception):
+    """The metrics cannot be served or written; the message says why and what to do."""
+
+
+class JobMetrics:
+    """The job's metrics: told the story, scraped from another thread."""
+
+    def __init__(self, job: str, clock=time.time) -> None:
+        self.job = job
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._state = RunState()
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self)
+
+    # ------------------------------------------------------------ feeding
+
+    def tell(self, event: ev.Event) -> None:
+        with self._lock:
+            self._state.tell(event, self._clock())
+
+    def set_goodput(self, parts: Mapping[str, float], wall_s: float | None = None,
+                    productive_s: float | None = None) -> None:
+        """The goodput ledger's parts in seconds (`goodput.parts` of summary.json),
+        with its `wall_s` and `productive_s` when known."""
+        with self._lock:
+            self._state.set_goodput(parts, wall_s, productive_s)
+
+    def text(self) -> str:
+        """The Prometheus text exposition of every metric now."""
+        return generate_latest(self.registry).decode()
+
+    # ----------------------------------------------------------- scraping
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            yield from self._job_families()
+            yield from self._task_families()
+            yield from self._health_families()
+
+    def _job_families(self) -> Iterator[Metric]:
+        state = self._state
+        family = GaugeMetricFamily("mgpu_job_state", "The job's state: 1 for the current one",
+                                   labels=["job", "state"])
+        for name in JOB_STATES:
+            family.add_metric([self.job, name], 1.0 if state.job_state == name else 0.0)
+        yield family
+        yield _one(GaugeMetricFamily("mgpu_job_generation", "The job's current generation "
+                                     "(0 until its first restart)", labels=["job"]),
+                   [self.job], state.replayed.generation)
+        yield _one(CounterMetricFamily("mgpu_job_restarts", "Restarts of the whole job so far",
+                                       labels=["job"]), [self.job], state.replayed.restarts)
+
+    def _task_families(self) -> Iterator[Metric]:
+        state = self._state
+        now = self._clock()
+        states = GaugeMetricFamily("mgpu_task_state", "Each task's state: 1 for the current one",
+                                   labels=[*TASK_LABELS, "state"])
+        step = GaugeMetricFamily("mgpu_task_step", "The last training step each task reported",
+                                 labels=list(TASK_LABELS))
+        rate = GaugeMetricFamily("mgpu_task_steps_per_second", "Each task's training steps per "
+                                 "second, over its last two progress reports",
+                                 labels=list(TASK_LABELS))
+        silent = GaugeMetricFamily("mgpu_task_seconds_since_progress", "Seconds since each "
+                                   "running task last reported progress (or started, "
+                                   "before its first report)",
+                                   labels=list(TASK_LABELS))
+        for row in state.rows(now):
+            labels = [self.job, row.task, row.host]
+            for name in TASK_STATES:
+                states.add_metric([*labels, name], 1.0 if row.state == name else 0.0)
+            if row.step is not None:
+                step.add_metric(labels, float(row.step))
+            if row.steps_per_s is not None:
+                rate.add_metric(labels, row.steps_per_s)
+            if row.silent_s is not None:
+                silent.add_metric(labels, row.silent_s)
+        yield from (states, step, rate, silent)
+
+    def _health_families(self) -> Iterator[Metric]:
+        state = self._state
+        parts = GaugeMetricFamily("mgpu_goodput_seconds", "The job's wall time by goodput "
+                                  "part (training, startup, recovery, ...)",
+                                  labels=["job", "part"])
+        for part, seconds in sorted(state.goodput.items()):
+            parts.add_metric([self.job, part], seconds)
+        yield parts
+        wall, productive = state.goodput_wall_s, state.goodput_productive_s
+        if wall and productive is not None:
+            yield _one(GaugeMetricFamily("mgpu_goodput_ratio", "Productive time over wall "
+                                         "time", labels=["job"]), [self.job], productive / wall)
+        slow = GaugeMetricFamily("mgpu_straggler_slowdown", "Tasks named stragglers in this "
+                                 "generation: how many times slower than their peers",
+                                 labels=list(TASK_LABELS))
+        for straggler in state.stragglers.values():
+            slow.add_metric([self.job, straggler.task, straggler.host],
+                            straggler.slowdown if straggler.slowdown is not None else 1.0)
+        yield slow
+        yield _one(GaugeMetricFamily("mgpu_stragglers", "Tasks named stragglers in this "
+                                     "generation", labels=["job"]),
+                   [self.job], len(state.stragglers))
+        yield _one(CounterMetricFamily("mgpu_straggler_reports", "Straggler reports so far",
+                                       labels=["job"]), [self.job], state.straggler_reports)
+
+
+def _one(family: GaugeMetricFamily | CounterMetricFamily, labels: list[str],
+         value: float) -> Metric:
+    family.add_metric(labels, float(value))
+    return family
+
+
+class MetricsOutlet:
+    """Serves and/or writes a `JobMetrics` while the job runs (a view of the
+    launch: `open` before the supervisor starts, `close` after it ends)."""
+
+    def __init__(self, metrics: JobMetrics, port: int | None, host: str,
+                 textfile: Path | None) -> None:
+        self.metrics = metrics
+        self.textfile = textfile
+        self.url: str | None = None
+        self._server = None
+        self._stop = threading.Event()
+        self._writer: threading.Thread | None = None
+        self._opened = False
+        if textfile is not None and not textfile.parent.is_dir():
+            raise MetricsError(f"metrics.textfile: folder {textfile.parent} does not exist "
+                               "(node_exporter's --collector.textfile.directory)")
+        if port is not None:
+            self._serve(port, host)
+
+    def _serve(self, port: int, host: str) -> None:
+        try:
+            self._server, _thread = start_http_server(port, addr=host,
+                                                      registry=self.metrics.registry)
+        except OSError as exc:
+            why = "is in use" if exc.errno == errno.EADDRINUSE else f"cannot be served: {exc}"
+            raise MetricsError(
+                f"metrics port {port} on {host} {why}: give another --metrics-port (or "
+                "`metrics: {port: ...}`), or 0 for any free port") from None
+        bound = self._server.server_address
+        shown = f"[{bound[0]}]" if ":" in str(bound[0]) else bound[0]
+        self.url = f"http://{shown}:{bound[1]}/metrics"
+
+    def tell(self, event: ev.Event) -> None:
+        self.metrics.tell(event)
+
+    def set_goodput(self, parts: Mapping[str, float], wall_s: float | None = None,
+                    productive_s: float | None = None) -> None:
+        self.metrics.set_goodput(parts, wall_s, productive_s)
+
+    def open(self, record) -> None:  # noqa: ARG002 - the metrics record nothing
+        self._opened = True
+        if self.textfile is not None:
+            self._write()
+            self._writer = threading.Thread(target=self._write_loop, name="metrics-textfile",
+                                            daemon=True)
+            self._writer.start()
+
+    def _write_loop(self) -> None:
+        while not self._stop.wait(TEXTFILE_EVERY_S):
+            self._write()
+
+    def _write(self) -> None:
+        try:
+            write_to_textfile(str(self.textfile), self.metrics.registry)
+        except OSError:  # a full disk: the next write tries again
+            pass
+
+    def close(self) -> None:
+        """The last textfile (the job's end in it); the server stops."""
+        self._stop.set()
+        if self._writer is not None:
+            self._writer.join(timeout=5)
+        if self.textfile is not None and self._opened:
+            self._write()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
