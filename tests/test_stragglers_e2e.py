@@ -94,3 +94,20 @@ def test_a_balanced_job_names_nobody(workdir: Path):
     assert run.events("health")  # sampled, and written at its bounded rate
     assert (workdir / "backup").is_dir()  # it saved
 
+
+def test_a_worker_whose_input_waits_is_named_from_traces(workdir: Path):
+    """worker1's tf.data map sleeps 0.1 s a batch (a slow disk or share): no host
+    signal shows a sleep, but its peers wait for it inside the all-reduce."""
+    run = Run(workdir, "--slow-input", "worker1:0.1")
+    try:
+        first = run.first_step()
+        named = wait_for(lambda: run.events("straggler"), NAMED_WITHIN_S, "a straggler event")
+    finally:
+        output, summary = run.stop()
+    (event,) = named
+    assert (event["task"], event["host"], event["source"]) == ("worker1", "host1", "trace")
+    assert event["slowdown"] > 1 and event["t"] - first["t"] < NAMED_WITHIN_S
+    own, peers = event["evidence"]["task"], event["evidence"]["peers"]
+    assert own["input_ms"] > peers["input_ms"] and own["collective_ms"] < peers["collective_ms"]
+    assert "waiting for input" in output
+    assert [e["task"] for e in summary["stragglers"]] == ["worker1"]

@@ -278,9 +278,8 @@ def describe(evidence: Mapping[str, Any]) -> str:
     unit = "ms/step" if evidence.get("unit") == "ms_per_step" else "ms/s"
     own, peers = evidence.get("task") or {}, evidence.get("peers") or {}
     words = {"waiting_for_cpu": "waiting for a CPU", "throttled": "throttled by its cgroup",
-             "cpu": "on CPU", "collective_ms": "in collectives", "input_ms": "waiting for input",
-             "compute_ms": "computing", "step_ms": "step", "sm_clock_mhz": "SM clock",
-             "gpu_util": "GPU busy"}
+             "cpu": "on CPU", "input_ms": "waiting for input", "collective_ms": "in collectives",
+             "compute_ms": "computing", "sm_clock_mhz": "SM clock", "gpu_util": "GPU busy"}
     parts = []
     for key, label in words.items():
         if key in own and key in peers and (own[key] or peers[key]):

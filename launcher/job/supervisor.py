@@ -117,12 +117,12 @@ class Supervisor:
         self._watch = Watch(policy, links, clock, self._fail, self._host_lost)
         self._waiter = HostWaiter(reconnect, links, self._tell, self._wait, self._stop_pending,
                                   clock, hosts=self._hosts, policy=policy)
-        self._radar = Radar(self._tell, clock, policy.on_straggler, fail=self._fail,
-                            spares=tuple(h.name for h in hosts if h.spare),
-                            probe=checkpoint_probe)  # stragglers named (and replaced)
         self.current: Generation | None = None  # read-only for observers (live view)
         # Synchronized traces of the running tasks (job/profiling.py).
         self.profiler = Profiler(getattr(recorder, "run_dir", None), clock, wall_clock)
+        self._radar = Radar(self._tell, clock, policy.on_straggler, fail=self._fail,
+                            spares=tuple(h.name for h in hosts if h.spare), probe=checkpoint_probe,
+                            profiler=self.profiler)  # stragglers named (and replaced)
 
     @property
     def links(self) -> dict[str, AgentLink]:
@@ -311,6 +311,7 @@ class Supervisor:
                 next_watch = self._clock() + 0.5
                 self._watch.silence(gen)
                 self.profiler.poll(gen, self._links)  # traces asked by `mgpu-launch profile`
+                self._radar.tick(gen, self._links)  # and the straggler radar's, rarely
                 self._voice.refresh(self.snapshot())
             if self._decide(gen):
                 break
