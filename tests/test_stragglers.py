@@ -86,11 +86,15 @@ def _feed(detector: Detector, seconds: float, *, slow: str | None, steps_per_s: 
 def test_the_first_steps_and_pauses_never_name_anyone():
     detector = Detector(HOSTS)
     assert _feed(detector, 8, slow="worker1") == []  # the warm-up
-    # A pause of the steps (a checkpoint save, an evaluation, an epoch end)
-    # breaks the agreement: a round, a pause, three rounds: nobody yet.
+    # The rounds of a pause of the steps (a checkpoint save, an evaluation, an
+    # epoch end) do not count: two rounds, a pause, two rounds: named.
+    detector = Detector(HOSTS)
+    found = _feed(detector, 28, slow="worker1", pause=(12, 18))
+    assert [(t, f.task, f.samples) for t, f in found] == [(24.0, "worker1", 4)]
+    # A pause longer than 30 s starts the agreement again.
     detector, counters = Detector(HOSTS), {t: [0.0, 0.0] for t in HOSTS}
-    assert _feed(detector, 28, slow="worker1", pause=(12, 18), counters=counters) == []
-    later = _feed(detector, 3, slow="worker1", start=28, step0=220, counters=counters)
+    assert _feed(detector, 56, slow="worker1", pause=(12, 50), counters=counters) == []
+    later = _feed(detector, 9, slow="worker1", start=56, step0=200, counters=counters)
     assert [f.task for _, f in later] == ["worker1"]
 
 
@@ -113,6 +117,10 @@ def test_traces_name_the_task_its_peers_wait_for():
     assert finding.slowdown == pytest.approx(57 / 12, rel=0.01)
     assert finding.evidence["task"]["input_ms"] == 46.0
     assert "waiting for input 46 ms/step (peers 1)" in describe(finding.evidence)
+    # The host's view of the same rounds stands beside the trace's.
+    waits = finding.evidence["task"]["waiting_for_cpu"], finding.evidence["peers"][
+        "waiting_for_cpu"]
+    assert waits[0] == waits[1] > 0
 
 
 def test_balanced_traces_name_nobody():
@@ -373,7 +381,8 @@ class FakeProfiler:
         on_done(SimpleNamespace(traces=traces))
 
 
-def test_the_radar_traces_rarely_and_names_the_task_its_peers_wait_for(tmp_path: Path):
+def test_the_radar_traces_rarely_and_names_the_task_its_peers_wait_for(tmp_path: Path,
+                                                                          monkeypatch):
     from launcher.job.generation import Generation
     from launcher.job.radar import Radar
     from launcher.job.states import TaskRecord
@@ -389,6 +398,8 @@ def test_the_radar_traces_rarely_and_names_the_task_its_peers_wait_for(tmp_path:
         "worker1": {"window_s": 1.0, "steps": 16, "step_s": 0.0625, "collective_s": 0.05,
                     "input_s": 0.74, "compute_s": 0.21}})
     told, clock = [], [0.0]
+    assert Radar(told.append, lambda: clock[0], profiler=profiler)._profiler is None  # asked only
+    monkeypatch.setenv("MGPU_STRAGGLER_TRACES", "1")
     radar = Radar(told.append, lambda: clock[0], profiler=profiler)
     for second in range(1, 60):
         clock[0] = float(second)

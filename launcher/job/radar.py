@@ -15,6 +15,7 @@ kind `straggler`, and the restart puts the spare in its place
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -27,7 +28,11 @@ from .stragglers import Detector, Finding
 
 # Traces (job/profiling.py): one of TRACE_SECONDS of every task at these
 # seconds of training, then one every TRACE_EVERY_S: rare enough that their
-# cost stays within noise, and two agreeing traces name a straggler.
+# cost stays within noise, and two agreeing traces name a straggler. Only with
+# MGPU_STRAGGLER_TRACES=1 in the launcher's environment: a worker pinned to a
+# contended core died of "free(): invalid size" as its in-process trace ended
+# (twice in a row here, TF 2.21), so no job is traced unasked.
+TRACES_ENV = "MGPU_STRAGGLER_TRACES"
 TRACE_AT_S = (12.0, 24.0)
 TRACE_EVERY_S = 300.0
 TRACE_SECONDS = 1.0
@@ -50,7 +55,8 @@ class Radar:
         self._fail = fail  # the supervisor's: a failure of a task, with its kind and reason
         self._probe = probe  # the checkpoint series on disk (checkpoints.checkpoint_state)
         self._replace: tuple[Finding, checkpoints.State | None] | None = None
-        self._profiler = profiler  # job/profiling.py's Profiler: synchronized traces
+        # job/profiling.py's Profiler: synchronized traces (opt-in, TRACES_ENV)
+        self._profiler = profiler if os.environ.get(TRACES_ENV, "") == "1" else None
         self._traces: list[float] = []  # seconds of training at each trace taken
         self._generation: int | None = None
         self._detector: Detector | None = None

@@ -18,7 +18,8 @@ compares step rates; it compares what each task does with its time:
 No false alarms: nothing is judged before `warmup_s` of training, a round is
 judged only when steps advanced at no less than half the recent rate (a
 checkpoint save, an evaluation or an epoch end pauses the steps: that round
-breaks the agreement), and a task is named only after `agree` rounds in a row
+does not count, and a pause longer than MAX_WINDOW_S starts the agreement
+again), and a task is named only after `agree` judged rounds in a row
 (`trace_agree` traces) named it, each by a clear margin. A task is named once.
 
 Pure: no clock, no I/O; the radar (radar.py) feeds it and tells the findings.
@@ -90,6 +91,8 @@ class Detector:
         self._step: tuple[float, int] | None = None  # the latest (time, job step)
         self._round_mark: tuple[float, int] | None = None  # at the previous round
         self._rates: list[float] = []  # steady rounds' step rates, recent
+        self._last_windows: dict[str, _Window] = {}  # the last steady round's, for evidence
+        self._counted_t = float("-inf")  # when the last steady round was judged
         self._host_streak = _Streak()
         self._trace_streak = _Streak()
 
@@ -142,6 +145,13 @@ class Detector:
         coll_peers = statistics.median(per_task[t]["collective_ms"] for t in peers_of(own, task))
         clear = slowdown >= MIN_SLOWDOWN and per_task[task]["collective_ms"] < coll_peers
         evidence = _trace_evidence(task, per_task)
+        if task in self._last_windows:  # what the host says of the same task, beside it
+            host = _host_evidence(self._last_windows[task],
+                                  [w for t, w in self._last_windows.items() if t != task],
+                                  self.step_rate())
+            if host["unit"] == evidence["unit"]:
+                evidence = {"unit": evidence["unit"], "task": {**evidence["task"], **host["task"]},
+                            "peers": {**evidence["peers"], **host["peers"]}}
         agreed = self._trace_streak.add(task if clear else None, min(slowdown, 99.0),
                                         evidence, "trace")
         return self._maybe_name(self._trace_streak, agreed, self.trace_agree)
@@ -177,8 +187,11 @@ class Detector:
     def _round(self, now: float) -> Finding | None:
         windows, self._windows = self._windows, {}
         if not self._steady(now):
+            return None  # a pause (a save, an evaluation, an epoch end): this round does not count
+        if now - self._counted_t > MAX_WINDOW_S:  # a long pause: agreement starts again
             self._host_streak.add(None, 0, {}, "host")
-            return None
+        self._counted_t = now
+        self._last_windows = windows
         task, slowdown, evidence, source = _candidate(windows, self.step_rate())
         agreed = self._host_streak.add(task, slowdown, evidence, source)
         return self._maybe_name(self._host_streak, agreed, self.agree)

@@ -5,8 +5,8 @@ runtime call (steps are counted from the optimizer).
 Options, each for one task only (`TASK:VALUE`, the task as `worker1`):
   --slow-input worker1:0.05   that task's tf.data map sleeps 0.05 s per batch
                               (an I/O-like wait: a slow disk or share)
-  --pin worker1:0             that task runs on CPU 0 only (the test puts
-                              other processes there: a noisy neighbour)
+  --pin worker1:0,worker0:1   each task named runs on that CPU only (the test
+                              puts other processes on worker1's: a noisy neighbour)
 For every task:
   --epoch-steps N             epochs of N steps, each ending with an evaluation
                               and a BackupAndRestore save into --backup DIR
@@ -33,8 +33,12 @@ workers = len(config["cluster"]["worker"])
 
 
 def for_me(option: str) -> str | None:
-    task, _, value = option.partition(":")
-    return value if task == me else None
+    """The value of TASK:VALUE for this task (several: TASK:VALUE,TASK:VALUE)."""
+    for entry in option.split(","):
+        task, _, value = entry.partition(":")
+        if task == me:
+            return value
+    return None
 
 
 pin = for_me(args.pin)
