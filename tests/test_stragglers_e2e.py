@@ -58,7 +58,7 @@ def test_a_worker_whose_cpu_is_contended_is_named(workdir: Path):
     hogs: list[subprocess.Popen] = []
     try:
         first = run.first_step()
-        hogs = _hogs(6, 0)  # ...beside six busy loops: a noisy neighbour
+        hogs = _hogs(12, 0)  # ...beside twelve busy loops: a noisy neighbour
         named = wait_for(lambda: run.events("straggler"), NAMED_WITHIN_S, "a straggler event")
     finally:
         for hog in hogs:
