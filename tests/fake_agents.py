@@ -184,14 +184,18 @@ def harness(tmp_path: Path, script: Script, hosts: int = 2,
                           ports=list(range(30000, 30016)), active_hosts=active)
 
     plan = make_plan(0)
-    links = {h.name: FakeLink(h.name, world, script) for h in plan.hosts}
+    # Every host of the file has an agent, spares too (as a launch connects them).
+    names = [h.name or h.address for h in loaded.config.hosts]
+    links = {name: FakeLink(name, world, script) for name in names}
     recorder = RunRecorder(tmp_path, clock=clock.wall)
     output = io.StringIO()
     printer = Printer([t.label for t in plan.tasks], stream=output, live=False, colour=False)
     settings = {"max_restarts": 3, "backoff_s": 0.0, "heartbeat_timeout_s": 10.0,
                 "hang_timeout_s": 300.0, "warm_standby": "off", **policy}
     supervisor = Supervisor(
-        make_plan=make_plan, hosts=[HostInfo(h.name, 1, False) for h in plan.hosts],
+        make_plan=make_plan,
+        hosts=[HostInfo(name, 1, h.spare) for name, h in zip(names, loaded.config.hosts,
+                                                            strict=True)],
         links=links, events=world, recorder=recorder, voice=printer,
         policy=RestartPolicy(**settings), checkpoint_probe=checkpoint_probe,
         clock=clock, wall_clock=clock.wall)

@@ -20,6 +20,7 @@ Its parts, wired through constructors by `main`:
 - `seal`: the job's firewall rules on this host, as tasks need them;
 - `lease`: the launcher's silence, and the agent's exit when it lasts;
 - `hostfacts`: what the hello says of the host (packages, interfaces), psutil;
+- `health`: each task's host signals (run delay, CPU, throttling, NVML), sampled rarely;
 - `bundle`: the agent's own code: its digest checked, its folder kept in use;
 - `files`: private folders and files in the host's run directory.
 

@@ -9,7 +9,8 @@ commands on its main thread until stdin closes (commands.read_commands).
   SIGTERM, every task is stopped (SIGTERM, then SIGKILL after --eof-grace)
   and the agent exits: no orphan outlives its launcher;
 - with a lease (lease.py), the same when the launcher falls silent;
-- a heartbeat every HEARTBEAT_EVERY_S: each task's CPU, RSS and status.
+- a heartbeat every HEARTBEAT_EVERY_S: each task's CPU, RSS and status, and
+  every few beats its host signals (health.py, for the straggler radar).
 
 Standard library only; of the launcher, imports the package's __version__,
 firewall, hostruns, netif and the agent's parts.
@@ -27,6 +28,7 @@ from launcher import __version__, firewall
 from launcher.agent import bundle
 from launcher.agent.commands import Commands, Lines, read_commands
 from launcher.agent.files import makedirs_private
+from launcher.agent.health import Health
 from launcher.agent.hostfacts import installed_versions, load_psutil
 from launcher.agent.lease import Lease
 from launcher.agent.leftovers import PidRecords
@@ -65,6 +67,7 @@ class Agent:
         self.tasks.on_profile = self.profiles.answered
         self.commands = Commands(self.tasks, Stacks(emit), emit, self.profiles)
         self.lease = Lease(emit)
+        self.health = Health()  # host signals for the straggler radar, every few beats
 
     def heartbeat_forever(self) -> None:
         touched = time.monotonic()
@@ -72,7 +75,11 @@ class Agent:
             if time.monotonic() - touched > bundle.BUNDLE_TOUCH_EVERY_S:
                 touched = time.monotonic()
                 bundle.mark_used()  # a job can run for longer than the prune age
-            self.emit("heartbeat", tasks=self.tasks.usage())
+            usage = self.tasks.usage()
+            if self.health.due(time.monotonic()):
+                for name, figures in self.health.sample(self.tasks.pids()).items():
+                    usage.setdefault(name, {})["health"] = figures
+            self.emit("heartbeat", tasks=usage)
             time.sleep(HEARTBEAT_EVERY_S)
 
     def shutdown(self) -> None:

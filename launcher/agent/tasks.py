@@ -343,6 +343,12 @@ class Tasks:
             except subprocess.TimeoutExpired:
                 task.signal_tree(signal.SIGKILL)
 
+    def pids(self) -> dict[str, int]:
+        """Per running task: its process id (the training process)."""
+        with self.lock:
+            tasks = list(self.tasks.values())
+        return {task.name: task.proc.pid for task in tasks if task.alive()}
+
     def usage(self) -> dict[str, dict]:
         """Per running task: CPU, RSS and status (empty without psutil)."""
         with self.lock:

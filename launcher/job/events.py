@@ -310,6 +310,27 @@ class TerminalLost(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class Health(TaskEvent):
+    """A task's host signals (launcher/agent/health.py), written at most once a
+    minute per task: cumulative counters (seconds), GPU figures when known."""
+
+    kind = "health"
+    figures: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Straggler(TaskEvent):
+    """A task of a synchronous job slower than its peers (job/stragglers.py)."""
+
+    kind = "straggler"
+    slowdown: float = 1.0  # its own work per step against its peers'
+    evidence: dict[str, Any] = field(default_factory=dict)  # unit, task, peers (ms)
+    source: str = "host"  # host | gpu | trace: what showed it
+    samples: int = 0  # the rounds that agreed
+    action: str = "warn"  # restart.on_straggler
+
+
+@dataclass(frozen=True, kw_only=True)
 class NotifyFailed(Event):
     """A `notify.command` failed, timed out or was not run (launcher/ops/notify.py)."""
 
@@ -332,7 +353,7 @@ KINDS: dict[str, type[Event]] = {cls.kind: cls for cls in (
     TaskUnconfirmed, FailureDetected, RootCause, StacksRequested, Stacks, StopRequested,
     TeardownBegun, TeardownDone, HostLost, HostWait, HostBack, HostsChosen, Reaped,
     BadMessage, AgentLog, Restart, Resumed, KerasSwitched, JobDone, TerminalLost,
-    NotifyFailed)}
+    NotifyFailed, Health, Straggler)}
 
 # Keys of a progress line that are not metrics.
 _PROGRESS_RESERVED = frozenset({"t", "event", "v", "generation", "task", "host"})

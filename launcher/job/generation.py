@@ -29,6 +29,9 @@ class Generation:
     stop_signal: int | None = None  # the signal of the stop asked for (STOPPING)
     advanced: bool = False  # the runtime reported a checkpoint saved in this generation
     lost_hosts: set[str] = field(default_factory=set)
+    # Hosts the next generation goes on without, though their agents answer
+    # (a straggler's, restart.on_straggler: replace): a spare takes their place.
+    set_aside: set[str] = field(default_factory=set)
     single_restarts: dict[str, int] = field(default_factory=dict)
     started_at: float = 0.0  # monotonic
     forming_since: float | None = None  # the first `joining` of the generation (monotonic)
@@ -110,6 +113,7 @@ class Generation:
                 loss=_number(progress.get("loss")),
                 cpu_percent=record.usage.get("cpu"), rss_mb=record.usage.get("rss_mb"),
                 silent_s=None if record.last_activity is None else now - record.last_activity,
+                slowdown=record.slowdown,
             ))
         return rows
 

@@ -48,7 +48,8 @@ class HostWaiter:
         """Hosts of the next generation; None when waiting was cut short.
         Raises recovery.NotEnoughHosts when too few workers are left."""
         # Hosts whose link died after their generation ended count as lost too.
-        lost = gen.lost_hosts | {name for name in active if not self._link_alive(name)}
+        lost = gen.lost_hosts | gen.set_aside | \
+            {name for name in active if not self._link_alive(name)}
         if not lost:
             return active
         choice = choose_hosts(self._hosts, active, lost,

@@ -133,6 +133,10 @@ def _stacks(message: dict, clean: dict) -> None:
     clean["error"] = _text(message.get("error") or "", MAX_ERROR_FIELD)
 
 
+# A task's host signals in a heartbeat (launcher/agent/health.py); others are dropped.
+HEALTH_KEYS = frozenset({"run_delay_s", "cpu_s", "throttled_s", "gpu_util", "sm_clock_mhz",
+                         "sm_clock_max_mhz", "gpu_throttle"})
+
 TRACE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 MAX_PART = 2 * 2**20  # characters of base64 in one `profile_part` (1 MiB of trace)
 TRACE_FIGURES = ("window_s", "steps", "step_s", "collective_s", "input_s", "compute_s")
@@ -187,6 +191,11 @@ def _heartbeat(message: dict, clean: dict) -> None:
                 entry[key] = value
         if isinstance(stats.get("status"), str):
             entry["status"] = stats["status"][:20]
+        health = stats.get("health")
+        if isinstance(health, dict):  # host signals, every few beats (agent/health.py)
+            entry["health"] = {key: value for key, value in health.items()
+                               if key in HEALTH_KEYS and isinstance(value, int | float)
+                               and not isinstance(value, bool) and math.isfinite(value)}
         usage[name] = entry
     clean["tasks"] = usage
 

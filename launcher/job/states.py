@@ -125,6 +125,7 @@ class TaskRecord:
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=5))  # last output lines
     cluster: str = ""  # "joining" / "joined": the task's MultiWorkerMirroredStrategy setup
     stack: str = ""  # its Python stacks, when taken before a hang teardown
+    slowdown: float | None = None  # named a straggler (job/stragglers.py): how much slower
 
     def move(self, to: TaskState) -> None:
         """The only way a task changes state; raises IllegalTransition otherwise."""
@@ -195,6 +196,7 @@ class RunResult:
     keras_switched: dict[str, Any] | None = None
     # Where each restarted generation resumed (launcher/job/resumes.py).
     resumed: tuple[dict[str, Any], ...] = ()
+    stragglers: tuple[dict[str, Any], ...] = ()  # tasks named by the radar (job/radar.py)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -209,6 +211,7 @@ class RunResult:
             "tasks": self.tasks,
             **({"keras_switched": self.keras_switched} if self.keras_switched else {}),
             "resumed": list(self.resumed),
+            "stragglers": list(self.stragglers),
         }
 
 
@@ -228,6 +231,7 @@ class TaskRow:
     cpu_percent: float | None
     rss_mb: float | None
     silent_s: float | None  # seconds since the last output line or progress report
+    slowdown: float | None = None  # a straggler: how much slower than its peers
 
 
 def final_state(record: TaskRecord, generation: int) -> dict[str, Any]:

@@ -41,6 +41,7 @@ from .output import TaskOutput, Voice, root_cause
 from .phases import Phase
 from .profiling import Profiler
 from .protocol import BadMessage, check_message
+from .radar import Radar
 from .recovery import (
     Budget,
     HostInfo,
@@ -121,6 +122,9 @@ class Supervisor:
         self.current: Generation | None = None  # read-only for observers (live view)
         # Synchronized traces of the running tasks (job/profiling.py).
         self.profiler = Profiler(getattr(recorder, "run_dir", None), clock, wall_clock)
+        self._radar = Radar(self._tell, clock, policy.on_straggler, fail=self._fail,
+                            spares=tuple(h.name for h in hosts if h.spare), probe=checkpoint_probe,
+                            profiler=self.profiler)  # stragglers named (and replaced)
 
     @property
     def links(self) -> dict[str, AgentLink]:
@@ -191,6 +195,7 @@ class Supervisor:
             stopped_by=end.stopped_by if status == "failed" else "",
             keras_switched=self._keras_switch,
             resumed=tuple(self._resumes.entries),
+            stragglers=tuple(self._radar.named),
         )
         self._tell(ev.JobDone(status=result.status, restarts=job.restarts,
                               wall_s=round(result.wall_s, 3), stopped_by=result.stopped_by,
@@ -311,6 +316,7 @@ class Supervisor:
                 for line, at in self._samples.due():  # progress held back, now due
                     ev.write(self._recorder, line, at)
                 self.profiler.poll(gen, self._links)  # traces asked by `mgpu-launch profile`
+                self._radar.tick(gen, self._links)  # and the straggler radar's, rarely
                 self._voice.refresh(self.snapshot())
             if self._decide(gen):
                 break
@@ -425,6 +431,7 @@ class Supervisor:
                 if record is not None and record.task.host == message.host:
                     record.usage = usage
                     self._watch.stopped(gen, record, usage.get("status"), body.get("t"))
+                    self._radar.heartbeat(gen, record, usage, body.get("t"))
         else:
             self._handle_task(gen, message)
 
@@ -496,6 +503,7 @@ class Supervisor:
             record.step_marks = [*record.step_marks[-1:], (self._clock(), int(data["step"]))]
         if data.get("checkpoint"):  # the runtime saw a checkpoint saved: training moved
             gen.advanced = True
+        self._radar.progress(gen, data)
         self._tell(ev.Progress(**ids, metrics=dict(data)))
 
     # -------------------------------------------------------- exits, failures

@@ -85,7 +85,7 @@ def _cells(row: TaskRow) -> list[str]:
     return [
         row.host,
         row.task,
-        row.state,
+        row.state if row.slowdown is None else f"{row.state} (straggler {row.slowdown:.2g}x)",
         dash if row.step is None else str(row.step),
         dash if done or row.steps_per_s is None else _rate(row.steps_per_s),
         dash if row.loss is None else f"{row.loss:.4g}",

@@ -14,6 +14,7 @@ from __future__ import annotations
 import signal as signals
 
 from ..job import events as ev
+from ..job.stragglers import describe as describe_evidence
 
 Said = tuple[str, str]  # ("notice" | "debug", text)
 
@@ -100,6 +101,12 @@ def _agent_log(event: ev.AgentLog) -> str:
         f"agent {event.host}: {event.text}"
 
 
+def _straggler(event: ev.Straggler) -> str:
+    evidence = describe_evidence(event.evidence)
+    return (f"straggler: {event.label} is {event.slowdown:.2g}x slower than its peers"
+            f"{': ' + evidence if evidence else ''}")
+
+
 _TELLERS = {
     ev.FailureDetected: _failure,
     ev.RootCause: _root_cause,
@@ -120,4 +127,5 @@ _TELLERS = {
     ev.BadMessage: lambda e: f"agent {e.host}: ignored a malformed message: {e.reason}",
     ev.AgentLog: _agent_log,
     ev.NotifyFailed: lambda e: f"notification {e.notify!r} not sent: {e.reason}",
+    ev.Straggler: _straggler,
 }

@@ -24,8 +24,9 @@ from typing import Any, TextIO
 import yaml
 
 from ..job import goodput
+from ..job.events import from_record
 from ..spec.rundir import CONFIG, EVENTS, LAUNCHER_OUT, LAUNCHER_PID, LOGS, SUMMARY, log_file_name
-from . import usage
+from . import narrate, usage
 from .replay import TaskView, failure_from_event, split_name
 from .replay import replay as replayed
 
@@ -55,6 +56,7 @@ class RunView:
     failures: list[dict[str, Any]]
     last_event_t: float | None
     goodput: dict[str, Any] | None = None  # where the time went (job/goodput.py)
+    stragglers: tuple[str, ...] = ()  # the straggler radar's lines (docs/stragglers.md)
 
     @property
     def finished(self) -> bool:
@@ -208,6 +210,8 @@ def load_run(run_dir: str | os.PathLike,
         last_event_t=events[-1].get("t") if events else None,
         goodput=(summary or {}).get("goodput") or goodput.from_records(
             events, now=time.time() if status == "running" else None),
+        stragglers=tuple(said[1] for e in events if e.get("event") == "straggler"
+                         and (said := narrate.line(from_record(e))) is not None),
     )
 
 
@@ -310,6 +314,8 @@ def render_status(view: RunView, now: float | None = None) -> str:
         lines += [f"  {f.get('description') or f.get('task')}" for f in earlier]
     if view.goodput:
         lines += ["", goodput_line(view.goodput)]
+    if view.stragglers:
+        lines += ["", *view.stragglers]
     lines += ["", f"logs:       {view.run_dir / LOGS}"]
     if (view.run_dir / LAUNCHER_OUT).exists():  # a detached run: the launcher's own lines
         lines.append(f"launcher:   {view.run_dir / LAUNCHER_OUT}")

@@ -83,6 +83,9 @@ class RestartPolicy(_Strict):
     # Each agent keeps one interpreter per task with TensorFlow imported, for
     # the next start of that task (a warm restart); `off`: every start is cold.
     warm_standby: Literal["auto", "off"] = "auto"
+    # A task of a synchronous job named slower than its peers (docs/stragglers.md):
+    # `warn` says so; `replace` restarts at the next checkpoint with a spare in its place.
+    on_straggler: Literal["warn", "replace"] = "warn"
 
     @field_validator("warm_standby", mode="before")
     @classmethod
@@ -328,6 +331,12 @@ def _role_problems(config: ClusterConfig, totals: dict[str, int]) -> Problems:
         problems.append(
             (("keras",), f"keras: jax runs Keras 3 on JAX, which trains across hosts with "
              f"strategy: keras_distribution, not {config.strategy}")
+        )
+    if config.restart.on_straggler == "replace" and not any(h.spare for h in config.hosts):
+        problems.append(
+            (("restart", "on_straggler"),
+             "on_straggler: replace needs a spare host to put in the slow host's place: "
+             "add a host with `spare: true`, or use on_straggler: warn")
         )
     workers = totals["worker"] + totals["chief"]
     if config.restart.min_workers > workers:
