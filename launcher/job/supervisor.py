@@ -42,12 +42,7 @@ from .phases import Phase
 from .profiling import Profiler
 from .protocol import BadMessage, check_message
 from .radar import Radar
-from .recovery import (
-    Budget,
-    HostInfo,
-    NotEnoughHosts,
-    decide_restart,
-)
+from .recovery import Budget, HostInfo, NotEnoughHosts, decide_restart
 from .restarts import End, JobSoFar, count_restart, keras_switched
 from .samples import ProgressSampler
 from .states import (
@@ -72,8 +67,6 @@ DRAIN_S = 10.0
 MAX_SINGLE_WORKER_RESTARTS = 5
 # Messages refused as malformed that are recorded one by one; the rest are counted.
 MAX_BAD_MESSAGES_RECORDED = 20
-
-
 
 
 class Supervisor:
