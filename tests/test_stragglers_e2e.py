@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 
 from launcher.agent.health import HEALTH_EVERY_S
-from launcher.job.radar import TRACE_AT_S
 from launcher.job.stragglers import AGREE, WARMUP_S
 from tests.conftest import SCRIPTS, read_events, read_summary, start_cli, wait_for
 
@@ -82,14 +81,15 @@ def test_a_worker_whose_cpu_is_contended_is_named(workdir: Path):
 
 
 def test_a_balanced_job_names_nobody(workdir: Path):
-    """Its epochs end every 150 steps with an evaluation and a checkpoint save."""
-    run = Run(workdir, "--epoch-steps", "150", "--backup", str(workdir / "backup"),
-              MGPU_STRAGGLER_TRACES="1")  # the traces name nobody either
+    """Its epochs end every 150 steps with an evaluation and a checkpoint save.
+    Host signals only (the radar's default): traces are opt-in, since TF 2.21's
+    profiler may crash a task when a trace stops (docs/profiles.md); the traces'
+    own judgement of a balanced job is unit-tested on recorded ones."""
+    run = Run(workdir, "--epoch-steps", "150", "--backup", str(workdir / "backup"))
     try:
         first = run.first_step()
-        # Past the warm-up and one round more than a straggler needs to be
-        # named, and past the radar's first two traces.
-        steady_s = max(WARMUP_S + (AGREE + 1) * HEALTH_EVERY_S, TRACE_AT_S[-1] + 5)
+        # Past the warm-up and one round more than a straggler needs to be named.
+        steady_s = WARMUP_S + (AGREE + 1) * HEALTH_EVERY_S
         wait_for(lambda: any(e["t"] - first["t"] >= steady_s for e in run.events("progress")),
                  steady_s + 30, f"{steady_s:g} s of training")
     finally:
@@ -105,12 +105,16 @@ def test_a_worker_whose_input_waits_is_named_from_traces(workdir: Path):
     signal shows a sleep, but its peers wait for it inside the all-reduce."""
     run = Run(workdir, "--slow-input", "worker1:0.1", MGPU_STRAGGLER_TRACES="1")
     try:
-        first = run.first_step()
-        named = wait_for(lambda: run.events("straggler"), NAMED_WITHIN_S, "a straggler event")
+        run.first_step()
+        # TF 2.21's profiler may crash a task as a trace stops (docs/profiles.md):
+        # the job then restarts, and the radar traces the next generation anew.
+        named = wait_for(lambda: run.events("straggler"), 2 * START_S, "a straggler event")
     finally:
         output, summary = run.stop()
     (event,) = named
     assert (event["task"], event["host"], event["source"]) == ("worker1", "host1", "trace")
+    first = next(e for e in run.events("progress")
+                 if e.get("step") and e["generation"] == event["generation"])
     assert event["slowdown"] > 1 and event["t"] - first["t"] < NAMED_WITHIN_S
     own, peers = event["evidence"]["task"], event["evidence"]["peers"]
     assert own["input_ms"] > peers["input_ms"] and own["collective_ms"] < peers["collective_ms"]
