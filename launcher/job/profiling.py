@@ -33,12 +33,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from ..spec import rundir
 from .generation import Generation
 from .states import TaskState
 
 PROFILES = "profiles"  # RUN_DIR/profiles/
 REQUEST = "request.json"  # RUN_DIR/profiles/request.json: `mgpu-launch profile`'s ask
-SUMMARY = "summary.json"  # RUN_DIR/profiles/<id>/summary.json: the capture's result
+# RUN_DIR/profiles/<id>/summary.json: the capture's result (named as the run's own)
+SUMMARY = rundir.SUMMARY
 # From the request to the traces' start, by each agent's clock: more than the
 # spread of the request's arrival at the agents (milliseconds on a LAN) plus the
 # tasks' look for it (runtime/trace.py, POLL_S 0.2 s).

@@ -30,6 +30,7 @@ from ..job.profiling import ANSWER_MARGIN_S, DELAY_S, MAX_SECONDS, PROFILES, REQ
 from ..job.profiling import new_id as new_trace_id
 from ..spec.rundir import CONFIG
 from ..spec.rundir import SUMMARY as RUN_SUMMARY
+from ..strategy import Strategy
 from . import usage
 from .control import launcher_of, launcher_process
 
@@ -155,7 +156,7 @@ def _part(total: Any, steps: int, window: float) -> str:
 
 
 # Strategies whose tasks TF 2.21's profiler may crash at stop() (docs/profiles.md).
-CRASH_PRONE = {"multi_worker_mirrored": "MultiWorkerMirroredStrategy"}
+CRASH_PRONE = {Strategy.MULTI_WORKER_MIRRORED: "MultiWorkerMirroredStrategy"}
 
 
 def strategy_of(run_dir: Path) -> str | None:

@@ -25,6 +25,7 @@ import yaml
 
 from ..job import goodput
 from ..job.events import from_record
+from ..job.events import version as ev_version
 from ..spec.rundir import CONFIG, EVENTS, LAUNCHER_OUT, LAUNCHER_PID, LOGS, SUMMARY, log_file_name
 from . import narrate, usage
 from .replay import TaskView, failure_from_event, split_name
@@ -76,7 +77,7 @@ class RunView:
             "wall_s": self.wall_s,
             "root_cause": self.root_cause,
             "failures": self.failures,
-            "goodput": self.goodput,
+            **({"goodput": self.goodput} if self.goodput is not None else {}),
             "logs_dir": str(self.run_dir / LOGS),
             "tasks": [
                 {
@@ -208,8 +209,7 @@ def load_run(run_dir: str | os.PathLike,
         generation=replay.generation, restarts=restarts, started_t=started_t, wall_s=wall_s,
         tasks=list(replay.tasks.values()), root_cause=root_cause, failures=failures,
         last_event_t=events[-1].get("t") if events else None,
-        goodput=(summary or {}).get("goodput") or goodput.from_records(
-            events, now=time.time() if status == "running" else None),
+        goodput=_goodput_of(summary, events, status),
         stragglers=tuple(said[1] for e in events if e.get("event") == "straggler"
                          and (said := narrate.line(from_record(e))) is not None),
     )
@@ -328,6 +328,18 @@ def render_status(view: RunView, now: float | None = None) -> str:
 _PART_WORDS = (("training", "training"), ("startup", "start-up"), ("recovery", "recovery"),
                ("redone", "re-done"), ("checkpointing", "checkpoints"),
                ("waiting_for_hosts", "waiting for hosts"), ("other", "other"))
+
+
+def _goodput_of(summary: dict[str, Any] | None, events: list[dict[str, Any]],
+                status: str) -> dict[str, Any] | None:
+    """summary.json's ledger; for a run still going, worked out from its events
+    up to now. A run written before the ledger (events of schema 1, or a
+    summary without `goodput`) has none: it lacks what the ledger reads."""
+    if summary is not None:
+        return summary.get("goodput")
+    if not any(ev_version(e) >= 2 for e in events):
+        return None
+    return goodput.from_records(events, now=time.time() if status == "running" else None)
 
 
 def goodput_line(ledger: dict[str, Any]) -> str:
