@@ -9,7 +9,9 @@ Options, each for one task only (`TASK:VALUE`, the task as `worker1`):
                               puts other processes on worker1's: a noisy neighbour)
 For every task:
   --epoch-steps N             epochs of N steps, each ending with an evaluation
-                              and a BackupAndRestore save into --backup DIR
+                              and a BackupAndRestore save into --backup DIR; each
+                              task prints the step it begins at ("worker1 begins
+                              at step 80": a restarted job's restored checkpoint)
 """
 
 import argparse
@@ -76,7 +78,10 @@ with strategy.scope():
 print(f"{me} training", flush=True)
 if args.epoch_steps:
     backup = tf.keras.callbacks.BackupAndRestore(backup_dir=args.backup)
+    began = tf.keras.callbacks.LambdaCallback(on_train_begin=lambda logs: print(
+        f"{me} begins at step {int(model.optimizer.iterations.numpy())}", flush=True))
     model.fit(dataset, epochs=args.steps // args.epoch_steps, steps_per_epoch=args.epoch_steps,
-              validation_data=dataset, validation_steps=20, callbacks=[backup], verbose=0)
+              validation_data=dataset, validation_steps=20, callbacks=[backup, began],
+              verbose=0)
 else:
     model.fit(dataset, epochs=1, steps_per_epoch=args.steps, verbose=0)
