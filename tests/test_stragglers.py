@@ -347,7 +347,9 @@ def test_replace_sets_the_slow_host_aside_at_the_next_checkpoint(tmp_path: Path)
     h = harness(tmp_path, script, loaded=loaded, on_straggler="replace")
     result = h.supervisor.run()
     (named,) = h.events("straggler")
-    assert (named["task"], named["action"]) == ("worker1", "replace")
+    assert (named["task"], named["action"], named["spare"]) == ("worker1", "replace", "host2")
+    assert "; host2 replaces host1 at the next checkpoint (restart.on_straggler: replace)" \
+        in h.output.getvalue()  # said when named, not only when it happens
     (failure,) = h.events("failure_detected")
     assert (failure["task"], failure["kind"]) == ("worker1", "straggler")
     assert failure["t"] > named["t"] + 10  # at the checkpoint, not when named
@@ -361,6 +363,37 @@ def test_replace_sets_the_slow_host_aside_at_the_next_checkpoint(tmp_path: Path)
     assert placed == {"worker0": "host0", "worker1": "host2"}
     assert result.status == "succeeded"
     assert "host2 replaces host1" in h.output.getvalue()
+
+
+def test_with_no_idle_spare_left_the_straggler_is_named_and_the_job_goes_on(tmp_path: Path):
+    """The spare took host1's place; generation 1's worker1, on it, is slow too:
+    named, said to stay (no spare is idle), and the job is not restarted."""
+    from launcher.spec.config import ClusterConfig, LoadedConfig
+
+    loaded = LoadedConfig(config=ClusterConfig.model_validate({
+        "name": "r", "transport": "local", "ports": {"base": "auto"},
+        "hosts": [{"address": "127.0.0.1", "name": f"host{i}", "spare": i == 2}
+                  for i in range(3)],
+        "restart": {"on_straggler": "replace"}}), source=None, base_dir=tmp_path)
+
+    def script(generation: int, name: str):
+        events = [(float(s), "progress", {"data": {"step": 400 * generation + 10 * s, **(
+            {"checkpoint": 1} if s in (30, 35) else {})}}) for s in range(1, 41)]
+        for s in range(3, 41, 3):
+            delay = s * (2.0 if name == "worker1" else 0.5)
+            events.append((s + 0.5, "heartbeat", {"tasks": {name: {"cpu": 50.0, "health": {
+                "cpu_s": 0.9 * s, "run_delay_s": delay}}}}))
+        return events if generation == 0 else [*events, (41.0, "exit", {"code": 0})]
+
+    h = harness(tmp_path, script, loaded=loaded, on_straggler="replace")
+    result = h.supervisor.run()
+    first, second = h.events("straggler")
+    assert (first["host"], first["spare"]) == ("host1", "host2")
+    assert (second["generation"], second["host"], second["spare"]) == (1, "host2", "")
+    assert "straggler: host2/worker1 is 2.1x slower than its peers" in h.output.getvalue()
+    assert "no spare host is idle to take host2's place: named only" in h.output.getvalue()
+    assert len(h.events("failure_detected")) == 1 and len(h.events("restart")) == 1
+    assert result.status == "succeeded"
 
 
 # ------------------------------------------------ traces, taken by the radar

@@ -111,7 +111,7 @@ def test_a_contended_worker_is_named_and_a_spare_replaces_its_host(workdir: Path
         output, summary = run.stop()
     (event,) = named
     assert (event["task"], event["host"], event["generation"]) == ("worker1", "host1", 0)
-    assert (event["action"], event["source"]) == ("replace", "host")
+    assert (event["action"], event["spare"], event["source"]) == ("replace", "host2", "host")
     assert event["slowdown"] > 1 and event["t"] - first["t"] < NAMED_WITHIN_S
     own, peers = event["evidence"]["task"], event["evidence"]["peers"]
     assert own["waiting_for_cpu"] > peers["waiting_for_cpu"]
@@ -124,6 +124,8 @@ def test_a_contended_worker_is_named_and_a_spare_replaces_its_host(workdir: Path
     (failure,) = failure
     assert (failure["task"], failure["host"], failure["kind"]) == ("worker1", "host1", "straggler")
     assert failure["t"] > event["t"]
+    assert "host2 replaces host1 at the next checkpoint (restart.on_straggler: replace)" \
+        in output  # said when named
     assert "replaced by a spare host at a checkpoint" in output
     assert "host2 replaces host1" in output
     (restart,) = run.events("restart")

@@ -328,6 +328,10 @@ class Straggler(TaskEvent):
     source: str = "host"  # host | gpu | trace: what showed it
     samples: int = 0  # the rounds that agreed
     action: str = "warn"  # restart.on_straggler
+    # With `replace`: the idle spare that takes its host's place at the next
+    # checkpoint ("": none is idle, named only); None (left out) with `warn`.
+    spare: str | None = None
+    optional = ("spare",)
 
 
 @dataclass(frozen=True, kw_only=True)

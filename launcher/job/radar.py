@@ -133,14 +133,19 @@ class Radar:
         assert self._replace is not None
         finding, self._replace = self._replace[0], None
         record = gen.records.get(finding.task)
-        in_use = {t.host for t in gen.plan.tasks}
         if record is None or self._fail is None or gen.failure is not None \
-                or not [s for s in self._spares if s not in in_use]:
+                or not self._idle_spare(gen):
             return  # no idle spare left (or already failing): named, not replaced
         gen.set_aside.add(finding.host)  # the restart chooses a spare instead
         self._fail(gen, record, kind="straggler",
                    reason=f"replaced by a spare host at a checkpoint: {finding.slowdown:.2g}x "
                    "slower than its peers (restart.on_straggler: replace)")
+
+    def _idle_spare(self, gen: Generation) -> str:
+        """The spare the restart would choose (recovery.choose_hosts: the first
+        in the file's order not in use); "" when none is idle."""
+        in_use = {t.host for t in gen.plan.tasks}
+        return next((s for s in self._spares if s not in in_use), "")
 
     def trace(self, gen: Generation, summaries: dict[str, dict[str, float]]) -> None:
         """One synchronized trace's per-task summary (the profile library)."""
@@ -157,7 +162,9 @@ class Radar:
         event = ev.Straggler(generation=gen.plan.generation, task=finding.task,
                              host=finding.host, slowdown=finding.slowdown,
                              evidence=finding.evidence, source=finding.source,
-                             samples=finding.samples, action=self.on_straggler)
+                             samples=finding.samples, action=self.on_straggler,
+                             spare=self._idle_spare(gen) if self.on_straggler == "replace"
+                             else None)
         self.named.append({"generation": event.generation, "task": event.task,
                            "host": event.host, "slowdown": event.slowdown,
                            "evidence": event.evidence, "source": event.source,

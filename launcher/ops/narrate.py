@@ -103,8 +103,13 @@ def _agent_log(event: ev.AgentLog) -> str:
 
 def _straggler(event: ev.Straggler) -> str:
     evidence = describe_evidence(event.evidence)
-    return (f"straggler: {event.label} is {event.slowdown:.2g}x slower than its peers"
+    line = (f"straggler: {event.label} is {event.slowdown:.2g}x slower than its peers"
             f"{': ' + evidence if evidence else ''}")
+    if event.action == "replace" and event.spare is not None:
+        then = f"{event.spare} replaces {event.host} at the next checkpoint" if event.spare else \
+            f"no spare host is idle to take {event.host}'s place: named only"
+        line += f"; {then} (restart.on_straggler: replace)"
+    return line
 
 
 _TELLERS = {
