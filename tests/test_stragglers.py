@@ -365,6 +365,40 @@ def test_replace_sets_the_slow_host_aside_at_the_next_checkpoint(tmp_path: Path)
     assert "host2 replaces host1" in h.output.getvalue()
 
 
+def test_replace_comes_at_the_save_a_step_report_times_not_the_next_health_sample(
+        tmp_path: Path):
+    """An unmodified Keras script: no `checkpoint` report, the save timed by the
+    runtime (`save_s`) and seen on disk. The generation ends at that report,
+    not up to a health period (3 s of steps to redo) later."""
+    from launcher.spec.config import ClusterConfig, LoadedConfig
+
+    loaded = LoadedConfig(config=ClusterConfig.model_validate({
+        "name": "r", "transport": "local", "ports": {"base": "auto"},
+        "hosts": [{"address": "127.0.0.1", "name": f"host{i}", "spare": i == 2}
+                  for i in range(3)],
+        "restart": {"on_straggler": "replace"}}), source=None, base_dir=tmp_path)
+    saved = {"ckpt/checkpoint": (1,)}
+
+    def script(generation: int, name: str):
+        if generation:
+            return [(1.0, "progress", {"data": {"step": 400}}), (2.0, "exit", {"code": 0})]
+        events = [(float(s), "progress", {"data": {"step": 10 * s, **(
+            {"save_s": 0.2} if s == 34 else {})}}) for s in range(1, 41)]
+        for s in range(3, 41, 3):
+            delay = s * (2.0 if name == "worker1" else 0.5)
+            events.append((s + 0.5, "heartbeat", {"tasks": {name: {"cpu": 50.0, "health": {
+                "cpu_s": 0.9 * s, "run_delay_s": delay}}}}))
+        return events
+
+    h = harness(tmp_path, script, loaded=loaded, on_straggler="replace",
+                checkpoint_probe=lambda: dict(saved) if h.clock() >= 1033.9 else {})
+    h.supervisor.run()
+    (named,) = h.events("straggler")
+    (failure,) = h.events("failure_detected")
+    assert failure["kind"] == "straggler" and named["t"] < failure["t"]
+    assert failure["t"] - h.events("launch")[0]["t"] == pytest.approx(34.0, abs=0.1)
+
+
 def test_with_no_idle_spare_left_the_straggler_is_named_and_the_job_goes_on(tmp_path: Path):
     """The spare took host1's place; generation 1's worker1, on it, is slow too:
     named, said to stay (no spare is idle), and the job is not restarted."""

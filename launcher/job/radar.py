@@ -97,8 +97,9 @@ class Radar:
         step = data.get("step")
         if detector is not None and isinstance(step, int | float) and not isinstance(step, bool):
             detector.progress(self._clock(), int(step))
-        if self._replace is not None and data.get("checkpoint"):
-            self._set_aside(gen)
+        if self._replace is not None and (data.get("checkpoint") or (data.get("save_s") and (
+                checkpoints.advanced(self._replace[1], self._probe())))):
+            self._set_aside(gen)  # a save reported, or one timed and seen on disk
 
     def tick(self, gen: Generation, links: Any) -> None:
         """From the supervisor's loop: trace every task when a trace is due."""
