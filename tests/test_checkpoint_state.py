@@ -38,3 +38,18 @@ def test_hidden_folders_are_scratch_not_checkpoints(tmp_path: Path):
     scratch.mkdir(parents=True)
     (scratch / "training_metadata.json").write_text(json.dumps({"epoch": 9, "batch": 0}))
     assert checkpoint_state(tmp_path) == {}
+
+
+def test_a_workers_temporary_save_is_not_the_checkpoint(tmp_path: Path):
+    """tf_keras under MultiWorkerMirroredStrategy: a worker other than the chief
+    saves its copy into `workertemp_<i>` beside the chief's and deletes it right
+    after. Seen mid-save, it is not the job's checkpoint moving: nobody resumes
+    from it, and the chief may still be writing (restart.on_straggler: replace
+    would end the generation then, and the restart resume from the save before)."""
+    chief = tmp_path / "backup" / "chief"
+    (chief / "workertemp_1").mkdir(parents=True)
+    (chief / "checkpoint").write_text('model_checkpoint_path: "ckpt-2"\n')
+    (chief / "workertemp_1" / "checkpoint").write_text('model_checkpoint_path: "ckpt-3"\n')
+    before = {"backup/chief/checkpoint": (2,)}
+    assert checkpoint_state(tmp_path) == before
+    assert not advanced(before, checkpoint_state(tmp_path))

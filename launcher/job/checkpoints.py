@@ -37,8 +37,10 @@ def checkpoint_state(directory: str | os.PathLike) -> State | None:
     state: State = {}
     seen = 0
     for folder, dirs, files in os.walk(root):
-        # Hidden folders are scratch (a save in progress, a lock): not a checkpoint.
-        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        # Hidden folders are scratch (a save in progress, a lock): not a checkpoint;
+        # so are tf_keras' `workertemp_<i>`, a non-chief worker's copy deleted
+        # right after its save (the chief's may still be being written).
+        dirs[:] = [d for d in dirs if not d.startswith((".", "workertemp_"))]
         for name in files:
             seen += 1
             if seen > MAX_FILES:
