@@ -430,6 +430,72 @@ def test_with_no_idle_spare_left_the_straggler_is_named_and_the_job_goes_on(tmp_
     assert result.status == "succeeded"
 
 
+def test_a_spare_whose_agent_is_gone_does_not_replace_the_slow_host(tmp_path: Path):
+    """host2, the spare, lost its agent while idle: setting host1 aside would
+    end a working generation to wait for a host that is gone (and fail the job
+    after `host_wait_s`). worker1 is named, the line says no spare is idle, and
+    the job goes on where it is."""
+    from launcher.spec.config import ClusterConfig, LoadedConfig
+
+    loaded = LoadedConfig(config=ClusterConfig.model_validate({
+        "name": "r", "transport": "local", "ports": {"base": "auto"},
+        "hosts": [{"address": "127.0.0.1", "name": f"host{i}", "spare": i == 2}
+                  for i in range(3)],
+        "restart": {"on_straggler": "replace"}}), source=None, base_dir=tmp_path)
+
+    def script(generation: int, name: str):
+        events = [(float(s), "progress", {"data": {"step": 10 * s, **(
+            {"checkpoint": 1} if s == 35 else {})}}) for s in range(1, 41)]
+        for s in range(3, 41, 3):
+            delay = s * (2.0 if name == "worker1" else 0.5)
+            events.append((s + 0.5, "heartbeat", {"tasks": {name: {"cpu": 50.0, "health": {
+                "cpu_s": 0.9 * s, "run_delay_s": delay}}}}))
+        return [*events, (41.0, "exit", {"code": 0})]
+
+    h = harness(tmp_path, script, loaded=loaded, on_straggler="replace", host_wait_s=5.0)
+    h.links["host2"].close()
+    result = h.supervisor.run()
+    (named,) = h.events("straggler")
+    assert (named["host"], named["action"], named["spare"]) == ("host1", "replace", "")
+    assert "no spare host is idle to take host1's place: named only" in h.output.getvalue()
+    assert h.events("failure_detected") == [] and h.events("restart") == []
+    assert result.status == "succeeded"
+
+
+def test_the_restart_takes_the_spare_whose_agent_is_there(tmp_path: Path):
+    """Two spares, the first one's agent gone: the line names the second, and
+    the restart puts the second in host1's place (not waiting for the first)."""
+    from launcher.spec.config import ClusterConfig, LoadedConfig
+
+    loaded = LoadedConfig(config=ClusterConfig.model_validate({
+        "name": "r", "transport": "local", "ports": {"base": "auto"},
+        "hosts": [{"address": "127.0.0.1", "name": f"host{i}", "spare": i >= 2}
+                  for i in range(4)],
+        "restart": {"on_straggler": "replace"}}), source=None, base_dir=tmp_path)
+
+    def script(generation: int, name: str):
+        if generation:
+            return [(1.0, "progress", {"data": {"step": 400}}), (2.0, "exit", {"code": 0})]
+        events = [(float(s), "progress", {"data": {"step": 10 * s, **(
+            {"checkpoint": 1} if s == 35 else {})}}) for s in range(1, 41)]
+        for s in range(3, 41, 3):
+            delay = s * (2.0 if name == "worker1" else 0.5)
+            events.append((s + 0.5, "heartbeat", {"tasks": {name: {"cpu": 50.0, "health": {
+                "cpu_s": 0.9 * s, "run_delay_s": delay}}}}))
+        return events
+
+    h = harness(tmp_path, script, loaded=loaded, on_straggler="replace", host_wait_s=5.0)
+    h.links["host2"].close()
+    result = h.supervisor.run()
+    (named,) = h.events("straggler")
+    assert named["spare"] == "host3"
+    (chosen,) = h.events("hosts_chosen")
+    assert chosen["message"] == "host3 replaces host1"
+    placed = {p["task"]: p["host"] for p in h.events("launch")[-1]["tasks"]}
+    assert placed == {"worker0": "host0", "worker1": "host3"}
+    assert result.status == "succeeded"
+
+
 # ------------------------------------------------ traces, taken by the radar
 
 

@@ -52,6 +52,9 @@ class HostWaiter:
             {name for name in active if not self._link_alive(name)}
         if not lost:
             return active
+        # So does an idle spare whose agent is gone: no waiting for it in a lost host's place.
+        lost |= {h.name for h in self._hosts if h.spare and h.name not in active
+                 and not self._link_alive(h.name)}
         choice = choose_hosts(self._hosts, active, lost,
                               self._policy.on_host_loss, self._policy.min_workers)
         self._tell(HostsChosen(hosts=choice.active, lost=tuple(sorted(lost)),

@@ -47,11 +47,12 @@ class Radar:
                  on_straggler: str = "warn", *, spares: tuple[str, ...] = (),
                  fail: Callable[..., None] | None = None,
                  probe: Callable[[], checkpoints.State | None] = lambda: None,
-                 profiler: Any = None) -> None:
+                 profiler: Any = None, alive: Callable[[str], bool] = lambda host: True) -> None:
         self._tell = tell
         self._clock = clock
         self.on_straggler = on_straggler
         self._spares = spares  # hosts marked spare: true
+        self._alive = alive  # whether a host's agent link is open
         self._fail = fail  # the supervisor's: a failure of a task, with its kind and reason
         self._probe = probe  # the checkpoint series on disk (checkpoints.checkpoint_state)
         self._replace: tuple[Finding, checkpoints.State | None] | None = None
@@ -144,9 +145,10 @@ class Radar:
 
     def _idle_spare(self, gen: Generation) -> str:
         """The spare the restart would choose (recovery.choose_hosts: the first
-        in the file's order not in use); "" when none is idle."""
+        in the file's order not in use); "" when none is idle. A spare whose
+        agent is gone is none: the restart would wait for it, then give up."""
         in_use = {t.host for t in gen.plan.tasks}
-        return next((s for s in self._spares if s not in in_use), "")
+        return next((s for s in self._spares if s not in in_use and self._alive(s)), "")
 
     def trace(self, gen: Generation, summaries: dict[str, dict[str, float]]) -> None:
         """One synchronized trace's per-task summary (the profile library)."""

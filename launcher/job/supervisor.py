@@ -117,7 +117,8 @@ class Supervisor:
         self.profiler = Profiler(getattr(recorder, "run_dir", None), clock, wall_clock)
         self._radar = Radar(self._tell, clock, policy.on_straggler, fail=self._fail,
                             spares=tuple(h.name for h in hosts if h.spare), probe=checkpoint_probe,
-                            profiler=self.profiler)  # stragglers named (and replaced)
+                            profiler=self.profiler,  # stragglers named (and replaced)
+                            alive=lambda h: not getattr(self._links.get(h), "closed", True))
 
     @property
     def links(self) -> dict[str, AgentLink]:
