@@ -362,7 +362,7 @@ def test_replace_sets_the_slow_host_aside_at_the_next_checkpoint(tmp_path: Path)
     placed = {p["task"]: p["host"] for p in h.events("launch")[-1]["tasks"]}
     assert placed == {"worker0": "host0", "worker1": "host2"}
     assert result.status == "succeeded"
-    assert "host2 replaces host1" in h.output.getvalue()
+    assert "\nmgpu-launch   | host2 replaces host1\n" in h.output.getvalue()
 
 
 def test_replace_comes_at_the_save_a_step_report_times_not_the_next_health_sample(

@@ -127,7 +127,8 @@ def test_a_contended_worker_is_named_and_a_spare_replaces_its_host(workdir: Path
     assert "host2 replaces host1 at the next checkpoint (restart.on_straggler: replace)" \
         in output  # said when named
     assert "replaced by a spare host at a checkpoint" in output
-    assert "host2 replaces host1" in output
+    assert re.search(r"^mgpu-launch +\| host2 replaces host1$", output, re.M)  # as it happens
+    assert [f["kind"] for f in summary["failures"]] == ["straggler"]
     (restart,) = run.events("restart")
     assert restart["counted"] is False  # the checkpoint advanced: free of max_restarts
     placed = {t["task"]: t["host"] for t in run.events("launch")[-1]["tasks"]}
