@@ -90,6 +90,25 @@ def workdir(tmp_path: Path) -> Path:
     return tmp_path
 
 
+@pytest.fixture(autouse=True)
+def no_straggler_named(request):
+    """The straggler radar's false-alarm guard over every real job the suite
+    runs: no job a test started in its tmp_path names a straggler, unless the
+    test is marked `straggler_expected` (it makes one, or writes one)."""
+    guarded = request.node.get_closest_marker("e2e") is not None \
+        and request.node.get_closest_marker("straggler_expected") is None \
+        and "tmp_path" in request.fixturenames
+    base = request.getfixturevalue("tmp_path") if guarded else None  # before it is torn down
+    yield
+    if base is None:
+        return
+    named = [f"{path}: {line.strip()}" for path in base.rglob("events.jsonl")
+             for line in path.read_text(errors="replace").splitlines()
+             if '"event": "straggler"' in line]
+    assert not named, "the straggler radar named a task of a job with none:\n" + \
+        "\n".join(named)
+
+
 def reported_steps(run_dir: Path, generation: int = 0) -> dict[str, list[int]]:
     """The steps each task of `generation` reported as progress, in order."""
     steps: dict[str, list[int]] = {}
