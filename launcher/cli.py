@@ -232,18 +232,13 @@ def _run(argv: list[str]) -> int:
     if args.dry_run:
         return _dry_run(launch.plan(0), args.json, config.ports.base == "auto")
     if local:  # simulated hosts run the tasks with this machine's Python
-        pythons = [t.python for t in launch.reach.targets]
-        missing = prereqs.local_problem(pythons, Path(command[0]), config.strategy)
+        missing = prereqs.local_problem(launch.pythons, Path(command[0]), config.strategy)
         if missing:
             say(f"mgpu-launch: {missing}")
             return EXIT_USAGE
-    if local and not args.detach:  # a detached run claims it in its own process
-        moved = launch.claim_checkpoint_dir()
-        if moved:
-            say(f"mgpu-launch: {moved}")
-    first_plan = launch.plan(0)
-    if local:
-        launch.check_ports(first_plan)
+    # A detached run claims the checkpoint directory in its own process.
+    first_plan = launch.prepare(lambda moved: say(f"mgpu-launch: {moved}"),
+                                claim=not args.detach)
     if args.max_restarts is not None and args.max_restarts < 0:
         raise UsageError("--max-restarts needs a number >= 0")
     views = outlets.make_outlets(loaded, run_dir, args.metrics_port)  # a busy port: exit 2

@@ -193,16 +193,11 @@ def _one_job(args: argparse.Namespace, loaded: LoadedConfig, command: list[str],
     try:
         launch = Launch(loaded, command, run_dir, str(Path.cwd()))
         if local and number == 1:
-            missing = prereqs.local_problem([t.python for t in launch.reach.targets],
-                                            Path(command[0]), config.strategy)
+            missing = prereqs.local_problem(launch.pythons, Path(command[0]), config.strategy)
             if missing:
                 raise Usage(missing)
-            moved = launch.claim_checkpoint_dir()
-            if moved:
-                _say(f"mgpu-launch: {moved}")
-        first = launch.plan(0)
-        if local:
-            launch.check_ports(first)
+        # The first job claims the checkpoint directory; the claim lasts as long as this process.
+        first = launch.prepare(lambda moved: _say(f"mgpu-launch: {moved}"), claim=number == 1)
         connected = launch.connect(make_transport(config), first)
     except (LaunchRefused, PlanError, TransportError, AddressError) as exc:
         raise Usage(str(exc)) from None
