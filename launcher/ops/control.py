@@ -17,7 +17,6 @@ Must not import: supervisor, transport, cli.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
@@ -342,10 +341,7 @@ launcher runs on another machine."""
 
 def main(argv: Sequence[str]) -> int:
     """`argv[0]` is `stop` (as dispatched by the CLI)."""
-    parser = usage.Parser(
-        prog="mgpu-launch stop", usage=STOP_USAGE.split("\n", 1)[0],
-        description=STOP_USAGE.split("\n", 2)[2],
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = usage.parser_for("mgpu-launch stop", STOP_USAGE)
     parser.add_argument("run_dir", metavar="RUN_DIR")
     parser.add_argument("--timeout", type=float, metavar="S",
                         help="wait at most S seconds for the job to end (default grace_s + 30)")

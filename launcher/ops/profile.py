@@ -218,10 +218,7 @@ def _seconds(text: str) -> float:
 
 def main(argv: Sequence[str]) -> int:
     """`argv[0]` is `profile` (as dispatched by the CLI)."""
-    parser = usage.Parser(
-        prog="mgpu-launch profile", usage=PROFILE_USAGE.split("\n", 1)[0],
-        description=PROFILE_USAGE.split("\n", 2)[2],
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = usage.parser_for("mgpu-launch profile", PROFILE_USAGE)
     parser.add_argument("run_dir", metavar="RUN_DIR")
     parser.add_argument("--seconds", type=_seconds, default=2.0, metavar="S",
                         help="how long each task traces (default 2; 0.1 to 60)")

@@ -3,7 +3,8 @@
 argparse prints the usage block, then the error on its last line: on a
 terminal the one line that says what was wrong scrolls past a page of usage.
 `Parser` prints `PROG: error: WHAT` first, then the usage, and exits 2 as
-argparse does. Standard library only; every command's module may import it.
+argparse does. `parser_for` builds a command's parser from its usage text.
+Standard library only; every command's module may import it.
 """
 
 from __future__ import annotations
@@ -29,3 +30,11 @@ class Parser(argparse.ArgumentParser):
             except (OSError, ValueError):
                 pass
         raise SystemExit(status)
+
+
+def parser_for(prog: str, text: str) -> Parser:
+    """The parser of a command whose usage text is written out: its first line
+    is the usage; after the blank line that follows, the description, shown as
+    written (exit codes and all)."""
+    return Parser(prog=prog, usage=text.split("\n", 1)[0], description=text.split("\n", 2)[2],
+                  formatter_class=argparse.RawDescriptionHelpFormatter)
