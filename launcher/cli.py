@@ -30,7 +30,6 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TextIO
 
 from . import __version__
 from .job.classify import signal_name
@@ -40,6 +39,7 @@ from .job.states import Failure, RunResult
 from .ops import control, outlets, prereqs, usage
 from .ops.live import format_duration
 from .ops.printer import Printer
+from .ops.usage import say
 from .spec import rundir
 from .spec.addresses import AddressError
 from .spec.allocation import SlurmError, read_allocation, slurm_config, with_allocation
@@ -364,15 +364,6 @@ def _stops_go_to(job: Job, early: Sequence[int] = ()) -> Iterator[None]:
 
 
 # ---------------------------------------------------------------- the terminal
-
-
-def say(text: str, stream: TextIO | None = None) -> None:
-    """print() for the launcher's own messages: a closed or hung-up terminal
-    must not turn a message into a traceback (or change the exit code)."""
-    try:
-        print(text, file=stream or sys.stderr, flush=True)
-    except (OSError, ValueError):
-        pass
 
 
 def silence_fds(*fds: int) -> None:

@@ -42,6 +42,7 @@ from ..spec.rundir import (
 )
 from . import usage
 from .records import read_events, read_launcher_pid
+from .usage import say
 
 EXIT_OK, EXIT_NOT_STOPPED, EXIT_USAGE = 0, 1, 2
 # Files `--detach` puts into the run directory before the launcher starts.
@@ -124,8 +125,8 @@ def detach(argv: Sequence[str], rest: Sequence[str], run_dir: Path, name: str) -
         handle.write(f"{proc.pid} {socket.gethostname()}\n")
     shown = _shown(run_dir)
     # The run dir alone on stdout: RUN=$(mgpu-launch --detach ...) gets just that.
-    _say(str(shown), sys.stdout)
-    _say(f"mgpu-launch: job {name!r} runs in the background (launcher pid {proc.pid}); "
+    say(str(shown), sys.stdout)
+    say(f"mgpu-launch: job {name!r} runs in the background (launcher pid {proc.pid}); "
          f"its own output: {shown / LAUNCHER_OUT}\n"
          f"  mgpu-launch status {shown}      how it goes\n"
          f"  mgpu-launch logs {shown} -f     follow every task's output\n"
@@ -149,13 +150,6 @@ def record_early_end(run_dir: Path, status: str, message: str,
                                          interrupted_by=interrupted_by).to_json())
         recorder.close()
     except OSError:  # a run directory we cannot write: the exit code still says it
-        pass
-
-
-def _say(text: str, stream=None) -> None:
-    try:
-        print(text, file=stream or sys.stderr, flush=True)
-    except (OSError, ValueError):
         pass
 
 
@@ -248,21 +242,21 @@ def _claim_stop(run_dir: Path) -> bool:
 
 def stop(run_dir: Path, timeout_s: float | None = None) -> int:
     if not run_dir.is_dir():
-        _say(f"mgpu-launch stop: {run_dir}: no such directory")
+        say(f"mgpu-launch stop: {run_dir}: no such directory")
         return EXIT_USAGE
     summary = _read_summary(run_dir)
     if summary is not None:
-        _say(f"{run_dir}: the job already finished: {_outcome(summary)}; nothing to stop",
+        say(f"{run_dir}: the job already finished: {_outcome(summary)}; nothing to stop",
              sys.stdout)
         return EXIT_OK
     launcher = launcher_of(run_dir)
     if launcher is None:
-        _say(f"mgpu-launch stop: {run_dir}: not a run directory, or its launcher has not "
+        say(f"mgpu-launch stop: {run_dir}: not a run directory, or its launcher has not "
              "started yet (no launch event, no launcher.pid)")
         return EXIT_USAGE
     host = launcher.get("launcher_host")
     if host and host != socket.gethostname():
-        _say(f"mgpu-launch stop: the launcher of {run_dir} runs on {host}: "
+        say(f"mgpu-launch stop: the launcher of {run_dir} runs on {host}: "
              "run `mgpu-launch stop` there")
         return EXIT_USAGE
     pid = launcher["launcher_pid"]
@@ -270,10 +264,10 @@ def stop(run_dir: Path, timeout_s: float | None = None) -> int:
     if proc is None:
         summary = _read_summary(run_dir)  # it may have ended just now
         if summary is not None:
-            _say(f"{run_dir}: the job already finished: {_outcome(summary)}; nothing to stop",
+            say(f"{run_dir}: the job already finished: {_outcome(summary)}; nothing to stop",
                  sys.stdout)
             return EXIT_OK
-        _say(f"mgpu-launch stop: the launcher of {run_dir} (pid {pid}) is gone and wrote no "
+        say(f"mgpu-launch stop: the launcher of {run_dir} (pid {pid}) is gone and wrote no "
              "summary.json (killed, or its machine rebooted): nothing to stop; its agents "
              "stopped the tasks when it died")
         return EXIT_NOT_STOPPED
@@ -284,14 +278,14 @@ def stop(run_dir: Path, timeout_s: float | None = None) -> int:
             proc.send_signal(signal.SIGTERM)
         except Exception as exc:  # noqa: BLE001 - psutil.AccessDenied, NoSuchProcess
             (run_dir / STOP_MARK).unlink(missing_ok=True)
-            _say(f"mgpu-launch stop: cannot signal the launcher (pid {pid}): {exc}")
+            say(f"mgpu-launch stop: cannot signal the launcher (pid {pid}): {exc}")
             return EXIT_NOT_STOPPED
-        _say(f"stopping {run_dir}: SIGTERM sent to the launcher (pid {pid}); the tasks get "
+        say(f"stopping {run_dir}: SIGTERM sent to the launcher (pid {pid}); the tasks get "
              f"SIGTERM, then SIGKILL after {grace:g} s; {HOW_TO_SAVE}, else it resumes from "
              f"its last checkpoint; waiting up to {timeout_s:g} s", sys.stdout)
     else:
         since = time.time() - (_stop_requested(run_dir) or time.time())
-        _say(f"{run_dir}: a stop is already under way (asked {since:.0f} s ago); waiting up "
+        say(f"{run_dir}: a stop is already under way (asked {since:.0f} s ago); waiting up "
              f"to {timeout_s:g} s for it, without signalling again", sys.stdout)
     return _wait_for_summary(run_dir, proc, timeout_s)
 
@@ -305,7 +299,7 @@ def _wait_for_summary(run_dir: Path, proc, timeout_s: float) -> int:
         summary = _read_summary(run_dir)
         if summary is not None:
             said = (summary.get("stop") or {}).get("said")
-            _say(f"{run_dir}: job {_outcome(summary)}; summary: {run_dir / SUMMARY}"
+            say(f"{run_dir}: job {_outcome(summary)}; summary: {run_dir / SUMMARY}"
                  + (f"\n{said}" if said else ""), sys.stdout)
             return EXIT_OK
         try:
@@ -315,11 +309,11 @@ def _wait_for_summary(run_dir: Path, proc, timeout_s: float) -> int:
         if not running:
             gone_at = gone_at or time.monotonic()
             if time.monotonic() - gone_at > 1.0:  # the summary is written before exit
-                _say(f"mgpu-launch stop: the launcher of {run_dir} exited without writing "
+                say(f"mgpu-launch stop: the launcher of {run_dir} exited without writing "
                      f"{SUMMARY}")
                 return EXIT_NOT_STOPPED
         time.sleep(POLL_S)
-    _say(f"mgpu-launch stop: {run_dir} is still running after {timeout_s:g} s (the launcher "
+    say(f"mgpu-launch stop: {run_dir} is still running after {timeout_s:g} s (the launcher "
          f"may be waiting for a host); `mgpu-launch stop` again waits again, "
          f"`kill -TERM {proc.pid}` kills its tasks at once")
     return EXIT_NOT_STOPPED

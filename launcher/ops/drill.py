@@ -25,7 +25,6 @@ import json
 import logging
 import os
 import signal
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -42,6 +41,7 @@ from . import control, prereqs, usage
 from .drill_faults import Injector, Story
 from .drill_report import DEFAULT_MTBF_HOURS, FAULTS, Observed, judge, render, report
 from .printer import Printer
+from .usage import say
 
 EXIT_PASSED, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 DRILL_JSON = "drill.json"
@@ -85,10 +85,10 @@ def main(argv: list[str]) -> int:
         loaded, command, faults = _load(args)
         run_dir = _run_dir(args, loaded)
     except Usage as exc:
-        _say(f"mgpu-launch drill: {exc}")
+        say(f"mgpu-launch drill: {exc}")
         return EXIT_USAGE
     except (ConfigError, SlurmError) as exc:
-        _say(f"mgpu-launch: {exc}")
+        say(f"mgpu-launch: {exc}")
         return EXIT_USAGE
     return _drill(args, loaded, command, faults, run_dir)
 
@@ -158,7 +158,7 @@ def _drill(args: argparse.Namespace, loaded: LoadedConfig, command: list[str],
             injector, story = _one_job(args, loaded, command, left, where, number, stops)
         except Usage as exc:
             if number == 1:
-                _say(f"mgpu-launch drill: {exc}")
+                say(f"mgpu-launch drill: {exc}")
                 return EXIT_USAGE
             observed += [Observed(f, not_injected=f"the drill's job {number}, for the {f}, "
                                   f"could not start: {exc}") for f in left]
@@ -197,7 +197,7 @@ def _one_job(args: argparse.Namespace, loaded: LoadedConfig, command: list[str],
             if missing:
                 raise Usage(missing)
         # The first job claims the checkpoint directory; the claim lasts as long as this process.
-        first = launch.prepare(lambda moved: _say(f"mgpu-launch: {moved}"), claim=number == 1)
+        first = launch.prepare(lambda moved: say(f"mgpu-launch: {moved}"), claim=number == 1)
         connected = launch.connect(make_transport(config), first)
     except (LaunchRefused, PlanError, TransportError, AddressError) as exc:
         raise Usage(str(exc)) from None
@@ -241,10 +241,3 @@ def _stops_go_to(job, stops: list[int]) -> Iterator[None]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-
-
-def _say(text: str) -> None:
-    try:
-        print(text, file=sys.stderr, flush=True)
-    except (OSError, ValueError):
-        pass
