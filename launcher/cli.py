@@ -23,7 +23,6 @@ import argparse
 import contextlib
 import importlib
 import json
-import logging
 import os
 import signal
 import sys
@@ -39,14 +38,14 @@ from .job.states import Failure, RunResult
 from .ops import control, outlets, prereqs, usage
 from .ops.live import format_duration
 from .ops.printer import Printer
-from .ops.usage import say
+from .ops.usage import say, shown
 from .spec import rundir
 from .spec.addresses import AddressError
 from .spec.allocation import SlurmError, read_allocation, slurm_config, with_allocation
 from .spec.config import ConfigError, LoadedConfig, load_config, local_config
 from .spec.plan import Plan, PlanError, render_plan, resolve_script
 from .transport import Transport, TransportError
-from .transport.factory import make_transport
+from .transport.factory import make_transport, quiet_paramiko_logs
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 # Subcommand -> module with `main(argv) -> int`, imported only when used.
@@ -275,11 +274,8 @@ def _launch(launch: Launch, first_plan: Plan, args: argparse.Namespace,
                       verbose=args.verbose, live=None if args.live else False,
                       on_terminal_lost=_stdout_gone)
     previous_hangup = _watch_terminal(printer)
-    if config.transport == "ssh" and not args.verbose:
-        # paramiko logs tracebacks of what the launcher reports itself in
-        # words (a dropped connection, an aborted handshake): -v shows them.
-        logging.getLogger("paramiko").addHandler(logging.NullHandler())
-        logging.getLogger("paramiko").propagate = False
+    if config.transport == "ssh" and not args.verbose:  # -v shows paramiko's tracebacks
+        quiet_paramiko_logs()
     transport = make_transport(config)
     printer.notice(
         f"job {config.name!r}: {len(first_plan.tasks)} tasks on {len(first_plan.hosts)} "
@@ -452,7 +448,7 @@ def _print_outcome(printer: Printer, result: RunResult, run_dir: Path) -> None:
         printer.notice("restarted after:")
         for failure in earlier:
             printer.notice(f"  {failure.describe()}")
-    where = _shown(run_dir)
+    where = shown(run_dir)
     if cause is not None:
         printer.notice(f"root cause: {cause.describe()}")
         if cause.stack:
@@ -516,14 +512,6 @@ def _task_summary(tasks: dict[str, dict]) -> list[str]:
             parts.append(f"loss {progress['loss']:.4g}")
         lines.append("  ".join(parts).rstrip())
     return lines
-
-
-def _shown(path: Path) -> Path:
-    """`path` relative to the current directory when it lies below it (shorter)."""
-    try:
-        return path.relative_to(Path.cwd())
-    except ValueError:
-        return path
 
 
 if __name__ == "__main__":

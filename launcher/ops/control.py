@@ -84,13 +84,6 @@ def run_dir_free(run_dir: Path) -> bool:
     return not names or (is_detached_child(run_dir) and names <= DETACH_FILES)
 
 
-def _shown(path: Path) -> Path:
-    try:
-        return path.relative_to(Path.cwd())
-    except ValueError:
-        return path
-
-
 def _child_argv(argv: Sequence[str], rest: Sequence[str], run_dir: Path) -> list[str]:
     """The same command line for the background launcher: the options given
     (without --detach), then ours (later options win), then CLUSTER/SCRIPT/args
@@ -123,14 +116,14 @@ def detach(argv: Sequence[str], rest: Sequence[str], run_dir: Path, name: str) -
     fd = os.open(run_dir / LAUNCHER_PID, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as handle:
         handle.write(f"{proc.pid} {socket.gethostname()}\n")
-    shown = _shown(run_dir)
+    shown = usage.shown(run_dir)
     # The run dir alone on stdout: RUN=$(mgpu-launch --detach ...) gets just that.
     say(str(shown), sys.stdout)
     say(f"mgpu-launch: job {name!r} runs in the background (launcher pid {proc.pid}); "
-         f"its own output: {shown / LAUNCHER_OUT}\n"
-         f"  mgpu-launch status {shown}      how it goes\n"
-         f"  mgpu-launch logs {shown} -f     follow every task's output\n"
-         f"  mgpu-launch stop {shown}        stop it (tasks get their grace period to save)")
+        f"its own output: {shown / LAUNCHER_OUT}\n"
+        f"  mgpu-launch status {shown}      how it goes\n"
+        f"  mgpu-launch logs {shown} -f     follow every task's output\n"
+        f"  mgpu-launch stop {shown}        stop it (tasks get their grace period to save)")
     return EXIT_OK
 
 
@@ -247,17 +240,17 @@ def stop(run_dir: Path, timeout_s: float | None = None) -> int:
     summary = _read_summary(run_dir)
     if summary is not None:
         say(f"{run_dir}: the job already finished: {_outcome(summary)}; nothing to stop",
-             sys.stdout)
+            sys.stdout)
         return EXIT_OK
     launcher = launcher_of(run_dir)
     if launcher is None:
         say(f"mgpu-launch stop: {run_dir}: not a run directory, or its launcher has not "
-             "started yet (no launch event, no launcher.pid)")
+            "started yet (no launch event, no launcher.pid)")
         return EXIT_USAGE
     host = launcher.get("launcher_host")
     if host and host != socket.gethostname():
         say(f"mgpu-launch stop: the launcher of {run_dir} runs on {host}: "
-             "run `mgpu-launch stop` there")
+            "run `mgpu-launch stop` there")
         return EXIT_USAGE
     pid = launcher["launcher_pid"]
     proc = launcher_process(launcher)
@@ -265,11 +258,11 @@ def stop(run_dir: Path, timeout_s: float | None = None) -> int:
         summary = _read_summary(run_dir)  # it may have ended just now
         if summary is not None:
             say(f"{run_dir}: the job already finished: {_outcome(summary)}; nothing to stop",
-                 sys.stdout)
+                sys.stdout)
             return EXIT_OK
         say(f"mgpu-launch stop: the launcher of {run_dir} (pid {pid}) is gone and wrote no "
-             "summary.json (killed, or its machine rebooted): nothing to stop; its agents "
-             "stopped the tasks when it died")
+            "summary.json (killed, or its machine rebooted): nothing to stop; its agents "
+            "stopped the tasks when it died")
         return EXIT_NOT_STOPPED
     grace = _grace_s(run_dir)
     timeout_s = grace + STOP_MARGIN_S if timeout_s is None else timeout_s
@@ -281,12 +274,12 @@ def stop(run_dir: Path, timeout_s: float | None = None) -> int:
             say(f"mgpu-launch stop: cannot signal the launcher (pid {pid}): {exc}")
             return EXIT_NOT_STOPPED
         say(f"stopping {run_dir}: SIGTERM sent to the launcher (pid {pid}); the tasks get "
-             f"SIGTERM, then SIGKILL after {grace:g} s; {HOW_TO_SAVE}, else it resumes from "
-             f"its last checkpoint; waiting up to {timeout_s:g} s", sys.stdout)
+            f"SIGTERM, then SIGKILL after {grace:g} s; {HOW_TO_SAVE}, else it resumes from "
+            f"its last checkpoint; waiting up to {timeout_s:g} s", sys.stdout)
     else:
         since = time.time() - (_stop_requested(run_dir) or time.time())
         say(f"{run_dir}: a stop is already under way (asked {since:.0f} s ago); waiting up "
-             f"to {timeout_s:g} s for it, without signalling again", sys.stdout)
+            f"to {timeout_s:g} s for it, without signalling again", sys.stdout)
     return _wait_for_summary(run_dir, proc, timeout_s)
 
 
@@ -300,7 +293,7 @@ def _wait_for_summary(run_dir: Path, proc, timeout_s: float) -> int:
         if summary is not None:
             said = (summary.get("stop") or {}).get("said")
             say(f"{run_dir}: job {_outcome(summary)}; summary: {run_dir / SUMMARY}"
-                 + (f"\n{said}" if said else ""), sys.stdout)
+                + (f"\n{said}" if said else ""), sys.stdout)
             return EXIT_OK
         try:
             running = proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
@@ -310,12 +303,12 @@ def _wait_for_summary(run_dir: Path, proc, timeout_s: float) -> int:
             gone_at = gone_at or time.monotonic()
             if time.monotonic() - gone_at > 1.0:  # the summary is written before exit
                 say(f"mgpu-launch stop: the launcher of {run_dir} exited without writing "
-                     f"{SUMMARY}")
+                    f"{SUMMARY}")
                 return EXIT_NOT_STOPPED
         time.sleep(POLL_S)
     say(f"mgpu-launch stop: {run_dir} is still running after {timeout_s:g} s (the launcher "
-         f"may be waiting for a host); `mgpu-launch stop` again waits again, "
-         f"`kill -TERM {proc.pid}` kills its tasks at once")
+        f"may be waiting for a host); `mgpu-launch stop` again waits again, "
+        f"`kill -TERM {proc.pid}` kills its tasks at once")
     return EXIT_NOT_STOPPED
 
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import logging
 import os
 import signal
 import threading
@@ -36,7 +35,7 @@ from ..spec.allocation import SlurmError, read_allocation, slurm_config, with_al
 from ..spec.config import ConfigError, LoadedConfig, load_config, local_config
 from ..spec.plan import PlanError, resolve_script
 from ..transport import TransportError
-from ..transport.factory import make_transport
+from ..transport.factory import make_transport, quiet_paramiko_logs
 from . import control, prereqs, usage
 from .drill_faults import Injector, Story
 from .drill_report import DEFAULT_MTBF_HOURS, FAULTS, Observed, judge, render, report
@@ -205,9 +204,8 @@ def _one_job(args: argparse.Namespace, loaded: LoadedConfig, command: list[str],
     if refusals:
         connected.close()
         raise Usage("; ".join(refusals))
-    if config.transport == "ssh":  # paramiko's own tracebacks of what the launcher says
-        logging.getLogger("paramiko").addHandler(logging.NullHandler())
-        logging.getLogger("paramiko").propagate = False
+    if config.transport == "ssh":
+        quiet_paramiko_logs()
     printer = Printer([t.label for t in first.tasks], quiet=args.quiet, live=False)
     for line in notices:
         printer.notice(line)

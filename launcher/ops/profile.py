@@ -178,9 +178,9 @@ def profile(run_dir: Path, seconds: float, allow_restart: bool = False) -> int:
     prone = CRASH_PRONE.get(strategy_of(run_dir) or "")
     if prone and not allow_restart:
         say(f"mgpu-launch profile: TensorFlow 2.21's profiler can crash a {prone} task "
-             "when its trace stops (seen in 1 to 4 traces, docs/profiles.md); the job would "
-             "then restart from its last checkpoint. Run again with --allow-restart to "
-             "trace it anyway.")
+            "when its trace stops (seen in 1 to 4 traces, docs/profiles.md); the job would "
+            "then restart from its last checkpoint. Run again with --allow-restart to "
+            "trace it anyway.")
         return EXIT_USAGE
     ident = ask(run_dir, seconds)
     folder = run_dir / PROFILES / ident
@@ -188,7 +188,7 @@ def profile(run_dir: Path, seconds: float, allow_restart: bool = False) -> int:
     capture = wait_for(run_dir, ident, seconds)
     if capture is None:
         say(f"mgpu-launch profile: the launcher of {run_dir} did not take the request "
-             "(it is ending, or it predates `profile`)")
+            "(it is ending, or it predates `profile`)")
         return EXIT_USAGE
     if capture.get("error"):
         say(f"mgpu-launch profile: {capture['error']}")

@@ -4,14 +4,15 @@ argparse prints the usage block, then the error on its last line: on a
 terminal the one line that says what was wrong scrolls past a page of usage.
 `Parser` prints `PROG: error: WHAT` first, then the usage, and exits 2 as
 argparse does. `parser_for` builds a command's parser from its usage text;
-`say` prints a command's own messages. Standard library only; every command's
-module may import it.
+`say` prints a command's own messages, `shown` a path in them. Standard library
+only; every command's module may import it.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import NoReturn, TextIO
 
 EXIT_USAGE = 2
@@ -48,3 +49,11 @@ def say(text: str, stream: TextIO | None = None) -> None:
         print(text, file=stream or sys.stderr, flush=True)
     except (OSError, ValueError):
         pass
+
+
+def shown(path: Path) -> Path:
+    """`path` relative to the current directory when it lies below it (shorter)."""
+    try:
+        return path.relative_to(Path.cwd())
+    except ValueError:
+        return path
