@@ -19,6 +19,22 @@ SCRIPTS = Path(__file__).resolve().parent / "scripts"
 EXAMPLES = REPO / "examples"
 PYTHON = sys.executable
 
+# A training script without TensorFlow for tests that watch a running job
+# (metrics, `status --watch`): reports a step every 0.1 s until the release
+# file (its first argument) exists.
+PROGRESS_UNTIL_RELEASED = """\
+import sys, time
+from pathlib import Path
+from launcher import runtime
+release = Path(sys.argv[1])
+deadline = time.monotonic() + 60  # never outlive a broken test
+step = 0
+while not release.exists() and time.monotonic() < deadline:
+    step += 1
+    runtime.report_progress(step, loss=1.0 / step)
+    time.sleep(0.1)
+"""
+
 
 def cli_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
