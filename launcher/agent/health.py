@@ -20,8 +20,9 @@ Why is a task slower than its peers? The host says part of it (docs/stragglers.m
   `gpu_throttle` (the clocks-throttle-reasons bitmask) of the GPUs the task uses.
 
 Counters are cumulative (the launcher takes the differences), so a sample
-lost on the way costs nothing. One sample reads a few small files per thread:
-~3 ms of CPU for a process of 120 threads, every `HEALTH_EVERY_S` (0.1 % of a core).
+lost on the way costs nothing (`io_wait` is a gauge). One sample reads a few
+small files per thread: ~6 ms of CPU for a process of 120 threads, every
+`HEALTH_EVERY_S` (0.2 % of a core).
 
 Standard library only; imports nothing of the launcher.
 """
