@@ -23,14 +23,12 @@ import argparse
 import contextlib
 import importlib
 import json
-import logging
 import os
 import signal
 import sys
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TextIO
 
 from . import __version__
 from .job.classify import signal_name
@@ -40,13 +38,14 @@ from .job.states import Failure, RunResult
 from .ops import control, outlets, prereqs, usage
 from .ops.live import format_duration
 from .ops.printer import Printer
+from .ops.usage import say, shown
 from .spec import rundir
 from .spec.addresses import AddressError
 from .spec.allocation import SlurmError, read_allocation, slurm_config, with_allocation
 from .spec.config import ConfigError, LoadedConfig, load_config, local_config
 from .spec.plan import Plan, PlanError, render_plan, resolve_script
 from .transport import Transport, TransportError
-from .transport.factory import make_transport
+from .transport.factory import make_transport, quiet_paramiko_logs
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 # Subcommand -> module with `main(argv) -> int`, imported only when used.
@@ -232,18 +231,13 @@ def _run(argv: list[str]) -> int:
     if args.dry_run:
         return _dry_run(launch.plan(0), args.json, config.ports.base == "auto")
     if local:  # simulated hosts run the tasks with this machine's Python
-        pythons = [t.python for t in launch.reach.targets]
-        missing = prereqs.local_problem(pythons, Path(command[0]), config.strategy)
+        missing = prereqs.local_problem(launch.pythons, Path(command[0]), config.strategy)
         if missing:
             say(f"mgpu-launch: {missing}")
             return EXIT_USAGE
-    if local and not args.detach:  # a detached run claims it in its own process
-        moved = launch.claim_checkpoint_dir()
-        if moved:
-            say(f"mgpu-launch: {moved}")
-    first_plan = launch.plan(0)
-    if local:
-        launch.check_ports(first_plan)
+    # A detached run claims the checkpoint directory in its own process.
+    first_plan = launch.prepare(lambda moved: say(f"mgpu-launch: {moved}"),
+                                claim=not args.detach)
     if args.max_restarts is not None and args.max_restarts < 0:
         raise UsageError("--max-restarts needs a number >= 0")
     views = outlets.make_outlets(loaded, run_dir, args.metrics_port)  # a busy port: exit 2
@@ -280,11 +274,8 @@ def _launch(launch: Launch, first_plan: Plan, args: argparse.Namespace,
                       verbose=args.verbose, live=None if args.live else False,
                       on_terminal_lost=_stdout_gone)
     previous_hangup = _watch_terminal(printer)
-    if config.transport == "ssh" and not args.verbose:
-        # paramiko logs tracebacks of what the launcher reports itself in
-        # words (a dropped connection, an aborted handshake): -v shows them.
-        logging.getLogger("paramiko").addHandler(logging.NullHandler())
-        logging.getLogger("paramiko").propagate = False
+    if config.transport == "ssh" and not args.verbose:  # -v shows paramiko's tracebacks
+        quiet_paramiko_logs()
     transport = make_transport(config)
     printer.notice(
         f"job {config.name!r}: {len(first_plan.tasks)} tasks on {len(first_plan.hosts)} "
@@ -369,15 +360,6 @@ def _stops_go_to(job: Job, early: Sequence[int] = ()) -> Iterator[None]:
 
 
 # ---------------------------------------------------------------- the terminal
-
-
-def say(text: str, stream: TextIO | None = None) -> None:
-    """print() for the launcher's own messages: a closed or hung-up terminal
-    must not turn a message into a traceback (or change the exit code)."""
-    try:
-        print(text, file=stream or sys.stderr, flush=True)
-    except (OSError, ValueError):
-        pass
 
 
 def silence_fds(*fds: int) -> None:
@@ -466,7 +448,7 @@ def _print_outcome(printer: Printer, result: RunResult, run_dir: Path) -> None:
         printer.notice("restarted after:")
         for failure in earlier:
             printer.notice(f"  {failure.describe()}")
-    where = _shown(run_dir)
+    where = shown(run_dir)
     if cause is not None:
         printer.notice(f"root cause: {cause.describe()}")
         if cause.stack:
@@ -530,14 +512,6 @@ def _task_summary(tasks: dict[str, dict]) -> list[str]:
             parts.append(f"loss {progress['loss']:.4g}")
         lines.append("  ".join(parts).rstrip())
     return lines
-
-
-def _shown(path: Path) -> Path:
-    """`path` relative to the current directory when it lies below it (shorter)."""
-    try:
-        return path.relative_to(Path.cwd())
-    except ValueError:
-        return path
 
 
 if __name__ == "__main__":

@@ -19,6 +19,22 @@ SCRIPTS = Path(__file__).resolve().parent / "scripts"
 EXAMPLES = REPO / "examples"
 PYTHON = sys.executable
 
+# A training script without TensorFlow for tests that watch a running job
+# (metrics, `status --watch`): reports a step every 0.1 s until the release
+# file (its first argument) exists.
+PROGRESS_UNTIL_RELEASED = """\
+import sys, time
+from pathlib import Path
+from launcher import runtime
+release = Path(sys.argv[1])
+deadline = time.monotonic() + 60  # never outlive a broken test
+step = 0
+while not release.exists() and time.monotonic() < deadline:
+    step += 1
+    runtime.report_progress(step, loss=1.0 / step)
+    time.sleep(0.1)
+"""
+
 
 def cli_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
@@ -88,6 +104,25 @@ def alive(pids) -> list[int]:
 def workdir(tmp_path: Path) -> Path:
     """A scratch folder to launch from (run and checkpoint dirs land here)."""
     return tmp_path
+
+
+@pytest.fixture(autouse=True)
+def no_straggler_named(request):
+    """The straggler radar's false-alarm guard over every real job the suite
+    runs: no job a test started in its tmp_path names a straggler, unless the
+    test is marked `straggler_expected` (it makes one, or writes one)."""
+    guarded = request.node.get_closest_marker("e2e") is not None \
+        and request.node.get_closest_marker("straggler_expected") is None \
+        and "tmp_path" in request.fixturenames
+    base = request.getfixturevalue("tmp_path") if guarded else None  # before it is torn down
+    yield
+    if base is None:
+        return
+    named = [f"{path}: {line.strip()}" for path in base.rglob("events.jsonl")
+             for line in path.read_text(errors="replace").splitlines()
+             if '"event": "straggler"' in line]
+    assert not named, "the straggler radar named a task of a job with none:\n" + \
+        "\n".join(named)
 
 
 def reported_steps(run_dir: Path, generation: int = 0) -> dict[str, list[int]]:

@@ -73,6 +73,21 @@ def test_a_busy_default_checkpoint_dir_moves_aside(tmp_path: Path):
     assert moved != first.plan(0).checkpoint_dir and moved.endswith("-2")
 
 
+def test_prepare_claims_plans_and_says_a_move_once(tmp_path: Path):
+    """The preamble that the run command and the drill share: the checkpoint
+    directory claimed (a move said), generation 0 planned; a detached run's
+    parent (claim=False) claims nothing."""
+    said: list[str] = []
+    first = Launch(_local(tmp_path), ["train.py"], tmp_path / "run1").prepare(said.append)
+    assert said == []
+    parent = Launch(_local(tmp_path), ["train.py"], tmp_path / "run2")
+    assert parent.prepare(said.append, claim=False).checkpoint_dir == first.checkpoint_dir
+    assert said == []
+    second = Launch(_local(tmp_path), ["train.py"], tmp_path / "run3").prepare(said.append)
+    assert len(said) == 1 and "is in use by another run" in said[0]
+    assert second.checkpoint_dir == first.checkpoint_dir + "-2"
+
+
 def test_a_busy_named_checkpoint_dir_is_refused(tmp_path: Path):
     named = str(tmp_path / "ckpt")
     Launch(_local(tmp_path, dir=named), ["train.py"], tmp_path / "run1").claim_checkpoint_dir()

@@ -59,7 +59,7 @@ RULES = (
     Rule("agent is standalone", ("launcher.agent",),
          allowed=("launcher", "launcher.agent", "launcher.bootstrap", "launcher.netif",
                   "launcher.outlines", "launcher.proctree", "launcher.standby",
-                  "launcher.firewall", "launcher.hostruns"),
+                  "launcher.firewall", "launcher.hostruns", "launcher.strategy"),
          allowed_names=frozenset({"__version__", "firewall"}),
          reason="the agent's parts (launcher/agent/) run on every host from the shipped "
          "bundle with `python -S`, standard library only; nothing of the launcher side "

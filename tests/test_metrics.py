@@ -18,21 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from launcher.job import events as ev
 from launcher.ops.metrics import JobMetrics
 from launcher.spec.config import ConfigError, parse_config
-from tests.conftest import run_cli, start_cli, wait_for
-
-# Reports a step every 0.1 s until the release file exists.
-SCRIPT = """\
-import sys, time
-from pathlib import Path
-from launcher import runtime
-release = Path(sys.argv[1])
-deadline = time.monotonic() + 60  # never outlive a broken test
-step = 0
-while not release.exists() and time.monotonic() < deadline:
-    step += 1
-    runtime.report_progress(step, loss=1.0 / step)
-    time.sleep(0.1)
-"""
+from tests.conftest import PROGRESS_UNTIL_RELEASED, run_cli, start_cli, wait_for
 
 
 def samples(text: str) -> dict[tuple[str, tuple], float]:
@@ -118,7 +104,7 @@ def test_goodput_parts_and_stragglers():
 
 
 def test_a_real_job_is_scraped_while_it_runs_and_its_textfile_ends_with_it(workdir: Path):
-    (workdir / "job.py").write_text(SCRIPT)
+    (workdir / "job.py").write_text(PROGRESS_UNTIL_RELEASED)
     port = _free_port()
     (workdir / "cluster.yaml").write_text(
         "name: demo\ntransport: local\nhosts: [{address: 127.0.0.1}, {address: 127.0.0.1}]\n"

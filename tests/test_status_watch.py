@@ -18,21 +18,8 @@ import termios
 import time
 from pathlib import Path
 
-from tests.conftest import PYTHON, cli_env, run_cli
+from tests.conftest import PROGRESS_UNTIL_RELEASED, PYTHON, cli_env, run_cli
 
-# Reports its step every 0.1 s until the release file exists.
-SCRIPT = """\
-import sys, time
-from pathlib import Path
-from launcher import runtime
-release = Path(sys.argv[1])
-deadline = time.monotonic() + 60  # never outlive a broken test
-step = 0
-while not release.exists() and time.monotonic() < deadline:
-    step += 1
-    runtime.report_progress(step, loss=0.5)
-    time.sleep(0.1)
-"""
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
@@ -78,7 +65,7 @@ class Terminal:
 
 
 def test_watch_redraws_a_detached_job_s_table_and_ends_with_it(workdir: Path):
-    (workdir / "job.py").write_text(SCRIPT)
+    (workdir / "job.py").write_text(PROGRESS_UNTIL_RELEASED)
     release = workdir / "release"
     run_dir = workdir / "run"
     started = run_cli(["--detach", "--local", "2", "--run-dir", str(run_dir), "job.py",

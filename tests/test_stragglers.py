@@ -6,13 +6,20 @@ check (launcher/job/protocol.py).
 The recorded runs (tests/data/stragglers/) are health samples and step
 reports of tests/scripts/steady_train.py under `--local 2` on this 2-core
 machine while others ran their tests: `balanced` as it is, `cpu_contended`
-with worker1 pinned to CPU 0 beside two busy loops.
+with worker1 pinned to CPU 0 beside two busy loops; `balanced_io` (epochs of
+150 steps, each with an evaluation and a BackupAndRestore save) and
+`input_waits` (worker1's tf.data map sleeping 0.1 s a batch) with the input
+waits the agent counts (`io_wait`), at a load of about 11.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import statistics
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -59,6 +66,23 @@ def test_a_worker_contended_for_its_cpu_is_named_with_its_evidence():
 
 def test_a_balanced_job_names_nobody():
     assert replay("balanced.jsonl")[1] == []
+    assert replay("balanced_io.jsonl")[1] == []  # its saves and evaluations read files too
+
+
+def test_a_worker_waiting_for_its_input_is_named_with_its_evidence():
+    _, findings = replay("input_waits.jsonl")
+    assert len(findings) == 1
+    t, finding = findings[0]
+    assert (finding.task, finding.host, finding.source) == ("worker1", "host1", "host")
+    assert finding.slowdown >= 1.5
+    own, peers = finding.evidence["task"], finding.evidence["peers"]
+    # a busy thread always blocked in its sleep: about a step's time, each step
+    assert own["waiting_for_io"] > 50 and peers["waiting_for_io"] < 10
+    assert own["waiting_for_cpu"] < 2 * peers["waiting_for_cpu"]  # not a CPU matter
+    first_step = next(json.loads(x)["t"] for x in (DATA / "input_waits.jsonl").open()
+                      if '"progress"' in x)
+    assert t - first_step < 60
+    assert "waiting for input (reads, sleeps)" in describe(finding.evidence)
 
 
 def _feed(detector: Detector, seconds: float, *, slow: str | None, steps_per_s: float = 10,
@@ -204,6 +228,44 @@ def test_run_delay_and_cpu_of_a_real_process():
     assert sched is not None and sched[0] > 0
     assert health.cpu_seconds(os.getpid()) > 0
     assert health.schedstat(2**22 + 7) is None  # gone: no figures
+
+
+_THREADS = """
+import os, sys, threading, time
+def name(text):
+    with open(f"/proc/self/task/{threading.get_native_id()}/comm", "w") as handle:
+        handle.write(text)
+def sleeper(own):
+    if own:
+        name("mgpu-poll")  # the launcher's own: never counted
+    while True:
+        time.sleep(0.01)  # a busy thread, always in a sleep: an input wait
+def idler():
+    threading.Event().wait()  # parked on a futex: not counted
+for target, args in ((sleeper, (False,)), (sleeper, (True,)), (idler, ())):
+    threading.Thread(target=target, args=args, daemon=True).start()
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_input_waits_of_a_real_process_count_its_busy_blocked_threads():
+    """One thread sleeping 10 ms at a time (woken 100 times a second), one of
+    the launcher's own doing the same, one parked: about one thread waits."""
+    child = subprocess.Popen([sys.executable, "-c", _THREADS], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == "ready\n"
+        sampler = health.Health(every_s=0.0, load_nvml=lambda: None)
+        assert "io_wait" not in sampler.sample({"w": child.pid})["w"]  # no wakeups known yet
+        waits = []
+        for _ in range(5):
+            time.sleep(0.5)  # a span to count wakeups over (no event to wait for)
+            waits.append(sampler.sample({"w": child.pid})["w"]["io_wait"])
+    finally:
+        child.kill()
+        child.wait()
+    assert 0.6 <= statistics.median(waits) <= 1.0, waits
 
 
 @pytest.mark.parametrize("version", ["v1", "v2"])

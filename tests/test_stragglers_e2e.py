@@ -82,6 +82,7 @@ restart: {{on_straggler: replace, backoff_s: 0, grace_s: 0.5}}
 EPOCH_STEPS = 40  # a BackupAndRestore save (and an evaluation) every 40 steps
 
 
+@pytest.mark.straggler_expected
 def test_a_contended_worker_is_named_and_a_spare_replaces_its_host(workdir: Path):
     """worker1 pinned to CPU 0 beside twelve busy loops (a noisy neighbour) is
     named from its host signals; with `restart.on_straggler: replace` the job
@@ -161,23 +162,22 @@ def test_a_balanced_job_names_nobody(workdir: Path):
     assert (workdir / "backup").is_dir()  # it saved
 
 
-def test_a_worker_whose_input_waits_is_named_from_traces(workdir: Path):
-    """worker1's tf.data map sleeps 0.1 s a batch (a slow disk or share): no host
-    signal shows a sleep, but its peers wait for it inside the all-reduce."""
-    run = Run(workdir, "--slow-input", "worker1:0.1", MGPU_STRAGGLER_TRACES="1")
+@pytest.mark.straggler_expected
+def test_a_worker_whose_input_waits_is_named(workdir: Path):
+    """worker1's tf.data map sleeps 0.1 s a batch (a slow disk or share): it wants
+    no CPU, but one of its busy threads is always blocked in a sleep (or a read)
+    while its peers wait for it inside the all-reduce, which is no input wait.
+    The radar's default: host signals, no trace."""
+    run = Run(workdir, "--slow-input", "worker1:0.1")
     try:
-        run.first_step()
-        # TF 2.21's profiler may crash a task as a trace stops (docs/profiles.md):
-        # the job then restarts, and the radar traces the next generation anew.
-        named = wait_for(lambda: run.events("straggler"), 2 * START_S, "a straggler event")
+        first = run.first_step()
+        named = wait_for(lambda: run.events("straggler"), NAMED_WITHIN_S, "a straggler event")
     finally:
         output, summary = run.stop()
     (event,) = named
-    assert (event["task"], event["host"], event["source"]) == ("worker1", "host1", "trace")
-    first = next(e for e in run.events("progress")
-                 if e.get("step") and e["generation"] == event["generation"])
+    assert (event["task"], event["host"], event["source"]) == ("worker1", "host1", "host")
     assert event["slowdown"] > 1 and event["t"] - first["t"] < NAMED_WITHIN_S
     own, peers = event["evidence"]["task"], event["evidence"]["peers"]
-    assert own["input_ms"] > peers["input_ms"] and own["collective_ms"] < peers["collective_ms"]
-    assert "waiting for input" in output
+    assert own["waiting_for_io"] > peers["waiting_for_io"] + 50  # ms per step
+    assert "straggler: host1/worker1 is" in output and "waiting for input" in output
     assert [e["task"] for e in summary["stragglers"]] == ["worker1"]

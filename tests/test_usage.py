@@ -6,6 +6,9 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
+import pytest
+
+from launcher.ops import usage
 from launcher.transport.ports import free_ports
 from tests.conftest import run_cli, start_cli, wait_for
 
@@ -19,6 +22,22 @@ def test_a_usage_error_says_the_error_first(tmp_path: Path):
         lines = done.stderr.splitlines()
         assert lines[0].startswith("mgpu-launch") and error in lines[0], done.stderr
         assert any(line.startswith("usage:") for line in lines[1:]), done.stderr
+
+
+def test_a_commands_usage_text_is_its_help_and_its_usage_line(capsys):
+    """`usage.parser_for`: the first line of the text is the usage, the rest
+    the description as written; an error names the error first."""
+    text = "mgpu-launch demo RUN_DIR\n\nDoes a thing.\n\nexit codes:  0 done;\n  2 not"
+    parser = usage.parser_for("mgpu-launch demo", text)
+    parser.add_argument("run_dir", metavar="RUN_DIR")
+    assert parser.format_help().startswith(
+        "usage: mgpu-launch demo RUN_DIR\n\nDoes a thing.\n\nexit codes:  0 done;\n  2 not")
+    with pytest.raises(SystemExit) as stopped:
+        parser.parse_args([])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("mgpu-launch demo: error: the following arguments are required")
+    assert err[1] == "usage: mgpu-launch demo RUN_DIR"
 
 
 def _loaded(pid: int, library: str) -> bool:

@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from launcher import bootstrap, standby
+from launcher.agent.standbys import Standbys
 from launcher.spec.config import ClusterConfig
 from tests.agentproc import AgentProc, agent_env
 from tests.conftest import wait_for
@@ -76,6 +77,21 @@ worker = threading.Thread(target=lambda: (time.sleep(0.3), print("thread done", 
 worker.start()
 raise RuntimeError("late failure with " + tf.__name__)
 '''
+
+
+def test_a_keras_on_jax_task_gets_no_standby(tmp_path: Path):
+    """The agent's standbys compare the task's MGPU_STRATEGY with the strategies'
+    table (launcher/strategy.py): Keras on JAX has no TensorFlow to import ahead."""
+    standbys = Standbys(None, None, None, None)
+    argv = [sys.executable, "-m", "launcher.bootstrap", "absent.py"]
+
+    def problem(strategy: str) -> str:
+        spec = {"standby": "auto", "argv": argv, "cwd": str(tmp_path),
+                "env": {"MGPU_STRATEGY": strategy}}
+        return standbys.problem("worker0", spec, {})
+
+    assert problem("keras_distribution") == "Keras on JAX: no TensorFlow to import ahead"
+    assert problem("multi_worker_mirrored") == ""  # an absent script fails warm or cold alike
 
 
 def test_the_import_time_rule_and_the_script_check(tmp_path):

@@ -9,8 +9,8 @@ ready and nothing it saw at its start differs from what the task would
 (`why_cold` says what did). A standby is recorded, signalled on the agent's
 death and reaped like a task; the agent kills its standbys when it stops.
 
-Standard library only; of the launcher, imports standby and the agent's
-spawn and leftovers (its pid record).
+Standard library only; of the launcher, imports standby, strategy (Keras on
+JAX has no standby) and the agent's spawn and leftovers (its pid record).
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from launcher.standby import (
     start_env_differences,
     with_presets,
 )
+from launcher.strategy import ON_JAX
 
 STANDBY_AFTER_STEP_S = 5.0  # a task's next standby starts this long after its first step
 STANDBY_AFTER_S = 30.0  # a task that reports no step gets its standby this long after its start
@@ -123,7 +124,7 @@ class Standbys:
             return self.no_standby[name]
         if standby_argv(spec["argv"]) is None:
             return "not a script run by launcher.bootstrap"
-        if spec["env"].get("MGPU_STRATEGY") == "keras_distribution":
+        if spec["env"].get("MGPU_STRATEGY") in ON_JAX:
             return "Keras on JAX: no TensorFlow to import ahead"
         script = script_of(spec["argv"], spec["cwd"])
         if not os.path.exists(script):

@@ -3,8 +3,9 @@
 Where a launch happens, in the order it happens:
 
     launch = Launch(loaded, command, run_dir)     targets, TF addresses (reach.py)
-    first = launch.plan(0)                        generation 0 (`--dry-run` prints it)
-    launch.claim_checkpoint_dir(); launch.check_ports(first)     simulated hosts
+    first = launch.prepare(say)                   generation 0 (`--dry-run` prints
+                                                  launch.plan(0)); simulated hosts: the
+                                                  checkpoint dir claimed, ports free
     connected = launch.connect(make_transport(config), first)    agents, hellos, re-plan
     launch.preflight(connected)                   the firewall's refusals and notices
     job = launch.start(connected, screen)         run directory, supervisor
@@ -98,6 +99,27 @@ class Launch:
     def plan(self, generation: int = 0, active_hosts: Sequence[str] | None = None,
              ports: Sequence[int] | None = None) -> Plan:
         return self.reach.plan(generation, active_hosts, ports)
+
+    @property
+    def pythons(self) -> list[str]:
+        """Each host's Python, in the order of the hosts (simulated hosts: this machine's)."""
+        return [t.python for t in self.reach.targets]
+
+    def prepare(self, say: Callable[[str], None], claim: bool = True) -> Plan:
+        """What every launch does before it reaches a host: on simulated hosts
+        the checkpoint directory claimed (unless not `claim`: a detached run
+        claims it in its own process; a directory moved is told to `say`);
+        generation 0 planned; on simulated hosts its ports checked free.
+        Returns that plan; raises LaunchRefused or PlanError."""
+        local = self.loaded.config.transport == "local"
+        if local and claim:
+            moved = self.claim_checkpoint_dir()
+            if moved:
+                say(moved)
+        first = self.plan(0)
+        if local:
+            self.check_ports(first)
+        return first
 
     def claim_checkpoint_dir(self) -> str | None:
         """Simulated hosts: no two live runs share a checkpoint directory (each

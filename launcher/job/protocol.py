@@ -134,8 +134,8 @@ def _stacks(message: dict, clean: dict) -> None:
 
 
 # A task's host signals in a heartbeat (launcher/agent/health.py); others are dropped.
-HEALTH_KEYS = frozenset({"run_delay_s", "cpu_s", "throttled_s", "gpu_util", "sm_clock_mhz",
-                         "sm_clock_max_mhz", "gpu_throttle"})
+HEALTH_KEYS = frozenset({"run_delay_s", "cpu_s", "throttled_s", "io_wait", "gpu_util",
+                         "sm_clock_mhz", "sm_clock_max_mhz", "gpu_throttle"})
 
 TRACE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 MAX_PART = 2 * 2**20  # characters of base64 in one `profile_part` (1 MiB of trace)

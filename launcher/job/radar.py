@@ -37,7 +37,7 @@ TRACE_AT_S = (12.0, 24.0)
 TRACE_EVERY_S = 300.0
 TRACE_SECONDS = 1.0
 # A task's health sample is written to events.jsonl at most this often (the
-# radar itself hears every one, every 5 s): 64 tasks, a week: ~200 MB.
+# radar itself hears every one, every 3 s): 64 tasks, a week: ~125 MB (operations.md).
 HEALTH_RECORD_EVERY_S = 60.0
 SYNCHRONOUS_ROLES = ("chief", "worker")
 

@@ -6,8 +6,9 @@ task makes its peers wait for it inside the collective. So the radar never
 compares step rates; it compares what each task does with its time:
 
 - host signals (launcher/agent/health.py, every few seconds): the time its
-  threads waited for a CPU (scheduler run delay) or were held by a cgroup
-  quota, against the CPU time they got; on GPU hosts the SM clock against its
+  threads waited for a CPU (scheduler run delay), were held by a cgroup
+  quota or were blocked reading input (or sleeping in it), against the CPU
+  time they got; on GPU hosts the SM clock against its
   peers'. `slowdown` = (its CPU time + its waiting) / (its CPU time + its
   peers' waiting): how much longer its own work took than it would have with
   its peers' waiting; for a GPU, the peers' clock over its own;
@@ -55,9 +56,10 @@ class Finding:
 @dataclass
 class _Window:
     cpu: float  # seconds per second
-    wait: float  # run delay + throttling, seconds per second
+    wait: float  # run delay + throttling + input waits, seconds per second
     delay: float
     throttled: float
+    io: float = 0.0  # busy threads blocked reading or sleeping, on average
     gpu: dict[str, float] = field(default_factory=dict)
 
 
@@ -121,9 +123,11 @@ class Detector:
                 for key in ("cpu_s", "run_delay_s", "throttled_s")}
         gpu = {k: v for k, v in figures.items() if k in ("gpu_util", "sm_clock_mhz",
                                                          "sm_clock_max_mhz")}
+        io = max(0.0, float(figures.get("io_wait", 0.0)))  # a gauge, not a counter
         self._windows[task] = _Window(cpu=rate["cpu_s"], delay=rate["run_delay_s"],
-                                      throttled=rate["throttled_s"],
-                                      wait=rate["run_delay_s"] + rate["throttled_s"], gpu=gpu)
+                                      throttled=rate["throttled_s"], io=io,
+                                      wait=rate["run_delay_s"] + rate["throttled_s"] + io,
+                                      gpu=gpu)
         if len(self._windows) < len(self.hosts):
             return None
         return self._round(now)
@@ -253,7 +257,8 @@ def _host_evidence(own: _Window, peers: list[_Window], rate: float | None) -> di
             (lambda f: statistics.median(f(x) for x in ws))
         out = {"cpu": pick(lambda x: x.cpu) * scale,
                "waiting_for_cpu": pick(lambda x: x.delay) * scale,
-               "throttled": pick(lambda x: x.throttled) * scale}
+               "throttled": pick(lambda x: x.throttled) * scale,
+               "waiting_for_io": pick(lambda x: x.io) * scale}
         gpu = [x for x in ([w] if w is not None else ws) if x.gpu]
         for key in ("gpu_util", "sm_clock_mhz", "sm_clock_max_mhz"):
             values = [x.gpu[key] for x in gpu if key in x.gpu]
@@ -291,7 +296,8 @@ def describe(evidence: Mapping[str, Any]) -> str:
     unit = "ms/step" if evidence.get("unit") == "ms_per_step" else "ms/s"
     own, peers = evidence.get("task") or {}, evidence.get("peers") or {}
     words = {"waiting_for_cpu": "waiting for a CPU", "throttled": "throttled by its cgroup",
-             "cpu": "on CPU", "input_ms": "waiting for input", "collective_ms": "in collectives",
+             "waiting_for_io": "waiting for input (reads, sleeps)", "cpu": "on CPU",
+             "input_ms": "waiting for input", "collective_ms": "in collectives",
              "compute_ms": "computing", "sm_clock_mhz": "SM clock", "gpu_util": "GPU busy"}
     parts = []
     for key, label in words.items():

@@ -17,7 +17,6 @@ Must not import: supervisor, transport, cli.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
@@ -43,6 +42,7 @@ from ..spec.rundir import (
 )
 from . import usage
 from .records import read_events, read_launcher_pid
+from .usage import say
 
 EXIT_OK, EXIT_NOT_STOPPED, EXIT_USAGE = 0, 1, 2
 # Files `--detach` puts into the run directory before the launcher starts.
@@ -84,13 +84,6 @@ def run_dir_free(run_dir: Path) -> bool:
     return not names or (is_detached_child(run_dir) and names <= DETACH_FILES)
 
 
-def _shown(path: Path) -> Path:
-    try:
-        return path.relative_to(Path.cwd())
-    except ValueError:
-        return path
-
-
 def _child_argv(argv: Sequence[str], rest: Sequence[str], run_dir: Path) -> list[str]:
     """The same command line for the background launcher: the options given
     (without --detach), then ours (later options win), then CLUSTER/SCRIPT/args
@@ -123,14 +116,14 @@ def detach(argv: Sequence[str], rest: Sequence[str], run_dir: Path, name: str) -
     fd = os.open(run_dir / LAUNCHER_PID, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as handle:
         handle.write(f"{proc.pid} {socket.gethostname()}\n")
-    shown = _shown(run_dir)
+    shown = usage.shown(run_dir)
     # The run dir alone on stdout: RUN=$(mgpu-launch --detach ...) gets just that.
-    _say(str(shown), sys.stdout)
-    _say(f"mgpu-launch: job {name!r} runs in the background (launcher pid {proc.pid}); "
-         f"its own output: {shown / LAUNCHER_OUT}\n"
-         f"  mgpu-launch status {shown}      how it goes\n"
-         f"  mgpu-launch logs {shown} -f     follow every task's output\n"
-         f"  mgpu-launch stop {shown}        stop it (tasks get their grace period to save)")
+    say(str(shown), sys.stdout)
+    say(f"mgpu-launch: job {name!r} runs in the background (launcher pid {proc.pid}); "
+        f"its own output: {shown / LAUNCHER_OUT}\n"
+        f"  mgpu-launch status {shown}      how it goes\n"
+        f"  mgpu-launch logs {shown} -f     follow every task's output\n"
+        f"  mgpu-launch stop {shown}        stop it (tasks get their grace period to save)")
     return EXIT_OK
 
 
@@ -150,13 +143,6 @@ def record_early_end(run_dir: Path, status: str, message: str,
                                          interrupted_by=interrupted_by).to_json())
         recorder.close()
     except OSError:  # a run directory we cannot write: the exit code still says it
-        pass
-
-
-def _say(text: str, stream=None) -> None:
-    try:
-        print(text, file=stream or sys.stderr, flush=True)
-    except (OSError, ValueError):
         pass
 
 
@@ -249,34 +235,34 @@ def _claim_stop(run_dir: Path) -> bool:
 
 def stop(run_dir: Path, timeout_s: float | None = None) -> int:
     if not run_dir.is_dir():
-        _say(f"mgpu-launch stop: {run_dir}: no such directory")
+        say(f"mgpu-launch stop: {run_dir}: no such directory")
         return EXIT_USAGE
     summary = _read_summary(run_dir)
     if summary is not None:
-        _say(f"{run_dir}: the job already finished: {_outcome(summary)}; nothing to stop",
-             sys.stdout)
+        say(f"{run_dir}: the job already finished: {_outcome(summary)}; nothing to stop",
+            sys.stdout)
         return EXIT_OK
     launcher = launcher_of(run_dir)
     if launcher is None:
-        _say(f"mgpu-launch stop: {run_dir}: not a run directory, or its launcher has not "
-             "started yet (no launch event, no launcher.pid)")
+        say(f"mgpu-launch stop: {run_dir}: not a run directory, or its launcher has not "
+            "started yet (no launch event, no launcher.pid)")
         return EXIT_USAGE
     host = launcher.get("launcher_host")
     if host and host != socket.gethostname():
-        _say(f"mgpu-launch stop: the launcher of {run_dir} runs on {host}: "
-             "run `mgpu-launch stop` there")
+        say(f"mgpu-launch stop: the launcher of {run_dir} runs on {host}: "
+            "run `mgpu-launch stop` there")
         return EXIT_USAGE
     pid = launcher["launcher_pid"]
     proc = launcher_process(launcher)
     if proc is None:
         summary = _read_summary(run_dir)  # it may have ended just now
         if summary is not None:
-            _say(f"{run_dir}: the job already finished: {_outcome(summary)}; nothing to stop",
-                 sys.stdout)
+            say(f"{run_dir}: the job already finished: {_outcome(summary)}; nothing to stop",
+                sys.stdout)
             return EXIT_OK
-        _say(f"mgpu-launch stop: the launcher of {run_dir} (pid {pid}) is gone and wrote no "
-             "summary.json (killed, or its machine rebooted): nothing to stop; its agents "
-             "stopped the tasks when it died")
+        say(f"mgpu-launch stop: the launcher of {run_dir} (pid {pid}) is gone and wrote no "
+            "summary.json (killed, or its machine rebooted): nothing to stop; its agents "
+            "stopped the tasks when it died")
         return EXIT_NOT_STOPPED
     grace = _grace_s(run_dir)
     timeout_s = grace + STOP_MARGIN_S if timeout_s is None else timeout_s
@@ -285,15 +271,15 @@ def stop(run_dir: Path, timeout_s: float | None = None) -> int:
             proc.send_signal(signal.SIGTERM)
         except Exception as exc:  # noqa: BLE001 - psutil.AccessDenied, NoSuchProcess
             (run_dir / STOP_MARK).unlink(missing_ok=True)
-            _say(f"mgpu-launch stop: cannot signal the launcher (pid {pid}): {exc}")
+            say(f"mgpu-launch stop: cannot signal the launcher (pid {pid}): {exc}")
             return EXIT_NOT_STOPPED
-        _say(f"stopping {run_dir}: SIGTERM sent to the launcher (pid {pid}); the tasks get "
-             f"SIGTERM, then SIGKILL after {grace:g} s; {HOW_TO_SAVE}, else it resumes from "
-             f"its last checkpoint; waiting up to {timeout_s:g} s", sys.stdout)
+        say(f"stopping {run_dir}: SIGTERM sent to the launcher (pid {pid}); the tasks get "
+            f"SIGTERM, then SIGKILL after {grace:g} s; {HOW_TO_SAVE}, else it resumes from "
+            f"its last checkpoint; waiting up to {timeout_s:g} s", sys.stdout)
     else:
         since = time.time() - (_stop_requested(run_dir) or time.time())
-        _say(f"{run_dir}: a stop is already under way (asked {since:.0f} s ago); waiting up "
-             f"to {timeout_s:g} s for it, without signalling again", sys.stdout)
+        say(f"{run_dir}: a stop is already under way (asked {since:.0f} s ago); waiting up "
+            f"to {timeout_s:g} s for it, without signalling again", sys.stdout)
     return _wait_for_summary(run_dir, proc, timeout_s)
 
 
@@ -306,8 +292,8 @@ def _wait_for_summary(run_dir: Path, proc, timeout_s: float) -> int:
         summary = _read_summary(run_dir)
         if summary is not None:
             said = (summary.get("stop") or {}).get("said")
-            _say(f"{run_dir}: job {_outcome(summary)}; summary: {run_dir / SUMMARY}"
-                 + (f"\n{said}" if said else ""), sys.stdout)
+            say(f"{run_dir}: job {_outcome(summary)}; summary: {run_dir / SUMMARY}"
+                + (f"\n{said}" if said else ""), sys.stdout)
             return EXIT_OK
         try:
             running = proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
@@ -316,13 +302,13 @@ def _wait_for_summary(run_dir: Path, proc, timeout_s: float) -> int:
         if not running:
             gone_at = gone_at or time.monotonic()
             if time.monotonic() - gone_at > 1.0:  # the summary is written before exit
-                _say(f"mgpu-launch stop: the launcher of {run_dir} exited without writing "
-                     f"{SUMMARY}")
+                say(f"mgpu-launch stop: the launcher of {run_dir} exited without writing "
+                    f"{SUMMARY}")
                 return EXIT_NOT_STOPPED
         time.sleep(POLL_S)
-    _say(f"mgpu-launch stop: {run_dir} is still running after {timeout_s:g} s (the launcher "
-         f"may be waiting for a host); `mgpu-launch stop` again waits again, "
-         f"`kill -TERM {proc.pid}` kills its tasks at once")
+    say(f"mgpu-launch stop: {run_dir} is still running after {timeout_s:g} s (the launcher "
+        f"may be waiting for a host); `mgpu-launch stop` again waits again, "
+        f"`kill -TERM {proc.pid}` kills its tasks at once")
     return EXIT_NOT_STOPPED
 
 
@@ -342,10 +328,7 @@ launcher runs on another machine."""
 
 def main(argv: Sequence[str]) -> int:
     """`argv[0]` is `stop` (as dispatched by the CLI)."""
-    parser = usage.Parser(
-        prog="mgpu-launch stop", usage=STOP_USAGE.split("\n", 1)[0],
-        description=STOP_USAGE.split("\n", 2)[2],
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = usage.parser_for("mgpu-launch stop", STOP_USAGE)
     parser.add_argument("run_dir", metavar="RUN_DIR")
     parser.add_argument("--timeout", type=float, metavar="S",
                         help="wait at most S seconds for the job to end (default grace_s + 30)")

@@ -22,10 +22,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import logging
 import os
 import signal
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -37,11 +35,12 @@ from ..spec.allocation import SlurmError, read_allocation, slurm_config, with_al
 from ..spec.config import ConfigError, LoadedConfig, load_config, local_config
 from ..spec.plan import PlanError, resolve_script
 from ..transport import TransportError
-from ..transport.factory import make_transport
+from ..transport.factory import make_transport, quiet_paramiko_logs
 from . import control, prereqs, usage
 from .drill_faults import Injector, Story
 from .drill_report import DEFAULT_MTBF_HOURS, FAULTS, Observed, judge, render, report
 from .printer import Printer
+from .usage import say
 
 EXIT_PASSED, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 DRILL_JSON = "drill.json"
@@ -85,10 +84,10 @@ def main(argv: list[str]) -> int:
         loaded, command, faults = _load(args)
         run_dir = _run_dir(args, loaded)
     except Usage as exc:
-        _say(f"mgpu-launch drill: {exc}")
+        say(f"mgpu-launch drill: {exc}")
         return EXIT_USAGE
     except (ConfigError, SlurmError) as exc:
-        _say(f"mgpu-launch: {exc}")
+        say(f"mgpu-launch: {exc}")
         return EXIT_USAGE
     return _drill(args, loaded, command, faults, run_dir)
 
@@ -158,7 +157,7 @@ def _drill(args: argparse.Namespace, loaded: LoadedConfig, command: list[str],
             injector, story = _one_job(args, loaded, command, left, where, number, stops)
         except Usage as exc:
             if number == 1:
-                _say(f"mgpu-launch drill: {exc}")
+                say(f"mgpu-launch drill: {exc}")
                 return EXIT_USAGE
             observed += [Observed(f, not_injected=f"the drill's job {number}, for the {f}, "
                                   f"could not start: {exc}") for f in left]
@@ -193,16 +192,11 @@ def _one_job(args: argparse.Namespace, loaded: LoadedConfig, command: list[str],
     try:
         launch = Launch(loaded, command, run_dir, str(Path.cwd()))
         if local and number == 1:
-            missing = prereqs.local_problem([t.python for t in launch.reach.targets],
-                                            Path(command[0]), config.strategy)
+            missing = prereqs.local_problem(launch.pythons, Path(command[0]), config.strategy)
             if missing:
                 raise Usage(missing)
-            moved = launch.claim_checkpoint_dir()
-            if moved:
-                _say(f"mgpu-launch: {moved}")
-        first = launch.plan(0)
-        if local:
-            launch.check_ports(first)
+        # The first job claims the checkpoint directory; the claim lasts as long as this process.
+        first = launch.prepare(lambda moved: say(f"mgpu-launch: {moved}"), claim=number == 1)
         connected = launch.connect(make_transport(config), first)
     except (LaunchRefused, PlanError, TransportError, AddressError) as exc:
         raise Usage(str(exc)) from None
@@ -210,9 +204,8 @@ def _one_job(args: argparse.Namespace, loaded: LoadedConfig, command: list[str],
     if refusals:
         connected.close()
         raise Usage("; ".join(refusals))
-    if config.transport == "ssh":  # paramiko's own tracebacks of what the launcher says
-        logging.getLogger("paramiko").addHandler(logging.NullHandler())
-        logging.getLogger("paramiko").propagate = False
+    if config.transport == "ssh":
+        quiet_paramiko_logs()
     printer = Printer([t.label for t in first.tasks], quiet=args.quiet, live=False)
     for line in notices:
         printer.notice(line)
@@ -246,10 +239,3 @@ def _stops_go_to(job, stops: list[int]) -> Iterator[None]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-
-
-def _say(text: str) -> None:
-    try:
-        print(text, file=sys.stderr, flush=True)
-    except (OSError, ValueError):
-        pass

@@ -33,6 +33,7 @@ from ..spec.rundir import SUMMARY as RUN_SUMMARY
 from ..strategy import Strategy
 from . import usage
 from .control import launcher_of, launcher_process
+from .usage import say
 
 EXIT_OK, EXIT_PARTIAL, EXIT_USAGE = 0, 1, 2
 POLL_S = 0.1
@@ -172,38 +173,31 @@ def profile(run_dir: Path, seconds: float, allow_restart: bool = False) -> int:
     try:
         check_running(run_dir)
     except NotRunning as exc:
-        _say(f"mgpu-launch profile: {exc}")
+        say(f"mgpu-launch profile: {exc}")
         return EXIT_USAGE
     prone = CRASH_PRONE.get(strategy_of(run_dir) or "")
     if prone and not allow_restart:
-        _say(f"mgpu-launch profile: TensorFlow 2.21's profiler can crash a {prone} task "
-             "when its trace stops (seen in 1 to 4 traces, docs/profiles.md); the job would "
-             "then restart from its last checkpoint. Run again with --allow-restart to "
-             "trace it anyway.")
+        say(f"mgpu-launch profile: TensorFlow 2.21's profiler can crash a {prone} task "
+            "when its trace stops (seen in 1 to 4 traces, docs/profiles.md); the job would "
+            "then restart from its last checkpoint. Run again with --allow-restart to "
+            "trace it anyway.")
         return EXIT_USAGE
     ident = ask(run_dir, seconds)
     folder = run_dir / PROFILES / ident
-    _say(f"tracing every task of {run_dir} for {seconds:g} s ...", sys.stdout)
+    say(f"tracing every task of {run_dir} for {seconds:g} s ...", sys.stdout)
     capture = wait_for(run_dir, ident, seconds)
     if capture is None:
-        _say(f"mgpu-launch profile: the launcher of {run_dir} did not take the request "
-             "(it is ending, or it predates `profile`)")
+        say(f"mgpu-launch profile: the launcher of {run_dir} did not take the request "
+            "(it is ending, or it predates `profile`)")
         return EXIT_USAGE
     if capture.get("error"):
-        _say(f"mgpu-launch profile: {capture['error']}")
+        say(f"mgpu-launch profile: {capture['error']}")
         return EXIT_PARTIAL
     for line in table(capture):
-        _say(line, sys.stdout)
-    _say(f"traces: {folder} (tensorboard --logdir {folder}, Profile tab)", sys.stdout)
+        say(line, sys.stdout)
+    say(f"traces: {folder} (tensorboard --logdir {folder}, Profile tab)", sys.stdout)
     return EXIT_PARTIAL if capture.get("missing") or any(
         e.get("error") for e in capture.get("tasks", {}).values()) else EXIT_OK
-
-
-def _say(text: str, stream=None) -> None:
-    try:
-        print(text, file=stream or sys.stderr, flush=True)
-    except (OSError, ValueError):
-        pass
 
 
 def _seconds(text: str) -> float:
@@ -218,10 +212,7 @@ def _seconds(text: str) -> float:
 
 def main(argv: Sequence[str]) -> int:
     """`argv[0]` is `profile` (as dispatched by the CLI)."""
-    parser = usage.Parser(
-        prog="mgpu-launch profile", usage=PROFILE_USAGE.split("\n", 1)[0],
-        description=PROFILE_USAGE.split("\n", 2)[2],
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = usage.parser_for("mgpu-launch profile", PROFILE_USAGE)
     parser.add_argument("run_dir", metavar="RUN_DIR")
     parser.add_argument("--seconds", type=_seconds, default=2.0, metavar="S",
                         help="how long each task traces (default 2; 0.1 to 60)")

@@ -3,14 +3,17 @@
 argparse prints the usage block, then the error on its last line: on a
 terminal the one line that says what was wrong scrolls past a page of usage.
 `Parser` prints `PROG: error: WHAT` first, then the usage, and exits 2 as
-argparse does. Standard library only; every command's module may import it.
+argparse does. `parser_for` builds a command's parser from its usage text;
+`say` prints a command's own messages, `shown` a path in them. Standard library
+only; every command's module may import it.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from typing import NoReturn
+from pathlib import Path
+from typing import NoReturn, TextIO
 
 EXIT_USAGE = 2
 
@@ -29,3 +32,28 @@ class Parser(argparse.ArgumentParser):
             except (OSError, ValueError):
                 pass
         raise SystemExit(status)
+
+
+def parser_for(prog: str, text: str) -> Parser:
+    """The parser of a command whose usage text is written out: its first line
+    is the usage; after the blank line that follows, the description, shown as
+    written (exit codes and all)."""
+    return Parser(prog=prog, usage=text.split("\n", 1)[0], description=text.split("\n", 2)[2],
+                  formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def say(text: str, stream: TextIO | None = None) -> None:
+    """print() for the launcher's own messages: a closed or hung-up terminal
+    must not turn a message into a traceback (or change the exit code)."""
+    try:
+        print(text, file=stream or sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
+
+
+def shown(path: Path) -> Path:
+    """`path` relative to the current directory when it lies below it (shorter)."""
+    try:
+        return path.relative_to(Path.cwd())
+    except ValueError:
+        return path

@@ -34,7 +34,7 @@ import sys
 import time
 from typing import Any
 
-from ..strategy import Strategy
+from ..strategy import DEFAULT, Strategy
 
 EXIT_WRONG = 3
 STEPS = 2
@@ -154,7 +154,7 @@ def main() -> int:
 
     register_stacks()
     install_hooks()
-    strategy = os.environ.get("MGPU_STRATEGY", "multi_worker_mirrored")
+    strategy = os.environ.get("MGPU_STRATEGY", DEFAULT)
     probe = PROBES.get(strategy)
     if probe is None:
         print(f"probe: no collective to try under strategy {strategy}", file=sys.stderr)

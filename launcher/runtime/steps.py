@@ -121,7 +121,18 @@ def read_iterations(optimizer) -> int | None:
         return None
 
 
+def name_this_thread(name: str) -> None:
+    """Give the calling thread its name in the OS too (/proc/.../comm, 15 bytes):
+    the straggler radar leaves the launcher's own `mgpu-*` threads out."""
+    try:
+        with open(f"/proc/self/task/{threading.get_native_id()}/comm", "w") as handle:
+            handle.write(name[:15])
+    except OSError:
+        pass  # not Linux: nothing reads it there
+
+
 def _watch(period_s: float) -> None:
+    name_this_thread("mgpu-steps")
     while True:
         time.sleep(period_s)
         if not report_step():

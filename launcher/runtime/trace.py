@@ -110,6 +110,9 @@ def answer(request: dict) -> None:
 
 
 def _watch(path: str) -> None:
+    from launcher.runtime.steps import name_this_thread
+
+    name_this_thread("mgpu-profile")
     while True:
         time.sleep(POLL_S)
         if os.path.exists(path):

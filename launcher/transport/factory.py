@@ -10,6 +10,7 @@ Must not import: supervisor, cli.
 
 from __future__ import annotations
 
+import logging
 import os
 
 from ..spec.config import ClusterConfig
@@ -36,3 +37,11 @@ def make_transport(config: ClusterConfig, *, checking: bool = False) -> Transpor
     from .ssh import SSHTransport
 
     return SSHTransport(require_tensorflow=not checking, **lease)
+
+
+def quiet_paramiko_logs() -> None:
+    """paramiko logs tracebacks of what the launcher reports itself in words
+    (a dropped connection, an aborted handshake): a run says them once, as
+    words (`-v` keeps paramiko's own)."""
+    logging.getLogger("paramiko").addHandler(logging.NullHandler())
+    logging.getLogger("paramiko").propagate = False
