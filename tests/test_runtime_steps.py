@@ -1,17 +1,24 @@
 """runtime/steps.py, the zero-code step counter, as a unit: plain classes stand
 in for optimizers (the module reads only their `_iterations`). The real
 optimizers of Keras 3, tf_keras and a custom loop are counted end to end in
-test_e2e_local.py, test_keras3.py and test_keras_fallback.py."""
+test_e2e_local.py, test_keras3.py and test_keras_fallback.py; a Keras 3 `fit`
+on JAX (its counter in the trainer's state) in a real task process here."""
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from launcher import runtime
 from launcher.runtime import steps
+from tests.conftest import SCRIPTS
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 class Counter:
@@ -159,3 +166,25 @@ def test_counted_steps_are_never_taken_for_a_resume_point(channel):
     assert resumes.on_progress(1, {"step": 30, "start_epoch": 1, "epoch": 3,
                                    "start_step": 30}) == {"generation": 1, "epoch": 3,
                                                           "step": 30}
+
+
+def test_keras3_fit_on_jax_reports_steps_inside_each_epoch(tmp_path):
+    """A real Keras 3 `fit` on JAX in a task process as the agent starts it: its
+    counter lives in the trainer's state during an epoch, read from there."""
+    pytest.importorskip("jax", reason="needs the [jax] extra (pip install 'mgpu-launch[jax]')")
+    read_fd, write_fd = os.pipe()  # the progress channel, as the agent opens it
+    env = dict(os.environ, MGPU_PROGRESS_FD=str(write_fd), MGPU_STEPS_EVERY_S="0.05",
+               PYTHONPATH=str(REPO), KERAS_BACKEND="jax")
+    proc = subprocess.Popen([sys.executable, "-m", "launcher.bootstrap",
+                             str(SCRIPTS / "keras_jax_fit.py")], env=env, cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            pass_fds=(write_fd,))
+    os.close(write_fd)
+    with os.fdopen(read_fd) as channel:
+        counted = [json.loads(line)["step"] for line in channel]
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and "TRAINED 120" in output, output[-3000:]
+    # 3 epochs of 40 steps, counted from the start of training: not only each
+    # epoch's end (40, 80, 120) but steps as they advance within the epochs.
+    assert counted == sorted(counted) and counted[-1] == 120, counted
+    assert [step for step in counted if step % 40], counted

@@ -28,8 +28,11 @@ silent for the rest of the process, so the two never disagree on a step.
 Only an existing counter is read: a legacy optimizer creates `iterations` on
 first use, inside the script's strategy scope, and reading it earlier from
 another thread would create it outside that scope. Keras 3 on JAX keeps the
-counter in its trainer's state during `fit` and writes it back at each epoch's
-end: there the steps advance an epoch at a time.
+counter out of the optimizer during an epoch of `fit` (in the trainer's state,
+passed from step to step, written back at the epoch's end): the `fit` wrapper
+remembers the model, by weak reference, and the thread reads the counter from
+that state while it is unsynced, so there too the steps advance as they are
+trained, counted from the state's start (the restored optimizer's counter).
 
 Standard library only at import time; Keras is reached only through the
 modules the hooks receive. Must not import the launcher side.
@@ -52,6 +55,7 @@ _MARK = "_mgpu_counts_steps"
 
 _lock = threading.Lock()
 _optimizers: list[weakref.ref] = []
+_trainers: list[weakref.ref] = []  # Keras 3 models whose `fit` ran on JAX
 _watcher: threading.Thread | None = None
 _last_reported: int | None = None
 _epoch_loss: float | None = None  # the last epoch's loss as Keras logged it
@@ -103,7 +107,9 @@ def current_step() -> int | None:
     """The highest step counter among the live optimizers (None: none yet)."""
     with _lock:
         optimizers = [ref() for ref in _optimizers]
+        trainers = [ref() for ref in _trainers]
     steps = [step for step in map(read_iterations, optimizers) if step is not None]
+    steps += [step for step in map(read_jax_state, trainers) if step is not None]
     return max(steps) if steps else None
 
 
@@ -119,6 +125,49 @@ def read_iterations(optimizer) -> int | None:
         return int(value)
     except Exception:  # noqa: BLE001 - a counter being replaced, a backend quirk: skip
         return None
+
+
+def read_jax_state(model) -> int | None:
+    """The step counter in a Keras 3 JAX trainer's state during `fit` (None:
+    no unsynced state now, then the optimizer's own variable holds it).
+
+    JAX's `fit` takes the optimizer's variables out of the optimizer at each
+    epoch's start and passes them from step to step in `model._jax_state`;
+    the counter is at the index of `optimizer.iterations` in
+    `optimizer.variables`. Reading it waits (in this thread) for the step that
+    computes it; a state the next step already consumed (donated) raises, and
+    the next state is read instead.
+    """
+    if model is None:
+        return None
+    for _ in range(3):
+        try:
+            state = model._jax_state
+            if model._jax_state_synced or not isinstance(state, dict):
+                return None
+            values = state.get("optimizer_variables")
+            if not values:
+                return None  # evaluate's or predict's state: no optimizer in it
+            optimizer = model.optimizer
+            counter = optimizer.iterations
+            index = next(i for i, v in enumerate(optimizer.variables) if v is counter)
+            value = values[index]
+            # Under a multi-process distribution the array spans every process's
+            # devices: this process reads its own copy (replicated).
+            shards = getattr(value, "addressable_shards", None)
+            return int(shards[0].data if shards else value)
+        except Exception:  # noqa: BLE001 - consumed by the next step, fit ending: again
+            continue
+    return None
+
+
+def track_trainer(model) -> None:
+    """Remember a Keras 3 model whose `fit` runs on JAX (once, by weak reference)."""
+    if not hasattr(model, "jax_state_sync"):
+        return  # not the JAX trainer: the optimizer's variable is always current
+    with _lock:
+        _trainers[:] = [ref for ref in _trainers if ref() is not None and ref() is not model]
+        _trainers.append(weakref.ref(model))
 
 
 def name_this_thread(name: str) -> None:
@@ -186,6 +235,7 @@ def count_loss_of(model_class, callbacks_module: ModuleType) -> None:
 
     @functools.wraps(original)
     def fit(self, *args, **kwargs):
+        track_trainer(self)
         if len(args) <= 5:  # callbacks is fit's 6th parameter: given by name or not at all
             kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), epoch_loss()]
         return original(self, *args, **kwargs)
