@@ -20,7 +20,10 @@ TF_CONFIG, and wait for both. The launcher runs the same 2 simulated hosts as
 the median steps/s of each and the ratios to "off". Target: default / off
 within noise (>= 0.98).
 
-    python bench/overhead.py --steps [--rounds 5] [--steps-count 3000]
+    python bench/overhead.py --steps [--rounds 5] [--steps-count 3000] [--jax]
+
+`--jax` runs the same `fit` on Keras 3 with the JAX backend, whose counter is
+read from the trainer's state during an epoch (needs the [jax] extra).
 """
 
 from __future__ import annotations
@@ -114,18 +117,36 @@ model.fit(data, epochs=1, steps_per_epoch=steps, verbose=0)
 print("STEPS_PER_S", steps / (time.perf_counter() - begin), flush=True)
 """
 
+JAX_STEPS_SCRIPT = """\
+import os, sys, time
+os.environ["KERAS_BACKEND"] = "jax"
+import keras
+import numpy as np
+steps = int(sys.argv[1])
+x = np.random.default_rng(0).normal(size=(64 * steps, 32)).astype("float32")
+y = (x.sum(axis=1) > 0).astype("float32")
+model = keras.Sequential([keras.layers.Input((32,)), keras.layers.Dense(64, activation="relu"),
+                          keras.layers.Dense(1)])
+model.compile(optimizer="adam", loss="mse")
+model.fit(x[:64 * 20], y[:64 * 20], batch_size=64, epochs=1, verbose=0)  # build, trace, warm up
+begin = time.perf_counter()
+model.fit(x, y, batch_size=64, epochs=1, verbose=0, shuffle=False)
+print("STEPS_PER_S", steps / (time.perf_counter() - begin), flush=True)
+"""
 
-def steps_per_s(workdir: str, every_s: str, count: int) -> float:
+
+def steps_per_s(workdir: str, every_s: str, count: int, use_jax: bool = False) -> float:
     """One task's training throughput with the step counter read every `every_s`."""
     script = os.path.join(workdir, "steps_train.py")
     with open(script, "w") as handle:
-        handle.write(STEPS_SCRIPT)
+        handle.write(JAX_STEPS_SCRIPT if use_jax else STEPS_SCRIPT)
     read_fd, write_fd = os.pipe()  # the progress channel, as the agent opens it
     env = base_env(workdir)
     env.update(MGPU_PROGRESS_FD=str(write_fd), MGPU_STEPS_EVERY_S=every_s)
+    errors = open(os.path.join(workdir, "steps_train.err"), "w+")  # noqa: SIM115
     proc = subprocess.Popen([sys.executable, "-m", "launcher.bootstrap", script, str(count)],
                             env=env, cwd=workdir, stdout=subprocess.PIPE, text=True,
-                            stderr=subprocess.DEVNULL, pass_fds=(write_fd,))
+                            stderr=errors, pass_fds=(write_fd,))
     os.close(write_fd)
     reports = 0
     with os.fdopen(read_fd, "rb") as channel:
@@ -133,25 +154,30 @@ def steps_per_s(workdir: str, every_s: str, count: int) -> float:
             reports += 1
     out, _ = proc.communicate()
     line = next((x for x in out.splitlines() if x.startswith("STEPS_PER_S ")), None)
+    errors.seek(0)
+    said = errors.read()[-3000:]
+    errors.close()
     if proc.returncode != 0 or line is None:
-        raise SystemExit(f"steps run failed (exit {proc.returncode})")
+        raise SystemExit(f"steps run failed (exit {proc.returncode}, counting every "
+                         f"{every_s or 'default'} s):\n{said}")
     if every_s != "0" and reports == 0:
         raise SystemExit("the step counter reported nothing: is runtime.steps installed?")
     return float(line.split()[1])
 
 
-def compare_steps(rounds: int, count: int) -> None:
+def compare_steps(rounds: int, count: int, use_jax: bool = False) -> None:
     settings = {"off": "0", "default": "", "every 0.05 s": "0.05"}
     rates: dict[str, list[float]] = {name: [] for name in settings}
     with tempfile.TemporaryDirectory() as workdir:
         for round_no in range(rounds):
             line = f"round {round_no + 1}:"
             for name, every in settings.items():
-                rates[name].append(steps_per_s(workdir, every, count))
+                rates[name].append(steps_per_s(workdir, every, count, use_jax))
                 line += f"   {name} {rates[name][-1]:7.1f} steps/s"
             print(line, flush=True)
     off = statistics.median(rates["off"])
-    print(f"\nmedian steps/s, one task, Keras fit of {count} steps:")
+    keras = "Keras 3 on JAX" if use_jax else "Keras"
+    print(f"\nmedian steps/s, one task, {keras} fit of {count} steps:")
     for name in settings:
         m = statistics.median(rates[name])
         target = "  (target >= 0.98)" if name == "default" else ""
@@ -166,9 +192,11 @@ def main() -> None:
     parser.add_argument("--steps", action="store_true",
                         help="measure the zero-code step counter's cost instead")
     parser.add_argument("--steps-count", type=int, default=3000)
+    parser.add_argument("--jax", action="store_true",
+                        help="with --steps: Keras 3 on JAX instead of TensorFlow")
     args = parser.parse_args()
     if args.steps:
-        compare_steps(args.rounds, args.steps_count)
+        compare_steps(args.rounds, args.steps_count, args.jax)
         return
     settings = args.standby.split(",")
     hand: list[float] = []

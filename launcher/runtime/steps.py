@@ -57,6 +57,7 @@ _lock = threading.Lock()
 _optimizers: list[weakref.ref] = []
 _trainers: list[weakref.ref] = []  # Keras 3 models whose `fit` ran on JAX
 _watcher: threading.Thread | None = None
+_stop = threading.Event()  # set at exit: the watcher reads no more
 _last_reported: int | None = None
 _epoch_loss: float | None = None  # the last epoch's loss as Keras logged it
 
@@ -100,7 +101,7 @@ def track(optimizer) -> None:
             _watcher = threading.Thread(target=_watch, args=(every_s(),),
                                         name="mgpu-steps", daemon=True)
             _watcher.start()
-            atexit.register(report_step)  # the last steps of a short run, at a clean exit
+            atexit.register(_at_exit)  # the last steps of a short run, at a clean exit
 
 
 def current_step() -> int | None:
@@ -182,10 +183,20 @@ def name_this_thread(name: str) -> None:
 
 def _watch(period_s: float) -> None:
     name_this_thread("mgpu-steps")
-    while True:
-        time.sleep(period_s)
+    while not _stop.wait(period_s):
         if not report_step():
             return  # the script counts its own steps: its numbers stand
+
+
+def _at_exit() -> None:
+    """The last read, after the watcher's: a daemon thread still inside a
+    backend's call (a JAX read waiting with the GIL released) when the
+    interpreter finalizes could abort the process. Waits for it 1 s at most."""
+    _stop.set()
+    watcher = _watcher
+    if isinstance(watcher, threading.Thread) and watcher is not threading.current_thread():
+        watcher.join(timeout=1.0)
+    report_step()
 
 
 def report_step() -> bool:
