@@ -345,16 +345,40 @@ def test_on_straggler_is_warn_by_default_and_checked():
 # ------------------------------------------- the supervisor's radar, end to end
 
 
+def slow_worker1(name: str, marks: dict[int, dict] | None = None, step0: int = 0) -> list:
+    """40 s of a fake agent's events: steps every second (10 a second), and every
+    3 s a heartbeat whose health says worker1 waits for a CPU four times as long
+    as its peer. `marks`: extra progress data at those seconds (a checkpoint)."""
+    marks = marks or {}
+    events = [(float(s), "progress", {"data": {"step": step0 + 10 * s, **marks.get(s, {})}})
+              for s in range(1, 41)]
+    for s in range(3, 41, 3):
+        delay = s * (2.0 if name == "worker1" else 0.5)
+        events.append((s + 0.5, "heartbeat", {"tasks": {name: {"cpu": 50.0, "health": {
+            "cpu_s": 0.9 * s, "run_delay_s": delay, "throttled_s": 0.0}}}}))
+    return events
+
+
+def replace_cluster(tmp_path: Path, hosts: int = 3, spares: tuple[int, ...] = (2,)):
+    """A local cluster of `hosts`, those numbered in `spares` spare, on_straggler: replace."""
+    from launcher.spec.config import ClusterConfig, LoadedConfig
+
+    return LoadedConfig(config=ClusterConfig.model_validate({
+        "name": "r", "transport": "local", "ports": {"base": "auto"},
+        "hosts": [{"address": "127.0.0.1", "name": f"host{i}", "spare": i in spares}
+                  for i in range(hosts)],
+        "restart": {"on_straggler": "replace"}}), source=None, base_dir=tmp_path)
+
+
+CHECKPOINT = {"checkpoint": 1}
+FINISHED = [(1.0, "progress", {"data": {"step": 400}}), (2.0, "exit", {"code": 0})]
+
+
 def test_the_supervisor_names_a_straggler_in_events_terminal_and_summary(tmp_path: Path):
     """Fake agents (tests/fake_agents.py): worker1's heartbeats say it waits for
     a CPU four times as long as worker0; both report steps every second."""
     def script(generation: int, name: str):
-        events = [(float(s), "progress", {"data": {"step": 10 * s}}) for s in range(1, 41)]
-        for s in range(3, 41, 3):
-            delay = s * (2.0 if name == "worker1" else 0.5)
-            events.append((s + 0.5, "heartbeat", {"tasks": {name: {"cpu": 50.0, "health": {
-                "cpu_s": 0.9 * s, "run_delay_s": delay, "throttled_s": 0.0}}}}))
-        return [*events, (41.0, "exit", {"code": 0})]
+        return [*slow_worker1(name), (41.0, "exit", {"code": 0})]
 
     h = harness(tmp_path, script)
     result = h.supervisor.run()
@@ -387,24 +411,10 @@ def test_the_live_table_marks_the_straggler():
 def test_replace_sets_the_slow_host_aside_at_the_next_checkpoint(tmp_path: Path):
     """restart.on_straggler: replace, a spare host: at the first checkpoint after
     worker1 is named, the job restarts with the spare in host1's place."""
-    from launcher.spec.config import ClusterConfig, LoadedConfig
-
-    loaded = LoadedConfig(config=ClusterConfig.model_validate({
-        "name": "r", "transport": "local", "ports": {"base": "auto"},
-        "hosts": [{"address": "127.0.0.1", "name": f"host{i}", "spare": i == 2}
-                  for i in range(3)],
-        "restart": {"on_straggler": "replace"}}), source=None, base_dir=tmp_path)
+    loaded = replace_cluster(tmp_path)
 
     def script(generation: int, name: str):
-        if generation:
-            return [(1.0, "progress", {"data": {"step": 400}}), (2.0, "exit", {"code": 0})]
-        events = [(float(s), "progress", {"data": {"step": 10 * s, **(
-            {"checkpoint": 1} if s == 35 else {})}}) for s in range(1, 41)]
-        for s in range(3, 41, 3):
-            delay = s * (2.0 if name == "worker1" else 0.5)
-            events.append((s + 0.5, "heartbeat", {"tasks": {name: {"cpu": 50.0, "health": {
-                "cpu_s": 0.9 * s, "run_delay_s": delay}}}}))
-        return events
+        return FINISHED if generation else slow_worker1(name, {35: CHECKPOINT})
 
     h = harness(tmp_path, script, loaded=loaded, on_straggler="replace")
     result = h.supervisor.run()
@@ -432,25 +442,11 @@ def test_replace_comes_at_the_save_a_step_report_times_not_the_next_health_sampl
     """An unmodified Keras script: no `checkpoint` report, the save timed by the
     runtime (`save_s`) and seen on disk. The generation ends at that report,
     not up to a health period (3 s of steps to redo) later."""
-    from launcher.spec.config import ClusterConfig, LoadedConfig
-
-    loaded = LoadedConfig(config=ClusterConfig.model_validate({
-        "name": "r", "transport": "local", "ports": {"base": "auto"},
-        "hosts": [{"address": "127.0.0.1", "name": f"host{i}", "spare": i == 2}
-                  for i in range(3)],
-        "restart": {"on_straggler": "replace"}}), source=None, base_dir=tmp_path)
+    loaded = replace_cluster(tmp_path)
     saved = {"ckpt/checkpoint": (1,)}
 
     def script(generation: int, name: str):
-        if generation:
-            return [(1.0, "progress", {"data": {"step": 400}}), (2.0, "exit", {"code": 0})]
-        events = [(float(s), "progress", {"data": {"step": 10 * s, **(
-            {"save_s": 0.2} if s == 34 else {})}}) for s in range(1, 41)]
-        for s in range(3, 41, 3):
-            delay = s * (2.0 if name == "worker1" else 0.5)
-            events.append((s + 0.5, "heartbeat", {"tasks": {name: {"cpu": 50.0, "health": {
-                "cpu_s": 0.9 * s, "run_delay_s": delay}}}}))
-        return events
+        return FINISHED if generation else slow_worker1(name, {34: {"save_s": 0.2}})
 
     h = harness(tmp_path, script, loaded=loaded, on_straggler="replace",
                 checkpoint_probe=lambda: dict(saved) if h.clock() >= 1033.9 else {})
@@ -464,21 +460,10 @@ def test_replace_comes_at_the_save_a_step_report_times_not_the_next_health_sampl
 def test_with_no_idle_spare_left_the_straggler_is_named_and_the_job_goes_on(tmp_path: Path):
     """The spare took host1's place; generation 1's worker1, on it, is slow too:
     named, said to stay (no spare is idle), and the job is not restarted."""
-    from launcher.spec.config import ClusterConfig, LoadedConfig
-
-    loaded = LoadedConfig(config=ClusterConfig.model_validate({
-        "name": "r", "transport": "local", "ports": {"base": "auto"},
-        "hosts": [{"address": "127.0.0.1", "name": f"host{i}", "spare": i == 2}
-                  for i in range(3)],
-        "restart": {"on_straggler": "replace"}}), source=None, base_dir=tmp_path)
+    loaded = replace_cluster(tmp_path)
 
     def script(generation: int, name: str):
-        events = [(float(s), "progress", {"data": {"step": 400 * generation + 10 * s, **(
-            {"checkpoint": 1} if s in (30, 35) else {})}}) for s in range(1, 41)]
-        for s in range(3, 41, 3):
-            delay = s * (2.0 if name == "worker1" else 0.5)
-            events.append((s + 0.5, "heartbeat", {"tasks": {name: {"cpu": 50.0, "health": {
-                "cpu_s": 0.9 * s, "run_delay_s": delay}}}}))
+        events = slow_worker1(name, {30: CHECKPOINT, 35: CHECKPOINT}, step0=400 * generation)
         return events if generation == 0 else [*events, (41.0, "exit", {"code": 0})]
 
     h = harness(tmp_path, script, loaded=loaded, on_straggler="replace")
@@ -497,22 +482,10 @@ def test_a_spare_whose_agent_is_gone_does_not_replace_the_slow_host(tmp_path: Pa
     end a working generation to wait for a host that is gone (and fail the job
     after `host_wait_s`). worker1 is named, the line says no spare is idle, and
     the job goes on where it is."""
-    from launcher.spec.config import ClusterConfig, LoadedConfig
-
-    loaded = LoadedConfig(config=ClusterConfig.model_validate({
-        "name": "r", "transport": "local", "ports": {"base": "auto"},
-        "hosts": [{"address": "127.0.0.1", "name": f"host{i}", "spare": i == 2}
-                  for i in range(3)],
-        "restart": {"on_straggler": "replace"}}), source=None, base_dir=tmp_path)
+    loaded = replace_cluster(tmp_path)
 
     def script(generation: int, name: str):
-        events = [(float(s), "progress", {"data": {"step": 10 * s, **(
-            {"checkpoint": 1} if s == 35 else {})}}) for s in range(1, 41)]
-        for s in range(3, 41, 3):
-            delay = s * (2.0 if name == "worker1" else 0.5)
-            events.append((s + 0.5, "heartbeat", {"tasks": {name: {"cpu": 50.0, "health": {
-                "cpu_s": 0.9 * s, "run_delay_s": delay}}}}))
-        return [*events, (41.0, "exit", {"code": 0})]
+        return [*slow_worker1(name, {35: CHECKPOINT}), (41.0, "exit", {"code": 0})]
 
     h = harness(tmp_path, script, loaded=loaded, on_straggler="replace", host_wait_s=5.0)
     h.links["host2"].close()
@@ -527,24 +500,10 @@ def test_a_spare_whose_agent_is_gone_does_not_replace_the_slow_host(tmp_path: Pa
 def test_the_restart_takes_the_spare_whose_agent_is_there(tmp_path: Path):
     """Two spares, the first one's agent gone: the line names the second, and
     the restart puts the second in host1's place (not waiting for the first)."""
-    from launcher.spec.config import ClusterConfig, LoadedConfig
-
-    loaded = LoadedConfig(config=ClusterConfig.model_validate({
-        "name": "r", "transport": "local", "ports": {"base": "auto"},
-        "hosts": [{"address": "127.0.0.1", "name": f"host{i}", "spare": i >= 2}
-                  for i in range(4)],
-        "restart": {"on_straggler": "replace"}}), source=None, base_dir=tmp_path)
+    loaded = replace_cluster(tmp_path, hosts=4, spares=(2, 3))
 
     def script(generation: int, name: str):
-        if generation:
-            return [(1.0, "progress", {"data": {"step": 400}}), (2.0, "exit", {"code": 0})]
-        events = [(float(s), "progress", {"data": {"step": 10 * s, **(
-            {"checkpoint": 1} if s == 35 else {})}}) for s in range(1, 41)]
-        for s in range(3, 41, 3):
-            delay = s * (2.0 if name == "worker1" else 0.5)
-            events.append((s + 0.5, "heartbeat", {"tasks": {name: {"cpu": 50.0, "health": {
-                "cpu_s": 0.9 * s, "run_delay_s": delay}}}}))
-        return events
+        return FINISHED if generation else slow_worker1(name, {35: CHECKPOINT})
 
     h = harness(tmp_path, script, loaded=loaded, on_straggler="replace", host_wait_s=5.0)
     h.links["host2"].close()
