@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -25,7 +26,8 @@ import yaml
 from kubeflow_trainer_api import models
 
 from launcher import podstart
-from tests.conftest import EXAMPLES, REPO, cli_env, run_cli
+from tests.conftest import EXAMPLES, REPO, SCRIPTS, cli_env, run_cli
+from tests.tfjob_schema import validate_network_policy
 
 PINNED = "2.3.0"  # kubeflow-trainer-api, as pyproject.toml pins it
 
@@ -64,7 +66,7 @@ def test_manifests_are_valid_trainer_v2_and_jobset_objects(tmp_path: Path) -> No
     assert "hf_not_in_the_manifest" not in result.stdout  # the secret is masked
     assert "kubectl create secret generic digits-tj-env -n ml --from-literal=HF_TOKEN=..." \
         in result.stderr
-    runtime, trainjob = list(yaml.safe_load_all(result.stdout))
+    runtime, trainjob, policy = list(yaml.safe_load_all(result.stdout))
     strict(models.TrainerV1alpha1TrainingRuntime, runtime)
     job = strict(models.TrainerV1alpha1TrainJob, trainjob)
     jobset = {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
@@ -93,14 +95,24 @@ def test_manifests_are_valid_trainer_v2_and_jobset_objects(tmp_path: Path) -> No
     assert job.spec.trainer.command[:3] == ["python3", "-m", "launcher.podstart"]
     assert trainjob["spec"]["trainer"]["resourcesPerNode"] == {"limits": {"nvidia.com/gpu": "1"}}
     assert trainjob["metadata"]["namespace"] == runtime["metadata"]["namespace"] == "ml"
+    # A task's exception: the bootstrap's record in the pod's termination message.
+    assert env["MGPU_ERROR_FILE"].value == container.termination_message_path
+    # The TF ports sealed to the job's own pods (security.tf_ports), every other port open.
+    validate_network_policy(policy)
+    assert policy["spec"]["podSelector"] == {
+        "matchLabels": {"jobset.sigs.k8s.io/jobset-name": "digits-tj"}}
+    assert policy["spec"]["ingress"][0]["ports"] == [
+        {"protocol": "TCP", "port": 23456, "endPort": 23457}]
+    assert "NetworkPolicy digits-tj-tf-ports admits only this job's pods" in result.stdout
 
 
 def test_cluster_runtime_and_keras_distribution(tmp_path: Path) -> None:
-    result = export(tmp_path, CLUSTER + "strategy: keras_distribution\nkeras: jax\n",
+    result = export(tmp_path, CLUSTER + "strategy: keras_distribution\nkeras: jax\n"
+                    "security: {tf_ports: open}\n",
                     "--runtime-kind", "ClusterTrainingRuntime", "--namespace", "ml")
     assert result.returncode == 0, result.stderr
     assert "warning: no --pvc" in result.stderr
-    runtime, trainjob = list(yaml.safe_load_all(result.stdout))
+    runtime, trainjob = list(yaml.safe_load_all(result.stdout))  # tf_ports open: no policy
     strict(models.TrainerV1alpha1ClusterTrainingRuntime, runtime)
     strict(models.TrainerV1alpha1TrainJob, trainjob)
     assert "namespace" not in runtime["metadata"]  # cluster-scoped
@@ -151,19 +163,29 @@ def _container_env(runtime: dict) -> dict[str, str]:
     return {e["name"]: e["value"] for e in container["env"] if "value" in e}
 
 
+# The bundled example (runtime calls, saves the model), and TensorFlow's multi-worker
+# tutorial as people bring it (reads TF_CONFIG itself, its own BackupAndRestore dir).
+PODS = {
+    "example": ([str(EXAMPLES / "digits" / "train.py"), "--epochs", "2", "--save",
+                 "model.keras"], "test accuracy"),
+    "tutorial": ([str(SCRIPTS / "tutorial_mwms.py"), "tutorial-ckpt"], "WEIGHTS_CHECKSUM"),
+}
+
+
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"),
                     reason="a private /etc/hosts per pod needs root and unshare")
-def test_pods_train_the_example_from_the_exported_trainjob(tmp_path: Path) -> None:
+@pytest.mark.parametrize("script", sorted(PODS))
+def test_pods_train_from_the_exported_trainjob(tmp_path: Path, script: str) -> None:
     """Each pod: its own mount namespace, /etc/hosts naming both pods' DNS names
     (127.0.0.2, 127.0.0.3), the runtime's env and the TrainJob's command."""
     cluster = ("name: tj\nhosts:\n  - {address: node1}\n  - {address: node2}\n"
                f"checkpoint: {{dir: {tmp_path / 'ckpt'}}}\nports: {{base: 24561}}\n")
     (tmp_path / "cluster.yaml").write_text(cluster)
-    result = run_cli(["export", "--to", "trainjob", "cluster.yaml",
-                      str(EXAMPLES / "digits" / "train.py"), "--epochs", "2",
-                      "--save", str(tmp_path / "model.keras")], tmp_path, timeout=60)
+    argv, last_words = PODS[script]
+    result = run_cli(["export", "--to", "trainjob", "cluster.yaml", *argv], tmp_path,
+                     timeout=60)
     assert result.returncode == 0, result.stderr
-    runtime, trainjob = list(yaml.safe_load_all(result.stdout))
+    runtime, trainjob, _policy = list(yaml.safe_load_all(result.stdout))
     hosts = tmp_path / "hosts"
     hosts.write_text("127.0.0.1 localhost\n" + "".join(
         f"127.0.0.{2 + i} tj-node-0-{i}.tj tj-node-0-{i}\n" for i in range(2)))
@@ -173,7 +195,9 @@ def test_pods_train_the_example_from_the_exported_trainjob(tmp_path: Path) -> No
     for index in range(trainjob["spec"]["trainer"]["numNodes"]):
         env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "PYTHONPATH": str(REPO),
                "HOSTNAME": f"tj-node-0-{index}", "JOB_COMPLETION_INDEX": str(index),
-               **_container_env(runtime)}
+               **_container_env(runtime),
+               # The kubelet's /dev/termination-log, one per pod.
+               "MGPU_ERROR_FILE": str(tmp_path / f"termination-log-{index}")}
         shell = (f"mount --bind {hosts} /etc/hosts && exec {sys.executable} "
                  + " ".join(f"'{a}'" for a in command[1:]))
         log = (tmp_path / f"pod{index}.log").open("w")
@@ -192,4 +216,9 @@ def test_pods_train_the_example_from_the_exported_trainjob(tmp_path: Path) -> No
     assert [p.returncode for p in pods] == [0, 0], "\n".join(log[-3000:] for log in logs)
     assert "tj-node-0-0.tj is worker 0 (generation 0)" in logs[0]
     assert "tj-node-0-1.tj is worker 1" in logs[1]
-    assert (tmp_path / "model.keras").exists()  # the chief saved the trained model
+    assert all(last_words in log for log in logs), logs[0][-2000:]
+    if script == "example":
+        assert (tmp_path / "model.keras").exists()  # the chief saved the trained model
+    else:  # both workers trained together: the same weights
+        sums = [re.findall(r"WEIGHTS_CHECKSUM ([0-9.]+)", log) for log in logs]
+        assert sums[0] == sums[1] and len(sums[0]) == 1, sums

@@ -68,6 +68,7 @@ NOT_MAPPED = {
 _PER_POD = ("KERAS_DISTRIBUTION_JOB_ADDRESSES", "KERAS_DISTRIBUTION_NUM_PROCESSES",
             "KERAS_DISTRIBUTION_PROCESS_ID")
 _HOSTNAME_MAX = 63  # a DNS label
+TERMINATION_LOG = "/dev/termination-log"  # Kubernetes' default terminationMessagePath
 
 
 def pod_hostname(job: str, index: int) -> str:
@@ -131,7 +132,8 @@ def trainjob_manifests(loaded: LoadedConfig, command: Sequence[str], *,
                        image: str = DEFAULT_IMAGE, checkpoint_dir: str | None = None,
                        pvc: str | None = None, namespace: str | None = None,
                        runtime_kind: str = "TrainingRuntime") -> list[dict[str, Any]]:
-    """[the runtime, the TrainJob that uses it]."""
+    """[the runtime, the TrainJob that uses it], and, unless `security.tf_ports` is
+    open, the NetworkPolicy that seals the job's TF ports."""
     if runtime_kind not in RUNTIME_KINDS:
         raise ExportError(f"runtime kind {runtime_kind!r}: one of {', '.join(RUNTIME_KINDS)}")
     config = loaded.config
@@ -163,7 +165,10 @@ def trainjob_manifests(loaded: LoadedConfig, command: Sequence[str], *,
                 "spec": {"runtimeRef": {"name": runtime_name, "apiGroup": API_GROUP,
                                         "kind": runtime_kind},
                          "trainer": trainer}}
-    return [runtime, trainjob]
+    manifests = [runtime, trainjob]
+    if config.security.tf_ports != "open":
+        manifests.append(tf_port_policy(trainjob, [t.port for t in plan.tasks if t.port]))
+    return manifests
 
 
 def _runtime_spec(loaded: LoadedConfig, plan: Plan, *, image: str, checkpoint_dir: str,
@@ -173,8 +178,13 @@ def _runtime_spec(loaded: LoadedConfig, plan: Plan, *, image: str, checkpoint_di
     env = {k: v for k, v in _shared_env(task, checkpoint_dir).items() if k not in _PER_POD}
     env["MGPU_TF_CLUSTER"] = json.dumps(dict(task.tf_config["cluster"]),
                                         default=list, separators=(",", ":"))
+    # The bootstrap's error record (type, message, traceback) of a task that dies of
+    # an exception goes where Kubernetes shows it: the pod's termination message.
+    env["MGPU_ERROR_FILE"] = TERMINATION_LOG
     container: dict[str, Any] = {
         "name": NODE, "image": image,
+        "terminationMessagePath": TERMINATION_LOG,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         "env": [*(_env_var(k, v, secret) for k, v in sorted(env.items())),
                 {"name": "MGPU_RESTART_ATTEMPT", "valueFrom": {"fieldRef": {
                     "fieldPath": f"metadata.labels['{RESTART_LABEL}']"}}}],
@@ -207,6 +217,32 @@ def _runtime_spec(loaded: LoadedConfig, plan: Plan, *, image: str, checkpoint_di
     }
 
 
+def tf_port_policy(trainjob: dict[str, Any], ports: Sequence[int]) -> dict[str, Any]:
+    """A NetworkPolicy admitting only the TrainJob's own pods (JobSet's label on every
+    pod) to its TF ports (`security.tf_ports` not open), as the agents' firewall rules
+    do over SSH. A policy that selects a pod denies it what no rule admits: the second
+    rule keeps every other port open to anyone, as before."""
+    name = trainjob["metadata"]["name"]
+    low, high = min(ports), max(ports)
+    job_pods = {"matchLabels": {JOBSET_NAME_LABEL: name}}
+    metadata: dict[str, Any] = {"name": f"{name}-tf-ports",
+                                "labels": dict(trainjob["metadata"]["labels"])}
+    if "namespace" in trainjob["metadata"]:
+        metadata["namespace"] = trainjob["metadata"]["namespace"]
+    tf_ports: dict[str, Any] = {"protocol": "TCP", "port": low}
+    if high > low:
+        tf_ports["endPort"] = high
+    others = [{"protocol": "TCP", "port": 1, "endPort": low - 1}] if low > 1 else []
+    if high < 65535:
+        others.append({"protocol": "TCP", "port": high + 1, "endPort": 65535})
+    others.append({"protocol": "UDP", "port": 1, "endPort": 65535})
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": metadata,
+            "spec": {"podSelector": job_pods, "policyTypes": ["Ingress"],
+                     "ingress": [{"from": [{"podSelector": job_pods}], "ports": [tf_ports]},
+                                 {"ports": others}]}}
+
+
 def _container(runtime: dict[str, Any]) -> dict[str, Any]:
     job = runtime["spec"]["template"]["spec"]["replicatedJobs"][0]
     return job["template"]["spec"]["template"]["spec"]["containers"][0]
@@ -214,7 +250,7 @@ def _container(runtime: dict[str, Any]) -> dict[str, Any]:
 
 def secret_commands(manifests: Sequence[dict[str, Any]]) -> list[str]:
     """`kubectl create secret generic ...` for the Secret the runtime reads (values elided)."""
-    runtime, trainjob = manifests
+    runtime, trainjob = manifests[:2]
     refs: dict[str, list[str]] = {}
     for var in _container(runtime).get("env", []):
         ref = var.get("valueFrom", {}).get("secretKeyRef")
@@ -229,7 +265,7 @@ def secret_commands(manifests: Sequence[dict[str, Any]]) -> list[str]:
 
 def render(manifests: Sequence[dict[str, Any]], source: str) -> str:
     """The two documents under a header saying what they do and what to do first."""
-    runtime, trainjob = manifests
+    runtime, trainjob = manifests[:2]
     spec = runtime["spec"]["template"]["spec"]
     container = _container(runtime)
     plain = {v["name"]: v.get("value") for v in container["env"]}
@@ -262,6 +298,15 @@ def render(manifests: Sequence[dict[str, Any]], source: str) -> str:
     if commands:
         lines += ["Secret-looking env values are read from a Secret; create it first:",
                   *(f"  {c}" for c in commands)]
+    if len(manifests) > 2:
+        policy = manifests[2]
+        ports = policy["spec"]["ingress"][0]["ports"][0]
+        lines += [f"TF ports: NetworkPolicy {policy['metadata']['name']} admits only this "
+                  f"job's pods to {ports['port']}-{ports.get('endPort', ports['port'])}",
+                  "(security.tf_ports; enforced where the network plugin enforces "
+                  "NetworkPolicy)."]
+    lines.append("A task that dies of an exception leaves its error in the pod's "
+                 "termination message.")
     header = "".join(f"# {line}\n" for line in lines)
     return header + "---\n".join(yaml.dump(m, Dumper=_PlainDumper, sort_keys=False)
                                  for m in manifests)
