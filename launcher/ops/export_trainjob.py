@@ -27,6 +27,7 @@ from typing import Any
 
 import yaml
 
+from ..spec.addresses import TFAddress
 from ..spec.config import LoadedConfig
 from ..spec.plan import Plan, build_plan, ports_needed
 from ..strategy import Strategy
@@ -90,8 +91,6 @@ def trainjob_plan(loaded: LoadedConfig, command: Sequence[str], job: str) -> Pla
     if config.strategy not in EXPORTED:
         raise ExportError(f"strategy {config.strategy} does not map to a TrainJob: "
                           f"{NOT_MAPPED.get(config.strategy, '')}")
-    from ..spec.addresses import TFAddress  # only here: the export's own hosts
-
     probe = build_plan(loaded, command, run_dir="/unused",
                        ports=list(range(1, ports_needed(config) + 1)))
     roles = [t.role for t in probe.tasks]
