@@ -104,10 +104,15 @@ def make_base(env: dict[str, str], work: Path) -> tuple[str, float | None]:
 def build_image(work: Path) -> Built:
     env = podman_env(work)
     base, base_s = make_base(env, work)
+    before = podman(env, "image", "inspect", "-f", "{{.Id}}", IMAGE, check=False).stdout.strip()
     start = time.monotonic()
     # --network host: the build's RUN steps reach PyPI and Debian as this machine does.
     podman(env, "build", "--network", "host",
            "--ignorefile", str(REPO / "docker" / "Dockerfile.dockerignore"),
            "--build-arg", f"BASE_IMAGE={base}", "-f", str(REPO / "docker" / "Dockerfile"),
            "-t", IMAGE, str(REPO), timeout=BUILD_TIMEOUT_S)
-    return Built(IMAGE, base, base_s, time.monotonic() - start, env)
+    build_s = time.monotonic() - start
+    after = podman(env, "image", "inspect", "-f", "{{.Id}}", IMAGE).stdout.strip()
+    if before and before != after:  # the previous build, untagged now: its own layers go
+        podman(env, "rmi", before, check=False)
+    return Built(IMAGE, base, base_s, build_s, env)
