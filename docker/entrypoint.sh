@@ -72,6 +72,9 @@ install_keys() {
     done
     umask 077
     mkdir -p "$SSHD_DIR" "$home/.ssh"
+    # sshd reads authorized_keys as the user logging in: the directory (made under
+    # umask 077) must let them in; the host key inside stays private (600).
+    chmod 755 "$SSHD_DIR"
     # sshd wants its host key private to the user running it.
     install -m 600 "$KEYS_DIR/ssh_host_ed25519_key" "$SSHD_DIR/ssh_host_ed25519_key"
     install -m 644 "$KEYS_DIR/id_ed25519.pub" "$SSHD_DIR/authorized_keys"

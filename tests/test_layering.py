@@ -48,7 +48,8 @@ AGENT_PARTS = ("bundle", "commands", "files", "hostfacts", "lease", "leftovers",
                "seal", "spawn", "stacks", "standbys", "tasks", "profiles", "health")
 
 RULES = (
-    Rule("runtime is shipped", ("launcher.runtime", "launcher.bootstrap", "launcher.standby"),
+    Rule("runtime is shipped", ("launcher.runtime", "launcher.bootstrap", "launcher.standby",
+                                "launcher.podstart"),
          allowed=("launcher.runtime", "launcher.bootstrap", "launcher.standby", "launcher.strategy",
                   "launcher"),
          allowed_names=frozenset({"__version__", "runtime", "strategy"}),
@@ -209,7 +210,8 @@ class Floor:
 # above. The shipped modules are the ground floor: they run on the hosts and
 # import nothing of the launcher side (their own rules above say what they may).
 FLOORS = (
-    Floor("shipped", ("launcher", "launcher.agent", "launcher.bootstrap", "launcher.standby",
+    Floor("shipped", ("launcher", "launcher.agent", "launcher.bootstrap", "launcher.podstart",
+                      "launcher.standby",
                       "launcher.runtime", "launcher.netif", "launcher.firewall",
                       "launcher.hostruns", "launcher.proctree", "launcher.outlines",
                       "launcher.strategy"),

@@ -42,7 +42,7 @@ from ..spec.plan import HostTarget, Plan, PlanError
 from ..strategy import ON_JAX
 from ..transport import AgentLink, AgentMessage, Transport
 from ..transport.factory import make_transport
-from . import check_collective, usage
+from . import check_collective, check_json, usage
 from .check_collective import CollectiveReport, task_addresses
 from .check_scripts import LISTEN, PROBE, REMOVE, WRITE_NONCE
 
@@ -506,6 +506,9 @@ def main(argv: list[str]) -> int:
                         default=check_collective.DEFAULT_TIMEOUT_S,
                         help="bound on the collective, TensorFlow start-up included "
                         "(default %(default)g s); tasks still missing then are named")
+    parser.add_argument("--json", action="store_true",
+                        help="print the verdict as one JSON object (hosts, problems, "
+                        "collective) instead of the table; same exit codes")
     args = parser.parse_args(argv[1:])
     if sum((args.cluster is not None, args.slurm, args.local is not None)) != 1:
         parser.error("give a cluster YAML, --slurm or --local N")
@@ -521,17 +524,25 @@ def main(argv: list[str]) -> int:
         if loaded.config.transport == "slurm":
             loaded = with_allocation(loaded, read_allocation(os.environ))
     except ConfigError as exc:
-        print(f"mgpu-launch: {exc}", file=sys.stderr)
-        return EXIT_NOT_READY
+        return _cannot_check(f"mgpu-launch: {exc}", args.json)
     except SlurmError as exc:
-        print(f"mgpu-launch check: {exc}", file=sys.stderr)
-        return EXIT_NOT_READY
+        return _cannot_check(f"mgpu-launch check: {exc}", args.json)
     try:
         reports, checkpoint_dir, collective = run_check(
             loaded, args.collective_timeout if args.collective else None)
     except PlanError as exc:
-        print(f"mgpu-launch: cannot plan the job: {exc}", file=sys.stderr)
-        return EXIT_NOT_READY
-    print(render(reports, checkpoint_dir, isinstance(loaded.config.ports.base, int),
-                 collective))
+        return _cannot_check(f"mgpu-launch: cannot plan the job: {exc}", args.json)
+    if args.json:
+        print(check_json.dumps(check_json.verdict(reports, checkpoint_dir, collective)))
+    else:
+        print(render(reports, checkpoint_dir, isinstance(loaded.config.ports.base, int),
+                     collective))
     return EXIT_READY if not any(r.problems for r in reports) else EXIT_NOT_READY
+
+
+def _cannot_check(message: str, as_json: bool) -> int:
+    """The check could not run: the reason on stderr (and as JSON on stdout)."""
+    print(message, file=sys.stderr)
+    if as_json:
+        print(check_json.error(message))
+    return EXIT_NOT_READY

@@ -465,10 +465,12 @@ class _PlainDumper(yaml.SafeDumper):
 
 
 def _parser() -> argparse.ArgumentParser:
+    from . import export_trainjob  # it builds on this module
     parser = usage.Parser(
         prog="mgpu-launch export",
-        description="Write a Slurm batch script or a Kubeflow TFJob manifest for the job.")
-    parser.add_argument("--to", required=True, choices=("slurm", "tfjob"))
+        description="Write a Slurm batch script, a Kubeflow Trainer v2 TrainJob or a "
+        "Kubeflow v1 TFJob manifest for the job.")
+    parser.add_argument("--to", required=True, choices=("slurm", "tfjob", "trainjob"))
     parser.add_argument("-o", "--output", metavar="FILE", help="write here (default: stdout)")
     parser.add_argument("--port-base", type=int, metavar="PORT",
                         help="slurm: first port (default ports.base; `auto` picks one per "
@@ -481,18 +483,20 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--partition", help="slurm: #SBATCH --partition")
     parser.add_argument("--time", dest="time_limit", help="slurm: #SBATCH --time")
     parser.add_argument("--image", default=DEFAULT_IMAGE,
-                        help=f"tfjob: container image (default {DEFAULT_IMAGE})")
+                        help=f"tfjob, trainjob: container image (default {DEFAULT_IMAGE})")
     parser.add_argument("--pvc", metavar="NAME",
-                        help="tfjob: PersistentVolumeClaim mounted at the checkpoint dir")
+                        help="tfjob, trainjob: PersistentVolumeClaim mounted at the "
+                        "checkpoint dir")
     parser.add_argument("--checkpoint-dir", metavar="PATH",
-                        help=f"tfjob: checkpoint dir in the pods (default checkpoint.dir when "
-                        f"absolute, else {K8S_CHECKPOINT_ROOT}/NAME)")
-    parser.add_argument("--namespace", help="tfjob: metadata.namespace")
+                        help="tfjob, trainjob: checkpoint dir in the pods (default "
+                        f"checkpoint.dir when absolute, else {K8S_CHECKPOINT_ROOT}/NAME)")
+    parser.add_argument("--namespace", help="tfjob, trainjob: metadata.namespace")
     parser.add_argument("--restart-policy", choices=TFJOB_RESTART_POLICIES,
                         default=DEFAULT_TFJOB_RESTART_POLICY,
                         help="tfjob: restartPolicy when restart.max_restarts > 0 (default "
                         f"{DEFAULT_TFJOB_RESTART_POLICY}: only pods killed by a signal are "
                         "restarted; OnFailure: any failure)")
+    export_trainjob.add_arguments(parser)
     parser.add_argument("cluster", metavar="CLUSTER.yaml")
     parser.add_argument("command", metavar="SCRIPT [ARGS...]", nargs=argparse.REMAINDER)
     return parser
@@ -526,6 +530,12 @@ def main(argv: Sequence[str]) -> int:
                                 partition=args.partition, time_limit=args.time_limit,
                                 output_name=name, nodes=args.nodes,
                                 gpus_per_node=args.gpus_per_node)
+        elif args.to == "trainjob":
+            from . import export_trainjob
+
+            text, notes = export_trainjob.export_text(loaded, command, args, args.cluster)
+            for note in notes:
+                print(f"mgpu-launch export: {note}", file=sys.stderr)
         else:
             manifest = tfjob_manifest(loaded, command, image=args.image,
                                       checkpoint_dir=args.checkpoint_dir, pvc=args.pvc,
