@@ -1,14 +1,15 @@
-"""Who is to blame: the culprit behind a collective abort, a failure that
-repeats, the frames a stuck task was in. Pure functions over the generation's
-values; the supervisor follows them.
+"""Who is to blame: the culprit behind a collective abort, a worker out of
+step with the others, a failure that repeats, the frames a stuck task was in.
+Pure functions over the generation's values; the supervisor follows them.
 """
 
 from __future__ import annotations
 
 from ..strategy import framework as strategy_framework
 from .generation import Generation
+from .lockstep import Finding, Peer, Position, judge, mismatched
 from .recovery import innermost_frame
-from .states import Failure, TaskRecord
+from .states import Failure, TaskRecord, TaskState
 
 
 def culprit(gen: Generation, reporter: TaskRecord) -> Failure | None:
@@ -30,10 +31,43 @@ def culprit(gen: Generation, reporter: TaskRecord) -> Failure | None:
                        if r is not reporter and r.usage.get("status") == "stopped"), None)
         reason = ("was stopped (SIGSTOP, Ctrl-Z or a debugger): its peers' collectives "
                   f"aborted; reported by {reporter.task.label}")
-    if blamed is None or blamed is reporter:
+    if blamed is None:  # no peer died or hung: maybe one was elsewhere in the program
+        return abort_out_of_step(gen)
+    if blamed is reporter:
         return None
     return Failure(task=blamed.task.label, host=blamed.task.host,
                    generation=gen.plan.generation, t=failure.t, kind="hang", reason=reason,
+                   last_lines=failure.last_lines)
+
+
+def out_of_step(gen: Generation, aborted: bool = False,
+                weak: bool = False) -> tuple[TaskRecord, Finding] | None:
+    """The worker out of step and why, from every worker's position
+    (job/lockstep.py); a weak finding only when `weak` (a hang, an abort)."""
+    peers = [Peer(r.task.name, gen.positions.at.get(r.task.name, Position()),
+                  finished=r.state is TaskState.SUCCEEDED)
+             for r in gen.records.values()
+             if r.task.role in ("chief", "worker") and r.task.lifetime == "job"]
+    finding = judge(peers, aborted=aborted)
+    if finding is None or not (finding.strong or weak) or finding.task not in gen.records:
+        return None
+    return gen.records[finding.task], finding
+
+
+def abort_out_of_step(gen: Generation) -> Failure | None:
+    """A collective abort's real cause when the workers were out of step."""
+    failure = gen.failure
+    if failure is None or failure.kind != "collective_abort" or gen.positions.judged:
+        return None
+    aborted = mismatched(failure.last_lines)  # TF saw different collectives meet
+    found = out_of_step(gen, aborted=aborted, weak=aborted)
+    if found is None:
+        return None
+    gen.positions.judged = True
+    record, finding = found
+    return Failure(task=record.task.label, host=record.task.host,
+                   generation=gen.plan.generation, t=failure.t, kind="out_of_step",
+                   reason=f"{finding.reason} (TensorFlow aborted the collectives: {failure.task})",
                    last_lines=failure.last_lines)
 
 
