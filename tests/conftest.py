@@ -110,7 +110,7 @@ def workdir(tmp_path: Path) -> Path:
 # allows it, what marks it in events.jsonl, what it means).
 _ALARMS = (
     ("straggler_expected", ('"event": "straggler"',), "the straggler radar named a task"),
-    ("stuck_expected", ('"kind": "out_of_step"',),
+    ("stuck_expected", ('"kind": "out_of_step"', '"event": "out_of_step_ahead"'),
      "workers were judged out of step (job/lockstep.py)"),
 )
 

@@ -9,6 +9,7 @@ from launcher.job.lockstep import (
     Peer,
     Position,
     Positions,
+    foresee,
     judge,
     mismatched,
     read,
@@ -105,6 +106,16 @@ def test_epoch_ended_on_one_worker_only():
     assert "finished epoch 1 after 37 steps, worker0 is waiting in step 38's" in found.reason
     beyond = judge(peers(("worker0", read({"step": 38}, behind)), ("worker1", ahead)))
     assert beyond is not None and beyond.strong
+
+
+def test_different_lengths_are_foreseen_once_every_worker_trains():
+    worker0 = at(at="train", at_len=40, at_len_by="input", at_epoch=0, step=0)
+    worker1 = at(at="train", at_len=37, at_len_by="input", at_epoch=0, step=0)
+    ahead = foresee(peers(("worker0", worker0), ("worker1", worker1)))
+    assert ahead is not None and ahead.task == "worker1" and ahead.cause == "uneven_input"
+    assert foresee(peers(("worker0", worker0), ("worker1", Position()))) is None
+    assert foresee(peers(("worker0", worker0), ("worker1", read({"at_len": 40}, worker1)))) \
+        is None
 
 
 # ----------------------------------------------------- healthy: never stuck

@@ -40,15 +40,19 @@ def culprit(gen: Generation, reporter: TaskRecord) -> Failure | None:
                    last_lines=failure.last_lines)
 
 
+def workers(gen: Generation) -> list[Peer]:
+    """The generation's workers and where each is (job/lockstep.py)."""
+    return [Peer(r.task.name, gen.positions.at.get(r.task.name, Position()),
+                 finished=r.state is TaskState.SUCCEEDED)
+            for r in gen.records.values()
+            if r.task.role in ("chief", "worker") and r.task.lifetime == "job"]
+
+
 def out_of_step(gen: Generation, aborted: bool = False,
                 weak: bool = False) -> tuple[TaskRecord, Finding] | None:
     """The worker out of step and why, from every worker's position
     (job/lockstep.py); a weak finding only when `weak` (a hang, an abort)."""
-    peers = [Peer(r.task.name, gen.positions.at.get(r.task.name, Position()),
-                  finished=r.state is TaskState.SUCCEEDED)
-             for r in gen.records.values()
-             if r.task.role in ("chief", "worker") and r.task.lifetime == "job"]
-    finding = judge(peers, aborted=aborted)
+    finding = judge(workers(gen), aborted=aborted)
     if finding is None or not (finding.strong or weak) or finding.task not in gen.records:
         return None
     return gen.records[finding.task], finding

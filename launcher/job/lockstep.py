@@ -147,6 +147,16 @@ def judge(peers: Sequence[Peer], aborted: bool = False) -> Finding | None:
     return None
 
 
+def foresee(peers: Sequence[Peer]) -> Finding | None:
+    """Before anything is stuck: every worker in `fit` said how long its
+    epochs are, and they differ (a warning at the first steps)."""
+    training = _training(peers)
+    if len(training) < 2 or len(training) < len(peers) or \
+            any(p.at.length <= 0 for p in training):
+        return None
+    return _uneven_lengths(training, False)
+
+
 def _training(peers: Sequence[Peer]) -> list[Peer]:
     return [p for p in peers if p.at.phase == TRAIN and not p.finished]
 
@@ -278,6 +288,7 @@ class Positions:
     moved_at: float | None = None  # the last change of any task's position or step
     longest_pause_s: float = 0.0  # between two moves, after the first step
     judged: bool = False  # a finding named the root cause already
+    warned: bool = False  # `foresee` warned already
 
     def take(self, task: str, data: dict[str, Any], now: float) -> Position:
         """One progress report of `task`; its position now."""

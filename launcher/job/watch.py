@@ -15,8 +15,9 @@ from typing import Any, Protocol
 
 from ..transport import AgentLink
 from . import events as ev
-from .blame import abort_out_of_step, last_words, out_of_step
+from .blame import abort_out_of_step, last_words, out_of_step, workers
 from .generation import Generation
+from .lockstep import foresee
 from .output import root_cause
 from .phases import Phase
 from .states import TaskRecord, TaskState
@@ -76,6 +77,13 @@ class Watch:
         gen.positions.take(record.task.name, data, self._clock())
         if gen.failure is not None:
             self.out_of_step(gen, self._clock())
+        elif not gen.positions.warned and "at_len" in data:
+            ahead = foresee(workers(gen))
+            if ahead is not None:
+                gen.positions.warned = True
+                culprit = gen.records[ahead.task]
+                self._tell(ev.OutOfStepAhead(generation=gen.plan.generation, task=ahead.task,
+                                             host=culprit.task.host, reason=ahead.reason))
 
     def out_of_step(self, gen: Generation, now: float) -> None:
         """Every worker alive and the job quiet, but their positions disagree
@@ -91,10 +99,10 @@ class Watch:
                 gen.failure = better
                 self._tell(root_cause(better))
             return
-        workers = [r for r in gen.records.values()
+        records = [r for r in gen.records.values()
                    if r.task.role in ("chief", "worker") and r.task.lifetime == "job"]
         if gen.phase is not Phase.TRAINING or positions.quiet_s(now) < positions.quiet_needed() \
-                or any(r.state not in (TaskState.RUNNING, TaskState.SUCCEEDED) for r in workers):
+                or any(r.state not in (TaskState.RUNNING, TaskState.SUCCEEDED) for r in records):
             return
         found = out_of_step(gen)
         if found is not None:
