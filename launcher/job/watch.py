@@ -64,7 +64,9 @@ class Watch:
                 found = None if gen.positions.judged else out_of_step(gen, weak=True)
                 if found is not None:  # stuck because a worker is elsewhere: say where
                     gen.positions.judged = True
-                    self._fail(gen, found[0], kind="out_of_step", reason=found[1].reason)
+                    self._fail(gen, found[0], kind="out_of_step", reason=(
+                        f"{found[1].reason} (no progress for {silent:.0f} s; "
+                        f"restart.hang_timeout_s={self._policy.hang_timeout_s:g})"))
                     continue
                 self._fail(gen, record, kind="hang",
                            reason=f"made no progress for {silent:.0f} s (no output, no "
