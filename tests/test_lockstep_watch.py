@@ -32,14 +32,14 @@ def test_a_healthy_job_with_long_pauses_is_never_called_stuck(tmp_path: Path):
     def script(generation: int, name: str):
         late = 3.0 if name == "worker1" else 0.0  # reports are never in step to the second
         return [
-            *train(first_step_at=40.0, until=60.0),  # a 39 s first step (tracing)
-            at(60.0 + late, at="evaluate", at_step=20, step=20),  # both evaluate, 70 s
-            at(130.0 + late, at="train", at_step=20, step=20),
-            at(131.0, step=21, at="train"),
+            *train(first_step_at=5.0, until=60.0),  # a 4 s first step: 12 s of quiet needed
             # The chief saves alone for 50 s (h5 weights, no collective): worker1 waits.
-            *([at(132.0, at="save", at_step=21, step=21), at(182.0, at="train", step=21)]
+            *([at(60.0, at="save", at_step=55, step=55), at(110.0, at="train", step=55)]
               if name == "worker0" else []),
-            at(183.0, step=22, at="train"), at(184.0, at="outside", at_step=22, step=22),
+            at(111.0, step=56, at="train"),
+            at(112.0 + late, at="evaluate", at_step=56, step=56),  # both evaluate, 70 s
+            at(182.0 + late, at="train", at_step=56, step=56),
+            at(183.0, step=57, at="train"), at(184.0, at="outside", at_step=57, step=57),
             (185.0 + late, "exit", {"code": 0}),
         ]
 
@@ -47,6 +47,23 @@ def test_a_healthy_job_with_long_pauses_is_never_called_stuck(tmp_path: Path):
     result = h.supervisor.run()
     assert result.status == "succeeded" and result.restarts == 0, result.failures
     assert not h.events("out_of_step_ahead")
+
+
+def test_a_long_first_step_raises_the_quiet_needed(tmp_path: Path):
+    def script(generation: int, name: str):
+        if generation > 0:
+            return SUCCESS
+        if name == "worker0":  # a 30 s first step, then a chief-only evaluate
+            return [*train(first_step_at=31.0, until=40.0),
+                    at(40.0, at="evaluate", at_step=9, step=9)]
+        return [*train(first_step_at=31.0, until=41.0)]
+
+    h = harness(tmp_path, script, hang_timeout_s=300.0)
+    cause = h.supervisor.run().failures[0]
+    assert cause.kind == "out_of_step", cause
+    detected = h.events("failure_detected")[0]["t"]
+    started = h.events("task_started")[0]["t"]
+    assert 40.0 + 3 * 30.0 <= detected - started < 40.0 + 3 * 30.0 + 2.0, detected - started
 
 
 def test_evaluate_on_the_chief_only_is_named_once_the_job_is_quiet(tmp_path: Path):
