@@ -13,8 +13,9 @@ Owns what must happen in the task process before and around the user's code:
   strategy, and shorten TensorFlow's coordination heartbeat when
   `MGPU_TF_HEARTBEAT_S` is set (`runtime.guards`), and count the training
   steps of any Keras `fit` or custom loop from its optimizer (`runtime.steps`),
-  and keep the task's phase and epoch for the launcher to compare when the
-  workers fall out of step (`runtime.position`);
+  and keep the task's phase and epoch, and a custom loop's distributed calls,
+  for the launcher to compare when the workers fall out of step
+  (`runtime.position`, `runtime.calls`);
 - warm starts: `python -m launcher.bootstrap --standby` imports TensorFlow,
   waits for its task on stdin and then goes on exactly as above
   (`launcher.standby`);
@@ -123,7 +124,16 @@ def _write_error(exc: BaseException) -> None:
 
 
 def install_hooks() -> None:
-    from launcher.runtime import guards, hooks, keras_compat, keras_jax, position, saves, steps
+    from launcher.runtime import (
+        calls,
+        guards,
+        hooks,
+        keras_compat,
+        keras_jax,
+        position,
+        saves,
+        steps,
+    )
 
     for name, hook in keras_compat.HOOKS.items():
         hooks.when_imported(name, hook)
@@ -141,7 +151,8 @@ def install_hooks() -> None:
         for name, hook in saves.HOOKS.items():
             hooks.when_imported(name, hook)
     if os.environ.get("MGPU_PROGRESS_FD") and guards.several_workers():
-        for name, hook in position.HOOKS.items():  # phase and epoch (workers out of step)
+        # Phase, epoch and a custom loop's distributed calls (workers out of step).
+        for name, hook in [*position.HOOKS.items(), *calls.HOOKS.items()]:
             hooks.when_imported(name, hook)
 
 

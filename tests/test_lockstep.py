@@ -108,6 +108,39 @@ def test_epoch_ended_on_one_worker_only():
     assert beyond is not None and beyond.strong
 
 
+def test_a_distributed_call_on_the_chief_only_in_a_custom_loop():
+    # stuck_ctl_eval.py at the abort: worker0 reduces its metric's result()
+    # (after two eval_steps), worker1 is in its 11th train_step.
+    workers = peers(
+        ("worker0", at(at="outside", at_calls=13, at_call="strategy.reduce()", at_call_n=1,
+                       step=10)),
+        ("worker1", at(at="outside", at_calls=11, at_call="train_step", at_call_n=11,
+                       step=11)))
+    found = judge(workers)
+    assert found is not None and not found.strong  # counts apart: maybe only slow
+    assert (found.task, found.cause) == ("worker0", "chief_only")
+    assert found.reason.startswith("is in strategy.reduce() (its distributed call 13, 1st of "
+                                   "its kind), worker1 in train_step (its call 11)")
+    # The same count but different calls: certain.
+    level = peers(("worker0", at(at="outside", at_calls=11, at_call="eval_step", at_call_n=1)),
+                  ("worker1", at(at="outside", at_calls=11, at_call="train_step",
+                                 at_call_n=11)))
+    assert judge(level).strong and judge(level).task == "worker0"
+
+
+def test_a_custom_loop_that_ends_sooner_on_one_worker():
+    shorter = at(at="outside", at_calls=37, at_call="train_step", at_call_n=37)
+    longer = at(at="outside", at_calls=39, at_call="train_step", at_call_n=39)
+    found = judge(peers(("worker0", longer), ("worker1", shorter)))
+    assert found is not None and found.strong
+    assert (found.task, found.cause) == ("worker1", "step_count")
+    assert "began 37 distributed calls (train_step), worker0 39" in found.reason
+    one_apart = read({"at_calls": 38, "at_call_n": 38}, shorter)
+    assert not judge(peers(("worker0", longer), ("worker1", one_apart))).strong
+    assert judge(peers(("worker0", longer), ("worker1", read({"at_calls": 39}, shorter)))) \
+        is None
+
+
 def test_different_lengths_are_foreseen_once_every_worker_trains():
     worker0 = at(at="train", at_len=40, at_len_by="input", at_epoch=0, step=0)
     worker1 = at(at="train", at_len=37, at_len_by="input", at_epoch=0, step=0)

@@ -1,7 +1,8 @@
 """runtime/position.py with a real Keras 3 `fit`, `evaluate` and `save` in a
 task-like process: the phase, the epoch, its length and the steps each epoch
 had reach the progress channel; a dataset of unknown length without
-steps_per_epoch is warned of in a multi-worker job. (tf_keras under
+steps_per_epoch is warned of in a multi-worker job; a custom loop's
+distributed calls are counted (runtime/calls.py). (tf_keras under
 MultiWorkerMirroredStrategy: tests/test_stuck_e2e.py.)"""
 
 from __future__ import annotations
@@ -29,6 +30,21 @@ model.fit(data, epochs=2, verbose=0)
 model.evaluate(data, verbose=0)
 tf.train.Checkpoint(model=model).write(os.path.join(os.environ["OUT"], "ckpt"))
 model.fit(data.filter(lambda a, b: True), epochs=1, verbose=0)
+# A custom loop's distributed calls (runtime/calls.py), counted from here.
+from launcher import runtime
+from launcher.runtime import calls
+calls.on_tensorflow(tf)
+before = calls._count
+strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+
+@tf.function
+def train_step():
+    return strategy.run(lambda: tf.constant(1.0))
+
+for _ in range(3):
+    value = train_step()
+strategy.reduce("SUM", value, axis=None)  # eager: the chief's metric, say
+runtime.write_progress({"calls_before": before})
 """
 
 
@@ -53,7 +69,11 @@ def test_a_real_fit_reports_its_position(tmp_path: Path):
     evaluating = [r for r in records if r["at"] == "evaluate"]
     assert evaluating and evaluating[0]["at_step"] == 8, records
     assert any(r["at"] == "save" for r in records), said  # a custom loop's checkpoint
-    assert records[-1]["at"] == "outside", said
+    assert records[-2]["at"] == "outside", said
     # The second fit: unknown length, no steps_per_epoch, two workers.
-    assert records[-1]["at_len"] == 0
+    assert records[-2]["at_len"] == 0
+    # Three calls of a distributed tf.function (its first traced it), one eager reduce.
+    last = records[-1]
+    assert last["at_calls"] - last["calls_before"] == 4, last
+    assert (last["at_call"], last["at_call_n"]) == ("strategy.reduce()", 1), last
     assert "fit() got a dataset of unknown length and no steps_per_epoch" in result.stderr

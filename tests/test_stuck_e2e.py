@@ -75,3 +75,10 @@ def test_steps_per_epoch_from_each_workers_shard_is_named(workdir: Path):
     output, summary, _, run_dir = run_stuck(workdir, "stuck_steps.py")
     named_in_every_view(output, summary, run_dir, workdir, "h1/worker1",
                         "runs 37 steps an epoch and worker0 40")
+
+
+def test_a_custom_loops_call_on_the_chief_only_is_named(workdir: Path):
+    output, summary, _, run_dir = run_stuck(workdir, "stuck_ctl_eval.py")
+    named_in_every_view(output, summary, run_dir, workdir, "h0/worker0",
+                        "is in strategy.reduce() (its distributed call 13, 1st of its kind), "
+                        "worker1 in train_step (its call 11)")

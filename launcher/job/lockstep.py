@@ -14,7 +14,9 @@ them and names the task and the cause in the script's own terms:
 - work on the chief only: one worker evaluates, predicts or saves while
   another trains;
 - different step counts: one worker left `fit()` (or exited) while another
-  still trains.
+  still trains;
+- custom loops: the workers began different distributed calls (a call on one
+  worker only), or different numbers of them.
 
 A finding is `strong` when the positions cannot agree again by themselves
 (acted on once the whole job has been quiet for `quiet_needed`); a weak one (a
@@ -66,6 +68,9 @@ class Position:
     epochs: int = 0  # the `epochs` of this fit (0: unknown)
     ended: tuple[int, int] | None = None  # (epoch, steps) of the last epoch finished
     stopping: bool = False  # fit raised after a callback set stop_training
+    calls: int = 0  # a custom loop's distributed calls begun (runtime/calls.py)
+    call: str = ""  # the last of them: "train_step", "strategy.reduce()"
+    call_n: int = 0  # how many calls of that one so far
 
     def in_epoch(self) -> int:
         """Steps done in the current epoch (as far as known)."""
@@ -85,11 +90,14 @@ def read(data: dict[str, Any], before: Position) -> Position:
     if isinstance(data.get("at"), str):
         changes["phase"] = data["at"]
     for key, name in (("at_epoch", "epoch"), ("at_from", "epoch_from"), ("at_len", "length"),
-                      ("at_step", "phase_step"), ("at_epochs", "epochs")):
+                      ("at_step", "phase_step"), ("at_epochs", "epochs"),
+                      ("at_calls", "calls"), ("at_call_n", "call_n")):
         if _int(data.get(key)) is not None:
             changes[name] = _int(data[key])
     if data.get("at_stopping"):
         changes["stopping"] = True
+    if isinstance(data.get("at_call"), str):
+        changes["call"] = data["at_call"]
     if isinstance(data.get("at_len_by"), str):
         changes["length_by"] = data["at_len_by"]
     ended = data.get("at_ended")
@@ -140,7 +148,7 @@ def judge(peers: Sequence[Peer], aborted: bool = False) -> Finding | None:
     known = [p for p in peers if p.at.phase or p.finished]
     if len(known) < 2:
         return None
-    for rule in (_chief_only, _left_fit, _uneven_lengths, _epoch_ended, _apart):
+    for rule in (_chief_only, _left_fit, _uneven_lengths, _epoch_ended, _calls_differ, _apart):
         finding = rule(known, aborted)
         if finding is not None:
             return finding
@@ -251,6 +259,45 @@ def _epoch_ended(peers: Sequence[Peer], aborted: bool) -> Finding | None:
                                f"is waiting in step {other.at.in_epoch() + 1}'s all-reduce of "
                                f"epoch {epoch + 1}: {UNEVEN_FIX}", strong=strong)
     return None
+
+
+def _calls_differ(peers: Sequence[Peer], aborted: bool) -> Finding | None:
+    """Custom loops (no fit running): the distributed calls each worker began.
+    Different calls: one worker makes a call the others never make (the odd
+    one is the rarer call, e.g. a metric's `result()` reduced on the chief
+    only, against the 11th `train_step`); with equal counts that is certain,
+    otherwise it may be a worker doing slow work of its own between two calls
+    (weak). The same call, counts two apart: one left the loop."""
+    looping = [p for p in peers if p.at.phase in (OUTSIDE, SAVE) and p.at.calls > 0
+               and not p.finished]
+    if len(looping) < 2 or len(looping) < len([p for p in peers if not p.finished]):
+        return None
+    counts = {p.at.calls for p in looping}
+    if len({p.at.call for p in looping}) > 1:
+        one = min(looping, key=lambda p: p.at.call_n)
+        other = next(p for p in looping if p.at.call != one.at.call)
+        return Finding(one.task, "chief_only",
+                       f"is in {one.at.call} (its distributed call {one.at.calls}, "
+                       f"{_nth(one.at.call_n)} of its kind), {other.task} in {other.at.call} "
+                       f"(its call {other.at.calls}): every worker must make the same "
+                       "distributed calls in the same order — a strategy.run()/reduce(), a "
+                       "tf.function with collectives or a metric's result() called on one "
+                       "worker only (under `if chief:`) waits for peers that never call it",
+                       strong=len(counts) == 1)
+    if len(counts) < 2:
+        return None
+    fewer = min(looping, key=lambda p: p.at.calls)
+    more = max(looping, key=lambda p: p.at.calls)
+    return Finding(fewer.task, "step_count",
+                   f"began {fewer.at.calls} distributed calls ({fewer.at.call}), {more.task} "
+                   f"{more.at.calls}: the workers ran different numbers of steps — a loop "
+                   "over each worker's own data ends sooner on the shorter one: repeat() the "
+                   "dataset and run the same number of steps on every worker",
+                   strong=more.at.calls - fewer.at.calls > 1)
+
+
+def _nth(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 < 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
 
 
 def _apart(peers: Sequence[Peer], aborted: bool) -> Finding | None:

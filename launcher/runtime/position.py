@@ -47,11 +47,15 @@ _state: dict = {}  # the position's other parts, reported as they are (see field
 
 
 def fields() -> dict:
-    """This task's position as progress fields ({} before any Keras call)."""
+    """This task's position as progress fields ({} before any Keras call or
+    distributed call of a custom loop: runtime/calls.py)."""
+    from launcher.runtime import calls
+
+    counted = calls.fields()
     with _lock:
-        if not _state:
+        if not _state and not counted:
             return {}
-        return {"at": _phases[-1] if _phases else OUTSIDE, **_state}
+        return {"at": _phases[-1] if _phases else OUTSIDE, **_state, **counted}
 
 
 def _changed(**parts) -> None:
