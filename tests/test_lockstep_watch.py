@@ -87,6 +87,20 @@ def test_evaluate_on_the_chief_only_is_named_once_the_job_is_quiet(tmp_path: Pat
     assert h.events("stacks_requested"), "a stuck job's stacks are taken as for a hang"
 
 
+def test_the_same_out_of_step_twice_stops_the_job(tmp_path: Path):
+    def script(generation: int, name: str):  # every generation evaluates on the chief only
+        if name == "worker0":
+            return [*train(first_step_at=3.0, until=20.0),
+                    at(20.0, at="evaluate", at_step=17, step=17)]
+        return [*train(first_step_at=3.0, until=21.0)]
+
+    h = harness(tmp_path, script, hang_timeout_s=300.0, max_restarts=5)
+    result = h.supervisor.run()
+    assert result.status == "failed" and result.restarts == 1, result
+    assert result.stopped_by == "deterministic"
+    assert "host0/worker0 out of step: evaluation runs on every worker" in result.message
+
+
 def test_a_save_on_the_chief_only_that_never_ends_names_the_hang(tmp_path: Path):
     def script(generation: int, name: str):
         if generation > 0:

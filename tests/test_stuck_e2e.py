@@ -2,10 +2,12 @@
 scripts carry one out-of-step bug each (tests/scripts/stuck_*.py, unmodified
 otherwise, knowing nothing of mgpu-launch). The root cause names the task and
 the cause in the script's terms, well within `hang_timeout_s` (30 s here),
-in the terminal, `status` and summary.json; a stuck job's stacks are kept."""
+in the terminal, `status`, the report and summary.json; a stuck job's stacks
+are kept."""
 
 from __future__ import annotations
 
+import html
 from pathlib import Path
 
 import pytest
@@ -43,6 +45,9 @@ def named_in_every_view(output: str, summary: dict, run_dir: Path, workdir: Path
     assert f"root cause: {task} " in output and words in output, output[-3000:]
     status = run_cli(["status", str(run_dir)], cwd=workdir, timeout=60)
     assert words in status.stdout, status.stdout
+    page = workdir / "report.html"
+    run_cli(["report", str(run_dir), "-o", str(page)], cwd=workdir, timeout=60)
+    assert words in html.unescape(page.read_text()), "the report names the cause"
 
 
 def test_uneven_input_is_named_when_the_collectives_abort(workdir: Path):

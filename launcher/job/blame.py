@@ -83,11 +83,19 @@ def repeated_failure(failures: list[Failure]) -> str:
     last, before = failures[-1], failures[-2]
     if last.secondary or before.secondary:
         return ""  # a peer's loss seen twice (gRPC UNAVAILABLE...): not the script's bug
+    if last.kind == before.kind == "out_of_step" and last.task == before.task \
+            and _out_of_step_cause(last) == _out_of_step_cause(before):
+        return f"{last.task} out of step: {_out_of_step_cause(last)}"  # the script's own order
     where = innermost_frame(last.error)
     if where is None or where != innermost_frame(before.error):
         return ""
     kind, path, line, function = where
     return f"{kind} at {path}:{line} in {function}, in {last.task}"
+
+
+def _out_of_step_cause(failure: Failure) -> str:
+    """Its fix, the part after the positions (which differ from try to try)."""
+    return failure.reason.split(": ", 1)[-1].split(" (", 1)[0]
 
 
 def last_words(record: TaskRecord) -> str:
