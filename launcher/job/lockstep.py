@@ -189,10 +189,12 @@ def _chief_only(peers: Sequence[Peer], aborted: bool) -> Finding | None:
         if inside and others:
             one, other = inside[0], others[0]
             verb = "entered" if phase != SAVE else "is saving in"
+            # A save on one worker may just be slow; a peer outside Keras' calls
+            # may be on its way to the same one (loading its evaluation data).
+            strong = phase != SAVE and (other.finished or other.at.phase != OUTSIDE)
             return Finding(one.task, "chief_only",
                            f"{verb} {phase}() at step {one.at.phase_step or one.at.step or 0}, "
-                           f"{other.task} {_where(other)}: {_ONLY_FIX[phase]}",
-                           strong=phase != SAVE)  # a save on one worker may just be slow
+                           f"{other.task} {_where(other)}: {_ONLY_FIX[phase]}", strong=strong)
     return None
 
 
@@ -204,9 +206,10 @@ def _left_fit(peers: Sequence[Peer], aborted: bool) -> Finding | None:
     one, other = left[0], training[0]
     how = "exited" if one.finished else "left fit()"
     fix = UNEVEN_FIX if _lengths_differ([one, other]) else STEPS_FIX
+    # Left fit but still running: maybe on its way to the next fit (slow data).
     return Finding(one.task, "step_count",
                    f"{how} after step {one.at.step or 0}, {other.task} is still training "
-                   f"({_in(other)}): {fix}", strong=other.at.more_to_train())
+                   f"({_in(other)}): {fix}", strong=one.finished and other.at.more_to_train())
 
 
 def _in(peer: Peer) -> str:
@@ -229,16 +232,20 @@ def _uneven_lengths(peers: Sequence[Peer], aborted: bool) -> Finding | None:
     long = max(training, key=lambda p: p.at.length)
     n, m = short.at.length, long.at.length
     epoch = f" of epoch {short.at.epoch + 1}" if short.at.epoch is not None else ""
+    # Before the shorter epoch's end a quiet spell is no proof (a slow input).
+    strong = max(short.at.in_epoch(), long.at.in_epoch()) >= n
     if short.at.length_by == "steps_per_epoch" or long.at.length_by == "steps_per_epoch":
         return Finding(short.task, "step_count",
                        f"runs {n} steps an epoch and {long.task} {m} (steps_per_epoch differs "
                        f"between workers): {short.task} leaves the epoch after step {n}{epoch} "
                        f"while {long.task} waits in step {n + 1}'s all-reduce — give every "
-                       "worker the same steps_per_epoch (the dataset's length is per worker)")
+                       "worker the same steps_per_epoch (the dataset's length is per worker)",
+                       strong=strong)
     return Finding(short.task, "uneven_input",
                    f"has {n} batches an epoch and {long.task} {m} (fit() without "
                    f"steps_per_epoch): {short.task}'s input ends after step {n}{epoch} while "
-                   f"{long.task} waits in step {n + 1}'s all-reduce: {UNEVEN_FIX}")
+                   f"{long.task} waits in step {n + 1}'s all-reduce: {UNEVEN_FIX}",
+                   strong=strong)
 
 
 def _epoch_ended(peers: Sequence[Peer], aborted: bool) -> Finding | None:
