@@ -72,8 +72,11 @@ def test_chief_only_evaluate_is_named_long_before_the_hang_timeout(workdir: Path
     done = next(e["t"] for e in events if e["event"] == "task_exited" and e["task"] == "worker1")
     detected = next(e for e in events if e["event"] == "failure_detected")
     assert detected["kind"] == "out_of_step" and detected["t"] - done < 25.0, detected
-    # A stuck job's stacks, as for a hang: worker0 waits inside evaluate().
-    assert "evaluate" in (run_dir / "stacks" / "worker0.txt").read_text()
+    # A stuck job's stacks, as for a hang (worker0 waits inside evaluate(), or
+    # at its exit for TF's collective threads once evaluate() failed).
+    stacks = [e for e in events if e["event"] == "stacks" and e["task"] == "worker0"]
+    assert stacks and stacks[0]["taken"], stacks
+    assert "h0/worker0, generation 0" in (run_dir / "stacks" / "worker0.txt").read_text()
 
 
 def test_steps_per_epoch_from_each_workers_shard_is_named(workdir: Path):
