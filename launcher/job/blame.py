@@ -32,7 +32,7 @@ def culprit(gen: Generation, reporter: TaskRecord) -> Failure | None:
         reason = ("was stopped (SIGSTOP, Ctrl-Z or a debugger): its peers' collectives "
                   f"aborted; reported by {reporter.task.label}")
     if blamed is None:  # no peer died or hung: maybe one was elsewhere in the program
-        return abort_out_of_step(gen)
+        return abort_out_of_step(gen, weak=False)
     if blamed is reporter:
         return None
     return Failure(task=blamed.task.label, host=blamed.task.host,
@@ -58,21 +58,29 @@ def out_of_step(gen: Generation, aborted: bool = False,
     return gen.records[finding.task], finding
 
 
-def abort_out_of_step(gen: Generation) -> Failure | None:
-    """A collective abort's real cause when the workers were out of step."""
-    failure = gen.failure
-    if failure is None or failure.kind != "collective_abort" or gen.positions.judged:
-        return None
-    aborted = mismatched(failure.last_lines)  # TF saw different collectives meet
-    found = out_of_step(gen, aborted=aborted, weak=aborted)
+def abort_out_of_step(gen: Generation, weak: bool = True) -> Failure | None:
+    """A collective abort's real cause when the workers were out of step, or
+    a better one than named before: the tasks' last reports (at their exit)
+    trail the abort, and a step counter read two seconds earlier misleads
+    (`weak=False` at the abort itself: only what stale counters cannot fake)."""
+    failure, positions = gen.failure, gen.positions
+    abort = positions.abort or failure
+    if failure is None or abort is None or abort.kind != "collective_abort" \
+            or positions.judged or failure.kind not in ("collective_abort", "out_of_step"):
+        return None  # another cause (a peer TF named) stands
+    aborted = mismatched(abort.last_lines)  # TF saw different collectives meet
+    found = out_of_step(gen, aborted=aborted, weak=aborted and weak)
     if found is None:
         return None
-    gen.positions.judged = True
     record, finding = found
-    return Failure(task=record.task.label, host=record.task.host,
-                   generation=gen.plan.generation, t=failure.t, kind="out_of_step",
-                   reason=f"{finding.reason} (TensorFlow aborted the collectives: {failure.task})",
-                   last_lines=failure.last_lines)
+    better = Failure(task=record.task.label, host=record.task.host,
+                     generation=gen.plan.generation, t=abort.t, kind="out_of_step",
+                     reason=f"{finding.reason} (TensorFlow aborted the collectives: "
+                     f"{abort.task})", last_lines=abort.last_lines)
+    if (better.task, better.reason) == (failure.task, failure.reason):
+        return None
+    positions.abort = abort
+    return better
 
 
 def repeated_failure(failures: list[Failure]) -> str:

@@ -31,6 +31,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from .states import Failure
+
 TRAIN, EVALUATE, PREDICT, SAVE, OUTSIDE = "train", "evaluate", "predict", "save", "outside"
 # A mismatch must outlast this much silence of the whole job, and three times
 # the longest pause between two moves seen so far (a first step's tracing, a
@@ -317,10 +319,12 @@ def _apart(peers: Sequence[Peer], aborted: bool) -> Finding | None:
         return None
     behind = min(training, key=lambda p: ((p.at.epoch or 0), p.at.step or 0))
     ahead = max(training, key=lambda p: ((p.at.epoch or 0), p.at.step or 0))
-    if behind.at.stopping and not ahead.at.stopping:
-        return Finding(behind.task, "step_count",
-                       f"stopped training after step {behind.at.step or 0} (a callback set "
-                       f"stop_training), {ahead.task} went on to step {ahead.at.step or 0}: "
+    stopped = [p for p in training if p.at.stopping]
+    if stopped and len(stopped) < len(training):  # told by the task itself: no stale counter
+        one, other = stopped[0], next(p for p in training if not p.at.stopping)
+        return Finding(one.task, "step_count",
+                       f"stopped training after step {one.at.step or 0} (a callback set "
+                       f"stop_training), {other.task} went on to step {other.at.step or 0}: "
                        f"{STEPS_FIX}", strong=False)
     return Finding(behind.task, "out_of_step",
                    f"was at step {behind.at.step or 0} and {ahead.task} at step "
@@ -341,7 +345,10 @@ class Positions:
     at: dict[str, Position] = field(default_factory=dict)
     moved_at: float | None = None  # the last change of any task's position or step
     longest_pause_s: float = 0.0  # between two moves, after the first step
-    judged: bool = False  # a finding named the root cause already
+    judged: bool = False  # a finding named the root cause already (for good)
+    # The collective abort whose cause the positions named (named again as
+    # later reports arrive: job/blame.py abort_out_of_step).
+    abort: Failure | None = None
     warned: bool = False  # `foresee` warned already
 
     def take(self, task: str, data: dict[str, Any], now: float) -> Position:
