@@ -127,3 +127,31 @@ def test_a_plain_hang_stays_a_hang(tmp_path: Path):
     h = harness(tmp_path, script, hang_timeout_s=40.0)
     cause = h.supervisor.run().failures[0]
     assert cause.kind == "hang", cause
+
+
+ABORT = ("E0000 base_collective_executor.cc:252] BaseCollectiveExecutor::StartAbort "
+         "INVALID_ARGUMENT: Shape mismatch in the collective instance 264. Op at device "
+         "/job:worker/replica:0/task:1/device:CPU:0 expected shape [] but another member in "
+         "the group expected shape [81].")
+
+
+def test_an_aborts_cause_is_named_from_the_reports_that_trail_it(tmp_path: Path):
+    def script(generation: int, name: str):
+        if generation > 0:
+            return SUCCESS
+        fit = at(1.0, at="train", at_epoch=0, at_from=0, at_len=100, at_epochs=1, at_step=0)
+        if name == "worker1":  # its callback stopped fit after step 37; TF aborts
+            return [fit, at(3.0, step=1, at="train"), (10.0, "output", {"text": ABORT}),
+                    at(10.002, step=37, at="train", at_stopping=1)]  # its exit report
+        return [fit, at(3.0, step=1, at="train"), at(10.003, step=38, at="train")]
+
+    h = harness(tmp_path, script, max_restarts=0)
+    result = h.supervisor.run()
+    cause = result.root_cause
+    assert cause is not None and cause.kind == "out_of_step", cause
+    assert cause.task == "host1/worker1"
+    assert cause.reason.startswith("stopped training after step 37 (a callback set "
+                                   "stop_training), worker0 went on to step 38")
+    # First told as TF said it, then named from the positions.
+    assert h.events("failure_detected")[0]["kind"] == "collective_abort"
+    assert h.events("root_cause")[-1]["kind"] == "out_of_step"
