@@ -260,28 +260,30 @@ def _epoch_ended(peers: Sequence[Peer], aborted: bool) -> Finding | None:
         for other in training:
             behind = other.at.epoch == epoch and (other.at.ended or (-1, 0))[0] < epoch
             if other is not one and behind and other.at.in_epoch() >= steps:
-                # Beyond the other's end: never healthy. At it: maybe only a slow
-                # epoch end (a chief-only callback), so named at a hang or abort.
-                strong = other.at.in_epoch() > steps
+                # Strong: an epoch's end is marked before the script's callbacks
+                # run (runtime/position.py), so `other` is not in a slow one.
                 return Finding(one.task, "uneven_input",
                                f"finished epoch {epoch + 1} after {steps} steps, {other.task} "
                                f"is waiting in step {other.at.in_epoch() + 1}'s all-reduce of "
-                               f"epoch {epoch + 1}: {UNEVEN_FIX}", strong=strong)
+                               f"epoch {epoch + 1}: {UNEVEN_FIX}")
     return None
 
 
 def _calls_differ(peers: Sequence[Peer], aborted: bool) -> Finding | None:
     """Custom loops (no fit running): the distributed calls each worker began.
-    Different calls: one worker makes a call the others never make (the odd
-    one is the rarer call, e.g. a metric's `result()` reduced on the chief
-    only, against the 11th `train_step`); with equal counts that is certain,
-    otherwise it may be a worker doing slow work of its own between two calls
-    (weak). The same call, counts two apart: one left the loop."""
+    Different calls at the same count: one worker makes a call the others
+    never make (the odd one is the rarer call, e.g. a metric's `result()`
+    reduced on the chief only, against the 11th `train_step`). Counts apart
+    are weaker: a call without collectives made on one worker only offsets
+    the counts for good, healthy; and one apart is also what a plain hang
+    looks like (the peer waits in the next call): no finding."""
     looping = [p for p in peers if p.at.phase in (OUTSIDE, SAVE) and p.at.calls > 0
                and not p.finished]
     if len(looping) < 2 or len(looping) < len([p for p in peers if not p.finished]):
         return None
     counts = {p.at.calls for p in looping}
+    if max(counts) - min(counts) == 1:
+        return None
     if len({p.at.call for p in looping}) > 1:
         one = min(looping, key=lambda p: p.at.call_n)
         other = next(p for p in looping if p.at.call != one.at.call)
@@ -301,8 +303,7 @@ def _calls_differ(peers: Sequence[Peer], aborted: bool) -> Finding | None:
                    f"began {fewer.at.calls} distributed calls ({fewer.at.call}), {more.task} "
                    f"{more.at.calls}: the workers ran different numbers of steps — a loop "
                    "over each worker's own data ends sooner on the shorter one: repeat() the "
-                   "dataset and run the same number of steps on every worker",
-                   strong=more.at.calls - fewer.at.calls > 1)
+                   "dataset and run the same number of steps on every worker", strong=False)
 
 
 def _nth(n: int) -> str:
@@ -310,12 +311,11 @@ def _nth(n: int) -> str:
 
 
 def _apart(peers: Sequence[Peer], aborted: bool) -> Finding | None:
-    """Training in different epochs, or (with mismatched collectives) at
-    different steps: out of step, cause unseen. Weak: names a hang or abort."""
+    """At a mismatched-collective abort only: training at different steps (or
+    epochs) when the collectives stopped matching. Weak: names an abort."""
     training = _training(peers)
-    epochs = {p.at.epoch for p in training if p.at.epoch is not None}
-    steps = {p.at.step for p in training if p.at.step is not None}
-    if len(training) < 2 or (len(epochs) < 2 and not (aborted and len(steps) > 1)):
+    places = {(p.at.epoch, p.at.step) for p in training}
+    if not aborted or len(training) < 2 or len(places) < 2:
         return None
     behind = min(training, key=lambda p: ((p.at.epoch or 0), p.at.step or 0))
     ahead = max(training, key=lambda p: ((p.at.epoch or 0), p.at.step or 0))

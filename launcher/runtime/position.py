@@ -160,7 +160,9 @@ def keep_phase(cls: type, name: str, phase: str, callbacks_module: ModuleType | 
                 _state["at_epochs"] = epochs if isinstance(epochs, int) else 0
                 _state.pop("at_stopping", None)
             if len(args) <= 5:  # callbacks is fit's 6th parameter: given by name or not at all
-                kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), epoch()]
+                # First: an epoch's end is marked before the script's callbacks run
+                # (a slow chief-only one there is not a worker stuck in a step).
+                kwargs["callbacks"] = [epoch(), *(kwargs.get("callbacks") or [])]
         enter(phase)
         try:
             result = original(self, *args, **kwargs)
