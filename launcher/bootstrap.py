@@ -12,7 +12,10 @@ Owns what must happen in the task process before and around the user's code:
   task uses, stop a worker of a multi-worker job that builds a single-host
   strategy, and shorten TensorFlow's coordination heartbeat when
   `MGPU_TF_HEARTBEAT_S` is set (`runtime.guards`), and count the training
-  steps of any Keras `fit` or custom loop from its optimizer (`runtime.steps`);
+  steps of any Keras `fit` or custom loop from its optimizer (`runtime.steps`),
+  and keep the task's phase and epoch, and a custom loop's distributed calls,
+  for the launcher to compare when the workers fall out of step
+  (`runtime.position`, `runtime.calls`);
 - warm starts: `python -m launcher.bootstrap --standby` imports TensorFlow,
   waits for its task on stdin and then goes on exactly as above
   (`launcher.standby`);
@@ -121,7 +124,16 @@ def _write_error(exc: BaseException) -> None:
 
 
 def install_hooks() -> None:
-    from launcher.runtime import guards, hooks, keras_compat, keras_jax, saves, steps
+    from launcher.runtime import (
+        calls,
+        guards,
+        hooks,
+        keras_compat,
+        keras_jax,
+        position,
+        saves,
+        steps,
+    )
 
     for name, hook in keras_compat.HOOKS.items():
         hooks.when_imported(name, hook)
@@ -137,6 +149,10 @@ def install_hooks() -> None:
             hooks.when_imported(name, hook)
     if os.environ.get("MGPU_PROGRESS_FD"):  # checkpoint saves timed (goodput)
         for name, hook in saves.HOOKS.items():
+            hooks.when_imported(name, hook)
+    if os.environ.get("MGPU_PROGRESS_FD") and guards.several_workers():
+        # Phase, epoch and a custom loop's distributed calls (workers out of step).
+        for name, hook in [*position.HOOKS.items(), *calls.HOOKS.items()]:
             hooks.when_imported(name, hook)
 
 

@@ -106,23 +106,34 @@ def workdir(tmp_path: Path) -> Path:
     return tmp_path
 
 
+# The false alarms guarded over every real job of the suite: (marker that
+# allows it, what marks it in events.jsonl, what it means).
+_ALARMS = (
+    ("straggler_expected", ('"event": "straggler"',), "the straggler radar named a task"),
+    ("stuck_expected", ('"kind": "out_of_step"', '"event": "out_of_step_ahead"'),
+     "workers were judged out of step (job/lockstep.py)"),
+)
+
+
 @pytest.fixture(autouse=True)
 def no_straggler_named(request):
-    """The straggler radar's false-alarm guard over every real job the suite
-    runs: no job a test started in its tmp_path names a straggler, unless the
-    test is marked `straggler_expected` (it makes one, or writes one)."""
-    guarded = request.node.get_closest_marker("e2e") is not None \
-        and request.node.get_closest_marker("straggler_expected") is None \
+    """The false-alarm guard over every real job the suite runs: no job a test
+    started in its tmp_path names a straggler, unless the test is marked
+    `straggler_expected` (it makes one, or writes one), nor calls its workers
+    out of step, unless it is marked `stuck_expected`."""
+    e2e = request.node.get_closest_marker("e2e") is not None \
         and "tmp_path" in request.fixturenames
-    base = request.getfixturevalue("tmp_path") if guarded else None  # before it is torn down
+    alarms = [a for a in _ALARMS if e2e and request.node.get_closest_marker(a[0]) is None]
+    base = request.getfixturevalue("tmp_path") if alarms else None  # before it is torn down
     yield
     if base is None:
         return
-    named = [f"{path}: {line.strip()}" for path in base.rglob("events.jsonl")
-             for line in path.read_text(errors="replace").splitlines()
-             if '"event": "straggler"' in line]
-    assert not named, "the straggler radar named a task of a job with none:\n" + \
-        "\n".join(named)
+    lines = [(path, line) for path in base.rglob("events.jsonl")
+             for line in path.read_text(errors="replace").splitlines()]
+    for _, marks, what in alarms:
+        named = [f"{path}: {line.strip()}" for path, line in lines
+                 if any(mark in line for mark in marks)]
+        assert not named, f"{what} in a job with none:\n" + "\n".join(named)
 
 
 def reported_steps(run_dir: Path, generation: int = 0) -> dict[str, list[int]]:

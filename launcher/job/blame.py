@@ -1,14 +1,15 @@
-"""Who is to blame: the culprit behind a collective abort, a failure that
-repeats, the frames a stuck task was in. Pure functions over the generation's
-values; the supervisor follows them.
+"""Who is to blame: the culprit behind a collective abort, a worker out of
+step with the others, a failure that repeats, the frames a stuck task was in.
+Pure functions over the generation's values; the supervisor follows them.
 """
 
 from __future__ import annotations
 
 from ..strategy import framework as strategy_framework
 from .generation import Generation
+from .lockstep import Finding, Peer, Position, judge, mismatched
 from .recovery import innermost_frame
-from .states import Failure, TaskRecord
+from .states import Failure, TaskRecord, TaskState
 
 
 def culprit(gen: Generation, reporter: TaskRecord) -> Failure | None:
@@ -30,11 +31,56 @@ def culprit(gen: Generation, reporter: TaskRecord) -> Failure | None:
                        if r is not reporter and r.usage.get("status") == "stopped"), None)
         reason = ("was stopped (SIGSTOP, Ctrl-Z or a debugger): its peers' collectives "
                   f"aborted; reported by {reporter.task.label}")
-    if blamed is None or blamed is reporter:
+    if blamed is None:  # no peer died or hung: maybe one was elsewhere in the program
+        return abort_out_of_step(gen, weak=False)
+    if blamed is reporter:
         return None
     return Failure(task=blamed.task.label, host=blamed.task.host,
                    generation=gen.plan.generation, t=failure.t, kind="hang", reason=reason,
                    last_lines=failure.last_lines)
+
+
+def workers(gen: Generation) -> list[Peer]:
+    """The generation's workers and where each is (job/lockstep.py)."""
+    return [Peer(r.task.name, gen.positions.at.get(r.task.name, Position()),
+                 finished=r.state is TaskState.SUCCEEDED)
+            for r in gen.records.values()
+            if r.task.role in ("chief", "worker") and r.task.lifetime == "job"]
+
+
+def out_of_step(gen: Generation, aborted: bool = False,
+                weak: bool = False) -> tuple[TaskRecord, Finding] | None:
+    """The worker out of step and why, from every worker's position
+    (job/lockstep.py); a weak finding only when `weak` (a hang, an abort)."""
+    finding = judge(workers(gen), aborted=aborted)
+    if finding is None or not (finding.strong or weak) or finding.task not in gen.records:
+        return None
+    return gen.records[finding.task], finding
+
+
+def abort_out_of_step(gen: Generation, weak: bool = True) -> Failure | None:
+    """A collective abort's real cause when the workers were out of step, or
+    a better one than named before: the tasks' last reports (at their exit)
+    trail the abort, and a step counter read two seconds earlier misleads
+    (`weak=False` at the abort itself: only what stale counters cannot fake)."""
+    failure, positions = gen.failure, gen.positions
+    abort = positions.abort or failure
+    if failure is None or abort is None or abort.kind != "collective_abort" \
+            or positions.judged or failure.kind not in ("collective_abort", "out_of_step"):
+        return None  # another cause (a peer TF named) stands
+    aborted = mismatched(abort.last_lines)  # TF saw different collectives meet
+    found = out_of_step(gen, aborted=aborted, weak=aborted and weak)
+    if found is None:
+        return None
+    record, finding = found
+    better = Failure(task=record.task.label, host=record.task.host,
+                     generation=gen.plan.generation, t=abort.t, kind="out_of_step",
+                     reason=f"{finding.reason} (TensorFlow aborted the collectives: "
+                     f"{abort.task})", last_lines=abort.last_lines)
+    if (better.task, better.reason) == (failure.task, failure.reason):
+        return None
+    positions.abort = abort
+    return better
 
 
 def repeated_failure(failures: list[Failure]) -> str:
@@ -45,11 +91,19 @@ def repeated_failure(failures: list[Failure]) -> str:
     last, before = failures[-1], failures[-2]
     if last.secondary or before.secondary:
         return ""  # a peer's loss seen twice (gRPC UNAVAILABLE...): not the script's bug
+    if last.kind == before.kind == "out_of_step" and last.task == before.task \
+            and _out_of_step_cause(last) == _out_of_step_cause(before):
+        return f"{last.task} out of step: {_out_of_step_cause(last)}"  # the script's own order
     where = innermost_frame(last.error)
     if where is None or where != innermost_frame(before.error):
         return ""
     kind, path, line, function = where
     return f"{kind} at {path}:{line} in {function}, in {last.task}"
+
+
+def _out_of_step_cause(failure: Failure) -> str:
+    """Its fix, the part after the positions (which differ from try to try)."""
+    return failure.reason.split(": ", 1)[-1].split(" (", 1)[0]
 
 
 def last_words(record: TaskRecord) -> str:

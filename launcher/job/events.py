@@ -335,6 +335,15 @@ class Straggler(TaskEvent):
 
 
 @dataclass(frozen=True, kw_only=True)
+class OutOfStepAhead(TaskEvent):
+    """Workers bound to fall out of step, seen before they do: their epochs'
+    lengths differ (job/lockstep.py `foresee`). A warning; the job goes on."""
+
+    kind = "out_of_step_ahead"
+    reason: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
 class NotifyFailed(Event):
     """A `notify.command` failed, timed out or was not run (launcher/ops/notify.py)."""
 

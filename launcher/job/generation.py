@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..spec.plan import Plan
+from .lockstep import Positions
 from .phases import Phase, move
 from .stalls import StoppedWatch
 from .states import Failure, TaskRecord, TaskRow, TaskState
@@ -37,6 +38,7 @@ class Generation:
     forming_since: float | None = None  # the first `joining` of the generation (monotonic)
     stacks_pending: set[str] = field(default_factory=set)
     stopped: StoppedWatch = field(default_factory=StoppedWatch)  # frozen tasks (SIGSTOP)
+    positions: Positions = field(default_factory=Positions)  # where each task is (lockstep)
 
     def enter(self, phase: Phase) -> None:
         """The only way the phase changes; raises phases.IllegalPhase otherwise."""

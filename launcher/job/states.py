@@ -146,7 +146,8 @@ class Failure:
     host: str
     generation: int
     t: float  # Unix time it happened (as the host saw it when known)
-    kind: str  # exit | signal | preempted | start_failed | host_lost | hang | collective_abort
+    # exit | signal | preempted | start_failed | host_lost | hang | collective_abort | out_of_step
+    kind: str
     reason: str  # one phrase a user can act on
     exit_code: int | None = None
     signal: int | None = None

@@ -36,7 +36,7 @@ CRASH_GRACE_S = 0.5
 # agent gives its tasks ~1 s to dump them; a stopped task never answers).
 STACKS_WAIT_S = 3.0
 # Failures after which the tasks' stacks are worth taking: something is stuck.
-STUCK_KINDS = ("hang", "start_timeout")
+STUCK_KINDS = ("hang", "start_timeout", "out_of_step")
 
 
 class Teardown:

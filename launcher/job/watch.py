@@ -1,5 +1,7 @@
 """Every wait has an end: hosts whose agent stopped talking, tasks that stopped
-making progress or were frozen, and a job that did not get going.
+making progress or were frozen, workers alive but out of step (named as soon
+as the whole job has been quiet long enough: job/lockstep.py), and a job that
+did not get going.
 
 Pure checks over the generation and the clock; a finding is handed to the
 supervisor's `fail` (a task's failure) or `host_lost`. Called from the
@@ -12,8 +14,12 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from ..transport import AgentLink
-from .blame import last_words
+from . import events as ev
+from .blame import abort_out_of_step, last_words, out_of_step, workers
 from .generation import Generation
+from .lockstep import foresee
+from .output import root_cause
+from .phases import Phase
 from .states import TaskRecord, TaskState
 
 
@@ -26,8 +32,10 @@ class Limits(Protocol):  # what of the restart policy the watches read
 class Watch:
     def __init__(self, policy: Limits, links: dict[str, AgentLink],
                  clock: Callable[[], float], fail: Callable[..., None],
-                 host_lost: Callable[[Generation, str, str], None]) -> None:
+                 host_lost: Callable[[Generation, str, str], None],
+                 tell: Callable[[ev.Event], None] = lambda event: None) -> None:
         self._policy = policy
+        self._tell = tell
         self._links = links
         self._clock = clock
         self._fail = fail  # fail(gen, record, kind=..., reason=..., last_lines=...)
@@ -42,6 +50,7 @@ class Watch:
             if link is not None and now - link.last_seen > self._policy.heartbeat_timeout_s:
                 self._host_lost(gen, host, f"no heartbeat from its agent for "
                                 f"{now - link.last_seen:.0f} s")
+        self.out_of_step(gen, now)
         if gen.settled():
             return
         self.start(gen, now)
@@ -52,10 +61,58 @@ class Watch:
                 continue  # waiting for its peers: restart.start_timeout_s decides
             silent = now - (record.last_activity or now)
             if silent > self._policy.hang_timeout_s:
+                found = None if gen.positions.judged else out_of_step(gen, weak=True)
+                if found is not None:  # stuck because a worker is elsewhere: say where
+                    gen.positions.judged = True
+                    self._fail(gen, found[0], kind="out_of_step", reason=(
+                        f"{found[1].reason} (no progress for {silent:.0f} s; "
+                        f"restart.hang_timeout_s={self._policy.hang_timeout_s:g})"))
+                    continue
                 self._fail(gen, record, kind="hang",
                            reason=f"made no progress for {silent:.0f} s (no output, no "
                            f"progress report; restart.hang_timeout_s="
                            f"{self._policy.hang_timeout_s:g})")
+
+    def position(self, gen: Generation, record: TaskRecord, data: dict[str, Any]) -> None:
+        """A progress report: the task's position kept; a failure already
+        found may get its real cause from it (reports trail an abort)."""
+        gen.positions.take(record.task.name, data, self._clock())
+        if gen.failure is not None:
+            self.out_of_step(gen, self._clock())
+        elif not gen.positions.warned and "at_len" in data:
+            ahead = foresee(workers(gen))
+            if ahead is not None:
+                gen.positions.warned = True
+                culprit = gen.records[ahead.task]
+                self._tell(ev.OutOfStepAhead(generation=gen.plan.generation, task=ahead.task,
+                                             host=culprit.task.host, reason=ahead.reason))
+
+    def out_of_step(self, gen: Generation, now: float) -> None:
+        """Every worker alive and the job quiet, but their positions disagree
+        for good: the worker out of step is the failure, long before
+        `hang_timeout_s`. A collective abort whose positions arrived after it
+        gets its real cause here too."""
+        positions = gen.positions
+        if positions.judged:
+            return
+        if gen.failure is not None:
+            better = abort_out_of_step(gen)
+            if better is not None:
+                gen.failure = better
+                self._tell(root_cause(better))
+            return
+        records = [r for r in gen.records.values()
+                   if r.task.role in ("chief", "worker") and r.task.lifetime == "job"]
+        if gen.phase is not Phase.TRAINING or positions.quiet_s(now) < positions.quiet_needed() \
+                or any(r.state not in (TaskState.RUNNING, TaskState.SUCCEEDED) for r in records):
+            return
+        found = out_of_step(gen)
+        if found is not None:
+            positions.judged = True
+            record, finding = found
+            quiet = positions.quiet_s(now)
+            self._fail(gen, record, kind="out_of_step",
+                       reason=f"{finding.reason} (nothing moved for {quiet:.0f} s)")
 
     def stopped(self, gen: Generation, record: TaskRecord, status: Any, t: Any) -> None:
         """A task frozen (SIGSTOP) past `stalls.STOPPED_HANG_S` is hung; a shorter

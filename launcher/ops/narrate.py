@@ -133,4 +133,5 @@ _TELLERS = {
     ev.AgentLog: _agent_log,
     ev.NotifyFailed: lambda e: f"notification {e.notify!r} not sent: {e.reason}",
     ev.Straggler: _straggler,
+    ev.OutOfStepAhead: lambda e: f"warning: {e.label} {e.reason}",
 }

@@ -229,6 +229,9 @@ def write_progress(record: dict) -> None:
         seconds = saves.take()
         if seconds > 0:
             record = {**record, "save_s": round(record.get("save_s", 0.0) + seconds, 4)}
+    from . import position  # where this task is: the launcher compares (job/lockstep.py)
+
+    record = {**position.fields(), **record}
     try:
         os.write(int(fd), (json.dumps(record) + "\n").encode())
     except (OSError, ValueError):

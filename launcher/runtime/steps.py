@@ -203,12 +203,14 @@ def report_step() -> bool:
     """Report the step counter if it moved; False once the script reports its own."""
     global _last_reported
     from launcher import runtime  # loaded already: this module is part of it
-    from launcher.runtime import saves
+    from launcher.runtime import calls, saves
 
     if runtime.steps_reported_by_script():
         return False
     step = current_step()
-    if step is not None and step > 0 and (step != _last_reported or saves.pending()):
+    # A distributed call begun since (runtime/calls.py): where a stuck worker waits.
+    moved = step != _last_reported or saves.pending() or calls.unsent()
+    if step is not None and step > 0 and moved:
         _last_reported = step
         # `counted`: read off the optimizer, not reported by the script. Where a
         # restarted generation resumed is not this (it is read seconds into
