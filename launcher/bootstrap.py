@@ -12,7 +12,9 @@ Owns what must happen in the task process before and around the user's code:
   task uses, stop a worker of a multi-worker job that builds a single-host
   strategy, and shorten TensorFlow's coordination heartbeat when
   `MGPU_TF_HEARTBEAT_S` is set (`runtime.guards`), and count the training
-  steps of any Keras `fit` or custom loop from its optimizer (`runtime.steps`);
+  steps of any Keras `fit` or custom loop from its optimizer (`runtime.steps`),
+  report every checkpoint save (`runtime.saves`) and where a restarted task
+  resumed (`runtime.restores`);
 - warm starts: `python -m launcher.bootstrap --standby` imports TensorFlow,
   waits for its task on stdin and then goes on exactly as above
   (`launcher.standby`);
@@ -121,7 +123,7 @@ def _write_error(exc: BaseException) -> None:
 
 
 def install_hooks() -> None:
-    from launcher.runtime import guards, hooks, keras_compat, keras_jax, saves, steps
+    from launcher.runtime import guards, hooks, keras_compat, keras_jax, restores, saves, steps
 
     for name, hook in keras_compat.HOOKS.items():
         hooks.when_imported(name, hook)
@@ -135,8 +137,8 @@ def install_hooks() -> None:
     if steps.enabled():  # steps and steps/s from any script (the optimizer's counter)
         for name, hook in steps.HOOKS.items():
             hooks.when_imported(name, hook)
-    if os.environ.get("MGPU_PROGRESS_FD"):  # checkpoint saves timed (goodput)
-        for name, hook in saves.HOOKS.items():
+    if os.environ.get("MGPU_PROGRESS_FD"):  # checkpoint saves and restores: progress, resume
+        for name, hook in [*saves.HOOKS.items(), *restores.HOOKS.items()]:
             hooks.when_imported(name, hook)
 
 

@@ -212,6 +212,8 @@ class Supervisor:
         if gen.failure is None:
             return End("succeeded")
         job.failures.append(gen.failure)
+        if gen.resumed_past and job.last_counted:  # the restart before it did move the training
+            job.budget = job.budget.refund()
         # Progress is the training moving: a checkpoint the runtime reported
         # saving, or a checkpoint series that moved on disk (not file times).
         advanced = gen.advanced or checkpoints.advanced(checkpoint_before,
@@ -487,12 +489,11 @@ class Supervisor:
             return
         if gen.phase in (Phase.STARTING, Phase.FORMING):
             gen.enter(Phase.TRAINING)
-        record.last_progress = data
-        resumed = self._resumes.on_progress(gen.plan.generation, data)
-        if resumed is not None:
-            self._tell(ev.Resumed(generation=resumed["generation"], epoch=resumed.get("epoch"),
-                                  step=resumed.get("step"),
-                                  checkpoint=resumed.get("checkpoint")))
+        if "step" in data:  # a save or a resume point alone is no step report
+            record.last_progress = data
+        for told in self._resumes.told(gen.plan.generation, record.task.name, data):
+            gen.resumed_past |= isinstance(told, ev.Resumed) and told.past is not None
+            self._tell(told)  # a resume point, or a resume behind the last save
         if isinstance(data.get("step"), int | float):
             record.step_marks = [*record.step_marks[-1:], (self._clock(), int(data["step"]))]
         if data.get("checkpoint"):  # the runtime saw a checkpoint saved: training moved
