@@ -113,6 +113,7 @@ def _write_error(exc: BaseException) -> None:
         "type": type(exc).__name__,
         "message": str(exc)[:2000],
         "traceback": "".join(traceback.format_list(frames[-12:]))[-6000:],
+        **_keras_era(frames),
     }
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -120,6 +121,26 @@ def _write_error(exc: BaseException) -> None:
             json.dump(record, handle)
     except OSError:
         pass
+
+
+_TF_KERAS = ("tf.keras", "tensorflow.keras", "from tensorflow import keras")
+
+
+def _keras_era(frames) -> dict[str, bool]:
+    """Facts for `keras: auto` (launcher/job/keras_fallback.py): the error was
+    raised inside Keras 3's own code, and the script is tf.keras-era code
+    (it names `tf.keras`), the signs of tf_keras code running under Keras 3."""
+    keras = sys.modules.get("keras")
+    version = str(getattr(keras, "__version__", ""))
+    inside = bool(frames) and f"{os.sep}keras{os.sep}src{os.sep}" in frames[-1].filename
+    facts = {"raised_in_keras3": version.startswith("3") and inside}
+    try:
+        with open(sys.argv[0], encoding="utf-8", errors="replace") as handle:
+            text = handle.read(1_000_000)
+        facts["script_uses_tf_keras"] = any(name in text for name in _TF_KERAS)
+    except OSError:
+        pass
+    return {key: True for key, value in facts.items() if value}
 
 
 def install_hooks() -> None:

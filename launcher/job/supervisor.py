@@ -239,7 +239,8 @@ class Supervisor:
     def _restart(self, job: JobSoFar, gen: Generation, advanced: bool, counts: bool) -> End | None:
         """Tell the restart and wait its backoff; an end when a stop came meanwhile."""
         assert gen.failure is not None
-        if self._keras_switch is None and keras_fallback.should_switch(gen.plan, gen.failure):
+        if self._keras_switch is None and keras_fallback.should_switch(gen.plan, gen.failure,
+                                                                       gen.stepped):
             self._keras_switch = keras_fallback.switched(job.generation + 1, gen.failure)
             self._tell(keras_switched(self._keras_switch))
         restart = count_restart(job, self._policy, counts=counts, advanced=advanced,
@@ -490,7 +491,7 @@ class Supervisor:
         if gen.phase in (Phase.STARTING, Phase.FORMING):
             gen.enter(Phase.TRAINING)
         if "step" in data:  # a save or a resume point alone is no step report
-            record.last_progress = data
+            record.last_progress, gen.stepped = data, True
         for told in self._resumes.told(gen.plan.generation, record.task.name, data):
             gen.resumed_past |= isinstance(told, ev.Resumed) and told.past is not None
             self._tell(told)  # a resume point, or a resume behind the last save

@@ -169,6 +169,22 @@ class Story:
             return self.resumed[gen]
         return self.counted_first[gen][1] if gen in self.counted_first else None
 
+    def recovery(self, observed: Observed, gen: int) -> None:
+        """What the generation after `gen`'s fault says: when it was detected,
+        when the next trained, where it resumed (and a task behind the last save)."""
+        observed.detected_t = self.detected_t.get(gen)
+        observed.recovered_t = self.first_step(gen + 1)
+        observed.resumed_from_step = self.resumed_at(gen + 1)
+        observed.behind = self.behind_said(gen + 1)
+
+    def behind_said(self, gen: int) -> str:
+        """A task of `gen` that resumed behind the last save, in words ("": none)."""
+        behind = self.behind.get(gen)
+        if behind is None:
+            return ""
+        return (f"{behind.task} resumed at step {behind.step}, behind the last save (step "
+                f"{behind.saved_step} in {behind.directory or 'its directory'})")
+
     def on_disk_change(self) -> None:
         """The checkpoint directory's series moved: a save (its step: the
         furthest reported by then), counted if the script reports none."""
@@ -314,14 +330,7 @@ class Injector:
         self._wait(lambda: story.detected_t.get(gen), DETECT_WAIT_S)
         self._wait(lambda: story.first_step(gen + 1), RECOVER_WAIT_S)
         with story.cond:
-            observed.detected_t = story.detected_t.get(gen)
-            observed.recovered_t = story.first_step(gen + 1)
-            observed.resumed_from_step = story.resumed_at(gen + 1)
-            behind = story.behind.get(gen + 1)
-            if behind is not None:
-                observed.behind = (f"{behind.task} resumed at step {behind.step}, behind the "
-                                   f"last save (step {behind.saved_step} in "
-                                   f"{behind.directory or 'its directory'})")
+            story.recovery(observed, gen)
             if observed.recovered_t is None and story.ended is not None:
                 observed.ended = (f"the job {story.ended.status}"
                                   + (f": {story.ended.message}" if story.ended.message else ""))
