@@ -20,7 +20,7 @@ generation started (launcher/job/checkpoints.py), when this machine sees them,
 and the last save completed before it (`saved_step`).
 
 Saves: every completed save a task reports (`saved`, `saved_dir`:
-runtime/saves.py) is remembered, the chief's first on a tie. A task that
+runtime/saves.py) is remembered, the chief's before any other's. A task that
 resumes behind the last save of an earlier generation (a backup directory
 local to each host, a stale copy) is said once per job: `behind`.
 
@@ -60,9 +60,12 @@ class Resumes:
         step = data.get("saved")
         if not isinstance(step, int | float) or isinstance(step, bool):
             return
+        # The chief's saves are the ones restored from (the others' may go to
+        # scratch folders, or complete where the chief's did not): once the chief
+        # reported one, only its saves count.
         last = self.last_save
-        key = (int(step), bool(data.get("chief")))
-        if last is None or key > (last["step"], last["chief"]):
+        key = (bool(data.get("chief")), int(step))
+        if last is None or key > (last["chief"], last["step"]):
             self.last_save = {"step": int(step), "dir": str(data.get("saved_dir") or ""),
                               "task": task, "chief": bool(data.get("chief"))}
 
