@@ -49,3 +49,41 @@ def test_a_fit_with_its_own_backup_reports_its_saves_and_where_it_resumed(
     assert (resumed["resumed"], resumed["resumed_epoch"]) == (32, 2), again
     assert resumed["resumed_dir"] == backup
     assert max(r.get("step", 0) for r in again) == 64, again
+
+
+def test_only_a_save_that_completed_is_reported_with_its_step_and_directory(monkeypatch,
+                                                                           tmp_path):
+    from launcher.runtime import saves
+
+    read_fd, write_fd = os.pipe()
+    monkeypatch.setenv("MGPU_PROGRESS_FD", str(write_fd))
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+
+    class Optimizer:
+        _iterations = 7
+
+    class Model:
+        optimizer = Optimizer()
+
+    class Manager:  # as tf.train.CheckpointManager: `directory`, save(options=...)
+        directory = str(tmp_path / "ckpt")
+        model = Model()
+
+        def save(self, options=None, fail=False):
+            if fail:
+                raise OSError("disk full")
+            return "ckpt-1"
+
+    class Async:
+        experimental_enable_async_checkpoint = True
+
+    saves.timed(Manager, "save", saves._manager_dir)
+    Manager().save()
+    with pytest.raises(OSError):
+        Manager().save(fail=True)  # raised: no progress
+    Manager().save(options=Async())  # still being written: no progress
+    os.close(write_fd)
+    with os.fdopen(read_fd) as channel:
+        records = [json.loads(line) for line in channel]
+    assert [(r["saved"], r["saved_dir"], r["checkpoint"]) for r in records] == [
+        (7, str(tmp_path / "ckpt"), 1)], records
