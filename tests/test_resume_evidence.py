@@ -16,8 +16,7 @@ import pytest
 
 from launcher.ops.records import load_run, render_status
 from tests.conftest import SCRIPTS, read_events, read_summary, wait_for
-from tests.test_faults import Job, launch
-from tests.test_faults import jobs as jobs_fixture  # noqa: F401 - the `jobs` fixture
+from tests.test_faults import Job, jobs, launch  # noqa: F401 - `jobs` is a fixture
 
 pytestmark = pytest.mark.e2e
 
@@ -47,7 +46,8 @@ def assert_free_restarts_with_resumes(job: Job, kills: int) -> list[dict]:
     return resumed
 
 
-def test_three_kills_of_a_tutorial_fit_with_its_own_backup_are_free_restarts(workdir, jobs):
+def test_three_kills_of_a_tutorial_fit_with_its_own_backup_are_free_restarts(
+        workdir, jobs):  # noqa: F811
     job = launch(jobs, ["--local", "2", "--max-restarts", "1", "--no-live", FIT,
                         str(workdir / "backup")], workdir)
     for generation in range(3):
@@ -60,7 +60,7 @@ def test_three_kills_of_a_tutorial_fit_with_its_own_backup_are_free_restarts(wor
 
 
 def test_a_custom_loop_with_its_own_checkpoint_manager_resumes_and_restarts_free(
-        workdir, jobs):
+        workdir, jobs):  # noqa: F811
     job = launch(jobs, ["--local", "2", "--max-restarts", "1", "--no-live", LOOP,
                         str(workdir / "ckpt")], workdir)
     for generation in range(2):
@@ -73,7 +73,7 @@ def test_a_custom_loop_with_its_own_checkpoint_manager_resumes_and_restarts_free
 
 
 def test_a_backup_directory_local_to_each_host_is_called_out_on_the_first_restart(
-        workdir, jobs):
+        workdir, jobs):  # noqa: F811
     job = launch(jobs, ["--local", "2", "--max-restarts", "1", "--no-live", FIT,
                         str(workdir / "backup"), "per-host"], workdir)
     kill_worker1_after_a_save(job, 0)
