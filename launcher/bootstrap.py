@@ -15,7 +15,8 @@ Owns what must happen in the task process before and around the user's code:
   steps of any Keras `fit` or custom loop from its optimizer (`runtime.steps`),
   and keep the task's phase and epoch, and a custom loop's distributed calls,
   for the launcher to compare when the workers fall out of step
-  (`runtime.position`, `runtime.calls`);
+  (`runtime.position`, `runtime.calls`); report every checkpoint save
+  (`runtime.saves`) and where a restarted task resumed (`runtime.restores`);
 - warm starts: `python -m launcher.bootstrap --standby` imports TensorFlow,
   waits for its task on stdin and then goes on exactly as above
   (`launcher.standby`);
@@ -114,6 +115,7 @@ def _write_error(exc: BaseException) -> None:
         "type": type(exc).__name__,
         "message": str(exc)[:2000],
         "traceback": "".join(traceback.format_list(frames[-12:]))[-6000:],
+        **_keras_era(frames),
     }
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -121,6 +123,26 @@ def _write_error(exc: BaseException) -> None:
             json.dump(record, handle)
     except OSError:
         pass
+
+
+_TF_KERAS = ("tf.keras", "tensorflow.keras", "from tensorflow import keras")
+
+
+def _keras_era(frames) -> dict[str, bool]:
+    """Facts for `keras: auto` (launcher/job/keras_fallback.py): the error was
+    raised inside Keras 3's own code, and the script is tf.keras-era code
+    (it names `tf.keras`), the signs of tf_keras code running under Keras 3."""
+    keras = sys.modules.get("keras")
+    version = str(getattr(keras, "__version__", ""))
+    inside = bool(frames) and f"{os.sep}keras{os.sep}src{os.sep}" in frames[-1].filename
+    facts = {"raised_in_keras3": version.startswith("3") and inside}
+    try:
+        with open(sys.argv[0], encoding="utf-8", errors="replace") as handle:
+            text = handle.read(1_000_000)
+        facts["script_uses_tf_keras"] = any(name in text for name in _TF_KERAS)
+    except OSError:
+        pass
+    return {key: True for key, value in facts.items() if value}
 
 
 def install_hooks() -> None:
@@ -131,6 +153,7 @@ def install_hooks() -> None:
         keras_compat,
         keras_jax,
         position,
+        restores,
         saves,
         steps,
     )
@@ -147,8 +170,8 @@ def install_hooks() -> None:
     if steps.enabled():  # steps and steps/s from any script (the optimizer's counter)
         for name, hook in steps.HOOKS.items():
             hooks.when_imported(name, hook)
-    if os.environ.get("MGPU_PROGRESS_FD"):  # checkpoint saves timed (goodput)
-        for name, hook in saves.HOOKS.items():
+    if os.environ.get("MGPU_PROGRESS_FD"):  # checkpoint saves and restores: progress, resume
+        for name, hook in [*saves.HOOKS.items(), *restores.HOOKS.items()]:
             hooks.when_imported(name, hook)
     if os.environ.get("MGPU_PROGRESS_FD") and guards.several_workers():
         # Phase, epoch and a custom loop's distributed calls (workers out of step).

@@ -11,9 +11,11 @@ from __future__ import annotations
 import re
 import socket
 import time
+from pathlib import Path
 
 import pytest
 
+from launcher.ops.script_dirs import checkpoint_dirs
 from tests.conftest import run_cli
 from tests.sshcluster import make_venv, netns_available, netns_link, sim_cluster, write_yaml
 
@@ -115,6 +117,26 @@ def test_a_checkpoint_dir_that_is_not_shared_fails(tmp_path_factory, tmp_path):
     assert done.returncode == 2, done.stdout + done.stderr
     assert f"host1: checkpoint dir {checkpoints} is not shared" in done.stdout
     assert "written there from host0" in done.stdout
+
+
+def test_a_scripts_own_checkpoint_directory_not_shared_is_a_warning(tmp_path_factory,
+                                                                     tmp_path):
+    # The tutorial's shape: BackupAndRestore into a directory of its own, which
+    # host1 sees as an empty folder of its own (its own mount namespace).
+    directory = tmp_path_factory.mktemp("sim-backup").resolve()
+    backup = str(directory / "backup")
+    script = tmp_path / "train.py"
+    script.write_text("import os\nimport tensorflow as tf\n"
+                      f"cb = tf.keras.callbacks.BackupAndRestore(backup_dir={backup!r})\n"
+                      "manager = tf.train.CheckpointManager(ckpt, os.path.join('/', 'shared'))\n")
+    assert [d for d, _ in checkpoint_dirs(script)] == [backup, "/shared"]
+    Path(backup).mkdir()
+    with sim_cluster(directory, 2, private_mounts={1: (backup,)}) as sim:
+        done = check(sim.yaml_path, tmp_path, "--no-collective", "--script", str(script))
+    assert done.returncode == 0, done.stdout + done.stderr  # a warning, not a failure
+    assert (f"host1: warning: the script's checkpoint directory {backup} (BackupAndRestore "
+            "(line 3)) is not shared") in done.stdout, done.stdout
+    assert "host0: warning" not in done.stdout
 
 
 def test_a_slow_login_shell_is_noted_without_failing_the_check():

@@ -75,6 +75,38 @@ def test_a_script_that_resumes_passes_every_fault(workdir: Path):
     assert "PASS" in output and "recommended interval" in output
 
 
+TUTORIAL = str(SCRIPTS / "tutorial_backup.py")  # its own backup dir, no runtime calls
+
+
+@pytest.mark.e2e
+def test_a_tutorial_shaped_script_with_its_own_backup_passes_every_fault(workdir: Path):
+    # 6 epochs of 40 steps at 0.05 s: 12 s of training; each fault after a save.
+    code, data, output = run_drill(workdir, ["--local", "2", "--faults", "kill,preempt,hang",
+                                             TUTORIAL, str(workdir / "backup")], timeout=400)
+    assert code == 0, output[-3000:]
+    faults = by_fault(data)
+    assert list(faults) == ["kill", "preempt", "hang"], faults
+    for fault in faults.values():
+        assert fault["verdict"] == "pass", fault
+        assert fault["resumed_from_step"] >= fault["last_checkpoint_step"] > 0, fault
+        assert fault["resumed_from_step"] % 40 == 0 and fault["lost_steps"] is not None, fault
+    assert data["checkpoint_cost_s"] is not None and data["recommended_interval_s"], data
+    assert data["current_interval_s"] > 0, data  # 40 steps between saves, at its rate
+    assert "no save was timed" not in output
+
+
+@pytest.mark.e2e
+def test_a_script_that_saves_into_a_folder_of_each_host_fails_naming_it(workdir: Path):
+    code, data, output = run_drill(workdir, ["--local", "2", "--faults", "kill", TUTORIAL,
+                                             str(workdir / "backup"), "per-host"], timeout=300)
+    assert code == 1, output[-3000:]
+    kill = by_fault(data)["kill"]
+    assert kill["verdict"] == "fail", kill
+    assert kill["reason"].startswith("worker1 resumed at step 0, behind the last save"), kill
+    assert str(workdir / "backup" / "host0") in kill["reason"]
+    assert "not shared by every host" in kill["reason"], kill
+
+
 @pytest.mark.e2e
 def test_a_script_that_never_checkpoints_fails(workdir: Path):
     code, data, output = run_drill(workdir, ["--local", "2", "--faults", "kill",

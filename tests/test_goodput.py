@@ -59,8 +59,9 @@ def test_a_fault_then_a_resume_from_an_earlier_checkpoint_is_recovery_then_redon
     records.append(event(215, "job_done", status="succeeded", restarts=1, wall_s=115.0))
     got = parts(records)
     assert got["startup"] == pytest.approx(10)
-    assert got["recovery"] == pytest.approx(172 - 152)
-    assert got["redone"] == pytest.approx(200 - 172)  # steps 22..50 again
+    # At 1 step/s, steps 21..22 were trained from 170 on: 20..50 again, 170..200.
+    assert got["recovery"] == pytest.approx(170 - 152)
+    assert got["redone"] == pytest.approx(200 - 170)
     assert got["training"] == pytest.approx((152 - 110) + (212 - 200))
     assert got["other"] == pytest.approx(3)
 
@@ -76,10 +77,28 @@ def test_steps_read_off_the_optimizer_are_global_and_a_host_waited_for_is_its_ow
                progress(75, 250, generation=1, counted=1)]
     got = parts(records, now=80)  # running: no job_done yet
     assert got["waiting_for_hosts"] == pytest.approx(50 - 25)  # lost to back
-    assert got["recovery"] == pytest.approx(65 - 25 - 25)
-    assert got["redone"] == pytest.approx(5)  # 150 -> 250 in 10 s: 200 reached at 70
+    # 150 -> 250 in 10 s: 0.1 s a step, so steps 100..150 from 60, 200 reached at 70.
+    assert got["recovery"] == pytest.approx(60 - 25 - 25)
+    assert got["redone"] == pytest.approx(10)
     assert got["training"] == pytest.approx(15 + 10)  # 10..25, then 70..80 (now)
     assert got["startup"] == pytest.approx(10)
+
+
+def test_a_short_redo_is_timed_at_the_step_rate_not_the_report_interval():
+    # The case: saved at step 40, trained to 49 (reported), killed; the
+    # restart restores 40 (`resumed`) and its first report, 2 s later, is past 49.
+    records = [launch(0), progress(2, 40, counted=1, saved=40), progress(2.45, 49, counted=1),
+               event(3, "failure_detected", generation=0, task="worker1", host="h1",
+                     kind="crashed"),
+               launch(5, generation=1), {**progress(8, 0, generation=1), "resumed": 40},
+               progress(10, 80, generation=1, counted=1),
+               progress(12, 120, generation=1, counted=1),
+               event(12.5, "job_done", status="succeeded", restarts=1, wall_s=12.5)]
+    del records[5]["step"]
+    got = parts(records)
+    assert got["redone"] == pytest.approx(9 * 0.05)  # was 0.0: the first report is past 49
+    assert got["recovery"] == pytest.approx(8 - 3)  # 40 steps before t 10 at 0.05 s/step
+    assert got["training"] == pytest.approx(3 - 2 + 12 - 8.45)  # to the fault, then on
 
 
 def test_a_running_job_before_its_first_step_is_all_start_up_and_nothing_launched_is_none():

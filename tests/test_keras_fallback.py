@@ -43,6 +43,33 @@ def test_keras_auto_trains_tfs_custom_loop_tutorial_under_tf_keras(workdir: Path
     assert summary["resumed"] == [] and "resumed at" not in result.stdout, summary
 
 
+@pytest.mark.e2e
+def test_keras_auto_trains_the_parameter_server_tutorials_functional_model(workdir: Path):
+    # Keras 3 refuses `tf.reduce_mean` on a layer's output as the model is built:
+    # no known text, but raised inside Keras 3, before a step, by tf.keras code.
+    run_dir = workdir / "run"
+    result = run_cli(["--local", "1", "--max-restarts", "1", "--run-dir", str(run_dir),
+                      str(SCRIPTS / "tutorial_ps_functional.py")], cwd=workdir,
+                     TF_USE_LEGACY_KERAS="")
+    assert result.returncode == 0, explain(result)
+    assert "TRAINED" in result.stdout and "generation 1 runs under tf_keras" in result.stdout
+    summary = read_summary(run_dir)
+    assert summary["restarts"] == 1 and summary["keras_switched"]["to"] == "tf_keras", summary
+    assert "KerasTensor cannot be used" in summary["failures"][0]["error"]["message"], summary
+
+
+def test_the_rule_beyond_the_texts_keras3_code_before_a_step_in_tf_keras_era_script():
+    era = {"type": "ValueError", "message": "something new", "traceback": "",
+           "raised_in_keras3": True, "script_uses_tf_keras": True}
+    failure = _failure(era)
+    assert keras_fallback.should_switch(_plan(), failure)
+    assert not keras_fallback.should_switch(_plan(), failure, trained=True)  # it trained
+    assert not keras_fallback.should_switch(_plan(keras="keras3"), failure)  # chosen
+    for fact in ("raised_in_keras3", "script_uses_tf_keras"):  # either sign missing
+        assert not keras_fallback.should_switch(_plan(), _failure(
+            {k: v for k, v in era.items() if k != fact}))
+
+
 def _plan(keras: str = "auto", strategy: str = "multi_worker_mirrored", env=None):
     loaded = local_config(1)
     update = {"keras": keras, "strategy": strategy, **({"env": env} if env else {})}

@@ -44,11 +44,40 @@ def test_a_custom_loop_resumes_at_its_reported_step_and_a_first_start_says_nothi
     assert resumes.on_progress(0, {"step": 5}) is None  # not a restart
     resumes.starting(1, {"ckpt/checkpoint": (3,)})
     entry = resumes.on_progress(1, {"step": 300, "loss": 0.1})
-    assert entry == {"generation": 1, "step": 300, "checkpoint": {"ckpt/checkpoint": [3]}}
-    assert notice(entry) == "generation 1 resumed at step 300"
+    assert entry == {"generation": 1, "step": 300, "checkpoint": {"ckpt/checkpoint": [3]},
+                     "past": 0}
+    assert notice(entry) == ("generation 1 resumed at step 300, past generation 0's step 0: "
+                             "that restart is progress")
     assert resumes.on_progress(1, {"step": 301}) is None  # once per generation
     resumes.starting(2, None)
     fresh = resumes.on_progress(2, {"step": 0, "epoch": 0.0, "start_epoch": 1.0,
                                     "start_step": 0.0})
     assert notice(fresh) == "generation 2 started from the beginning (no checkpoint restored)"
     assert [e["generation"] for e in resumes.entries] == [1, 2]
+
+
+def test_saves_resumes_past_the_previous_one_and_a_resume_behind_the_last_save():
+    from launcher.job.events import ResumeBehind
+    from launcher.job.recovery import Budget
+
+    resumes = Resumes()
+    resumes.starting(0, None)
+    resumes.on_save("worker1", {"saved": 40, "saved_dir": "/h1/backup"})
+    resumes.on_save("worker0", {"saved": 40, "saved_dir": "/h0/backup", "chief": 1})
+    resumes.on_save("worker0", {"step": 41, "counted": 1})  # no save: nothing
+    assert resumes.last_save == {"step": 40, "dir": "/h0/backup", "task": "worker0",
+                                 "chief": True}
+    resumes.starting(1, None)
+    # The chief restored the shared backup; worker 1 its own empty folder.
+    [first] = resumes.told(1, "worker0", {"resumed": 40, "resumed_epoch": 1})
+    assert first == Resumed(generation=1, epoch=1, step=40, saved_step=40, past=0)
+    [behind] = resumes.told(1, "worker1", {"resumed": 0, "resumed_epoch": 0})
+    assert behind == ResumeBehind(generation=1, task="worker1", step=0, saved_step=40,
+                                  directory="/h0/backup", by="worker0")
+    assert resumes.told(1, "worker1", {"resumed": 0}) == []  # said once per job
+    resumes.starting(2, None)
+    [same] = resumes.told(2, "worker0", {"resumed": 40})
+    assert same.past is None  # no further than generation 1: no progress shown
+    # A counted restart given back: the budget as if it had been free.
+    spent = Budget(max_restarts=1).after(counts=True)
+    assert spent.exhausted and not spent.refund().exhausted

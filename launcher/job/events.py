@@ -275,11 +275,26 @@ class Restart(Event):
 @dataclass(frozen=True, kw_only=True)
 class Resumed(Event):
     kind = "resumed"
-    optional = ("epoch", "step", "checkpoint")
+    optional = ("epoch", "step", "checkpoint", "saved_step", "past")
     generation: int
     epoch: int | None = None
     step: int | None = None
     checkpoint: dict[str, Any] | None = None
+    saved_step: int | None = None  # the last save completed before this generation
+    past: int | None = None  # the previous resume point, when this one moved past it
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResumeBehind(Event):
+    """A task resumed behind the last completed save (told once per job)."""
+
+    kind = "resume_behind"
+    generation: int
+    task: str
+    step: int = 0
+    saved_step: int = 0
+    directory: str = ""
+    by: str = ""  # the task that saved it
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -365,7 +380,7 @@ KINDS: dict[str, type[Event]] = {cls.kind: cls for cls in (
     Launch, TaskStarted, StartFailed, Cluster, Progress, TaskExited, TaskRestarted,
     TaskUnconfirmed, FailureDetected, RootCause, StacksRequested, Stacks, StopRequested,
     TeardownBegun, TeardownDone, HostLost, HostWait, HostBack, HostsChosen, Reaped,
-    BadMessage, AgentLog, Restart, Resumed, KerasSwitched, JobDone, TerminalLost,
+    BadMessage, AgentLog, Restart, Resumed, ResumeBehind, KerasSwitched, JobDone, TerminalLost,
     NotifyFailed, Health, Straggler)}
 
 # Keys of a progress line that are not metrics.

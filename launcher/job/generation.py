@@ -29,6 +29,8 @@ class Generation:
     stacks_deadline: float = 0.0  # TAKING_STACKS: until when to wait for the stacks
     stop_signal: int | None = None  # the signal of the stop asked for (STOPPING)
     advanced: bool = False  # the runtime reported a checkpoint saved in this generation
+    resumed_past: bool = False  # it resumed past the previous generation's resume point
+    stepped: bool = False  # a task reported a training step
     lost_hosts: set[str] = field(default_factory=set)
     # Hosts the next generation goes on without, though their agents answer
     # (a straggler's, restart.on_straggler: replace): a spare takes their place.

@@ -10,7 +10,9 @@ running job (`now`: the moment asked). Its parts, in seconds, add up to
 - `startup`: the launcher's start to the first training step;
 - `training`: steps trained for the first time (`productive_s`);
 - `redone`: training time spent on steps already trained before a failure
-  (the next generation resumed from an earlier checkpoint, or from scratch);
+  (the next generation resumed from an earlier checkpoint, or from scratch):
+  the steps from the resume point to the highest step reported before, timed
+  at the restarted generation's own step rate;
 - `recovery`: a fault to the first step of the next generation (teardown,
   backoff, start-up of the new tasks, the restore);
 - `waiting_for_hosts`: a lost host waited for (`restart.on_host_loss: wait`),
@@ -55,6 +57,7 @@ class _Gen:
     high: int = 0  # the highest step trained before this generation
     resume: int | None = None  # the step it resumed at, when known
     first_step_t: float | None = None
+    first: tuple[float, int] | None = None  # the first (t, job-wide step) past the resume
     fault_t: float | None = None
     end_t: float | None = None  # a stop asked, or a teardown begun
     last: tuple[float, int] | None = None  # the last (t, job-wide step)
@@ -157,6 +160,9 @@ def _on_progress(gen: _Gen, event: ev.Progress, t: float,
     save_s = _number(metrics.get("save_s"))
     if save_s and save_s > 0:
         gen.saves.append((t - save_s, t))
+    resumed = _number(metrics.get("resumed"))  # read where the restore happened
+    if resumed is not None and event.generation > 0 and gen.resume is None:
+        gen.resume = int(resumed)
     step = _number(metrics.get("step"))
     if step is None:
         return
@@ -173,7 +179,7 @@ def _on_progress(gen: _Gen, event: ev.Progress, t: float,
     if gen.resume is not None and step <= gen.resume:
         return  # no step trained in this generation yet
     if gen.first_step_t is None:
-        gen.first_step_t = t
+        gen.first_step_t, gen.first = t, (t, step)
     if gen.caught_up_t is None and step >= gen.high:
         if gen.last is None or gen.last[1] >= step:
             gen.caught_up_t = gen.first_step_t if gen.last is None else t
@@ -206,10 +212,10 @@ def _account(start: float, end: float, done: bool, gens: dict[int, _Gen],
                 spans.append((cursor, gen.fault_t, mode))
                 cursor, mode = gen.fault_t, "recovery"
             continue
-        spans.append((cursor, gen.first_step_t, mode))
         stop = _training_end(gen, later, done, end)
-        caught_up = min(stop, gen.caught_up_t if gen.caught_up_t is not None else stop)
-        spans.append((gen.first_step_t, caught_up, "redone"))
+        began, caught_up = _redone(gen, cursor, stop)
+        spans.append((cursor, began, mode))
+        spans.append((began, caught_up, "redone"))
         spans.append((caught_up, stop, "training"))
         cursor, mode = stop, "recovery" if gen.fault_t is not None or later else "other"
     if done and mode == "recovery":  # the job ended after its last fault
@@ -226,6 +232,24 @@ def _account(start: float, end: float, done: bool, gens: dict[int, _Gen],
     parts["other"] += wall - sum(parts.values())  # rounding only: the spans tile the run
     rounded = {k: round(max(v, 0.0), 3) for k, v in parts.items()}
     return {"wall_s": round(wall, 3), "productive_s": rounded["training"], "parts": rounded}
+
+
+def _redone(gen: _Gen, cursor: float, stop: float) -> tuple[float, float]:
+    """(when the generation's training began, when it caught up with `high`).
+
+    With a resume point and two step reports: the steps from the resume point
+    to the first report, and from the resume point to `high` (redone), timed
+    at the generation's own step rate, however far apart its reports are.
+    Else: from its first report to where the reports passed `high`."""
+    assert gen.first_step_t is not None
+    if gen.resume is not None and gen.first is not None and gen.last is not None \
+            and gen.last[1] > gen.first[1]:
+        (t0, s0), (t1, s1) = gen.first, gen.last
+        per_step = (t1 - t0) / (s1 - s0)
+        began = min(max(cursor, t0 - (s0 - gen.resume) * per_step), t0)
+        return began, min(stop, began + max(0, gen.high - gen.resume) * per_step)
+    caught_up = min(stop, gen.caught_up_t if gen.caught_up_t is not None else stop)
+    return gen.first_step_t, caught_up
 
 
 def _training_end(gen: _Gen, later: bool, done: bool, end: float) -> float:

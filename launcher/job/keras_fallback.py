@@ -5,10 +5,15 @@ Under `keras: auto` a task gets the Keras it gets when run by hand: Keras 3 for
 own parameter-server and custom-loop tutorials among them) die under it of
 errors that launcher/job/classify.py already recognizes as tf_keras-only
 (`keras.optimizers.legacy`, `metric.reset_states()`, `save_weights("ckpt")`,
-...). Detecting that before the start would mean guessing from source text;
-the error is certain. So when a generation fails of such an error, the next
-generation runs under tf_keras (`TF_USE_LEGACY_KERAS=1`, as `keras: tf_keras`
-sets), once, said in a notice, a `keras_switched` event and the summary.
+...), or of any error raised inside Keras 3's own code before a step trained
+in a script that names `tf.keras` (the bootstrap says where the error was
+raised and what the script names: `tf_keras_era`), such as "A KerasTensor
+cannot be used as input to a TensorFlow function" (the parameter-server
+tutorial's `tf.reduce_mean` on a layer's output). Detecting that before the
+start would mean guessing from source text; the error is certain. So when a
+generation fails of such an error, the next generation runs under tf_keras
+(`TF_USE_LEGACY_KERAS=1`, as `keras: tf_keras` sets), once, said in a notice, a
+`keras_switched` event and the summary.
 
 Never switched: a job whose Keras was chosen (`keras: keras3` or `tf_keras`,
 or `TF_USE_LEGACY_KERAS` in the cluster file's `env`), Keras 3 on JAX
@@ -32,14 +37,26 @@ from .states import Failure
 TF_KERAS_ENV = {"TF_USE_LEGACY_KERAS": "1", "MGPU_KERAS": "tf_keras"}
 
 
-def should_switch(plan: Plan, failure: Failure | None) -> bool:
-    """Restart `plan`'s job under tf_keras after `failure`?"""
+def should_switch(plan: Plan, failure: Failure | None, trained: bool = False) -> bool:
+    """Restart `plan`'s job under tf_keras after `failure`? `trained`: a step
+    of the failed generation was reported."""
     if failure is None or plan.strategy in ON_JAX or not plan.tasks:
         return False
     for task in plan.tasks:
         if task.env.get("MGPU_KERAS", "auto") != "auto" or "TF_USE_LEGACY_KERAS" in task.env:
             return False  # Keras was chosen: by the `keras:` key or the cluster file's env
-    return tf_keras_hint(failure.error, failure.last_lines) is not None
+    return tf_keras_hint(failure.error, failure.last_lines) is not None \
+        or tf_keras_era(failure.error, trained)
+
+
+def tf_keras_era(error: dict | None, trained: bool) -> bool:
+    """The rule beyond the known texts: raised inside Keras 3's own code (the
+    bootstrap's `raised_in_keras3`), before any step trained, by a script that
+    names `tf.keras` (`script_uses_tf_keras`): tf.keras-era code that Keras 3
+    refuses as it is built (a TensorFlow op on a Keras layer's output, say)."""
+    error = error or {}
+    return not trained and error.get("raised_in_keras3") is True \
+        and error.get("script_uses_tf_keras") is True
 
 
 def switched(generation: int, failure: Failure) -> dict[str, Any]:

@@ -124,6 +124,8 @@ def _exited(message: dict, clean: dict) -> None:
     if isinstance(error, dict):
         clean["error"] = {key: _text(error.get(key), MAX_ERROR_FIELD)
                           for key in ("type", "message", "traceback") if key in error}
+        # The bootstrap's facts for `keras: auto` (launcher/job/keras_fallback.py).
+        clean["error"].update({key: True for key in KERAS_ERA if error.get(key) is True})
     else:
         clean["error"] = None
 
@@ -132,6 +134,8 @@ def _stacks(message: dict, clean: dict) -> None:
     clean["text"] = _text(message.get("text") or "", MAX_STACK)
     clean["error"] = _text(message.get("error") or "", MAX_ERROR_FIELD)
 
+
+KERAS_ERA = ("raised_in_keras3", "script_uses_tf_keras")
 
 # A task's host signals in a heartbeat (launcher/agent/health.py); others are dropped.
 HEALTH_KEYS = frozenset({"run_delay_s", "cpu_s", "throttled_s", "io_wait", "gpu_util",

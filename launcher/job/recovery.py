@@ -102,6 +102,11 @@ class Budget:
         return Budget(self.max_restarts, self.max_total, self.spent + (1 if counts else 0),
                       self.total + 1, free)
 
+    def refund(self) -> Budget:
+        """The last counted restart did move the training after all (the next
+        generation resumed past the previous one): it does not count."""
+        return Budget(self.max_restarts, self.max_total, max(0, self.spent - 1), self.total, 0)
+
     @property
     def exhausted(self) -> bool:
         return self.spent >= self.max_restarts

@@ -32,6 +32,7 @@ class JobSoFar:
     restarts: int = 0
     backoff_attempt: int = 0  # restarts since the backoff was last reset
     failures: list[Failure] = field(default_factory=list)
+    last_counted: bool = False  # the last restart counted against max_restarts
     tasks: dict[str, dict[str, Any]] = field(default_factory=dict)  # the last generation's
 
 
@@ -51,6 +52,7 @@ def count_restart(job: JobSoFar, policy: Backoff, *, counts: bool, advanced: boo
     while (`trained_s`) and advanced proves the failure was no loop: reset."""
     job.restarts += 1
     job.generation += 1
+    job.last_counted = counts
     if advanced and trained_s >= BACKOFF_RESET_S:
         job.backoff_attempt = 0
     delay = backoff_delay(job.backoff_attempt, policy.backoff_s, policy.backoff_max_s)

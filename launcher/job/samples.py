@@ -16,7 +16,8 @@ every report; `events.jsonl` keeps, per task:
   supervisor's watch tick: a task gone quiet still shows its last step) or
   when its task exits (the last step before a failure: docs/goodput.md), with
   the time it arrived, so a line may come a little after later events;
-- a restarted fit's resume point (`start_epoch`) is always written.
+- a restarted task's resume point (`resumed`, `start_epoch`) is always
+  written; the last save held back (`saved`, `saved_dir`) rides on the next line.
 
 docs/operations.md states the rate and the file's growth. Pure bookkeeping;
 owned by the supervisor thread. Must not import ops or cli.
@@ -44,6 +45,7 @@ class _Held:
     t: float
     save_s: float = 0.0
     checkpoint: bool = False
+    saved: dict[str, Any] | None = None  # the latest completed save's `saved`, `saved_dir`
 
 
 class ProgressSampler:
@@ -76,14 +78,15 @@ class ProgressSampler:
         gap = self._gap(event.generation, now)
         metrics = event.metrics
         # A resume point always; an epoch's end or a save while the generation is young.
-        marks = metrics.get("start_epoch") or (gap == self.floor_s and (
+        marks = metrics.get("start_epoch") or "resumed" in metrics or (gap == self.floor_s and (
             metrics.get("epoch_end") or metrics.get("checkpoint")))
         if last is None or now - last >= gap or marks:
             self._written[key] = now
             held = self._held.pop(key, None)
             return [(_with(event, held) if held else event, None)]
         held = self._held.get(key)
-        self._held[key] = _Held(event, now, *_carried(held, event.metrics))
+        self._held[key] = _Held(event, now, *_carried(held, event.metrics),
+                                saved=_saved(event.metrics) or (held.saved if held else None))
         return []
 
     def due(self) -> list[tuple[ev.Event, float | None]]:
@@ -119,12 +122,17 @@ def _carried(held: _Held | None, metrics: dict[str, Any]) -> tuple[float, bool]:
 def _with(event: ev.Progress, held: _Held, own: bool = True) -> ev.Progress:
     """`event`, also carrying what the held reports carried (`own`: plus its own)."""
     save_s, checkpoint = _carried(held, event.metrics) if own else (held.save_s, held.checkpoint)
-    metrics = dict(event.metrics)
+    metrics = {**(held.saved or {}), **event.metrics}
     if save_s > 0:
         metrics["save_s"] = round(save_s, 4)
     if checkpoint:
         metrics["checkpoint"] = 1
     return replace(event, metrics=metrics)
+
+
+def _saved(metrics: dict[str, Any]) -> dict[str, Any] | None:
+    return {k: metrics[k] for k in ("saved", "saved_dir", "chief") if k in metrics} \
+        if "saved" in metrics else None
 
 
 def _seconds(value: Any) -> float:

@@ -212,6 +212,8 @@ class Supervisor:
         if gen.failure is None:
             return End("succeeded")
         job.failures.append(gen.failure)
+        if gen.resumed_past and job.last_counted:  # the restart before it did move the training
+            job.budget = job.budget.refund()
         # Progress is the training moving: a checkpoint the runtime reported
         # saving, or a checkpoint series that moved on disk (not file times).
         advanced = gen.advanced or checkpoints.advanced(checkpoint_before,
@@ -237,7 +239,8 @@ class Supervisor:
     def _restart(self, job: JobSoFar, gen: Generation, advanced: bool, counts: bool) -> End | None:
         """Tell the restart and wait its backoff; an end when a stop came meanwhile."""
         assert gen.failure is not None
-        if self._keras_switch is None and keras_fallback.should_switch(gen.plan, gen.failure):
+        if self._keras_switch is None and keras_fallback.should_switch(gen.plan, gen.failure,
+                                                                       gen.stepped):
             self._keras_switch = keras_fallback.switched(job.generation + 1, gen.failure)
             self._tell(keras_switched(self._keras_switch))
         restart = count_restart(job, self._policy, counts=counts, advanced=advanced,
@@ -488,14 +491,13 @@ class Supervisor:
         if gen.phase in (Phase.STARTING, Phase.FORMING):
             gen.enter(Phase.TRAINING)
         self._watch.position(gen, record, data)  # where it is (job/lockstep.py)
-        if "step" not in data and "at" in data:
-            return  # a position alone (a script that reports its own steps): no step to show
-        record.last_progress = data
-        resumed = self._resumes.on_progress(gen.plan.generation, data)
-        if resumed is not None:
-            self._tell(ev.Resumed(generation=resumed["generation"], epoch=resumed.get("epoch"),
-                                  step=resumed.get("step"),
-                                  checkpoint=resumed.get("checkpoint")))
+        if "step" in data:  # a save, a resume point or a position alone is no step report
+            record.last_progress, gen.stepped = data, True
+        elif "at" in data and not {"saved", "resumed"} & data.keys():
+            return  # a position alone: nothing to show or count
+        for told in self._resumes.told(gen.plan.generation, record.task.name, data):
+            gen.resumed_past |= isinstance(told, ev.Resumed) and told.past is not None
+            self._tell(told)  # a resume point, or a resume behind the last save
         if isinstance(data.get("step"), int | float):
             record.step_marks = [*record.step_marks[-1:], (self._clock(), int(data["step"]))]
         if data.get("checkpoint"):  # the runtime saw a checkpoint saved: training moved

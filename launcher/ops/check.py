@@ -42,9 +42,9 @@ from ..spec.plan import HostTarget, Plan, PlanError
 from ..strategy import ON_JAX
 from ..transport import AgentLink, AgentMessage, Transport
 from ..transport.factory import make_transport
-from . import check_collective, check_json, usage
+from . import check_collective, check_json, script_dirs, usage
 from .check_collective import CollectiveReport, task_addresses
-from .check_scripts import LISTEN, PROBE, REMOVE, WRITE_NONCE
+from .check_scripts import LISTEN, PROBE, READ_NONCE, REMOVE, UNLINK, WRITE_NONCE
 
 EXIT_READY, EXIT_NOT_READY = 0, 2
 PROBE_TIMEOUT_S = 30.0  # one probe on one host: a few socket connects and a stat
@@ -65,6 +65,7 @@ class HostReport:
     gpus: list[str] | None = None
     login_s: float | None = None  # one `true` over SSH: mostly the login shell's rc files
     problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # warnings that do not fail the check
     jax: dict[str, str | None] = field(default_factory=dict)  # jax and jaxlib versions
     keras_backend: str | None = None  # what Keras 3 runs on in the tasks
     tf_ports: str = ""  # who could connect to the job's TF ports (launcher.firewall)
@@ -313,11 +314,12 @@ def render(reports: list[HostReport], checkpoint_dir: str, ports_fixed: bool,
         width = max(len(r.host.name) for r in sealing)
         lines += [f"  {r.host.name:<{width}}  {r.tf_ports}" for r in sealing]
     slow = [r for r in reports if r.login_s is not None and r.login_s > SLOW_LOGIN_S]
-    if slow:
+    if slow or any(r.notes for r in reports):
         lines.append("notes:")
         lines += [f"  {r.host.name}: every SSH command waits {r.login_s:.1f} s for the login "
                   "shell (a heavy ~/.bashrc?); launches pay it on every host: see README, "
                   "'Fan-out speed'" for r in slow]
+        lines += [f"  {r.host.name}: warning: {note}" for r in reports for note in r.notes]
     bad = [r for r in reports if r.problems]
     if bad:
         lines.append("problems:")
@@ -334,7 +336,7 @@ def render(reports: list[HostReport], checkpoint_dir: str, ports_fixed: bool,
 
 
 def run_check(loaded: LoadedConfig, collective_timeout_s: float | None = (
-        check_collective.DEFAULT_TIMEOUT_S)
+        check_collective.DEFAULT_TIMEOUT_S), script_dirs: Sequence[tuple[str, str]] = ()
         ) -> tuple[list[HostReport], str, CollectiveReport | None]:
     """Check every host; (one report per host, the checkpoint dir checked, the
     collective's report: None when `collective_timeout_s` is None or no host
@@ -363,8 +365,9 @@ def run_check(loaded: LoadedConfig, collective_timeout_s: float | None = (
             reports[name].hello = hello
             _judge_tf_ports(reports[name], config.security.tf_ports)
         if connected.links:
-            collective = _probe(Agents(connected.links, connected.events), reports,
-                                connected.plan, collective_timeout_s)
+            agents = Agents(connected.links, connected.events)
+            collective = _probe(agents, reports, connected.plan, collective_timeout_s)
+            _probe_script_dirs(agents, reports, script_dirs)
         if config.transport == "ssh":
             _time_logins(connected.transport, [reports[name] for name in connected.links])
     finally:
@@ -448,6 +451,34 @@ def _probe(agents: Agents, reports: dict[str, HostReport], plan: Plan,
     return collective
 
 
+def _probe_script_dirs(agents: Agents, reports: dict[str, HostReport],
+                       dirs: Sequence[tuple[str, str]]) -> None:
+    """A note on each host that does not see a file written, from the first
+    host, into a checkpoint directory the script names: its tasks would not
+    resume from the saves made there (docs/fault-tolerance.md)."""
+    hosts = list(agents.links)
+    if len(hosts) < 2:
+        return
+    writer = hosts[0]
+    for folder, call in dirs:
+        nonce, name = secrets.token_hex(16), f".mgpu-check-{secrets.token_hex(4)}"
+        wrote = agents.exec_all({writer: [agents.python(writer), "-c", WRITE_NONCE,
+                                          json.dumps([folder, name, nonce])]})
+        if not (wrote[writer] or {}).get("ok"):
+            continue  # not writable from here: the run would say more
+        seen = agents.exec_all({h: [agents.python(h), "-c", READ_NONCE,
+                                    json.dumps([folder, name, nonce])] for h in hosts[1:]})
+        for host in hosts[1:]:
+            if not (seen[host] or {}).get("seen"):
+                reports[host].notes.append(
+                    f"the script's checkpoint directory {folder} ({call}) is not shared: a "
+                    f"file written there from {writer} is not visible here, so its tasks "
+                    "would not resume from the saves made there; use checkpoint.dir "
+                    "(runtime.checkpoint_dir()) or another shared directory")
+        agents.exec_all({writer: [agents.python(writer), "-c", UNLINK,
+                                  json.dumps(os.path.join(folder, name))]}, timeout=10)
+
+
 def _listen(agents: Agents, listen: dict[str, list[int]], reports: dict[str, HostReport]
             ) -> dict[str, list[int]]:
     """Start the listeners; each host's ports that listen (busy ones are problems)."""
@@ -502,6 +533,9 @@ def main(argv: list[str]) -> int:
                         help="check N simulated hosts on this machine (no YAML)")
     parser.add_argument("--no-collective", dest="collective", action="store_false",
                         help="skip the tiny collective across every task (faster)")
+    parser.add_argument("--script", metavar="PATH",
+                        help="the training script: warn when a checkpoint directory it names "
+                        "(BackupAndRestore, ModelCheckpoint, CheckpointManager) is not shared")
     parser.add_argument("--collective-timeout", type=float, metavar="S",
                         default=check_collective.DEFAULT_TIMEOUT_S,
                         help="bound on the collective, TensorFlow start-up included "
@@ -516,6 +550,8 @@ def main(argv: list[str]) -> int:
         parser.error("--local needs a number of hosts >= 1")
     if args.collective_timeout <= 0:
         parser.error("--collective-timeout needs a number of seconds > 0")
+    if args.script and not os.path.isfile(args.script):
+        parser.error(f"--script: no such file: {args.script}")
     try:
         if args.local is not None:
             loaded = local_config(args.local)
@@ -529,7 +565,8 @@ def main(argv: list[str]) -> int:
         return _cannot_check(f"mgpu-launch check: {exc}", args.json)
     try:
         reports, checkpoint_dir, collective = run_check(
-            loaded, args.collective_timeout if args.collective else None)
+            loaded, args.collective_timeout if args.collective else None,
+            script_dirs.checkpoint_dirs(args.script) if args.script else ())
     except PlanError as exc:
         return _cannot_check(f"mgpu-launch: cannot plan the job: {exc}", args.json)
     if args.json:

@@ -113,3 +113,24 @@ except (OSError, ValueError, AttributeError):
 out["keras_backend"] = backend or "tensorflow"
 print(json.dumps(out))
 """
+
+# Reads a nonce file another host wrote (a script's own checkpoint directory):
+# {"seen": bool}.
+READ_NONCE = r"""
+import json, os, sys
+folder, name, nonce = json.loads(sys.argv[1])
+try:
+    with open(os.path.join(folder, name)) as handle:
+        print(json.dumps({"seen": handle.read() == nonce}))
+except OSError:
+    print(json.dumps({"seen": False}))
+"""
+
+# Removes one nonce file.
+UNLINK = r"""
+import json, os, sys
+try:
+    os.unlink(json.loads(sys.argv[1]))
+except OSError:
+    pass
+"""

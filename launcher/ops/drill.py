@@ -149,6 +149,8 @@ def _drill(args: argparse.Namespace, loaded: LoadedConfig, command: list[str],
            faults: list[str], run_dir: Path) -> int:
     observed: list[Observed] = []
     series: list = []
+    timed: list[float] = []  # each save's seconds, as the bootstrap timed them
+    save_steps: list[int] = []
     stops: list[int] = []
     left = faults
     for number in range(1, MAX_JOBS + 1):
@@ -163,6 +165,8 @@ def _drill(args: argparse.Namespace, loaded: LoadedConfig, command: list[str],
                                   f"could not start: {exc}") for f in left]
             break
         series += story.series(injector.fault_t)
+        timed += story.save_seconds
+        save_steps += [step for _, step, _ in story.saves()]
         again = [o.fault for o in injector.observed if o.again]
         retry = injector.injected > 0 and not stops and number < MAX_JOBS
         observed += [o for o in injector.observed if not (o.again and retry)]
@@ -170,7 +174,8 @@ def _drill(args: argparse.Namespace, loaded: LoadedConfig, command: list[str],
         if not left:
             break
     hosts = sum(1 for h in loaded.config.hosts if not h.spare)
-    data = report([judge(o) for o in observed], series, hosts, args.mtbf_hours)
+    data = report([judge(o) for o in observed], series, hosts, args.mtbf_hours, timed,
+                  save_steps)
     data["run_dir"] = str(run_dir)
     fd = os.open(run_dir / DRILL_JSON, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as handle:  # user-readable only, as the run directory

@@ -69,6 +69,8 @@ class Story:
         self.disk_saves: list[tuple[float, int, int]] = []  # the same, seen on disk
         self.reported_checkpoints = False
         self.ended: ev.JobDone | None = None
+        self.save_seconds: list[float] = []  # each save's time, as the bootstrap timed it
+        self.behind: dict[int, ev.ResumeBehind] = {}  # a resume behind the last save
         self.finished: set[tuple[int, str]] = set()  # tasks that exited 0 by themselves
 
     def finished_in(self, gen: int, but: str) -> bool:
@@ -103,11 +105,21 @@ class Story:
             self.exits[(event.generation, event.task)] = (t, event.exit_code, event.signal)
             if event.exit_code == 0 and not event.stopped_by_launcher:
                 self.finished.add((event.generation, event.task))
+        elif isinstance(event, ev.ResumeBehind):
+            self.behind.setdefault(event.generation, event)
         elif isinstance(event, ev.JobDone):
             self.ended = event
 
     def _progress(self, event: ev.Progress, t: float) -> None:
         m, gen = event.metrics, event.generation
+        if isinstance(m.get("save_s"), int | float):
+            self.save_seconds.append(float(m["save_s"]))
+        if isinstance(m.get("saved"), int) and not isinstance(m.get("saved"), bool):
+            # A completed save the bootstrap saw, wherever the script keeps it
+            # (runtime/saves.py): its step is the optimizer's count.
+            self._checkpoint(event.task, int(m["saved"]), gen, t, bool(m.get("chief")))
+        if isinstance(m.get("resumed"), int) and gen > 0:  # read at the restore
+            self.resumed.setdefault(gen, int(m["resumed"]))
         step = m.get("step")
         if not isinstance(step, int | float):
             return
@@ -116,30 +128,37 @@ class Story:
             self.resumed.setdefault(gen, self.offset[gen])
             return
         if m.get("counted"):  # read off the optimizer every 2 s (runtime/steps.py)
-            self._counted(gen, event.task, int(step), t)
+            self._counted(gen, event.task, int(step), t, "saved" in m)
             return
         absolute = int(step) + self.offset.get(gen, 0)
         if gen > 0 and gen not in self.resumed:  # the first step done after the restore
             self.resumed[gen] = max(0, absolute - 1)
         self.first_step_t.setdefault(gen, t)
         saved = bool(m.get("checkpoint"))
-        if saved:  # the saver's word (the chief; a peer may run ahead of its save)
-            self.reported_checkpoints = True
-            if event.task in ("chief", "worker0") or not self.saver_reports:
-                if event.task in ("chief", "worker0") and not self.saver_reports:
-                    self.saver_reports = True
-                    self.checkpoints = [c for c in self.checkpoints if c[3]]
-                if (absolute, gen) not in {(c[1], c[2]) for c in self.checkpoints[-4:]}:
-                    self.checkpoints.append((t, absolute, gen, self.saver_reports))
+        if saved and "saved" not in m:  # the script's own word (runtime.callbacks())
+            self._checkpoint(event.task, absolute, gen, t, False)
         self.points.setdefault((gen, event.task), []).append((t, absolute, saved))
 
-    def _counted(self, gen: int, task: str, step: int, t: float) -> None:
-        """A script that reports no steps: the optimizer's restored count, first
-        read, is where it resumed; the count moving is its first step."""
-        first = self.counted_first.setdefault(gen, (t, step))
+    def _checkpoint(self, task: str, step: int, gen: int, t: float, chief: bool) -> None:
+        """A save reported: the saver's word first (the chief; a peer may run
+        ahead of its save)."""
+        self.reported_checkpoints = True
+        saver = chief or task in ("chief", "worker0")
+        if saver or not self.saver_reports:
+            if saver and not self.saver_reports:
+                self.saver_reports = True
+                self.checkpoints = [c for c in self.checkpoints if c[3]]
+            if (step, gen) not in {(c[1], c[2]) for c in self.checkpoints[-4:]}:
+                self.checkpoints.append((t, step, gen, self.saver_reports))
+
+    def _counted(self, gen: int, task: str, step: int, t: float, saved: bool) -> None:
+        """A script that reports no steps: the optimizer's restored count (read
+        at the restore, else first read) is where it resumed; the count moving
+        past it is its first step."""
+        first = self.counted_first.setdefault(gen, (t, self.resumed.get(gen, step)))
         if step > first[1]:
             self.counted_moved.setdefault(gen, t)
-        self.points.setdefault((gen, task), []).append((t, step, False))
+        self.points.setdefault((gen, task), []).append((t, step, saved))
 
     def first_step(self, gen: int) -> float | None:
         """When generation `gen` trained its first step (the script's word first)."""
@@ -149,6 +168,22 @@ class Story:
         if gen in self.resumed:
             return self.resumed[gen]
         return self.counted_first[gen][1] if gen in self.counted_first else None
+
+    def recovery(self, observed: Observed, gen: int) -> None:
+        """What the generation after `gen`'s fault says: when it was detected,
+        when the next trained, where it resumed (and a task behind the last save)."""
+        observed.detected_t = self.detected_t.get(gen)
+        observed.recovered_t = self.first_step(gen + 1)
+        observed.resumed_from_step = self.resumed_at(gen + 1)
+        observed.behind = self.behind_said(gen + 1)
+
+    def behind_said(self, gen: int) -> str:
+        """A task of `gen` that resumed behind the last save, in words ("": none)."""
+        behind = self.behind.get(gen)
+        if behind is None:
+            return ""
+        return (f"{behind.task} resumed at step {behind.step}, behind the last save (step "
+                f"{behind.saved_step} in {behind.directory or 'its directory'})")
 
     def on_disk_change(self) -> None:
         """The checkpoint directory's series moved: a save (its step: the
@@ -249,17 +284,13 @@ class Injector:
         self._disk = now
 
     def _settle(self, first: bool) -> int:
-        """Wait for the current generation to train and save: two saves before
-        the first fault (one interval to time), one after each recovery."""
+        """Wait for the current generation to train and save: each fault comes
+        right after the first save it sees (the bootstrap times each save, and
+        the interval is read from the saves' steps: drill_report.report)."""
         story = self.story
         self._wait(lambda: story.first_step(story.generation), RECOVER_WAIT_S)
         gen = story.generation
-        began = time.monotonic()
         self._wait(lambda: story.saves_in(gen) >= 1, self.checkpoint_wait_s)
-        if first and story.saves_in(gen) >= 1:
-            took = time.monotonic() - began
-            self._wait(lambda: story.saves_in(gen) >= 2 or story.generation != gen,
-                       1.5 * took + 5.0)
         return story.generation
 
     # ------------------------------------------------------------ one fault
@@ -299,9 +330,7 @@ class Injector:
         self._wait(lambda: story.detected_t.get(gen), DETECT_WAIT_S)
         self._wait(lambda: story.first_step(gen + 1), RECOVER_WAIT_S)
         with story.cond:
-            observed.detected_t = story.detected_t.get(gen)
-            observed.recovered_t = story.first_step(gen + 1)
-            observed.resumed_from_step = story.resumed_at(gen + 1)
+            story.recovery(observed, gen)
             if observed.recovered_t is None and story.ended is not None:
                 observed.ended = (f"the job {story.ended.status}"
                                   + (f": {story.ended.message}" if story.ended.message else ""))

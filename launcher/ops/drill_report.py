@@ -44,6 +44,7 @@ class Observed:
     recovered_t: float | None = None  # first step of the next generation
     resumed_from_step: int | None = None
     ended: str = ""  # the job ended instead of recovering: how
+    behind: str = ""  # a task resumed behind the last save (a directory not shared)
     # preempt only
     grace_s: float = 0.0
     term_exit_t: float | None = None  # the victim's exit after SIGTERM
@@ -103,6 +104,10 @@ def _verdict(o: Observed, lost: int | None) -> tuple[str, str]:
         return "fail", (f"no checkpoint was saved before the {o.fault} (none reported by the "
                         "script, none seen in checkpoint.dir): the job restarted from step "
                         f"{resumed} and trained {lost or 0} steps again — {SAVE_HINT}")
+    if o.behind:
+        return "fail", (f"{o.behind}: the script saves into a directory that is not shared "
+                        "by every host — keep checkpoints in checkpoint.dir "
+                        "(runtime.checkpoint_dir()) or another shared directory")
     if resumed == 0 and checkpoint > 0:
         return "fail", f"restarted from step 0: nothing was restored — {SAVE_HINT}"
     if resumed < checkpoint:
@@ -155,11 +160,12 @@ def cost_and_rate(series: list[list[Point]]) -> tuple[float | None, float | None
     """(seconds per checkpoint save, steps/s between saves, seconds between saves)
     from each generation's progress reports (one task's, in order).
 
-    The steps/s come from consecutive reports with no save between; a report
+    The steps/s come from consecutive reports with no save between (else from
+    all of them); a report
     that says a checkpoint was saved took that save's time on top of its
     steps: what it took beyond its steps at that rate is the save's cost.
     A generation's first report (start-up, tracing) is left out."""
-    pure_steps = pure_time = 0.0
+    pure_steps = pure_time = all_steps = all_time = 0.0
     saves: list[tuple[float, int]] = []
     gaps: list[float] = []
     for points in map(_one_per_step, series):
@@ -167,6 +173,7 @@ def cost_and_rate(series: list[list[Point]]) -> tuple[float | None, float | None
         for (ta, sa, _), (tb, sb, saved) in zip(points[1:], points[2:], strict=False):
             if sb <= sa or tb <= ta:
                 continue
+            all_steps, all_time = all_steps + sb - sa, all_time + tb - ta
             if saved:
                 saves.append((tb - ta, sb - sa))
                 if last_save is not None:
@@ -175,7 +182,10 @@ def cost_and_rate(series: list[list[Point]]) -> tuple[float | None, float | None
             else:
                 pure_steps += sb - sa
                 pure_time += tb - ta
-    rate = pure_steps / pure_time if pure_time > 0 else None
+    # No two reports without a save between (a save every report or so): the
+    # rate with the saves in it, a little low.
+    rate = pure_steps / pure_time if pure_time > 0 else (
+        all_steps / all_time if all_time > 0 else None)
     cost = None
     if saves and rate:
         cost = max(0.0, statistics.median(dt - ds / rate for dt, ds in saves))
@@ -215,9 +225,20 @@ def goodput(interval_s: float, cost_s: float, mtbf_job_s: float, recovery_s: flo
 
 
 def report(verdicts: list[Verdict], series: list[list[Point]], hosts: int,
-           mtbf_hours: float) -> dict[str, Any]:
-    """drill.json: the issue's fields first, then how the interval was reached."""
+           mtbf_hours: float, timed: list[float] | None = None,
+           save_steps: list[int] | None = None) -> dict[str, Any]:
+    """drill.json: the issue's fields first, then how the interval was reached.
+
+    `timed`: each save's seconds as the bootstrap timed them (preferred to the
+    cost inferred from the reports); `save_steps`: the steps of the saves, in
+    order, for the interval when no generation saved twice."""
     cost, rate, current = cost_and_rate(series)
+    if timed:
+        cost = round(statistics.median(timed), 3)
+    steps = save_steps or []
+    gaps = [b - a for a, b in zip(steps, steps[1:], strict=False) if b > a]
+    if current is None and gaps and rate:
+        current = round(statistics.median(gaps) / rate, 2)
     mtbf_job_s = mtbf_hours * 3600.0 / max(1, hosts)
     recoveries = [v.recovered_s for v in verdicts if v.recovered_s is not None]
     recovery = statistics.mean(recoveries) if recoveries else 0.0

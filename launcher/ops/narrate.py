@@ -87,7 +87,19 @@ def _resumed(event: ev.Resumed) -> str:
     if (event.epoch or 0) == 0 and (event.step or 0) == 0:
         return (f"generation {event.generation} started from the beginning "
                 "(no checkpoint restored)")
-    return f"generation {event.generation} resumed at {' '.join(where)}"
+    said = f"generation {event.generation} resumed at {' '.join(where)}"
+    if event.past is not None:
+        said += (f", past generation {event.generation - 1}'s step {event.past}: "
+                 "that restart is progress")
+    return said
+
+
+def _resume_behind(event: ev.ResumeBehind) -> str:
+    return (f"warning: {event.task} resumed at step {event.step}, behind the last save (step "
+            f"{event.saved_step} in {event.directory or 'its checkpoint directory'}, by "
+            f"{event.by}): that directory is not what {event.task} restores from; keep "
+            "checkpoints in a directory every host shares (checkpoint.dir), not one "
+            "local to each host")
 
 
 def _keras(event: ev.KerasSwitched) -> str:
@@ -127,6 +139,7 @@ _TELLERS = {
     ev.HostsChosen: lambda e: e.message or None,
     ev.Reaped: _reaped,
     ev.Resumed: _resumed,
+    ev.ResumeBehind: _resume_behind,
     ev.KerasSwitched: _keras,
     ev.JobDone: lambda e: e.message or None,
     ev.BadMessage: lambda e: f"agent {e.host}: ignored a malformed message: {e.reason}",

@@ -58,6 +58,7 @@ class RunView:
     last_event_t: float | None
     goodput: dict[str, Any] | None = None  # where the time went (job/goodput.py)
     stragglers: tuple[str, ...] = ()  # the straggler radar's lines (docs/stragglers.md)
+    resume_behind: tuple[str, ...] = ()  # a task resumed behind the last save (job/resumes.py)
 
     @property
     def finished(self) -> bool:
@@ -212,6 +213,8 @@ def load_run(run_dir: str | os.PathLike,
         goodput=_goodput_of(summary, events, status),
         stragglers=tuple(said[1] for e in events if e.get("event") == "straggler"
                          and (said := narrate.line(from_record(e))) is not None),
+        resume_behind=tuple(said[1] for e in events if e.get("event") == "resume_behind"
+                            and (said := narrate.line(from_record(e))) is not None),
     )
 
 
@@ -316,6 +319,8 @@ def render_status(view: RunView, now: float | None = None) -> str:
         lines += ["", goodput_line(view.goodput)]
     if view.stragglers:
         lines += ["", *view.stragglers]
+    if view.resume_behind:
+        lines += ["", *view.resume_behind]
     lines += ["", f"logs:       {view.run_dir / LOGS}"]
     if (view.run_dir / LAUNCHER_OUT).exists():  # a detached run: the launcher's own lines
         lines.append(f"launcher:   {view.run_dir / LAUNCHER_OUT}")

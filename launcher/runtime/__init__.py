@@ -247,6 +247,38 @@ def report_checkpoint(step: int, **metrics: float) -> None:
     report_progress(step, checkpoint=1, **metrics)
 
 
+def report_saved(step: int | None, directory: str) -> None:
+    """A checkpoint save completed (the bootstrap's save hooks, runtime.saves):
+    its step and directory, and progress. A report of its own, at once: the
+    save's time goes with it, and a task killed right after still proved it."""
+    if not os.environ.get("MGPU_PROGRESS_FD"):
+        return
+    record: dict = {"checkpoint": 1, "saved_dir": _short_path(directory), "time": time.time()}
+    if step is not None:
+        record["saved"] = int(step)
+        if not steps_reported_by_script():  # a step of the optimizer's count (runtime.steps)
+            record.update(step=int(step), counted=1)
+    if is_chief():
+        record["chief"] = 1
+    write_progress(record)
+
+
+def report_resumed(step: int, directory: str | None = None) -> None:
+    """Where this process resumed training: the step its restore left the
+    optimizer at (the bootstrap's restore hooks, runtime.restores)."""
+    if not os.environ.get("MGPU_PROGRESS_FD"):
+        return
+    record: dict = {"resumed": int(step), "time": time.time()}
+    if directory:
+        record["resumed_dir"] = _short_path(directory)
+    write_progress(record)
+
+
+def _short_path(path: str, limit: int = 200) -> str:
+    """A path that fits a progress string (launcher/job/protocol.py keeps 200)."""
+    return path if len(path) <= limit else "…" + path[-(limit - 1):]
+
+
 def _keras(model=None):
     """The Keras the script uses: tf_keras or Keras 3 (their callbacks do not mix).
 

@@ -1,11 +1,16 @@
-"""Checkpoint saves timed, for the goodput ledger (launcher/job/goodput.py).
+"""Checkpoint saves timed and reported: the evidence that training moved.
 
 Post-import hooks wrap the methods that save a checkpoint:
 
 - Keras 3 and tf_keras: `BackupAndRestore` (`_save_model`, tf_keras' `_backup`)
   and `ModelCheckpoint` (`_save_model`);
 - TensorFlow: `tf.train.CheckpointManager.save` (a custom loop's saves, and
-  tf_keras' BackupAndRestore underneath).
+  tf_keras' BackupAndRestore underneath), `tf.train.Checkpoint.save` and `write`.
+
+Each save that returns (not one that raised, nor an asynchronous write still
+under way) is reported to the launcher at once: `saved` (the optimizer's step
+count at the save), `saved_dir` (the directory, wherever the script keeps it)
+and `checkpoint` (progress: the restart after it is free of `max_restarts`).
 
 Each save's duration is added up here and sent with the next step report as
 `save_s` (`runtime.write_progress`): the launcher counts that time as
@@ -13,15 +18,17 @@ checkpointing, not training. A save inside a save (tf_keras' backup calls its
 CheckpointManager) counts once. A script that saves some other way can say
 how long it took: `runtime.report_checkpoint(step, save_s=seconds)`.
 
-The cost: two clock reads per save. Standard library only at import time;
-must not import the launcher side.
+The cost: two clock reads and one progress line per save. Standard library
+only at import time; must not import the launcher side.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import threading
 import time
+from collections.abc import Callable
 from types import ModuleType
 
 _MARK = "_mgpu_times_saves"
@@ -50,8 +57,13 @@ def pending() -> bool:
         return _pending_s > 0.0
 
 
-def timed(cls: type, name: str) -> None:
-    """Wrap `cls.<name>` (a method that saves) to time it (once)."""
+# Where a saver writes, from the wrapped call: (instance, args, kwargs) -> directory.
+Where = Callable[[object, tuple, dict], "str | None"]
+
+
+def timed(cls: type, name: str, where: Where | None = None) -> None:
+    """Wrap `cls.<name>` (a method that saves) to time it (once); with `where`,
+    a save that returned is reported (`completed`) with its directory."""
     original = cls.__dict__.get(name)
     if original is None or getattr(original, _MARK, False):
         return
@@ -62,28 +74,90 @@ def timed(cls: type, name: str) -> None:
             return original(*args, **kwargs)
         _inside.saving = True
         began = time.monotonic()
+        done = False
         try:
-            return original(*args, **kwargs)
+            result = original(*args, **kwargs)
+            done = True
+            return result
         finally:
             _inside.saving = False
             note(time.monotonic() - began)
+            if done and where is not None and not _asynchronous(args, kwargs):
+                _completed(args[0] if args else None, where, args, kwargs)
 
     setattr(save, _MARK, True)
     setattr(cls, name, save)
 
 
+def _asynchronous(args: tuple, kwargs: dict) -> bool:
+    """A TensorFlow write with async checkpointing on: it returns before it completed."""
+    for value in (*args[1:], *kwargs.values()):
+        if getattr(value, "experimental_enable_async_checkpoint", False) is True:
+            return True
+    return False
+
+
+def _completed(saver: object, where: Where, args: tuple, kwargs: dict) -> None:
+    """Report a completed save: its step and directory (best effort)."""
+    try:
+        directory = where(saver, args, kwargs)
+        step = _step_of(getattr(saver, "model", None))
+    except Exception:  # noqa: BLE001 - a layout we do not know: no report, no harm
+        return
+    if not directory:
+        return
+    from launcher import runtime
+
+    runtime.report_saved(step, os.path.abspath(str(directory)))
+
+
+def _step_of(model) -> int | None:
+    """The step count at a save: the saving model's optimizer, else the highest
+    counter the step watcher tracks (runtime.steps)."""
+    from . import steps
+
+    if model is not None:
+        step = steps.read_jax_state(model)
+        if step is None:
+            step = steps.read_iterations(getattr(model, "optimizer", None))
+        if step is not None:
+            return step
+    return steps.current_step()
+
+
+def _backup_dir(saver, args, kwargs) -> str | None:
+    return getattr(saver, "backup_dir", None)
+
+
+def _filepath_dir(saver, args, kwargs) -> str | None:  # ModelCheckpoint's templated path
+    path = getattr(saver, "filepath", None)
+    return (os.path.dirname(os.fspath(path)) or ".") if path else None
+
+
+def _manager_dir(saver, args, kwargs) -> str | None:
+    return getattr(saver, "directory", None)
+
+
+def _prefix_dir(saver, args, kwargs) -> str | None:  # Checkpoint.save/write(file_prefix)
+    prefix = args[1] if len(args) > 1 else kwargs.get("file_prefix")
+    return (os.path.dirname(os.fspath(prefix)) or ".") if prefix else None
+
+
 def on_keras(module: ModuleType) -> None:
     """`keras` (Keras 3) or `tf_keras` imported: its checkpoint callbacks."""
     callbacks = module.callbacks
-    for cls_name, methods in (("BackupAndRestore", ("_save_model", "_backup")),
-                              ("ModelCheckpoint", ("_save_model",))):
+    for cls_name, methods, where in (
+            ("BackupAndRestore", ("_save_model", "_backup"), _backup_dir),
+            ("ModelCheckpoint", ("_save_model",), _filepath_dir)):
         cls = getattr(callbacks, cls_name, None)
         for method in methods if cls is not None else ():
-            timed(cls, method)
+            timed(cls, method, where)
 
 
 def on_tensorflow(module: ModuleType) -> None:
-    timed(module.train.CheckpointManager, "save")
+    timed(module.train.CheckpointManager, "save", _manager_dir)
+    for method in ("save", "write"):
+        timed(module.train.Checkpoint, method, _prefix_dir)
 
 
 HOOKS = {"keras": on_keras, "tf_keras": on_keras, "tensorflow": on_tensorflow}

@@ -17,9 +17,11 @@ multi-worker tutorials as they are):
   is one variable read every two seconds, and one more at a clean exit (the
   last steps of a short run).
 
-`fit` also gets one more callback, called at each epoch's end only, that
-keeps the epoch's loss as Keras logged it (already reduced across workers):
-the next report carries it. A custom loop's loss is the script's to report.
+`fit` also gets one more callback, called at each epoch's start and end only,
+that keeps the epoch's loss as Keras logged it (already reduced across
+workers): the next report carries it; and, last of the callbacks, tells where a
+restarted `fit` resumed (runtime.restores). A custom loop's loss is the
+script's to report.
 
 A script that reports steps itself (`runtime.callbacks()`,
 `report_progress(step)`) wins: after its first step report this module stays
@@ -228,6 +230,15 @@ def _epoch_end_callback(callbacks_module: ModuleType):
     class EpochLoss(callbacks_module.Callback):
         # Epoch ends only: a batch hook would make Keras hand over every
         # step's logs, and logs at an epoch's end are already reduced.
+        began = False
+
+        def on_epoch_begin(self, epoch, logs=None):
+            if not self.began:  # after every callback's restore: where fit resumed
+                self.began = True
+                from . import restores
+
+                restores.first_epoch(self.model, epoch)
+
         def on_epoch_end(self, epoch, logs=None):
             global _epoch_loss
             try:

@@ -1,0 +1,131 @@
+"""Where a restarted task resumed training, read where its restore happens.
+
+A script that never calls the runtime still restores its training state in
+one of a few places; the step its optimizer holds right after is where it
+resumed. Reported once per process, as `resumed` (the step), `resumed_epoch` (Keras
+`fit`) and `resumed_dir` (the directory restored from, when known):
+
+- Keras `fit` (Keras 3 on TensorFlow or JAX, tf_keras): the first epoch that
+  begins, told by the callback the step counter's `fit` wrapper adds last
+  (runtime.steps), so after `BackupAndRestore.on_train_begin` restored the
+  weights, the optimizer and the epoch; that hook notes the backup directory;
+- a custom loop: `tf.train.Checkpoint.restore` / `read` and
+  `tf.train.CheckpointManager.restore_or_initialize`, once they return: the
+  step count of the optimizer the checkpoint holds (else the highest counter
+  the step watcher tracks). A restore that finds nothing resumes at 0.
+
+A restore inside a backup's own `on_train_begin` is the backup's: told by the
+epoch that follows. The cost: a few attribute reads per restore, once.
+
+Standard library only at import time; must not import the launcher side.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+from types import ModuleType
+
+_MARK = "_mgpu_reads_restores"
+_told = False  # this process reported where it resumed
+_backup_dir: str | None = None  # the last BackupAndRestore that restored
+_inside = threading.local()
+
+
+def tell(step: int | None, epoch: int | None = None, directory: str | None = None) -> None:
+    """Report where this process resumed (once; only in a restarted generation)."""
+    global _told
+    if _told or step is None:
+        return
+    _told = True
+    from launcher import runtime
+
+    if epoch is not None:
+        runtime.write_progress({"resumed": int(step), "resumed_epoch": int(epoch),
+                                **({"resumed_dir": runtime._short_path(directory)}
+                                   if directory else {})})
+        return
+    runtime.report_resumed(step, directory)
+
+
+def first_epoch(model, epoch: int) -> None:
+    """`fit`'s first epoch began (after every callback's `on_train_begin`)."""
+    from . import saves
+
+    tell(saves._step_of(model), epoch, _backup_dir)
+
+
+def _wrap(cls: type, name: str, after) -> None:
+    """Wrap `cls.<name>` to call `after(instance, args, kwargs, result)` once it
+    returned (the outermost of nested restores only)."""
+    original = cls.__dict__.get(name)
+    if original is None or getattr(original, _MARK, False):
+        return
+
+    @functools.wraps(original)
+    def restore(*args, **kwargs):
+        if getattr(_inside, "restoring", False):
+            return original(*args, **kwargs)
+        _inside.restoring = True
+        try:
+            result = original(*args, **kwargs)
+        finally:
+            _inside.restoring = False
+        try:
+            after(args[0], args, kwargs, result)
+        except Exception:  # noqa: BLE001, S110 - a layout we do not know: no report
+            pass
+        return result
+
+    setattr(restore, _MARK, True)
+    setattr(cls, name, restore)
+
+
+def _backup_restored(callback, args, kwargs, result) -> None:
+    global _backup_dir
+    directory = getattr(callback, "backup_dir", None)
+    _backup_dir = os.path.abspath(str(directory)) if directory else None
+
+
+def _checkpoint_restored(checkpoint, args, kwargs, result) -> None:
+    path = args[1] if len(args) > 1 else kwargs.get("save_path")
+    tell(_step_in(checkpoint), directory=os.path.dirname(os.fspath(path)) if path else None)
+
+
+def _manager_restored(manager, args, kwargs, result) -> None:
+    tell(_step_in(getattr(manager, "_checkpoint", None)),
+         directory=getattr(manager, "directory", None))
+
+
+def _step_in(checkpoint) -> int | None:
+    """The highest step count among the optimizers a checkpoint holds (directly,
+    or as a model's), else the highest the step watcher tracks."""
+    from . import steps
+
+    counts = []
+    for value in list(vars(checkpoint).values()) if checkpoint is not None else ():
+        for optimizer in (value, getattr(value, "optimizer", None)):
+            if optimizer is not None and hasattr(optimizer, "_iterations"):
+                count = steps.read_iterations(optimizer)
+                if count is not None:
+                    counts.append(count)
+    if counts:
+        return max(counts)
+    return steps.current_step()
+
+
+def on_keras(module: ModuleType) -> None:
+    """`keras` (Keras 3) or `tf_keras`: the backup's restore, noted for the epoch."""
+    backup = getattr(module.callbacks, "BackupAndRestore", None)
+    if backup is not None:
+        _wrap(backup, "on_train_begin", _backup_restored)
+
+
+def on_tensorflow(module: ModuleType) -> None:
+    for name in ("restore", "read"):
+        _wrap(module.train.Checkpoint, name, _checkpoint_restored)
+    _wrap(module.train.CheckpointManager, "restore_or_initialize", _manager_restored)
+
+
+HOOKS = {"keras": on_keras, "tf_keras": on_keras, "tensorflow": on_tensorflow}

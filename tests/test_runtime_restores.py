@@ -1,0 +1,89 @@
+"""Saves and resume points from a script that never calls the runtime, in a
+real task process as the agent starts it (launcher/runtime/saves.py,
+restores.py): Keras `fit` with its own BackupAndRestore under tf_keras and
+Keras 3 on JAX (Keras 3 on TensorFlow and custom loops: tests/test_resume_evidence.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, SCRIPTS
+
+
+def run_task(tmp_path: Path, keras: str, generation: int, **env: str) -> list[dict]:
+    """The script's progress records, as the launcher would read them."""
+    read_fd, write_fd = os.pipe()
+    env = dict(os.environ, MGPU_PROGRESS_FD=str(write_fd), MGPU_GENERATION=str(generation),
+               PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2", **env)
+    proc = subprocess.Popen([sys.executable, "-m", "launcher.bootstrap",
+                             str(SCRIPTS / "backup_fit_any_keras.py"), str(tmp_path / "backup"),
+                             keras], env=env, cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, pass_fds=(write_fd,))
+    os.close(write_fd)
+    with os.fdopen(read_fd) as channel:
+        records = [json.loads(line) for line in channel]
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == (3 if env.get("CRASH_AT") else 0), output[-3000:]
+    return records
+
+
+@pytest.mark.parametrize("keras,backend", [("tf_keras", "tensorflow"), ("keras", "jax")])
+def test_a_fit_with_its_own_backup_reports_its_saves_and_where_it_resumed(
+        tmp_path: Path, keras: str, backend: str):
+    if backend == "jax":
+        pytest.importorskip("jax", reason="needs the [jax] extra (pip install 'mgpu-launch[jax]')")
+    first = run_task(tmp_path, keras, 0, CRASH_AT="1", KERAS_BACKEND=backend)
+    saves = [(r["saved"], r["saved_dir"]) for r in first if "saved" in r]
+    backup = str(tmp_path / "backup")
+    assert saves[:2] == [(16, backup), (32, backup)], first  # each epoch's backup, completed
+    assert [r["resumed"] for r in first if "resumed" in r] == [0]
+    again = run_task(tmp_path, keras, 1, KERAS_BACKEND=backend)
+    [resumed] = [r for r in again if "resumed" in r]
+    # The optimizer's count and the epoch the backup restored, before any step.
+    assert (resumed["resumed"], resumed["resumed_epoch"]) == (32, 2), again
+    assert resumed["resumed_dir"] == backup
+    assert max(r.get("step", 0) for r in again) == 64, again
+
+
+def test_only_a_save_that_completed_is_reported_with_its_step_and_directory(monkeypatch,
+                                                                           tmp_path):
+    from launcher.runtime import saves
+
+    read_fd, write_fd = os.pipe()
+    monkeypatch.setenv("MGPU_PROGRESS_FD", str(write_fd))
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+
+    class Optimizer:
+        _iterations = 7
+
+    class Model:
+        optimizer = Optimizer()
+
+    class Manager:  # as tf.train.CheckpointManager: `directory`, save(options=...)
+        directory = str(tmp_path / "ckpt")
+        model = Model()
+
+        def save(self, options=None, fail=False):
+            if fail:
+                raise OSError("disk full")
+            return "ckpt-1"
+
+    class Async:
+        experimental_enable_async_checkpoint = True
+
+    saves.timed(Manager, "save", saves._manager_dir)
+    Manager().save()
+    with pytest.raises(OSError):
+        Manager().save(fail=True)  # raised: no progress
+    Manager().save(options=Async())  # still being written: no progress
+    os.close(write_fd)
+    with os.fdopen(read_fd) as channel:
+        records = [json.loads(line) for line in channel]
+    assert [(r["saved"], r["saved_dir"], r["checkpoint"]) for r in records] == [
+        (7, str(tmp_path / "ckpt"), 1)], records
