@@ -131,6 +131,6 @@ _TELLERS = {
     ev.JobDone: lambda e: e.message or None,
     ev.BadMessage: lambda e: f"agent {e.host}: ignored a malformed message: {e.reason}",
     ev.AgentLog: _agent_log,
-    ev.NotifyFailed: lambda e: f"notification {e.notify!r} not sent: {e.reason}",
+    ev.NotifyFailed: lambda e: f"notification {e.notify!r}: {e.reason}",
     ev.Straggler: _straggler,
 }
