@@ -345,6 +345,17 @@ class NotifyFailed(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class MetricsServed(Event):
+    """Where the job's Prometheus metrics are (launcher/ops/metrics.py): written
+    once, after the first launch, so `status` can say a port chosen at start."""
+
+    kind = "metrics_served"
+    optional = ("url", "textfile")
+    url: str | None = None
+    textfile: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class Unknown(Event):
     """A line of a kind this version does not know (all its keys in `extra`)."""
 
@@ -357,7 +368,7 @@ KINDS: dict[str, type[Event]] = {cls.kind: cls for cls in (
     TaskUnconfirmed, FailureDetected, RootCause, StacksRequested, Stacks, StopRequested,
     TeardownBegun, TeardownDone, HostLost, HostWait, HostBack, HostsChosen, Reaped,
     BadMessage, AgentLog, Restart, Resumed, KerasSwitched, JobDone, TerminalLost,
-    NotifyFailed, Health, Straggler)}
+    NotifyFailed, MetricsServed, Health, Straggler)}
 
 # Keys of a progress line that are not metrics.
 _PROGRESS_RESERVED = frozenset({"t", "event", "v", "generation", "task", "host"})

@@ -58,6 +58,7 @@ class RunView:
     last_event_t: float | None
     goodput: dict[str, Any] | None = None  # where the time went (job/goodput.py)
     stragglers: tuple[str, ...] = ()  # the straggler radar's lines (docs/stragglers.md)
+    metrics_url: str | None = None  # where its metrics are served (a metrics_served event)
 
     @property
     def finished(self) -> bool:
@@ -78,6 +79,7 @@ class RunView:
             "root_cause": self.root_cause,
             "failures": self.failures,
             **({"goodput": self.goodput} if self.goodput is not None else {}),
+            **({"metrics_url": self.metrics_url} if self.metrics_url else {}),
             "logs_dir": str(self.run_dir / LOGS),
             "tasks": [
                 {
@@ -212,6 +214,8 @@ def load_run(run_dir: str | os.PathLike,
         goodput=_goodput_of(summary, events, status),
         stragglers=tuple(said[1] for e in events if e.get("event") == "straggler"
                          and (said := narrate.line(from_record(e))) is not None),
+        metrics_url=next((str(e["url"]) for e in events if e.get("event") == "metrics_served"
+                          and e.get("url")), None),
     )
 
 
@@ -319,6 +323,8 @@ def render_status(view: RunView, now: float | None = None) -> str:
     lines += ["", f"logs:       {view.run_dir / LOGS}"]
     if (view.run_dir / LAUNCHER_OUT).exists():  # a detached run: the launcher's own lines
         lines.append(f"launcher:   {view.run_dir / LAUNCHER_OUT}")
+    if view.metrics_url and not view.finished:  # served while the launcher runs
+        lines.append(f"metrics:    {view.metrics_url}")
     if view.finished:
         lines.append(f"summary:    {view.run_dir / SUMMARY}")
     return "\n".join(lines)
