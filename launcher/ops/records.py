@@ -175,8 +175,10 @@ def launcher_alive(launch: dict[str, Any], this_host: str | None = None) -> bool
 
 
 def load_run(run_dir: str | os.PathLike,
-             alive: Callable[[dict[str, Any]], bool | None] = launcher_alive) -> RunView:
-    """Read a run directory, finished or not."""
+             alive: Callable[[dict[str, Any]], bool | None] = launcher_alive,
+             now: float | None = None) -> RunView:
+    """Read a run directory, finished or not (`now`: the moment a running job is
+    seen at, for its goodput so far; the clock's when None)."""
     run_dir = Path(run_dir)
     events_path = run_dir / EVENTS
     if not run_dir.is_dir():
@@ -210,7 +212,7 @@ def load_run(run_dir: str | os.PathLike,
         generation=replay.generation, restarts=restarts, started_t=started_t, wall_s=wall_s,
         tasks=list(replay.tasks.values()), root_cause=root_cause, failures=failures,
         last_event_t=events[-1].get("t") if events else None,
-        goodput=_goodput_of(summary, events, status),
+        goodput=_goodput_of(summary, events, status, now),
         stragglers=tuple(said[1] for e in events if e.get("event") == "straggler"
                          and (said := narrate.line(from_record(e))) is not None),
         metrics_url=next((str(e["url"]) for e in events if e.get("event") == "metrics_served"
@@ -225,8 +227,14 @@ def _finished(summary: dict[str, Any]) -> tuple[str, str]:
     if summary.get("interrupted_by"):
         detail += f" (signal {summary['interrupted_by']})"
     if summary.get("stopped_by"):  # the restart rule that ended a failed job
-        detail += f"; stopped by {summary['stopped_by']}: {summary.get('message', '')}"
+        rule = str(summary["stopped_by"])
+        why = summary.get("message") or _RULE_WORDS.get(rule, "")
+        detail += f"; stopped by {rule}" + (f": {why}" if why else "")
     return str(summary.get("status", "unknown")), detail
+
+
+# A rule that ended a job without a message of its own (recovery.STOPPED_BY_*).
+_RULE_WORDS = {"no_restarts": "restart.max_restarts is 0: a failure is never restarted"}
 
 
 def _still_going(verdict: bool | None, started_t: float | None,
@@ -300,6 +308,25 @@ def render_status(view: RunView, now: float | None = None) -> str:
         lines.append("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip())
     if not rows:
         lines.append("(no task launched yet)")
+    lines += _causes(view)
+    if view.goodput:
+        lines += ["", goodput_line(view.goodput)]
+    if view.stragglers:
+        lines += ["", *view.stragglers]
+    lines += ["", f"logs:       {view.run_dir / LOGS}"]
+    if (view.run_dir / LAUNCHER_OUT).exists():  # a detached run: the launcher's own lines
+        lines.append(f"launcher:   {view.run_dir / LAUNCHER_OUT}")
+    if view.metrics_url and not view.finished:  # served while the launcher runs
+        lines.append(f"metrics:    {view.metrics_url}")
+    if view.finished and (view.run_dir / SUMMARY).exists():  # none from a killed launcher
+        lines.append(f"summary:    {view.run_dir / SUMMARY}")
+    return "\n".join(lines)
+
+
+def _causes(view: RunView) -> list[str]:
+    """The root cause (its traceback and last lines), then the other failures:
+    those of earlier generations caused restarts; those of the last did not (yet)."""
+    lines: list[str] = []
     cause = view.root_cause
     if cause:
         lines += ["", f"root cause: {cause.get('description') or cause.get('task')}"]
@@ -310,23 +337,20 @@ def render_status(view: RunView, now: float | None = None) -> str:
         if cause.get("last_lines"):
             lines.append("its last lines:")
             lines += [f"  {line}" for line in cause["last_lines"][-10:]]
-    earlier = [f for f in view.failures if f is not cause and f != cause]
-    if earlier:
-        lines += ["", "failures that caused a restart:" if view.finished or view.restarts
-                  else "failures:"]
-        lines += [f"  {f.get('description') or f.get('task')}" for f in earlier]
-    if view.goodput:
-        lines += ["", goodput_line(view.goodput)]
-    if view.stragglers:
-        lines += ["", *view.stragglers]
-    lines += ["", f"logs:       {view.run_dir / LOGS}"]
-    if (view.run_dir / LAUNCHER_OUT).exists():  # a detached run: the launcher's own lines
-        lines.append(f"launcher:   {view.run_dir / LAUNCHER_OUT}")
-    if view.metrics_url and not view.finished:  # served while the launcher runs
-        lines.append(f"metrics:    {view.metrics_url}")
-    if view.finished:
-        lines.append(f"summary:    {view.run_dir / SUMMARY}")
-    return "\n".join(lines)
+    others = [f for f in view.failures if f is not cause and f != cause]
+    # A failure of an earlier generation caused a restart; one of the last did not (yet).
+    restarted = [f for f in others if _generation(f) < view.generation]
+    last = [f for f in others if f not in restarted]
+    for title, listed in (("failures that caused a restart:", restarted),
+                          (f"failures of generation {view.generation}:", last)):
+        if listed:
+            lines += ["", title, *(f"  {f.get('description') or f.get('task')}" for f in listed)]
+    return lines
+
+
+def _generation(failure: dict[str, Any]) -> int | float:
+    generation = failure.get("generation")
+    return generation if isinstance(generation, int) else float("inf")  # not known: the last
 
 
 # The ledger's parts as `status` words them, in this order (training first).
@@ -336,7 +360,7 @@ _PART_WORDS = (("training", "training"), ("startup", "start-up"), ("recovery", "
 
 
 def _goodput_of(summary: dict[str, Any] | None, events: list[dict[str, Any]],
-                status: str) -> dict[str, Any] | None:
+                status: str, now: float | None = None) -> dict[str, Any] | None:
     """summary.json's ledger; for a run still going, worked out from its events
     up to now. A run written before the ledger (events of schema 1, or a
     summary without `goodput`) has none: it lacks what the ledger reads."""
@@ -344,7 +368,9 @@ def _goodput_of(summary: dict[str, Any] | None, events: list[dict[str, Any]],
         return summary.get("goodput")
     if not any(ev_version(e) >= 2 for e in events):
         return None
-    return goodput.from_records(events, now=time.time() if status == "running" else None)
+    if status != "running":
+        return goodput.from_records(events)  # to its last event (a launcher gone)
+    return goodput.from_records(events, now=time.time() if now is None else now)
 
 
 def goodput_line(ledger: dict[str, Any]) -> str:
