@@ -107,6 +107,13 @@ def signal_name(number: int) -> str:
         return f"signal {number}"
 
 
+def exit_kind(exit_code: int | None, signum: int | None) -> str:
+    """A failed exit's kind in summary.json: preempted (exit 42), signal or exit."""
+    if exit_code == RESTART_ME_EXIT:
+        return "preempted"
+    return "signal" if signum is not None else "exit"
+
+
 def classify_exit(exit_code: int | None, signum: int | None, error: dict | None,
                   last_lines: list[str] | tuple[str, ...]) -> str:
     """One phrase for why a task ended, most specific first."""

@@ -34,7 +34,7 @@ from ..transport import AgentLink, AgentMessage
 from . import checkpoints, keras_fallback, resumes
 from . import events as ev
 from .blame import repeated_failure
-from .classify import RESTART_ME_EXIT, OutputWatcher, classify_exit, script_mistake
+from .classify import OutputWatcher, classify_exit, exit_kind, script_mistake
 from .generation import Generation
 from .hostwait import HostWaiter
 from .output import TaskOutput, Voice, root_cause
@@ -109,7 +109,8 @@ class Supervisor:
         self._keras_switch: dict[str, Any] | None = None  # keras_fallback: once per job
         self._resumes = resumes.Resumes()  # where each restarted generation resumed
         self._teardown = Teardown(links, recorder, clock, self._tell, self._happen)
-        self._watch = Watch(policy, links, clock, self._fail, self._host_lost)
+        self._watch = Watch(policy, links, clock, self._fail, self._host_lost,
+                            finish=(self._tell, self._teardown.stop_tasks))
         self._waiter = HostWaiter(reconnect, links, self._tell, self._wait, self._stop_pending,
                                   clock, hosts=self._hosts, policy=policy)
         self.current: Generation | None = None  # read-only for observers (live view)
@@ -477,6 +478,9 @@ class Supervisor:
         record.last_activity = self._clock()
         ids = {"generation": gen.plan.generation, "task": record.task.name,
                "host": record.task.host}
+        if data.get("over"):  # the program ended cleanly (job/tailcut.py)
+            record.over_at = record.last_activity
+            return self._tell(ev.ProgramOver(**ids))
         if data.get("cluster") in ("joining", "joined"):
             record.cluster = data["cluster"]
             if gen.forming_since is None:
@@ -513,8 +517,8 @@ class Supervisor:
             exit_code=record.exit_code, signal=record.signal, stopped_by_launcher=stopping))
         tail = tuple(body.get("tail") or ())
         reason = classify_exit(record.exit_code, record.signal, body.get("error"), tail)
-        details = {"kind": _exit_kind(record), "reason": reason, "t": body.get("t"),
-                   "last_lines": tail, "error": body.get("error")}
+        details = {"kind": exit_kind(record.exit_code, record.signal), "reason": reason,
+                   "t": body.get("t"), "last_lines": tail, "error": body.get("error")}
         if stopped:
             if record.state is TaskState.STOPPED and not stopping and record.exit_code != 0:
                 # It died by itself, maybe before what started the teardown (its
@@ -589,10 +593,3 @@ class Supervisor:
         """The live status of every task of the current generation."""
         gen = self.current
         return [] if gen is None else gen.rows(self._clock(), self._restarts)
-
-
-
-def _exit_kind(record: TaskRecord) -> str:
-    if record.exit_code == RESTART_ME_EXIT:
-        return "preempted"
-    return "signal" if record.signal is not None else "exit"

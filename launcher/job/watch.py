@@ -1,5 +1,6 @@
 """Every wait has an end: hosts whose agent stopped talking, tasks that stopped
-making progress or were frozen, and a job that did not get going.
+making progress or were frozen, a job that did not get going, and one that is
+done but for a task TensorFlow holds back (job/tailcut.py).
 
 Pure checks over the generation and the clock; a finding is handed to the
 supervisor's `fail` (a task's failure) or `host_lost`. Called from the
@@ -12,9 +13,11 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from ..transport import AgentLink
+from . import events as ev
 from .blame import last_words
 from .generation import Generation
 from .states import TaskRecord, TaskState
+from .tailcut import TailCut
 
 
 class Limits(Protocol):  # what of the restart policy the watches read
@@ -26,7 +29,13 @@ class Limits(Protocol):  # what of the restart policy the watches read
 class Watch:
     def __init__(self, policy: Limits, links: dict[str, AgentLink],
                  clock: Callable[[], float], fail: Callable[..., None],
-                 host_lost: Callable[[Generation, str, str], None]) -> None:
+                 host_lost: Callable[[Generation, str, str], None],
+                 finish: tuple[Callable[[ev.Event], None],
+                               Callable[[Generation, str, float], None]] | None = None) -> None:
+        # A finished job's end, cut when a task sits idle (job/tailcut.py): `finish`
+        # is how to tell the cut and how to stop the tasks (Teardown.stop_tasks).
+        self._tail = None if finish is None else TailCut(
+            getattr(policy, "finished_idle_s", 0.0), clock, *finish)
         self._policy = policy
         self._links = links
         self._clock = clock
@@ -42,7 +51,7 @@ class Watch:
             if link is not None and now - link.last_seen > self._policy.heartbeat_timeout_s:
                 self._host_lost(gen, host, f"no heartbeat from its agent for "
                                 f"{now - link.last_seen:.0f} s")
-        if gen.settled():
+        if gen.settled() or (self._tail is not None and self._tail.check(gen)):
             return
         self.start(gen, now)
         for record in gen.records.values():
