@@ -236,12 +236,15 @@ class TaskRow:
 
 
 def final_state(record: TaskRecord, generation: int) -> dict[str, Any]:
+    # A program that ended cleanly succeeded, even when the launcher had to end
+    # its interpreter's teardown (job/tailcut.py): its exit says how it went.
+    done = record.over_at is not None and record.state is TaskState.STOPPED
     return {
         "host": record.task.host,
         "role": record.task.role,
         "index": record.task.index,
         "generation": generation,
-        "state": record.state.value,
+        "state": TaskState.SUCCEEDED.value if done else record.state.value,
         "exit_code": record.exit_code,
         "signal": record.signal,
         "pid": record.pid,
