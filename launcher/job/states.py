@@ -117,7 +117,8 @@ class TaskRecord:
     signal: int | None = None
     started_at: float | None = None
     last_activity: float | None = None  # output line or progress report (monotonic)
-    over_at: float | None = None  # its program ended cleanly (monotonic): only teardown is left
+    # Its program ended cleanly before any stop (monotonic): only its teardown is left.
+    over_at: float | None = None
     last_progress: dict[str, Any] = field(default_factory=dict)
     usage: dict[str, Any] = field(default_factory=dict)  # cpu, rss_mb, status (heartbeat)
     # (monotonic time, step) of the last two progress reports, for steps/s.

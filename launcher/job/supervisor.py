@@ -478,8 +478,8 @@ class Supervisor:
         record.last_activity = self._clock()
         ids = {"generation": gen.plan.generation, "task": record.task.name,
                "host": record.task.host}
-        if data.get("over"):  # the program ended cleanly (job/tailcut.py)
-            record.over_at = record.last_activity
+        if data.get("over"):  # the program ended cleanly (job/tailcut.py), not told to stop
+            record.over_at = record.last_activity if gen.phase.running else None
             return self._tell(ev.ProgramOver(**ids))
         if data.get("cluster") in ("joining", "joined"):
             record.cluster = data["cluster"]
