@@ -24,6 +24,8 @@ Owns what must happen in the task process before and around the user's code:
   without the interpreter's module teardown (`exit_quickly`: threads joined,
   atexit handlers run, open files flushed, as at a normal exit), ~1 s sooner:
   its peers' next generation waits for its exit;
+- a program that ended cleanly says so (`ProgramOver`, after every exit
+  handler): the launcher need not wait for the interpreter's teardown;
 - Python stacks on demand: `faulthandler` dumps every thread's stack into
   `MGPU_STACKS_FILE` (set by the agent) on `MGPU_STACKS_SIGNAL` (a name or a
   number; default SIGUSR1; `off` disables). The agent sends that signal
@@ -195,10 +197,15 @@ def main() -> None:
         from launcher.runtime import trace
 
         trace.start_watching()
+    import atexit
     import runpy  # here: the agent imports this module for stacks_signal
+
+    over = ProgramOver()
+    atexit.register(over)  # first registered: called last
     try:
         runpy.run_path(script, run_name="__main__")
-    except SystemExit:
+    except SystemExit as exc:
+        over.clean = exc.code in (None, 0)
         raise
     except KeyboardInterrupt:
         raise
@@ -208,6 +215,42 @@ def main() -> None:
             sys.excepthook(type(exc), exc, exc.__traceback__)
             exit_quickly(1)
         raise
+    over.clean = True
+
+
+class ProgramOver:
+    """Registered with atexit before the script runs, so called after every
+    other exit handler (the script's, TensorFlow's): when the program ended
+    cleanly (`clean`), it flushes the files the script left open and tells the
+    launcher `{"over": 1}` on the progress channel. What is left then is the
+    interpreter's teardown, where TensorFlow's coordination service may wait
+    out a peer's heartbeat (15 s) before the process exits: the launcher ends a
+    job whose every task is over (launcher/job/tailcut.py)."""
+
+    clean = False
+
+    def __call__(self) -> None:
+        fd = os.environ.get("MGPU_PROGRESS_FD")
+        if not self.clean or not fd:
+            return
+        _flush_open_files()
+        try:
+            os.write(int(fd), b'{"over": 1}\n')
+        except (OSError, ValueError):
+            pass
+
+
+def _flush_open_files() -> None:
+    """Files the script left open: their buffers reach disk (as at a normal exit)."""
+    import gc
+    import io
+
+    for obj in gc.get_objects():
+        try:
+            if isinstance(obj, io.IOBase) and not obj.closed:
+                obj.flush()
+        except Exception:  # noqa: BLE001, S110 - a broken stream: as at a normal exit
+            pass
 
 
 def exit_quickly(code: int) -> None:
@@ -217,20 +260,13 @@ def exit_quickly(code: int) -> None:
     that takes ~1 s, and a failed task's peers, torn down with it, wait for it
     before the next generation can take their ports."""
     import atexit
-    import gc
-    import io
     import threading
 
     shutdown = getattr(threading, "_shutdown", None)  # what Python's own exit waits for
     if shutdown is not None:
         shutdown()
     atexit._run_exitfuncs()
-    for obj in gc.get_objects():  # files the script left open: their buffers reach disk
-        try:
-            if isinstance(obj, io.IOBase) and not obj.closed:
-                obj.flush()
-        except Exception:  # noqa: BLE001, S110 - a broken stream: as at a normal exit
-            pass
+    _flush_open_files()
     os._exit(code)
 
 

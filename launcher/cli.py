@@ -243,7 +243,8 @@ def _run(argv: list[str]) -> int:
     views = outlets.make_outlets(loaded, run_dir, args.metrics_port)  # a busy port: exit 2
     if args.detach:  # the background launcher makes its own
         views.close()
-        return control.detach(argv, args.rest, run_dir, config.name)
+        return control.detach(argv, args.rest, run_dir, config.name, views.metrics_port,
+                              views.said)
     return _launch(launch, first_plan, args, views)
 
 

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
 import stat
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -64,10 +66,10 @@ def _status(run_dir: Path, cwd: Path) -> dict:
     return json.loads(result.stdout)
 
 
-def _detach(run_dir: Path, script: Path, release: Path, cwd: Path
+def _detach(run_dir: Path, script: Path, release: Path, cwd: Path, *options: str
             ) -> tuple[subprocess.CompletedProcess, float]:
     started = time.monotonic()
-    result = _cli("--detach", "--local", "2", "--run-dir", str(run_dir), str(script),
+    result = _cli("--detach", "--local", "2", *options, "--run-dir", str(run_dir), str(script),
                   str(release), cwd=cwd, timeout=30)
     return result, time.monotonic() - started
 
@@ -100,12 +102,16 @@ def test_detach_returns_at_once_and_status_and_logs_follow_the_run(workdir: Path
                                                                    job_script: Path):
     run_dir, release = workdir / "run", workdir / "release"
     try:
-        result, took = _detach(run_dir, job_script, release, workdir)
+        result, took = _detach(run_dir, job_script, release, workdir, "--metrics-port", "0")
         assert result.returncode == 0, result.stderr
         assert took < 2.0, took
-        assert result.stdout.splitlines() == ["run"]  # the run dir alone on stdout
-        assert "mgpu-launch stop run" in result.stderr
-        assert "mgpu-launch logs run -f" in result.stderr
+        # The run dir alone on stdout, absolute: `RUN=$(...)` works from any directory.
+        assert result.stdout.splitlines() == [str(run_dir)]
+        assert f"mgpu-launch stop {run_dir}" in result.stderr
+        assert f"mgpu-launch logs {run_dir} -f" in result.stderr
+        # The port chosen for --metrics-port 0 is said, and is the one served.
+        url = re.search(r"metrics: (http://127\.0\.0\.1:\d+/metrics)", result.stderr)
+        assert url, result.stderr
         for name in ("launcher.out", "launcher.pid"):
             assert stat.S_IMODE((run_dir / name).stat().st_mode) == 0o600, name
         pid = _launcher_pid(run_dir)
@@ -114,6 +120,11 @@ def test_detach_returns_at_once_and_status_and_logs_follow_the_run(workdir: Path
         # Right away (the launcher may still be starting) and once the tasks run.
         assert _status(run_dir, workdir)["status"] == "running"
         wait_for(lambda: _running(run_dir, workdir), 60, "both tasks running")
+        status = _cli("status", str(run_dir), cwd=Path("/"))  # from anywhere
+        assert f"metrics:    {url[1]}" in status.stdout, status.stdout
+        with urllib.request.urlopen(url[1], timeout=10) as page:
+            assert "mgpu_task_state" in page.read().decode()
+        assert _status(run_dir, workdir)["metrics_url"] == url[1]
         follower = subprocess.Popen([PYTHON, "-m", "launcher", "logs", str(run_dir), "-f"],
                                     cwd=workdir, env=cli_env(), stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, text=True)

@@ -8,13 +8,14 @@ commands that hang, fail and pile up.
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
 from launcher.job import events as ev
 from launcher.ops import notify
 from launcher.spec.outlets import NotifySettings
-from tests.conftest import read_events, run_cli
+from tests.conftest import read_events, run_cli, wait_for
 
 # Fails in generation 0, succeeds in generation 1.
 SCRIPT = "import os, sys\nsys.exit(1 if os.environ['MGPU_GENERATION'] == '0' else 0)\n"
@@ -42,7 +43,7 @@ def test_a_job_notifies_its_restart_and_end_and_a_failing_command_is_recorded(wo
     failed = [e for e in read_events(run_dir) if e["event"] == "notify_failed"]
     assert len(failed) == 1 and failed[0]["notify"] == "restarted"
     assert failed[0]["exit_code"] == 3 and "webhook down" in failed[0]["reason"]
-    assert "notification 'restarted' not sent: the command exited with 3: webhook down" \
+    assert "notification 'restarted': the command exited with 3: webhook down" \
         in result.stdout
 
 
@@ -77,10 +78,13 @@ def test_only_chosen_events_notify_and_a_pile_up_is_dropped_and_counted(tmp_path
                                       "slowdown": 2.0, "evidence": {}}))
     notifier.close()
     runs = out.read_text().split()
-    assert set(runs) == {"straggler"} and 3 <= len(runs) <= 4
-    assert notifier.dropped == 10 - len(runs)
-    assert [e.kind for e in recorded] == ["notify_failed"]
-    assert f"{notifier.dropped} notification(s) dropped" in recorded[0].reason
+    # At the end the one running and the newest queued run; the rest are said not run.
+    assert set(runs) == {"straggler"} and 1 <= len(runs) <= 2
+    *skipped, dropped = recorded
+    assert all(e.reason.startswith("not run: the job ended") for e in skipped)
+    assert len(runs) + len(skipped) == 10 - notifier.dropped and notifier.dropped >= 6
+    assert f"{notifier.dropped} notification(s) not run: more than 3" in dropped.reason
+    assert dropped.notify == "straggler"
 
 
 def test_a_job_the_launcher_could_not_go_on_with_still_notifies_failed(tmp_path: Path):
@@ -111,3 +115,38 @@ def test_a_job_the_launcher_could_not_go_on_with_still_notifies_failed(tmp_path:
     [line] = [json.loads(x) for x in out.read_text().splitlines()]
     assert line["notify"] == "failed" and "RuntimeError: boom" in line["message"]
     assert read_events(tmp_path / "run")[-1]["event"] == "job_done"
+
+
+def _group_gone(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_a_notification_running_at_the_end_never_outlives_the_launcher(tmp_path, monkeypatch):
+    """Issue 38: a `restarted` command still running when the job fails: it
+    keeps its timeout_s, the `failed` one then gets its own, a stale one
+    queued between them is not run, and nothing is left running after close."""
+    monkeypatch.setattr(notify, "CLOSE_SLACK_S", 0.5)
+    log = tmp_path / "nlog"
+    command = f'echo "$MGPU_EVENT $$ start" >> {log}; sleep 15; echo "$MGPU_EVENT end" >> {log}'
+    notifier, recorded = _notifier(tmp_path, command, timeout_s=2.0,
+                                   events=["restarted", "failed"])
+    notifier.tell(ev.Restart(generation=1))
+    wait_for(lambda: log.exists() and "restarted" in log.read_text(), 10, "restarted to start")
+    notifier.tell(ev.Restart(generation=2))
+    notifier.tell(ev.JobDone(status="failed"))
+    started = time.monotonic()
+    notifier.close()
+    assert time.monotonic() - started < 2 * (2.0 + 0.5) + 1
+    runs = [line.split() for line in log.read_text().splitlines()]
+    assert [(r[0], r[2]) for r in runs] == [("restarted", "start"), ("failed", "start")]
+    for _, pgid, _ in runs:
+        wait_for(lambda pgid=pgid: _group_gone(int(pgid)), 2, f"command group {pgid} gone")
+    said = [(e.notify, e.reason) for e in recorded]
+    assert [name for name, _ in said] == ["restarted", "restarted", "failed"], said
+    assert "timeout_s (2 s): killed" in said[0][1] and "timeout_s (2 s): killed" in said[2][1]
+    assert said[1][1].startswith("not run: the job ended while it waited")
+    assert "end" not in log.read_text()

@@ -23,6 +23,7 @@ import pytest
 from launcher.job import events as ev
 from launcher.ops import report as rep
 from launcher.ops import svg
+from launcher.ops.records import load_run
 from launcher.ops.report_html import render
 from tests.conftest import REPO, SCRIPTS, alive, read_events, run_cli, start_cli, wait_for
 
@@ -85,12 +86,17 @@ def test_goodput_stragglers_and_the_cluster_when_recorded(tmp_path: Path):
 def test_a_run_still_going_is_reported_up_to_now(tmp_path: Path):
     run = _fixture_run(tmp_path)
     (run / "summary.json").unlink()
+    events = (run / "events.jsonl").read_text().splitlines()
+    (run / "events.jsonl").write_text("\n".join(events[:-1]) + "\n")  # no job_done yet
     report = rep.build(run, now=report_t0(run) + 40.0)
     assert report.view.status == "running" and report.duration_s == pytest.approx(40.0)
     training = [s for s in report.spans if s.state == "training"]
     assert {s.row for s in training} == {0, 1} and all(s.end == 40.0 for s in training)
     page = render(report)
-    assert "not recorded (the run has not ended)" in page  # the goodput
+    # The goodput so far, as `status` says it at the same moment.
+    assert report.goodput == load_run(run, now=report_t0(run) + 40.0).goodput
+    assert report.goodput["wall_s"] == pytest.approx(40.0, abs=1.0)
+    assert "productive" in page and "not recorded" not in page
     assert "1.80x" in page  # the straggler, from its event
 
 

@@ -181,10 +181,12 @@ def test_keras3_fit_on_jax_reports_steps_inside_each_epoch(tmp_path):
                             pass_fds=(write_fd,))
     os.close(write_fd)
     with os.fdopen(read_fd) as channel:
+        records = [json.loads(line) for line in channel]
         # (a resume point, `resumed`, is a record of its own: no step trained)
-        counted = [r["step"] for r in map(json.loads, channel) if "step" in r]
     output, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0 and "TRAINED 120" in output, output[-3000:]
+    assert records[-1] == {"over": 1}  # the program ended cleanly, after the last count
+    counted = [r["step"] for r in records[:-1] if "step" in r]
     # 3 epochs of 40 steps, counted from the start of training: not only each
     # epoch's end (40, 80, 120) but steps as they advance within the epochs.
     assert counted == sorted(counted) and counted[-1] == 120, counted

@@ -24,11 +24,11 @@ ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
 class Terminal:
-    """A process on a pseudo-terminal of 100 x 24, its screen output collected."""
+    """A process on a pseudo-terminal of 100 x 24 (or `size`), its screen output collected."""
 
-    def __init__(self, args: list[str], cwd: Path) -> None:
+    def __init__(self, args: list[str], cwd: Path, size: tuple[int, int] = (100, 24)) -> None:
         master, slave = pty.openpty()
-        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", size[1], size[0], 0, 0))
         env = cli_env(TERM="xterm")
         env.pop("NO_COLOR", None)
         self.proc = subprocess.Popen([PYTHON, "-m", "launcher", *args], cwd=cwd, env=env,
@@ -72,6 +72,8 @@ def test_watch_redraws_a_detached_job_s_table_and_ends_with_it(workdir: Path):
                        str(release)], cwd=workdir, timeout=30)
     assert started.returncode == 0, started.stderr
     term = Terminal(["status", str(run_dir), "--watch"], cwd=workdir)
+    # A terminal that says it is 0 x 0 (`script -qfc`, some CI consoles): plain lines.
+    unsized = Terminal(["status", str(run_dir), "--watch"], cwd=workdir, size=(0, 0))
     try:
         rows = re.compile(r"host(\d)\s+worker\1\s+running\s+(\d+)\s+\d+\.\d+")
 
@@ -81,12 +83,21 @@ def test_watch_redraws_a_detached_job_s_table_and_ends_with_it(workdir: Path):
         term.read_until(both_training, 30, "both tasks running with steps and steps/s")
         assert re.search(r"HOST\s+TASK\s+STATE\s+STEP\s+STEPS/S", term.text)
         assert "generation 0 (0 restarts)" in term.text
+        # The title says the goodput so far, as the launcher's own table does.
+        term.read_until(lambda text: re.search(r"running ─+ goodput \d+ % ─", text), 30,
+                        "the goodput in the title")
+        unsized.read_until(lambda text: "host1/worker1 running" in text, 30,
+                           "a plain line per task")
+        assert "mgpu-launch | generation 0: host0/worker0 running" in unsized.text
         release.touch()
         term.read_until(lambda text: "summary:" in text, 30, "the job's end")
         assert term.proc.wait(timeout=10) == 0
+        unsized.read_until(lambda text: "summary:" in text, 30, "the job's end (0 x 0)")
+        assert "HOST" not in unsized.text.split("status:")[0]  # no table drawn
     finally:
         release.touch()
         term.close()
+        unsized.close()
     assert re.search(r"status:\s+succeeded", term.text)
     assert re.search(r"host1/worker1\s+worker 1\s+succeeded", term.text)
 

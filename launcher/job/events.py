@@ -181,7 +181,8 @@ class StopRequested(Event):
 class TeardownBegun(Event):
     kind = "teardown_begun"
     generation: int
-    why: str = ""  # failure | stop | finished (servers stopped once training is done)
+    # failure | stop | finished (servers stopped once training is done) | done (job/tailcut.py)
+    why: str = ""
     grace_s: float = 0.0
 
 
@@ -369,6 +370,39 @@ class NotifyFailed(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class ProgramOver(TaskEvent):
+    """The task's program ended cleanly (the bootstrap's last exit handler):
+    what is left is its interpreter's teardown (launcher/job/tailcut.py)."""
+
+    kind = "program_over"
+
+
+@dataclass(frozen=True, kw_only=True)
+class TailCut(Event):
+    """The job is done but for tasks that sit idle at the final step after a
+    peer exited 0 (launcher/job/tailcut.py): the generation ends as finished."""
+
+    kind = "tail_cut"
+    generation: int
+    tasks: tuple[str, ...] = ()  # host/task of those stopped
+    peer: str = ""  # host/task of the one that exited 0
+    step: int = 0  # the final step, reported by all
+    idle_s: float = 0.0  # how long they sat idle after the peer's exit (or wound down)
+    why: str = "idle"  # idle: at the final step; over: their programs ended cleanly
+
+
+@dataclass(frozen=True, kw_only=True)
+class MetricsServed(Event):
+    """Where the job's Prometheus metrics are (launcher/ops/metrics.py): written
+    once, after the first launch, so `status` can say a port chosen at start."""
+
+    kind = "metrics_served"
+    optional = ("url", "textfile")
+    url: str | None = None
+    textfile: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class Unknown(Event):
     """A line of a kind this version does not know (all its keys in `extra`)."""
 
@@ -381,7 +415,7 @@ KINDS: dict[str, type[Event]] = {cls.kind: cls for cls in (
     TaskUnconfirmed, FailureDetected, RootCause, StacksRequested, Stacks, StopRequested,
     TeardownBegun, TeardownDone, HostLost, HostWait, HostBack, HostsChosen, Reaped,
     BadMessage, AgentLog, Restart, Resumed, ResumeBehind, KerasSwitched, JobDone, TerminalLost,
-    NotifyFailed, Health, Straggler)}
+    NotifyFailed, MetricsServed, ProgramOver, TailCut, Health, Straggler)}
 
 # Keys of a progress line that are not metrics.
 _PROGRESS_RESERVED = frozenset({"t", "event", "v", "generation", "task", "host"})

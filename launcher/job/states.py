@@ -117,6 +117,8 @@ class TaskRecord:
     signal: int | None = None
     started_at: float | None = None
     last_activity: float | None = None  # output line or progress report (monotonic)
+    # Its program ended cleanly before any stop (monotonic): only its teardown is left.
+    over_at: float | None = None
     last_progress: dict[str, Any] = field(default_factory=dict)
     usage: dict[str, Any] = field(default_factory=dict)  # cpu, rss_mb, status (heartbeat)
     # (monotonic time, step) of the last two progress reports, for steps/s.
@@ -236,12 +238,15 @@ class TaskRow:
 
 
 def final_state(record: TaskRecord, generation: int) -> dict[str, Any]:
+    # A program that ended cleanly succeeded, even when the launcher had to end
+    # its interpreter's teardown (job/tailcut.py): its exit says how it went.
+    done = record.over_at is not None and record.state is TaskState.STOPPED
     return {
         "host": record.task.host,
         "role": record.task.role,
         "index": record.task.index,
         "generation": generation,
-        "state": record.state.value,
+        "state": TaskState.SUCCEEDED.value if done else record.state.value,
         "exit_code": record.exit_code,
         "signal": record.signal,
         "pid": record.pid,

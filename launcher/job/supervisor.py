@@ -109,7 +109,8 @@ class Supervisor:
         self._keras_switch: dict[str, Any] | None = None  # keras_fallback: once per job
         self._resumes = resumes.Resumes()  # where each restarted generation resumed
         self._teardown = Teardown(links, recorder, clock, self._tell, self._happen)
-        self._watch = Watch(policy, links, clock, self._fail, self._host_lost, self._tell)
+        self._watch = Watch(policy, links, clock, self._fail, self._host_lost, self._tell,
+                            finish=(self._tell, self._teardown.stop_tasks))
         self._waiter = HostWaiter(reconnect, links, self._tell, self._wait, self._stop_pending,
                                   clock, hosts=self._hosts, policy=policy)
         self.current: Generation | None = None  # read-only for observers (live view)
@@ -480,6 +481,9 @@ class Supervisor:
         record.last_activity = self._clock()
         ids = {"generation": gen.plan.generation, "task": record.task.name,
                "host": record.task.host}
+        if data.get("over"):  # the program ended cleanly (job/tailcut.py), not told to stop
+            record.over_at = record.last_activity if gen.phase.running else None
+            return self._tell(ev.ProgramOver(**ids))
         if data.get("cluster") in ("joining", "joined"):
             record.cluster = data["cluster"]
             if gen.forming_since is None:

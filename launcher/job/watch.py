@@ -1,7 +1,8 @@
 """Every wait has an end: hosts whose agent stopped talking, tasks that stopped
 making progress or were frozen, workers alive but out of step (named as soon
-as the whole job has been quiet long enough: job/lockstep.py), and a job that
-did not get going.
+as the whole job has been quiet long enough: job/lockstep.py), a job that
+did not get going, and one that is done but for a task TensorFlow holds back
+(job/tailcut.py).
 
 Pure checks over the generation and the clock; a finding is handed to the
 supervisor's `fail` (a task's failure) or `host_lost`. Called from the
@@ -21,6 +22,7 @@ from .lockstep import foresee
 from .output import root_cause
 from .phases import Phase
 from .states import TaskRecord, TaskState
+from .tailcut import TailCut
 
 
 class Limits(Protocol):  # what of the restart policy the watches read
@@ -33,7 +35,13 @@ class Watch:
     def __init__(self, policy: Limits, links: dict[str, AgentLink],
                  clock: Callable[[], float], fail: Callable[..., None],
                  host_lost: Callable[[Generation, str, str], None],
-                 tell: Callable[[ev.Event], None] = lambda event: None) -> None:
+                 tell: Callable[[ev.Event], None] = lambda event: None,
+                 finish: tuple[Callable[[ev.Event], None],
+                               Callable[[Generation, str, float], None]] | None = None) -> None:
+        # A finished job's end, cut when a task sits idle (job/tailcut.py): `finish`
+        # is how to tell the cut and how to stop the tasks (Teardown.stop_tasks).
+        self._tail = None if finish is None else TailCut(
+            getattr(policy, "finished_idle_s", 0.0), clock, *finish)
         self._policy = policy
         self._tell = tell
         self._links = links
@@ -51,7 +59,7 @@ class Watch:
                 self._host_lost(gen, host, f"no heartbeat from its agent for "
                                 f"{now - link.last_seen:.0f} s")
         self.out_of_step(gen, now)
-        if gen.settled():
+        if gen.settled() or (self._tail is not None and self._tail.check(gen)):
             return
         self.start(gen, now)
         for record in gen.records.values():

@@ -84,20 +84,26 @@ def run_dir_free(run_dir: Path) -> bool:
     return not names or (is_detached_child(run_dir) and names <= DETACH_FILES)
 
 
-def _child_argv(argv: Sequence[str], rest: Sequence[str], run_dir: Path) -> list[str]:
+def _child_argv(argv: Sequence[str], rest: Sequence[str], run_dir: Path,
+                metrics_port: int | None = None) -> list[str]:
     """The same command line for the background launcher: the options given
     (without --detach), then ours (later options win), then CLUSTER/SCRIPT/args
     untouched (they may contain a --detach of the script's own)."""
     options = list(argv[:len(argv) - len(rest)])
     options = [o for o in options
                if not (o.startswith("--det") and "--detach".startswith(o.split("=", 1)[0]))]
+    # The metrics port this launcher found free (port 0: "any"), so the one said
+    # below is the one served.
+    ours = ["--metrics-port", str(metrics_port)] if metrics_port is not None else []
     # --quiet: task output is in logs/; launcher.out keeps the launcher's own lines.
     return [sys.executable, "-m", "launcher", *options, "--run-dir", str(run_dir),
-            "--no-live", "--quiet", *rest]
+            *ours, "--no-live", "--quiet", *rest]
 
 
-def detach(argv: Sequence[str], rest: Sequence[str], run_dir: Path, name: str) -> int:
-    """Start the launcher in the background and return at once."""
+def detach(argv: Sequence[str], rest: Sequence[str], run_dir: Path, name: str,
+           metrics_port: int | None = None, said: Sequence[str] = ()) -> int:
+    """Start the launcher in the background and return at once. `run_dir` is
+    absolute: the path printed must work from any directory (`RUN=$(...)`)."""
     created = not run_dir.exists()
     run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     if created:
@@ -109,18 +115,20 @@ def detach(argv: Sequence[str], rest: Sequence[str], run_dir: Path, name: str) -
     package_root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
     try:
-        proc = subprocess.Popen(_child_argv(argv, rest, run_dir), stdin=subprocess.DEVNULL,
+        proc = subprocess.Popen(_child_argv(argv, rest, run_dir, metrics_port),
+                                stdin=subprocess.DEVNULL,
                                 stdout=out, stderr=out, env=env, start_new_session=True)
     finally:
         os.close(out)
     fd = os.open(run_dir / LAUNCHER_PID, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as handle:
         handle.write(f"{proc.pid} {socket.gethostname()}\n")
-    shown = usage.shown(run_dir)
+    shown = run_dir.absolute()
     # The run dir alone on stdout: RUN=$(mgpu-launch --detach ...) gets just that.
     say(str(shown), sys.stdout)
     say(f"mgpu-launch: job {name!r} runs in the background (launcher pid {proc.pid}); "
         f"its own output: {shown / LAUNCHER_OUT}\n"
+        + "".join(f"  {line}\n" for line in said) +
         f"  mgpu-launch status {shown}      how it goes\n"
         f"  mgpu-launch logs {shown} -f     follow every task's output\n"
         f"  mgpu-launch stop {shown}        stop it (tasks get their grace period to save)")

@@ -19,7 +19,7 @@ import os
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import TextIO
+from typing import Any, TextIO
 
 from ..job.states import TaskRow
 
@@ -207,6 +207,25 @@ def clean_for_screen(text: str, colour: bool) -> str:
 
 
 # ---------------------------------------------------------------------- screen
+
+
+def goodput_title(ledger: Mapping[str, Any] | None) -> str:
+    """The title's goodput words (`goodput 91 %`) of a goodput ledger
+    (job/goodput.py), or "" before the first step: the launcher's own table and
+    `status --watch` both say it so."""
+    if not ledger or not ledger.get("wall_s") or not ledger.get("productive_s"):
+        return ""
+    return f"goodput {100 * float(ledger['productive_s']) / float(ledger['wall_s']):.0f} %"
+
+
+def sized(stream: TextIO) -> bool:
+    """False for a terminal that reports a size of 0 (`script -qfc`, some CI
+    consoles): a table cut to that size is a lone rule; plain lines show more."""
+    try:
+        size = os.get_terminal_size(stream.fileno())
+    except (OSError, ValueError, AttributeError):
+        return True  # unknown: terminal_size's 80 x 24
+    return size.columns > 0 and size.lines > 0
 
 
 def terminal_size(stream: TextIO) -> tuple[int, int]:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import errno
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, generate_latest, start_http_server
@@ -173,10 +173,13 @@ class MetricsOutlet:
         self.metrics = metrics
         self.textfile = textfile
         self.url: str | None = None
+        self.port: int | None = None  # the port bound (the one chosen, for port 0)
         self._server = None
         self._stop = threading.Event()
         self._writer: threading.Thread | None = None
         self._opened = False
+        self._announced = False
+        self._record: Callable[[ev.Event], None] = lambda _event: None
         if textfile is not None and not textfile.parent.is_dir():
             raise MetricsError(f"metrics.textfile: folder {textfile.parent} does not exist "
                                "(node_exporter's --collector.textfile.directory)")
@@ -195,16 +198,22 @@ class MetricsOutlet:
         bound = self._server.server_address
         shown = f"[{bound[0]}]" if ":" in str(bound[0]) else bound[0]
         self.url = f"http://{shown}:{bound[1]}/metrics"
+        self.port = int(bound[1])
 
     def tell(self, event: ev.Event) -> None:
         self.metrics.tell(event)
+        if isinstance(event, ev.Launch) and not self._announced:
+            self._announced = True  # in the run directory too: `status` says the port
+            self._record(ev.MetricsServed(url=self.url, textfile=str(self.textfile)
+                                          if self.textfile is not None else None))
 
     def set_goodput(self, parts: Mapping[str, float], wall_s: float | None = None,
                     productive_s: float | None = None) -> None:
         self.metrics.set_goodput(parts, wall_s, productive_s)
 
-    def open(self, record) -> None:  # noqa: ARG002 - the metrics record nothing
+    def open(self, record: Callable[[ev.Event], None]) -> None:
         self._opened = True
+        self._record = record
         if self.textfile is not None:
             self._write()
             self._writer = threading.Thread(target=self._write_loop, name="metrics-textfile",

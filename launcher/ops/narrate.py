@@ -124,6 +124,17 @@ def _straggler(event: ev.Straggler) -> str:
     return line
 
 
+def _tail_cut(event: ev.TailCut) -> str:
+    them = "them" if len(event.tasks) > 1 else "it"
+    if event.why == "over":
+        return (f"{', '.join(event.tasks)}: program over, still exiting {event.idle_s:g} s "
+                f"later: the job is done, stopping {them} (TensorFlow's teardown would wait "
+                "out a peer's heartbeat)")
+    return (f"{', '.join(event.tasks)} sat idle {event.idle_s:g} s at the final step "
+            f"{event.step} after {event.peer} finished: the job is done, stopping {them} "
+            "(TensorFlow would wait out its peer's heartbeat)")
+
+
 _TELLERS = {
     ev.FailureDetected: _failure,
     ev.RootCause: _root_cause,
@@ -144,7 +155,8 @@ _TELLERS = {
     ev.JobDone: lambda e: e.message or None,
     ev.BadMessage: lambda e: f"agent {e.host}: ignored a malformed message: {e.reason}",
     ev.AgentLog: _agent_log,
-    ev.NotifyFailed: lambda e: f"notification {e.notify!r} not sent: {e.reason}",
+    ev.NotifyFailed: lambda e: f"notification {e.notify!r}: {e.reason}",
+    ev.TailCut: _tail_cut,
     ev.Straggler: _straggler,
     ev.OutOfStepAhead: lambda e: f"warning: {e.label} {e.reason}",
 }

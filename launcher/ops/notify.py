@@ -9,8 +9,11 @@ thread only queues (a bounded queue: past `QUEUE_MAX` waiting, a notification
 is dropped and counted); one thread of the notifier's own runs the commands in
 order, each killed (its whole group) after `timeout_s`. A command that fails,
 times out or cannot start is recorded as a `notify_failed` event, never fatal.
-When the job ends, the notifier waits at most `timeout_s` + `CLOSE_SLACK_S` for
-what is queued (the job's last word is the notification people wait for).
+When the job ends, the command running then keeps its `timeout_s`, and of those
+still queued only the newest runs (the job's end, the notification people wait
+for), with its own `timeout_s`; the others are recorded as not run. Nothing the
+notifier started outlives the launcher: `close` waits at most twice
+(`timeout_s` + `CLOSE_SLACK_S`), then kills what still runs, group and all.
 
 Must not import: supervisor, transport, cli.
 """
@@ -26,7 +29,6 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from ..job import events as ev
 from ..spec.outlets import NotifySettings
@@ -35,7 +37,6 @@ from .runstate import is_straggler
 QUEUE_MAX = 100
 CLOSE_SLACK_S = 5.0
 _JOB_END = {"succeeded": "succeeded", "failed": "failed", "interrupted": "stopped"}
-_STOP = object()
 
 
 def notification(event: ev.Event) -> str | None:
@@ -58,10 +59,14 @@ class Notifier:
         self.job = job
         self.run_dir = Path(run_dir)
         self._cwd = cwd
-        self._queue: queue.Queue[Any] = queue.Queue(QUEUE_MAX)
+        self._queue: queue.Queue[tuple[str, str]] = queue.Queue(QUEUE_MAX)
         self._record: Callable[[ev.Event], None] = lambda _event: None
         self._thread: threading.Thread | None = None
+        self._closing = threading.Event()
+        self._lock = threading.Lock()
+        self._running: tuple[str, subprocess.Popen, float] | None = None  # name, proc, start
         self.dropped = 0
+        self._dropped_names: set[str] = set()
 
     def open(self, record: Callable[[ev.Event], None]) -> None:
         self._record = record
@@ -79,31 +84,44 @@ class Notifier:
             self._queue.put_nowait((name, json.dumps(line, default=str)))
         except queue.Full:
             self.dropped += 1
+            self._dropped_names.add(name)
 
     def close(self) -> None:
-        """Let what is queued run (bounded), then stop."""
+        """Let the running command and the newest queued one run (each bounded
+        by timeout_s), then stop; what still runs past that is killed."""
         if self._thread is None:
             return
-        try:
-            self._queue.put(_STOP, timeout=1.0)
-        except queue.Full:
-            pass
-        self._thread.join(self.settings.timeout_s + CLOSE_SLACK_S)
+        self._closing.set()
+        self._thread.join(2 * (self.settings.timeout_s + CLOSE_SLACK_S))
         if self.dropped:
-            self._record(ev.NotifyFailed(notify="*", reason=(
-                f"{self.dropped} notification(s) dropped: more than {QUEUE_MAX} waited")))
-        if self._thread.is_alive():
-            self._record(ev.NotifyFailed(notify="*", reason=(
-                "the launcher ended before every notification was sent")))
+            names = ", ".join(sorted(self._dropped_names))
+            self._record(ev.NotifyFailed(notify=names, reason=(
+                f"{self.dropped} notification(s) not run: more than {QUEUE_MAX} waited")))
+        if self._thread.is_alive():  # e.g. a command whose pipe a grandchild holds
+            with self._lock:
+                running = self._running
+            if running is not None:
+                name, proc, started = running
+                _kill_group(proc, wait_s=1.0)
+                self._record(ev.NotifyFailed(notify=name, reason=(
+                    f"killed after {time.monotonic() - started:.0f} s: the launcher was "
+                    "ending and could wait no longer")))
 
     # ------------------------------------------------------------ its thread
 
     def _run_loop(self) -> None:
         while True:
-            item = self._queue.get()
-            if item is _STOP:
-                return
-            name, line = item
+            try:
+                name, line = self._queue.get(timeout=0.1)
+            except queue.Empty:
+                if self._closing.is_set():
+                    return
+                continue
+            if self._closing.is_set() and not self._queue.empty():
+                self._record(ev.NotifyFailed(notify=name, reason=(
+                    "not run: the job ended while it waited its turn (then only the "
+                    "newest notification runs)")))
+                continue
             failure = self._run(name, line)
             if failure is not None:
                 self._record(failure)
@@ -118,6 +136,8 @@ class Notifier:
                                     start_new_session=True)
         except OSError as exc:
             return ev.NotifyFailed(notify=name, reason=f"cannot run the command: {exc}")
+        with self._lock:
+            self._running = (name, proc, time.monotonic())
         try:
             _, err = proc.communicate((line + "\n").encode(), timeout=self.settings.timeout_s)
         except subprocess.TimeoutExpired:
@@ -125,6 +145,9 @@ class Notifier:
             return ev.NotifyFailed(notify=name, reason=(
                 f"the command ran past notify.timeout_s ({self.settings.timeout_s:g} s): "
                 "killed"))
+        finally:
+            with self._lock:
+                self._running = None
         if proc.returncode != 0:
             last = err.decode("utf-8", "replace").strip().splitlines()[-1:] if err else []
             said = f": {last[0][:200]}" if last else ""
@@ -133,12 +156,12 @@ class Notifier:
         return None
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def _kill_group(proc: subprocess.Popen, wait_s: float = CLOSE_SLACK_S) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except OSError:
         pass
     try:
-        proc.communicate(timeout=CLOSE_SLACK_S)
-    except subprocess.TimeoutExpired:  # a grandchild of its own session holds the pipe
-        pass
+        proc.communicate(timeout=wait_s)
+    except (subprocess.TimeoutExpired, ValueError):  # a grandchild of its own session
+        pass  # holds the pipe (ValueError: the notifier's thread reads it meanwhile)

@@ -32,6 +32,7 @@ class Outlets:
     views: list[View] = field(default_factory=list)  # for Launch.start
     said: list[str] = field(default_factory=list)  # where the metrics are, to say once
     metrics: JobMetrics | None = None  # to feed beside the events (`set_goodput`)
+    metrics_port: int | None = None  # the port served (chosen here for port 0)
 
     def close(self) -> None:
         """Views never opened (a launch that ended early, or the --detach parent)."""
@@ -59,6 +60,7 @@ def make_outlets(loaded: LoadedConfig, run_dir: Path,
             raise OutletError(str(exc)) from None
         made.views.append(outlet)
         made.metrics = outlet.metrics
+        made.metrics_port = outlet.port
         made.said += [f"metrics: {outlet.url}"] if outlet.url else []
         made.said += [f"metrics textfile: {textfile}"] if textfile else []
     if loaded.config.notify is not None:

@@ -43,7 +43,7 @@ from ..job import goodput
 from ..job.events import Event
 from ..job.states import TaskRow
 from . import narrate
-from .live import LiveScreen, clean_for_screen, describe_row
+from .live import LiveScreen, clean_for_screen, describe_row, goodput_title
 
 _COLOURS = ("36", "33", "35", "32", "34", "91", "96", "93")
 LAUNCHER = "mgpu-launch"
@@ -225,9 +225,7 @@ class Printer:
         if screen is None or self._clock() < self._next_goodput:
             return
         self._next_goodput = self._clock() + GOODPUT_EVERY_S
-        ledger = self._ledger.result(time.time())
-        if ledger and ledger["wall_s"] > 0 and ledger["productive_s"] > 0:
-            screen.goodput = f"goodput {100 * ledger['productive_s'] / ledger['wall_s']:.0f} %"
+        screen.goodput = goodput_title(self._ledger.result(time.time())) or screen.goodput
 
     def _report_changes(self, rows: Sequence[TaskRow]) -> None:
         changes = []

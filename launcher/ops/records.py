@@ -1,9 +1,10 @@
-"""`mgpu-launch status RUN_DIR` and `mgpu-launch logs RUN_DIR [TASK]`: read a run directory.
+"""`mgpu-launch status RUN_DIR` (and the entry of `mgpu-launch logs`,
+launcher/ops/logs.py): read a run directory.
 
 Owns reading what the launcher wrote (`config.yaml`, `events.jsonl`, `logs/`,
-`summary.json`) into a `RunView`, printing it, and following logs of a job that
-is still running. Works on a finished run and on one still going: without
-`summary.json` the state of each task is replayed from `events.jsonl`.
+`summary.json`) into a `RunView` and printing it. Works on a finished run and
+on one still going: without `summary.json` the state of each task is replayed
+from `events.jsonl`.
 
 Read-only: never writes into the run directory. Must not import supervisor,
 transport or cli (a run directory is data; reading it needs none of them).
@@ -32,8 +33,6 @@ from .replay import TaskView, failure_from_event, split_name
 from .replay import replay as replayed
 
 EXIT_OK, EXIT_USAGE = 0, 2
-# How often `logs -f` looks for new lines and for summary.json.
-FOLLOW_POLL_S = 0.2
 
 
 class RunDirError(Exception):
@@ -59,6 +58,7 @@ class RunView:
     goodput: dict[str, Any] | None = None  # where the time went (job/goodput.py)
     stragglers: tuple[str, ...] = ()  # the straggler radar's lines (docs/stragglers.md)
     resume_behind: tuple[str, ...] = ()  # a task resumed behind the last save (job/resumes.py)
+    metrics_url: str | None = None  # where its metrics are served (a metrics_served event)
 
     @property
     def finished(self) -> bool:
@@ -79,6 +79,7 @@ class RunView:
             "root_cause": self.root_cause,
             "failures": self.failures,
             **({"goodput": self.goodput} if self.goodput is not None else {}),
+            **({"metrics_url": self.metrics_url} if self.metrics_url else {}),
             "logs_dir": str(self.run_dir / LOGS),
             "tasks": [
                 {
@@ -175,8 +176,10 @@ def launcher_alive(launch: dict[str, Any], this_host: str | None = None) -> bool
 
 
 def load_run(run_dir: str | os.PathLike,
-             alive: Callable[[dict[str, Any]], bool | None] = launcher_alive) -> RunView:
-    """Read a run directory, finished or not."""
+             alive: Callable[[dict[str, Any]], bool | None] = launcher_alive,
+             now: float | None = None) -> RunView:
+    """Read a run directory, finished or not (`now`: the moment a running job is
+    seen at, for its goodput so far; the clock's when None)."""
     run_dir = Path(run_dir)
     events_path = run_dir / EVENTS
     if not run_dir.is_dir():
@@ -210,11 +213,13 @@ def load_run(run_dir: str | os.PathLike,
         generation=replay.generation, restarts=restarts, started_t=started_t, wall_s=wall_s,
         tasks=list(replay.tasks.values()), root_cause=root_cause, failures=failures,
         last_event_t=events[-1].get("t") if events else None,
-        goodput=_goodput_of(summary, events, status),
+        goodput=_goodput_of(summary, events, status, now),
         stragglers=tuple(said[1] for e in events if e.get("event") == "straggler"
                          and (said := narrate.line(from_record(e))) is not None),
         resume_behind=tuple(said[1] for e in events if e.get("event") == "resume_behind"
                             and (said := narrate.line(from_record(e))) is not None),
+        metrics_url=next((str(e["url"]) for e in events if e.get("event") == "metrics_served"
+                          and e.get("url")), None),
     )
 
 
@@ -225,8 +230,14 @@ def _finished(summary: dict[str, Any]) -> tuple[str, str]:
     if summary.get("interrupted_by"):
         detail += f" (signal {summary['interrupted_by']})"
     if summary.get("stopped_by"):  # the restart rule that ended a failed job
-        detail += f"; stopped by {summary['stopped_by']}: {summary.get('message', '')}"
+        rule = str(summary["stopped_by"])
+        why = summary.get("message") or _RULE_WORDS.get(rule, "")
+        detail += f"; stopped by {rule}" + (f": {why}" if why else "")
     return str(summary.get("status", "unknown")), detail
+
+
+# A rule that ended a job without a message of its own (recovery.STOPPED_BY_*).
+_RULE_WORDS = {"no_restarts": "restart.max_restarts is 0: a failure is never restarted"}
 
 
 def _still_going(verdict: bool | None, started_t: float | None,
@@ -300,6 +311,27 @@ def render_status(view: RunView, now: float | None = None) -> str:
         lines.append("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip())
     if not rows:
         lines.append("(no task launched yet)")
+    lines += _causes(view)
+    if view.goodput:
+        lines += ["", goodput_line(view.goodput)]
+    if view.stragglers:
+        lines += ["", *view.stragglers]
+    if view.resume_behind:
+        lines += ["", *view.resume_behind]
+    lines += ["", f"logs:       {view.run_dir / LOGS}"]
+    if (view.run_dir / LAUNCHER_OUT).exists():  # a detached run: the launcher's own lines
+        lines.append(f"launcher:   {view.run_dir / LAUNCHER_OUT}")
+    if view.metrics_url and not view.finished:  # served while the launcher runs
+        lines.append(f"metrics:    {view.metrics_url}")
+    if view.finished and (view.run_dir / SUMMARY).exists():  # none from a killed launcher
+        lines.append(f"summary:    {view.run_dir / SUMMARY}")
+    return "\n".join(lines)
+
+
+def _causes(view: RunView) -> list[str]:
+    """The root cause (its traceback and last lines), then the other failures:
+    those of earlier generations caused restarts; those of the last did not (yet)."""
+    lines: list[str] = []
     cause = view.root_cause
     if cause:
         lines += ["", f"root cause: {cause.get('description') or cause.get('task')}"]
@@ -310,23 +342,20 @@ def render_status(view: RunView, now: float | None = None) -> str:
         if cause.get("last_lines"):
             lines.append("its last lines:")
             lines += [f"  {line}" for line in cause["last_lines"][-10:]]
-    earlier = [f for f in view.failures if f is not cause and f != cause]
-    if earlier:
-        lines += ["", "failures that caused a restart:" if view.finished or view.restarts
-                  else "failures:"]
-        lines += [f"  {f.get('description') or f.get('task')}" for f in earlier]
-    if view.goodput:
-        lines += ["", goodput_line(view.goodput)]
-    if view.stragglers:
-        lines += ["", *view.stragglers]
-    if view.resume_behind:
-        lines += ["", *view.resume_behind]
-    lines += ["", f"logs:       {view.run_dir / LOGS}"]
-    if (view.run_dir / LAUNCHER_OUT).exists():  # a detached run: the launcher's own lines
-        lines.append(f"launcher:   {view.run_dir / LAUNCHER_OUT}")
-    if view.finished:
-        lines.append(f"summary:    {view.run_dir / SUMMARY}")
-    return "\n".join(lines)
+    others = [f for f in view.failures if f is not cause and f != cause]
+    # A failure of an earlier generation caused a restart; one of the last did not (yet).
+    restarted = [f for f in others if _generation(f) < view.generation]
+    last = [f for f in others if f not in restarted]
+    for title, listed in (("failures that caused a restart:", restarted),
+                          (f"failures of generation {view.generation}:", last)):
+        if listed:
+            lines += ["", title, *(f"  {f.get('description') or f.get('task')}" for f in listed)]
+    return lines
+
+
+def _generation(failure: dict[str, Any]) -> int | float:
+    generation = failure.get("generation")
+    return generation if isinstance(generation, int) else float("inf")  # not known: the last
 
 
 # The ledger's parts as `status` words them, in this order (training first).
@@ -336,7 +365,7 @@ _PART_WORDS = (("training", "training"), ("startup", "start-up"), ("recovery", "
 
 
 def _goodput_of(summary: dict[str, Any] | None, events: list[dict[str, Any]],
-                status: str) -> dict[str, Any] | None:
+                status: str, now: float | None = None) -> dict[str, Any] | None:
     """summary.json's ledger; for a run still going, worked out from its events
     up to now. A run written before the ledger (events of schema 1, or a
     summary without `goodput`) has none: it lacks what the ledger reads."""
@@ -344,7 +373,9 @@ def _goodput_of(summary: dict[str, Any] | None, events: list[dict[str, Any]],
         return summary.get("goodput")
     if not any(ev_version(e) >= 2 for e in events):
         return None
-    return goodput.from_records(events, now=time.time() if status == "running" else None)
+    if status != "running":
+        return goodput.from_records(events)  # to its last event (a launcher gone)
+    return goodput.from_records(events, now=time.time() if now is None else now)
 
 
 def goodput_line(ledger: dict[str, Any]) -> str:
@@ -394,188 +425,6 @@ def _status_main(argv: list[str], out: TextIO) -> int:
     return EXIT_OK
 
 
-# --------------------------------------------------------------------- logs
-
-
-def _log_files(run_dir: Path) -> list[Path]:
-    logs = run_dir / LOGS
-    return sorted(logs.glob("*.log")) if logs.is_dir() else []
-
-
-def resolve_task_logs(view: RunView, task: str | None) -> list[tuple[str, Path]]:
-    """(label, log path) of TASK, given as `worker0`, `host1/worker1` or `host1-worker1`.
-
-    Without TASK: every task of the latest generation, then any other log file.
-    A task that has not printed yet has a path that does not exist yet.
-    """
-    known = [(t.label, t.log_path) for t in view.tasks if t.log_path is not None]
-    files = _log_files(view.run_dir)
-    if task is None:
-        seen = {p for _, p in known}
-        extra = [(p.stem, p) for p in files if p not in seen]
-        return known + extra
-    wanted = task[:-4] if task.endswith(".log") else task
-    for label, path in known:
-        if wanted in (label, label.replace("/", "-"), path.stem):
-            return [(label, path)]
-    for path in files:
-        if path.stem == wanted:
-            return [(path.stem, path)]
-    by_name = [(label, path) for label, path in known if label.split("/", 1)[1] == wanted]
-    if by_name:
-        return by_name
-    older = [(p.stem, p) for p in files if p.stem.endswith(f"-{wanted}")]
-    if older:  # e.g. a task that ran on another host in an earlier generation
-        return older
-    choices = ", ".join(label for label, _ in known) or "none"
-    raise RunDirError(f"no task {task!r} in {view.run_dir} (tasks: {choices})")
-
-
-def _tail(path: Path, count: int | None) -> tuple[list[str], int]:
-    """The last `count` complete lines of `path` and the offset just after them."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return [], 0
-    end = data.rfind(b"\n") + 1  # a partial last line is printed once it is complete
-    lines = data[:end].decode(errors="replace").splitlines()
-    if count is not None:
-        lines = lines[-count:] if count > 0 else []
-    return lines, end
-
-
-class _Follower:
-    """Reads what was appended to one log file since the last look."""
-
-    def __init__(self, label: str, path: Path, offset: int) -> None:
-        self.label, self.path, self.offset = label, path, offset
-        self.partial = b""
-
-    def new_lines(self, final: bool = False) -> list[str]:
-        try:
-            with open(self.path, "rb") as handle:
-                handle.seek(self.offset)
-                data = handle.read()
-        except FileNotFoundError:
-            return []
-        self.offset += len(data)
-        data = self.partial + data
-        end = len(data) if final else data.rfind(b"\n") + 1
-        self.partial = data[end:]
-        return data[:end].decode(errors="replace").splitlines()
-
-
-def follow_logs(run_dir: Path, targets: list[tuple[str, Path]], offsets: dict[Path, int],
-                write: Callable[[str, str], None], timeout_s: float | None = None,
-                poll_s: float = FOLLOW_POLL_S, clock: Callable[[], float] = time.monotonic,
-                sleep: Callable[[float], None] = time.sleep,
-                alive: Callable[[dict[str, Any]], bool | None] = launcher_alive) -> str:
-    """Print lines as they are appended until the job ends; returns why it stopped.
-
-    Ends when summary.json appears (after printing what was written before
-    it), when the launcher is known to be gone, or after `timeout_s`.
-    """
-    followers = [_Follower(label, path, offsets.get(path, 0)) for label, path in targets]
-    summary = run_dir / SUMMARY
-    deadline = None if timeout_s is None else clock() + timeout_s
-    launch = next((e for e in read_events(run_dir / EVENTS)
-                   if e.get("event") == "launch"), None)
-    last_alive_check = clock()
-    while True:
-        done = summary.exists()  # checked before reading: lines written before it are shown
-        for follower in followers:
-            for line in follower.new_lines(final=done):
-                write(follower.label, line)
-        if done:
-            return "finished"
-        if deadline is not None and clock() >= deadline:
-            return "timeout"
-        if clock() - last_alive_check > 2.0:
-            last_alive_check = clock()
-            if launch is None:
-                launch = next((e for e in read_events(run_dir / EVENTS)
-                               if e.get("event") == "launch"), None)
-            if launch is not None and alive(launch) is False:
-                for follower in followers:
-                    for line in follower.new_lines(final=True):
-                        write(follower.label, line)
-                return "launcher gone"
-        sleep(poll_s)
-
-
-def _wait_for_launch(view: RunView, timeout_s: float | None,
-                     clock: Callable[[], float] = time.monotonic) -> RunView:
-    """`logs -f` of a job whose tasks are not launched yet (a detached launcher
-    still reaching its hosts): wait for the launch, so there is a log to follow."""
-    deadline = None if timeout_s is None else clock() + timeout_s
-    while not view.tasks and not view.finished:
-        if deadline is not None and clock() >= deadline:
-            break
-        time.sleep(FOLLOW_POLL_S)
-        view = load_run(view.run_dir)
-    return view
-
-
-def _logs_main(argv: list[str], out: TextIO) -> int:
-    parser = usage.Parser(
-        prog="mgpu-launch logs",
-        description="Print a task's log (TASK as worker0, host1/worker1 or host1-worker1); "
-        "without TASK, every task's log with a host/task prefix.")
-    parser.add_argument("run_dir", metavar="RUN_DIR")
-    parser.add_argument("task", metavar="TASK", nargs="?")
-    parser.add_argument("-f", "--follow", action="store_true",
-                        help="keep printing new lines until the job ends")
-    parser.add_argument("-n", "--lines", type=int, metavar="N",
-                        help="only the last N lines (of each log)")
-    parser.add_argument("--list", action="store_true", help="list the log files and exit")
-    parser.add_argument("--timeout", type=float, metavar="S",
-                        help="with -f: stop after S seconds even if the job still runs")
-    args = parser.parse_args(argv)
-    try:
-        view = load_run(args.run_dir)
-        if args.follow and not view.tasks and not view.finished:
-            waited = time.monotonic()
-            view = _wait_for_launch(view, args.timeout)
-            if args.timeout is not None:  # one bound for the whole command
-                args.timeout = max(0.0, args.timeout - (time.monotonic() - waited))
-        targets = resolve_task_logs(view, args.task)
-    except RunDirError as exc:
-        print(f"mgpu-launch logs: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-
-    if args.list:
-        for label, path in targets:
-            size = f"{path.stat().st_size} bytes" if path.exists() else "no output yet"
-            out.write(f"{label}  {path}  ({size})\n")
-        return EXIT_OK
-
-    prefixed = args.task is None and len(targets) > 1
-    width = max((len(label) for label, _ in targets), default=0)
-
-    def write(label: str, line: str) -> None:
-        out.write(f"{label:<{width}} | {line}\n" if prefixed else line + "\n")
-        out.flush()
-
-    offsets: dict[Path, int] = {}
-    for label, path in targets:
-        lines, offsets[path] = _tail(path, args.lines)
-        for line in lines:
-            write(label, line)
-    if not args.follow:
-        return EXIT_OK
-    if view.finished:
-        # Nothing more will come; print a partial last line, if any.
-        for label, path in targets:
-            for line in _Follower(label, path, offsets[path]).new_lines(final=True):
-                write(label, line)
-        return EXIT_OK
-    try:
-        follow_logs(view.run_dir, targets, offsets, write, timeout_s=args.timeout)
-    except KeyboardInterrupt:
-        return 130
-    return EXIT_OK
-
-
 # --------------------------------------------------------------------- entry
 
 
@@ -589,7 +438,9 @@ def main(argv: Sequence[str]) -> int:
     try:
         if argv[0] == "status":
             return _status_main(argv[1:], sys.stdout)
-        return _logs_main(argv[1:], sys.stdout)
+        from .logs import logs_main  # it reads this module
+
+        return logs_main(argv[1:], sys.stdout)
     except BrokenPipeError:  # `mgpu-launch logs RUN | head`
         try:
             sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - keep Python's exit flush quiet

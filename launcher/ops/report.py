@@ -75,16 +75,15 @@ class Report:
 def build(run_dir: str | os.PathLike, now: float | None = None) -> Report:
     """The report of the run in `run_dir` (raises RunDirError when it is none)."""
     run_dir = Path(run_dir)
-    view = load_run(run_dir)
+    view = load_run(run_dir, now=now)
     records = read_events(run_dir / EVENTS)
     summary = _read_json(run_dir / SUMMARY)
     events = [ev.from_record(r) for r in records]
     times = [e.t for e in events if e.t is not None]
     t0 = min(times) if times else (view.started_t or time.time())
-    if view.finished:
-        end = max(times, default=t0)
-        if summary is not None and isinstance(summary.get("wall_s"), int | float):
-            end = max(end, t0 + float(summary["wall_s"]))
+    ended = next((e.t for e in reversed(events) if isinstance(e, ev.JobDone) and e.t), None)
+    if view.finished:  # at the job's end: what was written after it (a notifier) is not
+        end = ended if ended is not None else max(times, default=t0)  # the job's time
     else:
         end = time.time() if now is None else now
     report = Report(view=view, t0=t0, duration_s=max(0.0, end - t0), summary=summary,
@@ -95,8 +94,7 @@ def build(run_dir: str | os.PathLike, now: float | None = None) -> Report:
     # smooth enough to read, a few hundred points at most.
     gap = max(report.duration_s / 300, min(2.0, report.duration_s / 20))
     report.rates = _rates(events, t0, min_gap_s=gap)
-    report.goodput = (summary or {}).get("goodput") if isinstance(
-        (summary or {}).get("goodput"), dict) else None
+    report.goodput = view.goodput  # as `status` says it (a running job's: up to now)
     report.stragglers = _stragglers(records, summary)
     first = next((e for e in events if isinstance(e, ev.Launch) and e.command is not None),
                  None)  # generation 0's launch: what ran, on what
@@ -277,11 +275,14 @@ def _number(value: Any) -> bool:
 
 def _stragglers(records: Sequence[dict[str, Any]],
                 summary: dict[str, Any] | None) -> list[dict[str, Any]] | None:
-    """summary.json's stragglers, else the `straggler` events; None: not recorded."""
+    """summary.json's stragglers, else the `straggler` events (of a run still
+    going, or whose launcher died); None: not recorded (a summary without
+    them, or events written before the radar existed)."""
     if summary is not None and isinstance(summary.get("stragglers"), list):
         return [s for s in summary["stragglers"] if isinstance(s, dict)]
     found = [r for r in records if r.get("event") == "straggler"]
-    return found or None
+    return found if found or (summary is None and any(ev.version(r) >= 2 for r in records)) \
+        else None
 
 
 def _hosts(config: dict[str, Any], events: Sequence[ev.Event],

@@ -151,7 +151,8 @@ def _rates(report: Report) -> str:
 def _goodput(report: Report) -> str:
     goodput = report.goodput
     if not goodput:
-        why = "" if report.summary else " (the run has not ended)"
+        why = (" (written by an mgpu-launch before the goodput ledger)" if report.view.tasks
+               else " (no task launched yet)")
         return "<h2>Goodput</h2>" + NOT_RECORDED.format(why)
     parts = goodput.get("parts") or {}
     known = [(name, float(parts.get(name) or 0.0), color) for name, color in GOODPUT_PARTS]
@@ -175,7 +176,8 @@ def _stragglers(report: Report) -> str:
     if stragglers is None:
         return "<h2>Stragglers</h2>" + NOT_RECORDED.format("")
     if not stragglers:
-        return "<h2>Stragglers</h2><p>none: no task was slower than its peers</p>"
+        so_far = " so far" if not report.view.finished else ""
+        return f"<h2>Stragglers</h2><p>none{so_far}: no task was slower than its peers</p>"
     rows = []
     for entry in stragglers:
         slowdown = entry.get("slowdown")

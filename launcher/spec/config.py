@@ -74,6 +74,10 @@ class RestartPolicy(_Strict):
     start_timeout_s: float = Field(default=600.0, gt=0)
     heartbeat_timeout_s: float = Field(default=10.0, gt=0)
     hang_timeout_s: float = Field(default=300.0, gt=0)
+    # A task idle this long at the final step after a peer exited 0 is done:
+    # stopped, the job succeeds (launcher/job/tailcut.py); 0: wait for every
+    # exit (also for a task whose program is over but whose interpreter lingers).
+    finished_idle_s: float = Field(default=5.0, ge=0)
     on_host_loss: Literal["wait", "shrink"] = "wait"
     min_workers: int = Field(default=1, ge=1)
     # With on_host_loss: wait, how long to wait for a lost host to come back.

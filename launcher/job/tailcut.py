@@ -1,0 +1,128 @@
+"""A job that is over but for tasks TensorFlow holds back: its end, cut short.
+
+After the last step of a synchronous job, TensorFlow's teardown may wait out a
+coordination heartbeat (`MGPU_TF_HEARTBEAT_S`, 15 s) before a task's process
+exits, and the job's end waits with it (docs/benchmarks.md, "A job's tail").
+The launcher ends the generation as finished (a `tail_cut` event, then the
+teardown of a finished job) and the job succeeds when it knows the job is done:
+
+- `over`: every job task has exited 0 or said that its program ended cleanly
+  (`{"over": 1}`, from the bootstrap's last exit handler, files flushed:
+  launcher/bootstrap.py), and those still running have sat idle in their
+  interpreter's teardown for `OVER_S`. Nothing of the script is left to cut;
+  they get `OVER_GRACE_S`, then SIGKILL.
+- `idle`: one job task has exited 0 (a synchronous job's tasks train the same
+  steps), and every other one still running has reported that same final step
+  and has since sat still for `restart.finished_idle_s`: no output line, no
+  progress report, under `IDLE_CPU` percent of a core at every look (its agent
+  measures the task's process tree each second). They get `grace_s`.
+
+A final save is work (it writes, it uses the CPU) and is not cut; a teardown at
+work is let end; a task that reported no step, or fewer than its peer, is never
+cut. `finished_idle_s: 0` turns both off.
+
+Pure over the generation and the clock, but for the teardown it asks for.
+Called from the supervisor thread only (through `Watch.silence`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from . import events as ev
+from .generation import Generation
+from .phases import Phase
+from .states import TaskRecord, TaskState
+
+# A task using less than this much of one core is idle (a save, a data
+# loader, even an evaluation uses more; a task waiting in gRPC uses ~0).
+IDLE_CPU = 3.0
+# A program over (every exit handler run, files flushed) whose interpreter has
+# sat idle this long in its teardown is held back: a teardown at work uses the
+# CPU (it took 1-6 s here under load); one waiting out a heartbeat does not.
+OVER_S = 3.0
+OVER_GRACE_S = 0.5  # SIGTERM, then SIGKILL: nothing of the program is left to save
+
+
+class TailCut:
+    """Watches a generation's end; `check` is called every half second."""
+
+    def __init__(self, idle_s: float, clock: Callable[[], float],
+                 tell: Callable[[ev.Event], None],
+                 stop_tasks: Callable[[Generation, str, float], None]) -> None:
+        self.idle_s = idle_s  # 0: never cut
+        self._clock = clock
+        self._tell = tell
+        self._stop_tasks = stop_tasks  # Teardown.stop_tasks
+        self._generation: int | None = None
+        self._done_at: float | None = None  # when a task was first seen exited 0
+        self._busy: dict[str, float] = {}  # task -> when it was last seen busy
+
+    def check(self, gen: Generation) -> bool:
+        """Cut the tail of `gen` when it is due; True when it did."""
+        if self.idle_s <= 0 or gen.phase not in (Phase.FORMING, Phase.TRAINING) \
+                or gen.failure is not None:
+            return False
+        now = self._clock()
+        if self._generation != gen.plan.generation:
+            self._generation, self._done_at, self._busy = gen.plan.generation, None, {}
+        jobs = [r for r in gen.records.values() if r.task.lifetime == "job"]
+        done = [r for r in jobs if r.state is TaskState.SUCCEEDED]
+        left = [r for r in jobs if r.state is TaskState.RUNNING]
+        for record in left:  # idle from the first look on, or busy now
+            if _idle(record.usage):
+                self._busy.setdefault(record.task.name, now)
+            else:
+                self._busy[record.task.name] = now
+        if self._all_over(gen, jobs, done, left, now):
+            return True
+        if not done or len(done) + len(left) != len(jobs):
+            return False
+        if self._done_at is None:
+            self._done_at = now
+        final = max((s for r in done if (s := _step(r)) is not None), default=None)
+        if final is None or not left:
+            return False
+        quiet = [now - max(self._done_at, now if r.last_activity is None else r.last_activity,
+                           self._busy.get(r.task.name, now)) for r in left]
+        if any(_step(r) is None or _step(r) < final for r in left) \
+                or min(quiet) < self.idle_s:
+            return False
+        self._cut(gen, done[0], left, final, min(quiet))
+        return True
+
+    def _all_over(self, gen: Generation, jobs: list[TaskRecord], done: list[TaskRecord],
+                  left: list[TaskRecord], now: float) -> bool:
+        """Every job task exited 0 or said its program ended cleanly, and those
+        still running have sat idle in their teardown for OVER_S: cut."""
+        if not left or any(r.over_at is None for r in left) \
+                or len(done) + len(left) != len(jobs):
+            return False
+        quiet = min(now - max(r.over_at or now, self._busy.get(r.task.name, now))
+                    for r in left)
+        if quiet < OVER_S:  # a teardown at work (under load it takes seconds): let it end
+            return False
+        steps = [s for r in jobs if (s := _step(r)) is not None]
+        self._cut(gen, (done or left)[0], left, max(steps, default=0), quiet, "over")
+        return True
+
+    def _cut(self, gen: Generation, peer: TaskRecord, left: list[TaskRecord], step: int,
+             quiet_s: float, why: str = "idle") -> None:
+        self._tell(ev.TailCut(generation=gen.plan.generation,
+                              tasks=tuple(r.task.label for r in left), peer=peer.task.label,
+                              step=step, idle_s=round(quiet_s, 1), why=why))
+        gen.enter(Phase.TEARING_DOWN)
+        # A program over has nothing left to save: its teardown gets OVER_GRACE_S.
+        grace = OVER_GRACE_S if why == "over" else gen.plan.grace_s
+        self._stop_tasks(gen, "done", grace)  # said by the tail_cut line
+
+
+def _step(record: TaskRecord) -> int | None:
+    step = record.last_progress.get("step")
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+
+def _idle(usage: dict[str, Any]) -> bool:
+    cpu = usage.get("cpu")
+    return isinstance(cpu, int | float) and cpu < IDLE_CPU

@@ -1,0 +1,196 @@
+"""A job's end that a task holds back (launcher/job/tailcut.py, issue 38 item 5).
+
+A real `--local 3` job without TensorFlow: every worker reports the same five
+steps; worker2 then exits 0 at once; worker0, the chief, makes its final save
+(8 s of work, silent: no line, no progress report) after its peer exited;
+worker1 sits idle and silent as a task does while TensorFlow's coordination
+service waits out a departed peer's heartbeat. The save is not cut; the idle
+task is, once the save is over and it has sat idle `finished_idle_s`: the job
+succeeds long before its 60 s.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from launcher.job.states import TaskState
+from tests.conftest import read_events, read_summary, run_cli, start_cli
+
+SCRIPT = """\
+import hashlib, os, sys, time
+from launcher import runtime
+
+me = int(os.environ["MGPU_TASK_INDEX"])
+for step in range(1, 6):
+    runtime.report_progress(step, loss=1.0 / step)
+    time.sleep(0.1)
+if me == 2:
+    sys.exit(0)
+if me == 1:
+    time.sleep(60)  # held back: idle, silent
+    sys.exit(0)
+# The chief's final save: work, no output, for 8 s (past restart.finished_idle_s).
+digest, deadline = hashlib.sha256(), time.monotonic() + 8
+with open("model.bin", "wb") as out:
+    while time.monotonic() < deadline:
+        digest.update(os.urandom(1 << 16))
+        out.write(digest.digest())
+    out.write(b"complete")
+print("saved", flush=True)
+"""
+
+
+# Both programs end cleanly, then their interpreters' teardown hangs (as
+# TensorFlow's coordination service may, waiting out a peer's heartbeat).
+HELD_IN_TEARDOWN = """\
+import json, time
+from launcher import runtime
+
+class Teardown:
+    def __del__(self):
+        time.sleep(60)
+
+json._held = Teardown()  # finalized with the json module, after every exit handler
+for step in range(1, 6):
+    runtime.report_progress(step, loss=1.0 / step)
+    time.sleep(0.1)
+# Left open, its buffer unwritten: closed only after the hang above (module
+# attributes are cleared in order), so only the flush at the program's end saves it.
+json._result = open("result.txt", "w")
+json._result.write("trained")
+"""
+
+
+def test_a_task_idle_at_the_final_step_is_cut_and_a_final_save_is_not(workdir: Path):
+    (workdir / "job.py").write_text(SCRIPT)
+    (workdir / "held").mkdir()
+    (workdir / "held" / "job.py").write_text(HELD_IN_TEARDOWN)
+    held = start_cli(["--no-live", "--local", "2", "--run-dir", "run", "job.py"],
+                     cwd=workdir / "held")
+    started = time.monotonic()
+    result = run_cli(["--no-live", "--local", "3", "--run-dir", "run", "job.py"], cwd=workdir,
+                     timeout=120)
+    took = time.monotonic() - started
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert took < 45, took  # not the 60 s worker1 would have sat
+    run = workdir / "run"
+    events = read_events(run)
+    exited = {e["task"]: e for e in events if e["event"] == "task_exited"}
+    [cut] = [e for e in events if e["event"] == "tail_cut"]
+    assert cut["tasks"] == ["host1/worker1"] and cut["step"] == 5 and cut["idle_s"] >= 5
+    # The chief saved to the end, by itself, before anything was cut.
+    assert exited["worker0"]["exit_code"] == 0 and exited["worker0"]["t"] < cut["t"]
+    assert (workdir / "model.bin").read_bytes().endswith(b"complete")
+    assert "saved" in (run / "logs" / "host0-worker0.log").read_text()
+    assert exited["worker1"]["stopped_by_launcher"] and exited["worker1"]["t"] > cut["t"]
+    summary = read_summary(run)
+    assert summary["status"] == "succeeded" and summary["restarts"] == 0
+    assert "host1/worker1 sat idle" in result.stdout and "at the final step 5" in result.stdout
+
+    # Programs over, interpreters held in their teardown: cut OVER_S later, not 60 s.
+    out, _ = held.communicate(timeout=60)
+    assert held.returncode == 0, out
+    run = workdir / "held" / "run"
+    [cut] = [e for e in read_events(run) if e["event"] == "tail_cut"]
+    assert cut["why"] == "over" and sorted(cut["tasks"]) == ["host0/worker0", "host1/worker1"]
+    summary = read_summary(run)
+    assert 3 <= cut["idle_s"] < 10 and summary["wall_s"] < 40
+    # Their programs succeeded: the launcher only ended their teardown.
+    assert {t["state"] for t in summary["tasks"].values()} == {"succeeded"}
+    assert (workdir / "held" / "result.txt").read_text() == "trained"  # flushed before
+    assert "program over, still exiting" in out
+
+
+# ------------------------------------------------------------- the rule alone
+
+def _generation(steps: dict[str, int | None]):
+    from types import SimpleNamespace as Stub
+
+    from launcher.job.generation import Generation
+    from launcher.job.phases import Phase
+    from launcher.job.states import TaskRecord
+
+    records = {}
+    for name, step in steps.items():
+        task = Stub(name=name, host=f"h{name[-1]}", label=f"h{name[-1]}/{name}", lifetime="job")
+        record = TaskRecord(task, state=TaskState.RUNNING, last_activity=0.0,
+                            usage={"cpu": 0.5})
+        if step is not None:
+            record.last_progress = {"step": step}
+        records[name] = record
+    gen = Generation(Stub(generation=0, grace_s=3.0), records)
+    gen.enter(Phase.TRAINING)
+    return gen
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 10.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _cutter(clock: _Clock):
+    from launcher.job.tailcut import TailCut
+
+    told, stopped = [], []
+    return TailCut(5.0, clock, told.append, lambda gen, why, grace: stopped.append(why)), \
+        told, stopped  # why the teardown
+
+
+def _watch(cut, gen, clock: _Clock, seconds: float) -> bool:
+    """`check` every half second for `seconds`; whether it cut."""
+    for _ in range(int(seconds * 2)):
+        clock.now += 0.5
+        if cut.check(gen):
+            return True
+    return False
+
+
+def test_the_tail_rule_waits_for_idle_tasks_at_the_final_step_after_a_clean_exit():
+    clock = _Clock()
+    gen = _generation({"worker0": 100, "worker1": 100, "worker2": 99})
+    cut, told, stopped = _cutter(clock)
+    assert not _watch(cut, gen, clock, 10)  # nobody exited 0: training may go on
+    gen.records["worker1"].state = TaskState.SUCCEEDED
+    assert not _watch(cut, gen, clock, 10)  # worker2 is behind the final step: never cut
+    gen.records["worker2"].last_progress = {"step": 100}
+    gen.records["worker0"].usage = {"cpu": 85.0}  # saving
+    assert not _watch(cut, gen, clock, 10)
+    gen.records["worker0"].usage = {"cpu": 0.0}  # saved, then held back
+    assert not _watch(cut, gen, clock, 4.5)  # idle, but not for 5 s yet
+    assert _watch(cut, gen, clock, 1)
+    [event] = told
+    assert (event.tasks, event.peer, event.step) == (("h0/worker0", "h2/worker2"),
+                                                     "h1/worker1", 100)
+    assert stopped == ["done"] and gen.phase.stopping
+
+
+def test_the_tail_rule_is_off_at_0_and_never_cuts_a_task_without_steps():
+    clock = _Clock()
+    gen = _generation({"worker0": None, "worker1": 7})
+    gen.records["worker1"].state = TaskState.SUCCEEDED
+    cut, told, _ = _cutter(clock)
+    assert not _watch(cut, gen, clock, 30) and not told
+    gen.records["worker0"].last_progress = {"step": 7}
+    cut.idle_s = 0.0
+    assert not _watch(cut, gen, clock, 30) and not told
+
+
+def test_a_teardown_at_work_is_let_end_and_one_held_back_is_cut():
+    clock = _Clock()
+    gen = _generation({"worker0": 40, "worker1": 40})
+    cut, told, stopped = _cutter(clock)
+    gen.records["worker1"].over_at = clock.now  # its program ended cleanly
+    assert not _watch(cut, gen, clock, 10)  # worker0's program goes on: never
+    gen.records["worker0"].over_at = clock.now
+    gen.records["worker0"].usage = {"cpu": 60.0}  # a teardown at work (slow, under load)
+    assert not _watch(cut, gen, clock, 10)
+    gen.records["worker0"].usage = {"cpu": 0.0}  # then waiting (a peer's heartbeat)
+    assert not _watch(cut, gen, clock, 2.5)
+    assert _watch(cut, gen, clock, 1)
+    [event] = told
+    assert event.why == "over" and event.tasks == ("h0/worker0", "h1/worker1")
+    assert stopped == ["done"]
