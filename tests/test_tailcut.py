@@ -194,3 +194,17 @@ def test_a_teardown_at_work_is_let_end_and_one_held_back_is_cut():
     [event] = told
     assert event.why == "over" and event.tasks == ("h0/worker0", "h1/worker1")
     assert stopped == ["done"]
+
+
+def test_a_save_blocked_without_cpu_is_never_cut_as_idle():
+    """The chief's final Model.save to a slow shared filesystem: at 0 % CPU, silent,
+    past finished_idle_s, but its position says it is saving (runtime/position.py)."""
+    clock = _Clock()
+    gen = _generation({"worker0": 100, "worker1": 100})
+    gen.records["worker1"].state = TaskState.SUCCEEDED
+    gen.positions.take("worker0", {"at": "save", "step": 100}, clock.now)
+    cut, told, _ = _cutter(clock)
+    assert not _watch(cut, gen, clock, 30) and not told
+    gen.positions.take("worker0", {"at": "outside", "step": 100}, clock.now)  # saved
+    assert _watch(cut, gen, clock, 6)
+    assert told[0].tasks == ("h0/worker0",)

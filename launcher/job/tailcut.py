@@ -17,7 +17,9 @@ teardown of a finished job) and the job succeeds when it knows the job is done:
   progress report, under `IDLE_CPU` percent of a core at every look (its agent
   measures the task's process tree each second). They get `grace_s`.
 
-A final save is work (it writes, it uses the CPU) and is not cut; a teardown at
+A final save is work (it writes, it uses the CPU) and is not cut, nor is a task
+whose position (runtime/position.py) says it is inside a save, even one blocked
+on a slow filesystem without using the CPU; a teardown at
 work is let end; a task that reported no step, or fewer than its peer, is never
 cut. `finished_idle_s: 0` turns both off.
 
@@ -32,6 +34,7 @@ from typing import Any
 
 from . import events as ev
 from .generation import Generation
+from .lockstep import SAVE
 from .phases import Phase
 from .states import TaskRecord, TaskState
 
@@ -86,7 +89,7 @@ class TailCut:
             return False
         quiet = [now - max(self._done_at, now if r.last_activity is None else r.last_activity,
                            self._busy.get(r.task.name, now)) for r in left]
-        if any(_step(r) is None or _step(r) < final for r in left) \
+        if any(_step(r) is None or _step(r) < final or _saving(gen, r) for r in left) \
                 or min(quiet) < self.idle_s:
             return False
         self._cut(gen, done[0], left, final, min(quiet))
@@ -121,6 +124,14 @@ class TailCut:
 def _step(record: TaskRecord) -> int | None:
     step = record.last_progress.get("step")
     return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+
+def _saving(gen: Generation, record: TaskRecord) -> bool:
+    """Its position says it is inside a save (runtime/position.py: Model.save,
+    save_weights, a checkpoint's save or write): a save blocked on a slow
+    shared filesystem uses no CPU, but it is work, never a tail to cut."""
+    at = gen.positions.at.get(record.task.name)
+    return at is not None and at.phase == SAVE
 
 
 def _idle(usage: dict[str, Any]) -> bool:
