@@ -71,7 +71,10 @@ class Seal:
         self.table = table  # nft table (family inet)
         self.chain = chain  # iptables chain
         self.ports = tuple(ports)  # the job's TF ports on this host
-        self.allow = tuple(allow)  # the cluster's addresses (IPs or names), besides loopback
+        # The cluster's addresses (IPs or names), besides loopback. Every host's
+        # seal of a plan shares one tuple (tuple() of a tuple is that tuple):
+        # 10,000 hosts admitting 10,000 addresses each must not be 10^8 copies.
+        self.allow = tuple(allow)
         self.mode = mode  # "auto": seal where possible; "cluster": refuse to run open
 
     def _key(self) -> tuple:
@@ -116,7 +119,9 @@ class Seal:
 def seal_for(job: str, run_dir: str, host: str, ports: Iterable[int], allow: Iterable[str],
              mode: str) -> Seal | None:
     """The seal of `host` in the job whose run directory is `run_dir`; None when
-    `mode` is open or the host serves no port (an evaluator alone)."""
+    `mode` is open or the host serves no port (an evaluator alone). `allow`
+    given as a tuple is taken as `allowed()` made it (a plan makes it once for
+    all its hosts); any other iterable is sorted and made unique here."""
     import hashlib  # here: the agent, which imports this module, never needs it
 
     ports = tuple(sorted(set(ports)))
@@ -124,8 +129,14 @@ def seal_for(job: str, run_dir: str, host: str, ports: Iterable[int], allow: Ite
         return None
     digest = hashlib.sha256(f"{run_dir}\0{host}".encode()).hexdigest()[:10]
     slug = re.sub(r"[^a-z0-9]+", "_", job.lower()).strip("_")[:20] or "job"
-    allow = tuple(sorted({a for a in allow if a}))
+    if type(allow) is not tuple:
+        allow = allowed(allow)
     return Seal(f"mgpu_{slug}_{digest}", f"MGPU-{digest}", ports, allow, mode)
+
+
+def allowed(addresses: Iterable[str]) -> tuple[str, ...]:
+    """A seal's `allow`: the addresses, sorted and unique, empty ones left out."""
+    return tuple(sorted({a for a in addresses if a}))
 
 
 # ---------------------------------------------------------------- rendering (pure)

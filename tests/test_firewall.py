@@ -121,12 +121,14 @@ def test_dry_run_shows_the_rules_each_host_would_get(tmp_path):
     done = run_cli(["--dry-run", "c.yaml", "train.py"], cwd=tmp_path, timeout=60)
     assert done.returncode == 0, done.stderr
     text = done.stdout.split("firewall (security.tf_ports: cluster)")[1]
-    a, b = text.split("\n  a:\n")[1].split("\n  b:\n")
-    assert "tcp dport { 23000 }" in a and "tcp dport { 23001 }" in b
-    assert "ip saddr { 10.1.0.1, 10.1.0.2 } return" in a
+    a, b = text.split("\n  a:\n")[1].split("\n  b: ")  # b: the same rules, its own ports
+    assert "tcp dport { 23000 }" in a and b.startswith("table inet mgpu_fw_")
+    assert "tcp dport { 23001 }" in b.splitlines()[0]
+    assert "ip saddr { 10.1.0.1, 10.1.0.2 } return" in a and text.count("10.1.0.2 }") == 1
     plan = json.loads(run_cli(["--dry-run", "--json", "c.yaml", "train.py"], cwd=tmp_path,
                               timeout=60).stdout)
-    assert plan["firewall"]["b"]["ports"] == [23001]
+    assert plan["firewall"]["hosts"]["b"]["ports"] == [23001]
+    assert plan["firewall"]["allow"] == ["10.1.0.1", "10.1.0.2"]
     (tmp_path / "c.yaml").write_text(
         (tmp_path / "c.yaml").read_text().replace("tf_ports: cluster", "tf_ports: open"))
     done = run_cli(["--dry-run", "c.yaml", "train.py"], cwd=tmp_path, timeout=60)
