@@ -9,12 +9,19 @@ start, installs one firewall table for this job on this host:
 - nftables: `table inet mgpu_<job>_<digest>` whose input chain hooks at
   priority -10 (before the usual filter chains at 0). A new TCP connection
   (SYN) to one of the job's ports jumps to a guard chain that returns for
-  loopback and the cluster's addresses and drops the rest. Nothing else is
-  matched: other ports, replies, UDP pass through untouched. A drop is final
-  in netfilter but an accept is not, so this table can only close the job's
-  ports to strangers: it never opens what another tool's rules close.
+  loopback and the cluster's addresses and drops the rest. Loopback is the
+  host's own users: its output chain (same priority) answers a SYN to the
+  job's ports leaving on `lo` with a TCP reset unless the sending socket is
+  owned by the job's user (the agent's uid: its tasks are its children) or
+  root (`meta skuid`; root can remove any rule, so keeping it out would be
+  for show). A connection from this host to its own non-loopback address
+  leaves on `lo` too. Nothing else is matched: other ports, replies (the
+  server's SYN-ACK), UDP pass through untouched. A drop is final in netfilter
+  but an accept is not, so this table can only close the job's ports: it
+  never opens what another tool's rules close.
 - iptables (no `nft`): a chain `MGPU-<digest>` with the same guard, jumped to
-  from the top of INPUT for SYNs to the job's ports (ip6tables too when there).
+  from the top of INPUT for SYNs to the job's ports, and `MGPU-<digest>-L`
+  (`-m owner --uid-owner`) from the top of OUTPUT (ip6tables too when there).
 
 The table's name is derived from the job's run directory and the host, so two
 jobs (or two simulated hosts of one job on one machine) never touch each
@@ -149,15 +156,23 @@ def split_families(addresses: Iterable[str]) -> tuple[list[str], list[str]]:
     return sorted(v4, key=lambda a: tuple(int(part) for part in a.split("."))), sorted(v6)
 
 
-def render_nft(seal: Seal, addresses: Sequence[str] | None = None) -> str:
+def local_uids(uid: int | str) -> str:
+    """The local users admitted: the job's (the agent's uid) and root."""
+    return "0" if uid in (0, "0") else f"0, {uid}"
+
+
+def render_nft(seal: Seal, addresses: Sequence[str] | None = None,
+               uid: int | str = "JOB_UID") -> str:
     """The `nft -f` script that installs (or atomically replaces) the job's table.
 
     `addresses`: the admitted IPs (names resolved); by default the literal IPs
-    of `seal.allow`. The first two lines make `delete` safe when the table does
-    not exist yet; the whole file is one transaction.
+    of `seal.allow`. `uid`: the job's user on the host (the agent's; JOB_UID
+    in `--dry-run`, which runs nowhere). The first two lines make `delete`
+    safe when the table does not exist yet; the whole file is one transaction.
     """
     v4, v6 = split_families(seal.allow if addresses is None else addresses)
     ports = ", ".join(str(p) for p in seal.ports)
+    syn = "tcp flags & (fin|syn|rst|ack) == syn"
     guard = ['        iifname "lo" return']
     if v4:
         guard.append(f"        ip saddr {{ {', '.join(v4)} }} return")
@@ -170,10 +185,18 @@ def render_nft(seal: Seal, addresses: Sequence[str] | None = None) -> str:
         f"table inet {seal.table} {{",
         "    chain input {",
         f"        type filter hook input priority {PRIORITY}; policy accept;",
-        f"        tcp dport {{ {ports} }} tcp flags & (fin|syn|rst|ack) == syn jump guard",
+        f"        tcp dport {{ {ports} }} {syn} jump guard",
         "    }",
         "    chain guard {",
         *guard,
+        "    }",
+        "    chain output {",
+        f"        type filter hook output priority {PRIORITY}; policy accept;",
+        f"        oifname \"lo\" tcp dport {{ {ports} }} {syn} jump local",
+        "    }",
+        "    chain local {",
+        f"        meta skuid {{ {local_uids(uid)} }} return",
+        "        counter reject with tcp reset",
         "    }",
         "}",
         "",
@@ -186,15 +209,20 @@ def _port_groups(ports: Sequence[int]) -> list[str]:
 
 
 def _jumps(seal: Seal) -> list[list[str]]:
-    """The INPUT rules that send new connections to the job's ports to its chain."""
-    return [["-p", "tcp", "--syn", "-m", "multiport", "--dports", group, "-j", seal.chain]
-            for group in _port_groups(list(seal.ports))]
+    """(built-in chain, rule): SYNs to the job's ports, to its INPUT guard and,
+    leaving on loopback, to its OUTPUT guard of local users."""
+    return [rule for group in _port_groups(list(seal.ports)) for rule in (
+        ["INPUT", "-p", "tcp", "--syn", "-m", "multiport", "--dports", group,
+         "-j", seal.chain],
+        ["OUTPUT", "-o", "lo", "-p", "tcp", "--syn", "-m", "multiport", "--dports", group,
+         "-j", seal.chain + "-L"])]
 
 
 def iptables_commands(seal: Seal, addresses: Sequence[str] | None = None,
-                      ip6: bool = True) -> list[list[str]]:
-    """The iptables (and ip6tables) commands that install the job's chain and jumps."""
+                      ip6: bool = True, uid: int | str = "JOB_UID") -> list[list[str]]:
+    """The iptables (and ip6tables) commands that install the job's chains and jumps."""
     v4, v6 = split_families(seal.allow if addresses is None else addresses)
+    local = seal.chain + "-L"
     commands = []
     for tool, admitted in (("iptables", v4), ("ip6tables", v6)):
         if tool == "ip6tables" and not ip6:
@@ -203,15 +231,21 @@ def iptables_commands(seal: Seal, addresses: Sequence[str] | None = None,
                      [tool, "-w", "-A", seal.chain, "-i", "lo", "-j", "RETURN"]]
         commands += [[tool, "-w", "-A", seal.chain, "-s", a, "-j", "RETURN"] for a in admitted]
         commands.append([tool, "-w", "-A", seal.chain, "-j", "DROP"])
-        commands += [[tool, "-w", "-I", "INPUT", "1", *jump] for jump in _jumps(seal)]
+        commands += [[tool, "-w", "-N", local], [tool, "-w", "-F", local]]
+        commands += [[tool, "-w", "-A", local, "-m", "owner", "--uid-owner", who, "-j", "RETURN"]
+                     for who in local_uids(uid).split(", ")]
+        commands.append([tool, "-w", "-A", local, "-p", "tcp", "-j", "REJECT",
+                         "--reject-with", "tcp-reset"])
+        commands += [[tool, "-w", "-I", chain, "1", *rule] for chain, *rule in _jumps(seal)]
     return commands
 
 
 def iptables_removal(seal: Seal, ip6: bool = True) -> list[list[str]]:
     commands = []
     for tool in ("iptables", "ip6tables") if ip6 else ("iptables",):
-        commands += [[tool, "-w", "-D", "INPUT", *jump] for jump in _jumps(seal)]
-        commands += [[tool, "-w", "-F", seal.chain], [tool, "-w", "-X", seal.chain]]
+        commands += [[tool, "-w", "-D", chain, *rule] for chain, *rule in _jumps(seal)]
+        for chain in (seal.chain, seal.chain + "-L"):
+            commands += [[tool, "-w", "-F", chain], [tool, "-w", "-X", chain]]
     return commands
 
 
@@ -301,21 +335,27 @@ def apply(seal: Seal, backend: str, run_dir: str, run: Runner = _run) -> str:
     record = {"backend": backend, **seal.to_json()}
     _write_record(run_dir, record)  # first: a kill leaves it, for the next agent
     _register(seal.table, run_dir, record)  # and for any agent, if no next one comes
+    uid = os.getuid()  # the job's user: the agent's, whose children the tasks are
     if backend == "nft":
-        code, out = run(["nft", "-f", "-"], render_nft(seal, addresses))
+        code, out = run(["nft", "-f", "-"], render_nft(seal, addresses, uid))
         if code != 0:
             raise FirewallError(f"nft refused the rules: {out[-300:]}")
     else:
         ip6 = _tool("ip6tables") is not None
-        for command in iptables_commands(seal, addresses, ip6):
+        for command in iptables_commands(seal, addresses, ip6, uid):
             code, out = run(command, None)
             if code != 0:
                 raise FirewallError(f"{' '.join(command)} failed: {out[-300:]}")
     ports = ",".join(str(p) for p in seal.ports)
     where = f"table inet {seal.table}" if backend == "nft" else f"chain {seal.chain}"
     unresolved = f"; {', '.join(missing)} did not resolve here" if missing else ""
-    return (f"TF port(s) {ports} accept only loopback and {len(set(addresses))} cluster "
-            f"address(es) ({backend} {where}){unresolved}")
+    return (f"TF port(s) {ports} accept only {local_users(uid)} on this host and "
+            f"{len(set(addresses))} cluster address(es) ({backend} {where}){unresolved}")
+
+
+def local_users(uid: object) -> str:
+    """Who on the host may connect, in words."""
+    return "root" if uid == 0 else f"uid {uid} (the job's user) and root"
 
 
 def remove(record: dict, run: Runner = _run) -> str:
@@ -483,7 +523,9 @@ def reachability(mode: str, hello: dict) -> tuple[str, bool]:
     if mode == "open":
         return f"open (security.tf_ports: open): anyone reaching {where}", False
     if info.get("backend"):
-        return (f"sealed ({info['backend']}): listening on {where}; only loopback and the "
-                "job's hosts may connect"), True
+        who = local_users(info["uid"]) if isinstance(info.get("uid"), int) else (
+            "the job's user and root")
+        return (f"sealed ({info['backend']}): listening on {where}; only {who} on the host "
+                "and the job's hosts may connect"), True
     why = info.get("why") or "the agent is too old to say"
     return f"OPEN ({why}): anyone reaching {where}", False

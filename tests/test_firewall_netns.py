@@ -2,7 +2,8 @@
 namespace on one switch (a Linux bridge), and an outsider namespace on the
 same switch. While the job trains, the outsider cannot open a connection to a
 worker's TensorFlow port (the other host can, and the outsider still reaches
-the host's sshd); the job trains to the end; the rules are gone after the job,
+the host's sshd), nor can another local user of the worker's own host (the
+job's user can); the job trains to the end; the rules are gone after the job,
 after a launcher SIGKILL, and after a killed agent is replaced; two jobs at
 once keep to their own tables.
 
@@ -124,17 +125,23 @@ def switch(count: int) -> Iterator[Switch]:
                        capture_output=True)
 
 
-def connects(netns: str, address: str, port: int, timeout: float = 1.0) -> bool:
+def connects(netns: str, address: str, port: int, timeout: float = 1.0,
+             as_nobody: bool = False) -> bool:
     """Whether a TCP connection from `netns` to address:port opens within
-    `timeout` (a dropped SYN is never answered: the bound is the answer)."""
-    code = ("import socket, sys\n"
+    `timeout` (a dropped SYN is never answered: the bound is the answer);
+    `as_nobody`: from a process of another user than the job's (root's)."""
+    code = ("import socket\n"
             "try:\n"
             f"    socket.create_connection(({address!r}, {port}), timeout={timeout}).close()\n"
+            "    print('connected')\n"
             "except OSError:\n"
-            "    sys.exit(1)\n")
-    done = subprocess.run(["ip", "netns", "exec", netns, sys.executable, "-c", code],
-                          capture_output=True, timeout=timeout + 30)
-    return done.returncode == 0
+            "    print('not connected')\n")
+    user = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
+            "/usr/bin/python3"] if as_nobody else [sys.executable]  # the venv: maybe root's
+    done = subprocess.run(["ip", "netns", "exec", netns, *user, "-c", code],
+                          capture_output=True, text=True, timeout=timeout + 30)
+    assert done.stdout.strip() in ("connected", "not connected"), done.stderr  # it ran
+    return done.stdout.strip() == "connected"
 
 
 def tables(netns: str) -> list[str]:
@@ -234,6 +241,12 @@ def test_an_outsider_cannot_reach_a_workers_port_while_the_job_trains_to_the_end
     assert not connects(outsider, addr1, port0 + 1)
     assert connects(ns1, addr0, port0)  # the other host of the job: admitted
     assert connects(outsider, addr0, sim.hosts[0].port)  # sshd: not the job's port
+    # Another user of the job's own host: refused over loopback and to the host's
+    # address; a process of the job's user (root here) connects.
+    for address in ("127.0.0.1", addr0):
+        assert not connects(ns0, address, port0, as_nobody=True)
+        assert connects(ns0, address, port0)
+    assert connects(ns0, addr0, sim.hosts[0].port, as_nobody=True)  # sshd: untouched
     job.go()
     out = job.finish()
     digests = {line.split()[-1] for line in out.splitlines() if "weights digest" in line}

@@ -162,7 +162,8 @@ def _hello(agent: Agent, lease_s: float) -> int | None:
          hostname=os.uname().nodename, run_dir=agent.run_dir,
          psutil=packages.pop("psutil") is not None, packages=packages,
          lease_s=lease_s or None, reaped=reaped,
-         firewall={"backend": agent.seal.backend, "why": agent.seal.why},
+         firewall={"backend": agent.seal.backend, "why": agent.seal.why,
+                   "uid": os.getuid()},
          interfaces=ipv4_interfaces(load_psutil))  # name -> IPv4s: TF addresses by interface
     for item in reaped:  # after the hello: the SSH transport skips lines before it
         emit("log", text=f"killed leftover task {item['task']} (generation "
