@@ -366,7 +366,10 @@ def remove(record: dict, run: Runner = _run) -> str:
     except ValueError:
         return ""
     if record.get("backend") == "nft":
-        code, _ = run(["nft", "delete", "table", "inet", seal.table], None)
+        # As a script, not `nft delete table ...`: the command line form loads the
+        # whole ruleset first, and 32 agents removing their tables at once (simulated
+        # hosts share one kernel) took 7-13 s that way against 1.5-2.3 s so.
+        code, _ = run(["nft", "-f", "-"], f"delete table inet {seal.table}\n")
         return f"table inet {seal.table}" if code == 0 else ""
     removed = False
     for command in iptables_removal(seal, _tool("ip6tables") is not None):
