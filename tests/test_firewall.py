@@ -218,7 +218,8 @@ def test_the_agent_seals_before_its_task_and_unseals_when_it_ends(netns, tmp_pat
                    "address" in m["text"] for m in agent.events("log"))
     finally:
         agent.close()  # stdin closed: the launcher is gone
-    assert tables(netns) == []
+    # Removed as the agent exits: started, not waited for (the kernel's time).
+    wait_for(lambda: tables(netns) == [], timeout=10, what="the table removed")
     assert not (tmp_path / "run" / firewall.RECORD).exists()
 
 
@@ -279,7 +280,7 @@ def test_an_agent_whose_lease_runs_out_removes_the_rules(netns, tmp_path):
         start_sealed(agent, seal)
         assert tables(netns) == [seal.table]
         assert agent.proc.wait(timeout=30) == 3
-        assert tables(netns) == []
+        wait_for(lambda: tables(netns) == [], timeout=10, what="the table removed")
     finally:
         agent.close()
 
@@ -398,11 +399,12 @@ def test_two_jobs_on_one_host_keep_their_own_tables(netns, tmp_path):
             start_sealed(agent, seal)
         assert sorted(tables(netns)) == sorted(s.table for s in seals)
         agents[0].close()
-        assert tables(netns) == [seals[1].table]
+        wait_for(lambda: tables(netns) == [seals[1].table], timeout=10,
+                 what="the first job's table removed, the second's kept")
     finally:
         for agent in agents:
             agent.close()
-    assert tables(netns) == []
+    wait_for(lambda: tables(netns) == [], timeout=10, what="both tables removed")
 
 
 # ---------------------------------------------------------------- the launch

@@ -89,7 +89,9 @@ class Agent:
         self.standbys.drop_all()
         self.tasks.stop(None, self.eof_grace_s)
         self.tasks.wait_all(self.eof_grace_s + 2.0)
-        self.seal.unseal()  # the tasks are gone: so are their ports' rules
+        # The tasks are gone: so are their ports' rules (removed as the agent
+        # exits; the launcher waits for the exit, not for the kernel).
+        self.seal.unseal(wait=False)
         self.spawner.reap_all()  # tasks' and standbys': their threads may not get to it
 
 
