@@ -192,6 +192,7 @@ def _render_firewall(plan: Plan) -> list[str]:
     names = [a for a in first.allow if a not in literal and a.lower() not in literal]
     if names:
         out.append(f"    # and the addresses {', '.join(names)} resolve to on each host")
+    out.append("    # JOB_UID: the job's user on each host (its agent's uid); root is admitted too")
     if len(seals) > 1:
         out.append("  every other host: the same rules, with its own table and ports:")
         out += [f"  {host}: {_own_part(seal, first)}" for host, seal in seals[1:]]
