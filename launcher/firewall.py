@@ -50,6 +50,9 @@ PRIORITY = -10  # before the filter chains of firewalld, ufw, iptables-nft (prio
 CAP_NET_ADMIN = 12  # bit in /proc/self/status CapEff (linux/capability.h)
 TOOL_TIMEOUT_S = 10.0  # nft/iptables take milliseconds; `-w` waits for the xtables lock
 MULTIPORT_MAX = 15  # iptables' multiport match takes at most 15 ports
+# A seal admits every host of the cluster file, by SSH and TF address: 10,000
+# hosts may be 20,000 addresses (the start command's 1 MiB bound comes first).
+MAX_ALLOW = 65536
 # Where firewall tools live; an SSH session of a non-root user often lacks sbin in PATH.
 SBIN = ("/usr/sbin", "/sbin", "/usr/local/sbin")
 _TABLE = re.compile(r"^mgpu_[a-z0-9_]{1,40}$")
@@ -117,7 +120,7 @@ class Seal:
         if (not isinstance(ports, list) or not ports or len(ports) > 1024
                 or not all(isinstance(p, int) and 1 <= p <= 65535 for p in ports)):
             raise ValueError("firewall ports must be a list of ports 1-65535")
-        if not isinstance(allow, list) or len(allow) > 4096 or not all(
+        if not isinstance(allow, list) or len(allow) > MAX_ALLOW or not all(
                 isinstance(a, str) and (_is_ip(a) or _HOSTNAME.match(a)) for a in allow):
             raise ValueError("firewall allow must be a list of addresses or host names")
         return cls(table, chain, tuple(ports), tuple(allow), mode)

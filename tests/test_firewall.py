@@ -63,6 +63,13 @@ def test_nft_accepts_the_rendered_table(tmp_path):
     done = subprocess.run(["nft", "-c", "-f", "-"], input=firewall.render_nft(SEAL, uid=1000),
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+    # A 10,000-host cluster: the agent takes its seal, nft its set of addresses.
+    many = seal_for("big", "/runs/big", "h1", [30000],
+                    [f"10.{i // 65536}.{i // 256 % 256}.{i % 256}" for i in range(10000)], "auto")
+    assert Seal.from_json(many.to_json()) == many
+    done = subprocess.run(["nft", "-c", "-f", "-"], input=firewall.render_nft(many, uid=0),
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-500:]
 
 
 def test_iptables_fallback_is_a_chain_jumped_to_for_new_connections_to_the_ports():
