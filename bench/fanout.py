@@ -14,6 +14,12 @@ see launcher/ops/sshsim.py), N = 1, 8, 32:
   no agent, no task. Its N=32/N=1 ratio is what the simulated hosts alone cost
   as N grows, whatever tool drives them.
 
+With `--firewall`, each round also runs mgpu-launch with `security: {tf_ports:
+open}` (no firewall rules), interleaved with the default (`auto`: each host's
+agent installs an nftables table before its task and removes it as it exits):
+the difference is the firewall's share. Every per-host step added to a launch
+gets such a measurement before it lands.
+
 Prints the median of a few runs each and the ratios, plus the CPU time each
 client spent (the launcher process vs pdsh and its ssh processes). Simulated
 hosts share this machine's cores with the client, so at N=32 the hosts' own
@@ -29,7 +35,7 @@ are ~1.8 s before any Python starts, and the bare-SSH floor line shows the
 whole floor. On real hosts that work runs on each host's own cores; what
 still grows with N is the client CPU column.
 
-    /work/.venv/bin/python bench/fanout.py [--sizes 1,8,32] [--repeat 3]
+    /work/.venv/bin/python bench/fanout.py [--sizes 1,8,32] [--repeat 3] [--firewall]
 """
 
 from __future__ import annotations
@@ -60,9 +66,10 @@ from launcher.transport.ssh_connect import Connector  # noqa: E402
 TRIVIAL = "import os\nprint('ran on', os.environ.get('MGPU_HOST', os.uname().nodename))\n"
 
 
-def cluster_yaml(cluster: SimCluster, count: int, path: Path) -> Path:
+def cluster_yaml(cluster: SimCluster, count: int, path: Path, tf_ports: str = "auto") -> Path:
     config = cluster.config_dict()
     config["hosts"] = config["hosts"][:count]
+    config["security"] = {"tf_ports": tf_ports}
     # The tasks do not talk to each other: the default strategy keeps TF out of it.
     config["strategy"] = "multi_worker_mirrored"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -141,6 +148,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1,8,32")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--firewall", action="store_true",
+                        help="also run with security.tf_ports: open, interleaved: the "
+                        "firewall's share")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     if not shutil.which("pdsh"):
@@ -153,11 +163,14 @@ def main() -> int:
         cluster = start_cluster(max(sizes), work / "sim", sys.executable)
         try:
             rows = []
+            opened: list[tuple[int, float, float]] = []
             for count in sizes:
                 yaml_path = cluster_yaml(cluster, count, work / f"cluster-{count}.yaml")
+                open_path = cluster_yaml(cluster, count, work / f"open-{count}.yaml", "open")
                 run_launcher(yaml_path, script, work)  # warm-up: uploads the agent bundle
                 run_pdsh(cluster, count, script)
                 ours, whole, theirs, cpu_ours, cpu_theirs, bare = [], [], [], [], [], []
+                open_whole: list[float] = []
                 for _ in range(args.repeat):  # interleaved: both see the same load
                     before = children_cpu()
                     ran, total = run_launcher(yaml_path, script, work)
@@ -168,9 +181,14 @@ def main() -> int:
                     ours.append(ran)
                     whole.append(total)
                     bare.append(run_bare_ssh(yaml_path))
+                    if args.firewall:
+                        open_whole.append(run_launcher(open_path, script, work)[1])
                 rows.append((count, statistics.median(ours), statistics.median(whole),
                              statistics.median(theirs), statistics.median(cpu_ours),
                              statistics.median(cpu_theirs), statistics.median(bare)))
+                if open_whole:
+                    opened.append((count, statistics.median(whole),
+                                   statistics.median(open_whole)))
         finally:
             cluster.stop()
     load = os.getloadavg()[0]
@@ -190,6 +208,9 @@ def main() -> int:
         print(f"pdsh        N={last[0]} vs N={first[0]}: {last[3] / first[3]:.2f}x")
         print(f"bare SSH    N={last[0]} vs N={first[0]}: {last[6] / first[6]:.2f}x "
               "(the floor on these simulated hosts)")
+    for count, sealed, unsealed in opened:
+        print(f"N={count}: command with tf_ports auto {sealed:.2f}s, open {unsealed:.2f}s: "
+              f"the firewall's share {sealed - unsealed:+.2f}s")
     return 0
 
 

@@ -7,11 +7,14 @@ shared checkpoint directory), then times, in this process, the two steps every
 launch takes before it reaches a host: `load_config` (YAML, schema and
 cross-key checks) and `build_plan` (every task with its TF_CONFIG and
 environment), and the TF address of every host (`tf_addresses`, which reads
-the ssh config once). Prints the median of ROUNDS rounds of each step and the
-ratio to the target: a 10,000-host file plans in under 5 s (wall and CPU
-seconds: on a loaded machine compare the CPU time). The time grows
-linearly with the hosts: 10x the hosts should cost about 10x the time (the
-`x per host vs 1,000` column); a quadratic step would show about 100x.
+the ssh config once); then what `--dry-run` prints of that plan, as text and
+as `--json` (the cluster's addresses once, each task's own part after them:
+the output's size grows with the hosts, not with their square). Prints the
+median of ROUNDS rounds of each step and the ratio to the target: a
+10,000-host file plans and prints in under 5 s (wall and CPU seconds: on a
+loaded machine compare the CPU time). The time grows linearly with the
+hosts: 10x the hosts should cost about 10x the time (the `x per host vs
+1,000` column); a quadratic step would show about 100x.
 
 Also times the refusal of a 2 KB YAML alias bomb ("billion laughs") and the
 memory the process gained meanwhile (its peak RSS before and after).
@@ -32,6 +35,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 from launcher.spec.config import ConfigError, load_config  # noqa: E402
 from launcher.spec.plan import build_plan, host_targets  # noqa: E402
+from launcher.spec.planview import dumps, plan_json, render_plan  # noqa: E402
 from launcher.transport.resolve import tf_addresses  # noqa: E402
 
 TARGET_10K_S = 5.0
@@ -58,9 +62,14 @@ def time_steps(path: Path) -> dict[str, float]:
     plan = build_plan(loaded, ["train.py"], run_dir="/tmp/run", addresses=addresses)
     planned_at = time.perf_counter()
     assert len(plan.tasks) == len(loaded.config.hosts)
+    text = render_plan(plan)
+    texted_at = time.perf_counter()
+    as_json = dumps(plan_json(plan))
+    done_at = time.perf_counter()
     return {"load": loaded_at - started, "addresses": addressed_at - loaded_at,
-            "plan": planned_at - addressed_at, "total": planned_at - started,
-            "cpu": time.process_time() - cpu}
+            "plan": planned_at - addressed_at, "text": texted_at - planned_at,
+            "json": done_at - texted_at, "total": done_at - started,
+            "cpu": time.process_time() - cpu, "mb": (len(text) + len(as_json)) / 1e6}
 
 
 def alias_bomb(folder: Path) -> tuple[float, float]:
@@ -95,8 +104,9 @@ def main() -> None:
             took, grown = alias_bomb(folder)
             print(f"alias bomb ({(folder / 'bomb.yaml').stat().st_size} bytes): refused in "
                   f"{took:.3f} s, peak memory +{grown:.0f} MB")
-        print(f"{'hosts':>6} {'load s':>8} {'addr s':>8} {'plan s':>8} {'total s':>8} "
-              f"{'cpu s':>8} {'x per host vs first':>20}")
+        print(f"{'hosts':>6} {'load s':>8} {'addr s':>8} {'plan s':>8} {'text s':>8} "
+              f"{'json s':>8} {'total s':>8} {'cpu s':>8} {'out MB':>7} "
+              f"{'x per host vs first':>20}")
         first: float | None = None
         for hosts in args.hosts:
             path = cluster_file(folder, hosts)
@@ -105,7 +115,8 @@ def main() -> None:
             per_host = med["total"] / hosts
             first = first or per_host
             print(f"{hosts:>6} {med['load']:>8.2f} {med['addresses']:>8.2f} {med['plan']:>8.2f} "
-                  f"{med['total']:>8.2f} {med['cpu']:>8.2f} {per_host / first:>20.2f}")
+                  f"{med['text']:>8.2f} {med['json']:>8.2f} {med['total']:>8.2f} "
+                  f"{med['cpu']:>8.2f} {med['mb']:>7.1f} {per_host / first:>20.2f}")
             if hosts == 10000:
                 print(f"10,000 hosts: {med['total']:.2f} s = {med['total'] / TARGET_10K_S:.2f}x "
                       f"the {TARGET_10K_S:g} s target ({med['cpu']:.2f} s of CPU; on a "

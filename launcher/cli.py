@@ -39,11 +39,11 @@ from .ops import control, outlets, prereqs, usage
 from .ops.live import format_duration
 from .ops.printer import Printer
 from .ops.usage import say, shown
-from .spec import rundir
+from .spec import planview, rundir
 from .spec.addresses import AddressError
 from .spec.allocation import SlurmError, read_allocation, slurm_config, with_allocation
 from .spec.config import ConfigError, LoadedConfig, load_config, local_config
-from .spec.plan import Plan, PlanError, render_plan, resolve_script
+from .spec.plan import Plan, PlanError, resolve_script
 from .transport import Transport, TransportError
 from .transport.factory import make_transport, quiet_paramiko_logs
 
@@ -67,7 +67,7 @@ mgpu-launch [OPTIONS] --local N SCRIPT [ARGS...]      run N simulated hosts on t
 mgpu-launch [OPTIONS] --slurm SCRIPT [ARGS...]        run on the nodes of this Slurm allocation
 mgpu-launch --detach [OPTIONS] CLUSTER.yaml SCRIPT    the same in the background: print the
                                                       run dir and return
-mgpu-launch --dry-run [--json] CLUSTER.yaml SCRIPT    print the plan, start nothing"""
+mgpu-launch --dry-run [--json] [--task H/T] CLUSTER.yaml SCRIPT  print the plan"""
 
 EPILOG = """\
 other commands:
@@ -109,6 +109,9 @@ def _run_parser() -> argparse.ArgumentParser:
                         help="print every task's host, role, ports, env and TF_CONFIG; "
                         "start nothing")
     parser.add_argument("--json", action="store_true", help="with --dry-run: print JSON")
+    parser.add_argument("--task", metavar="HOST/ROLEINDEX",
+                        help="with --dry-run: print only this task, whole (its full "
+                        "TF_CONFIG and environment), e.g. host0/worker0")
     parser.add_argument("--run-dir", help="run directory (default runs/<name>-<timestamp>)")
     parser.add_argument("--max-restarts", type=int, metavar="N",
                         help="override restart.max_restarts of the YAML")
@@ -214,6 +217,8 @@ def _run(argv: list[str]) -> int:
     args = _run_parser().parse_args(argv)
     if args.json and not args.dry_run:
         raise UsageError("--json goes with --dry-run")
+    if args.task and not args.dry_run:
+        raise UsageError("--task goes with --dry-run")
     loaded, command = _load(args)
     config = loaded.config
     local = config.transport == "local"
@@ -229,7 +234,7 @@ def _run(argv: list[str]) -> int:
     # Every host's TF address as far as known before any agent answered (spares too).
     launch = Launch(loaded, command, run_dir, str(Path.cwd()))
     if args.dry_run:
-        return _dry_run(launch.plan(0), args.json, config.ports.base == "auto")
+        return _dry_run(launch.plan(0), args, config.ports.base == "auto")
     if local:  # simulated hosts run the tasks with this machine's Python
         missing = prereqs.local_problem(launch.pythons, Path(command[0]), config.strategy)
         if missing:
@@ -248,16 +253,24 @@ def _run(argv: list[str]) -> int:
     return _launch(launch, first_plan, args, views)
 
 
-def _dry_run(plan: Plan, as_json: bool, ports_auto: bool) -> int:
-    if as_json:
-        print(json.dumps(plan.to_json(), indent=2))
+def _dry_run(plan: Plan, args: argparse.Namespace, ports_auto: bool) -> int:
+    if args.task:
+        try:
+            task = planview.find_task(plan, args.task)
+        except planview.NoSuchTask as exc:
+            raise UsageError(str(exc)) from None
+        print(json.dumps(planview.one_task_json(task), indent=2) if args.json
+              else planview.one_task(task))
+        return EXIT_OK
+    if args.json:
+        print(planview.dumps(planview.plan_json(plan)))
         return EXIT_OK
     if ports_auto:
         print("# ports.base is auto: these ports are free now; a launch picks again")
     if plan.unresolved:
         print("# <address of IF on HOST>: that interface's IPv4 address, read by the "
               "host's agent when the job starts")
-    print(render_plan(plan))
+    print(planview.render_plan(plan))
     return EXIT_OK
 
 

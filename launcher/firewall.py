@@ -9,12 +9,19 @@ start, installs one firewall table for this job on this host:
 - nftables: `table inet mgpu_<job>_<digest>` whose input chain hooks at
   priority -10 (before the usual filter chains at 0). A new TCP connection
   (SYN) to one of the job's ports jumps to a guard chain that returns for
-  loopback and the cluster's addresses and drops the rest. Nothing else is
-  matched: other ports, replies, UDP pass through untouched. A drop is final
-  in netfilter but an accept is not, so this table can only close the job's
-  ports to strangers: it never opens what another tool's rules close.
+  loopback and the cluster's addresses and drops the rest. Loopback is the
+  host's own users: its output chain (same priority) answers a SYN to the
+  job's ports leaving on `lo` with a TCP reset unless the sending socket is
+  owned by the job's user (the agent's uid: its tasks are its children) or
+  root (`meta skuid`; root can remove any rule, so keeping it out would be
+  for show). A connection from this host to its own non-loopback address
+  leaves on `lo` too. Nothing else is matched: other ports, replies (the
+  server's SYN-ACK), UDP pass through untouched. A drop is final in netfilter
+  but an accept is not, so this table can only close the job's ports: it
+  never opens what another tool's rules close.
 - iptables (no `nft`): a chain `MGPU-<digest>` with the same guard, jumped to
-  from the top of INPUT for SYNs to the job's ports (ip6tables too when there).
+  from the top of INPUT for SYNs to the job's ports, and `MGPU-<digest>-L`
+  (`-m owner --uid-owner`) from the top of OUTPUT (ip6tables too when there).
 
 The table's name is derived from the job's run directory and the host, so two
 jobs (or two simulated hosts of one job on one machine) never touch each
@@ -43,6 +50,9 @@ PRIORITY = -10  # before the filter chains of firewalld, ufw, iptables-nft (prio
 CAP_NET_ADMIN = 12  # bit in /proc/self/status CapEff (linux/capability.h)
 TOOL_TIMEOUT_S = 10.0  # nft/iptables take milliseconds; `-w` waits for the xtables lock
 MULTIPORT_MAX = 15  # iptables' multiport match takes at most 15 ports
+# A seal admits every host of the cluster file, by SSH and TF address: 10,000
+# hosts may be 20,000 addresses (the start command's 1 MiB bound comes first).
+MAX_ALLOW = 65536
 # Where firewall tools live; an SSH session of a non-root user often lacks sbin in PATH.
 SBIN = ("/usr/sbin", "/sbin", "/usr/local/sbin")
 _TABLE = re.compile(r"^mgpu_[a-z0-9_]{1,40}$")
@@ -71,7 +81,10 @@ class Seal:
         self.table = table  # nft table (family inet)
         self.chain = chain  # iptables chain
         self.ports = tuple(ports)  # the job's TF ports on this host
-        self.allow = tuple(allow)  # the cluster's addresses (IPs or names), besides loopback
+        # The cluster's addresses (IPs or names), besides loopback. Every host's
+        # seal of a plan shares one tuple (tuple() of a tuple is that tuple):
+        # 10,000 hosts admitting 10,000 addresses each must not be 10^8 copies.
+        self.allow = tuple(allow)
         self.mode = mode  # "auto": seal where possible; "cluster": refuse to run open
 
     def _key(self) -> tuple:
@@ -107,7 +120,7 @@ class Seal:
         if (not isinstance(ports, list) or not ports or len(ports) > 1024
                 or not all(isinstance(p, int) and 1 <= p <= 65535 for p in ports)):
             raise ValueError("firewall ports must be a list of ports 1-65535")
-        if not isinstance(allow, list) or len(allow) > 4096 or not all(
+        if not isinstance(allow, list) or len(allow) > MAX_ALLOW or not all(
                 isinstance(a, str) and (_is_ip(a) or _HOSTNAME.match(a)) for a in allow):
             raise ValueError("firewall allow must be a list of addresses or host names")
         return cls(table, chain, tuple(ports), tuple(allow), mode)
@@ -116,7 +129,9 @@ class Seal:
 def seal_for(job: str, run_dir: str, host: str, ports: Iterable[int], allow: Iterable[str],
              mode: str) -> Seal | None:
     """The seal of `host` in the job whose run directory is `run_dir`; None when
-    `mode` is open or the host serves no port (an evaluator alone)."""
+    `mode` is open or the host serves no port (an evaluator alone). `allow`
+    given as a tuple is taken as `allowed()` made it (a plan makes it once for
+    all its hosts); any other iterable is sorted and made unique here."""
     import hashlib  # here: the agent, which imports this module, never needs it
 
     ports = tuple(sorted(set(ports)))
@@ -124,8 +139,14 @@ def seal_for(job: str, run_dir: str, host: str, ports: Iterable[int], allow: Ite
         return None
     digest = hashlib.sha256(f"{run_dir}\0{host}".encode()).hexdigest()[:10]
     slug = re.sub(r"[^a-z0-9]+", "_", job.lower()).strip("_")[:20] or "job"
-    allow = tuple(sorted({a for a in allow if a}))
+    if type(allow) is not tuple:
+        allow = allowed(allow)
     return Seal(f"mgpu_{slug}_{digest}", f"MGPU-{digest}", ports, allow, mode)
+
+
+def allowed(addresses: Iterable[str]) -> tuple[str, ...]:
+    """A seal's `allow`: the addresses, sorted and unique, empty ones left out."""
+    return tuple(sorted({a for a in addresses if a}))
 
 
 # ---------------------------------------------------------------- rendering (pure)
@@ -138,15 +159,23 @@ def split_families(addresses: Iterable[str]) -> tuple[list[str], list[str]]:
     return sorted(v4, key=lambda a: tuple(int(part) for part in a.split("."))), sorted(v6)
 
 
-def render_nft(seal: Seal, addresses: Sequence[str] | None = None) -> str:
+def local_uids(uid: int | str) -> str:
+    """The local users admitted: the job's (the agent's uid) and root."""
+    return "0" if uid in (0, "0") else f"0, {uid}"
+
+
+def render_nft(seal: Seal, addresses: Sequence[str] | None = None,
+               uid: int | str = "JOB_UID") -> str:
     """The `nft -f` script that installs (or atomically replaces) the job's table.
 
     `addresses`: the admitted IPs (names resolved); by default the literal IPs
-    of `seal.allow`. The first two lines make `delete` safe when the table does
-    not exist yet; the whole file is one transaction.
+    of `seal.allow`. `uid`: the job's user on the host (the agent's; JOB_UID
+    in `--dry-run`, which runs nowhere). The first two lines make `delete`
+    safe when the table does not exist yet; the whole file is one transaction.
     """
     v4, v6 = split_families(seal.allow if addresses is None else addresses)
     ports = ", ".join(str(p) for p in seal.ports)
+    syn = "tcp flags & (fin|syn|rst|ack) == syn"
     guard = ['        iifname "lo" return']
     if v4:
         guard.append(f"        ip saddr {{ {', '.join(v4)} }} return")
@@ -159,10 +188,18 @@ def render_nft(seal: Seal, addresses: Sequence[str] | None = None) -> str:
         f"table inet {seal.table} {{",
         "    chain input {",
         f"        type filter hook input priority {PRIORITY}; policy accept;",
-        f"        tcp dport {{ {ports} }} tcp flags & (fin|syn|rst|ack) == syn jump guard",
+        f"        tcp dport {{ {ports} }} {syn} jump guard",
         "    }",
         "    chain guard {",
         *guard,
+        "    }",
+        "    chain output {",
+        f"        type filter hook output priority {PRIORITY}; policy accept;",
+        f"        oifname \"lo\" tcp dport {{ {ports} }} {syn} jump local",
+        "    }",
+        "    chain local {",
+        f"        meta skuid {{ {local_uids(uid)} }} return",
+        "        counter reject with tcp reset",
         "    }",
         "}",
         "",
@@ -175,15 +212,20 @@ def _port_groups(ports: Sequence[int]) -> list[str]:
 
 
 def _jumps(seal: Seal) -> list[list[str]]:
-    """The INPUT rules that send new connections to the job's ports to its chain."""
-    return [["-p", "tcp", "--syn", "-m", "multiport", "--dports", group, "-j", seal.chain]
-            for group in _port_groups(list(seal.ports))]
+    """(built-in chain, rule): SYNs to the job's ports, to its INPUT guard and,
+    leaving on loopback, to its OUTPUT guard of local users."""
+    return [rule for group in _port_groups(list(seal.ports)) for rule in (
+        ["INPUT", "-p", "tcp", "--syn", "-m", "multiport", "--dports", group,
+         "-j", seal.chain],
+        ["OUTPUT", "-o", "lo", "-p", "tcp", "--syn", "-m", "multiport", "--dports", group,
+         "-j", seal.chain + "-L"])]
 
 
 def iptables_commands(seal: Seal, addresses: Sequence[str] | None = None,
-                      ip6: bool = True) -> list[list[str]]:
-    """The iptables (and ip6tables) commands that install the job's chain and jumps."""
+                      ip6: bool = True, uid: int | str = "JOB_UID") -> list[list[str]]:
+    """The iptables (and ip6tables) commands that install the job's chains and jumps."""
     v4, v6 = split_families(seal.allow if addresses is None else addresses)
+    local = seal.chain + "-L"
     commands = []
     for tool, admitted in (("iptables", v4), ("ip6tables", v6)):
         if tool == "ip6tables" and not ip6:
@@ -192,15 +234,21 @@ def iptables_commands(seal: Seal, addresses: Sequence[str] | None = None,
                      [tool, "-w", "-A", seal.chain, "-i", "lo", "-j", "RETURN"]]
         commands += [[tool, "-w", "-A", seal.chain, "-s", a, "-j", "RETURN"] for a in admitted]
         commands.append([tool, "-w", "-A", seal.chain, "-j", "DROP"])
-        commands += [[tool, "-w", "-I", "INPUT", "1", *jump] for jump in _jumps(seal)]
+        commands += [[tool, "-w", "-N", local], [tool, "-w", "-F", local]]
+        commands += [[tool, "-w", "-A", local, "-m", "owner", "--uid-owner", who, "-j", "RETURN"]
+                     for who in local_uids(uid).split(", ")]
+        commands.append([tool, "-w", "-A", local, "-p", "tcp", "-j", "REJECT",
+                         "--reject-with", "tcp-reset"])
+        commands += [[tool, "-w", "-I", chain, "1", *rule] for chain, *rule in _jumps(seal)]
     return commands
 
 
 def iptables_removal(seal: Seal, ip6: bool = True) -> list[list[str]]:
     commands = []
     for tool in ("iptables", "ip6tables") if ip6 else ("iptables",):
-        commands += [[tool, "-w", "-D", "INPUT", *jump] for jump in _jumps(seal)]
-        commands += [[tool, "-w", "-F", seal.chain], [tool, "-w", "-X", seal.chain]]
+        commands += [[tool, "-w", "-D", chain, *rule] for chain, *rule in _jumps(seal)]
+        for chain in (seal.chain, seal.chain + "-L"):
+            commands += [[tool, "-w", "-F", chain], [tool, "-w", "-X", chain]]
     return commands
 
 
@@ -290,32 +338,62 @@ def apply(seal: Seal, backend: str, run_dir: str, run: Runner = _run) -> str:
     record = {"backend": backend, **seal.to_json()}
     _write_record(run_dir, record)  # first: a kill leaves it, for the next agent
     _register(seal.table, run_dir, record)  # and for any agent, if no next one comes
+    uid = os.getuid()  # the job's user: the agent's, whose children the tasks are
     if backend == "nft":
-        code, out = run(["nft", "-f", "-"], render_nft(seal, addresses))
+        code, out = run(["nft", "-f", "-"], render_nft(seal, addresses, uid))
         if code != 0:
             raise FirewallError(f"nft refused the rules: {out[-300:]}")
     else:
         ip6 = _tool("ip6tables") is not None
-        for command in iptables_commands(seal, addresses, ip6):
+        for command in iptables_commands(seal, addresses, ip6, uid):
             code, out = run(command, None)
             if code != 0:
                 raise FirewallError(f"{' '.join(command)} failed: {out[-300:]}")
     ports = ",".join(str(p) for p in seal.ports)
     where = f"table inet {seal.table}" if backend == "nft" else f"chain {seal.chain}"
     unresolved = f"; {', '.join(missing)} did not resolve here" if missing else ""
-    return (f"TF port(s) {ports} accept only loopback and {len(set(addresses))} cluster "
-            f"address(es) ({backend} {where}){unresolved}")
+    return (f"TF port(s) {ports} accept only {local_users(uid)} on this host and "
+            f"{len(set(addresses))} cluster address(es) ({backend} {where}){unresolved}")
 
 
-def remove(record: dict, run: Runner = _run) -> str:
+def local_users(uid: object) -> str:
+    """Who on the host may connect, in words."""
+    return "root" if uid == 0 else f"uid {uid} (the job's user) and root"
+
+
+def run_detached(argv: list[str], stdin: str | None) -> tuple[int, str]:
+    """Start the command in a session of its own and return at once, its output
+    to /dev/null: 0 once started (what it then does is not known)."""
+    tool = _tool(argv[0]) or argv[0]
+    try:
+        proc = subprocess.Popen([tool, *argv[1:]], stdin=subprocess.PIPE,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True)
+        if proc.stdin is not None:
+            with proc.stdin:
+                proc.stdin.write((stdin or "").encode())
+    except OSError as exc:
+        return 127, f"{type(exc).__name__}: {exc}"
+    return 0, ""
+
+
+def remove(record: dict, run: Runner = _run, wait: bool = True) -> str:
     """Remove what `record` (from RUN_DIR/firewall.json) installed; "" when there
-    was nothing, else what was removed. Never raises."""
+    was nothing, else what was removed. Never raises. `wait=False` (the agent's
+    last act, its tasks gone): an nft table's removal is started, not waited
+    for. The launcher waits for every agent's exit, and the kernel takes one
+    table removal at a time: 32 simulated hosts on one machine waited ~1-3 s
+    for each other at the end of every job."""
     try:
         seal = Seal.from_json({**record, "mode": "cluster"})
     except ValueError:
         return ""
     if record.get("backend") == "nft":
-        code, _ = run(["nft", "delete", "table", "inet", seal.table], None)
+        # As a script, not `nft delete table ...`: the command line form loads the
+        # whole ruleset first, and 32 agents removing their tables at once (simulated
+        # hosts share one kernel) took 7-13 s that way against 1.5-2.3 s so.
+        code, _ = (run if wait else run_detached)(["nft", "-f", "-"],
+                                                  f"delete table inet {seal.table}\n")
         return f"table inet {seal.table}" if code == 0 else ""
     removed = False
     for command in iptables_removal(seal, _tool("ip6tables") is not None):
@@ -323,12 +401,13 @@ def remove(record: dict, run: Runner = _run) -> str:
     return f"chain {seal.chain}" if removed else ""
 
 
-def reap(run_dir: str, run: Runner = _run) -> str:
-    """Remove the rules an earlier agent of `run_dir` recorded (and the record)."""
+def reap(run_dir: str, run: Runner = _run, wait: bool = True) -> str:
+    """Remove the rules an earlier agent of `run_dir` recorded (and the record);
+    `wait`: see `remove`."""
     record = read_record(run_dir)
     if record is None:
         return ""
-    removed = remove(record, run)
+    removed = remove(record, run, wait)
     for path in (os.path.join(run_dir, RECORD),
                  os.path.join(registry(), f"{record.get('table')}.json")):
         try:
@@ -472,7 +551,9 @@ def reachability(mode: str, hello: dict) -> tuple[str, bool]:
     if mode == "open":
         return f"open (security.tf_ports: open): anyone reaching {where}", False
     if info.get("backend"):
-        return (f"sealed ({info['backend']}): listening on {where}; only loopback and the "
-                "job's hosts may connect"), True
+        who = local_users(info["uid"]) if isinstance(info.get("uid"), int) else (
+            "the job's user and root")
+        return (f"sealed ({info['backend']}): listening on {where}; only {who} on the host "
+                "and the job's hosts may connect"), True
     why = info.get("why") or "the agent is too old to say"
     return f"OPEN ({why}): anyone reaching {where}", False

@@ -44,7 +44,7 @@ def test_hosts_named_by_ssh_aliases_train_on_their_hostnames(aliased, tmp_path):
                     timeout=60)
     assert shown.returncode == 0, shown.stderr
     plan = json.loads(shown.stdout)
-    assert plan["tasks"][0]["tf_config"]["cluster"]["worker"] == expected
+    assert plan["tf_config"]["cluster"]["worker"] == expected
     assert [(h["name"], h["tf_address"], h["address_rule"]) for h in plan["hosts"]] == [
         (f"gpu{h.index}", h.address, "ssh_config") for h in sim.hosts]
 

@@ -113,8 +113,10 @@ def test_slurm_script_runs_mgpu_launch_with_the_same_plan(tmp_path: Path):
     assert inside.returncode == 0, inside.stderr
     got = json.loads(inside.stdout)
     assert got["transport"] == "slurm"
+    # Each task's TF_CONFIG and environment: the plan's shared part and the task's own.
+    assert got["tf_config"] == planned["tf_config"] and got["env"] == planned["env"]
     assert [t["tf_config"] for t in got["tasks"]] == [t["tf_config"] for t in planned["tasks"]]
-    assert got["tasks"][3]["tf_config"]["cluster"]["worker"] == [
+    assert got["tf_config"]["cluster"]["worker"] == [
         "node01:23456", "node01:23457", "node02:23458", "node02:23459"]
     for mine, theirs in zip(got["tasks"], planned["tasks"], strict=True):
         assert mine["env"] == theirs["env"]

@@ -48,13 +48,28 @@ def test_the_nft_table_drops_only_new_connections_to_the_jobs_ports_from_strange
     assert "gpu9" not in text  # names are resolved on the host, then passed as addresses
     resolved = firewall.render_nft(SEAL, ["10.0.0.2", "10.9.9.9"])
     assert "ip saddr { 10.0.0.2, 10.9.9.9 } return" in resolved and "ip6 saddr" not in resolved
+    # Loopback is the host's own users: only the job's (the agent's uid) and root.
+    mine = firewall.render_nft(SEAL, uid=1000)
+    assert "type filter hook output priority -10; policy accept;" in mine
+    assert ('oifname "lo" tcp dport { 23456, 23457 } tcp flags & (fin|syn|rst|ack) == syn '
+            "jump local") in mine
+    local = mine.split("chain local {")[1]
+    assert local.index("meta skuid { 0, 1000 } return") < local.index("reject with tcp reset")
+    assert "meta skuid { 0 } return" in firewall.render_nft(SEAL, uid=0)
 
 
 def test_nft_accepts_the_rendered_table(tmp_path):
     # `nft -c`: parsed and checked by the kernel's rules, installed nowhere.
-    done = subprocess.run(["nft", "-c", "-f", "-"], input=firewall.render_nft(SEAL),
+    done = subprocess.run(["nft", "-c", "-f", "-"], input=firewall.render_nft(SEAL, uid=1000),
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+    # A 10,000-host cluster: the agent takes its seal, nft its set of addresses.
+    many = seal_for("big", "/runs/big", "h1", [30000],
+                    [f"10.{i // 65536}.{i // 256 % 256}.{i % 256}" for i in range(10000)], "auto")
+    assert Seal.from_json(many.to_json()) == many
+    done = subprocess.run(["nft", "-c", "-f", "-"], input=firewall.render_nft(many, uid=0),
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-500:]
 
 
 def test_iptables_fallback_is_a_chain_jumped_to_for_new_connections_to_the_ports():
@@ -65,6 +80,13 @@ def test_iptables_fallback_is_a_chain_jumped_to_for_new_connections_to_the_ports
                             "iptables -w -A MGPU-0123456789 -i lo -j RETURN",
                             "iptables -w -A MGPU-0123456789 -s 10.0.0.2 -j RETURN"]
     assert commands[4] == "iptables -w -A MGPU-0123456789 -j DROP"
+    assert commands[5:10] == [
+        "iptables -w -N MGPU-0123456789-L", "iptables -w -F MGPU-0123456789-L",
+        "iptables -w -A MGPU-0123456789-L -m owner --uid-owner 0 -j RETURN",
+        "iptables -w -A MGPU-0123456789-L -m owner --uid-owner JOB_UID -j RETURN",
+        "iptables -w -A MGPU-0123456789-L -p tcp -j REJECT --reject-with tcp-reset"]
+    assert ("iptables -w -I OUTPUT 1 -o lo -p tcp --syn -m multiport --dports "
+            + ",".join(map(str, ports[:15])) + " -j MGPU-0123456789-L") in commands
     jumps = [c for c in commands if " INPUT " in c]
     assert jumps == [
         "iptables -w -I INPUT 1 -p tcp --syn -m multiport --dports "
@@ -72,8 +94,11 @@ def test_iptables_fallback_is_a_chain_jumped_to_for_new_connections_to_the_ports
         "iptables -w -I INPUT 1 -p tcp --syn -m multiport --dports "
         + ",".join(map(str, ports[15:])) + " -j MGPU-0123456789"]
     removal = [" ".join(c) for c in firewall.iptables_removal(seal, ip6=False)]
-    assert removal[-2:] == ["iptables -w -F MGPU-0123456789", "iptables -w -X MGPU-0123456789"]
-    assert all(r.replace(" -D INPUT ", " -I INPUT 1 ") in jumps for r in removal[:2])
+    assert removal[-4:] == ["iptables -w -F MGPU-0123456789", "iptables -w -X MGPU-0123456789",
+                            "iptables -w -F MGPU-0123456789-L",
+                            "iptables -w -X MGPU-0123456789-L"]
+    assert all(r.replace(" -D INPUT ", " -I INPUT 1 ") in jumps for r in removal[:4]
+               if " INPUT " in r)
 
 
 def test_each_job_and_host_gets_its_own_table():
@@ -121,12 +146,14 @@ def test_dry_run_shows_the_rules_each_host_would_get(tmp_path):
     done = run_cli(["--dry-run", "c.yaml", "train.py"], cwd=tmp_path, timeout=60)
     assert done.returncode == 0, done.stderr
     text = done.stdout.split("firewall (security.tf_ports: cluster)")[1]
-    a, b = text.split("\n  a:\n")[1].split("\n  b:\n")
-    assert "tcp dport { 23000 }" in a and "tcp dport { 23001 }" in b
-    assert "ip saddr { 10.1.0.1, 10.1.0.2 } return" in a
+    a, b = text.split("\n  a:\n")[1].split("\n  b: ")  # b: the same rules, its own ports
+    assert "tcp dport { 23000 }" in a and b.startswith("table inet mgpu_fw_")
+    assert "tcp dport { 23001 }" in b.splitlines()[0]
+    assert "ip saddr { 10.1.0.1, 10.1.0.2 } return" in a and text.count("10.1.0.2 }") == 1
     plan = json.loads(run_cli(["--dry-run", "--json", "c.yaml", "train.py"], cwd=tmp_path,
                               timeout=60).stdout)
-    assert plan["firewall"]["b"]["ports"] == [23001]
+    assert plan["firewall"]["hosts"]["b"]["ports"] == [23001]
+    assert plan["firewall"]["allow"] == ["10.1.0.1", "10.1.0.2"]
     (tmp_path / "c.yaml").write_text(
         (tmp_path / "c.yaml").read_text().replace("tf_ports: cluster", "tf_ports: open"))
     done = run_cli(["--dry-run", "c.yaml", "train.py"], cwd=tmp_path, timeout=60)
@@ -191,15 +218,63 @@ def test_the_agent_seals_before_its_task_and_unseals_when_it_ends(netns, tmp_pat
     seal = seal_for("fw", str(tmp_path / "run"), "h1", [23456], ["10.0.0.2"], "cluster")
     agent = NetnsAgent(netns, tmp_path / "run")
     try:
-        assert agent.hello()["firewall"] == {"backend": "nft", "why": ""}
+        assert agent.hello()["firewall"] == {"backend": "nft", "why": "", "uid": os.getuid()}
         start_sealed(agent, seal)
         assert tables(netns) == [seal.table]
-        assert any("firewall: TF port(s) 23456 accept only loopback and 1 cluster address"
-                   in m["text"] for m in agent.events("log"))
+        assert any("firewall: TF port(s) 23456 accept only root on this host and 1 cluster "
+                   "address" in m["text"] for m in agent.events("log"))
     finally:
         agent.close()  # stdin closed: the launcher is gone
-    assert tables(netns) == []
+    # Removed as the agent exits: started, not waited for (the kernel's time).
+    wait_for(lambda: tables(netns) == [], timeout=10, what="the table removed")
     assert not (tmp_path / "run" / firewall.RECORD).exists()
+
+
+# Who connects: root, the job's user (here nobody, as if the agent ran as
+# nobody), and another local user (daemon, uid 1). Stdlib only: the system python,
+# which every user may run (the venv may be under root's home).
+SYSTEM_PYTHON = "/usr/bin/python3"
+USERS = {"root": [], "job": ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"],
+         "other": ["setpriv", "--reuid=1", "--regid=1", "--clear-groups"]}
+CONNECT = ("import socket, sys\ntry:\n"
+           "    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5).close()\n"
+           "except OSError as exc:\n    sys.exit(f'{type(exc).__name__}')\n")
+
+
+def test_another_local_user_is_refused_the_jobs_ports_the_jobs_user_and_root_are_not(netns):
+    seal = seal_for("fw", "/runs/local", "h1", [23456], ["10.0.0.2"], "cluster")
+
+    def ns(*argv: str, **kwargs) -> subprocess.CompletedProcess:
+        return subprocess.run(["ip", "netns", "exec", netns, *argv], capture_output=True,
+                              text=True, **kwargs)
+
+    # The host's own non-loopback address: a connection to it leaves on lo too.
+    for step in (["ip", "link", "add", "d0", "type", "veth", "peer", "name", "d1"],
+                 ["ip", "addr", "add", "10.77.0.1/24", "dev", "d0"],
+                 ["ip", "link", "set", "d0", "up"], ["ip", "link", "set", "d1", "up"]):
+        assert ns(*step).returncode == 0
+    assert ns("nft", "-f", "-", input=firewall.render_nft(seal, uid=65534)).returncode == 0
+    server = subprocess.Popen(
+        ["ip", "netns", "exec", netns, SYSTEM_PYTHON, "-c",
+         "import socket, time\n"
+         "s = [socket.create_server(('', p), backlog=64) for p in (23456, 23457)]\n"
+         "print('up', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout.readline() == "up\n"
+
+        def connects(user: str, address: str, port: int) -> str:
+            done = ns(*USERS[user], SYSTEM_PYTHON, "-c", CONNECT, address, str(port), timeout=30)
+            return done.stderr.strip() or "connected"
+
+        for address in ("127.0.0.1", "10.77.0.1"):
+            assert connects("root", address, 23456) == "connected"
+            assert connects("job", address, 23456) == "connected"
+            # Refused at once (a TCP reset), not left to time out.
+            assert connects("other", address, 23456) == "ConnectionRefusedError"
+            assert connects("other", address, 23457) == "connected"  # not the job's port
+    finally:
+        server.kill()
+        server.wait()
 
 
 def test_an_agent_whose_lease_runs_out_removes_the_rules(netns, tmp_path):
@@ -212,7 +287,7 @@ def test_an_agent_whose_lease_runs_out_removes_the_rules(netns, tmp_path):
         start_sealed(agent, seal)
         assert tables(netns) == [seal.table]
         assert agent.proc.wait(timeout=30) == 3
-        assert tables(netns) == []
+        wait_for(lambda: tables(netns) == [], timeout=10, what="the table removed")
     finally:
         agent.close()
 
@@ -240,7 +315,10 @@ def test_iptables_fallback_installs_and_removes_its_chain(netns, tmp_path):
     assert f"(iptables chain {seal.chain})" in run("apply")
     run("apply")  # a second generation: replaced, not doubled
     listed = rules()
-    assert listed.count(f"-j {seal.chain}") == 2, listed  # 17 ports: two multiport jumps
+    # 17 ports: two multiport jumps to each chain (INPUT; OUTPUT on lo)
+    assert listed.count(f"-j {seal.chain}\n") == 2, listed
+    assert listed.count(f"-j {seal.chain}-L\n") == 2, listed
+    assert f"-A {seal.chain}-L -m owner --uid-owner 0 -j RETURN" in listed
     assert f"-A {seal.chain} -s 10.0.0.2/32 -j RETURN" in listed
     assert f"-A {seal.chain} -j DROP" in listed
     assert run("reap").strip() == f"chain {seal.chain}"
@@ -328,11 +406,12 @@ def test_two_jobs_on_one_host_keep_their_own_tables(netns, tmp_path):
             start_sealed(agent, seal)
         assert sorted(tables(netns)) == sorted(s.table for s in seals)
         agents[0].close()
-        assert tables(netns) == [seals[1].table]
+        wait_for(lambda: tables(netns) == [seals[1].table], timeout=10,
+                 what="the first job's table removed, the second's kept")
     finally:
         for agent in agents:
             agent.close()
-    assert tables(netns) == []
+    wait_for(lambda: tables(netns) == [], timeout=10, what="both tables removed")
 
 
 # ---------------------------------------------------------------- the launch
@@ -382,7 +461,7 @@ def test_check_says_per_host_whether_the_ports_would_be_sealed_and_where_they_li
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.split("TF ports (who can connect):\n")[1].splitlines()
     assert lines[0].startswith("  host0  sealed (nft): listening on lo 127.0.0.1")
-    assert lines[0].endswith("; only loopback and the job's hosts may connect")
+    assert lines[0].endswith("; only root on the host and the job's hosts may connect")
     _local_config(tmp_path, "cluster", _no_net_admin_python(tmp_path))
     done = run_cli(["check", str(sealed), "--no-collective"], cwd=tmp_path, timeout=120)
     assert done.returncode == 2, done.stdout + done.stderr

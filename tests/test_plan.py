@@ -8,6 +8,7 @@ import pytest
 
 from launcher.spec.config import parse_config
 from launcher.spec.plan import SERVER_COMMAND, build_plan
+from launcher.spec.planview import plan_json
 from tests.conftest import run_cli
 
 
@@ -146,9 +147,31 @@ def test_dry_run_json_prints_the_plan_and_starts_nothing(tmp_path: Path):
         {"type": "worker", "index": 0}, {"type": "worker", "index": 1}]
     assert plan["tasks"][0]["command"] == "python3 -m launcher.bootstrap train.py"
     assert not (tmp_path / "runs").exists()
+    # The cluster once; a task's TF_CONFIG is it merged with the task's own part.
+    assert plan["tf_config"] == {"cluster": {"worker": ["node1:23456", "node2:23457"]}}
+    assert {**plan["tf_config"], **plan["tasks"][1]["tf_config"]} == json.loads(
+        plan_of(TWO_HOSTS).tasks[1].tf_config_json())
+    assert plan["env"]["MGPU_NUM_WORKERS"] == "2" and "MGPU_NUM_WORKERS" not in plan[
+        "tasks"][1]["env"] and plan["tasks"][1]["env"]["MGPU_TASK_INDEX"] == "1"
     text = run_cli(["--dry-run", "cluster.yaml", "train.py"], cwd=tmp_path, timeout=60)
     assert "node2/worker1  node2:23457" in text.stdout
-    assert 'TF_CONFIG: {"cluster": {"worker": ["node1:23456", "node2:23457"]}' in text.stdout
+    assert '  {"cluster": {"worker": ["node1:23456", "node2:23457"]}}\n' in text.stdout
+    assert text.stdout.count('"node1:23456"') == 1  # the cluster once, not per task
+    assert 'TF_CONFIG task: {"index": 1, "type": "worker"}' in text.stdout
+    # One task whole, as the task gets it.
+    one = run_cli(["--dry-run", "--task", "node2/worker1", "cluster.yaml", "train.py"],
+                  cwd=tmp_path, timeout=60)
+    assert ('TF_CONFIG: {"cluster": {"worker": ["node1:23456", "node2:23457"]}, '
+            '"task": {"index": 1, "type": "worker"}}') in one.stdout, one.stdout
+    assert "env:       MGPU_NUM_WORKERS=2" in one.stdout
+    whole = json.loads(run_cli(["--dry-run", "--json", "--task", "node2/worker1",
+                                "cluster.yaml", "train.py"], cwd=tmp_path, timeout=60).stdout)
+    assert whole["tf_config"]["task"] == {"type": "worker", "index": 1}
+    assert whole["env"]["MGPU_NUM_WORKERS"] == "2"
+    wrong = run_cli(["--dry-run", "--task", "node9/worker0", "cluster.yaml", "train.py"],
+                    cwd=tmp_path, timeout=60)
+    assert wrong.returncode == 2 and "node1/worker0, node2/worker1" in wrong.stdout + wrong.stderr
+    assert "Traceback" not in wrong.stderr
 
 
 # ---------------------------------------------------------------- TF_CONFIG addresses
@@ -212,7 +235,7 @@ def test_each_rule_in_its_order_and_the_ssh_config_read_as_the_connection_reads_
     assert plan.unresolved == ()
     assert [t.address_rule for t in plan.tasks][:3] == [
         "tf_address", "network_interface", "network_interface"]
-    assert plan.to_json()["hosts"][1]["tf_address"] == "10.2.0.2"
+    assert plan_json(plan)["hosts"][1]["tf_address"] == "10.2.0.2"
 
 
 def test_a_missing_interface_names_the_host_the_interface_and_what_the_host_has():

@@ -89,7 +89,9 @@ class Agent:
         self.standbys.drop_all()
         self.tasks.stop(None, self.eof_grace_s)
         self.tasks.wait_all(self.eof_grace_s + 2.0)
-        self.seal.unseal()  # the tasks are gone: so are their ports' rules
+        # The tasks are gone: so are their ports' rules (removed as the agent
+        # exits; the launcher waits for the exit, not for the kernel).
+        self.seal.unseal(wait=False)
         self.spawner.reap_all()  # tasks' and standbys': their threads may not get to it
 
 
@@ -162,7 +164,8 @@ def _hello(agent: Agent, lease_s: float) -> int | None:
          hostname=os.uname().nodename, run_dir=agent.run_dir,
          psutil=packages.pop("psutil") is not None, packages=packages,
          lease_s=lease_s or None, reaped=reaped,
-         firewall={"backend": agent.seal.backend, "why": agent.seal.why},
+         firewall={"backend": agent.seal.backend, "why": agent.seal.why,
+                   "uid": os.getuid()},
          interfaces=ipv4_interfaces(load_psutil))  # name -> IPv4s: TF addresses by interface
     for item in reaped:  # after the hello: the SSH transport skips lines before it
         emit("log", text=f"killed leftover task {item['task']} (generation "

@@ -60,8 +60,9 @@ class Seal:
                   f"open to the network (security.tf_ports: auto): {why}")
         return ""
 
-    def unseal(self) -> None:
-        """The tasks are gone: so are their ports' rules."""
+    def unseal(self, wait: bool = True) -> None:
+        """The tasks are gone: so are their ports' rules. `wait=False` (the
+        agent's exit): the removal is started, not waited for (firewall.remove)."""
         with self.spawner.lock:
-            firewall.reap(self.run_dir)
+            firewall.reap(self.run_dir, wait=wait)
             self.sealed = None

@@ -21,13 +21,12 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from ..firewall import Seal, describe, seal_for, split_families
+from ..firewall import Seal, allowed, seal_for
 from ..strategy import COLLECTIVE, Strategy
 from . import rundir
 from .addresses import TFAddress, choose
 from .config import ClusterConfig, LoadedConfig, effective_roles
 from .hosts import HostSpec
-from .redact import redact_env
 from .taskenv import keras_distribution_env, shared_env
 
 # Order of roles in TF_CONFIG and in the task list: the chief first.
@@ -111,7 +110,7 @@ class Task:
         return task_label(self.host, self.name)
 
     def tf_config_json(self) -> str:
-        return json.dumps(_plain(self.tf_config), sort_keys=True)
+        return json.dumps(plain(self.tf_config), sort_keys=True)
 
     @property
     def argv(self) -> tuple[str, ...]:
@@ -146,51 +145,13 @@ class Plan:
         """Hosts whose address waits for their agent's hello (network_interface)."""
         return tuple(name for name, tf in self.addresses.items() if tf.address is None)
 
-    def _address_json(self, host: str) -> dict[str, Any]:
-        tf = self.addresses.get(host)
-        if tf is None:
-            return {}
-        return {"tf_address": tf.shown, "address_rule": tf.rule, "address_why": tf.why,
-                **({"network_interface": tf.interface} if tf.interface else {})}
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "strategy": self.strategy,
-            "transport": self.transport,
-            "generation": self.generation,
-            "run_dir": self.run_dir,
-            "checkpoint_dir": self.checkpoint_dir,
-            "hosts": [
-                {"name": h.name, "address": h.address, "python": h.python, "gpus": list(h.gpus),
-                 **self._address_json(h.name)}
-                for h in self.hosts
-            ],
-            "tasks": [
-                {
-                    "host": t.host,
-                    "address": t.address,
-                    "address_rule": t.address_rule,
-                    "role": t.role,
-                    "index": t.index,
-                    "port": t.port,
-                    "lifetime": t.lifetime,
-                    "cwd": t.cwd,
-                    "command": t.shell_preview(),
-                    "env": redact_env(dict(t.env)),
-                    "tf_config": _plain(t.tf_config),
-                }
-                for t in self.tasks
-            ],
-            "firewall": {host: seal.to_json() for host, seal in self.firewall.items()},
-        }
-
-
-def _plain(value: Any) -> Any:
+def plain(value: Any) -> Any:
+    """Frozen mappings and tuples as plain dicts and lists (for JSON)."""
     if isinstance(value, Mapping):
-        return {k: _plain(v) for k, v in value.items()}
+        return {k: plain(v) for k, v in value.items()}
     if isinstance(value, tuple | list):
-        return [_plain(v) for v in value]
+        return [plain(v) for v in value]
     return value
 
 
@@ -374,12 +335,15 @@ def _seals(config: ClusterConfig, loaded: LoadedConfig, default_python: str, run
            tasks: Sequence[Task], tf_of: Mapping[str, TFAddress]) -> dict[str, Seal]:
     """Each host's firewall rules: its tasks' ports admit every host of the
     cluster file (spares too: they may join later), by SSH and TF address."""
-    allow = [h.address for h in host_targets(config, default_python, loaded.base_dir)]
-    allow += [tf.address for tf in tf_of.values() if tf.address]
+    allow = allowed([*(h.address for h in host_targets(config, default_python,
+                                                       loaded.base_dir)),
+                     *(tf.address for tf in tf_of.values() if tf.address)])
+    ports: dict[str, list[int]] = {}  # one pass: 10,000 hosts, 10,000 tasks
+    for task in tasks:
+        ports.setdefault(task.host, []).extend([task.port] if task.port else [])
     seals = {}
-    for host in dict.fromkeys(t.host for t in tasks):
-        seal = seal_for(config.name, run_dir, host,
-                        [t.port for t in tasks if t.host == host and t.port], allow,
+    for host, host_ports in ports.items():
+        seal = seal_for(config.name, run_dir, host, host_ports, allow,
                         config.security.tf_ports)
         if seal is not None:
             seals[host] = seal
@@ -468,50 +432,6 @@ def _check_roles(strategy: str, roles: list[str]) -> None:
         raise PlanError("legacy_server needs a worker; none is left")
     if strategy in COLLECTIVE and not workers:
         raise PlanError("no worker left to run on")
-
-
-def render_plan(plan: Plan) -> str:
-    """The human-readable form of `--dry-run`."""
-    width = max((len(name) for name in plan.addresses), default=0)
-    out = [
-        f"job {plan.name!r}: strategy {plan.strategy}, transport {plan.transport}, "
-        f"{len(plan.tasks)} tasks on {len(plan.hosts)} hosts, generation {plan.generation}",
-        f"run dir:        {plan.run_dir}",
-        f"checkpoint dir: {plan.checkpoint_dir}",
-        "TF_CONFIG addresses (rule: tf_address > network_interface > ssh_config > address):",
-        *(f"  {name:<{width}}  {tf.shown}  [{tf.rule}: {tf.why}]"
-          for name, tf in plan.addresses.items()),
-        "",
-    ]
-    for task in plan.tasks:
-        port = f":{task.port}" if task.port else " (no port)"
-        out.append(f"{task.label}  {task.address}{port}")
-        out.append(f"  cwd:       {task.cwd}")
-        out.append(f"  command:   {task.shell_preview()}")
-        out.append(f"  TF_CONFIG: {task.tf_config_json()}")
-        for key, value in redact_env(dict(task.env)).items():
-            out.append(f"  env:       {key}={value}")
-        out.append("")
-    out += _render_firewall(plan)
-    return "\n".join(out)
-
-
-def _render_firewall(plan: Plan) -> list[str]:
-    if not plan.firewall:
-        return ["firewall: none (security.tf_ports: open): the TF ports accept anyone "
-                "who can reach them", ""]
-    mode = next(iter(plan.firewall.values())).mode
-    out = [f"firewall (security.tf_ports: {mode}): each host's agent installs, before its "
-           "tasks start (iptables where nft is missing; host names resolved on the host):"]
-    for host, seal in plan.firewall.items():
-        out.append(f"  {host}:")
-        out += [f"    {line}" for line in describe(seal).splitlines()]
-        v4, v6 = split_families(seal.allow)
-        names = [a for a in seal.allow if a not in {*v4, *v6}]
-        if names:
-            out.append(f"    # and the addresses {', '.join(names)} resolve to on {host}")
-    out.append("")
-    return out
 
 
 def resolve_script(command: Sequence[str], cwd: Path) -> tuple[str, ...]:
