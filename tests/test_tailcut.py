@@ -208,3 +208,15 @@ def test_a_save_blocked_without_cpu_is_never_cut_as_idle():
     gen.positions.take("worker0", {"at": "outside", "step": 100}, clock.now)  # saved
     assert _watch(cut, gen, clock, 6)
     assert told[0].tasks == ("h0/worker0",)
+
+
+def test_an_evaluate_its_departed_peer_never_joined_is_not_a_tail():
+    """The chief alone in evaluate() after its peer's fit ended and it exited 0:
+    idle at the final step, but out of step (job/lockstep.py names it), never a
+    finished job's tail to cut as a success."""
+    clock = _Clock()
+    gen = _generation({"worker0": 40, "worker1": 40})
+    gen.records["worker1"].state = TaskState.SUCCEEDED
+    gen.positions.take("worker0", {"at": "evaluate", "step": 40}, clock.now)
+    cut, told, _ = _cutter(clock)
+    assert not _watch(cut, gen, clock, 30) and not told

@@ -18,8 +18,9 @@ teardown of a finished job) and the job succeeds when it knows the job is done:
   measures the task's process tree each second). They get `grace_s`.
 
 A final save is work (it writes, it uses the CPU) and is not cut, nor is a task
-whose position (runtime/position.py) says it is inside a save, even one blocked
-on a slow filesystem without using the CPU; a teardown at
+whose position (runtime/position.py) says it is inside a save (even one blocked
+on a slow filesystem, using no CPU), an evaluation or a prediction (its peer
+gone, it is out of step: job/lockstep.py); a teardown at
 work is let end; a task that reported no step, or fewer than its peer, is never
 cut. `finished_idle_s: 0` turns both off.
 
@@ -34,7 +35,7 @@ from typing import Any
 
 from . import events as ev
 from .generation import Generation
-from .lockstep import SAVE
+from .lockstep import EVALUATE, PREDICT, SAVE
 from .phases import Phase
 from .states import TaskRecord, TaskState
 
@@ -89,7 +90,7 @@ class TailCut:
             return False
         quiet = [now - max(self._done_at, now if r.last_activity is None else r.last_activity,
                            self._busy.get(r.task.name, now)) for r in left]
-        if any(_step(r) is None or _step(r) < final or _saving(gen, r) for r in left) \
+        if any(_step(r) is None or _step(r) < final or _at_work(gen, r) for r in left) \
                 or min(quiet) < self.idle_s:
             return False
         self._cut(gen, done[0], left, final, min(quiet))
@@ -126,12 +127,13 @@ def _step(record: TaskRecord) -> int | None:
     return step if isinstance(step, int) and not isinstance(step, bool) else None
 
 
-def _saving(gen: Generation, record: TaskRecord) -> bool:
-    """Its position says it is inside a save (runtime/position.py: Model.save,
-    save_weights, a checkpoint's save or write): a save blocked on a slow
-    shared filesystem uses no CPU, but it is work, never a tail to cut."""
+def _at_work(gen: Generation, record: TaskRecord) -> bool:
+    """Its position (runtime/position.py) says it is inside a save, an
+    evaluation or a prediction: a save blocked on a slow shared filesystem uses
+    no CPU but is work, and an evaluate() its departed peer never joined is a
+    job out of step (job/lockstep.py names it), not a finished job's tail."""
     at = gen.positions.at.get(record.task.name)
-    return at is not None and at.phase == SAVE
+    return at is not None and at.phase in (SAVE, EVALUATE, PREDICT)
 
 
 def _idle(usage: dict[str, Any]) -> bool:
