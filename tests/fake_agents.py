@@ -160,8 +160,16 @@ class Harness:
     world: World
     links: dict[str, FakeLink]
     recorder: RunRecorder
-    output: io.StringIO
+    stream: io.StringIO
     run_dir: Path
+    printer: Printer
+
+    @property
+    def output(self) -> io.StringIO:
+        """What the printer wrote: its writer thread drained first (it writes
+        from a thread of its own, so a line just told may not be there yet)."""
+        self.printer.flush(timeout=5.0)
+        return self.stream
 
     def events(self, name: str) -> list[dict[str, Any]]:
         import json
@@ -199,4 +207,4 @@ def harness(tmp_path: Path, script: Script, hosts: int = 2,
         links=links, events=world, recorder=recorder, voice=printer,
         policy=RestartPolicy(**settings), checkpoint_probe=checkpoint_probe,
         clock=clock, wall_clock=clock.wall)
-    return Harness(supervisor, clock, world, links, recorder, output, tmp_path)
+    return Harness(supervisor, clock, world, links, recorder, output, tmp_path, printer)
