@@ -67,6 +67,7 @@ class RunningTask:
         self.error_file = error_file
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self.readers: list[threading.Thread] = []
+        self.waiter: threading.Thread | None = None  # reports its exit (Tasks._wait)
         self.stopping = False  # the agent sent SIGTERM
         self.killed = False  # the agent sent SIGKILL
         self.stacks_file: str | None = None
@@ -239,7 +240,8 @@ class Tasks:
             task.readers.append(reader)
         threading.Thread(target=self._read_progress, args=(task, progress_read),
                          daemon=True).start()
-        threading.Thread(target=self._wait, args=(task,), daemon=True).start()
+        task.waiter = threading.Thread(target=self._wait, args=(task,), daemon=True)
+        task.waiter.start()
 
     def _read_output(self, task: RunningTask, stream_name: str, stream) -> None:
         # Lines end at "\n"; a "\r" run (a progress bar) keeps its last state.
@@ -334,7 +336,8 @@ class Tasks:
             timer.start()
 
     def wait_all(self, timeout_s: float) -> None:
-        """Wait for every task to exit; SIGKILL the trees of those that do not."""
+        """Wait for every task to exit (SIGKILL the trees of those that do not),
+        and for its exit to be reported."""
         deadline = time.monotonic() + timeout_s
         for task in list(self.tasks.values()):
             remaining = max(0.0, deadline - time.monotonic())
@@ -342,6 +345,11 @@ class Tasks:
                 task.proc.wait(timeout=remaining)
             except subprocess.TimeoutExpired:
                 task.signal_tree(signal.SIGKILL)
+        for task in list(self.tasks.values()):
+            # Its exit reported before the agent exits (the waiter drains its output
+            # first, DRAIN_S at most): otherwise the agent's end could beat it.
+            if task.waiter is not None:
+                task.waiter.join(timeout=DRAIN_S + 1.0)
 
     def pids(self) -> dict[str, int]:
         """Per running task: its process id (the training process)."""
