@@ -31,7 +31,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from . import __version__
-from .commands import control, prereqs, usage
+from .commands import control, exits, loading, prereqs, usage
 from .commands.usage import say, shown
 from .job.classify import signal_name
 from .job.launch import Job, Launch, LaunchRefused
@@ -39,23 +39,22 @@ from .job.reach import Connected
 from .job.states import Failure, RunResult
 from .spec import planview, rundir
 from .spec.addresses import AddressError
-from .spec.allocation import SlurmError, read_allocation, slurm_config, with_allocation
-from .spec.config import ConfigError, LoadedConfig, load_config, local_config
-from .spec.plan import Plan, PlanError, resolve_script
+from .spec.allocation import SlurmError
+from .spec.config import ConfigError, LoadedConfig
+from .spec.plan import Plan, PlanError
 from .transport import Transport, TransportError
 from .transport.factory import make_transport, quiet_paramiko_logs
 from .views import outlets
 from .views.live import format_duration
 from .views.printer import Printer
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 # Subcommand -> module with `main(argv) -> int`, imported only when used.
 SUBCOMMANDS = {
     "check": "launcher.commands.check",    # check a cluster before a run
-    "simulate": "launcher.tools.sshsim",   # start simulated SSH hosts on loopback
+    "simulate": "launcher.commands.simulate",  # start simulated SSH hosts on loopback
     "status": "launcher.commands.status",  # read a run directory
     "logs": "launcher.commands.status",
-    "export": "launcher.tools.export",     # Slurm / Kubernetes TFJob
+    "export": "launcher.commands.export",  # Slurm / Kubernetes TFJob
     "stop": "launcher.commands.control",   # stop a running (e.g. detached) job
     "report": "launcher.commands.report",  # a run as one self-contained HTML file
     "profile": "launcher.commands.profile",  # trace every task of a running job at once
@@ -140,7 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _main(list(sys.argv[1:] if argv is None else argv))
     except BrokenPipeError:  # e.g. `mgpu-launch --dry-run ... | head`: nothing left to say
         silence_fds(1)
-        return EXIT_OK
+        return exits.OK
 
 
 def _main(argv: list[str]) -> int:
@@ -149,55 +148,37 @@ def _main(argv: list[str]) -> int:
             module = importlib.import_module(SUBCOMMANDS[argv[0]])
         except ModuleNotFoundError as exc:
             say(f"mgpu-launch: `{argv[0]}` is not available in this build ({exc})")
-            return EXIT_USAGE
+            return exits.USAGE
         return module.main(argv)
     try:
         return _run(argv)
     except UsageError as exc:
         say(f"mgpu-launch: {exc}\nusage:\n{USAGE}")
-        return EXIT_USAGE
+        return exits.USAGE
     except ConfigError as exc:
         say(f"mgpu-launch: {exc}")
-        return EXIT_USAGE
+        return exits.USAGE
     except PlanError as exc:
         say(f"mgpu-launch: cannot plan the job: {exc}")
-        return EXIT_USAGE
+        return exits.USAGE
     except AddressError as exc:
         say(f"mgpu-launch: {exc}")
-        return EXIT_USAGE
+        return exits.USAGE
     except (LaunchRefused, outlets.OutletError) as exc:  # e.g. ports or checkpoint dir taken
         say(f"mgpu-launch: {exc}")
-        return EXIT_USAGE
+        return exits.USAGE
 
 
 def _load(args: argparse.Namespace) -> tuple[LoadedConfig, list[str]]:
-    rest = list(args.rest)
-    if rest and rest[0] == "--":
-        rest = rest[1:]
-    if args.local is not None and args.slurm:
-        raise UsageError("--local and --slurm exclude each other")
-    if args.local is not None:
-        if args.local < 1:
-            raise UsageError("--local needs a number of hosts >= 1")
-        if not rest:
-            raise UsageError("no training script given")
-        _no_cluster_file(rest[0], f"--local {args.local}")
-        return local_config(args.local), rest
-    if args.slurm:
-        if not rest:
-            raise UsageError("no training script given")
-        _no_cluster_file(rest[0], "--slurm")
-        loaded, command = slurm_config(), rest
-    elif len(rest) < 2:
-        raise UsageError("expected a cluster YAML and a training script")
-    else:
-        loaded, command = load_config(rest[0]), rest[1:]
-    if loaded.config.transport == "slurm":
-        try:
-            loaded = with_allocation(loaded, read_allocation(os.environ))
-        except SlurmError as exc:
-            raise UsageError(str(exc)) from None
-    return loaded, command
+    option = "--slurm" if args.slurm else f"--local {args.local}"
+    try:
+        return loading.cluster_and_script(
+            args.rest, args.local, args.slurm,
+            check_script=lambda script: _no_cluster_file(script, option))
+    except loading.ArgumentError as exc:
+        raise UsageError(str(exc)) from None
+    except SlurmError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _no_cluster_file(script: str, option: str) -> None:
@@ -223,10 +204,6 @@ def _run(argv: list[str]) -> int:
     loaded, command = _load(args)
     config = loaded.config
     local = config.transport == "local"
-    if local:
-        command = list(resolve_script(command, Path.cwd()))
-        if not Path(command[0]).exists():
-            raise UsageError(f"training script not found: {command[0]}")
     run_dir = Path(args.run_dir) if args.run_dir else _default_run_dir(config.name)
     run_dir = run_dir.resolve()
     if not args.dry_run and not control.run_dir_free(run_dir):
@@ -240,7 +217,7 @@ def _run(argv: list[str]) -> int:
         missing = prereqs.local_problem(launch.pythons, Path(command[0]), config.strategy)
         if missing:
             say(f"mgpu-launch: {missing}")
-            return EXIT_USAGE
+            return exits.USAGE
     # A detached run claims the checkpoint directory in its own process.
     first_plan = launch.prepare(lambda moved: say(f"mgpu-launch: {moved}"),
                                 claim=not args.detach)
@@ -262,17 +239,17 @@ def _dry_run(plan: Plan, args: argparse.Namespace, ports_auto: bool) -> int:
             raise UsageError(str(exc)) from None
         print(json.dumps(planview.one_task_json(task), indent=2) if args.json
               else planview.one_task(task))
-        return EXIT_OK
+        return exits.OK
     if args.json:
         print(planview.dumps(planview.plan_json(plan)))
-        return EXIT_OK
+        return exits.OK
     if ports_auto:
         print("# ports.base is auto: these ports are free now; a launch picks again")
     if plan.unresolved:
         print("# <address of IF on HOST>: that interface's IPv4 address, read by the "
               "host's agent when the job starts")
     print(planview.render_plan(plan))
-    return EXIT_OK
+    return exits.OK
 
 
 class _EarlyEnd(Exception):
@@ -338,12 +315,12 @@ def _reach_hosts(launch: Launch, transport: Transport, first_plan: Plan,
     except (TransportError, AddressError) as exc:
         say(f"mgpu-launch: {exc}")
         control.record_early_end(run_dir, "failed", str(exc))
-        raise _EarlyEnd(EXIT_USAGE) from None
+        raise _EarlyEnd(exits.USAGE) from None
     except KeyboardInterrupt as exc:
         signum = exc.args[0] if exc.args and isinstance(exc.args[0], int) else signal.SIGINT
         control.record_early_end(run_dir, "interrupted", "stopped while reaching the hosts",
                                  interrupted_by=signum)
-        raise _EarlyEnd(128 + signum) from None
+        raise _EarlyEnd(exits.by_signal(signum)) from None
     finally:
         signal.signal(signal.SIGTERM, previous_term)
     refusals, notices = launch.preflight(connected)
@@ -353,7 +330,7 @@ def _reach_hosts(launch: Launch, transport: Transport, first_plan: Plan,
         say("mgpu-launch: " + "\nmgpu-launch: ".join(refusals))
         connected.close()
         control.record_early_end(run_dir, "failed", refusals[0].splitlines()[0])
-        raise _EarlyEnd(EXIT_USAGE)
+        raise _EarlyEnd(exits.USAGE)
     return connected
 
 
@@ -438,10 +415,10 @@ def _done(printer: Printer, previous_hangup, code: int) -> int:
 
 def exit_code(result: RunResult) -> int:
     if result.status == "succeeded":
-        return EXIT_OK
+        return exits.OK
     if result.status == "interrupted":
-        return 128 + (result.interrupted_by or signal.SIGINT)
-    return EXIT_FAILED
+        return exits.by_signal(result.interrupted_by or signal.SIGINT)
+    return exits.FAILED
 
 
 def _print_outcome(printer: Printer, result: RunResult, run_dir: Path) -> None:

@@ -31,18 +31,17 @@ from pathlib import Path
 
 from ..job.launch import Launch, LaunchRefused
 from ..spec.addresses import AddressError
-from ..spec.allocation import SlurmError, read_allocation, slurm_config, with_allocation
-from ..spec.config import ConfigError, LoadedConfig, load_config, local_config
-from ..spec.plan import PlanError, resolve_script
+from ..spec.allocation import SlurmError
+from ..spec.config import ConfigError, LoadedConfig
+from ..spec.plan import PlanError
 from ..transport import TransportError
 from ..transport.factory import make_transport, quiet_paramiko_logs
 from ..views.drill_report import DEFAULT_MTBF_HOURS, FAULTS, Observed, judge, render, report
 from ..views.printer import Printer
-from . import control, prereqs, usage
+from . import control, exits, loading, prereqs, usage
 from .drill_faults import Injector, Story
 from .usage import say
 
-EXIT_PASSED, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 DRILL_JSON = "drill.json"
 MAX_JOBS = 4
 
@@ -85,42 +84,25 @@ def main(argv: list[str]) -> int:
         run_dir = _run_dir(args, loaded)
     except Usage as exc:
         say(f"mgpu-launch drill: {exc}")
-        return EXIT_USAGE
+        return exits.USAGE
     except (ConfigError, SlurmError) as exc:
         say(f"mgpu-launch: {exc}")
-        return EXIT_USAGE
+        return exits.USAGE
     return _drill(args, loaded, command, faults, run_dir)
 
 
 def _load(args: argparse.Namespace) -> tuple[LoadedConfig, list[str], list[str]]:
-    rest = list(args.rest)
-    if rest and rest[0] == "--":
-        rest = rest[1:]
-    if args.local is not None and args.slurm:
-        raise Usage("--local and --slurm exclude each other")
-    if args.local is not None and args.local < 1:
-        raise Usage("--local needs a number of hosts >= 1")
     if args.mtbf_hours <= 0:
         raise Usage("--mtbf-hours needs a number of hours > 0")
     if args.checkpoint_wait <= 0:
         raise Usage("--checkpoint-wait needs a number of seconds > 0")
-    if args.local is not None or args.slurm:
-        if not rest:
-            raise Usage("no training script given")
-        loaded = local_config(args.local) if args.local is not None else slurm_config()
-        command = rest
-    elif len(rest) < 2:
-        raise Usage("expected a cluster YAML and a training script (or --local N, --slurm)")
-    else:
-        loaded, command = load_config(rest[0]), rest[1:]
-    transport = loaded.config.transport
-    if transport == "slurm":
-        loaded = with_allocation(loaded, read_allocation(os.environ))
-    if transport == "local":
-        command = list(resolve_script(command, Path.cwd()))
-        if not Path(command[0]).exists():
-            raise Usage(f"training script not found: {command[0]}")
-    return loaded, command, _faults(args.faults, transport)
+    try:
+        loaded, command = loading.cluster_and_script(
+            args.rest, args.local, args.slurm,
+            expected="expected a cluster YAML and a training script (or --local N, --slurm)")
+    except loading.ArgumentError as exc:
+        raise Usage(str(exc)) from None
+    return loaded, command, _faults(args.faults, loaded.config.transport)
 
 
 def _faults(given: str | None, transport: str) -> list[str]:
@@ -160,7 +142,7 @@ def _drill(args: argparse.Namespace, loaded: LoadedConfig, command: list[str],
         except Usage as exc:
             if number == 1:
                 say(f"mgpu-launch drill: {exc}")
-                return EXIT_USAGE
+                return exits.USAGE
             observed += [Observed(f, not_injected=f"the drill's job {number}, for the {f}, "
                                   f"could not start: {exc}") for f in left]
             break
@@ -183,8 +165,8 @@ def _drill(args: argparse.Namespace, loaded: LoadedConfig, command: list[str],
     print(render(data), flush=True)
     print(f"drill: {run_dir / DRILL_JSON}", flush=True)
     if stops:
-        return 128 + stops[0]
-    return EXIT_PASSED if data["passed"] and observed else EXIT_FAILED
+        return exits.by_signal(stops[0])
+    return exits.PASSED if data["passed"] and observed else exits.FAILED
 
 
 def _one_job(args: argparse.Namespace, loaded: LoadedConfig, command: list[str],
