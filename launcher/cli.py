@@ -20,29 +20,28 @@ comes back and owns the signals while it runs.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib
 import json
 import os
 import signal
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from . import __version__
 from .commands import control, exits, loading, prereqs, usage
+from .commands.signals import stops_asked
 from .commands.usage import say, shown
 from .job.classify import signal_name
-from .job.launch import Job, Launch, LaunchRefused
-from .job.reach import Connected
+from .job.launch import Launch, LaunchRefused, Outcome
+from .job.sequence import EarlyEnd, run_launch
 from .job.states import Failure, RunResult
 from .spec import planview, rundir
 from .spec.addresses import AddressError
 from .spec.allocation import SlurmError
 from .spec.config import ConfigError, LoadedConfig
 from .spec.plan import Plan, PlanError
-from .transport import Transport, TransportError
 from .transport.factory import make_transport, quiet_paramiko_logs
 from .views import outlets
 from .views.live import format_duration
@@ -252,13 +251,6 @@ def _dry_run(plan: Plan, args: argparse.Namespace, ports_auto: bool) -> int:
     return exits.OK
 
 
-class _EarlyEnd(Exception):
-    """The launch ended before its job started; `code` is the exit code."""
-
-    def __init__(self, code: int) -> None:
-        self.code = code
-
-
 def _launch(launch: Launch, first_plan: Plan, args: argparse.Namespace,
             views: outlets.Outlets) -> int:
     config = launch.loaded.config
@@ -276,79 +268,40 @@ def _launch(launch: Launch, first_plan: Plan, args: argparse.Namespace,
     )  # the run directory is named once it exists: a launch that fails first writes none
     for line in views.said:
         printer.notice(line)
-    try:
-        connected = _reach_hosts(launch, transport, first_plan, printer)
-    except _EarlyEnd as end:
-        views.close()
-        return _done(printer, previous_hangup, end.code)
-    # A stop asked for before the supervisor exists is kept for it, not lost.
-    early_stops: list[int] = []
-    previous_stops = {sig: signal.signal(sig, lambda signum, _frame: early_stops.append(signum))
-                      for sig in (signal.SIGINT, signal.SIGTERM)}
-    job = launch.start(connected, printer, args.max_restarts, views.views)
-    printer.notice(f"run dir {launch.run_dir}")
-    with _stops_go_to(job, early_stops):  # until the summary is written
-        outcome = job.run()
-        if outcome.unwritten is not None:
+    with stops_asked() as stop:  # until the summary is written
+        ended = run_launch(launch, first_plan, transport, printer, stop,
+                           max_restarts=args.max_restarts, views=views.views,
+                           started=lambda _job: printer.notice(f"run dir {launch.run_dir}"))
+        if isinstance(ended, Outcome) and ended.unwritten is not None:
             say(f"mgpu-launch: cannot write {launch.run_dir / rundir.SUMMARY} "
-                f"({outcome.unwritten}); it is:\n"
-                + json.dumps(outcome.summary, indent=2, default=str))
-    for sig, handler in previous_stops.items():
-        signal.signal(sig, handler)
-    if outcome.drops:  # said once, with the counts
-        printer.notice(outcome.drops)
-    _print_outcome(printer, outcome.result, launch.run_dir)
-    if outcome.stop is not None:
-        printer.notice(outcome.stop["said"])
-    return _done(printer, previous_hangup, exit_code(outcome.result))
+                f"({ended.unwritten}); it is:\n"
+                + json.dumps(ended.summary, indent=2, default=str))
+    if isinstance(ended, EarlyEnd):
+        views.close()
+        return _done(printer, previous_hangup, _early_end(ended, printer, launch.run_dir))
+    if ended.drops:  # said once, with the counts
+        printer.notice(ended.drops)
+    _print_outcome(printer, ended.result, launch.run_dir)
+    if ended.stop is not None:
+        printer.notice(ended.stop["said"])
+    return _done(printer, previous_hangup, exit_code(ended.result))
 
 
-def _reach_hosts(launch: Launch, transport: Transport, first_plan: Plan,
-                 printer: Printer) -> Connected:
-    """Every host's agent, or _EarlyEnd: a host not reached or not fit is exit
-    2, a stop meanwhile 128 + the signal (recorded for a detached launcher)."""
-    run_dir = launch.run_dir
-    # SIGTERM (e.g. `mgpu-launch stop`) while hosts are reached ends it as Ctrl-C does.
-    previous_term = signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        connected = launch.connect(transport, first_plan)
-    except (TransportError, AddressError) as exc:
-        say(f"mgpu-launch: {exc}")
-        control.record_early_end(run_dir, "failed", str(exc))
-        raise _EarlyEnd(exits.USAGE) from None
-    except KeyboardInterrupt as exc:
-        signum = exc.args[0] if exc.args and isinstance(exc.args[0], int) else signal.SIGINT
+def _early_end(ended: EarlyEnd, printer: Printer, run_dir: Path) -> int:
+    """A launch that ended before its job started: a host not reached or not fit
+    is exit 2, a stop meanwhile 128 + the signal (recorded for a detached launcher)."""
+    if ended.why == "interrupted":
+        signum = ended.signum or signal.SIGINT
         control.record_early_end(run_dir, "interrupted", "stopped while reaching the hosts",
                                  interrupted_by=signum)
-        raise _EarlyEnd(exits.by_signal(signum)) from None
-    finally:
-        signal.signal(signal.SIGTERM, previous_term)
-    refusals, notices = launch.preflight(connected)
-    for line in notices:
+        return exits.by_signal(signum)
+    for line in ended.notices:
         printer.notice(line)
-    if refusals:
-        say("mgpu-launch: " + "\nmgpu-launch: ".join(refusals))
-        connected.close()
-        control.record_early_end(run_dir, "failed", refusals[0].splitlines()[0])
-        raise _EarlyEnd(exits.USAGE)
-    return connected
-
-
-@contextlib.contextmanager
-def _stops_go_to(job: Job, early: Sequence[int] = ()) -> Iterator[None]:
-    """SIGINT and SIGTERM only ask the job's supervisor to stop (it stops every
-    task); `early`: stops that came before it existed."""
-    previous = {
-        sig: signal.signal(sig, lambda signum, _frame: job.request_stop(signum))
-        for sig in (signal.SIGINT, signal.SIGTERM)
-    }
-    for signum in early:
-        job.request_stop(signum)
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    say("mgpu-launch: " + "\nmgpu-launch: ".join(ended.reasons))
+    first = ended.reasons[0]
+    control.record_early_end(run_dir, "failed",
+                             first.splitlines()[0] if ended.why == "refused" else first)
+    return exits.USAGE
 
 
 # ---------------------------------------------------------------- the terminal
@@ -400,10 +353,6 @@ def _watch_terminal(printer: Printer):
 
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # a closed pipe: EPIPE, seen by the printer
     return signal.signal(signal.SIGHUP, hangup)
-
-
-def _interrupt(signum: int, _frame) -> None:
-    raise KeyboardInterrupt(signum)
 
 
 def _done(printer: Printer, previous_hangup, code: int) -> int:

@@ -123,8 +123,8 @@ RULES = (
          forbidden=("launcher.cli",),
          reason="outcomes are values (RunResult): only the cli turns them into text and "
          "exit codes"),
-    Rule("the launch is below the cli", ("launcher.job.launch", "launcher.job.reach",
-                                         "launcher.transport.factory"),
+    Rule("the launch is below the cli", ("launcher.job.launch", "launcher.job.sequence",
+                                         "launcher.job.reach", "launcher.transport.factory"),
          forbidden=("launcher.views", "launcher.commands", "launcher.cli"),
          reason="a launch returns values or raises (RunResult, Outcome, LaunchRefused); it "
          "speaks through the Voice it is handed, and only the cli prints, owns the signals "
@@ -664,3 +664,20 @@ def test_no_command_keeps_exit_codes_of_its_own():
             names = [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
             found += [f"{name}: {n}" for n in names if n.startswith("EXIT_")]
     assert not found, f"exit codes defined outside launcher/commands/exits.py: {found}"
+
+
+def test_only_commands_install_signal_handlers():
+    """A launch is handed its stops (job/sequence.py's StopRequest): the
+    process's signal handlers are its command's (the cli, commands/), or, on
+    the hosts, the agent's and the training process's own."""
+    found = []
+    for name, path in launcher_modules(REPO).items():
+        if name.startswith(("launcher.commands", "launcher.cli", "launcher.agent",
+                            "launcher.runtime")):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "signal" and isinstance(node.func.value, ast.Name)
+                    and node.func.value.id == "signal"):
+                found.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert not found, f"signal handlers installed outside the commands: {found}"
