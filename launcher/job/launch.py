@@ -11,7 +11,9 @@ Where a launch happens, in the order it happens:
     job = launch.start(connected, screen)         run directory, supervisor
     outcome = job.run()                           supervise, then summary.json
 
-The steps up to the connect are `reach.py`'s, shared with `mgpu-launch check`.
+The steps from the connect on are one call for every launch,
+`sequence.run_launch` (early ends as values, a stop handed in). The steps up
+to the connect are `reach.py`'s, shared with `mgpu-launch check`.
 This module returns values or raises (`LaunchRefused`, and the spec's and
 transport's own errors); it never prints or exits: the cli parses arguments,
 makes the printer (a `Screen`) and hands it in, owns the signals, and turns
