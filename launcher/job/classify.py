@@ -12,6 +12,8 @@ import re
 import signal
 from dataclasses import dataclass
 
+from .failkinds import Kind
+
 # Exit code a task uses to say "restart me" (TensorFlow's preemption handling
 # and our runtime exit with it after saving a checkpoint on SIGTERM).
 RESTART_ME_EXIT = 42
@@ -107,11 +109,11 @@ def signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-def exit_kind(exit_code: int | None, signum: int | None) -> str:
+def exit_kind(exit_code: int | None, signum: int | None) -> Kind:
     """A task's exit as a failure kind: preempted (exit 42), signal or exit."""
     if exit_code == RESTART_ME_EXIT:
-        return "preempted"
-    return "signal" if signum is not None else "exit"
+        return Kind.PREEMPTED
+    return Kind.SIGNAL if signum is not None else Kind.EXIT
 
 
 def classify_exit(exit_code: int | None, signum: int | None, error: dict | None,

@@ -14,7 +14,8 @@ phase by `Generation.enter` (launcher/job/phases.py).
 
 A failure is acted on when it is first seen — a task's exit, a fatal
 TensorFlow error in its output, a silent task, a silent host — because TF
-peers of a dead or hung worker take many seconds to exit by themselves.
+peers of a dead or hung worker take many seconds to exit by themselves. The
+detectors return what they find (job/findings.py); the loop acts on it (`_act`).
 
 Must not import: cli, ops. Talks to hosts only through `AgentLink`s.
 """
@@ -35,9 +36,11 @@ from . import checkpoints, keras_fallback, resumes
 from . import events as ev
 from .blame import repeated_failure
 from .classify import OutputWatcher, classify_exit, exit_kind, script_mistake
+from .failkinds import Kind, traits
+from .findings import Failures, Finding, Found, HostSilent
 from .generation import Generation
 from .hostwait import HostWaiter
-from .output import TaskOutput, Voice, root_cause
+from .output import TaskOutput, Voice
 from .phases import Phase
 from .profiling import Profiler
 from .protocol import BadMessage, check_message
@@ -46,7 +49,6 @@ from .recovery import Budget, HostInfo, NotEnoughHosts, decide_restart
 from .restarts import End, JobSoFar, count_restart, keras_switched
 from .samples import ProgressSampler
 from .states import (
-    Failure,
     IllegalTransition,
     RunResult,
     TaskRecord,
@@ -94,7 +96,8 @@ class Supervisor:
         self._voice = voice
         self._samples = ProgressSampler()
         self._listeners = list(listeners)  # other views of the story (metrics, ...)
-        self._output = TaskOutput(voice, recorder, clock, self._tell, self._fail)
+        self._output = TaskOutput(voice, recorder, clock, self._tell)
+        self._failures = Failures(self._tell, wall_clock)
         self._policy = policy
         self._checkpoint_probe = checkpoint_probe
         self._launcher_info = dict(launcher_info or {})
@@ -109,14 +112,14 @@ class Supervisor:
         self._keras_switch: dict[str, Any] | None = None  # keras_fallback: once per job
         self._resumes = resumes.Resumes()  # where each restarted generation resumed
         self._teardown = Teardown(links, recorder, clock, self._tell, self._happen)
-        self._watch = Watch(policy, links, clock, self._fail, self._host_lost, self._tell,
+        self._watch = Watch(policy, links, clock, self._tell,
                             finish=(self._tell, self._teardown.stop_tasks))
         self._waiter = HostWaiter(reconnect, links, self._tell, self._wait, self._stop_pending,
                                   clock, hosts=self._hosts, policy=policy)
         self.current: Generation | None = None  # read-only for observers (live view)
         # Synchronized traces of the running tasks (job/profiling.py).
         self.profiler = Profiler(getattr(recorder, "run_dir", None), clock, wall_clock)
-        self._radar = Radar(self._tell, clock, policy.on_straggler, fail=self._fail,
+        self._radar = Radar(self._tell, clock, policy.on_straggler,
                             spares=tuple(h.name for h in hosts if h.spare), probe=checkpoint_probe,
                             profiler=self.profiler,  # stragglers named (and replaced)
                             alive=lambda h: not getattr(self._links.get(h), "closed", True))
@@ -220,7 +223,7 @@ class Supervisor:
         advanced = gen.advanced or checkpoints.advanced(checkpoint_before,
                                                         self._checkpoint_probe())
         decision = decide_restart(job.budget, advanced,
-                                  preempted=gen.failure.kind == "preempted",
+                                  preempted=traits(gen.failure.kind).preempted,
                                   repeated=repeated_failure(job.failures),
                                   mistake=script_mistake(gen.failure.error))
         if not decision.restart:
@@ -246,7 +249,7 @@ class Supervisor:
             self._tell(keras_switched(self._keras_switch))
         restart = count_restart(job, self._policy, counts=counts, advanced=advanced,
                                 trained_s=self._clock() - gen.started_at,
-                                preempted=gen.failure.kind == "preempted")
+                                preempted=traits(gen.failure.kind).preempted)
         self._restarts = job.restarts
         gen.enter(Phase.BACKOFF)
         self._tell(restart)
@@ -310,7 +313,8 @@ class Supervisor:
             self._turn(gen)
             if self._clock() >= next_watch:
                 next_watch = self._clock() + 0.5
-                self._watch.silence(gen)
+                for found in self._watch.silence(gen):
+                    self._act(gen, found)
                 for line, at in self._samples.due():  # progress held back, now due
                     ev.write(self._recorder, line, at)
                 self.profiler.poll(gen, self._links)  # traces asked by `mgpu-launch profile`
@@ -411,7 +415,7 @@ class Supervisor:
             # A late message of a host's previous connection (it reconnected
             # since): its output may still be shown, nothing else is acted on.
             if event == "output":
-                self._output.line(gen, message)
+                self._act(gen, self._output.line(gen, message))
             return
         if event == "agent_lost":
             if message.host in {t.host for t in gen.plan.tasks}:
@@ -422,14 +426,15 @@ class Supervisor:
         elif event == "hello":
             self._on_hello(message.host, body)
         elif event == "output":
-            self._output.line(gen, message)
+            self._act(gen, self._output.line(gen, message))
         elif event == "heartbeat":
             for task_name, usage in body["tasks"].items():
                 record = gen.records.get(task_name)
                 if record is not None and record.task.host == message.host:
                     record.usage = usage
-                    self._watch.stopped(gen, record, usage.get("status"), body.get("t"))
-                    self._radar.heartbeat(gen, record, usage, body.get("t"))
+                    self._act(gen, self._watch.stopped(gen, record, usage.get("status"),
+                                                       body.get("t")))
+                    self._act(gen, self._radar.heartbeat(gen, record, usage, body.get("t")))
         else:
             self._handle_task(gen, message)
 
@@ -459,8 +464,8 @@ class Supervisor:
             error = str(body.get("error", ""))
             self._happen(gen, ev.StartFailed(generation=gen.plan.generation, task=name,
                                              host=record.task.host, error=error))
-            self._fail(gen, record, kind="start_failed", t=body.get("t"),
-                       reason=f"could not start: {error}")
+            self._failures.fail(gen, Found(record, Kind.START_FAILED, f"could not start: {error}",
+                                           t=body.get("t")))
         elif event == "exited":
             self._on_exit(gen, record, body)
         elif event == "progress":
@@ -494,7 +499,7 @@ class Supervisor:
             return
         if gen.phase in (Phase.STARTING, Phase.FORMING):
             gen.enter(Phase.TRAINING)
-        self._watch.position(gen, record, data)  # where it is (job/lockstep.py)
+        self._act(gen, self._watch.position(gen, record, data))  # where it is (job/lockstep.py)
         if "step" in data:  # a save, a resume point or a position alone is no step report
             record.last_progress, gen.stepped = data, True
         elif "at" in data and not {"saved", "resumed"} & data.keys():
@@ -506,7 +511,7 @@ class Supervisor:
             record.step_marks = [*record.step_marks[-1:], (self._clock(), int(data["step"]))]
         if data.get("checkpoint"):  # the runtime saw a checkpoint saved: training moved
             gen.advanced = True
-        self._radar.progress(gen, data)
+        self._act(gen, self._radar.progress(gen, data))
         self._tell(ev.Progress(**ids, metrics=dict(data)))
 
     # -------------------------------------------------------- exits, failures
@@ -522,13 +527,13 @@ class Supervisor:
             exit_code=record.exit_code, signal=record.signal, stopped_by_launcher=stopping))
         tail = tuple(body.get("tail") or ())
         reason = classify_exit(record.exit_code, record.signal, body.get("error"), tail)
-        details = {"kind": exit_kind(record.exit_code, record.signal), "reason": reason,
-                   "t": body.get("t"), "last_lines": tail, "error": body.get("error")}
+        found = Found(record, exit_kind(record.exit_code, record.signal), reason,
+                      last_lines=tail, t=body.get("t"), error=body.get("error"))
         if stopped:
             if record.state is TaskState.STOPPED and not stopping and record.exit_code != 0:
                 # It died by itself, maybe before what started the teardown (its
                 # exit report waits for its output to drain): it may be the cause.
-                self._consider(gen, self._failure(gen, record, **details))
+                self._failures.consider(gen, self._failures.of(gen, found))
             return
         if record.state is TaskState.SUCCEEDED:  # a job task done, or a service that may end
             return
@@ -538,7 +543,7 @@ class Supervisor:
                 exit_code=record.exit_code, signal=record.signal, reason=reason))
             self._start(gen, record.task)
             return
-        self._fail(gen, record, **details)
+        self._failures.fail(gen, found)
 
     def _worker_restarts_alone(self, gen: Generation, record: TaskRecord) -> bool:
         """Under ParameterServerStrategy a worker's death does not fail the job:
@@ -561,38 +566,21 @@ class Supervisor:
         if link is not None:
             link.close()  # if the agent is merely stuck, EOF makes it kill its tasks
         for record in victims:
+            found = Found(record, Kind.HOST_LOST, f"lost its host: {detail}")
             if not tearing_down:
-                self._fail(gen, record, kind="host_lost", reason=f"lost its host: {detail}")
+                self._failures.fail(gen, found)
             elif gen.failure is not None:  # a primary cause, if what we have is a symptom
-                self._consider(gen, self._failure(gen, record, kind="host_lost",
-                                                  reason=f"lost its host: {detail}"))
+                self._failures.consider(gen, self._failures.of(gen, found))
 
-    def _failure(self, gen: Generation, record: TaskRecord, *, kind: str, reason: str,
-                 t: float | None = None, last_lines: tuple[str, ...] = (),
-                 error: dict[str, Any] | None = None) -> Failure:
-        return Failure(
-            task=record.task.label, host=record.task.host, generation=gen.plan.generation,
-            t=t if t is not None else self._wall(), kind=kind, reason=reason,
-            exit_code=record.exit_code, signal=record.signal, last_lines=last_lines,
-            error=error,
-        )
-
-    def _fail(self, gen: Generation, record: TaskRecord, **details: Any) -> None:
-        """A failure of `record`. Its state moved by the event that told of it
-        (an exit, a start failure, its host lost); a hung or aborting task is
-        still running: it stays so until the teardown confirms its exit."""
-        failure = self._failure(gen, record, **details)
-        first = gen.failure is None
-        self._consider(gen, failure)  # the phase moves to FAILING
-        if first:
-            self._tell(ev.FailureDetected(
-                generation=gen.plan.generation, task=record.task.name, host=record.task.host,
-                failure=failure.kind, exit_code=record.exit_code, signal=record.signal,
-                reason=failure.reason))
-
-    def _consider(self, gen: Generation, failure: Failure) -> None:
-        if gen.consider(failure):  # a new root cause, after an earlier one
-            self._tell(root_cause(failure))
+    def _act(self, gen: Generation, found: Finding | None) -> None:
+        """What a detector found: a host lost, or a task's failure (a
+        collective abort's culprit is then looked for)."""
+        if isinstance(found, HostSilent):
+            self._host_lost(gen, found.host, found.detail)
+        elif found is not None:
+            self._failures.fail(gen, found)
+            if traits(found.kind).blames_a_peer:
+                self._output.blame(gen, found.record)
 
     def snapshot(self) -> list[TaskRow]:
         """The live status of every task of the current generation."""

@@ -1,0 +1,94 @@
+"""The kinds of failure a generation can have, declared once: each kind's name
+(what `failure_detected`, `root_cause` and summary.json's `kind` hold) and what
+the code asks of it. Nothing else compares a kind's name; a new kind is a row
+of `KINDS` plus the detector that finds it (docs/design.md, "A new failure kind").
+
+`Kind` is a `StrEnum`, like launcher/strategy.py's `Strategy`: a member equals
+its name as events.jsonl writes it, so events and summary.json keep strings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class Kind(StrEnum):
+    EXIT = "exit"  # a non-zero exit
+    SIGNAL = "signal"  # killed by a signal
+    PREEMPTED = "preempted"  # exit 42: saved a checkpoint, asked to be restarted
+    START_FAILED = "start_failed"  # its agent could not start it
+    START_TIMEOUT = "start_timeout"  # not started, or the cluster not formed, in time
+    HANG = "hang"  # no progress for restart.hang_timeout_s, or frozen (SIGSTOP)
+    HOST_LOST = "host_lost"  # its host's agent went silent or its link closed
+    COLLECTIVE_ABORT = "collective_abort"  # TensorFlow aborted its collective ops
+    OUT_OF_STEP = "out_of_step"  # live, but elsewhere in the program than its peers
+    STRAGGLER = "straggler"  # set aside for a spare (restart.on_straggler: replace)
+
+
+# Exit reasons (from classify.classify_exit) that follow from a peer's failure.
+SYMPTOM_REASONS = ("gRPC UNAVAILABLE", "collective timed out")
+
+
+@dataclass(frozen=True)
+class Traits:
+    """What the supervisor, the teardown, the restart rules and the views ask of a kind."""
+
+    # A symptom of another task's failure, never the root cause when the
+    # primary one is known; `symptom_reasons`: only when its reason starts so.
+    secondary: bool = False
+    symptom_reasons: tuple[str, ...] = ()
+    # Something is stuck: the tasks' Python stacks are taken before the teardown.
+    stuck: bool = False
+    # Asked to be restarted: its peers save a checkpoint too (the full grace),
+    # and its restart is free of the budget (recovery.restart_counts).
+    preempted: bool = False
+    # A symptom whose culprit later output may name: a peer TF blames, or a
+    # worker out of step (job/blame.py).
+    blames_a_peer: bool = False
+    # Positions reported after it may name a better out-of-step cause (blame.abort_out_of_step).
+    rejudged_by_positions: bool = False
+    # It repeats when the same task is out of step for the same cause (blame.repeated_failure).
+    repeats_by_position: bool = False
+    # Its start never happened: the task is over (a version-1 run wrote no start_failed event).
+    ends_the_start: bool = False
+    # Its words when an event carries no reason (`{exit_code}`, `{signal}` filled in).
+    words: str = ""
+
+
+KINDS: dict[Kind, Traits] = {
+    Kind.EXIT: Traits(symptom_reasons=SYMPTOM_REASONS, words="exited with code {exit_code}"),
+    Kind.SIGNAL: Traits(words="was killed by signal {signal}"),
+    Kind.PREEMPTED: Traits(preempted=True),
+    Kind.START_FAILED: Traits(ends_the_start=True),
+    Kind.START_TIMEOUT: Traits(stuck=True),
+    Kind.HANG: Traits(stuck=True),
+    Kind.HOST_LOST: Traits(),
+    Kind.COLLECTIVE_ABORT: Traits(secondary=True, blames_a_peer=True,
+                                  rejudged_by_positions=True),
+    Kind.OUT_OF_STEP: Traits(stuck=True, rejudged_by_positions=True, repeats_by_position=True),
+    Kind.STRAGGLER: Traits(),
+}
+
+_UNKNOWN = Traits()  # a kind a newer launcher wrote: asks nothing
+
+
+def traits(kind: str | None) -> Traits:
+    """What `kind` is (a name as events.jsonl holds it; unknown: nothing special)."""
+    try:
+        return KINDS[Kind(kind)]
+    except ValueError:
+        return _UNKNOWN
+
+
+def secondary(kind: str, reason: str) -> bool:
+    """A symptom of another task's failure (a collective aborted because a peer vanished)."""
+    found = traits(kind)
+    return found.secondary or (bool(found.symptom_reasons)
+                               and reason.startswith(found.symptom_reasons))
+
+
+def words(kind: str | None, exit_code: int | None, signal: int | None) -> str:
+    """A failure in words when its event has no reason: its kind's, else its name."""
+    template = traits(kind).words
+    return template.format(exit_code=exit_code, signal=signal) if template else str(kind)
