@@ -44,6 +44,7 @@ from .spec.addresses import AddressError
 from .spec.allocation import SlurmError, read_allocation, slurm_config, with_allocation
 from .spec.config import ConfigError, LoadedConfig, load_config, local_config
 from .spec.plan import Plan, PlanError, resolve_script
+from .spec.transports import traits as transport_traits
 from .transport import Transport, TransportError
 from .transport.factory import make_transport, quiet_paramiko_logs
 
@@ -191,7 +192,7 @@ def _load(args: argparse.Namespace) -> tuple[LoadedConfig, list[str]]:
         raise UsageError("expected a cluster YAML and a training script")
     else:
         loaded, command = load_config(rest[0]), rest[1:]
-    if loaded.config.transport == "slurm":
+    if transport_traits(loaded.config.transport).allocation:
         try:
             loaded = with_allocation(loaded, read_allocation(os.environ))
         except SlurmError as exc:
@@ -221,7 +222,7 @@ def _run(argv: list[str]) -> int:
         raise UsageError("--task goes with --dry-run")
     loaded, command = _load(args)
     config = loaded.config
-    local = config.transport == "local"
+    local = transport_traits(config.transport).simulated
     if local:
         command = list(resolve_script(command, Path.cwd()))
         if not Path(command[0]).exists():
@@ -288,12 +289,13 @@ def _launch(launch: Launch, first_plan: Plan, args: argparse.Namespace,
                       verbose=args.verbose, live=None if args.live else False,
                       on_terminal_lost=_stdout_gone)
     previous_hangup = _watch_terminal(printer)
-    if config.transport == "ssh" and not args.verbose:  # -v shows paramiko's tracebacks
+    simulated = transport_traits(config.transport).simulated
+    if transport_traits(config.transport).ssh and not args.verbose:  # -v: paramiko's tracebacks
         quiet_paramiko_logs()
     transport = make_transport(config)
     printer.notice(
         f"job {config.name!r}: {len(first_plan.tasks)} tasks on {len(first_plan.hosts)} "
-        f"{'simulated ' if config.transport == 'local' else ''}hosts, "
+        f"{'simulated ' if simulated else ''}hosts, "
         f"strategy {config.strategy}"
     )  # the run directory is named once it exists: a launch that fails first writes none
     for line in views.said:

@@ -34,6 +34,7 @@ from ..spec.addresses import AddressError
 from ..spec.allocation import SlurmError, read_allocation, slurm_config, with_allocation
 from ..spec.config import ConfigError, LoadedConfig, load_config, local_config
 from ..spec.plan import PlanError, resolve_script
+from ..spec.transports import Traits, traits
 from ..transport import TransportError
 from ..transport.factory import make_transport, quiet_paramiko_logs
 from . import control, prereqs, usage
@@ -113,25 +114,25 @@ def _load(args: argparse.Namespace) -> tuple[LoadedConfig, list[str], list[str]]
         raise Usage("expected a cluster YAML and a training script (or --local N, --slurm)")
     else:
         loaded, command = load_config(rest[0]), rest[1:]
-    transport = loaded.config.transport
-    if transport == "slurm":
+    transport = traits(loaded.config.transport)
+    if transport.allocation:
         loaded = with_allocation(loaded, read_allocation(os.environ))
-    if transport == "local":
+    if transport.simulated:
         command = list(resolve_script(command, Path.cwd()))
         if not Path(command[0]).exists():
             raise Usage(f"training script not found: {command[0]}")
     return loaded, command, _faults(args.faults, transport)
 
 
-def _faults(given: str | None, transport: str) -> list[str]:
+def _faults(given: str | None, transport: Traits) -> list[str]:
     if given is None:
-        return [f for f in FAULTS if f != "host" or transport == "ssh"]
+        return [f for f in FAULTS if f != "host" or transport.ssh]
     faults = [f.strip() for f in given.split(",") if f.strip()]
     unknown = [f for f in faults if f not in FAULTS]
     if unknown or not faults:
         raise Usage(f"--faults: unknown fault {', '.join(unknown) or '(none given)'}: "
                     f"choose from {','.join(FAULTS)}")
-    if "host" in faults and transport == "slurm":
+    if "host" in faults and transport.allocation:
         raise Usage("--faults host: a lost host is drilled on SSH or simulated hosts, "
                     "not inside a Slurm allocation")
     return list(dict.fromkeys(faults))
@@ -193,7 +194,7 @@ def _one_job(args: argparse.Namespace, loaded: LoadedConfig, command: list[str],
     """One job of the drill, with `faults` injected into it; raises Usage when
     it cannot start (exit 2)."""
     config = loaded.config
-    local = config.transport == "local"
+    local = traits(config.transport).simulated
     try:
         launch = Launch(loaded, command, run_dir, str(Path.cwd()))
         if local and number == 1:
@@ -209,7 +210,7 @@ def _one_job(args: argparse.Namespace, loaded: LoadedConfig, command: list[str],
     if refusals:
         connected.close()
         raise Usage("; ".join(refusals))
-    if config.transport == "ssh":
+    if traits(config.transport).ssh:
         quiet_paramiko_logs()
     printer = Printer([t.label for t in first.tasks], quiet=args.quiet, live=False)
     for line in notices:
