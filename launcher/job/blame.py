@@ -6,7 +6,7 @@ Pure functions over the generation's values; the supervisor follows them.
 from __future__ import annotations
 
 from ..strategy import framework as strategy_framework
-from .failkinds import Kind, traits
+from .failkinds import Kind, say, traits
 from .generation import Generation
 from .lockstep import Finding, Peer, Position, judge, mismatched
 from .recovery import innermost_frame
@@ -25,19 +25,19 @@ def culprit(gen: Generation, reporter: TaskRecord) -> Failure | None:
     named = reporter.watcher.culprit
     blamed = gen.record_of(*named) if named else None
     framework = strategy_framework(gen.plan.strategy)
-    reason = (f"stopped sending {framework} heartbeats (hung, stopped, or cut off); "
-              f"reported by {reporter.task.label}")
+    how = "named_by_peer"
     if blamed is None:
         blamed = next((r for r in gen.records.values()
                        if r is not reporter and r.usage.get("status") == "stopped"), None)
-        reason = ("was stopped (SIGSTOP, Ctrl-Z or a debugger): its peers' collectives "
-                  f"aborted; reported by {reporter.task.label}")
+        how = "seen_stopped"
     if blamed is None:  # no peer died or hung: maybe one was elsewhere in the program
         return abort_out_of_step(gen, weak=False)
     if blamed is reporter:
         return None
     return Failure(task=blamed.task.label, host=blamed.task.host,
-                   generation=gen.plan.generation, t=failure.t, kind=Kind.HANG, reason=reason,
+                   generation=gen.plan.generation, t=failure.t, kind=Kind.HANG,
+                   reason=say(Kind.HANG, how, {"framework": framework,
+                                               "reporter": reporter.task.label}),
                    last_lines=failure.last_lines)
 
 
@@ -76,8 +76,9 @@ def abort_out_of_step(gen: Generation, weak: bool = True) -> Failure | None:
     record, finding = found
     better = Failure(task=record.task.label, host=record.task.host,
                      generation=gen.plan.generation, t=abort.t, kind=Kind.OUT_OF_STEP,
-                     reason=f"{finding.reason} (TensorFlow aborted the collectives: "
-                     f"{abort.task})", last_lines=abort.last_lines)
+                     reason=say(Kind.OUT_OF_STEP, "aborted",
+                                {"cause": finding.reason, "reporter": abort.task}),
+                     last_lines=abort.last_lines)
     if (better.task, better.reason) == (failure.task, failure.reason):
         return None
     positions.abort = abort

@@ -9,8 +9,10 @@ its name as events.jsonl writes it, so events and summary.json keep strings.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 
 class Kind(StrEnum):
@@ -52,22 +54,59 @@ class Traits:
     repeats_by_position: bool = False
     # Its start never happened: the task is over (a version-1 run wrote no start_failed event).
     ends_the_start: bool = False
-    # Its words when an event carries no reason (`{exit_code}`, `{signal}` filled in).
-    words: str = ""
+    # Its words: the part of the failure's sentence after "TASK (host H,
+    # generation G)", by how it was found, filled in from the finding's fields
+    # (`say`). "": when an event carries no reason (`{exit_code}`, `{signal}`).
+    words: Mapping[str, str] = field(default_factory=dict)
+
+
+# An exit's words are classify.classify_exit's, from its code, signal, error and last lines.
+_CLASSIFIED = {"classified": "{reason}"}
+_PEER_NAMED = {
+    # TF's coordination service named it in a peer's collective abort.
+    "named_by_peer": "stopped sending {framework} heartbeats (hung, stopped, or cut off); "
+                     "reported by {reporter}",
+    # Its agent saw it stopped when a peer's collectives aborted.
+    "seen_stopped": "was stopped (SIGSTOP, Ctrl-Z or a debugger): its peers' collectives "
+                    "aborted; reported by {reporter}",
+}
 
 
 KINDS: dict[Kind, Traits] = {
-    Kind.EXIT: Traits(symptom_reasons=SYMPTOM_REASONS, words="exited with code {exit_code}"),
-    Kind.SIGNAL: Traits(words="was killed by signal {signal}"),
-    Kind.PREEMPTED: Traits(preempted=True),
-    Kind.START_FAILED: Traits(ends_the_start=True),
-    Kind.START_TIMEOUT: Traits(stuck=True),
-    Kind.HANG: Traits(stuck=True),
-    Kind.HOST_LOST: Traits(),
+    Kind.EXIT: Traits(symptom_reasons=SYMPTOM_REASONS, words={
+        "": "exited with code {exit_code}", **_CLASSIFIED}),
+    Kind.SIGNAL: Traits(words={"": "was killed by signal {signal}", **_CLASSIFIED}),
+    Kind.PREEMPTED: Traits(preempted=True, words=_CLASSIFIED),
+    Kind.START_FAILED: Traits(ends_the_start=True, words={"agent": "could not start: {error}"}),
+    Kind.START_TIMEOUT: Traits(stuck=True, words={
+        "not_started": "{count} task(s) not started (its agent never confirmed the start) "
+                       "within restart.start_timeout_s={limit_s:g}: {named}",
+        "not_joined": "{count} task(s) not joined the cluster within "
+                      "restart.start_timeout_s={limit_s:g}: {named}",
+        "each": "{task} (last output: {last})"}),  # one of `named`, joined by "; "
+    Kind.HANG: Traits(stuck=True, words={
+        "silent": "made no progress for {silent_s:.0f} s (no output, no progress report; "
+                  "restart.hang_timeout_s={limit_s:g})",
+        "frozen": "was stopped (SIGSTOP, Ctrl-Z or a debugger) for {span_s:.1f} s (a freeze "
+                  "over {limit_s:g} s is a hang): its peers cannot go on without it",
+        **_PEER_NAMED}),
+    Kind.HOST_LOST: Traits(words={
+        "lost": "lost its host: {detail}",
+        # the detail of a host lost by silence (a `host_lost` event's `detail`)
+        "silent_agent": "no heartbeat from its agent for {silent_s:.0f} s"}),
     Kind.COLLECTIVE_ABORT: Traits(secondary=True, blames_a_peer=True,
-                                  rejudged_by_positions=True),
-    Kind.OUT_OF_STEP: Traits(stuck=True, rejudged_by_positions=True, repeats_by_position=True),
-    Kind.STRAGGLER: Traits(),
+                                  rejudged_by_positions=True, words={
+        "output": "aborted its collective ops ({code}): a peer died or hung"}),
+    # `{cause}`: job/lockstep.py's finding, where each worker is in the script's terms.
+    Kind.OUT_OF_STEP: Traits(stuck=True, rejudged_by_positions=True, repeats_by_position=True,
+                             words={
+        "quiet": "{cause} (nothing moved for {quiet_s:.0f} s)",
+        "silent": "{cause} (no progress for {silent_s:.0f} s; "
+                  "restart.hang_timeout_s={limit_s:g})",
+        "aborted": "{cause} (TensorFlow aborted the collectives: {reporter})"}),
+    Kind.STRAGGLER: Traits(words={
+        "replaced": "replaced by a spare host at a checkpoint: {slowdown:.2g}x slower than "
+                    "its peers (restart.on_straggler: replace)"}),
 }
 
 _UNKNOWN = Traits()  # a kind a newer launcher wrote: asks nothing
@@ -88,7 +127,12 @@ def secondary(kind: str, reason: str) -> bool:
                                and reason.startswith(found.symptom_reasons))
 
 
+def say(kind: str, how: str, facts: Mapping[str, Any]) -> str:
+    """The words of a `kind` found `how` (a key of its row's `words`), with `facts` filled in."""
+    return KINDS[Kind(kind)].words[how].format(**facts)
+
+
 def words(kind: str | None, exit_code: int | None, signal: int | None) -> str:
     """A failure in words when its event has no reason: its kind's, else its name."""
-    template = traits(kind).words
+    template = traits(kind).words.get("")
     return template.format(exit_code=exit_code, signal=signal) if template else str(kind)

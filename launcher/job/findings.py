@@ -2,37 +2,46 @@
 
 The detectors (job/watch.py: silences, freezes, the start timeout and workers
 out of step; job/output.py: a collective abort in a task's output;
-job/radar.py: a straggler set aside) return a `Found` (a task failed, with its
-kind and reason) or a `HostSilent` (a host's agent stopped talking); they call
-nothing of the supervisor. `Failures` turns a finding into the generation's
-`Failure` and tells it: `failure_detected` for the first, `root_cause` when a
-later one is the real cause.
+job/radar.py: a straggler set aside) return a `Found` (a task failed: its
+kind, how it was found, the facts) or a `HostSilent` (a host's agent stopped
+talking); they call nothing of the supervisor, and word nothing: a failure's
+words are its kind's (job/failkinds.py), filled in from the facts.
+`Failures` turns a finding into the generation's `Failure` and tells it:
+`failure_detected` for the first, `root_cause` when a later one is the real
+cause.
 
 Called from the supervisor thread only.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from . import events as ev
-from .failkinds import Kind
+from .failkinds import Kind, say
 from .generation import Generation
 from .states import Failure, TaskRecord
 
 
 @dataclass(frozen=True)
 class Found:
-    """A task's failure, as a detector found it."""
+    """A task's failure, as a detector found it: its kind, how it was found
+    and the facts; its words are the kind's (job/failkinds.py), from those facts."""
 
     record: TaskRecord
     kind: Kind
-    reason: str  # one phrase a user can act on
+    how: str  # a key of its kind's `words`
+    facts: Mapping[str, Any] = field(default_factory=dict)  # what fills those words in
     last_lines: tuple[str, ...] = ()
     t: float | None = None  # Unix time it happened, as its host saw it (None: now)
     error: dict[str, Any] | None = None  # the Python exception the task reported
+
+    @property
+    def reason(self) -> str:
+        """One phrase a user can act on."""
+        return say(self.kind, self.how, self.facts)
 
 
 @dataclass(frozen=True)

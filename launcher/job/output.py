@@ -88,8 +88,8 @@ class TaskOutput:
         before the task would exit by itself (then `blame` names its culprit)."""
         alarm = record.watcher.feed(text)
         if alarm is not None and gen.failure is None:
-            return Found(record, Kind.COLLECTIVE_ABORT, f"aborted its collective ops "
-                         f"({alarm.code}): a peer died or hung", last_lines=(alarm.line,))
+            return Found(record, Kind.COLLECTIVE_ABORT, "output", {"code": alarm.code},
+                         last_lines=(alarm.line,))
         return None
 
     def blame(self, gen: Generation, reporter: TaskRecord) -> None:

@@ -142,9 +142,7 @@ class Radar:
         if record is None or gen.failure is not None or not self._idle_spare(gen):
             return None  # no idle spare left (or already failing): named, not replaced
         gen.set_aside.add(finding.host)  # the restart chooses a spare instead
-        return Found(record, Kind.STRAGGLER,
-                     f"replaced by a spare host at a checkpoint: {finding.slowdown:.2g}x "
-                     "slower than its peers (restart.on_straggler: replace)")
+        return Found(record, Kind.STRAGGLER, "replaced", {"slowdown": finding.slowdown})
 
     def _idle_spare(self, gen: Generation) -> str:
         """The spare the restart would choose (recovery.choose_hosts: the first

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 from ..transport import AgentLink
 from . import events as ev
 from .blame import abort_out_of_step, last_words, out_of_step, workers
-from .failkinds import Kind
+from .failkinds import Kind, say
 from .findings import Finding, Found, HostSilent, root_cause
 from .generation import Generation
 from .lockstep import foresee
@@ -55,8 +55,8 @@ class Watch:
         for host in {t.host for t in gen.plan.tasks} - gen.lost_hosts:
             link = self._links.get(host)
             if link is not None and now - link.last_seen > self._policy.heartbeat_timeout_s:
-                yield HostSilent(host, f"no heartbeat from its agent for "
-                                 f"{now - link.last_seen:.0f} s")
+                yield HostSilent(host, say(Kind.HOST_LOST, "silent_agent",
+                                           {"silent_s": now - link.last_seen}))
         if (found := self.out_of_step(gen, now)) is not None:
             yield found
         if gen.settled() or (self._tail is not None and self._tail.check(gen)):
@@ -73,14 +73,12 @@ class Watch:
                 found = None if gen.positions.judged else out_of_step(gen, weak=True)
                 if found is not None:  # stuck because a worker is elsewhere: say where
                     gen.positions.judged = True
-                    yield Found(found[0], Kind.OUT_OF_STEP, (
-                        f"{found[1].reason} (no progress for {silent:.0f} s; "
-                        f"restart.hang_timeout_s={self._policy.hang_timeout_s:g})"))
+                    yield Found(found[0], Kind.OUT_OF_STEP, "silent", {
+                        "cause": found[1].reason, "silent_s": silent,
+                        "limit_s": self._policy.hang_timeout_s})
                     continue
-                yield Found(record, Kind.HANG,
-                            f"made no progress for {silent:.0f} s (no output, no "
-                            f"progress report; restart.hang_timeout_s="
-                            f"{self._policy.hang_timeout_s:g})")
+                yield Found(record, Kind.HANG, "silent",
+                            {"silent_s": silent, "limit_s": self._policy.hang_timeout_s})
 
     def position(self, gen: Generation, record: TaskRecord, data: dict[str, Any]) -> Found | None:
         """A progress report: the task's position kept; a failure already
@@ -121,8 +119,8 @@ class Watch:
             return None
         positions.judged = True
         record, finding = found
-        return Found(record, Kind.OUT_OF_STEP,
-                     f"{finding.reason} (nothing moved for {positions.quiet_s(now):.0f} s)")
+        return Found(record, Kind.OUT_OF_STEP, "quiet",
+                     {"cause": finding.reason, "quiet_s": positions.quiet_s(now)})
 
     def stopped(self, gen: Generation, record: TaskRecord, status: Any, t: Any) -> Found | None:
         """A task frozen (SIGSTOP) past `stalls.STOPPED_HANG_S` is hung; a shorter
@@ -131,10 +129,7 @@ class Watch:
         if (span is None or gen.settled()
                 or record.state is not TaskState.RUNNING or record.task.lifetime != "job"):
             return None
-        return Found(record, Kind.HANG,
-                     f"was stopped (SIGSTOP, Ctrl-Z or a debugger) for {span:.1f} s "
-                     f"(a freeze over {gen.stopped.limit_s:g} s is a hang): its peers cannot "
-                     "go on without it")
+        return Found(record, Kind.HANG, "frozen", {"span_s": span, "limit_s": gen.stopped.limit_s})
 
     def start(self, gen: Generation, now: float) -> Found | None:
         """`restart.start_timeout_s`: every task started, and a cluster that
@@ -145,7 +140,7 @@ class Watch:
         # Per task: a ParameterServerStrategy worker may be started again late.
         missing = [r for r in records if r.state is TaskState.STARTING
                    and now - (r.started_at or now) > limit]
-        what = "not started (its agent never confirmed the start)"
+        how = "not_started"
         # From the first task's joining: data loading before the strategy is no hang.
         forming = gen.forming_since is not None and now - gen.forming_since > limit
         if not missing and forming and not gen.finishing():
@@ -153,10 +148,12 @@ class Watch:
                        and r.task.role in ("chief", "worker") and r.task.lifetime == "job"]
             # Those that never began to join first: the others wait for them.
             missing.sort(key=lambda r: r.cluster == "joining")
-            what = "not joined the cluster"
+            how = "not_joined"
         if not missing:
             return None
-        named = "; ".join(f"{r.task.label} (last output: {last_words(r)})" for r in missing)
-        return Found(missing[0], Kind.START_TIMEOUT,
-                     f"{len(missing)} task(s) {what} within restart.start_timeout_s="
-                     f"{limit:g}: {named}", last_lines=tuple(missing[0].tail))
+        named = "; ".join(say(Kind.START_TIMEOUT, "each", {"task": r.task.label,
+                                                            "last": last_words(r)})
+                          for r in missing)
+        return Found(missing[0], Kind.START_TIMEOUT, how,
+                     {"count": len(missing), "limit_s": limit, "named": named},
+                     last_lines=tuple(missing[0].tail))
