@@ -34,7 +34,7 @@ from ..spec.addresses import AddressError
 from ..spec.allocation import SlurmError, read_allocation, slurm_config, with_allocation
 from ..spec.config import ConfigError, LoadedConfig, load_config, local_config
 from ..spec.plan import PlanError, resolve_script
-from ..spec.transports import Traits, traits
+from ..spec.transports import traits
 from ..transport import TransportError
 from ..transport.factory import make_transport, quiet_paramiko_logs
 from . import control, prereqs, usage
@@ -121,10 +121,11 @@ def _load(args: argparse.Namespace) -> tuple[LoadedConfig, list[str], list[str]]
         command = list(resolve_script(command, Path.cwd()))
         if not Path(command[0]).exists():
             raise Usage(f"training script not found: {command[0]}")
-    return loaded, command, _faults(args.faults, transport)
+    return loaded, command, _faults(args.faults, loaded.config.transport)
 
 
-def _faults(given: str | None, transport: Traits) -> list[str]:
+def _faults(given: str | None, name: str) -> list[str]:
+    transport = traits(name)
     if given is None:
         return [f for f in FAULTS if f != "host" or transport.ssh]
     faults = [f.strip() for f in given.split(",") if f.strip()]
