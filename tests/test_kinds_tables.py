@@ -102,3 +102,20 @@ def test_every_failure_kind_is_documented() -> None:
     row = next(line for line in text.splitlines() if line.startswith("| `failure_detected`"))
     missing = [k.value for k in Kind if f"`{k.value}`" not in row]
     assert not missing, f"docs/operations.md's failure_detected row lacks kinds {missing}"
+
+
+def test_every_kinds_words_fill_in_from_their_fields() -> None:
+    """Each template of the table names the fields a finding gives it (numbers
+    where it formats one): a typo in a field's name fails here, not mid-run."""
+    import string
+
+    from launcher.job.failkinds import say
+
+    for kind, traits in KINDS.items():
+        for how, template in traits.words.items():
+            fields = {name: (1.5 if spec else "x")
+                      for _, name, spec, _ in string.Formatter().parse(template) if name}
+            assert say(kind, how, fields), (kind, how)
+    assert say(Kind.HANG, "silent", {"silent_s": 301.2, "limit_s": 300.0}) == (
+        "made no progress for 301 s (no output, no progress report; "
+        "restart.hang_timeout_s=300)")

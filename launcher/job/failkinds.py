@@ -28,7 +28,8 @@ class Kind(StrEnum):
     STRAGGLER = "straggler"  # set aside for a spare (restart.on_straggler: replace)
 
 
-# Exit reasons (from classify.classify_exit) that follow from a peer's failure.
+# Exit reasons (the words of `_EXITED`'s "unavailable" and "deadline") that
+# follow from a peer's failure.
 SYMPTOM_REASONS = ("gRPC UNAVAILABLE", "collective timed out")
 
 
@@ -60,8 +61,19 @@ class Traits:
     words: Mapping[str, str] = field(default_factory=dict)
 
 
-# An exit's words are classify.classify_exit's, from its code, signal, error and last lines.
-_CLASSIFIED = {"classified": "{reason}"}
+# A task's exit (kinds exit, signal, preempted), as classify.exit_words reads
+# its code, signal, error and last lines, most specific first. `{hint}`: "" or
+# " — " and a hint (classify.TF_KERAS_HINT).
+_EXITED = {
+    "sigkill": "killed (SIGKILL: by a user, or the kernel's out-of-memory killer — "
+               "check `dmesg` for oom-kill)",
+    "signal": "killed by signal {signal} ({name})",
+    "restart_me": "preempted: saved a checkpoint and asked to be restarted (exit 42)",
+    "deadline": "collective timed out (DeadlineExceeded): a peer stopped taking part",
+    "unavailable": "gRPC UNAVAILABLE: lost a peer (it died, hung, or the network dropped)",
+    "exception": "Python exception {type}: {message}{hint}",
+    "code": "exited with code {exit_code}{hint}",
+}
 _PEER_NAMED = {
     # TF's coordination service named it in a peer's collective abort.
     "named_by_peer": "stopped sending {framework} heartbeats (hung, stopped, or cut off); "
@@ -74,9 +86,9 @@ _PEER_NAMED = {
 
 KINDS: dict[Kind, Traits] = {
     Kind.EXIT: Traits(symptom_reasons=SYMPTOM_REASONS, words={
-        "": "exited with code {exit_code}", **_CLASSIFIED}),
-    Kind.SIGNAL: Traits(words={"": "was killed by signal {signal}", **_CLASSIFIED}),
-    Kind.PREEMPTED: Traits(preempted=True, words=_CLASSIFIED),
+        "": "exited with code {exit_code}", **_EXITED}),
+    Kind.SIGNAL: Traits(words={"": "was killed by signal {signal}", **_EXITED}),
+    Kind.PREEMPTED: Traits(preempted=True, words=_EXITED),
     Kind.START_FAILED: Traits(ends_the_start=True, words={"agent": "could not start: {error}"}),
     Kind.START_TIMEOUT: Traits(stuck=True, words={
         "not_started": "{count} task(s) not started (its agent never confirmed the start) "

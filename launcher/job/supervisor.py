@@ -36,7 +36,7 @@ from ..transport import AgentLink, AgentMessage
 from . import checkpoints, keras_fallback, resumes
 from . import events as ev
 from .blame import repeated_failure
-from .classify import OutputWatcher, classify_exit, exit_kind, script_mistake
+from .classify import OutputWatcher, exit_kind, exit_words, script_mistake
 from .failkinds import Kind, traits
 from .findings import Failures, Finding, Found, HostSilent
 from .generation import Generation
@@ -502,9 +502,8 @@ class Supervisor:
             generation=gen.plan.generation, task=record.task.name, host=record.task.host,
             exit_code=record.exit_code, signal=record.signal, stopped_by_launcher=stopping))
         tail = tuple(body.get("tail") or ())
-        reason = classify_exit(record.exit_code, record.signal, body.get("error"), tail)
-        found = Found(record, exit_kind(record.exit_code, record.signal), "classified",
-                      {"reason": reason},
+        how, facts = exit_words(record.exit_code, record.signal, body.get("error"), tail)
+        found = Found(record, exit_kind(record.exit_code, record.signal), how, facts,
                       last_lines=tail, t=body.get("t"), error=body.get("error"))
         if stopped:
             if record.state is TaskState.STOPPED and not stopping and record.exit_code != 0:
@@ -517,7 +516,7 @@ class Supervisor:
         if self._worker_restarts_alone(gen, record):
             self._story.happen(gen, ev.TaskRestarted(
                 generation=gen.plan.generation, task=record.task.name, host=record.task.host,
-                exit_code=record.exit_code, signal=record.signal, reason=reason))
+                exit_code=record.exit_code, signal=record.signal, reason=found.reason))
             self._start(gen, record.task)
             return
         self._failures.fail(gen, found)
