@@ -102,12 +102,20 @@ RULES = (
          reason="the strategies' names and properties are compared by config, plan, "
          "supervisor, the operator's commands and the shipped runtime: they depend on "
          "nothing and are shipped to the hosts (standard library only)"),
+    Rule("transports are a table", ("launcher.spec.transports",), allowed=(),
+         reason="the transports' names and what each is (simulated? an allocation? SSH?) are "
+         "asked by config, plan, the transports, the launch, the operator's commands and the "
+         "cli: the table depends on nothing (docs/design.md, \"A new transport\")"),
+    Rule("failure kinds are a table", ("launcher.job.failkinds",), allowed=(),
+         reason="the failure kinds' names and what each is (secondary? stuck? preempted?) "
+         "are asked by the detectors, the supervisor, the teardown, the restart rules and "
+         "the views: the table depends on nothing (docs/design.md, \"A new failure kind\")"),
     Rule("config comes first", ("launcher.spec.config", "launcher.spec.hosts",
                                 "launcher.spec.problems", "launcher.spec.redact",
                                 "launcher.spec.strict", "launcher.spec.outlets"),
          allowed=("launcher.spec.yamldoc", "launcher.strategy", "launcher.spec.hosts",
                   "launcher.spec.problems", "launcher.spec.redact", "launcher.spec.strict",
-                  "launcher.spec.outlets"),
+                  "launcher.spec.outlets", "launcher.spec.transports"),
          reason="the data flows one way, config -> plan -> transport/agent -> supervisor "
          "-> cli; the cluster file's schema depends on nothing else of the launcher"),
     Rule("plan is pure", ("launcher.spec.plan",),

@@ -41,6 +41,7 @@ from ..job.reach import Reach
 from ..spec.allocation import SlurmError
 from ..spec.config import ConfigError, LoadedConfig, keras_backend
 from ..spec.plan import HostTarget, Plan, PlanError
+from ..spec.transports import traits
 from ..strategy import ON_JAX
 from ..transport import AgentLink, AgentMessage, Transport
 from ..transport.factory import make_transport
@@ -342,7 +343,7 @@ def run_check(loaded: LoadedConfig, collective_timeout_s: float | None = (
     collective's report: None when `collective_timeout_s` is None or no host
     could be reached)."""
     config = loaded.config
-    run_dir = (tempfile.mkdtemp(prefix="mgpu-check-") if config.transport == "local"
+    run_dir = (tempfile.mkdtemp(prefix="mgpu-check-") if traits(config.transport).simulated
                else f"check-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
     # The launch's own steps: each host's TF_CONFIG address by its rules
     # (tf_address, network_interface, the ssh config's HostName), the job's own
@@ -368,7 +369,7 @@ def run_check(loaded: LoadedConfig, collective_timeout_s: float | None = (
             agents = Agents(connected.links, connected.events)
             collective = _probe(agents, reports, connected.plan, collective_timeout_s)
             _probe_script_dirs(agents, reports, script_dirs)
-        if config.transport == "ssh":
+        if traits(config.transport).ssh:
             _time_logins(connected.transport, [reports[name] for name in connected.links])
     finally:
         connected.close()
