@@ -6,10 +6,10 @@ queue; only the supervisor thread mutates state. Outcomes are values
 a flag (`request_stop`), read by the loop.
 
 It decides and tells; it formats no text for people. Every fact is one typed
-event (launcher/job/events.py), told through its `Story` (job/story.py):
+event (launcher/job/events.py), told through its `Teller` (job/teller.py):
 written to the run directory and told to its `Voice` (the operator's printer,
 which words it: launcher/views/narrate.py) and to any other `Listener`. A task's
-state moves by the events that concern it (`Story.happen`: `states.apply`,
+state moves by the events that concern it (`Teller.happen`: `states.apply`,
 the state machine `status` replays too); the generation's
 phase by `Generation.enter` (launcher/job/phases.py).
 
@@ -56,8 +56,8 @@ from .states import (
     TaskState,
     final_state,
 )
-from .story import Story
 from .teardown import Teardown
+from .teller import Teller
 from .watch import Watch
 
 POLL_S = 0.1
@@ -94,7 +94,7 @@ class Supervisor:
         self._events = events
         self._recorder = recorder
         self._voice = voice
-        self._story = story = Story(recorder, voice, listeners)
+        self._story = story = Teller(recorder, voice, listeners)
         self._output = TaskOutput(voice, recorder, clock, story.tell)
         self._failures = Failures(story.tell, wall_clock)
         self._policy = policy

@@ -31,8 +31,6 @@ from . import narrate
 from .replay import TaskView, failure_from_event, split_name
 from .replay import replay as replayed
 
-EXIT_OK, EXIT_USAGE = 0, 2
-
 
 class RunDirError(Exception):
     """RUN_DIR is not a run directory (or not one we can read)."""
@@ -116,7 +114,7 @@ def read_events(path: Path) -> list[dict[str, Any]]:
     return events
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
+def read_json(path: Path) -> dict[str, Any] | None:
     try:
         data = json.loads(path.read_text())
     except (FileNotFoundError, json.JSONDecodeError):
@@ -124,7 +122,7 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def _read_config(path: Path) -> dict[str, Any]:
+def read_config(path: Path) -> dict[str, Any]:
     try:
         data = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError):
@@ -186,9 +184,9 @@ def load_run(run_dir: str | os.PathLike,
     detached = read_launcher_pid(run_dir)
     if not events_path.exists() and not (run_dir / SUMMARY).exists() and not detached:
         raise RunDirError(f"{run_dir}: not a run directory (no events.jsonl or summary.json)")
-    config = _read_config(run_dir / CONFIG)
+    config = read_config(run_dir / CONFIG)
     events = read_events(events_path)
-    summary = _read_json(run_dir / SUMMARY)
+    summary = read_json(run_dir / SUMMARY)
     replay = replayed(events)
     for view in replay.tasks.values():
         view.log_path = run_dir / LOGS / log_file_name(view.host, view.name)

@@ -22,11 +22,10 @@ from typing import Any
 from ..job import events as ev
 from ..spec.plan import task_label
 from ..spec.rundir import CONFIG, EVENTS, SUMMARY
-from .records import RunView, _read_config, _read_json, load_run, read_events
+from .records import RunView, load_run, read_config, read_events, read_json
 from .replay import failure_from_event
 from .svg import Mark, Span
 
-EXIT_OK, EXIT_USAGE = 0, 2
 REPORT = "report.html"  # the default output, in the run directory
 JOB_ROW = "job"  # the timeline's last row: the restarts between generations
 
@@ -75,7 +74,7 @@ def build(run_dir: str | os.PathLike, now: float | None = None) -> Report:
     run_dir = Path(run_dir)
     view = load_run(run_dir, now=now)
     records = read_events(run_dir / EVENTS)
-    summary = _read_json(run_dir / SUMMARY)
+    summary = read_json(run_dir / SUMMARY)
     events = [ev.from_record(r) for r in records]
     times = [e.t for e in events if e.t is not None]
     t0 = min(times) if times else (view.started_t or time.time())
@@ -85,7 +84,7 @@ def build(run_dir: str | os.PathLike, now: float | None = None) -> Report:
     else:
         end = time.time() if now is None else now
     report = Report(view=view, t0=t0, duration_s=max(0.0, end - t0), summary=summary,
-                    config=_read_config(run_dir / CONFIG))
+                    config=read_config(run_dir / CONFIG))
     _timeline(report, events)
     report.faults = _faults(report, events, summary)
     # Rates over windows of 1/20 of the run up to 2 s (1/300 of a long run):

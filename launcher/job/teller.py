@@ -4,7 +4,7 @@ other listener; `happen` also moves the tasks the event concerns
 (`states.apply`).
 
 The supervisor, its detectors, the teardown and the host waiter all tell
-through one `Story`; it decides nothing. Called from the supervisor thread only.
+through one `Teller`; it decides nothing. Called from the supervisor thread only.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from .samples import ProgressSampler
 from .states import apply
 
 
-class Story:
+class Teller:
     def __init__(self, recorder: RunRecorder, voice: ev.Listener,
                  listeners: Sequence[ev.Listener] = ()) -> None:
         self._recorder = recorder
