@@ -151,11 +151,15 @@ RULES = (
          forbidden=("launcher.job.supervisor", "launcher.transport", "launcher.ops",
                     "launcher.cli"),
          reason="summary.json and status compute the ledger from the same events"),
+    Rule("the run's model is a fold of the story", ("launcher.job.story",),
+         forbidden=("launcher.job.supervisor", "launcher.job.launch", "launcher.transport",
+                    "launcher.ops", "launcher.cli"),
+         reason="every view renders the one model folded from the events; summary.json is "
+         "written by the launch (job floor), so the fold sits on that floor, below the views"),
     Rule("words come from events", ("launcher.ops.narrate",),
          forbidden=("launcher.job.supervisor", "launcher.transport", "launcher.cli"),
          reason="a line is an event in words, nothing more"),
-    Rule("records are read-only", ("launcher.ops.records", "launcher.ops.logs",
-                                   "launcher.ops.replay"),
+    Rule("records are read-only", ("launcher.ops.records", "launcher.ops.logs"),
          forbidden=("launcher.job.supervisor", "launcher.transport", "launcher.cli"),
          reason="a run directory is data: `status` and `logs` read it without a launcher"),
     Rule("the report is read-only", ("launcher.ops.report", "launcher.ops.report_html"),
@@ -175,7 +179,7 @@ RULES = (
          reason="`simulate` is also the SSH tests' fixture: it must not depend on the "
          "transport it is used to test"),
     Rule("views beside the terminal only read the story",
-         ("launcher.ops.runstate", "launcher.ops.metrics", "launcher.ops.notify",
+         ("launcher.ops.metrics", "launcher.ops.notify",
           "launcher.ops.status_watch"),
          forbidden=("launcher.job.supervisor", "launcher.transport", "launcher.cli"),
          reason="metrics, notifications and `status --watch` are told the events (or read "

@@ -136,6 +136,24 @@ class TaskRecord:
         self.state = to
 
 
+def sentence(label: str, host: str, generation: int, reason: str) -> str:
+    """A failure in words, the one place: the terminal, `status`, the report and
+    summary.json all say `host1/worker1 (host host1, generation 0) exited with code 1`."""
+    return f"{label} (host {host}, generation {generation}) {reason}"
+
+
+def reason_of(kind: str, exit_code: int | None, signal: int | None, reason: str) -> str:
+    """A failure's reason phrase; one a line lacks (written before reasons were)
+    is said from its kind and exit."""
+    if reason:
+        return str(reason)
+    if kind == "signal":
+        return f"was killed by signal {signal}"
+    if kind == "exit":
+        return f"exited with code {exit_code}"
+    return str(kind)
+
+
 # Exit reasons (from classify_exit) that follow from a peer's failure.
 SECONDARY_REASONS = ("gRPC UNAVAILABLE", "collective timed out")
 
@@ -159,7 +177,7 @@ class Failure:
     stack: tuple[str, ...] = ()
 
     def describe(self) -> str:
-        return f"{self.task} (host {self.host}, generation {self.generation}) {self.reason}"
+        return sentence(self.task, self.host, self.generation, self.reason)
 
     @property
     def secondary(self) -> bool:

@@ -24,13 +24,10 @@ from typing import Any, TextIO
 
 import yaml
 
-from ..job import goodput
-from ..job.events import from_record
 from ..job.events import version as ev_version
+from ..job.story import Story, TaskView, fold, split_name
 from ..spec.rundir import CONFIG, EVENTS, LAUNCHER_OUT, LAUNCHER_PID, LOGS, SUMMARY, log_file_name
 from . import narrate, usage
-from .replay import TaskView, failure_from_event, split_name
-from .replay import replay as replayed
 
 EXIT_OK, EXIT_USAGE = 0, 2
 
@@ -59,6 +56,7 @@ class RunView:
     stragglers: tuple[str, ...] = ()  # the straggler radar's lines (docs/stragglers.md)
     resume_behind: tuple[str, ...] = ()  # a task resumed behind the last save (job/resumes.py)
     metrics_url: str | None = None  # where its metrics are served (a metrics_served event)
+    story: Story | None = None  # the events folded (launcher/job/story.py)
 
     @property
     def finished(self) -> bool:
@@ -190,37 +188,38 @@ def load_run(run_dir: str | os.PathLike,
     config = _read_config(run_dir / CONFIG)
     events = read_events(events_path)
     summary = _read_json(run_dir / SUMMARY)
-    replay = replayed(events)
-    for view in replay.tasks.values():
+    story = fold(events)
+    for view in story.tasks.values():
         view.log_path = run_dir / LOGS / log_file_name(view.host, view.name)
-    started_t = replay.first_launch.get("t") if replay.first_launch else None
-    restarts, root_cause, wall_s = replay.restarts, None, None
+    started_t = story.first_launch.get("t") if story.first_launch else None
+    restarts, root_cause, wall_s = story.restarts, None, None
     if summary is not None:
         status, detail = _finished(summary)
         restarts = int(summary.get("restarts", restarts))
         wall_s = summary.get("wall_s")
         root_cause = summary.get("root_cause")
         failures = list(summary.get("failures") or [])
-        _merge_summary(replay.tasks, summary)
+        _merge_summary(story.tasks, summary)
     else:
-        failures = [failure_from_event(e) for _, e in sorted(replay.failures.items())]
-        launcher = replay.first_launch or detached
+        failures = story.failure_list()
+        launcher = story.first_launch or detached
         status, detail = _still_going(alive(launcher) if launcher else None, started_t,
                                       detached)
     return RunView(
         run_dir=run_dir, name=config.get("name"), strategy=config.get("strategy"),
         transport=config.get("transport"), status=status, status_detail=detail,
-        generation=replay.generation, restarts=restarts, started_t=started_t, wall_s=wall_s,
-        tasks=list(replay.tasks.values()), root_cause=root_cause, failures=failures,
+        generation=story.generation, restarts=restarts, started_t=started_t, wall_s=wall_s,
+        tasks=list(story.tasks.values()), root_cause=root_cause, failures=failures,
         last_event_t=events[-1].get("t") if events else None,
-        goodput=_goodput_of(summary, events, status, now),
-        stragglers=tuple(said[1] for e in events if e.get("event") == "straggler"
-                         and (said := narrate.line(from_record(e))) is not None),
-        resume_behind=tuple(said[1] for e in events if e.get("event") == "resume_behind"
-                            and (said := narrate.line(from_record(e))) is not None),
-        metrics_url=next((str(e["url"]) for e in events if e.get("event") == "metrics_served"
-                          and e.get("url")), None),
+        goodput=_goodput_of(summary, story, events, status, now),
+        stragglers=_said(story.straggler_events), resume_behind=_said(story.resume_behind),
+        metrics_url=story.metrics_url, story=story,
     )
+
+
+def _said(events: Sequence[Any]) -> tuple[str, ...]:
+    """The events in the terminal's words (launcher/ops/narrate.py)."""
+    return tuple(said[1] for e in events if (said := narrate.line(e)) is not None)
 
 
 def _finished(summary: dict[str, Any]) -> tuple[str, str]:
@@ -364,18 +363,18 @@ _PART_WORDS = (("training", "training"), ("startup", "start-up"), ("recovery", "
                ("waiting_for_hosts", "waiting for hosts"), ("other", "other"))
 
 
-def _goodput_of(summary: dict[str, Any] | None, events: list[dict[str, Any]],
+def _goodput_of(summary: dict[str, Any] | None, story: Story, events: list[dict[str, Any]],
                 status: str, now: float | None = None) -> dict[str, Any] | None:
-    """summary.json's ledger; for a run still going, worked out from its events
-    up to now. A run written before the ledger (events of schema 1, or a
-    summary without `goodput`) has none: it lacks what the ledger reads."""
+    """summary.json's ledger; for a run still going, the story's up to now. A run
+    written before the ledger (events of schema 1, or a summary without
+    `goodput`) has none: it lacks what the ledger reads."""
     if summary is not None:
         return summary.get("goodput")
     if not any(ev_version(e) >= 2 for e in events):
         return None
     if status != "running":
-        return goodput.from_records(events)  # to its last event (a launcher gone)
-    return goodput.from_records(events, now=time.time() if now is None else now)
+        return story.goodput()  # to its last event (a launcher gone)
+    return story.goodput(time.time() if now is None else now)
 
 
 def goodput_line(ledger: dict[str, Any]) -> str:

@@ -21,11 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from ..job import events as ev
+from ..job.states import sentence
+from ..job.story import Story, failure_json, fold, steps_per_s
 from ..spec.plan import task_label
 from ..spec.rundir import CONFIG, EVENTS, SUMMARY
 from . import usage
 from .records import RunDirError, RunView, _read_config, _read_json, load_run, read_events
-from .replay import failure_from_event
 from .svg import Mark, Span
 
 EXIT_OK, EXIT_USAGE = 0, 2
@@ -89,15 +90,15 @@ def build(run_dir: str | os.PathLike, now: float | None = None) -> Report:
     report = Report(view=view, t0=t0, duration_s=max(0.0, end - t0), summary=summary,
                     config=_read_config(run_dir / CONFIG))
     _timeline(report, events)
-    report.faults = _faults(report, events, summary)
+    story = view.story if view.story is not None else fold(records)
+    report.faults = _faults(report, story, summary)
     # Rates over windows of 1/20 of the run up to 2 s (1/300 of a long run):
     # smooth enough to read, a few hundred points at most.
     gap = max(report.duration_s / 300, min(2.0, report.duration_s / 20))
     report.rates = _rates(events, t0, min_gap_s=gap)
     report.goodput = view.goodput  # as `status` says it (a running job's: up to now)
-    report.stragglers = _stragglers(records, summary)
-    first = next((e for e in events if isinstance(e, ev.Launch) and e.command is not None),
-                 None)  # generation 0's launch: what ran, on what
+    report.stragglers = _stragglers(story, records, summary)
+    first = story.launch  # generation 0's launch: what ran, on what
     if first is not None and first.command is not None:
         report.command = [str(word) for word in first.command]
     report.hosts, report.versions_recorded = _hosts(report.config, events,
@@ -200,28 +201,19 @@ def _task_moves(spans: _Spans, event: ev.Event, t: float) -> None:
 # -------------------------------------------------------------------- faults
 
 
-def _faults(report: Report, events: Sequence[ev.Event],
-            summary: dict[str, Any] | None) -> list[Fault]:
+def _faults(report: Report, story: Story, summary: dict[str, Any] | None) -> list[Fault]:
     """The first failure of each generation, blamed on its root cause: a later
     `root_cause` event wins over the first failure (a hang blamed on its peer)."""
     described = {f.get("generation"): f for f in (summary or {}).get("failures") or []
                  if isinstance(f, dict)}
-    first: dict[int, ev.FailureDetected] = {}
-    blamed: dict[int, ev.RootCause] = {}
-    for event in events:
-        if isinstance(event, ev.FailureDetected):
-            first.setdefault(event.generation, event)
-        elif isinstance(event, ev.RootCause):
-            blamed[event.generation] = event
     faults = []
-    for number, generation in enumerate(sorted(first), start=1):
-        failure = first[generation]
-        cause: ev.FailureDetected | ev.RootCause = blamed.get(generation, failure)
+    for number, (failure, cause) in enumerate(story.causes(), start=1):
+        generation = failure.generation
         label = task_label(cause.host, cause.task)
         if isinstance(cause, ev.RootCause):
-            text = f"{label} (host {cause.host}, generation {generation}) {cause.reason}"
+            text = sentence(label, cause.host, generation, cause.reason)
         else:
-            text = str((described.get(generation) or failure_from_event(failure))
+            text = str((described.get(generation) or failure_json(failure))
                        .get("description") or label)
         faults.append(Fault(number=number, generation=generation, task=label,
                             name=cause.task, t=(failure.t or report.t0) - report.t0,
@@ -257,8 +249,9 @@ def _rates(events: Sequence[ev.Event], t0: float,
         if before is None or step < before[1]:  # the first report, or steps counted anew
             last[key] = (event.t, float(step))
         elif event.t - before[0] >= max(min_gap_s, 1e-6):
-            points.append((event.t - t0, (step - before[1]) / (event.t - before[0])))
-            last[key] = (event.t, float(step))
+            now = (event.t, float(step))
+            points.append((event.t - t0, steps_per_s([before, now]) or 0.0))
+            last[key] = now
     rates: dict[str, list[list[tuple[float, float]]]] = {}
     for (task, _), points in sorted(pieces.items()):
         if points:
@@ -273,14 +266,15 @@ def _number(value: Any) -> bool:
 # -------------------------------------------------------- stragglers, hosts
 
 
-def _stragglers(records: Sequence[dict[str, Any]],
+def _stragglers(story: Story, records: Sequence[dict[str, Any]],
                 summary: dict[str, Any] | None) -> list[dict[str, Any]] | None:
     """summary.json's stragglers, else the `straggler` events (of a run still
     going, or whose launcher died); None: not recorded (a summary without
     them, or events written before the radar existed)."""
     if summary is not None and isinstance(summary.get("stragglers"), list):
         return [s for s in summary["stragglers"] if isinstance(s, dict)]
-    found = [r for r in records if r.get("event") == "straggler"]
+    found = [{"t": e.t, "event": "straggler", **e.extra, **ev.fields_of(e)}
+             for e in story.straggler_events]
     return found if found or (summary is None and any(ev.version(r) >= 2 for r in records)) \
         else None
 

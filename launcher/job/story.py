@@ -1,0 +1,347 @@
+"""The run as one model: the story (the typed events of launcher/job/events.py)
+folded, one event at a time, into what every view shows.
+
+`Story.tell(event)` folds one event (the metrics, the live title and
+`status --watch` tell each as it comes); `fold(records)` folds the lines of
+events.jsonl whole (`status`, `status --json`, the report, the drill). What it
+keeps: the job's phase (`JOB_STATES`), the generation, every task of the
+latest generation with its state (`states.apply`, the supervisor's own state
+machine: the story cannot be told otherwise), pid, exit, step, steps/s, last
+report; the failures (the first of each generation, and the task a later
+`root_cause` blamed), the restarts, the resumes, the goodput ledger
+(`goodput.Ledger`), the stragglers, the out-of-step warnings and tail cuts.
+A new fact a view shows is a field of an event, a line of `tell` and the
+view's own line (docs/design.md, "A new field in every view").
+
+Each event costs O(1) (an event of a whole generation: its tasks): the
+supervisor thread tells the metrics every event. Not thread-safe by itself
+(its users lock). Pure: no I/O, no clock but the `now` handed in. Must not
+import supervisor, transport, ops or cli.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import signal as signals
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..spec.plan import task_label
+from . import events as ev
+from .goodput import Ledger
+from .states import TaskRow, TaskState, apply, reason_of, sentence
+
+# The job's state as the views say it (the metrics: one of these is 1 at a time).
+JOB_STATES = ("starting", "running", "failing", "stopping", "waiting_for_host",
+              "restarting", "succeeded", "failed", "interrupted")
+# Task states whose rate and silence no longer mean anything.
+OVER = ("succeeded", "failed", "stopped", "lost")
+_TASK_NAME = re.compile(r"^(chief|worker|ps|evaluator)(\d+)$")
+_MOVES = {ev.FailureDetected: "failing", ev.StopRequested: "stopping",
+          ev.HostWait: "waiting_for_host", ev.HostLost: "failing", ev.Restart: "restarting"}
+
+
+@dataclass
+class TaskView:
+    """One task as last told: its latest generation wins."""
+
+    label: str  # host0/worker0
+    host: str
+    role: str
+    index: int
+    generation: int
+    state: str = "pending"
+    address: str | None = None
+    port: int | None = None
+    pid: int | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    last_step: int | None = None
+    last_progress: dict[str, Any] = field(default_factory=dict)
+    last_progress_t: float | None = None
+    started_t: float | None = None  # this generation's start of it
+    marks: list[tuple[float, float]] = field(default_factory=list)  # last two (t, step)
+    log_path: Path | None = None  # set by the reader of a run directory
+    lifetime: str = "job"  # "service": a task the launcher stops (ps)
+
+    @property
+    def name(self) -> str:
+        return f"{self.role}{self.index}"
+
+    def exit_text(self) -> str:
+        if self.signal is not None:
+            try:
+                return f"signal {self.signal} ({signals.Signals(self.signal).name})"
+            except ValueError:
+                return f"signal {self.signal}"
+        return "" if self.exit_code is None else str(self.exit_code)
+
+    @property
+    def steps_per_s(self) -> float | None:
+        return None if self.state in OVER else steps_per_s(self.marks)
+
+
+@dataclass(frozen=True)
+class Straggler:
+    task: str
+    host: str
+    slowdown: float | None
+    evidence: Any
+    generation: int
+
+
+@dataclass
+class Story:
+    """The story so far (tell it every event, in order)."""
+
+    tasks: dict[str, TaskView] = field(default_factory=dict)  # by name: unique per generation
+    generation: int = 0
+    restarts: int = 0
+    job_state: str = "starting"
+    first_launch: dict[str, Any] | None = None  # generation 0's launch line (launcher pid...)
+    launch: ev.Launch | None = None  # the first launch that names its command and hosts
+    failures: dict[int, ev.FailureDetected] = field(default_factory=dict)  # first per generation
+    blamed: dict[int, ev.RootCause] = field(default_factory=dict)  # a later root cause
+    resumes: list[ev.Resumed] = field(default_factory=list)
+    resume_behind: list[ev.ResumeBehind] = field(default_factory=list)
+    stragglers: dict[str, Straggler] = field(default_factory=dict)  # by task, this generation
+    straggler_events: list[ev.Event] = field(default_factory=list)  # every one, in order
+    out_of_step: list[ev.OutOfStepAhead] = field(default_factory=list)
+    tail_cuts: list[ev.TailCut] = field(default_factory=list)
+    ledger: Ledger = field(default_factory=Ledger)  # where the time went (job/goodput.py)
+    given_goodput: dict[str, Any] | None = None  # a ledger told whole (a `goodput` event)
+    metrics_url: str | None = None
+    ended: ev.JobDone | None = None
+    started_t: float | None = None  # the first event's time
+    last_t: float | None = None  # the last event's time
+    events: int = 0
+
+    def tell(self, event: ev.Event, now: float | None = None) -> None:
+        """`event` as it happens (a live event has no `t` yet: `now` is its time)."""
+        if event.t is None and now is not None:
+            event = dataclasses.replace(event, t=now)
+        self.events += 1
+        if event.t is not None:
+            self.started_t = event.t if self.started_t is None else self.started_t
+            self.last_t = event.t
+        self.ledger.add(event)
+        teller = _TELLERS.get(type(event))
+        if teller is not None:
+            teller(self, event)
+        elif kind_of(event) == "straggler":  # read back by its kind (an older line)
+            self._straggler(event)
+        elif kind_of(event) == "goodput":
+            self._goodput(event)
+        self._tasks(event)
+        if self.ended is None:
+            self._move(event)
+
+    # ---------------------------------------------------------- the tellers
+
+    def _launch(self, event: ev.Launch) -> None:
+        self.generation = event.generation
+        if self.first_launch is None:
+            self.first_launch = {"t": event.t, **ev.fields_of(event), **event.extra}
+        if self.launch is None and event.command is not None:
+            self.launch = event
+        self.stragglers.clear()
+        self.job_state = "starting"
+        for placed in event.tasks:
+            if not isinstance(placed, ev.Placed):
+                continue
+            role, index = split_name(placed.task)
+            previous = self.tasks.get(placed.task)
+            view = TaskView(label=task_label(placed.host, placed.task), host=placed.host,
+                            role=role, index=index, generation=event.generation,
+                            address=placed.address, port=placed.port, lifetime=placed.lifetime)
+            if previous is not None:  # progress survives a restart: training resumes
+                view.last_step, view.last_progress = previous.last_step, previous.last_progress
+                view.marks = previous.marks
+            self.tasks[placed.task] = view
+
+    def _restart(self, event: ev.Restart) -> None:
+        self.restarts = event.restarts or self.restarts + 1
+
+    def _failure(self, event: ev.FailureDetected) -> None:
+        self.failures.setdefault(event.generation, event)
+
+    def _root_cause(self, event: ev.RootCause) -> None:
+        self.blamed[event.generation] = event
+
+    def _done(self, event: ev.JobDone) -> None:
+        self.ended = event
+        self.job_state = event.status if event.status in JOB_STATES else "failed"
+
+    def _metrics(self, event: ev.MetricsServed) -> None:
+        self.metrics_url = self.metrics_url or event.url
+
+    def _straggler(self, event: ev.Event) -> None:
+        values = {**event.extra, **ev.fields_of(event)}
+        slowdown = values.get("slowdown")
+        task = str(values.get("task", ""))
+        self.straggler_events.append(event)
+        self.stragglers[task] = Straggler(
+            task=task, host=str(values.get("host", "")),
+            slowdown=float(slowdown) if _number(slowdown) else None,
+            evidence=values.get("evidence"),
+            generation=int(values.get("generation") or self.generation))
+
+    def _goodput(self, event: ev.Event) -> None:
+        """A ledger told whole: its fields (or its `goodput` field) hold `parts`."""
+        values = {**event.extra, **ev.fields_of(event)}
+        ledger = values["goodput"] if isinstance(values.get("goodput"), dict) else values
+        if isinstance(ledger.get("parts"), dict):
+            self.set_goodput(ledger["parts"], _seconds(ledger.get("wall_s")),
+                             _seconds(ledger.get("productive_s")))
+
+    def _tasks(self, event: ev.Event) -> None:
+        """What `event` tells of the tasks of its generation: data, then state."""
+        generation = getattr(event, "generation", self.generation)
+        if isinstance(event, ev.TaskEvent):
+            view = self.tasks.get(event.task)
+            views = [view] if view is not None else []
+        elif isinstance(event, ev.TeardownBegun | ev.HostLost):  # a generation's, a host's
+            views = list(self.tasks.values())
+        else:
+            return
+        for view in views:
+            if view.generation == generation:
+                _on_task(view, event)
+
+    def _move(self, event: ev.Event) -> None:
+        state = _MOVES.get(type(event))
+        if state is not None:
+            self.job_state = state
+        elif self.job_state == "starting" and isinstance(event, ev.TaskStarted | ev.TaskExited) \
+                and all(t.state in ("running", "succeeded") for t in self.tasks.values()):
+            self.job_state = "running"
+
+    # ------------------------------------------------------------- reading
+
+    def set_goodput(self, parts: Mapping[str, float], wall_s: float | None = None,
+                    productive_s: float | None = None) -> None:
+        """A ledger given whole (summary.json's `goodput`): it wins over the one kept."""
+        self.given_goodput = {
+            "wall_s": wall_s, "productive_s": productive_s,
+            "parts": {str(k): float(v) for k, v in parts.items() if _number(v)}}
+
+    def goodput(self, now: float | None = None) -> dict[str, Any] | None:
+        """`{wall_s, productive_s, parts}` up to `now` (a finished job: to its end)."""
+        return self.given_goodput or self.ledger.result(now)
+
+    def failure_list(self) -> list[dict[str, Any]]:
+        """Each generation's first failure, as summary.json lists it."""
+        return [failure_json(e) for _, e in sorted(self.failures.items())]
+
+    def causes(self) -> list[tuple[ev.FailureDetected, ev.FailureDetected | ev.RootCause]]:
+        """Each generation's first failure and its root cause (a later `root_cause`
+        event names another task: a hang blamed on its peer)."""
+        return [(first, self.blamed.get(generation, first))
+                for generation, first in sorted(self.failures.items())]
+
+    def rows(self, now: float) -> list[TaskRow]:
+        """The live table's rows (no CPU or memory: the story has none).
+        `silent_s`: since the task's last progress report, or its start before one."""
+        out = []
+        for name, view in self.tasks.items():
+            over = view.state in OVER
+            loss = view.last_progress.get("loss")
+            since = view.last_progress_t or view.started_t
+            out.append(TaskRow(
+                label=view.label, host=view.host, task=name, state=view.state,
+                generation=view.generation, restarts=self.restarts,
+                step=view.last_step if _number(view.last_step) else None,
+                steps_per_s=view.steps_per_s,
+                loss=loss if _number(loss) else None, cpu_percent=None, rss_mb=None,
+                silent_s=None if over or since is None else max(0.0, now - since)))
+        return out
+
+
+_TELLERS: dict[type, Any] = {
+    ev.Launch: Story._launch, ev.Restart: Story._restart, ev.FailureDetected: Story._failure,
+    ev.RootCause: Story._root_cause, ev.JobDone: Story._done,
+    ev.MetricsServed: Story._metrics, ev.Straggler: Story._straggler,
+    ev.Resumed: lambda s, e: s.resumes.append(e),
+    ev.ResumeBehind: lambda s, e: s.resume_behind.append(e),
+    ev.OutOfStepAhead: lambda s, e: s.out_of_step.append(e),
+    ev.TailCut: lambda s, e: s.tail_cuts.append(e),
+}
+
+
+def _on_task(view: TaskView, event: ev.Event) -> None:
+    """What `event` tells of the task `view`: its data, then its state."""
+    if isinstance(event, ev.TaskStarted):
+        view.pid, view.started_t = event.pid, event.t
+    elif isinstance(event, ev.Progress):
+        view.last_step = event.metrics.get("step", view.last_step)
+        view.last_progress = dict(event.metrics)
+        view.last_progress_t = event.t
+        _mark(view, event)
+    elif isinstance(event, ev.TaskExited):
+        view.exit_code, view.signal = event.exit_code, event.signal
+    elif isinstance(event, ev.TaskRestarted):  # a parameter-server worker, restarted alone
+        view.exit_code, view.signal = None, None
+    try:
+        state = TaskState(view.state)
+    except ValueError:
+        return
+    view.state = apply(state, event, host=view.host, lifetime=view.lifetime).value
+
+
+def _mark(view: TaskView, event: ev.Progress) -> None:
+    step = event.metrics.get("step")
+    if not _number(step):
+        return
+    if view.marks and step < view.marks[-1][1]:  # a restart resumed earlier: start again
+        view.marks = []
+    view.marks = [*view.marks[-1:], (float(event.t or 0.0), float(step))]
+
+
+def steps_per_s(marks: list[tuple[float, float]]) -> float | None:
+    """Steps per second between two (time, step) marks: the one rate of every
+    view (the live table, `status --watch`, the metrics, the report's chart)."""
+    if len(marks) < 2 or marks[-1][0] <= marks[-2][0]:
+        return None
+    (t0, s0), (t1, s1) = marks[-2], marks[-1]
+    return (s1 - s0) / (t1 - t0)
+
+
+def fold(records: Iterable[dict[str, Any]]) -> Story:
+    """The lines of events.jsonl (dicts, as read), folded whole."""
+    story = Story()
+    for record in records:
+        story.tell(ev.from_record(record))
+    return story
+
+
+def failure_json(event: ev.FailureDetected) -> dict[str, Any]:
+    """A failure as summary.json lists it, from its `failure_detected` event."""
+    task = task_label(event.host, event.task)
+    what = reason_of(event.failure, event.exit_code, event.signal, event.reason)
+    return {"task": task, "host": event.host, "generation": event.generation,
+            "t": event.t, "kind": event.failure, "exit_code": event.exit_code,
+            "signal": event.signal,
+            "description": sentence(task, event.host, event.generation, what)}
+
+
+def split_name(task: str) -> tuple[str, int]:
+    match = _TASK_NAME.match(task)
+    if match is None:
+        return task, 0
+    return match.group(1), int(match.group(2))
+
+
+def kind_of(event: ev.Event) -> str:
+    """An event's kind, typed or read back as Unknown."""
+    return event.name if isinstance(event, ev.Unknown) else event.kind
+
+
+def _seconds(value: Any) -> float | None:
+    return float(value) if _number(value) else None
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
