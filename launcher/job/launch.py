@@ -39,7 +39,7 @@ from ..spec.plan import Plan, PlanError, default_checkpoint_dir
 from ..spec.rundir import EVENTS, RunRecorder
 from ..transport import Transport
 from ..transport.ports import busy_ports
-from . import checkpoints, goodput, stops
+from . import checkpoints, stops, story
 from . import events as ev
 from .output import Voice
 from .reach import Connected, Reach
@@ -276,10 +276,10 @@ class Job:
         return result
 
     def _goodput(self) -> dict[str, Any] | None:
-        """Where the run's time went (job/goodput.py), from events.jsonl as written."""
+        """Where the run's time went: the story's ledger, of events.jsonl as written."""
         try:
             with open(self.recorder.run_dir / EVENTS, errors="replace") as lines:
-                return goodput.from_lines(lines)
+                return story.fold(story.records(lines)).goodput()
         except OSError:
             return None
 

@@ -22,9 +22,10 @@ import supervisor, transport, ops or cli.
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import signal as signals
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -315,6 +316,18 @@ def fold(records: Iterable[dict[str, Any]]) -> Story:
     for record in records:
         story.tell(ev.from_record(record))
     return story
+
+
+def records(lines: Iterable[str]) -> Iterator[dict[str, Any]]:
+    """The lines of events.jsonl read one at a time (a half-written or damaged
+    line is skipped)."""
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            yield record
 
 
 def failure_json(event: ev.FailureDetected) -> dict[str, Any]:

@@ -39,9 +39,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TextIO
 
-from ..job import goodput
 from ..job.events import Event
 from ..job.states import TaskRow
+from ..job.story import Story
 from . import narrate
 from .live import LiveScreen, clean_for_screen, describe_row, goodput_title
 
@@ -129,7 +129,7 @@ class Printer:
             emit=self._sink.write) if self._live else None
         self._states: dict[str, str] = {}
         self._next_status = clock() + STATUS_EVERY_S
-        self._ledger = goodput.Ledger()  # the title's goodput (supervisor thread)
+        self._story = Story()  # the run folded, for the title's goodput (supervisor thread)
         self._next_goodput = 0.0
         # Shared between the callers and the writer thread, under _cond.
         self._cond = threading.Condition()
@@ -194,7 +194,7 @@ class Printer:
     def tell(self, event: Event) -> None:
         """An event of the run, in the words of launcher/ops/narrate.py (if any)."""
         if self._live:
-            self._ledger.add(event, t=time.time())
+            self._story.tell(event, time.time())
         said = narrate.line(event)
         if said is not None:
             level, text = said
@@ -225,7 +225,7 @@ class Printer:
         if screen is None or self._clock() < self._next_goodput:
             return
         self._next_goodput = self._clock() + GOODPUT_EVERY_S
-        screen.goodput = goodput_title(self._ledger.result(time.time())) or screen.goodput
+        screen.goodput = goodput_title(self._story.goodput(time.time())) or screen.goodput
 
     def _report_changes(self, rows: Sequence[TaskRow]) -> None:
         changes = []
