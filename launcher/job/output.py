@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from ..spec.plan import task_label
 from ..spec.rundir import RunRecorder, log_file_name
@@ -41,7 +41,19 @@ class Voice(ev.Listener, Protocol):
 def root_cause(failure: Failure) -> ev.RootCause:
     """The event naming `failure` the generation's root cause."""
     return ev.RootCause(generation=failure.generation, task=failure.task.partition("/")[2],
-                        host=failure.host, failure=failure.kind, reason=failure.reason)
+                        host=failure.host, failure=failure.kind, reason=failure.reason,
+                        **_details(failure))
+
+
+def failure_detected(failure: Failure, task: str) -> ev.FailureDetected:
+    """The event of a generation's first failure, with what the views show of it."""
+    return ev.FailureDetected(generation=failure.generation, task=task, host=failure.host,
+                              failure=failure.kind, reason=failure.reason, **_details(failure))
+
+
+def _details(failure: Failure) -> dict[str, Any]:
+    return {"exit_code": failure.exit_code, "signal": failure.signal, "at": failure.t,
+            "last_lines": failure.last_lines or None, "error": failure.error}
 
 
 class TaskOutput:

@@ -67,6 +67,14 @@ class TaskView:
     marks: list[tuple[float, float]] = field(default_factory=list)  # last two (t, step)
     log_path: Path | None = None  # set by the reader of a run directory
     lifetime: str = "job"  # "service": a task the launcher stops (ps)
+    over: bool = False  # its program ended cleanly while the job ran (program_over)
+
+    @property
+    def final_state(self) -> str:
+        """Its state as the job's end says it: a program that ended cleanly
+        succeeded, even when the launcher ended its interpreter's teardown
+        (job/tailcut.py), as summary.json says it (states.final_state)."""
+        return "succeeded" if self.over and self.state == "stopped" else self.state
 
     @property
     def name(self) -> str:
@@ -106,6 +114,9 @@ class Story:
     launch: ev.Launch | None = None  # the first launch that names its command and hosts
     failures: dict[int, ev.FailureDetected] = field(default_factory=dict)  # first per generation
     blamed: dict[int, ev.RootCause] = field(default_factory=dict)  # a later root cause
+    causes: dict[int, dict[str, Any]] = field(default_factory=dict)  # root cause, summary's form
+    settled: set[int] = field(default_factory=set)  # generations failing, stopping or torn down
+    untimed: set[int] = field(default_factory=set)  # causes told without `at`: t is when told
     resumes: list[ev.Resumed] = field(default_factory=list)
     resume_behind: list[ev.ResumeBehind] = field(default_factory=list)
     stragglers: dict[str, Straggler] = field(default_factory=dict)  # by task, this generation
@@ -168,9 +179,31 @@ class Story:
 
     def _failure(self, event: ev.FailureDetected) -> None:
         self.failures.setdefault(event.generation, event)
+        if event.generation not in self.causes:
+            self._cause(event)
+        self.settled.add(event.generation)
+
+    def _cause(self, event: ev.FailureDetected | ev.RootCause) -> None:
+        self.causes[event.generation] = failure_json(event)
+        if event.at is None:
+            self.untimed.add(event.generation)
+        else:
+            self.untimed.discard(event.generation)
 
     def _root_cause(self, event: ev.RootCause) -> None:
         self.blamed[event.generation] = event
+        self._cause(event)
+
+    def _stacks(self, event: ev.Stacks) -> None:
+        cause = self.causes.get(event.generation)
+        if event.frames and cause is not None and cause["task"] == event.label:
+            cause["stack"] = list(event.frames)
+
+    def _program_over(self, event: ev.ProgramOver) -> None:
+        view = self.tasks.get(event.task)
+        if view is not None and view.generation == event.generation \
+                and event.generation not in self.settled:
+            view.over = True
 
     def _done(self, event: ev.JobDone) -> None:
         self.ended = event
@@ -234,10 +267,16 @@ class Story:
         return self.given_goodput or self.ledger.result(now)
 
     def failure_list(self) -> list[dict[str, Any]]:
-        """Each generation's first failure, as summary.json lists it."""
-        return [failure_json(e) for _, e in sorted(self.failures.items())]
+        """Each generation's root cause (its first failure, unless a later
+        `root_cause` named another task), as summary.json lists it."""
+        return [dict(cause) for _, cause in sorted(self.causes.items())]
 
-    def causes(self) -> list[tuple[ev.FailureDetected, ev.FailureDetected | ev.RootCause]]:
+    def root_cause(self) -> dict[str, Any] | None:
+        """The failure that ended a failed job (summary.json's `root_cause`)."""
+        failed = self.ended is not None and self.ended.status == "failed"
+        return self.failure_list()[-1] if failed and self.causes else None
+
+    def faults(self) -> list[tuple[ev.FailureDetected, ev.FailureDetected | ev.RootCause]]:
         """Each generation's first failure and its root cause (a later `root_cause`
         event names another task: a hang blamed on its peer)."""
         return [(first, self.blamed.get(generation, first))
@@ -263,7 +302,10 @@ class Story:
 
 _TELLERS: dict[type, Any] = {
     ev.Launch: Story._launch, ev.Restart: Story._restart, ev.FailureDetected: Story._failure,
-    ev.RootCause: Story._root_cause, ev.JobDone: Story._done,
+    ev.RootCause: Story._root_cause, ev.JobDone: Story._done, ev.Stacks: Story._stacks,
+    ev.ProgramOver: Story._program_over,
+    ev.StopRequested: lambda s, e: s.settled.add(e.generation),
+    ev.TeardownBegun: lambda s, e: s.settled.add(e.generation),
     ev.MetricsServed: Story._metrics, ev.Straggler: Story._straggler,
     ev.Resumed: lambda s, e: s.resumes.append(e),
     ev.ResumeBehind: lambda s, e: s.resume_behind.append(e),
@@ -330,14 +372,16 @@ def records(lines: Iterable[str]) -> Iterator[dict[str, Any]]:
             yield record
 
 
-def failure_json(event: ev.FailureDetected) -> dict[str, Any]:
-    """A failure as summary.json lists it, from its `failure_detected` event."""
+def failure_json(event: ev.FailureDetected | ev.RootCause) -> dict[str, Any]:
+    """A failure as summary.json lists it (states.Failure.to_json), from its
+    `failure_detected` (or `root_cause`) event."""
     task = task_label(event.host, event.task)
     what = reason_of(event.failure, event.exit_code, event.signal, event.reason)
     return {"task": task, "host": event.host, "generation": event.generation,
-            "t": event.t, "kind": event.failure, "exit_code": event.exit_code,
-            "signal": event.signal,
-            "description": sentence(task, event.host, event.generation, what)}
+            "t": event.at if event.at is not None else event.t, "kind": event.failure,
+            "exit_code": event.exit_code, "signal": event.signal,
+            "description": sentence(task, event.host, event.generation, what),
+            "last_lines": list(event.last_lines or ()), "error": event.error, "stack": []}
 
 
 def split_name(task: str) -> tuple[str, int]:

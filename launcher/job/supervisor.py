@@ -37,7 +37,7 @@ from .blame import repeated_failure
 from .classify import OutputWatcher, classify_exit, exit_kind, script_mistake
 from .generation import Generation
 from .hostwait import HostWaiter
-from .output import TaskOutput, Voice, root_cause
+from .output import TaskOutput, Voice, failure_detected, root_cause
 from .phases import Phase
 from .profiling import Profiler
 from .protocol import BadMessage, check_message
@@ -194,7 +194,7 @@ class Supervisor:
         )
         self._tell(ev.JobDone(status=result.status, restarts=job.restarts,
                               wall_s=round(result.wall_s, 3), stopped_by=result.stopped_by,
-                              message=message))
+                              message=message, interrupted_by=result.interrupted_by))
         return result
 
     def _one_generation(self, job: JobSoFar) -> End | None:
@@ -585,10 +585,7 @@ class Supervisor:
         first = gen.failure is None
         self._consider(gen, failure)  # the phase moves to FAILING
         if first:
-            self._tell(ev.FailureDetected(
-                generation=gen.plan.generation, task=record.task.name, host=record.task.host,
-                failure=failure.kind, exit_code=record.exit_code, signal=record.signal,
-                reason=failure.reason))
+            self._tell(failure_detected(failure, record.task.name))
 
     def _consider(self, gen: Generation, failure: Failure) -> None:
         if gen.consider(failure):  # a new root cause, after an earlier one

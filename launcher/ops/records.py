@@ -193,15 +193,14 @@ def load_run(run_dir: str | os.PathLike,
         view.log_path = run_dir / LOGS / log_file_name(view.host, view.name)
     started_t = story.first_launch.get("t") if story.first_launch else None
     restarts, root_cause, wall_s = story.restarts, None, None
-    if summary is not None:
-        status, detail = _finished(summary)
-        restarts = int(summary.get("restarts", restarts))
-        wall_s = summary.get("wall_s")
-        root_cause = summary.get("root_cause")
-        failures = list(summary.get("failures") or [])
-        _merge_summary(story.tasks, summary)
+    failures = _filled(story, (summary or {}).get("failures"))
+    if summary is not None:  # the launcher wrote its end: the events say how it went
+        end = _end_of(story, summary)
+        status, detail = _finished(end)
+        restarts, wall_s = int(end.get("restarts") or 0), end.get("wall_s")
+        root_cause = failures[-1] if status == "failed" and failures else None
+        _final_states(story, summary)
     else:
-        failures = story.failure_list()
         launcher = story.first_launch or detached
         status, detail = _still_going(alive(launcher) if launcher else None, started_t,
                                       detached)
@@ -256,23 +255,55 @@ def _still_going(verdict: bool | None, started_t: float | None,
     return "running", detail
 
 
-def _merge_summary(tasks: dict[str, TaskView], summary: dict[str, Any]) -> None:
-    """summary.json's final states win over the replay of events."""
-    for label, final in (summary.get("tasks") or {}).items():
+def _end_of(story: Story, summary: dict[str, Any] | None) -> dict[str, Any]:
+    """How the job ended, in summary.json's keys: as its `job_done` event says
+    it; summary.json fills in only what the events lack (a run written before
+    they said it, or a launcher that died before its `job_done`)."""
+    end = dict(summary or {})
+    done = story.ended
+    if done is not None:
+        end.update(status=done.status, wall_s=done.wall_s, restarts=done.restarts,
+                   stopped_by=done.stopped_by or end.get("stopped_by"),
+                   interrupted_by=done.interrupted_by or end.get("interrupted_by"),
+                   message=done.message or end.get("message") or "")
+    return end
+
+
+def _filled(story: Story, written: Any) -> list[dict[str, Any]]:
+    """The failures the events tell; summary.json's fill in what they lack (the
+    time on the host, the last lines, the traceback: an older events.jsonl did
+    not say them; a generation whose failure no event told)."""
+    by_generation = {f.get("generation"): f for f in written or [] if isinstance(f, dict)}
+    out = []
+    for failure in story.failure_list():
+        kept = by_generation.pop(failure["generation"], None)
+        if kept is not None and kept.get("task") == failure["task"]:
+            told = {k: v for k, v in failure.items() if v not in (None, [])}
+            if failure["generation"] in story.untimed:
+                told.pop("t", None)
+            failure = {**kept, **told}
+        out.append(failure)
+    return sorted(out + list(by_generation.values()), key=_generation)
+
+
+def _final_states(story: Story, summary: dict[str, Any] | None) -> None:
+    """The tasks as the job's end left them; summary.json adds only tasks no
+    event placed (a run directory without events.jsonl)."""
+    for view in story.tasks.values():
+        view.state = view.final_state
+    for label, final in ((summary or {}).get("tasks") or {}).items():
         host, _, name = label.partition("/")
-        view = tasks.get(name)
-        if view is None or view.host != host:
-            role, index = split_name(name)
-            view = tasks[name] = TaskView(label=label, host=host, role=role, index=index,
-                                          generation=0)
+        view = story.tasks.get(name)
+        if view is not None and view.host == host:
+            continue
+        role, index = split_name(name)
+        view = story.tasks[name] = TaskView(label=label, host=host, role=role, index=index,
+                                            generation=0)
         view.state = final.get("state", view.state)
-        view.exit_code = final.get("exit_code", view.exit_code)
-        view.signal = final.get("signal", view.signal)
-        view.pid = final.get("pid", view.pid)
-        progress = final.get("last_progress") or {}
-        if progress:
-            view.last_progress = progress
-            view.last_step = progress.get("step", view.last_step)
+        view.exit_code, view.signal = final.get("exit_code"), final.get("signal")
+        view.pid = final.get("pid")
+        view.last_progress = final.get("last_progress") or {}
+        view.last_step = view.last_progress.get("step")
 
 
 # ------------------------------------------------------------------- status

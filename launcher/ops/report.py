@@ -207,7 +207,7 @@ def _faults(report: Report, story: Story, summary: dict[str, Any] | None) -> lis
     described = {f.get("generation"): f for f in (summary or {}).get("failures") or []
                  if isinstance(f, dict)}
     faults = []
-    for number, (failure, cause) in enumerate(story.causes(), start=1):
+    for number, (failure, cause) in enumerate(story.faults(), start=1):
         generation = failure.generation
         label = task_label(cause.host, cause.task)
         if isinstance(cause, ev.RootCause):
