@@ -45,9 +45,10 @@ def root_cause(failure: Failure) -> ev.RootCause:
                         **_details(failure))
 
 
-def failure_detected(failure: Failure, task: str) -> ev.FailureDetected:
+def failure_detected(failure: Failure) -> ev.FailureDetected:
     """The event of a generation's first failure, with what the views show of it."""
-    return ev.FailureDetected(generation=failure.generation, task=task, host=failure.host,
+    return ev.FailureDetected(generation=failure.generation,
+                              task=failure.task.partition("/")[2], host=failure.host,
                               failure=failure.kind, reason=failure.reason, **_details(failure))
 
 

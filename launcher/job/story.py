@@ -40,6 +40,8 @@ JOB_STATES = ("starting", "running", "failing", "stopping", "waiting_for_host",
               "restarting", "succeeded", "failed", "interrupted")
 # Task states whose rate and silence no longer mean anything.
 OVER = ("succeeded", "failed", "stopped", "lost")
+# A straggler as summary.json lists it (job/radar.py names them so).
+_NAMED = ("generation", "task", "host", "slowdown", "evidence", "source", "action")
 _TASK_NAME = re.compile(r"^(chief|worker|ps|evaluator)(\d+)$")
 _MOVES = {ev.FailureDetected: "failing", ev.StopRequested: "stopping",
           ev.HostWait: "waiting_for_host", ev.HostLost: "failing", ev.Restart: "restarting"}
@@ -63,11 +65,13 @@ class TaskView:
     last_step: int | None = None
     last_progress: dict[str, Any] = field(default_factory=dict)
     last_progress_t: float | None = None
+    reported: dict[str, Any] = field(default_factory=dict)  # this generation's last report
     started_t: float | None = None  # this generation's start of it
     marks: list[tuple[float, float]] = field(default_factory=list)  # last two (t, step)
     log_path: Path | None = None  # set by the reader of a run directory
     lifetime: str = "job"  # "service": a task the launcher stops (ps)
     over: bool = False  # its program ended cleanly while the job ran (program_over)
+    start: str | None = None  # cold | warm (a standby took it: launcher/standby.py)
 
     @property
     def final_state(self) -> str:
@@ -123,6 +127,7 @@ class Story:
     straggler_events: list[ev.Event] = field(default_factory=list)  # every one, in order
     out_of_step: list[ev.OutOfStepAhead] = field(default_factory=list)
     tail_cuts: list[ev.TailCut] = field(default_factory=list)
+    keras_switched: ev.KerasSwitched | None = None
     ledger: Ledger = field(default_factory=Ledger)  # where the time went (job/goodput.py)
     given_goodput: dict[str, Any] | None = None  # a ledger told whole (a `goodput` event)
     metrics_url: str | None = None
@@ -276,6 +281,28 @@ class Story:
         failed = self.ended is not None and self.ended.status == "failed"
         return self.failure_list()[-1] if failed and self.causes else None
 
+    def summary(self) -> dict[str, Any]:
+        """summary.json of a finished job (its keys as states.RunResult.to_json
+        always wrote them): the story's end, failures, tasks, resumes, stragglers."""
+        done = self.ended or ev.JobDone(status="failed")
+        switched = self.keras_switched
+        return {
+            "status": done.status, "restarts": done.restarts, "wall_s": done.wall_s,
+            "root_cause": self.root_cause(), "message": done.message,
+            "stopped_by": done.stopped_by or None, "interrupted_by": done.interrupted_by,
+            "failures": self.failure_list(),
+            "tasks": {view.label: {
+                "host": view.host, "role": view.role, "index": view.index,
+                "generation": view.generation, "state": view.final_state,
+                "exit_code": view.exit_code, "signal": view.signal, "pid": view.pid,
+                "last_progress": view.reported, "start": view.start}
+                for view in self.tasks.values() if view.generation == self.generation},
+            **({"keras_switched": ev.fields_of(switched)} if switched is not None else {}),
+            "resumed": [ev.fields_of(e) for e in self.resumes],
+            "stragglers": [{k: v for k, v in ev.fields_of(e).items() if k in _NAMED}
+                           for e in self.straggler_events],
+        }
+
     def faults(self) -> list[tuple[ev.FailureDetected, ev.FailureDetected | ev.RootCause]]:
         """Each generation's first failure and its root cause (a later `root_cause`
         event names another task: a hang blamed on its peer)."""
@@ -311,16 +338,17 @@ _TELLERS: dict[type, Any] = {
     ev.ResumeBehind: lambda s, e: s.resume_behind.append(e),
     ev.OutOfStepAhead: lambda s, e: s.out_of_step.append(e),
     ev.TailCut: lambda s, e: s.tail_cuts.append(e),
+    ev.KerasSwitched: lambda s, e: setattr(s, "keras_switched", e),
 }
 
 
 def _on_task(view: TaskView, event: ev.Event) -> None:
     """What `event` tells of the task `view`: its data, then its state."""
     if isinstance(event, ev.TaskStarted):
-        view.pid, view.started_t = event.pid, event.t
+        view.pid, view.started_t, view.start = event.pid, event.t, event.start
     elif isinstance(event, ev.Progress):
         view.last_step = event.metrics.get("step", view.last_step)
-        view.last_progress = dict(event.metrics)
+        view.last_progress = view.reported = dict(event.metrics)
         view.last_progress_t = event.t
         _mark(view, event)
     elif isinstance(event, ev.TaskExited):

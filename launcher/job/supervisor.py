@@ -581,15 +581,15 @@ class Supervisor:
         """A failure of `record`. Its state moved by the event that told of it
         (an exit, a start failure, its host lost); a hung or aborting task is
         still running: it stays so until the teardown confirms its exit."""
-        failure = self._failure(gen, record, **details)
-        first = gen.failure is None
-        self._consider(gen, failure)  # the phase moves to FAILING
-        if first:
-            self._tell(failure_detected(failure, record.task.name))
+        self._consider(gen, self._failure(gen, record, **details))  # the phase: FAILING
 
     def _consider(self, gen: Generation, failure: Failure) -> None:
+        """Every generation's first failure is told, and each new root cause."""
+        first = gen.failure is None
         if gen.consider(failure):  # a new root cause, after an earlier one
             self._tell(root_cause(failure))
+        elif first:
+            self._tell(failure_detected(failure))
 
     def snapshot(self) -> list[TaskRow]:
         """The live status of every task of the current generation."""
