@@ -34,6 +34,7 @@ from ..spec.plan import task_label
 from . import events as ev
 from .goodput import Ledger
 from .states import TaskRow, TaskState, apply, reason_of, sentence
+from .timeline import JOB_ROW, Timeline, activity
 
 # The job's state as the views say it (the metrics: one of these is 1 at a time).
 JOB_STATES = ("starting", "running", "failing", "stopping", "waiting_for_host",
@@ -72,6 +73,12 @@ class TaskView:
     lifetime: str = "job"  # "service": a task the launcher stops (ps)
     over: bool = False  # its program ended cleanly while the job ran (program_over)
     start: str | None = None  # cold | warm (a standby took it: launcher/standby.py)
+    # What its timeline span says (job/timeline.py): its cluster (joining, joined),
+    # a report told in this generation, its generation's failure its own, its end told.
+    cluster: str = ""
+    trained: bool = False
+    failed: bool = False
+    gone: bool = False
 
     @property
     def final_state(self) -> str:
@@ -128,6 +135,8 @@ class Story:
     out_of_step: list[ev.OutOfStepAhead] = field(default_factory=list)
     tail_cuts: list[ev.TailCut] = field(default_factory=list)
     keras_switched: ev.KerasSwitched | None = None
+    timeline: Timeline = field(default_factory=Timeline)  # each task's activity over time
+    placed: dict[str, list[str]] = field(default_factory=dict)  # task -> hosts it ran on
     ledger: Ledger = field(default_factory=Ledger)  # where the time went (job/goodput.py)
     given_goodput: dict[str, Any] | None = None  # a ledger told whole (a `goodput` event)
     metrics_url: str | None = None
@@ -166,9 +175,14 @@ class Story:
             self.launch = event
         self.stragglers.clear()
         self.job_state = "starting"
+        self.timeline.switch(-1, JOB_ROW, None, event.t or 0.0)
         for placed in event.tasks:
             if not isinstance(placed, ev.Placed):
                 continue
+            hosts = self.placed.setdefault(placed.task, [])
+            hosts += [] if placed.host in hosts else [placed.host]
+            self.timeline.switch(event.generation, placed.task, "starting", event.t or 0.0,
+                                 placed.host)
             role, index = split_name(placed.task)
             previous = self.tasks.get(placed.task)
             view = TaskView(label=task_label(placed.host, placed.task), host=placed.host,
@@ -181,8 +195,15 @@ class Story:
 
     def _restart(self, event: ev.Restart) -> None:
         self.restarts = event.restarts or self.restarts + 1
+        failed = self.failures.get(event.generation - 1)
+        if failed is not None:  # the job's row: from the fault to the next launch
+            self.timeline.switch(-1, JOB_ROW, "restarting", failed.t or 0.0)
 
     def _failure(self, event: ev.FailureDetected) -> None:
+        if event.generation not in self.failures:
+            view = self.tasks.get(event.task)
+            if view is not None and view.generation == event.generation:
+                view.failed = True  # its span turns red (unless it has exited already)
         self.failures.setdefault(event.generation, event)
         if event.generation not in self.causes:
             self._cause(event)
@@ -246,9 +267,16 @@ class Story:
             views = list(self.tasks.values())
         else:
             return
+        t = event.t or 0.0
         for view in views:
-            if view.generation == generation:
-                _on_task(view, event)
+            if view.generation != generation:
+                continue
+            _on_task(view, event)
+            if isinstance(event, ev.TaskRestarted):  # it failed, and starts again at once
+                self.timeline.switch(generation, view.name, "failed", t)
+            self.timeline.switch(generation, view.name, activity(
+                view.state, gone=view.gone, failed=view.failed, stepped=view.trained,
+                cluster=view.cluster), t)
 
     def _move(self, event: ev.Event) -> None:
         state = _MOVES.get(type(event))
@@ -351,10 +379,18 @@ def _on_task(view: TaskView, event: ev.Event) -> None:
         view.last_progress = view.reported = dict(event.metrics)
         view.last_progress_t = event.t
         _mark(view, event)
+        view.trained = True
     elif isinstance(event, ev.TaskExited):
         view.exit_code, view.signal = event.exit_code, event.signal
     elif isinstance(event, ev.TaskRestarted):  # a parameter-server worker, restarted alone
         view.exit_code, view.signal = None, None
+        view.failed, view.trained, view.cluster, view.gone = False, False, "", False
+    elif isinstance(event, ev.Cluster):
+        view.cluster = "joining" if event.state == "joining" else "joined"
+    elif isinstance(event, ev.HostLost):
+        view.failed = view.failed or event.host == view.host
+    view.gone = view.gone or isinstance(event, ev.TaskExited | ev.TaskUnconfirmed
+                                        | ev.StartFailed)
     try:
         state = TaskState(view.state)
     except ValueError:

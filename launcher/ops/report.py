@@ -23,6 +23,7 @@ from typing import Any
 from ..job import events as ev
 from ..job.states import sentence
 from ..job.story import Story, failure_json, fold, steps_per_s
+from ..job.timeline import JOB_ROW
 from ..spec.plan import task_label
 from ..spec.rundir import CONFIG, EVENTS, SUMMARY
 from . import usage
@@ -31,7 +32,6 @@ from .svg import Mark, Span
 
 EXIT_OK, EXIT_USAGE = 0, 2
 REPORT = "report.html"  # the default output, in the run directory
-JOB_ROW = "job"  # the timeline's last row: the restarts between generations
 
 
 @dataclass
@@ -89,8 +89,8 @@ def build(run_dir: str | os.PathLike, now: float | None = None) -> Report:
         end = time.time() if now is None else now
     report = Report(view=view, t0=t0, duration_s=max(0.0, end - t0), summary=summary,
                     config=_read_config(run_dir / CONFIG))
-    _timeline(report, events)
     story = view.story if view.story is not None else fold(records)
+    _timeline(report, story)
     report.faults = _faults(report, story, summary)
     # Rates over windows of 1/20 of the run up to 2 s (1/300 of a long run):
     # smooth enough to read, a few hundred points at most.
@@ -109,93 +109,22 @@ def build(run_dir: str | os.PathLike, now: float | None = None) -> Report:
 # ------------------------------------------------------------------ timeline
 
 
-class _Spans:
-    """The open span of each (generation, task) and of the job's row."""
-
-    def __init__(self, t0: float) -> None:
-        self.t0 = t0
-        self.open: dict[tuple[int, str], tuple[str, float, str]] = {}  # -> state, start, host
-        self.done: list[tuple[str, float, float, str, str]] = []  # name, start, end, state, title
-
-    def switch(self, key: tuple[int, str], state: str | None, t: float,
-               host: str = "") -> None:
-        """Close `key`'s open span at t; open one in `state` (None: none)."""
-        previous = self.open.pop(key, None)
-        if previous is not None:
-            old, start, host = previous[0], previous[1], host or previous[2]
-            if old == state:
-                self.open[key] = previous
-                return
-            where = f" on {host}" if host else ""
-            title = f"{key[1]}{where}, generation {key[0]}: {old}, " \
-                    f"{start - self.t0:.1f}-{t - self.t0:.1f} s"
-            self.done.append((key[1], start - self.t0, t - self.t0, old, title))
-        if state is not None:
-            self.open[key] = (state, t, host)
-
-    def state(self, key: tuple[int, str]) -> str | None:
-        entry = self.open.get(key)
-        return entry[0] if entry else None
-
-    def of_generation(self, generation: int) -> list[tuple[int, str]]:
-        return [k for k in self.open if k[0] == generation and k[1] != JOB_ROW]
-
-
-def _timeline(report: Report, events: Sequence[ev.Event]) -> None:
-    restarted = {e.generation for e in events if isinstance(e, ev.Restart)}
-    spans = _Spans(report.t0)
-    hosts: dict[str, list[str]] = {}
-    failed_generations: set[int] = set()
-    for event in events:
-        t = event.t if event.t is not None else report.t0
-        if isinstance(event, ev.Launch):
-            spans.switch((-1, JOB_ROW), None, t)
-            for placed in event.tasks:
-                if isinstance(placed, ev.Placed):
-                    names = hosts.setdefault(placed.task, [])
-                    names += [] if placed.host in names else [placed.host]
-                    spans.switch((event.generation, placed.task), "starting", t, placed.host)
-        elif isinstance(event, ev.FailureDetected) \
-                and event.generation not in failed_generations:
-            failed_generations.add(event.generation)
-            if (event.generation, event.task) in spans.open:  # else it has exited already
-                spans.switch((event.generation, event.task), "failed", t)
-            if event.generation + 1 in restarted:
-                spans.switch((-1, JOB_ROW), "restarting", t)
-        else:
-            _task_moves(spans, event, t)
-    for key in list(spans.open):
-        spans.switch(key, None, report.t0 + report.duration_s)
-    report.rows = [*hosts, JOB_ROW]
-    report.row_labels = [f"{name} ({', '.join(on)})" for name, on in hosts.items()]
+def _timeline(report: Report, story: Story) -> None:
+    """The story's spans (launcher/job/timeline.py) as the chart's rows: each
+    task's activity by generation, then the job's restarts."""
+    report.rows = [*story.placed, JOB_ROW]
+    report.row_labels = [f"{name} ({', '.join(on)})" for name, on in story.placed.items()]
     report.row_labels.append("job (restarts)")
     row = {name: i for i, name in enumerate(report.rows)}
-    report.spans = [Span(row=row[name], start=start, end=end, state=state, title=title)
-                    for name, start, end, state, title in spans.done if name in row]
-
-
-def _task_moves(spans: _Spans, event: ev.Event, t: float) -> None:
-    """How `event` moves the spans of its task (or of its generation's tasks)."""
-    if isinstance(event, ev.TaskEvent):
-        key = (event.generation, event.task)
-        state = spans.state(key)
-        if isinstance(event, ev.Cluster) and state in ("starting", "joining"):
-            spans.switch(key, "joining" if event.state == "joining" else "training", t)
-        elif isinstance(event, ev.Progress) and state in ("starting", "joining"):
-            spans.switch(key, "training", t)
-        elif isinstance(event, ev.TaskRestarted):
-            spans.switch(key, "failed", t)
-            spans.switch(key, "starting", t)
-        elif isinstance(event, ev.TaskExited | ev.TaskUnconfirmed | ev.StartFailed):
-            spans.switch(key, None, t)
-    elif isinstance(event, ev.TeardownBegun):
-        for key in spans.of_generation(event.generation):
-            if spans.state(key) != "failed":
-                spans.switch(key, "stopping", t)
-    elif isinstance(event, ev.HostLost):
-        for key in spans.of_generation(event.generation):
-            if spans.open[key][2] == event.host:
-                spans.switch(key, "failed", t)
+    t0 = report.t0
+    for span in story.timeline.spans(t0 + report.duration_s):
+        if span.task not in row:
+            continue
+        where = f" on {span.host}" if span.host else ""
+        title = f"{span.task}{where}, generation {span.generation}: {span.activity}, " \
+                f"{span.start - t0:.1f}-{span.end - t0:.1f} s"
+        report.spans.append(Span(row=row[span.task], start=span.start - t0,
+                                 end=span.end - t0, state=span.activity, title=title))
 
 
 # -------------------------------------------------------------------- faults
