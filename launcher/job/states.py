@@ -66,12 +66,13 @@ TRANSITIONS: dict[TaskState, frozenset[TaskState]] = {
 
 def apply(state: TaskState, event: ev.Event, *, host: str, lifetime: str = "job") -> TaskState:
     """A task's state after `event`: the one state machine, followed by the
-    supervisor as it decides and by `status` as it replays events.jsonl.
+    supervisor as it decides and by the run's model as it folds the events
+    (launcher/job/story.py: `status`, the report, the metrics, summary.json).
 
     `event` is one of this task's events (the caller matches the task's name
     and generation), or an event of its whole generation or host. A state the
     event does not move is returned as it is; whether the move is legal is
-    the caller's to check (`TaskRecord.move`): a replay takes what was written.
+    the caller's to check (`TaskRecord.move`): the fold takes what was written.
     """
     if isinstance(event, ev.TaskStarted) and state in (TaskState.PENDING, TaskState.STARTING):
         return TaskState.RUNNING
