@@ -327,9 +327,13 @@ class Story:
                 for view in self.tasks.values() if view.generation == self.generation},
             **({"keras_switched": ev.fields_of(switched)} if switched is not None else {}),
             "resumed": [ev.fields_of(e) for e in self.resumes],
-            "stragglers": [{k: v for k, v in ev.fields_of(e).items() if k in _NAMED}
-                           for e in self.straggler_events],
+            "stragglers": self.named(),
         }
+
+    def named(self) -> list[dict[str, Any]]:
+        """Every straggler named, as summary.json lists them (job/radar.py's `named`)."""
+        return [{k: v for k, v in {**e.extra, **ev.fields_of(e)}.items() if k in _NAMED}
+                for e in self.straggler_events]
 
     def faults(self) -> list[tuple[ev.FailureDetected, ev.FailureDetected | ev.RootCause]]:
         """Each generation's first failure and its root cause (a later `root_cause`

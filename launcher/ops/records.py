@@ -57,6 +57,8 @@ class RunView:
     resume_behind: tuple[str, ...] = ()  # a task resumed behind the last save (job/resumes.py)
     metrics_url: str | None = None  # where its metrics are served (a metrics_served event)
     story: Story | None = None  # the events folded (launcher/job/story.py)
+    events: list[dict[str, Any]] | None = None  # events.jsonl's lines, as read
+    summary: dict[str, Any] | None = None  # summary.json, as read
 
     @property
     def finished(self) -> bool:
@@ -212,7 +214,7 @@ def load_run(run_dir: str | os.PathLike,
         last_event_t=events[-1].get("t") if events else None,
         goodput=_goodput_of(summary, story, events, status, now),
         stragglers=_said(story.straggler_events), resume_behind=_said(story.resume_behind),
-        metrics_url=story.metrics_url, story=story,
+        metrics_url=story.metrics_url, story=story, events=events, summary=summary,
     )
 
 
@@ -396,7 +398,8 @@ _PART_WORDS = (("training", "training"), ("startup", "start-up"), ("recovery", "
 
 def _goodput_of(summary: dict[str, Any] | None, story: Story, events: list[dict[str, Any]],
                 status: str, now: float | None = None) -> dict[str, Any] | None:
-    """summary.json's ledger; for a run still going, the story's up to now. A run
+    """summary.json's ledger (the launch wrote it from the story of events.jsonl:
+    the same ledger); for a run still going, the story's up to now. A run
     written before the ledger (events of schema 1, or a summary without
     `goodput`) has none: it lacks what the ledger reads."""
     if summary is not None:

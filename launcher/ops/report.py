@@ -21,13 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from ..job import events as ev
-from ..job.states import sentence
 from ..job.story import Story, failure_json, fold, steps_per_s
 from ..job.timeline import JOB_ROW
 from ..spec.plan import task_label
-from ..spec.rundir import CONFIG, EVENTS, SUMMARY
+from ..spec.rundir import CONFIG
 from . import usage
-from .records import RunDirError, RunView, _read_config, _read_json, load_run, read_events
+from .records import RunDirError, RunView, _read_config, load_run
 from .svg import Mark, Span
 
 EXIT_OK, EXIT_USAGE = 0, 2
@@ -77,8 +76,7 @@ def build(run_dir: str | os.PathLike, now: float | None = None) -> Report:
     """The report of the run in `run_dir` (raises RunDirError when it is none)."""
     run_dir = Path(run_dir)
     view = load_run(run_dir, now=now)
-    records = read_events(run_dir / EVENTS)
-    summary = _read_json(run_dir / SUMMARY)
+    records, summary = view.events or [], view.summary
     events = [ev.from_record(r) for r in records]
     times = [e.t for e in events if e.t is not None]
     t0 = min(times) if times else (view.started_t or time.time())
@@ -91,7 +89,7 @@ def build(run_dir: str | os.PathLike, now: float | None = None) -> Report:
                     config=_read_config(run_dir / CONFIG))
     story = view.story if view.story is not None else fold(records)
     _timeline(report, story)
-    report.faults = _faults(report, story, summary)
+    report.faults = _faults(report, story)
     # Rates over windows of 1/20 of the run up to 2 s (1/300 of a long run):
     # smooth enough to read, a few hundred points at most.
     gap = max(report.duration_s / 300, min(2.0, report.duration_s / 20))
@@ -130,23 +128,19 @@ def _timeline(report: Report, story: Story) -> None:
 # -------------------------------------------------------------------- faults
 
 
-def _faults(report: Report, story: Story, summary: dict[str, Any] | None) -> list[Fault]:
+def _faults(report: Report, story: Story) -> list[Fault]:
     """The first failure of each generation, blamed on its root cause: a later
-    `root_cause` event wins over the first failure (a hang blamed on its peer)."""
-    described = {f.get("generation"): f for f in (summary or {}).get("failures") or []
-                 if isinstance(f, dict)}
+    `root_cause` event wins over the first failure (a hang blamed on its peer),
+    said as `status` says it."""
+    described = {f.get("generation"): f for f in report.view.failures}
     faults = []
     for number, (failure, cause) in enumerate(story.faults(), start=1):
         generation = failure.generation
         label = task_label(cause.host, cause.task)
-        if isinstance(cause, ev.RootCause):
-            text = sentence(label, cause.host, generation, cause.reason)
-        else:
-            text = str((described.get(generation) or failure_json(failure))
-                       .get("description") or label)
+        text = (described.get(generation) or failure_json(cause)).get("description") or label
         faults.append(Fault(number=number, generation=generation, task=label,
                             name=cause.task, t=(failure.t or report.t0) - report.t0,
-                            kind=cause.failure, description=text,
+                            kind=cause.failure, description=str(text),
                             blamed_later=isinstance(cause, ev.RootCause)))
     return faults
 
@@ -197,15 +191,12 @@ def _number(value: Any) -> bool:
 
 def _stragglers(story: Story, records: Sequence[dict[str, Any]],
                 summary: dict[str, Any] | None) -> list[dict[str, Any]] | None:
-    """summary.json's stragglers, else the `straggler` events (of a run still
-    going, or whose launcher died); None: not recorded (a summary without
-    them, or events written before the radar existed)."""
-    if summary is not None and isinstance(summary.get("stragglers"), list):
-        return [s for s in summary["stragglers"] if isinstance(s, dict)]
-    found = [{"t": e.t, "event": "straggler", **e.extra, **ev.fields_of(e)}
-             for e in story.straggler_events]
-    return found if found or (summary is None and any(ev.version(r) >= 2 for r in records)) \
-        else None
+    """The stragglers the story names; None: not recorded (events written before
+    the radar existed, or a summary written without them)."""
+    if not any(ev.version(r) >= 2 for r in records) or \
+            (summary is not None and not isinstance(summary.get("stragglers"), list)):
+        return None
+    return story.named()
 
 
 def _hosts(config: dict[str, Any], events: Sequence[ev.Event],
