@@ -9,7 +9,7 @@ and exit codes:
 
 The terminal never decides the job's fate: SIGHUP and a closed stdout (EPIPE)
 only make the printer stop writing; the job runs on, the run directory gets
-everything and the exit code is the job's. `--detach` (launcher/ops/control.py)
+everything and the exit code is the job's. `--detach` (launcher/commands/control.py)
 runs the same command in the background.
 
 The launch itself (hosts, agents, plan, supervisor, summary) is
@@ -31,14 +31,12 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from . import __version__
+from .commands import control, prereqs, usage
+from .commands.usage import say, shown
 from .job.classify import signal_name
 from .job.launch import Job, Launch, LaunchRefused
 from .job.reach import Connected
 from .job.states import Failure, RunResult
-from .ops import control, outlets, prereqs, usage
-from .ops.live import format_duration
-from .ops.printer import Printer
-from .ops.usage import say, shown
 from .spec import planview, rundir
 from .spec.addresses import AddressError
 from .spec.allocation import SlurmError, read_allocation, slurm_config, with_allocation
@@ -46,19 +44,22 @@ from .spec.config import ConfigError, LoadedConfig, load_config, local_config
 from .spec.plan import Plan, PlanError, resolve_script
 from .transport import Transport, TransportError
 from .transport.factory import make_transport, quiet_paramiko_logs
+from .views import outlets
+from .views.live import format_duration
+from .views.printer import Printer
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 # Subcommand -> module with `main(argv) -> int`, imported only when used.
 SUBCOMMANDS = {
-    "check": "launcher.ops.check",        # check a cluster before a run
-    "simulate": "launcher.ops.sshsim",    # start simulated SSH hosts on loopback
-    "status": "launcher.ops.records",     # read a run directory
-    "logs": "launcher.ops.records",
-    "export": "launcher.ops.export",      # Slurm / Kubernetes TFJob
-    "stop": "launcher.ops.control",       # stop a running (e.g. detached) job
-    "report": "launcher.ops.report",      # a run as one self-contained HTML file
-    "profile": "launcher.ops.profile",    # trace every task of a running job at once
-    "drill": "launcher.ops.drill",        # inject faults: will the script survive them?
+    "check": "launcher.commands.check",    # check a cluster before a run
+    "simulate": "launcher.tools.sshsim",   # start simulated SSH hosts on loopback
+    "status": "launcher.commands.status",  # read a run directory
+    "logs": "launcher.commands.status",
+    "export": "launcher.tools.export",     # Slurm / Kubernetes TFJob
+    "stop": "launcher.commands.control",   # stop a running (e.g. detached) job
+    "report": "launcher.commands.report",  # a run as one self-contained HTML file
+    "profile": "launcher.commands.profile",  # trace every task of a running job at once
+    "drill": "launcher.commands.drill",    # inject faults: will the script survive them?
 }
 
 USAGE = """\

@@ -125,7 +125,7 @@ RULES = (
          "exit codes"),
     Rule("the launch is below the cli", ("launcher.job.launch", "launcher.job.reach",
                                          "launcher.transport.factory"),
-         forbidden=("launcher.ops", "launcher.cli"),
+         forbidden=("launcher.views", "launcher.commands", "launcher.cli"),
          reason="a launch returns values or raises (RunResult, Outcome, LaunchRefused); it "
          "speaks through the Voice it is handed, and only the cli prints, owns the signals "
          "and turns outcomes into exit codes"),
@@ -133,70 +133,72 @@ RULES = (
          forbidden=("launcher.job.supervisor", "launcher.job.launch"),
          reason="`check` reaches the hosts through the launch's own steps (addresses, "
          "plan, connect, hellos) and must never start a job"),
-    Rule("check's probes are text", ("launcher.ops.check_scripts",), allowed=(),
+    Rule("check's probes are text", ("launcher.commands.check_scripts",), allowed=(),
          reason="the scripts `check` runs on the hosts with their Python: standard "
          "library only, nothing of the launcher side is there"),
-    Rule("check never trains", ("launcher.ops.check", "launcher.ops.check_collective"),
+    Rule("check never trains", ("launcher.commands.check", "launcher.job.check_collective"),
          forbidden=("launcher.job.supervisor",),
          reason="`mgpu-launch check` talks to the agents directly and never starts a job"),
-    Rule("export is offline", ("launcher.ops.export",),
+    Rule("export is offline", ("launcher.tools.export",),
          forbidden=("launcher.job.supervisor", "launcher.transport", "launcher.cli"),
          reason="export translates the cluster file into a Slurm script or a TFJob "
          "without reaching any host"),
     Rule("the story is values", ("launcher.job.events",),
-         forbidden=("launcher.job.supervisor", "launcher.transport", "launcher.ops",
-                    "launcher.cli"),
+         forbidden=("launcher.job.supervisor", "launcher.transport", "launcher.views",
+                    "launcher.commands", "launcher.cli"),
          reason="every view reads the events; the events know none of them"),
     Rule("the goodput ledger is a function of the story", ("launcher.job.goodput",),
-         forbidden=("launcher.job.supervisor", "launcher.transport", "launcher.ops",
-                    "launcher.cli"),
+         forbidden=("launcher.job.supervisor", "launcher.transport", "launcher.views",
+                    "launcher.commands", "launcher.cli"),
          reason="summary.json and status compute the ledger from the same events"),
-    Rule("the run's model is a fold of the story", ("launcher.job.story",),
+    Rule("the run's model is a fold of the story", ("launcher.job.story", "launcher.job.timeline"),
          forbidden=("launcher.job.supervisor", "launcher.job.launch", "launcher.transport",
-                    "launcher.ops", "launcher.cli"),
+                    "launcher.views", "launcher.commands", "launcher.cli"),
          reason="every view renders the one model folded from the events; summary.json is "
          "written by the launch (job floor), so the fold sits on that floor, below the views"),
-    Rule("words come from events", ("launcher.ops.narrate",),
+    Rule("words come from events", ("launcher.views.narrate",),
          forbidden=("launcher.job.supervisor", "launcher.transport", "launcher.cli"),
          reason="a line is an event in words, nothing more"),
-    Rule("records are read-only", ("launcher.ops.records", "launcher.ops.logs"),
+    Rule("records are read-only", ("launcher.views.records", "launcher.commands.status",
+                                   "launcher.commands.logs"),
          forbidden=("launcher.job.supervisor", "launcher.transport", "launcher.cli"),
          reason="a run directory is data: `status` and `logs` read it without a launcher"),
-    Rule("the report is read-only", ("launcher.ops.report", "launcher.ops.report_html"),
+    Rule("the report is read-only", ("launcher.views.report", "launcher.views.report_html",
+                                     "launcher.commands.report"),
          forbidden=("launcher.job.supervisor", "launcher.transport", "launcher.cli"),
          reason="`mgpu-launch report` reads a run directory, finished or still going, "
          "without a launcher, and writes one file"),
-    Rule("charts are pure", ("launcher.ops.svg",), allowed=(),
+    Rule("charts are pure", ("launcher.views.svg",), allowed=(),
          reason="the report's charts are functions from values to SVG text"),
-    Rule("the live view only reads rows", ("launcher.ops.live",),
+    Rule("the live view only reads rows", ("launcher.views.live",),
          forbidden=("launcher.job.supervisor", "launcher.cli", "launcher.transport"),
          reason="live.render is pure over TaskRow snapshots; the supervisor drives it"),
-    Rule("the printer is below the supervisor", ("launcher.ops.printer",),
+    Rule("the printer is below the supervisor", ("launcher.views.printer",),
          forbidden=("launcher.job.supervisor", "launcher.cli"),
          reason="the supervisor thread owns the printer, not the other way round"),
-    Rule("simulated hosts stand alone", ("launcher.ops.sshsim",),
+    Rule("simulated hosts stand alone", ("launcher.tools.sshsim",),
          forbidden=("launcher.transport", "launcher.job.supervisor", "launcher.cli"),
          reason="`simulate` is also the SSH tests' fixture: it must not depend on the "
          "transport it is used to test"),
     Rule("views beside the terminal only read the story",
-         ("launcher.ops.metrics", "launcher.ops.notify",
-          "launcher.ops.status_watch"),
+         ("launcher.views.metrics", "launcher.views.notify", "launcher.views.status_watch"),
          forbidden=("launcher.job.supervisor", "launcher.transport", "launcher.cli"),
          reason="metrics, notifications and `status --watch` are told the events (or read "
          "events.jsonl): they never drive the job, and `--watch` needs no launcher"),
-    Rule("drill verdicts are values", ("launcher.ops.drill_report",),
+    Rule("drill verdicts are values", ("launcher.views.drill_report",),
          forbidden=("launcher.job.supervisor", "launcher.transport", "launcher.cli"),
          reason="the drill's verdicts, checkpoint interval and report are pure over what "
          "it observed: tested without a job"),
-    Rule("run control is beside the supervisor", ("launcher.ops.control",), optional=True,
+    Rule("run control is beside the supervisor", ("launcher.commands.control",), optional=True,
          forbidden=("launcher.job.supervisor", "launcher.transport", "launcher.cli"),
          reason="`--detach` and `stop RUN_DIR` signal a launcher process and read its run "
          "directory; they never drive a job themselves"),
     Rule("traces are asked beside the supervisor", ("launcher.job.profiling",),
-         forbidden=("launcher.job.supervisor", "launcher.ops", "launcher.cli"),
+         forbidden=("launcher.job.supervisor", "launcher.views", "launcher.commands",
+                    "launcher.cli"),
          reason="the supervisor drives a capture from its thread (and the straggler radar "
          "may too); a capture asks the agents through the links it is handed"),
-    Rule("profile asks through the run directory", ("launcher.ops.profile",),
+    Rule("profile asks through the run directory", ("launcher.commands.profile",),
          forbidden=("launcher.job.supervisor", "launcher.transport", "launcher.cli"),
          reason="`mgpu-launch profile RUN_DIR` leaves a request in the run directory for the "
          "running launcher and reads its answer there; it never reaches a host itself"),
@@ -228,8 +230,13 @@ FLOORS = (
     Floor("transport", ("launcher.transport",), "how the launcher reaches one agent per host"),
     Floor("job", ("launcher.job",), "a job's supervision: the launch, the decisions, the "
           "events of its story"),
-    Floor("ops", ("launcher.ops",), "the operator's views and commands, each a reader of "
-          "what the floors below decide"),
+    Floor("views", ("launcher.views",), "pure renderings of the run for the operator's "
+          "outlets (terminal, status, report, metrics, notifications), each a reader of what "
+          "the floors below decide"),
+    Floor("commands", ("launcher.commands",), "the command entry points (argv -> one call "
+          "-> text -> exit code) and what only a command uses"),
+    Floor("tools", ("launcher.tools",), "what is not the launch path: simulated SSH hosts, "
+          "the exports to Slurm and Kubernetes, each with its own command"),
     Floor("cli", ("launcher.cli", "launcher.__main__"), "argument parsing, text and exit codes"),
 )
 FLOORS_DESIGN = "docs/design.md, section \"Packages in flow order\""
@@ -502,17 +509,17 @@ def test_an_import_up_a_floor_is_caught(tmp_path):
     root = _fake_repo(tmp_path, {
         "launcher/__init__.py": "",
         "launcher/job/__init__.py": "",
-        "launcher/job/supervisor.py": "def f():\n    from ..ops.printer import Printer\n",
-        "launcher/ops/__init__.py": "",
-        "launcher/ops/printer.py": "from ..job.supervisor import f\n",
+        "launcher/job/supervisor.py": "def f():\n    from ..views.printer import Printer\n",
+        "launcher/views/__init__.py": "",
+        "launcher/views/printer.py": "from ..job.supervisor import f\n",
     })
     problems = floor_violations(root)
     assert problems["job"] == [
-        "launcher/job/supervisor.py:2: launcher.job.supervisor (job) imports launcher.ops "
-        "(ops, a floor above) (from ..ops.printer import Printer)",
+        "launcher/job/supervisor.py:2: launcher.job.supervisor (job) imports launcher.views "
+        "(views, a floor above) (from ..views.printer import Printer)",
         "launcher/job/supervisor.py:2: launcher.job.supervisor (job) imports "
-        "launcher.ops.printer (ops, a floor above) (from ..ops.printer import Printer)"]
-    assert problems["ops"] == []  # downward is fine
+        "launcher.views.printer (views, a floor above) (from ..views.printer import Printer)"]
+    assert problems["views"] == []  # downward is fine
 
 
 def test_the_wiring_rule_names_every_part_of_the_agent():

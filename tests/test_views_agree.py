@@ -25,9 +25,10 @@ from pathlib import Path
 
 import pytest
 
+from launcher.commands import status
 from launcher.job import goodput
-from launcher.ops import records, report, status_watch
-from launcher.ops.report_html import render
+from launcher.views import report, status_watch
+from launcher.views.report_html import render
 
 TASKS = [{"task": "worker0", "host": "host0"}, {"task": "worker1", "host": "host1"}]
 
@@ -61,9 +62,9 @@ def _training(t0: float, first: float, last: float, every: float = 10.0) -> list
 
 def _views(run: Path, capsys, monkeypatch) -> dict:
     """What each view says of `run`."""
-    assert records.main(["status", str(run)]) == 0
+    assert status.main(["status", str(run)]) == 0
     text = capsys.readouterr().out
-    assert records.main(["status", str(run), "--json"]) == 0
+    assert status.main(["status", str(run), "--json"]) == 0
     as_json = json.loads(capsys.readouterr().out)
     monkeypatch.setattr(status_watch, "ALIVE_EVERY_S", 0.1)
     screen = io.StringIO()
@@ -221,8 +222,8 @@ def test_one_story_with_a_kill_a_restart_a_straggler_and_a_stop_is_the_same_ever
 
     from launcher.job import events as ev
     from launcher.job import story
-    from launcher.ops import live, narrate
-    from launcher.ops.metrics import JobMetrics
+    from launcher.views import live, narrate
+    from launcher.views.metrics import JobMetrics
 
     t0 = time.time() - 100
     lines = _story_with_a_kill_a_restart_a_straggler_and_a_stop(t0)

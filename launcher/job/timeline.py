@@ -1,5 +1,5 @@
 """Each task's activity over time, by generation, and the job's restarts: the
-spans the report's timeline draws (launcher/ops/report.py), kept by the run's
+spans the report's timeline draws (launcher/views/report.py), kept by the run's
 model (launcher/job/story.py) as it folds the events.
 
 A task's activity is a function of what the model knows of it

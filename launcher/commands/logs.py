@@ -15,8 +15,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ..spec.rundir import EVENTS, LOGS, SUMMARY
-from . import usage
-from .records import (
+from ..views.records import (
     EXIT_OK,
     EXIT_USAGE,
     RunDirError,
@@ -25,6 +24,7 @@ from .records import (
     load_run,
     read_events,
 )
+from . import usage
 
 # How often `logs -f` looks for new lines and for summary.json.
 FOLLOW_POLL_S = 0.2

@@ -6,9 +6,9 @@
 
 Runs the job as a launch does (launcher/job/launch.py), listens to its typed
 events and, once it has saved a checkpoint, injects faults one after another
-(launcher/ops/drill_faults.py): a worker killed, a preemption (SIGTERM with
+(launcher/commands/drill_faults.py): a worker killed, a preemption (SIGTERM with
 the configured grace), a hang (SIGSTOP) and, on SSH hosts, a whole host lost.
-Each is judged (launcher/ops/drill_report.py); RUN_DIR/drill.json gets the
+Each is judged (launcher/views/drill_report.py); RUN_DIR/drill.json gets the
 verdicts, the checkpoint cost and the recommended interval; a table goes to
 stdout. A job that finishes before every fault was injected, or finishes its
 training during one, is started again (RUN_DIR/job2, ...) for the rest.
@@ -36,10 +36,10 @@ from ..spec.config import ConfigError, LoadedConfig, load_config, local_config
 from ..spec.plan import PlanError, resolve_script
 from ..transport import TransportError
 from ..transport.factory import make_transport, quiet_paramiko_logs
+from ..views.drill_report import DEFAULT_MTBF_HOURS, FAULTS, Observed, judge, render, report
+from ..views.printer import Printer
 from . import control, prereqs, usage
 from .drill_faults import Injector, Story
-from .drill_report import DEFAULT_MTBF_HOURS, FAULTS, Observed, judge, render, report
-from .printer import Printer
 from .usage import say
 
 EXIT_PASSED, EXIT_FAILED, EXIT_USAGE = 0, 1, 2

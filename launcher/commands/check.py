@@ -7,7 +7,7 @@ between hosts flagged; the planned ports free (each host briefly listens on
 its own); every host able to reach every task's TF_CONFIG address and port;
 the checkpoint directory shared (a nonce written from one host, read on the
 others) and its free space; GPUs visible; then a tiny collective across every
-task on the job's own plan (launcher/ops/check_collective.py; `--no-collective`
+task on the job's own plan (launcher/job/check_collective.py; `--no-collective`
 skips it). Prints one row per host, one line per task of the collective, the
 problems host by host, and a verdict. Exit 0 only when the run would start, 2
 otherwise.
@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import firewall
+from ..job import check_collective
+from ..job.check_collective import CollectiveReport, task_addresses
 from ..job.reach import Reach
 from ..spec.allocation import SlurmError, read_allocation, slurm_config, with_allocation
 from ..spec.config import ConfigError, LoadedConfig, keras_backend, load_config, local_config
@@ -42,8 +44,7 @@ from ..spec.plan import HostTarget, Plan, PlanError
 from ..strategy import ON_JAX
 from ..transport import AgentLink, AgentMessage, Transport
 from ..transport.factory import make_transport
-from . import check_collective, check_json, script_dirs, usage
-from .check_collective import CollectiveReport, task_addresses
+from . import check_json, script_dirs, usage
 from .check_scripts import LISTEN, PROBE, READ_NONCE, REMOVE, UNLINK, WRITE_NONCE
 
 EXIT_READY, EXIT_NOT_READY = 0, 2

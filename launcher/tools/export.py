@@ -25,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from ..commands import usage
 from ..spec.allocation import NODE_BY_POSITION, Allocation, with_allocation
 from ..spec.config import ConfigError, LoadedConfig, load_config
 from ..spec.plan import (
@@ -38,7 +39,6 @@ from ..spec.plan import (
 )
 from ..spec.redact import looks_secret
 from ..strategy import Strategy
-from . import usage
 
 EXIT_OK, EXIT_USAGE = 0, 2
 DEFAULT_IMAGE = "mgpu-launch-worker:latest"  # built from docker/Dockerfile (README.md, Docker)

@@ -40,8 +40,8 @@ from ..spec.rundir import (
     SUMMARY,
     RunRecorder,
 )
+from ..views.records import read_events, read_launcher_pid
 from . import usage
-from .records import read_events, read_launcher_pid
 from .usage import say
 
 EXIT_OK, EXIT_NOT_STOPPED, EXIT_USAGE = 0, 1, 2

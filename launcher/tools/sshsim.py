@@ -33,7 +33,7 @@ import yaml
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from . import usage
+from ..commands import usage
 
 DEFAULT_SSHD = "/usr/sbin/sshd"  # MGPU_SSHD names another (read when a host starts)
 PRIVSEP_DIR = "/run/sshd"

@@ -1,10 +1,11 @@
-"""`mgpu-launch status RUN_DIR` (and the entry of `mgpu-launch logs`,
-launcher/ops/logs.py): read a run directory.
+"""A run directory read (for `mgpu-launch status`, `logs` and `report`,
+launcher/commands/): what the launcher wrote, as a `RunView`.
 
 Owns reading what the launcher wrote (`config.yaml`, `events.jsonl`, `logs/`,
 `summary.json`) into a `RunView` and printing it. Works on a finished run and
-on one still going: without `summary.json` the state of each task is replayed
-from `events.jsonl`.
+on one still going: the run is the model folded from `events.jsonl`
+(launcher/job/story.py); `summary.json` says the run ended, and fills in only
+what an older `events.jsonl` did not say.
 
 Read-only: never writes into the run directory. Must not import supervisor,
 transport or cli (a run directory is data; reading it needs none of them).
@@ -15,19 +16,18 @@ from __future__ import annotations
 import json
 import os
 import socket
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import yaml
 
 from ..job.events import version as ev_version
 from ..job.story import Story, TaskView, fold, split_name
 from ..spec.rundir import CONFIG, EVENTS, LAUNCHER_OUT, LAUNCHER_PID, LOGS, SUMMARY, log_file_name
-from . import narrate, usage
+from . import narrate
 
 EXIT_OK, EXIT_USAGE = 0, 2
 
@@ -219,7 +219,7 @@ def load_run(run_dir: str | os.PathLike,
 
 
 def _said(events: Sequence[Any]) -> tuple[str, ...]:
-    """The events in the terminal's words (launcher/ops/narrate.py)."""
+    """The events in the terminal's words (launcher/views/narrate.py)."""
     return tuple(said[1] for e in events if (said := narrate.line(e)) is not None)
 
 
@@ -429,54 +429,3 @@ def _duration(seconds: float) -> str:
     if seconds < 48 * 3600:
         return f"{seconds / 3600:.1f} h"
     return f"{seconds / 86400:.1f} d"
-
-
-def _status_main(argv: list[str], out: TextIO) -> int:
-    parser = usage.Parser(prog="mgpu-launch status",
-                                     description="Show the state of a run (finished or not).")
-    parser.add_argument("run_dir", metavar="RUN_DIR")
-    parser.add_argument("--json", action="store_true", help="print JSON")
-    parser.add_argument("--watch", action="store_true",
-                        help="redraw the live table until the job ends (a detached or "
-                        "remote-started job); exit 0 if it succeeded, else 1")
-    args = parser.parse_args(argv)
-    if args.watch and args.json:
-        parser.error("--watch and --json exclude each other")
-    try:
-        if args.watch:
-            from .status_watch import watch  # it reads this module
-
-            return watch(Path(args.run_dir), out)
-        view = load_run(args.run_dir)
-    except RunDirError as exc:
-        print(f"mgpu-launch status: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    if args.json:
-        out.write(json.dumps(view.to_json(), indent=2, default=str) + "\n")
-    else:
-        out.write(render_status(view) + "\n")
-    return EXIT_OK
-
-
-# --------------------------------------------------------------------- entry
-
-
-def main(argv: Sequence[str]) -> int:
-    """`argv[0]` is `status` or `logs` (as dispatched by the CLI)."""
-    argv = list(argv)
-    if not argv or argv[0] not in ("status", "logs"):
-        print("usage: mgpu-launch status RUN_DIR [--json | --watch] | "
-              "mgpu-launch logs RUN_DIR [TASK] [-f] [-n N]", file=sys.stderr)
-        return EXIT_USAGE
-    try:
-        if argv[0] == "status":
-            return _status_main(argv[1:], sys.stdout)
-        from .logs import logs_main  # it reads this module
-
-        return logs_main(argv[1:], sys.stdout)
-    except BrokenPipeError:  # `mgpu-launch logs RUN | head`
-        try:
-            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - keep Python's exit flush quiet
-        except OSError:
-            pass
-        return EXIT_OK

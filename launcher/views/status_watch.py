@@ -6,7 +6,7 @@ It reads events.jsonl as it grows (only the new bytes, every `POLL_S`), folds it
 into the run's model (`launcher.job.story.Story`: the supervisor's own task
 state machine, the goodput ledger) and draws it with the launch's own view:
 `live.LiveScreen` on a terminal (the launcher's notices scrolling above the
-table, in launcher/ops/narrate.py's words), on anything else (or a terminal that
+table, in launcher/views/narrate.py's words), on anything else (or a terminal that
 reports a size of 0) a plain line per notice and per task state change. It ends
 when summary.json appears (then prints `status`), or when the launcher is known
 to be gone without one. Exit code: 0 the job succeeded, 1 it did not (failed,

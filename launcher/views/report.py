@@ -13,7 +13,6 @@ default RUN_DIR/report.html). Must not import supervisor, transport or cli.
 from __future__ import annotations
 
 import os
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -25,8 +24,7 @@ from ..job.story import Story, failure_json, fold, steps_per_s
 from ..job.timeline import JOB_ROW
 from ..spec.plan import task_label
 from ..spec.rundir import CONFIG
-from . import usage
-from .records import RunDirError, RunView, _read_config, load_run
+from .records import RunView, _read_config, load_run
 from .svg import Mark, Span
 
 EXIT_OK, EXIT_USAGE = 0, 2
@@ -224,49 +222,3 @@ def _hosts(config: dict[str, Any], events: Sequence[ev.Event],
         rows.append({"address": None, "roles": "", "spare": False, "tasks": tasks,
                      **facts.get(name, {}), "host": name})
     return rows, bool(facts)
-
-
-# ---------------------------------------------------------------------- main
-
-
-def _write_private(path: Path, text: str) -> None:
-    """Write `path` whole (a reader never sees half a report), readable by the
-    user only: it holds what the run's logs hold."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
-def main(argv: Sequence[str]) -> int:
-    """`argv[0]` is `report` (as dispatched by the CLI)."""
-    from .report_html import render
-
-    parser = usage.Parser(prog="mgpu-launch report",
-                          description="Write a run (finished or still going) as one "
-                          "self-contained HTML file: it opens from disk, no network needed.")
-    parser.add_argument("run_dir", metavar="RUN_DIR")
-    parser.add_argument("-o", "--output", metavar="FILE",
-                        help=f"where to write it (default RUN_DIR/{REPORT})")
-    args = parser.parse_args(list(argv)[1:])
-    try:
-        report = build(args.run_dir)
-    except RunDirError as exc:
-        print(f"mgpu-launch report: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    out = Path(args.output) if args.output else Path(args.run_dir) / REPORT
-    try:
-        _write_private(out, render(report))
-    except OSError as exc:
-        print(f"mgpu-launch report: cannot write {out}: {exc.strerror or exc}", file=sys.stderr)
-        return EXIT_USAGE
-    print(out)
-    return EXIT_OK
