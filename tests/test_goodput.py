@@ -170,7 +170,7 @@ def test_the_live_table_title_says_the_goodput_so_far():
     import time
 
     from launcher.job import events as ev
-    from launcher.job.states import TaskRow
+    from launcher.job.story import TaskRow
     from launcher.views.printer import Printer
 
     now = [100.0]

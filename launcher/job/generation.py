@@ -16,8 +16,8 @@ from ..spec.plan import Plan
 from .lockstep import Positions
 from .phases import Phase, move
 from .stalls import StoppedWatch
-from .states import Failure, TaskRecord, TaskRow, TaskState
-from .story import steps_per_s
+from .states import Failure, TaskRecord, TaskState
+from .story import TaskRow, steps_per_s
 
 
 @dataclass

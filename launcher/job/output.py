@@ -20,7 +20,8 @@ from . import events as ev
 from .blame import culprit
 from .generation import Generation
 from .noise import NoiseFolder
-from .states import Failure, TaskRecord, TaskRow
+from .states import Failure, TaskRecord
+from .story import TaskRow
 
 # Strategies whose workers all die with a peer: their output tells of it first.
 WATCHED_STRATEGIES = COLLECTIVE

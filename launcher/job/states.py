@@ -237,25 +237,6 @@ class RunResult:
         }
 
 
-@dataclass(frozen=True)
-class TaskRow:
-    """One line of the live status table (a snapshot, safe to hand to a view)."""
-
-    label: str  # host0/worker0
-    host: str
-    task: str  # worker0
-    state: str
-    generation: int
-    restarts: int
-    step: int | None
-    steps_per_s: float | None
-    loss: float | None
-    cpu_percent: float | None
-    rss_mb: float | None
-    silent_s: float | None  # seconds since the last output line or progress report
-    slowdown: float | None = None  # a straggler: how much slower than its peers
-
-
 def final_state(record: TaskRecord, generation: int) -> dict[str, Any]:
     # A program that ended cleanly succeeded, even when the launcher had to end
     # its interpreter's teardown (job/tailcut.py): its exit says how it went.

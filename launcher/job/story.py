@@ -25,7 +25,7 @@ import dataclasses
 import json
 import re
 import signal as signals
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,7 +33,7 @@ from typing import Any
 from ..spec.plan import task_label
 from . import events as ev
 from .goodput import Ledger
-from .states import TaskRow, TaskState, apply, reason_of, sentence
+from .states import TaskState, apply, reason_of, sentence
 from .timeline import JOB_ROW, Timeline, activity
 
 # The job's state as the views say it (the metrics: one of these is 1 at a time).
@@ -46,6 +46,27 @@ _NAMED = ("generation", "task", "host", "slowdown", "evidence", "source", "actio
 _TASK_NAME = re.compile(r"^(chief|worker|ps|evaluator)(\d+)$")
 _MOVES = {ev.FailureDetected: "failing", ev.StopRequested: "stopping",
           ev.HostWait: "waiting_for_host", ev.HostLost: "failing", ev.Restart: "restarting"}
+
+
+@dataclass(frozen=True)
+class TaskRow:
+    """One line of the live table (a snapshot, safe to hand to a view): a task of
+    the model (`Story.rows`), with what the supervisor alone knows of it beside
+    (CPU, memory, the silence since its last output line: job/generation.py)."""
+
+    label: str  # host0/worker0
+    host: str
+    task: str  # worker0
+    state: str
+    generation: int
+    restarts: int
+    step: int | None
+    steps_per_s: float | None
+    loss: float | None
+    cpu_percent: float | None
+    rss_mb: float | None
+    silent_s: float | None  # seconds since the last output line or progress report
+    slowdown: float | None = None  # a straggler: how much slower than its peers
 
 
 @dataclass
@@ -341,22 +362,37 @@ class Story:
         return [(first, self.blamed.get(generation, first))
                 for generation, first in sorted(self.failures.items())]
 
-    def rows(self, now: float) -> list[TaskRow]:
-        """The live table's rows (no CPU or memory: the story has none).
-        `silent_s`: since the task's last progress report, or its start before one."""
-        out = []
-        for name, view in self.tasks.items():
-            over = view.state in OVER
-            loss = view.last_progress.get("loss")
-            since = view.last_progress_t or view.started_t
-            out.append(TaskRow(
-                label=view.label, host=view.host, task=name, state=view.state,
-                generation=view.generation, restarts=self.restarts,
-                step=view.last_step if _number(view.last_step) else None,
-                steps_per_s=view.steps_per_s,
-                loss=loss if _number(loss) else None, cpu_percent=None, rss_mb=None,
-                silent_s=None if over or since is None else max(0.0, now - since)))
-        return out
+    def rows(self, now: float, beside: Sequence[TaskRow] | None = None) -> list[TaskRow]:
+        """The live table's rows. `beside`: the supervisor's rows of the generation
+        it runs (the launcher's own table): which tasks, their states (a start sent
+        is no event), CPU, memory and the silence since their last output line are
+        its; step, rate, loss and slowdown the model's. Without it (`status --watch`,
+        the metrics) every task the story placed, silent since its last report."""
+        if beside is not None:
+            return [self._beside(row, now) for row in beside]
+        return [self._row(view, now) for view in self.tasks.values()]
+
+    def _row(self, view: TaskView, now: float) -> TaskRow:
+        over = view.state in OVER
+        loss = view.last_progress.get("loss")
+        since = view.last_progress_t or view.started_t
+        straggler = self.stragglers.get(view.name)
+        return TaskRow(
+            label=view.label, host=view.host, task=view.name, state=view.state,
+            generation=view.generation, restarts=self.restarts,
+            step=view.last_step if _number(view.last_step) else None,
+            steps_per_s=view.steps_per_s,
+            loss=loss if _number(loss) else None, cpu_percent=None, rss_mb=None,
+            silent_s=None if over or since is None else max(0.0, now - since),
+            slowdown=straggler.slowdown if straggler is not None else None)
+
+    def _beside(self, row: TaskRow, now: float) -> TaskRow:
+        view = self.tasks.get(row.task)
+        if view is None or view.label != row.label or view.generation != row.generation:
+            return row  # a task the story was not told of (yet)
+        return dataclasses.replace(self._row(view, now), state=row.state,
+                                   cpu_percent=row.cpu_percent, rss_mb=row.rss_mb,
+                                   silent_s=row.silent_s)
 
 
 _TELLERS: dict[type, Any] = {

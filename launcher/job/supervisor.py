@@ -50,11 +50,11 @@ from .states import (
     IllegalTransition,
     RunResult,
     TaskRecord,
-    TaskRow,
     TaskState,
     apply,
     final_state,
 )
+from .story import TaskRow
 from .teardown import Teardown
 from .watch import Watch
 

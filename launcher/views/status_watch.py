@@ -24,8 +24,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ..job import events as ev
-from ..job.states import TaskRow
-from ..job.story import Story
+from ..job.story import Story, TaskRow
 from ..spec.rundir import EVENTS, SUMMARY
 from . import narrate
 from .live import LiveScreen, describe_row, goodput_title, sized
