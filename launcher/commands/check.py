@@ -38,16 +38,16 @@ from .. import firewall
 from ..job import check_collective
 from ..job.check_collective import CollectiveReport, task_addresses
 from ..job.reach import Reach
-from ..spec.allocation import SlurmError, read_allocation, slurm_config, with_allocation
-from ..spec.config import ConfigError, LoadedConfig, keras_backend, load_config, local_config
+from ..spec.allocation import SlurmError
+from ..spec.config import ConfigError, LoadedConfig, keras_backend
 from ..spec.plan import HostTarget, Plan, PlanError
+from ..spec.transports import traits
 from ..strategy import ON_JAX
 from ..transport import AgentLink, AgentMessage, Transport
 from ..transport.factory import make_transport
-from . import check_json, script_dirs, usage
+from . import check_json, exits, loading, script_dirs, usage
 from .check_scripts import LISTEN, PROBE, READ_NONCE, REMOVE, UNLINK, WRITE_NONCE
 
-EXIT_READY, EXIT_NOT_READY = 0, 2
 PROBE_TIMEOUT_S = 30.0  # one probe on one host: a few socket connects and a stat
 PEER_TIMEOUT_S = 3.0  # a TCP connect between two hosts of one cluster
 # One `true` over SSH taking longer: say so (it is mostly the login shell).
@@ -343,7 +343,7 @@ def run_check(loaded: LoadedConfig, collective_timeout_s: float | None = (
     collective's report: None when `collective_timeout_s` is None or no host
     could be reached)."""
     config = loaded.config
-    run_dir = (tempfile.mkdtemp(prefix="mgpu-check-") if config.transport == "local"
+    run_dir = (tempfile.mkdtemp(prefix="mgpu-check-") if traits(config.transport).simulated
                else f"check-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
     # The launch's own steps: each host's TF_CONFIG address by its rules
     # (tf_address, network_interface, the ssh config's HostName), the job's own
@@ -369,7 +369,7 @@ def run_check(loaded: LoadedConfig, collective_timeout_s: float | None = (
             agents = Agents(connected.links, connected.events)
             collective = _probe(agents, reports, connected.plan, collective_timeout_s)
             _probe_script_dirs(agents, reports, script_dirs)
-        if config.transport == "ssh":
+        if traits(config.transport).ssh:
             _time_logins(connected.transport, [reports[name] for name in connected.links])
     finally:
         connected.close()
@@ -554,12 +554,7 @@ def main(argv: list[str]) -> int:
     if args.script and not os.path.isfile(args.script):
         parser.error(f"--script: no such file: {args.script}")
     try:
-        if args.local is not None:
-            loaded = local_config(args.local)
-        else:
-            loaded = slurm_config() if args.slurm else load_config(args.cluster)
-        if loaded.config.transport == "slurm":
-            loaded = with_allocation(loaded, read_allocation(os.environ))
+        loaded = loading.load_cluster(args.cluster, args.local, args.slurm)
     except ConfigError as exc:
         return _cannot_check(f"mgpu-launch: {exc}", args.json)
     except SlurmError as exc:
@@ -575,7 +570,7 @@ def main(argv: list[str]) -> int:
     else:
         print(render(reports, checkpoint_dir, isinstance(loaded.config.ports.base, int),
                      collective))
-    return EXIT_READY if not any(r.problems for r in reports) else EXIT_NOT_READY
+    return exits.READY if not any(r.problems for r in reports) else exits.NOT_READY
 
 
 def _cannot_check(message: str, as_json: bool) -> int:
@@ -583,4 +578,4 @@ def _cannot_check(message: str, as_json: bool) -> int:
     print(message, file=sys.stderr)
     if as_json:
         print(check_json.error(message))
-    return EXIT_NOT_READY
+    return exits.NOT_READY

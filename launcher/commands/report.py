@@ -13,9 +13,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..views.records import RunDirError
-from ..views.report import EXIT_OK, EXIT_USAGE, REPORT, build
+from ..views.report import REPORT, build
 from ..views.report_html import render
-from . import usage
+from . import exits, usage
 
 
 def _write_private(path: Path, text: str) -> None:
@@ -48,12 +48,12 @@ def main(argv: Sequence[str]) -> int:
         report = build(args.run_dir)
     except RunDirError as exc:
         print(f"mgpu-launch report: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return exits.USAGE
     out = Path(args.output) if args.output else Path(args.run_dir) / REPORT
     try:
         _write_private(out, render(report))
     except OSError as exc:
         print(f"mgpu-launch report: cannot write {out}: {exc.strerror or exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return exits.USAGE
     print(out)
-    return EXIT_OK
+    return exits.OK

@@ -15,9 +15,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
-from ..views.records import EXIT_OK, EXIT_USAGE, RunDirError, load_run, render_status
+from ..views.records import RunDirError, load_run, render_status
 from ..views.status_watch import watch
-from . import usage
+from . import exits, usage
 from .logs import logs_main
 
 
@@ -38,12 +38,12 @@ def _status_main(argv: list[str], out: TextIO) -> int:
         view = load_run(args.run_dir)
     except RunDirError as exc:
         print(f"mgpu-launch status: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return exits.USAGE
     if args.json:
         out.write(json.dumps(view.to_json(), indent=2, default=str) + "\n")
     else:
         out.write(render_status(view) + "\n")
-    return EXIT_OK
+    return exits.OK
 
 
 def main(argv: Sequence[str]) -> int:
@@ -52,7 +52,7 @@ def main(argv: Sequence[str]) -> int:
     if not argv or argv[0] not in ("status", "logs"):
         print("usage: mgpu-launch status RUN_DIR [--json | --watch] | "
               "mgpu-launch logs RUN_DIR [TASK] [-f] [-n N]", file=sys.stderr)
-        return EXIT_USAGE
+        return exits.USAGE
     try:
         if argv[0] == "status":
             return _status_main(argv[1:], sys.stdout)
@@ -62,4 +62,4 @@ def main(argv: Sequence[str]) -> int:
             sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - keep Python's exit flush quiet
         except OSError:
             pass
-        return EXIT_OK
+        return exits.OK

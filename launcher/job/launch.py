@@ -37,6 +37,7 @@ from ..spec.allocation import read_allocation, why_stopped
 from ..spec.config import LoadedConfig, dump_config, effective_roles
 from ..spec.plan import Plan, PlanError, default_checkpoint_dir
 from ..spec.rundir import EVENTS, RunRecorder
+from ..spec.transports import traits
 from ..transport import Transport
 from ..transport.ports import busy_ports
 from . import checkpoints, stops, story
@@ -111,7 +112,7 @@ class Launch:
         claims it in its own process; a directory moved is told to `say`);
         generation 0 planned; on simulated hosts its ports checked free.
         Returns that plan; raises LaunchRefused or PlanError."""
-        local = self.loaded.config.transport == "local"
+        local = traits(self.loaded.config.transport).simulated
         if local and claim:
             moved = self.claim_checkpoint_dir()
             if moved:
@@ -224,7 +225,7 @@ class Job:
             with self._record_lock:
                 self._views_open = False
         loaded = self.launch.loaded
-        if loaded.config.transport == "slurm" and result.interrupted_by == signal.SIGTERM:
+        if traits(loaded.config.transport).allocation and result.interrupted_by == signal.SIGTERM:
             result = replace(result, message=why_stopped(read_allocation(os.environ).job_id))
         told = self._story()
         summary = self._note_terminal(_summary(result, told))

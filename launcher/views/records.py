@@ -29,8 +29,6 @@ from ..job.story import Story, TaskView, fold, split_name
 from ..spec.rundir import CONFIG, EVENTS, LAUNCHER_OUT, LAUNCHER_PID, LOGS, SUMMARY, log_file_name
 from . import narrate
 
-EXIT_OK, EXIT_USAGE = 0, 2
-
 
 class RunDirError(Exception):
     """RUN_DIR is not a run directory (or not one we can read)."""
@@ -117,7 +115,7 @@ def read_events(path: Path) -> list[dict[str, Any]]:
     return events
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
+def read_json(path: Path) -> dict[str, Any] | None:
     try:
         data = json.loads(path.read_text())
     except (FileNotFoundError, json.JSONDecodeError):
@@ -125,7 +123,7 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def _read_config(path: Path) -> dict[str, Any]:
+def read_config(path: Path) -> dict[str, Any]:
     try:
         data = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError):
@@ -187,9 +185,9 @@ def load_run(run_dir: str | os.PathLike,
     detached = read_launcher_pid(run_dir)
     if not events_path.exists() and not (run_dir / SUMMARY).exists() and not detached:
         raise RunDirError(f"{run_dir}: not a run directory (no events.jsonl or summary.json)")
-    config = _read_config(run_dir / CONFIG)
+    config = read_config(run_dir / CONFIG)
     events = read_events(events_path)
-    summary = _read_json(run_dir / SUMMARY)
+    summary = read_json(run_dir / SUMMARY)
     story = fold(events)
     for view in story.tasks.values():
         view.log_path = run_dir / LOGS / log_file_name(view.host, view.name)

@@ -24,10 +24,9 @@ from ..job.story import Story, failure_json, fold, steps_per_s
 from ..job.timeline import JOB_ROW
 from ..spec.plan import task_label
 from ..spec.rundir import CONFIG
-from .records import RunView, _read_config, load_run
+from .records import RunView, load_run, read_config
 from .svg import Mark, Span
 
-EXIT_OK, EXIT_USAGE = 0, 2
 REPORT = "report.html"  # the default output, in the run directory
 
 
@@ -84,7 +83,7 @@ def build(run_dir: str | os.PathLike, now: float | None = None) -> Report:
     else:
         end = time.time() if now is None else now
     report = Report(view=view, t0=t0, duration_s=max(0.0, end - t0), summary=summary,
-                    config=_read_config(run_dir / CONFIG))
+                    config=read_config(run_dir / CONFIG))
     story = view.story if view.story is not None else fold(records)
     _timeline(report, story)
     report.faults = _faults(report, story)
