@@ -68,6 +68,7 @@ class RunningTask:
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self.readers: list[threading.Thread] = []
         self.waiter: threading.Thread | None = None  # reports its exit (Tasks._wait)
+        self.progress_reader: threading.Thread | None = None
         self.stopping = False  # the agent sent SIGTERM
         self.killed = False  # the agent sent SIGKILL
         self.stacks_file: str | None = None
@@ -125,6 +126,7 @@ class Tasks:
         self.emit = emit
         self.tasks: dict[str, RunningTask] = {}
         self.on_profile = None  # (task, record): a trace's answer (main wires profiles.py)
+        self.memory = None  # the memory tier's copies (memcopy.MemoryCopies, wired by main)
 
     def start(self, message: dict) -> None:
         raw_name = message.get("task")
@@ -225,6 +227,8 @@ class Tasks:
         env["MGPU_TF_CONFIG_FILE"] = tf_config_file
         env["MGPU_ERROR_FILE"] = error_file
         env[PROFILE_REQUEST_ENV] = request_path(self.run_dir, name)  # runtime/trace.py
+        if self.memory is not None:
+            self.memory.task_env(name, env)  # the memory tier's folder (memcopy.py)
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (CODE_DIR, env.get("PYTHONPATH", "")) if p
         )
@@ -238,8 +242,9 @@ class Tasks:
             )
             reader.start()
             task.readers.append(reader)
-        threading.Thread(target=self._read_progress, args=(task, progress_read),
-                         daemon=True).start()
+        task.progress_reader = threading.Thread(target=self._read_progress,
+                                                args=(task, progress_read), daemon=True)
+        task.progress_reader.start()
         task.waiter = threading.Thread(target=self._wait, args=(task,), daemon=True)
         task.waiter.start()
 
@@ -275,6 +280,8 @@ class Tasks:
                     continue
                 if isinstance(data, dict) and "profile" in data and self.on_profile:
                     self.on_profile(task, data["profile"])  # a trace's answer (profiles.py)
+                elif isinstance(data, dict) and "memory_saved" in data and self.memory:
+                    self.memory.saved(data["memory_saved"])  # copied in the background
                 elif isinstance(data, dict):
                     self.emit("progress", task=task.name, generation=task.generation, data=data)
                     if task.standby is not None and "step" in data:
@@ -297,6 +304,11 @@ class Tasks:
             unlink(task.pid_file)  # nothing left to reap
         for reader in task.readers:
             reader.join(timeout=DRAIN_S)
+        if self.memory is not None and task.progress_reader is not None:
+            # Its last save's copy is done before its exit is told: a restarted
+            # generation finds the newest checkpoint in its directory (memcopy.py).
+            task.progress_reader.join(timeout=DRAIN_S)
+            self.memory.drain()
         self.emit(
             "exited",
             task=task.name,
