@@ -40,16 +40,18 @@ DRAIN_S = 120.0
 _PART = ".mgpu-part"
 
 
-def job_folder(run_dir: str, shm: str = SHM) -> str:
-    digest = hashlib.sha1(os.path.abspath(run_dir).encode()).hexdigest()[:12]
+def job_folder(run_dir: str, host: str, shm: str = SHM) -> str:
+    """One per job and host (simulated hosts share a machine)."""
+    digest = hashlib.sha1(f"{os.path.abspath(run_dir)}\0{host}".encode()).hexdigest()[:12]
     return os.path.join(shm, f"{PREFIX}{os.getuid()}-{digest}")
 
 
 class MemoryCopies:
     """The job's memory folder on this host and its copier thread."""
 
-    def __init__(self, run_dir: str, log: Callable[[str], None], shm: str = SHM) -> None:
-        self.root = job_folder(run_dir, shm)
+    def __init__(self, run_dir: str, host: str, log: Callable[[str], None],
+                 shm: str = SHM) -> None:
+        self.root = job_folder(run_dir, host, shm)
         self.log = log
         self._cond = threading.Condition()
         self._waiting: dict[str, str] = {}  # target -> newest slot not yet copied

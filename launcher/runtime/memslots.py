@@ -29,10 +29,16 @@ POINTERS = ("checkpoint", "training_metadata.json")  # copied last: they name th
 _TEMP_PART = re.compile(r"^workertemp_\d+$")
 
 
-def key_of(target: str) -> str:
-    """A directory's key: tf_keras' per-worker scratch folder maps to the chief's."""
+def shared_of(target: str) -> str:
+    """The directory a worker's scratch folder stands for: tf_keras' (and TF's
+    tutorials') `workertemp_<n>` component left out."""
     parts = [p for p in os.path.abspath(target).split(os.sep) if not _TEMP_PART.match(p)]
-    return hashlib.sha1(os.sep.join(parts).encode()).hexdigest()[:16]
+    return os.sep.join(parts)
+
+
+def key_of(target: str) -> str:
+    """A directory's key: a worker's scratch folder maps to the chief's."""
+    return hashlib.sha1(shared_of(target).encode()).hexdigest()[:16]
 
 
 def working(root: str, target: str) -> str:

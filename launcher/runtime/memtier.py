@@ -41,6 +41,7 @@ ENV_DIR = "MGPU_MEMORY_DIR"
 ENV_COPIES = "MGPU_MEMORY_COPIES"
 _MARK = "_mgpu_memory_tier"
 _state = {"seq": 0, "told": False, "full": False, "last_bytes": 0}
+_seeded: set[str] = set()  # working folders filled in this process (a second saver shares it)
 
 
 def enabled() -> bool:
@@ -174,8 +175,12 @@ def _seed_manager(work: str, target: str) -> str:
     """Fill the working folder with the shared directory's newest checkpoint:
     from a slot holding the same save when there is one, else read from the
     directory. Returns where it came from ('' when there is nothing)."""
+    if work in _seeded:
+        return "seeded"
+    _seeded.add(work)
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work, mode=0o700)
+    target = memslots.shared_of(target)
     state = _state_file(target) if os.path.isdir(target) else None
     if state is None:
         return ""
@@ -189,8 +194,9 @@ def _seed_manager(work: str, target: str) -> str:
             os.link(os.path.join(slot, file), os.path.join(work, file))
         else:
             shutil.copyfile(os.path.join(target, file), os.path.join(work, file))
-    with open(os.path.join(work, "checkpoint"), "w", encoding="utf-8") as handle:
-        handle.write(f'model_checkpoint_path: "{name}"\nall_model_checkpoint_paths: "{name}"\n')
+    # The directory's state file as it is: the older checkpoints it lists stay
+    # there (not read), kept or deleted by the manager's rule as the saves go on.
+    shutil.copyfile(os.path.join(target, "checkpoint"), os.path.join(work, "checkpoint"))
     _note_restore_source(target, name, "memory" if slot else "shared", source)
     return source
 
