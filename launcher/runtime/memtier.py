@@ -294,9 +294,13 @@ def _backup_end(original):
     """Keras deletes its backup at the end of `fit`: so does the agent, after
     any copy still under way (a `drop` slot)."""
     def end(self, *args, **kwargs):
+        # tf_keras: its training state's manager, whose memory folder it removes.
+        state = getattr(self, "_training_state", None)
+        manager = getattr(state, "write_checkpoint_manager", None)
+        target = getattr(self, "_mgpu_target", None) or getattr(manager, "_mgpu_target", None)
         result = original(self, *args, **kwargs)
-        target = getattr(self, "_mgpu_target", None)
         if target is not None and getattr(self, "delete_checkpoint", True):
+            target = memslots.shared_of(target)
             _publish(_new_slot(), target, "drop", "", None)
         return result
     return end
@@ -396,6 +400,7 @@ def on_keras(module: ModuleType) -> None:
     if backup is not None and "_backup" not in backup.__dict__:  # Keras 3's own files
         _wrap(backup, "on_train_begin", _backup_begin)
         _wrap(backup, "_save_model", _keras_save)
+    if backup is not None:  # tf_keras': a CheckpointManager's (hooked as TensorFlow's)
         _wrap(backup, "on_train_end", _backup_end)
     checkpoint = getattr(callbacks, "ModelCheckpoint", None)
     if checkpoint is not None:

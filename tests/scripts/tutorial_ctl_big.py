@@ -6,7 +6,8 @@ a save at each epoch's end). Knows nothing of mgpu-launch.
 
 KILL_AT=E: in the first generation, worker 1 kills itself (SIGKILL) right
 after the save of epoch E. Prints `SAVE <epoch> <seconds>` (how long each save
-blocked the loop) and, on the chief at the end, `FINAL <sha256 of the weights>`.
+blocked the loop), `RESTORE <seconds>` (the managers made and the
+restore) and, on the chief at the end, `FINAL <sha256 of the weights>`.
 """
 
 import hashlib
@@ -45,11 +46,13 @@ with strategy.scope():
 checkpoint_dir = sys.argv[1]
 write_dir = checkpoint_dir if is_chief else os.path.join(checkpoint_dir,
                                                          f"workertemp_{task.get('index')}")
+began = time.monotonic()
 checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
 manager = tf.train.CheckpointManager(checkpoint, directory=checkpoint_dir, max_to_keep=2)
 write_manager = manager if is_chief else tf.train.CheckpointManager(
     checkpoint, directory=write_dir, max_to_keep=1)
 manager.restore_or_initialize()
+print(f"RESTORE {time.monotonic() - began:.3f}", flush=True)
 
 
 @tf.function
