@@ -78,9 +78,10 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=25000)
     parser.add_argument("--mbps", type=float, default=20.0)
     parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--keep", help="a folder to keep the run directories in")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="memtier-bench-") as tmp:
-        work = Path(tmp)
+        work = Path(args.keep or tmp)
         with mounted(str(work / "backing"), str(work / "shared"), args.mbps) as shared:
             off = run(work, Path(shared), False, args.width, args.epochs)
             on = run(work, Path(shared), True, args.width, args.epochs)

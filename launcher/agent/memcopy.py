@@ -15,10 +15,11 @@ own directory on one background thread:
 - only the newest slot of a directory is copied (an older one still waiting
   is superseded); the checkpoints a TensorFlow state file no longer lists are
   deleted after the new one is in place, as the manager would have;
-- a task's exit is reported once its copies are done (bounded: DRAIN_S), so a
-  restarted generation reads the newest checkpoint on every host alike; the
-  agent's end waits for them too, then removes the job's folder. The next
-  agent removes the folders of agents that died (`sweep`).
+- a task starts once the copies asked for on its host are done (bounded:
+  DRAIN_S), so a restarted generation reads the newest checkpoint on every
+  host alike (its workers restore after their cluster formed, so after every
+  host's starts); the agent's end waits for them too, then removes the job's
+  folder. The next agent removes the folders of agents that died (`sweep`).
 
 Standard library only.
 """
@@ -89,9 +90,11 @@ class MemoryCopies:
                 self._thread.start()
             self._cond.notify_all()
 
-    def drain(self, timeout_s: float = DRAIN_S) -> bool:
+    drain_s = DRAIN_S
+
+    def drain(self, timeout_s: float | None = None) -> bool:
         """Wait until every copy asked for is done (False: timed out)."""
-        deadline = time.monotonic() + timeout_s
+        deadline = time.monotonic() + (self.drain_s if timeout_s is None else timeout_s)
         with self._cond:
             while self._waiting or self._busy:
                 left = deadline - time.monotonic()
@@ -100,10 +103,10 @@ class MemoryCopies:
                 self._cond.wait(left)
         return True
 
-    def close(self, timeout_s: float = DRAIN_S) -> None:
+    def close(self, timeout_s: float | None = None) -> None:
         """The agent's end: the copies finish, then the job's folder goes."""
         if not self.drain(timeout_s):
-            self.log(f"memory tier: copies still under way after {timeout_s:.0f} s were "
+            self.log(f"memory tier: copies still under way after {self.drain_s:.0f} s were "
                      "given up (the checkpoint directories keep the previous checkpoint)")
         shutil.rmtree(self.root, ignore_errors=True)
 

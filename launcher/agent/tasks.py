@@ -159,6 +159,8 @@ class Tasks:
 
     def _launch(self, name: str, generation: int, spec: dict) -> None:
         """Hand the task to its standby, or start it cold; then watch it."""
+        if self.memory is not None:
+            self._copies_done()
         standby = self.standbys.take(name)
         try:
             env = self._task_env(name, generation, spec)
@@ -193,6 +195,20 @@ class Tasks:
                   start="cold" if why_cold else "warm", start_reason=why_cold)
         self._follow(task, progress_read)
         task.standby = self.standbys.want(name, spec, env)
+
+    def _copies_done(self) -> None:
+        """The memory tier: the copies of the saves the tasks that ran here made
+        are done before a task starts, so that every worker of the new
+        generation finds the newest checkpoint in its directory (the workers'
+        restores come after the cluster formed: after this start; memcopy.py)."""
+        with self.lock:
+            readers = [t.progress_reader for t in self.tasks.values() if t.progress_reader]
+        for reader in readers:  # their last `memory_saved` lines read
+            reader.join(timeout=DRAIN_S)
+        if not self.memory.drain():
+            self.emit("log", text="memory tier: copies still under way after "
+                      f"{self.memory.drain_s:.0f} s; the task starts (it may restore an "
+                      "older checkpoint)")
 
     def _start_cold(self, spec: dict,
                     env: dict[str, str]) -> tuple[subprocess.Popen, TaskTree, int]:
@@ -304,11 +320,6 @@ class Tasks:
             unlink(task.pid_file)  # nothing left to reap
         for reader in task.readers:
             reader.join(timeout=DRAIN_S)
-        if self.memory is not None and task.progress_reader is not None:
-            # Its last save's copy is done before its exit is told: a restarted
-            # generation finds the newest checkpoint in its directory (memcopy.py).
-            task.progress_reader.join(timeout=DRAIN_S)
-            self.memory.drain()
         self.emit(
             "exited",
             task=task.name,

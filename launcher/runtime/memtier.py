@@ -97,9 +97,10 @@ def _fall_back(why: str) -> None:
 def _tell_start(target: str) -> None:
     if not _state["told"]:
         _state["told"] = True
+        copied = (f"the agent copies each to {target}" if _chief() else
+                  "kept for restores (the chief's are copied to the directory)")
         print(f"mgpu-launch: checkpoints saved in memory ({_root()}, at most {_copies()} "
-              f"copies of this task's saves); the agent copies each to {target}",
-              file=sys.stderr, flush=True)
+              f"copies of this task's saves); {copied}", file=sys.stderr, flush=True)
 
 
 def _new_slot() -> str:
