@@ -7,6 +7,8 @@ own CheckpointManager, a save each epoch) on two local workers through the
 real CLI, twice: `checkpoint: {memory: false}` then `{memory: true}`, each
 with worker 1 killed (SIGKILL) after the save of epoch 1. Prints, per run:
 
+- step time: the chief's training steps between saves (median, past the first
+  epoch's compile), the tier's cost on the steps themselves;
 - save stall: how long the chief's `manager.save()` blocked its loop (median);
 - checkpointing: the goodput ledger's part (summary.json), all saves;
 - restore: the restarted chief's managers made and restored (`RESTORE`);
@@ -56,10 +58,13 @@ def run(work: Path, shared: Path, memory: bool, width: int, epochs: int) -> dict
              if "worker0" in line.split("|", 1)[0]]
     saves = [float(m.group(1)) for m in (re.search(r"SAVE \d+ ([\d.]+)", x) for x in chief)
              if m]
+    steps = [float(m.group(1)) for m in (re.search(r"STEPS [1-9]\d* ([\d.]+)", x)
+                                         for x in chief) if m]  # the first epoch compiles
     restores = [float(m.group(1)) for m in (re.search(r"RESTORE ([\d.]+)", x) for x in chief)
                 if m]
     summary = json.loads((run_dir / "summary.json").read_text())
-    return {"save stall (s, median)": statistics.median(saves),
+    return {"step time (ms, median)": 1000 * statistics.median(steps),
+            "save stall (s, median)": statistics.median(saves),
             "checkpointing (s, goodput)": summary["goodput"]["parts"]["checkpointing"],
             "restore (s, restarted chief)": restores[-1],
             "crash to first step (s)": crash_to_step(run_dir)}

@@ -296,6 +296,8 @@ def render(reports: list[HostReport], checkpoint_dir: str, ports_fixed: bool,
         else:
             shared = "shared" if ck.get("nonce_seen") else "NOT SHARED"
             checkpoint = f"{shared}, {ck.get('free_gb', '?')} GB free"
+        if ck.get("memory_free_gb") is not None:  # /dev/shm, for the memory tier
+            checkpoint += f", memory {ck['memory_free_gb']} GB"
         gpus = "none" if not r.gpus else str(len(r.gpus))
         login = "-" if r.login_s is None else f"{r.login_s:.2f}s"
         rows.append([r.host.name, r.host.address, "ok", str(r.hello.get("python_version")),

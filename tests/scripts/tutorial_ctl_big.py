@@ -6,7 +6,7 @@ a save at each epoch's end). Knows nothing of mgpu-launch.
 
 KILL_AT=E: in the first generation, worker 1 kills itself (SIGKILL) right
 after the save of epoch E. Prints `SAVE <epoch> <seconds>` (how long each save
-blocked the loop), `RESTORE <seconds>` (the managers made and the
+blocked the loop), `STEPS <epoch> <seconds a step>`, `RESTORE <seconds>` (the managers made and the
 restore) and, on the chief at the end, `FINAL <sha256 of the weights>`.
 """
 
@@ -77,8 +77,10 @@ kill_at = int(os.environ.get("KILL_AT", "-1"))
 while int(optimizer.iterations.numpy()) < epochs * steps_per_epoch:
     epoch = int(optimizer.iterations.numpy()) // steps_per_epoch
     print(f"EPOCH {epoch}", flush=True)
+    began = time.monotonic()
     for _ in range(steps_per_epoch):
         train_step(iterator)
+    print(f"STEPS {epoch} {(time.monotonic() - began) / steps_per_epoch:.4f}", flush=True)
     began = time.monotonic()
     write_manager.save()
     if not is_chief:
