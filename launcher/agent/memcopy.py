@@ -37,6 +37,7 @@ from collections.abc import Callable
 SHM = "/dev/shm"  # noqa: S108 - host memory, one 0700 folder per job
 PREFIX = "mgpu-launch-"
 OWNER = "agent.pid"
+COPIED = "copied"  # in a slot, once it is in its directory
 DRAIN_S = 120.0
 _PART = ".mgpu-part"
 
@@ -133,6 +134,8 @@ class MemoryCopies:
         if record is None:
             raise FileNotFoundError(slot)
         copy_slot(slot, record, self._copied)
+        with open(os.path.join(slot, COPIED), "w", encoding="ascii"):
+            pass  # the task's end waits for this (runtime/memtier.py)
 
 
 def copy_slot(slot: str, record: dict, copied: dict[tuple[str, str], tuple[int, int]]) -> None:

@@ -41,6 +41,8 @@ ENV_DIR = "MGPU_MEMORY_DIR"
 ENV_COPIES = "MGPU_MEMORY_COPIES"
 _MARK = "_mgpu_memory_tier"
 _state = {"seq": 0, "told": False, "full": False, "last_bytes": 0}
+_pending: dict[str, str] = {}  # target -> its newest slot the agent copies
+END_WAIT_S = 600.0  # at most, at the program's end, for the last copies
 _seeded: set[str] = set()  # working folders filled in this process (a second saver shares it)
 
 
@@ -117,6 +119,12 @@ def _publish(slot: str, target: str, kind: str, pointer: str, step: int | None) 
     memslots.seal(slot, {"target": target, "key": memslots.key_of(target), "kind": kind,
                          "pointer": pointer, "files": names, "step": step,
                          "copy": _chief(), "time": time.time()})
+    if _chief():
+        if not _pending:
+            import atexit
+
+            atexit.register(_wait_for_copies)  # before the bootstrap's end (registered first)
+        _pending[target] = slot
     _state["last_bytes"] = memslots.size_of(slot)
     memslots.prune(_root(), _copies())
     _tell_start(target)
@@ -126,6 +134,28 @@ def _publish(slot: str, target: str, kind: str, pointer: str, step: int | None) 
             os.write(int(fd), (json.dumps({"memory_saved": slot}) + "\n").encode())
         except (OSError, ValueError):
             pass
+
+
+def _wait_for_copies() -> None:
+    """The program ends: the agent's copies of its last saves are in their
+    directories first (the job's end would cut them). Told as a save, which the
+    launcher never cuts short (launcher/job/tailcut.py)."""
+    from . import position
+
+    deadline, said = time.monotonic() + END_WAIT_S, False
+    left = list(_pending.values())
+    position.enter(position.SAVE)
+    while left and time.monotonic() < deadline:
+        left = [s for s in left if os.path.isdir(s) and not os.path.exists(
+            os.path.join(s, "copied"))]
+        if left and not said and time.monotonic() > deadline - END_WAIT_S + 1.0:
+            said = True
+            print("mgpu-launch: waiting for the copy of the last checkpoint to "
+                  f"{', '.join(sorted(_pending))}", file=sys.stderr, flush=True)
+        time.sleep(0.05)
+    if left:
+        print(f"mgpu-launch: the last checkpoint's copy took over {END_WAIT_S:.0f} s; its "
+              "directory keeps the previous one", file=sys.stderr, flush=True)
 
 
 def _step(model) -> int | None:
