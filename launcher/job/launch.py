@@ -17,7 +17,7 @@ transport's own errors); it never prints or exits: the cli parses arguments,
 makes the printer (a `Screen`) and hands it in, owns the signals, and turns
 what comes back into text and exit codes.
 
-Must not import: ops, cli.
+Must not import: views, commands, cli.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from ..spec.allocation import read_allocation, why_stopped
 from ..spec.config import LoadedConfig, dump_config, effective_roles
 from ..spec.plan import Plan, PlanError, default_checkpoint_dir
 from ..spec.rundir import EVENTS, RunRecorder
+from ..spec.transports import traits
 from ..transport import Transport
 from ..transport.ports import busy_ports
 from . import checkpoints, goodput, stops
@@ -64,7 +65,7 @@ class Screen(Voice, Protocol):
 
 
 class View(ev.Listener, Protocol):
-    """A view of the job beside the screen (metrics, notifications: launcher/ops/
+    """A view of the job beside the screen (metrics, notifications: launcher/views/
     outlets.py): told every event; opened before the supervisor runs, with a way
     to add its own events to the story (from any thread); closed (bounded) after."""
 
@@ -111,7 +112,7 @@ class Launch:
         claims it in its own process; a directory moved is told to `say`);
         generation 0 planned; on simulated hosts its ports checked free.
         Returns that plan; raises LaunchRefused or PlanError."""
-        local = self.loaded.config.transport == "local"
+        local = traits(self.loaded.config.transport).simulated
         if local and claim:
             moved = self.claim_checkpoint_dir()
             if moved:
@@ -224,7 +225,7 @@ class Job:
             with self._record_lock:
                 self._views_open = False
         loaded = self.launch.loaded
-        if loaded.config.transport == "slurm" and result.interrupted_by == signal.SIGTERM:
+        if traits(loaded.config.transport).allocation and result.interrupted_by == signal.SIGTERM:
             result = replace(result, message=why_stopped(read_allocation(os.environ).job_id))
         summary = self._note_terminal(result.to_json())
         stop = stops.entry(result, self.connected.plan.grace_s)  # what a stop did to the tasks

@@ -14,6 +14,7 @@ from typing import Any
 
 from ..spec.plan import Task
 from . import events as ev
+from . import failkinds
 from .classify import OutputWatcher
 
 
@@ -78,7 +79,8 @@ def apply(state: TaskState, event: ev.Event, *, host: str, lifetime: str = "job"
     if isinstance(event, ev.TaskExited):
         return _after_exit(state, event, lifetime)
     if (isinstance(event, ev.StartFailed) or (  # (version 1 wrote no start_failed event)
-            isinstance(event, ev.FailureDetected) and event.failure == "start_failed")) \
+            isinstance(event, ev.FailureDetected)
+            and failkinds.traits(event.failure).ends_the_start)) \
             and state in (TaskState.PENDING, TaskState.STARTING, TaskState.RUNNING):
         return TaskState.FAILED
     if isinstance(event, ev.TaskRestarted) and state is TaskState.FAILED:
@@ -136,10 +138,6 @@ class TaskRecord:
         self.state = to
 
 
-# Exit reasons (from classify_exit) that follow from a peer's failure.
-SECONDARY_REASONS = ("gRPC UNAVAILABLE", "collective timed out")
-
-
 @dataclass(frozen=True)
 class Failure:
     """One thing that went wrong; the earliest of a generation is its root cause."""
@@ -148,8 +146,7 @@ class Failure:
     host: str
     generation: int
     t: float  # Unix time it happened (as the host saw it when known)
-    # exit | signal | preempted | start_failed | host_lost | hang | collective_abort | out_of_step
-    kind: str
+    kind: str  # a failkinds.Kind (job/failkinds.py: what each kind is)
     reason: str  # one phrase a user can act on
     exit_code: int | None = None
     signal: int | None = None
@@ -165,8 +162,7 @@ class Failure:
     def secondary(self) -> bool:
         """A symptom of another task's failure (a collective aborted because a
         peer vanished), never the root cause when the primary one is known."""
-        return self.kind == "collective_abort" or (
-            self.kind == "exit" and self.reason.startswith(SECONDARY_REASONS))
+        return failkinds.secondary(self.kind, self.reason)
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -162,7 +162,7 @@ def _step(model) -> int | None:
     from . import saves
 
     try:
-        return saves._step_of(model)
+        return saves.step_of(model)
     except Exception:  # noqa: BLE001 - a layout we do not know: no step
         return None
 

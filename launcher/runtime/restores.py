@@ -45,17 +45,17 @@ def tell(step: int | None, epoch: int | None = None, directory: str | None = Non
     _told = True
     from launcher import runtime
 
-    source = {k: runtime._short_path(v) for k, v in (copy_source or {}).items()}
+    source = {k: runtime.short_path(v) for k, v in (copy_source or {}).items()}
     if source and directory and os.environ.get("MGPU_MEMORY_DIR", "\0") in directory:
         directory = source.get("resumed_target")  # the memory folder is the tier's
     if epoch is not None:
         runtime.write_progress({**source, "resumed": int(step), "resumed_epoch": int(epoch),
-                                **({"resumed_dir": runtime._short_path(directory)}
+                                **({"resumed_dir": runtime.short_path(directory)}
                                    if directory else {})})
         return
     if source:
         runtime.write_progress({**source, "resumed": int(step), "time": time.time(),
-                                **({"resumed_dir": runtime._short_path(directory)}
+                                **({"resumed_dir": runtime.short_path(directory)}
                                    if directory else {})})
         return
     runtime.report_resumed(step, directory)
@@ -65,7 +65,7 @@ def first_epoch(model, epoch: int) -> None:
     """`fit`'s first epoch began (after every callback's `on_train_begin`)."""
     from . import saves
 
-    tell(saves._step_of(model), epoch, _backup_dir)
+    tell(saves.step_of(model), epoch, _backup_dir)
 
 
 def _wrap(cls: type, name: str, after) -> None:

@@ -7,7 +7,7 @@ between hosts flagged; the planned ports free (each host briefly listens on
 its own); every host able to reach every task's TF_CONFIG address and port;
 the checkpoint directory shared (a nonce written from one host, read on the
 others) and its free space; GPUs visible; then a tiny collective across every
-task on the job's own plan (launcher/ops/check_collective.py; `--no-collective`
+task on the job's own plan (launcher/job/check_collective.py; `--no-collective`
 skips it). Prints one row per host, one line per task of the collective, the
 problems host by host, and a verdict. Exit 0 only when the run would start, 2
 otherwise.
@@ -35,18 +35,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import firewall
+from ..job import check_collective
+from ..job.check_collective import CollectiveReport, task_addresses
 from ..job.reach import Reach
-from ..spec.allocation import SlurmError, read_allocation, slurm_config, with_allocation
-from ..spec.config import ConfigError, LoadedConfig, keras_backend, load_config, local_config
+from ..spec.allocation import SlurmError
+from ..spec.config import ConfigError, LoadedConfig, keras_backend
 from ..spec.plan import HostTarget, Plan, PlanError
+from ..spec.transports import traits
 from ..strategy import ON_JAX
 from ..transport import AgentLink, AgentMessage, Transport
 from ..transport.factory import make_transport
-from . import check_collective, check_json, script_dirs, usage
-from .check_collective import CollectiveReport, task_addresses
+from . import check_json, exits, loading, script_dirs, usage
 from .check_scripts import LISTEN, PROBE, READ_NONCE, REMOVE, UNLINK, WRITE_NONCE
 
-EXIT_READY, EXIT_NOT_READY = 0, 2
 PROBE_TIMEOUT_S = 30.0  # one probe on one host: a few socket connects and a stat
 PEER_TIMEOUT_S = 3.0  # a TCP connect between two hosts of one cluster
 # One `true` over SSH taking longer: say so (it is mostly the login shell).
@@ -270,6 +271,18 @@ def _jax_cell(report: HostReport) -> str:
     return jax if jax == jaxlib else f"{jax or 'MISSING'}/jaxlib {jaxlib or 'MISSING'}"
 
 
+def _checkpoint_cell(ck: dict[str, Any]) -> str:
+    if not ck:
+        return "?"
+    if not ck.get("exists"):
+        return "MISSING"
+    shared = "shared" if ck.get("nonce_seen") else "NOT SHARED"
+    cell = f"{shared}, {ck.get('free_gb', '?')} GB free"
+    if ck.get("memory_free_gb") is not None:  # /dev/shm, for `checkpoint: {memory: true}`
+        cell += f", memory {ck['memory_free_gb']} GB"
+    return cell
+
+
 def render(reports: list[HostReport], checkpoint_dir: str, ports_fixed: bool,
            collective: CollectiveReport | None = None) -> str:
     header = ["HOST", "ADDRESS", "SSH", "PYTHON", "TENSORFLOW", "KERAS", "TF-KERAS", "BACKEND",
@@ -288,16 +301,7 @@ def render(reports: list[HostReport], checkpoint_dir: str, ports_fixed: bool,
             ports = ",".join(f"{p} BUSY" if str(p) in r.busy else str(p) for p in r.ports)
         bad_peers = sum(1 for e in r.peers.values() if e)
         peers = f"{len(r.peers) - bad_peers}/{len(r.peers)}" if r.peers else "-"
-        ck = r.checkpoint
-        if not ck:
-            checkpoint = "?"
-        elif not ck.get("exists"):
-            checkpoint = "MISSING"
-        else:
-            shared = "shared" if ck.get("nonce_seen") else "NOT SHARED"
-            checkpoint = f"{shared}, {ck.get('free_gb', '?')} GB free"
-        if ck.get("memory_free_gb") is not None:  # /dev/shm, for the memory tier
-            checkpoint += f", memory {ck['memory_free_gb']} GB"
+        checkpoint = _checkpoint_cell(r.checkpoint)
         gpus = "none" if not r.gpus else str(len(r.gpus))
         login = "-" if r.login_s is None else f"{r.login_s:.2f}s"
         rows.append([r.host.name, r.host.address, "ok", str(r.hello.get("python_version")),
@@ -344,7 +348,7 @@ def run_check(loaded: LoadedConfig, collective_timeout_s: float | None = (
     collective's report: None when `collective_timeout_s` is None or no host
     could be reached)."""
     config = loaded.config
-    run_dir = (tempfile.mkdtemp(prefix="mgpu-check-") if config.transport == "local"
+    run_dir = (tempfile.mkdtemp(prefix="mgpu-check-") if traits(config.transport).simulated
                else f"check-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
     # The launch's own steps: each host's TF_CONFIG address by its rules
     # (tf_address, network_interface, the ssh config's HostName), the job's own
@@ -370,7 +374,7 @@ def run_check(loaded: LoadedConfig, collective_timeout_s: float | None = (
             agents = Agents(connected.links, connected.events)
             collective = _probe(agents, reports, connected.plan, collective_timeout_s)
             _probe_script_dirs(agents, reports, script_dirs)
-        if config.transport == "ssh":
+        if traits(config.transport).ssh:
             _time_logins(connected.transport, [reports[name] for name in connected.links])
     finally:
         connected.close()
@@ -555,12 +559,7 @@ def main(argv: list[str]) -> int:
     if args.script and not os.path.isfile(args.script):
         parser.error(f"--script: no such file: {args.script}")
     try:
-        if args.local is not None:
-            loaded = local_config(args.local)
-        else:
-            loaded = slurm_config() if args.slurm else load_config(args.cluster)
-        if loaded.config.transport == "slurm":
-            loaded = with_allocation(loaded, read_allocation(os.environ))
+        loaded = loading.load_cluster(args.cluster, args.local, args.slurm)
     except ConfigError as exc:
         return _cannot_check(f"mgpu-launch: {exc}", args.json)
     except SlurmError as exc:
@@ -576,7 +575,7 @@ def main(argv: list[str]) -> int:
     else:
         print(render(reports, checkpoint_dir, isinstance(loaded.config.ports.base, int),
                      collective))
-    return EXIT_READY if not any(r.problems for r in reports) else EXIT_NOT_READY
+    return exits.READY if not any(r.problems for r in reports) else exits.NOT_READY
 
 
 def _cannot_check(message: str, as_json: bool) -> int:
@@ -584,4 +583,4 @@ def _cannot_check(message: str, as_json: bool) -> int:
     print(message, file=sys.stderr)
     if as_json:
         print(check_json.error(message))
-    return EXIT_NOT_READY
+    return exits.NOT_READY

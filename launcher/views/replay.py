@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..job import events as ev
+from ..job.failkinds import words
 from ..job.states import TaskState, apply
 from ..spec.plan import task_label
 
@@ -144,14 +145,7 @@ def failure_from_event(event: ev.FailureDetected) -> dict[str, Any]:
     """A failure as summary.json lists it, from its `failure_detected` event."""
     task = task_label(event.host, event.task)
     kind = event.failure
-    if event.reason:
-        what = str(event.reason)
-    elif kind == "signal":
-        what = f"was killed by signal {event.signal}"
-    elif kind == "exit":
-        what = f"exited with code {event.exit_code}"
-    else:
-        what = str(kind)
+    what = str(event.reason) if event.reason else words(kind, event.exit_code, event.signal)
     return {"task": task, "host": event.host, "generation": event.generation,
             "t": event.t, "kind": kind, "exit_code": event.exit_code,
             "signal": event.signal,
