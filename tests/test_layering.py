@@ -45,7 +45,8 @@ class Rule:
 
 # launcher/agent/: every part but its entry point (main, __main__) and package init.
 AGENT_PARTS = ("bundle", "commands", "files", "hostfacts", "lease", "leftovers", "protocol",
-               "seal", "spawn", "stacks", "standbys", "tasks", "profiles", "health")
+               "seal", "spawn", "stacks", "standbys", "tasks", "profiles", "health",
+               "memcopy")
 
 RULES = (
     Rule("runtime is shipped", ("launcher.runtime", "launcher.bootstrap", "launcher.standby",

@@ -289,13 +289,15 @@ class Restart(Event):
 @dataclass(frozen=True, kw_only=True)
 class Resumed(Event):
     kind = "resumed"
-    optional = ("epoch", "step", "checkpoint", "saved_step", "past")
+    optional = ("epoch", "step", "checkpoint", "saved_step", "past", "copy")
     generation: int
     epoch: int | None = None
     step: int | None = None
     checkpoint: dict[str, Any] | None = None
     saved_step: int | None = None  # the last save completed before this generation
     past: int | None = None  # the previous resume point, when this one moved past it
+    # With the memory tier: the copy restored, {from: memory|shared, host, path}.
+    copy: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -84,6 +84,9 @@ def _resumed(event: ev.Resumed) -> str:
         return (f"generation {event.generation} started from the beginning "
                 "(no checkpoint restored)")
     said = f"generation {event.generation} resumed at {' '.join(where)}"
+    if event.copy:  # the memory tier: which copy was read
+        said += (f" (from memory on {event.copy.get('host')})" if event.copy.get("from") ==
+                 "memory" else " (from the checkpoint directory)")
     if event.past is not None:
         said += (f", past generation {event.generation - 1}'s step {event.past}: "
                  "that restart is progress")
