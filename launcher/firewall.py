@@ -38,10 +38,12 @@ anything of the launcher.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
 import subprocess
+import time
 from collections.abc import Callable, Iterable, Sequence
 
 MODES = ("auto", "cluster", "open")
@@ -49,6 +51,8 @@ RECORD = "firewall.json"
 PRIORITY = -10  # before the filter chains of firewalld, ufw, iptables-nft (priority 0)
 CAP_NET_ADMIN = 12  # bit in /proc/self/status CapEff (linux/capability.h)
 TOOL_TIMEOUT_S = 10.0  # nft/iptables take milliseconds; `-w` waits for the xtables lock
+# nft runs one at a time per ruleset (see _nft_lock); past this wait, unlocked.
+NFT_LOCK_WAIT_S = 10.0
 MULTIPORT_MAX = 15  # iptables' multiport match takes at most 15 ports
 # A seal admits every host of the cluster file, by SSH and TF address: 10,000
 # hosts may be 20,000 addresses (the start command's 1 MiB bound comes first).
@@ -302,12 +306,53 @@ def probe() -> tuple[str | None, str]:
 
 def _run(argv: list[str], stdin: str | None) -> tuple[int, str]:
     tool = _tool(argv[0]) or argv[0]
+    lock = _nft_lock() if argv[0] == "nft" else None
     try:
+        if lock is not None:
+            _take(lock, NFT_LOCK_WAIT_S)
         done = subprocess.run([tool, *argv[1:]], input=stdin, capture_output=True, text=True,
                               timeout=TOOL_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return 127, f"{type(exc).__name__}: {exc}"
+    finally:
+        if lock is not None:
+            os.close(lock)
     return done.returncode, (done.stderr or done.stdout).strip()
+
+
+# One `nft` at a time per ruleset. The kernel commits one transaction at a
+# time anyway; `nft` processes that race restart (reread the ruleset, retry),
+# and agents sharing one kernel (simulated hosts, several jobs on one host)
+# all remove their tables at once at a job's end: 32 removals at once took
+# 1.2-1.4 s of CPU and 2-4 s here, one at a time 0.26 s and 0.7 s. A host with
+# one agent never waits. Per user (the registry folder) and network namespace.
+
+
+def _nft_lock() -> int | None:
+    """An open fd of this ruleset's lock file (not yet locked), None if it cannot be had."""
+    netns = _here()["netns"]
+    name = "nft-" + ("".join(c for c in netns if c.isdigit()) or "0") + ".lock"
+    try:
+        os.makedirs(registry(), mode=0o700, exist_ok=True)
+        return os.open(os.path.join(registry(), name), os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError:
+        return None
+
+
+def _take(fd: int, wait_s: float) -> bool:
+    """Lock `fd`, waiting at most `wait_s`: then on without it (nft is correct
+    unlocked, only slower). Whether it is held."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.005)
+        except OSError:
+            return False
 
 
 def resolve(allow: Iterable[str]) -> tuple[list[str], list[str]]:
@@ -363,17 +408,28 @@ def local_users(uid: object) -> str:
 
 def run_detached(argv: list[str], stdin: str | None) -> tuple[int, str]:
     """Start the command in a session of its own and return at once, its output
-    to /dev/null: 0 once started (what it then does is not known)."""
+    to /dev/null: 0 once started (what it then does is not known). An `nft`
+    takes the ruleset's lock first (`flock`, where installed)."""
     tool = _tool(argv[0]) or argv[0]
+    command, lock = [tool, *argv[1:]], None
+    flock = _tool("flock") if argv[0] == "nft" else None
+    if flock is not None:
+        lock = _nft_lock()
+    if lock is not None:  # the child takes the lock (util-linux flock), then is nft
+        command = ["/bin/sh", "-c", f'{flock} -w {NFT_LOCK_WAIT_S:g} {lock}; exec "$@"',
+                   "sh", *command]
     try:
-        proc = subprocess.Popen([tool, *argv[1:]], stdin=subprocess.PIPE,
+        proc = subprocess.Popen(command, stdin=subprocess.PIPE,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                start_new_session=True)
+                                start_new_session=True, pass_fds=(lock,) if lock else ())
         if proc.stdin is not None:
             with proc.stdin:
                 proc.stdin.write((stdin or "").encode())
     except OSError as exc:
         return 127, f"{type(exc).__name__}: {exc}"
+    finally:
+        if lock is not None:
+            os.close(lock)
     return 0, ""
 
 
