@@ -51,7 +51,7 @@ RECORD = "firewall.json"
 PRIORITY = -10  # before the filter chains of firewalld, ufw, iptables-nft (priority 0)
 CAP_NET_ADMIN = 12  # bit in /proc/self/status CapEff (linux/capability.h)
 TOOL_TIMEOUT_S = 10.0  # nft/iptables take milliseconds; `-w` waits for the xtables lock
-# nft runs one at a time per ruleset (see _nft_lock); past this wait, unlocked.
+# nft removals take turns per ruleset (see _nft_lock); past this wait, unlocked.
 NFT_LOCK_WAIT_S = 10.0
 MULTIPORT_MAX = 15  # iptables' multiport match takes at most 15 ports
 # A seal admits every host of the cluster file, by SSH and TF address: 10,000
@@ -304,9 +304,10 @@ def probe() -> tuple[str | None, str]:
     return None, "neither nft nor iptables is installed"
 
 
-def _run(argv: list[str], stdin: str | None) -> tuple[int, str]:
+def _run(argv: list[str], stdin: str | None, in_turn: bool = False) -> tuple[int, str]:
+    """Run a firewall tool; `in_turn`: an `nft` waits for the ruleset's lock first."""
     tool = _tool(argv[0]) or argv[0]
-    lock = _nft_lock() if argv[0] == "nft" else None
+    lock = _nft_lock() if in_turn and argv[0] == "nft" else None
     try:
         if lock is not None:
             _take(lock, NFT_LOCK_WAIT_S)
@@ -320,12 +321,17 @@ def _run(argv: list[str], stdin: str | None) -> tuple[int, str]:
     return done.returncode, (done.stderr or done.stdout).strip()
 
 
-# One `nft` at a time per ruleset. The kernel commits one transaction at a
-# time anyway; `nft` processes that race restart (reread the ruleset, retry),
-# and agents sharing one kernel (simulated hosts, several jobs on one host)
-# all remove their tables at once at a job's end: 32 removals at once took
-# 1.2-1.4 s of CPU and 2-4 s here, one at a time 0.26 s and 0.7 s. A host with
-# one agent never waits. Per user (the registry folder) and network namespace.
+def _run_in_turn(argv: list[str], stdin: str | None) -> tuple[int, str]:
+    return _run(argv, stdin, in_turn=True)
+
+
+# Removals take turns: one `nft` removal at a time per ruleset. Agents sharing
+# one kernel (simulated hosts, several jobs on one host) all remove their
+# tables at once at a job's end, and racing removals restart (reread the
+# ruleset, retry): 32 at once took 1.2-1.4 s of CPU and 2-4 s here, in turn
+# 0.26 s and 0.7 s. Installs do not race so (0.15 s of CPU for 32 at once)
+# and a task waits for its own: they go at once. A host with one agent never
+# waits. Per user (the registry folder) and network namespace.
 
 
 def _nft_lock() -> int | None:
@@ -409,7 +415,7 @@ def local_users(uid: object) -> str:
 def run_detached(argv: list[str], stdin: str | None) -> tuple[int, str]:
     """Start the command in a session of its own and return at once, its output
     to /dev/null: 0 once started (what it then does is not known). An `nft`
-    takes the ruleset's lock first (`flock`, where installed)."""
+    (a removal) takes the ruleset's lock first (`flock`, where installed)."""
     tool = _tool(argv[0]) or argv[0]
     command, lock = [tool, *argv[1:]], None
     flock = _tool("flock") if argv[0] == "nft" else None
@@ -433,7 +439,7 @@ def run_detached(argv: list[str], stdin: str | None) -> tuple[int, str]:
     return 0, ""
 
 
-def remove(record: dict, run: Runner = _run, wait: bool = True) -> str:
+def remove(record: dict, run: Runner = _run_in_turn, wait: bool = True) -> str:
     """Remove what `record` (from RUN_DIR/firewall.json) installed; "" when there
     was nothing, else what was removed. Never raises. `wait=False` (the agent's
     last act, its tasks gone): an nft table's removal is started, not waited
@@ -457,7 +463,7 @@ def remove(record: dict, run: Runner = _run, wait: bool = True) -> str:
     return f"chain {seal.chain}" if removed else ""
 
 
-def reap(run_dir: str, run: Runner = _run, wait: bool = True) -> str:
+def reap(run_dir: str, run: Runner = _run_in_turn, wait: bool = True) -> str:
     """Remove the rules an earlier agent of `run_dir` recorded (and the record);
     `wait`: see `remove`."""
     record = read_record(run_dir)
@@ -517,7 +523,7 @@ def _register(table: str, run_dir: str, record: dict) -> None:
         pass  # the run directory's record still serves the next agent of the run
 
 
-def sweep(run: Runner = _run) -> list[str]:
+def sweep(run: Runner = _run_in_turn) -> list[str]:
     """Remove the rules of agents here that are gone; what was removed."""
     try:
         names = [n for n in os.listdir(registry()) if n.endswith(".json")]
