@@ -241,15 +241,24 @@ def start_sealed(agent: AgentProc, seal: Seal, name: str = "t0") -> dict:
     return agent.wait_event("started", task=name)
 
 
+def said(seal: Seal) -> str:
+    return (f"TF port(s) 23456 accept only root on this host and 1 cluster address(es) "
+            f"(nft table inet {seal.table})")
+
+
 def test_the_agent_seals_before_its_task_and_unseals_when_it_ends(netns, tmp_path):
     seal = seal_for("fw", str(tmp_path / "run"), "h1", [23456], ["10.0.0.2"], "cluster")
     agent = NetnsAgent(netns, tmp_path / "run")
     try:
         assert agent.hello()["firewall"] == {"backend": "nft", "why": "", "uid": os.getuid()}
+        # The launch sends the rules as soon as the hello is in (a `seal`), the
+        # start the same rules again: installed once, before the task.
+        agent.send({"op": "seal", "firewall": seal.to_json()})
+        agent.wait_event("log", text=f"firewall: {said(seal)}")
+        assert tables(netns) == [seal.table]
         start_sealed(agent, seal)
         assert tables(netns) == [seal.table]
-        assert any("firewall: TF port(s) 23456 accept only root on this host and 1 cluster "
-                   "address" in m["text"] for m in agent.events("log"))
+        assert [m["text"] for m in agent.events("log")] == [f"firewall: {said(seal)}"]
     finally:
         agent.close()  # stdin closed: the launcher is gone
     # Removed as the agent exits: started, not waited for (the kernel's time).
