@@ -1,7 +1,7 @@
 """Fan-out: launch until a trivial Python task has run on all of N SSH hosts.
 
 Side by side, on the same simulated hosts (one real sshd per loopback address,
-see launcher/ops/sshsim.py), N = 1, 8, 32:
+see launcher/tools/sshsim.py), N = 1, 8, 32:
 
 - mgpu-launch: `python -m launcher cluster.yaml trivial.py`. Reported twice:
   until the last task has run (the last `task_exited` in events.jsonl, from
@@ -58,9 +58,9 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from launcher.ops.sshsim import SimCluster, start_cluster  # noqa: E402
 from launcher.spec.config import load_config  # noqa: E402
 from launcher.spec.plan import host_targets  # noqa: E402
+from launcher.tools.sshsim import SimCluster, start_cluster  # noqa: E402
 from launcher.transport.ssh_connect import Connector  # noqa: E402
 
 TRIVIAL = "import os\nprint('ran on', os.environ.get('MGPU_HOST', os.uname().nodename))\n"

@@ -7,7 +7,7 @@ exit 130, as Ctrl-C later does, instead of with a KeyboardInterrupt traceback.
 
 import sys
 
-EXIT_INTERRUPTED = 130  # 128 + SIGINT, as the launcher's own interrupted runs
+from .commands.exits import INTERRUPTED  # standard library only, imports nothing
 
 
 def main() -> int:
@@ -25,7 +25,7 @@ def main() -> int:
         # dataclasses made while modules load): that marks it "unhandled".
         # A string exec resets the mark; a code object would not.
         exec("")  # noqa: S102
-        return EXIT_INTERRUPTED
+        return INTERRUPTED
     _exit_without_teardown(code)
     return code  # not reached
 

@@ -9,7 +9,7 @@ and exit codes:
 
 The terminal never decides the job's fate: SIGHUP and a closed stdout (EPIPE)
 only make the printer stop writing; the job runs on, the run directory gets
-everything and the exit code is the job's. `--detach` (launcher/ops/control.py)
+everything and the exit code is the job's. `--detach` (launcher/commands/control.py)
 runs the same command in the background.
 
 The launch itself (hosts, agents, plan, supervisor, summary) is
@@ -20,45 +20,44 @@ comes back and owns the signals while it runs.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib
 import json
 import os
 import signal
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from . import __version__
+from .commands import control, exits, loading, prereqs, usage
+from .commands.signals import stops_asked
+from .commands.usage import say, shown
 from .job.classify import signal_name
-from .job.launch import Job, Launch, LaunchRefused
-from .job.reach import Connected
+from .job.launch import Launch, LaunchRefused, Outcome
+from .job.sequence import EarlyEnd, run_launch
 from .job.states import Failure, RunResult
-from .ops import control, outlets, prereqs, usage
-from .ops.live import format_duration
-from .ops.printer import Printer
-from .ops.usage import say, shown
 from .spec import planview, rundir
 from .spec.addresses import AddressError
-from .spec.allocation import SlurmError, read_allocation, slurm_config, with_allocation
-from .spec.config import ConfigError, LoadedConfig, load_config, local_config
-from .spec.plan import Plan, PlanError, resolve_script
-from .transport import Transport, TransportError
+from .spec.allocation import SlurmError
+from .spec.config import ConfigError, LoadedConfig
+from .spec.plan import Plan, PlanError
 from .transport.factory import make_transport, quiet_paramiko_logs
+from .views import outlets
+from .views.live import format_duration
+from .views.printer import Printer
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 # Subcommand -> module with `main(argv) -> int`, imported only when used.
 SUBCOMMANDS = {
-    "check": "launcher.ops.check",        # check a cluster before a run
-    "simulate": "launcher.ops.sshsim",    # start simulated SSH hosts on loopback
-    "status": "launcher.ops.records",     # read a run directory
-    "logs": "launcher.ops.records",
-    "export": "launcher.ops.export",      # Slurm / Kubernetes TFJob
-    "stop": "launcher.ops.control",       # stop a running (e.g. detached) job
-    "report": "launcher.ops.report",      # a run as one self-contained HTML file
-    "profile": "launcher.ops.profile",    # trace every task of a running job at once
-    "drill": "launcher.ops.drill",        # inject faults: will the script survive them?
+    "check": "launcher.commands.check",    # check a cluster before a run
+    "simulate": "launcher.commands.simulate",  # start simulated SSH hosts on loopback
+    "status": "launcher.commands.status",  # read a run directory
+    "logs": "launcher.commands.status",
+    "export": "launcher.commands.export",  # Slurm / Kubernetes TFJob
+    "stop": "launcher.commands.control",   # stop a running (e.g. detached) job
+    "report": "launcher.commands.report",  # a run as one self-contained HTML file
+    "profile": "launcher.commands.profile",  # trace every task of a running job at once
+    "drill": "launcher.commands.drill",    # inject faults: will the script survive them?
 }
 
 USAGE = """\
@@ -139,7 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _main(list(sys.argv[1:] if argv is None else argv))
     except BrokenPipeError:  # e.g. `mgpu-launch --dry-run ... | head`: nothing left to say
         silence_fds(1)
-        return EXIT_OK
+        return exits.OK
 
 
 def _main(argv: list[str]) -> int:
@@ -148,55 +147,37 @@ def _main(argv: list[str]) -> int:
             module = importlib.import_module(SUBCOMMANDS[argv[0]])
         except ModuleNotFoundError as exc:
             say(f"mgpu-launch: `{argv[0]}` is not available in this build ({exc})")
-            return EXIT_USAGE
+            return exits.USAGE
         return module.main(argv)
     try:
         return _run(argv)
     except UsageError as exc:
         say(f"mgpu-launch: {exc}\nusage:\n{USAGE}")
-        return EXIT_USAGE
+        return exits.USAGE
     except ConfigError as exc:
         say(f"mgpu-launch: {exc}")
-        return EXIT_USAGE
+        return exits.USAGE
     except PlanError as exc:
         say(f"mgpu-launch: cannot plan the job: {exc}")
-        return EXIT_USAGE
+        return exits.USAGE
     except AddressError as exc:
         say(f"mgpu-launch: {exc}")
-        return EXIT_USAGE
+        return exits.USAGE
     except (LaunchRefused, outlets.OutletError) as exc:  # e.g. ports or checkpoint dir taken
         say(f"mgpu-launch: {exc}")
-        return EXIT_USAGE
+        return exits.USAGE
 
 
 def _load(args: argparse.Namespace) -> tuple[LoadedConfig, list[str]]:
-    rest = list(args.rest)
-    if rest and rest[0] == "--":
-        rest = rest[1:]
-    if args.local is not None and args.slurm:
-        raise UsageError("--local and --slurm exclude each other")
-    if args.local is not None:
-        if args.local < 1:
-            raise UsageError("--local needs a number of hosts >= 1")
-        if not rest:
-            raise UsageError("no training script given")
-        _no_cluster_file(rest[0], f"--local {args.local}")
-        return local_config(args.local), rest
-    if args.slurm:
-        if not rest:
-            raise UsageError("no training script given")
-        _no_cluster_file(rest[0], "--slurm")
-        loaded, command = slurm_config(), rest
-    elif len(rest) < 2:
-        raise UsageError("expected a cluster YAML and a training script")
-    else:
-        loaded, command = load_config(rest[0]), rest[1:]
-    if loaded.config.transport == "slurm":
-        try:
-            loaded = with_allocation(loaded, read_allocation(os.environ))
-        except SlurmError as exc:
-            raise UsageError(str(exc)) from None
-    return loaded, command
+    option = "--slurm" if args.slurm else f"--local {args.local}"
+    try:
+        return loading.cluster_and_script(
+            args.rest, args.local, args.slurm,
+            check_script=lambda script: _no_cluster_file(script, option))
+    except loading.ArgumentError as exc:
+        raise UsageError(str(exc)) from None
+    except SlurmError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _no_cluster_file(script: str, option: str) -> None:
@@ -222,10 +203,6 @@ def _run(argv: list[str]) -> int:
     loaded, command = _load(args)
     config = loaded.config
     local = config.transport == "local"
-    if local:
-        command = list(resolve_script(command, Path.cwd()))
-        if not Path(command[0]).exists():
-            raise UsageError(f"training script not found: {command[0]}")
     run_dir = Path(args.run_dir) if args.run_dir else _default_run_dir(config.name)
     run_dir = run_dir.resolve()
     if not args.dry_run and not control.run_dir_free(run_dir):
@@ -239,7 +216,7 @@ def _run(argv: list[str]) -> int:
         missing = prereqs.local_problem(launch.pythons, Path(command[0]), config.strategy)
         if missing:
             say(f"mgpu-launch: {missing}")
-            return EXIT_USAGE
+            return exits.USAGE
     # A detached run claims the checkpoint directory in its own process.
     first_plan = launch.prepare(lambda moved: say(f"mgpu-launch: {moved}"),
                                 claim=not args.detach)
@@ -261,24 +238,17 @@ def _dry_run(plan: Plan, args: argparse.Namespace, ports_auto: bool) -> int:
             raise UsageError(str(exc)) from None
         print(json.dumps(planview.one_task_json(task), indent=2) if args.json
               else planview.one_task(task))
-        return EXIT_OK
+        return exits.OK
     if args.json:
         print(planview.dumps(planview.plan_json(plan)))
-        return EXIT_OK
+        return exits.OK
     if ports_auto:
         print("# ports.base is auto: these ports are free now; a launch picks again")
     if plan.unresolved:
         print("# <address of IF on HOST>: that interface's IPv4 address, read by the "
               "host's agent when the job starts")
     print(planview.render_plan(plan))
-    return EXIT_OK
-
-
-class _EarlyEnd(Exception):
-    """The launch ended before its job started; `code` is the exit code."""
-
-    def __init__(self, code: int) -> None:
-        self.code = code
+    return exits.OK
 
 
 def _launch(launch: Launch, first_plan: Plan, args: argparse.Namespace,
@@ -298,79 +268,40 @@ def _launch(launch: Launch, first_plan: Plan, args: argparse.Namespace,
     )  # the run directory is named once it exists: a launch that fails first writes none
     for line in views.said:
         printer.notice(line)
-    try:
-        connected = _reach_hosts(launch, transport, first_plan, printer)
-    except _EarlyEnd as end:
-        views.close()
-        return _done(printer, previous_hangup, end.code)
-    # A stop asked for before the supervisor exists is kept for it, not lost.
-    early_stops: list[int] = []
-    previous_stops = {sig: signal.signal(sig, lambda signum, _frame: early_stops.append(signum))
-                      for sig in (signal.SIGINT, signal.SIGTERM)}
-    job = launch.start(connected, printer, args.max_restarts, views.views)
-    printer.notice(f"run dir {launch.run_dir}")
-    with _stops_go_to(job, early_stops):  # until the summary is written
-        outcome = job.run()
-        if outcome.unwritten is not None:
+    with stops_asked() as stop:  # until the summary is written
+        ended = run_launch(launch, first_plan, transport, printer, stop,
+                           max_restarts=args.max_restarts, views=views.views,
+                           started=lambda _job: printer.notice(f"run dir {launch.run_dir}"))
+        if isinstance(ended, Outcome) and ended.unwritten is not None:
             say(f"mgpu-launch: cannot write {launch.run_dir / rundir.SUMMARY} "
-                f"({outcome.unwritten}); it is:\n"
-                + json.dumps(outcome.summary, indent=2, default=str))
-    for sig, handler in previous_stops.items():
-        signal.signal(sig, handler)
-    if outcome.drops:  # said once, with the counts
-        printer.notice(outcome.drops)
-    _print_outcome(printer, outcome.result, launch.run_dir)
-    if outcome.stop is not None:
-        printer.notice(outcome.stop["said"])
-    return _done(printer, previous_hangup, exit_code(outcome.result))
+                f"({ended.unwritten}); it is:\n"
+                + json.dumps(ended.summary, indent=2, default=str))
+    if isinstance(ended, EarlyEnd):
+        views.close()
+        return _done(printer, previous_hangup, _early_end(ended, printer, launch.run_dir))
+    if ended.drops:  # said once, with the counts
+        printer.notice(ended.drops)
+    _print_outcome(printer, ended.result, launch.run_dir)
+    if ended.stop is not None:
+        printer.notice(ended.stop["said"])
+    return _done(printer, previous_hangup, exit_code(ended.result))
 
 
-def _reach_hosts(launch: Launch, transport: Transport, first_plan: Plan,
-                 printer: Printer) -> Connected:
-    """Every host's agent, or _EarlyEnd: a host not reached or not fit is exit
-    2, a stop meanwhile 128 + the signal (recorded for a detached launcher)."""
-    run_dir = launch.run_dir
-    # SIGTERM (e.g. `mgpu-launch stop`) while hosts are reached ends it as Ctrl-C does.
-    previous_term = signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        connected = launch.connect(transport, first_plan)
-    except (TransportError, AddressError) as exc:
-        say(f"mgpu-launch: {exc}")
-        control.record_early_end(run_dir, "failed", str(exc))
-        raise _EarlyEnd(EXIT_USAGE) from None
-    except KeyboardInterrupt as exc:
-        signum = exc.args[0] if exc.args and isinstance(exc.args[0], int) else signal.SIGINT
+def _early_end(ended: EarlyEnd, printer: Printer, run_dir: Path) -> int:
+    """A launch that ended before its job started: a host not reached or not fit
+    is exit 2, a stop meanwhile 128 + the signal (recorded for a detached launcher)."""
+    if ended.why == "interrupted":
+        signum = ended.signum or signal.SIGINT
         control.record_early_end(run_dir, "interrupted", "stopped while reaching the hosts",
                                  interrupted_by=signum)
-        raise _EarlyEnd(128 + signum) from None
-    finally:
-        signal.signal(signal.SIGTERM, previous_term)
-    refusals, notices = launch.preflight(connected)
-    for line in notices:
+        return exits.by_signal(signum)
+    for line in ended.notices:
         printer.notice(line)
-    if refusals:
-        say("mgpu-launch: " + "\nmgpu-launch: ".join(refusals))
-        connected.close()
-        control.record_early_end(run_dir, "failed", refusals[0].splitlines()[0])
-        raise _EarlyEnd(EXIT_USAGE)
-    return connected
-
-
-@contextlib.contextmanager
-def _stops_go_to(job: Job, early: Sequence[int] = ()) -> Iterator[None]:
-    """SIGINT and SIGTERM only ask the job's supervisor to stop (it stops every
-    task); `early`: stops that came before it existed."""
-    previous = {
-        sig: signal.signal(sig, lambda signum, _frame: job.request_stop(signum))
-        for sig in (signal.SIGINT, signal.SIGTERM)
-    }
-    for signum in early:
-        job.request_stop(signum)
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    say("mgpu-launch: " + "\nmgpu-launch: ".join(ended.reasons))
+    first = ended.reasons[0]
+    control.record_early_end(run_dir, "failed",
+                             first.splitlines()[0] if ended.why == "refused" else first)
+    return exits.USAGE
 
 
 # ---------------------------------------------------------------- the terminal
@@ -424,10 +355,6 @@ def _watch_terminal(printer: Printer):
     return signal.signal(signal.SIGHUP, hangup)
 
 
-def _interrupt(signum: int, _frame) -> None:
-    raise KeyboardInterrupt(signum)
-
-
 def _done(printer: Printer, previous_hangup, code: int) -> int:
     """The last of a run: let the terminal take the last lines (bounded)."""
     printer.finish()
@@ -437,10 +364,10 @@ def _done(printer: Printer, previous_hangup, code: int) -> int:
 
 def exit_code(result: RunResult) -> int:
     if result.status == "succeeded":
-        return EXIT_OK
+        return exits.OK
     if result.status == "interrupted":
-        return 128 + (result.interrupted_by or signal.SIGINT)
-    return EXIT_FAILED
+        return exits.by_signal(result.interrupted_by or signal.SIGINT)
+    return exits.FAILED
 
 
 def _print_outcome(printer: Printer, result: RunResult, run_dir: Path) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from launcher.ops.sshsim import SimCluster, start_cluster
+from launcher.tools.sshsim import SimCluster, start_cluster
 
 # A tiny MultiWorkerMirroredStrategy job: prints a digest of its final weights,
 # which must be identical on every worker.

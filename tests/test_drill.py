@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.ops import drill
-from launcher.ops.drill_report import (
+from launcher.commands import drill
+from launcher.views.drill_report import (
     Observed,
     cost_and_rate,
     goodput,

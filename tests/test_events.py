@@ -14,8 +14,8 @@ import pytest
 from launcher.job import events as ev
 from launcher.job.phases import PHASES, IllegalPhase, Phase, move
 from launcher.job.states import TRANSITIONS, TaskState, apply
-from launcher.ops import narrate
 from launcher.spec.rundir import EVENTS_SCHEMA, RunRecorder
+from launcher.views import narrate
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "operations.md"
 

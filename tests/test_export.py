@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launcher.ops.export import ExportError, render_tfjob, tfjob_manifest
 from launcher.spec.allocation import (
     Allocation,
     SlurmError,
@@ -24,6 +23,7 @@ from launcher.spec.allocation import (
     with_allocation,
 )
 from launcher.spec.config import ConfigError, load_config
+from launcher.tools.export import ExportError, render_tfjob, tfjob_manifest
 from tests.conftest import run_cli
 from tests.tfjob_schema import validate_network_policy, validate_tfjob
 

@@ -21,7 +21,7 @@ import pytest
 
 from launcher.job.goodput import PARTS as GOODPUT_PARTS
 from launcher.job.stalls import STOPPED_HANG_S
-from launcher.ops.records import load_run, render_status
+from launcher.views.records import load_run, render_status
 from tests.conftest import (
     SCRIPTS,
     alive,

@@ -169,7 +169,7 @@ def test_the_live_table_title_says_the_goodput_so_far():
 
     from launcher.job import events as ev
     from launcher.job.states import TaskRow
-    from launcher.ops.printer import Printer
+    from launcher.views.printer import Printer
 
     now = [100.0]
     out = io.StringIO()

@@ -1,6 +1,6 @@
 """Importing a launcher module changes nothing: no environment variable read
 away, no working directory changed. (The launcher once popped
-MGPU_DETACHED_RUN_DIR when `launcher.ops.control` was imported: whoever
+MGPU_DETACHED_RUN_DIR when `launcher.commands.control` was imported: whoever
 imported it, a test or a tool, lost the variable.)
 
 Each import runs in a fresh interpreter, so that what one module does is not
@@ -49,7 +49,7 @@ def test_importing_launcher_modules_leaves_the_environment_alone(tmp_path: Path)
 def test_the_detached_launcher_still_takes_its_run_dir(tmp_path: Path):
     """The variable is taken when the CLI starts, not lost: tasks never see it."""
     code = ("import os, pathlib, sys\n"
-            "from launcher.ops import control\n"
+            "from launcher.commands import control\n"
             "assert os.environ['MGPU_DETACHED_RUN_DIR']\n"
             "control.take_detached_run_dir()\n"
             "print('MGPU_DETACHED_RUN_DIR' in os.environ,"

@@ -19,8 +19,8 @@ import pytest
 
 from launcher.cli import _print_outcome
 from launcher.job.states import Failure, RunResult, TaskRow
-from launcher.ops.live import clean_for_screen, render
-from launcher.ops.printer import STATUS_EVERY_S, Printer
+from launcher.views.live import clean_for_screen, render
+from launcher.views.printer import STATUS_EVERY_S, Printer
 from tests.conftest import PYTHON, cli_env, read_events, start_cli, wait_for
 
 # --------------------------------------------------------------------- helpers

@@ -1,5 +1,5 @@
 """Prometheus metrics of a running job: `--metrics-port`, `metrics:` of the
-cluster file (launcher/ops/metrics.py).
+cluster file (launcher/views/metrics.py).
 
 The unit tests feed typed events to `JobMetrics` and read its text with
 prometheus-client's own parser; the end-to-end test scrapes a real running
@@ -16,8 +16,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from launcher.job import events as ev
-from launcher.ops.metrics import JobMetrics
 from launcher.spec.config import ConfigError, parse_config
+from launcher.views.metrics import JobMetrics
 from tests.conftest import PROGRESS_UNTIL_RELEASED, run_cli, start_cli, wait_for
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from launcher.ops import profile
+from launcher.commands import profile
 from tests.conftest import reported_steps, run_cli, start_cli, wait_for
 
 SCRIPT = Path(__file__).parent / "scripts" / "train_until_released.py"

@@ -14,8 +14,8 @@ import sys
 import time
 from pathlib import Path
 
-from launcher.ops.logs import resolve_task_logs
-from launcher.ops.records import launcher_alive, load_run
+from launcher.commands.logs import resolve_task_logs
+from launcher.views.records import launcher_alive, load_run
 from tests.conftest import PYTHON, cli_env, read_events, run_cli, start_cli, wait_for
 
 SCRIPT = """\

@@ -1,6 +1,6 @@
 """`mgpu-launch report RUN_DIR`: one self-contained HTML file of a run.
 
-The charts are pure functions (launcher/ops/svg.py), tested as text; the
+The charts are pure functions (launcher/views/svg.py), tested as text; the
 report is built from a recorded run of the old format, from a run directory
 with goodput and stragglers, and from a real `--local 2` job whose worker is
 killed with SIGKILL and restarted; that one is rendered in a real headless
@@ -20,11 +20,12 @@ from pathlib import Path
 
 import pytest
 
+from launcher.commands import report as report_command
 from launcher.job import events as ev
-from launcher.ops import report as rep
-from launcher.ops import svg
-from launcher.ops.records import load_run
-from launcher.ops.report_html import render
+from launcher.views import report as rep
+from launcher.views import svg
+from launcher.views.records import load_run
+from launcher.views.report_html import render
 from tests.conftest import REPO, SCRIPTS, alive, read_events, run_cli, start_cli, wait_for
 
 RUN_V1 = REPO / "tests" / "data" / "run_v1"
@@ -59,7 +60,7 @@ def test_a_recorded_run_of_the_old_format(tmp_path: Path, capsys):
     """run_v1 has no `v`, no command, no versions, no goodput: said, not guessed."""
     run = tmp_path / "run"
     shutil.copytree(RUN_V1, run)
-    assert rep.main(["report", str(run)]) == 0
+    assert report_command.main(["report", str(run)]) == 0
     out = run / "report.html"
     assert capsys.readouterr().out.strip() == str(out)
     assert out.stat().st_mode & 0o077 == 0  # user-only: it holds what the logs hold
@@ -117,10 +118,10 @@ def test_steps_per_second_per_generation():
 
 
 def test_a_missing_run_dir_or_output_is_a_usage_error(tmp_path: Path, capsys):
-    assert rep.main(["report", str(tmp_path / "nope")]) == 2
+    assert report_command.main(["report", str(tmp_path / "nope")]) == 2
     assert "mgpu-launch report: " in capsys.readouterr().err
     run = _fixture_run(tmp_path)
-    assert rep.main(["report", str(run), "-o", str(tmp_path / "no" / "r.html")]) == 2
+    assert report_command.main(["report", str(run), "-o", str(tmp_path / "no" / "r.html")]) == 2
     assert "cannot write" in capsys.readouterr().err
 
 

@@ -14,7 +14,7 @@ import signal
 
 import pytest
 
-from launcher.ops.records import load_run, render_status
+from launcher.views.records import load_run, render_status
 from tests.conftest import SCRIPTS, read_events, read_summary, wait_for
 from tests.test_faults import Job, jobs, launch  # noqa: F401 - `jobs` is a fixture
 

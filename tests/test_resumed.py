@@ -9,7 +9,7 @@ import pytest
 
 from launcher.job.events import Resumed
 from launcher.job.resumes import Resumes
-from launcher.ops.narrate import line
+from launcher.views.narrate import line
 from tests.conftest import SCRIPTS, read_events, read_summary, run_cli
 from tests.test_strategies import explain
 

@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from launcher.ops import records
+from launcher.views import records
 
 DATA = Path(__file__).parent / "data"
 RUN = DATA / "run_v1"

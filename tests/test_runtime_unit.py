@@ -41,7 +41,7 @@ def test_multi_worker_job_reads_the_task_environment(monkeypatch):
     monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"worker": ["a:1", "b:1"]},
                                                 "task": {"type": "worker", "index": 1}}))
     assert keras_compat.multi_worker_job()
-    assert not keras_compat._is_chief()
+    assert not keras_compat.is_chief()
 
 
 def test_refusal_names_the_fix_first():

@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher.ops.sshsim import generate_key
 from launcher.spec.config import load_config
 from launcher.spec.plan import HostTarget, host_targets
+from launcher.tools.sshsim import generate_key
 from launcher.transport import TransportError, ssh_auth
 from launcher.transport.ssh import SSHTransport
 from launcher.transport.ssh_connect import Connector

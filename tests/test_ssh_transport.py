@@ -21,9 +21,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from launcher.ops.sshsim import generate_key
 from launcher.spec.config import load_config
 from launcher.spec.plan import HostTarget, host_targets
+from launcher.tools.sshsim import generate_key
 from launcher.transport import TransportError
 from launcher.transport._paramiko import paramiko
 from launcher.transport.shipping import bundle_id

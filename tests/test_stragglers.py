@@ -28,8 +28,8 @@ from launcher.agent import health
 from launcher.job import events as ev
 from launcher.job.protocol import check_message
 from launcher.job.stragglers import Detector, describe
-from launcher.ops import narrate
 from launcher.spec.config import ConfigError, parse_config
+from launcher.views import narrate
 from tests.fake_agents import harness
 
 DATA = Path(__file__).parent / "data" / "stragglers"
@@ -396,7 +396,7 @@ def test_the_supervisor_names_a_straggler_in_events_terminal_and_summary(tmp_pat
 
 def test_the_live_table_marks_the_straggler():
     from launcher.job.states import TaskRow
-    from launcher.ops.live import describe_row, render
+    from launcher.views.live import describe_row, render
 
     rows = [TaskRow(label=f"host{i}/worker{i}", host=f"host{i}", task=f"worker{i}",
                     state="running", generation=0, restarts=0, step=300, steps_per_s=7.5,
@@ -569,7 +569,7 @@ def test_the_radar_traces_rarely_and_names_the_task_its_peers_wait_for(tmp_path:
 
 
 def test_status_of_a_running_job_names_its_straggler(tmp_path: Path):
-    from launcher.ops.records import load_run, render_status
+    from launcher.views.records import load_run, render_status
 
     event = ev.Straggler(generation=0, task="worker1", host="host1", slowdown=2.5,
                          evidence={"unit": "ms_per_step", "task": {"waiting_for_cpu": 315.0},

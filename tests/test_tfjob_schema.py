@@ -12,8 +12,8 @@ import pytest
 from kubeflow.training import models
 from kubernetes.client import V1Container, V1SecretKeySelector
 
-from launcher.ops.export import tfjob_manifest
 from launcher.spec.config import load_config
+from launcher.tools.export import tfjob_manifest
 from tests.tfjob_schema import ENUMS, REPLICA_TYPES, required_keys, tfjob_errors, validate_tfjob
 
 CLUSTER = """\

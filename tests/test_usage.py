@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.ops import usage
+from launcher.commands import usage
 from launcher.transport.ports import free_ports
 from tests.conftest import run_cli, start_cli, wait_for
 

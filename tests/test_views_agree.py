@@ -25,9 +25,10 @@ from pathlib import Path
 
 import pytest
 
+from launcher.commands import status
 from launcher.job import goodput
-from launcher.ops import records, report, status_watch
-from launcher.ops.report_html import render
+from launcher.views import report, status_watch
+from launcher.views.report_html import render
 
 TASKS = [{"task": "worker0", "host": "host0"}, {"task": "worker1", "host": "host1"}]
 
@@ -61,9 +62,9 @@ def _training(t0: float, first: float, last: float, every: float = 10.0) -> list
 
 def _views(run: Path, capsys, monkeypatch) -> dict:
     """What each view says of `run`."""
-    assert records.main(["status", str(run)]) == 0
+    assert status.main(["status", str(run)]) == 0
     text = capsys.readouterr().out
-    assert records.main(["status", str(run), "--json"]) == 0
+    assert status.main(["status", str(run), "--json"]) == 0
     as_json = json.loads(capsys.readouterr().out)
     monkeypatch.setattr(status_watch, "ALIVE_EVERY_S", 0.1)
     screen = io.StringIO()

@@ -273,7 +273,7 @@ class Health:
 
 def _load_nvml() -> Any:
     """pynvml (nvidia-ml-py), initialised; None without it or without a GPU."""
-    hostfacts._add_site_dirs()  # noqa: SLF001 - the agent runs with -S: the site dirs first
+    hostfacts.add_site_dirs()  # the agent runs with -S: the site dirs first
     try:
         import pynvml
     except ImportError:

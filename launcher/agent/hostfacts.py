@@ -28,7 +28,7 @@ def load_psutil():
     with _psutil_lock:
         if not _psutil_tried:
             _psutil_tried = True
-            _add_site_dirs()
+            add_site_dirs()
             try:
                 import psutil as module
             except ImportError:  # pragma: no cover - depends on the host
@@ -109,7 +109,7 @@ def site_dirs() -> list[str]:
     return _site_dirs
 
 
-def _add_site_dirs() -> None:
+def add_site_dirs() -> None:
     for entry in site_dirs():
         if entry not in sys.path:
             sys.path.append(entry)

@@ -4,7 +4,7 @@ The supervisor decides and tells; it formats no text for people. Each thing
 that happens is one of the frozen records below, handed to the run
 directory's recorder (one JSON line of `events.jsonl`) and to the views that
 listen (`Listener`: the printer turns an event into its line,
-launcher/ops/narrate.py). `status` reads the lines back with `from_record`.
+launcher/views/narrate.py). `status` reads the lines back with `from_record`.
 
 The JSON line of an event is `{"t": ..., "event": <kind>, "v": 2, <fields>}`:
 its fields in the order declared here, under the names `events.jsonl` always
@@ -17,7 +17,7 @@ A few events are told, not written (`recorded = False`): an agent's own
 diagnostics, which may be many and say nothing of the job's state.
 
 Pure values; no I/O but through the recorder handed to `write`. Must not
-import ops or cli.
+import views, commands or cli.
 """
 
 from __future__ import annotations
@@ -361,7 +361,7 @@ class OutOfStepAhead(TaskEvent):
 
 @dataclass(frozen=True, kw_only=True)
 class NotifyFailed(Event):
-    """A `notify.command` failed, timed out or was not run (launcher/ops/notify.py)."""
+    """A `notify.command` failed, timed out or was not run (launcher/views/notify.py)."""
 
     kind = "notify_failed"
     notify: str = ""  # the notification: failed, restarted, succeeded, stopped, straggler
@@ -393,7 +393,7 @@ class TailCut(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class MetricsServed(Event):
-    """Where the job's Prometheus metrics are (launcher/ops/metrics.py): written
+    """Where the job's Prometheus metrics are (launcher/views/metrics.py): written
     once, after the first launch, so `status` can say a port chosen at start."""
 
     kind = "metrics_served"

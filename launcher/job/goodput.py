@@ -30,7 +30,7 @@ is the first report past its resume point (`start_step`; for a restarted
 script that reports nothing itself, the first count read off its optimizer,
 which may be the restored count itself).
 
-Pure: no I/O, no clock. Must not import ops or cli.
+Pure: no I/O, no clock. Must not import views, commands or cli.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ transport's own errors); it never prints or exits: the cli parses arguments,
 makes the printer (a `Screen`) and hands it in, owns the signals, and turns
 what comes back into text and exit codes.
 
-Must not import: ops, cli.
+Must not import: views, commands, cli.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ class Screen(Voice, Protocol):
 
 
 class View(ev.Listener, Protocol):
-    """A view of the job beside the screen (metrics, notifications: launcher/ops/
+    """A view of the job beside the screen (metrics, notifications: launcher/views/
     outlets.py): told every event; opened before the supervisor runs, with a way
     to add its own events to the story (from any thread); closed (bounded) after."""
 

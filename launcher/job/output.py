@@ -27,7 +27,7 @@ WATCHED_STRATEGIES = COLLECTIVE
 
 
 class Voice(ev.Listener, Protocol):
-    """Where the story goes for people (the operator's printer, launcher/ops/
+    """Where the story goes for people (the operator's printer, launcher/views/
     printer.py, is one): told every event, handed every task's output line and
     the live rows. The supervisor sits below the views and never imports them
     (tests/test_layering.py, floors)."""

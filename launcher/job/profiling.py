@@ -14,11 +14,11 @@ goes to the `on_done` callback given, and with `keep_files` to
 `RUN_DIR/profiles/<id>/summary.json` beside the traces, laid out for
 TensorBoard's profile plugin: `plugins/profile/<id>/<task>.xplane.pb`.
 
-`mgpu-launch profile` (launcher/ops/profile.py) reaches a running launcher
+`mgpu-launch profile` (launcher/commands/profile.py) reaches a running launcher
 through a request file, `RUN_DIR/profiles/request.json`, that `poll` looks
 for on the supervisor's thread; everything here runs on that thread.
 
-Must not import: supervisor, ops, cli.
+Must not import: supervisor, views, commands, cli.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ connect through a `Transport` and, once the hellos are in, generation 0's plan
 again with the addresses of named network interfaces.
 
 Must not import: supervisor (`check` reaches hosts through here and never
-trains), ops, cli.
+trains), views, commands, cli.
 """
 
 from __future__ import annotations

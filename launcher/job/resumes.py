@@ -14,7 +14,7 @@ counts as progress and as a resume"):
 (The steps read off the optimizer seconds into training, marked `counted`,
 are never a resume point.) The first such report of a generation after a
 restart is where it resumed: a `resumed` event (worded "generation 2 resumed
-at epoch 3 (step 30)" by launcher/ops/narrate.py) and an entry of the
+at epoch 3 (step 30)" by launcher/views/narrate.py) and an entry of the
 summary's `resumed` list, with the checkpoint series seen on disk when the
 generation started (launcher/job/checkpoints.py), when this machine sees them,
 and the last save completed before it (`saved_step`).

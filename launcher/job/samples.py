@@ -20,7 +20,7 @@ every report; `events.jsonl` keeps, per task:
   written; the last save held back (`saved`, `saved_dir`) rides on the next line.
 
 docs/operations.md states the rate and the file's growth. Pure bookkeeping;
-owned by the supervisor thread. Must not import ops or cli.
+owned by the supervisor thread. Must not import views, commands or cli.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ a flag (`request_stop`), read by the loop.
 
 It decides and tells; it formats no text for people. Every fact is one typed
 event (launcher/job/events.py), written to the run directory and told to its
-`Voice` (the operator's printer, which words it: launcher/ops/narrate.py) and
+`Voice` (the operator's printer, which words it: launcher/views/narrate.py) and
 to any other `Listener`. A task's state moves by the events that concern it
 (`states.apply`, the state machine `status` replays too); the generation's
 phase by `Generation.enter` (launcher/job/phases.py).

@@ -253,7 +253,7 @@ def report_saved(step: int | None, directory: str) -> None:
     save's time goes with it, and a task killed right after still proved it."""
     if not os.environ.get("MGPU_PROGRESS_FD"):
         return
-    record: dict = {"checkpoint": 1, "saved_dir": _short_path(directory), "time": time.time()}
+    record: dict = {"checkpoint": 1, "saved_dir": short_path(directory), "time": time.time()}
     if step is not None:
         record["saved"] = int(step)
         if not steps_reported_by_script():  # a step of the optimizer's count (runtime.steps)
@@ -270,11 +270,11 @@ def report_resumed(step: int, directory: str | None = None) -> None:
         return
     record: dict = {"resumed": int(step), "time": time.time()}
     if directory:
-        record["resumed_dir"] = _short_path(directory)
+        record["resumed_dir"] = short_path(directory)
     write_progress(record)
 
 
-def _short_path(path: str, limit: int = 200) -> str:
+def short_path(path: str, limit: int = 200) -> str:
     """A path that fits a progress string (launcher/job/protocol.py keeps 200)."""
     return path if len(path) <= limit else "…" + path[-(limit - 1):]
 

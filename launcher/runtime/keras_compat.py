@@ -116,7 +116,7 @@ def _tf_config() -> dict:
         return {}
 
 
-def _is_chief() -> bool:
+def is_chief() -> bool:
     config = _tf_config()
     task = config.get("task", {})
     kind, index = task.get("type", "worker"), int(task.get("index", 0))
@@ -505,7 +505,7 @@ def fix_backup_and_restore(cls: type) -> str:
         return "not needed"
 
     def _save_model(self):
-        if _is_chief():
+        if is_chief():
             return original_save(self)
         import shutil
         import tempfile
@@ -532,7 +532,7 @@ def fix_backup_and_restore(cls: type) -> str:
             shutil.rmtree(scratch, ignore_errors=True)
 
     def on_train_end(self, logs=None):
-        if _is_chief():  # only the chief deletes the shared backup
+        if is_chief():  # only the chief deletes the shared backup
             return original_end(self, logs)
         return None
 
@@ -563,7 +563,7 @@ def fix_model_checkpoint(cls: type) -> str:
         return os.path.join(scratch, os.path.basename(path))
 
     def _save_model(self, epoch, batch, logs):
-        if _is_chief():
+        if is_chief():
             return original_save(self, epoch, batch, logs)
         import tempfile
 

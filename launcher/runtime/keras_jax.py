@@ -211,7 +211,7 @@ def _chief_only_writes(module: ModuleType) -> None:
                 f"chief only ({exc}); every process writes its files")
             continue
         if name == "BackupAndRestore":
-            _atomic_backups(cls, keras_compat._is_chief)
+            _atomic_backups(cls, keras_compat.is_chief)
 
 
 def _atomic_backups(cls: type, is_chief) -> None:

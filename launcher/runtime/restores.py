@@ -43,7 +43,7 @@ def tell(step: int | None, epoch: int | None = None, directory: str | None = Non
 
     if epoch is not None:
         runtime.write_progress({"resumed": int(step), "resumed_epoch": int(epoch),
-                                **({"resumed_dir": runtime._short_path(directory)}
+                                **({"resumed_dir": runtime.short_path(directory)}
                                    if directory else {})})
         return
     runtime.report_resumed(step, directory)
@@ -53,7 +53,7 @@ def first_epoch(model, epoch: int) -> None:
     """`fit`'s first epoch began (after every callback's `on_train_begin`)."""
     from . import saves
 
-    tell(saves._step_of(model), epoch, _backup_dir)
+    tell(saves.step_of(model), epoch, _backup_dir)
 
 
 def _wrap(cls: type, name: str, after) -> None:

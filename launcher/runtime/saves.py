@@ -101,7 +101,7 @@ def _completed(saver: object, where: Where, args: tuple, kwargs: dict) -> None:
     """Report a completed save: its step and directory (best effort)."""
     try:
         directory = where(saver, args, kwargs)
-        step = _step_of(getattr(saver, "model", None))
+        step = step_of(getattr(saver, "model", None))
     except Exception:  # noqa: BLE001 - a layout we do not know: no report, no harm
         return
     if not directory:
@@ -111,7 +111,7 @@ def _completed(saver: object, where: Where, args: tuple, kwargs: dict) -> None:
     runtime.report_saved(step, os.path.abspath(str(directory)))
 
 
-def _step_of(model) -> int | None:
+def step_of(model) -> int | None:
     """The step count at a save: the saving model's optimizer, else the highest
     counter the step watcher tracks (runtime.steps)."""
     from . import steps

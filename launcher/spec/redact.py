@@ -3,7 +3,7 @@
 Owns: the rule that an `env:` name like `WANDB_API_KEY` or `DB_PASSWORD` holds
 a secret, shown as *** wherever the launcher prints or records it (--dry-run,
 check, the run directory's config.yaml) and read from a Kubernetes Secret in
-an exported TFJob (launcher.ops.export).
+an exported TFJob (launcher.tools.export).
 
 Must not import: anything of the launcher (a rule over names, used by config,
 plan and export alike).

@@ -25,7 +25,7 @@ SUMMARY = "summary.json"  # the outcome, written once the run has ended
 LOGS = "logs"  # folder: one log per task, named by log_file_name()
 STACKS = "stacks"  # folder: the Python stacks of stuck tasks, one file per task
 HOSTS = "hosts"  # folder: each simulated host's own files (--local)
-# Written by `mgpu-launch --detach` (launcher/ops/control.py) before the launcher
+# Written by `mgpu-launch --detach` (launcher/commands/control.py) before the launcher
 # starts: its pid and host, and its stdout/stderr.
 LAUNCHER_PID = "launcher.pid"
 LAUNCHER_OUT = "launcher.out"

@@ -1,4 +1,4 @@
-"""A `Report` (launcher/ops/report.py) as one self-contained HTML page.
+"""A `Report` (launcher/views/report.py) as one self-contained HTML page.
 
 No script, no external font, style sheet or image: the page opens from disk
 with no network, and its Content-Security-Policy forbids loading anything, so

@@ -15,14 +15,14 @@ import sys
 from pathlib import Path
 from typing import NoReturn, TextIO
 
-EXIT_USAGE = 2
+from .exits import USAGE
 
 
 class Parser(argparse.ArgumentParser):
     """argparse.ArgumentParser whose errors come before the usage block."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n{self.format_usage()}")
+        self.exit(USAGE, f"{self.prog}: error: {message}\n{self.format_usage()}")
 
     def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
         if message:

@@ -40,11 +40,10 @@ from ..spec.rundir import (
     SUMMARY,
     RunRecorder,
 )
-from . import usage
-from .records import read_events, read_launcher_pid
+from ..views.records import read_events, read_launcher_pid
+from . import exits, usage
 from .usage import say
 
-EXIT_OK, EXIT_NOT_STOPPED, EXIT_USAGE = 0, 1, 2
 # Files `--detach` puts into the run directory before the launcher starts.
 DETACH_FILES = frozenset({LAUNCHER_OUT, LAUNCHER_PID})
 # Set by detach() for the launcher it starts: the run directory it prepared.
@@ -132,7 +131,7 @@ def detach(argv: Sequence[str], rest: Sequence[str], run_dir: Path, name: str,
         f"  mgpu-launch status {shown}      how it goes\n"
         f"  mgpu-launch logs {shown} -f     follow every task's output\n"
         f"  mgpu-launch stop {shown}        stop it (tasks get their grace period to save)")
-    return EXIT_OK
+    return exits.OK
 
 
 def record_early_end(run_dir: Path, status: str, message: str,
@@ -244,22 +243,22 @@ def _claim_stop(run_dir: Path) -> bool:
 def stop(run_dir: Path, timeout_s: float | None = None) -> int:
     if not run_dir.is_dir():
         say(f"mgpu-launch stop: {run_dir}: no such directory")
-        return EXIT_USAGE
+        return exits.USAGE
     summary = _read_summary(run_dir)
     if summary is not None:
         say(f"{run_dir}: the job already finished: {_outcome(summary)}; nothing to stop",
             sys.stdout)
-        return EXIT_OK
+        return exits.OK
     launcher = launcher_of(run_dir)
     if launcher is None:
         say(f"mgpu-launch stop: {run_dir}: not a run directory, or its launcher has not "
             "started yet (no launch event, no launcher.pid)")
-        return EXIT_USAGE
+        return exits.USAGE
     host = launcher.get("launcher_host")
     if host and host != socket.gethostname():
         say(f"mgpu-launch stop: the launcher of {run_dir} runs on {host}: "
             "run `mgpu-launch stop` there")
-        return EXIT_USAGE
+        return exits.USAGE
     pid = launcher["launcher_pid"]
     proc = launcher_process(launcher)
     if proc is None:
@@ -267,11 +266,11 @@ def stop(run_dir: Path, timeout_s: float | None = None) -> int:
         if summary is not None:
             say(f"{run_dir}: the job already finished: {_outcome(summary)}; nothing to stop",
                 sys.stdout)
-            return EXIT_OK
+            return exits.OK
         say(f"mgpu-launch stop: the launcher of {run_dir} (pid {pid}) is gone and wrote no "
             "summary.json (killed, or its machine rebooted): nothing to stop; its agents "
             "stopped the tasks when it died")
-        return EXIT_NOT_STOPPED
+        return exits.NOT_STOPPED
     grace = _grace_s(run_dir)
     timeout_s = grace + STOP_MARGIN_S if timeout_s is None else timeout_s
     if _stop_requested(run_dir) is None and _claim_stop(run_dir):
@@ -280,7 +279,7 @@ def stop(run_dir: Path, timeout_s: float | None = None) -> int:
         except Exception as exc:  # noqa: BLE001 - psutil.AccessDenied, NoSuchProcess
             (run_dir / STOP_MARK).unlink(missing_ok=True)
             say(f"mgpu-launch stop: cannot signal the launcher (pid {pid}): {exc}")
-            return EXIT_NOT_STOPPED
+            return exits.NOT_STOPPED
         say(f"stopping {run_dir}: SIGTERM sent to the launcher (pid {pid}); the tasks get "
             f"SIGTERM, then SIGKILL after {grace:g} s; {HOW_TO_SAVE}, else it resumes from "
             f"its last checkpoint; waiting up to {timeout_s:g} s", sys.stdout)
@@ -302,7 +301,7 @@ def _wait_for_summary(run_dir: Path, proc, timeout_s: float) -> int:
             said = (summary.get("stop") or {}).get("said")
             say(f"{run_dir}: job {_outcome(summary)}; summary: {run_dir / SUMMARY}"
                 + (f"\n{said}" if said else ""), sys.stdout)
-            return EXIT_OK
+            return exits.OK
         try:
             running = proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
         except psutil.Error:
@@ -312,12 +311,12 @@ def _wait_for_summary(run_dir: Path, proc, timeout_s: float) -> int:
             if time.monotonic() - gone_at > 1.0:  # the summary is written before exit
                 say(f"mgpu-launch stop: the launcher of {run_dir} exited without writing "
                     f"{SUMMARY}")
-                return EXIT_NOT_STOPPED
+                return exits.NOT_STOPPED
         time.sleep(POLL_S)
     say(f"mgpu-launch stop: {run_dir} is still running after {timeout_s:g} s (the launcher "
         f"may be waiting for a host); `mgpu-launch stop` again waits again, "
         f"`kill -TERM {proc.pid}` kills its tasks at once")
-    return EXIT_NOT_STOPPED
+    return exits.NOT_STOPPED
 
 
 STOP_USAGE = """\
@@ -344,4 +343,4 @@ def main(argv: Sequence[str]) -> int:
     try:
         return stop(Path(args.run_dir), args.timeout)
     except KeyboardInterrupt:
-        return 130
+        return exits.INTERRUPTED

@@ -3,9 +3,9 @@ launcher runs (detached, or started on another machine with a shared run
 directory), redrawn from its run directory until the job ends.
 
 It reads events.jsonl as it grows (only the new bytes, every `POLL_S`), keeps
-a `RunState` (the supervisor's own task state machine, launcher/ops/replay.py)
+a `RunState` (the supervisor's own task state machine, launcher/views/replay.py)
 and draws it with the launch's own view: `live.LiveScreen` on a terminal (the
-launcher's notices scrolling above the table, in launcher/ops/narrate.py's
+launcher's notices scrolling above the table, in launcher/views/narrate.py's
 words), on anything else (or a terminal that reports a size of 0) a plain line per
 notice and per task state change.
 It ends when summary.json appears (then prints `status`), or when the launcher

@@ -6,9 +6,9 @@
 
 Runs the job as a launch does (launcher/job/launch.py), listens to its typed
 events and, once it has saved a checkpoint, injects faults one after another
-(launcher/ops/drill_faults.py): a worker killed, a preemption (SIGTERM with
+(launcher/commands/drill_faults.py): a worker killed, a preemption (SIGTERM with
 the configured grace), a hang (SIGSTOP) and, on SSH hosts, a whole host lost.
-Each is judged (launcher/ops/drill_report.py); RUN_DIR/drill.json gets the
+Each is judged (launcher/views/drill_report.py); RUN_DIR/drill.json gets the
 verdicts, the checkpoint cost and the recommended interval; a table goes to
 stdout. A job that finishes before every fault was injected, or finishes its
 training during one, is started again (RUN_DIR/job2, ...) for the rest.
@@ -20,29 +20,25 @@ cannot be reached), 128 + signal when interrupted. docs/drill.md.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import signal
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-from ..job.launch import Launch, LaunchRefused
-from ..spec.addresses import AddressError
-from ..spec.allocation import SlurmError, read_allocation, slurm_config, with_allocation
-from ..spec.config import ConfigError, LoadedConfig, load_config, local_config
-from ..spec.plan import PlanError, resolve_script
-from ..transport import TransportError
+from ..job.launch import Job, Launch, LaunchRefused
+from ..job.sequence import EarlyEnd, StopRequest, run_launch
+from ..spec.allocation import SlurmError
+from ..spec.config import ConfigError, LoadedConfig
+from ..spec.plan import PlanError
 from ..transport.factory import make_transport, quiet_paramiko_logs
-from . import control, prereqs, usage
+from ..views.drill_report import DEFAULT_MTBF_HOURS, FAULTS, Observed, judge, render, report
+from ..views.printer import Printer
+from . import control, exits, loading, prereqs, usage
 from .drill_faults import Injector, Story
-from .drill_report import DEFAULT_MTBF_HOURS, FAULTS, Observed, judge, render, report
-from .printer import Printer
+from .signals import stops_asked
 from .usage import say
 
-EXIT_PASSED, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 DRILL_JSON = "drill.json"
 MAX_JOBS = 4
 
@@ -85,42 +81,25 @@ def main(argv: list[str]) -> int:
         run_dir = _run_dir(args, loaded)
     except Usage as exc:
         say(f"mgpu-launch drill: {exc}")
-        return EXIT_USAGE
+        return exits.USAGE
     except (ConfigError, SlurmError) as exc:
         say(f"mgpu-launch: {exc}")
-        return EXIT_USAGE
+        return exits.USAGE
     return _drill(args, loaded, command, faults, run_dir)
 
 
 def _load(args: argparse.Namespace) -> tuple[LoadedConfig, list[str], list[str]]:
-    rest = list(args.rest)
-    if rest and rest[0] == "--":
-        rest = rest[1:]
-    if args.local is not None and args.slurm:
-        raise Usage("--local and --slurm exclude each other")
-    if args.local is not None and args.local < 1:
-        raise Usage("--local needs a number of hosts >= 1")
     if args.mtbf_hours <= 0:
         raise Usage("--mtbf-hours needs a number of hours > 0")
     if args.checkpoint_wait <= 0:
         raise Usage("--checkpoint-wait needs a number of seconds > 0")
-    if args.local is not None or args.slurm:
-        if not rest:
-            raise Usage("no training script given")
-        loaded = local_config(args.local) if args.local is not None else slurm_config()
-        command = rest
-    elif len(rest) < 2:
-        raise Usage("expected a cluster YAML and a training script (or --local N, --slurm)")
-    else:
-        loaded, command = load_config(rest[0]), rest[1:]
-    transport = loaded.config.transport
-    if transport == "slurm":
-        loaded = with_allocation(loaded, read_allocation(os.environ))
-    if transport == "local":
-        command = list(resolve_script(command, Path.cwd()))
-        if not Path(command[0]).exists():
-            raise Usage(f"training script not found: {command[0]}")
-    return loaded, command, _faults(args.faults, transport)
+    try:
+        loaded, command = loading.cluster_and_script(
+            args.rest, args.local, args.slurm,
+            expected="expected a cluster YAML and a training script (or --local N, --slurm)")
+    except loading.ArgumentError as exc:
+        raise Usage(str(exc)) from None
+    return loaded, command, _faults(args.faults, loaded.config.transport)
 
 
 def _faults(given: str | None, transport: str) -> list[str]:
@@ -151,16 +130,16 @@ def _drill(args: argparse.Namespace, loaded: LoadedConfig, command: list[str],
     series: list = []
     timed: list[float] = []  # each save's seconds, as the bootstrap timed them
     save_steps: list[int] = []
-    stops: list[int] = []
+    stop = StopRequest()
     left = faults
     for number in range(1, MAX_JOBS + 1):
         where = run_dir if number == 1 else run_dir / f"job{number}"
         try:
-            injector, story = _one_job(args, loaded, command, left, where, number, stops)
+            injector, story = _one_job(args, loaded, command, left, where, number, stop)
         except Usage as exc:
             if number == 1:
                 say(f"mgpu-launch drill: {exc}")
-                return EXIT_USAGE
+                return exits.USAGE
             observed += [Observed(f, not_injected=f"the drill's job {number}, for the {f}, "
                                   f"could not start: {exc}") for f in left]
             break
@@ -168,7 +147,7 @@ def _drill(args: argparse.Namespace, loaded: LoadedConfig, command: list[str],
         timed += story.save_seconds
         save_steps += [step for _, step, _ in story.saves()]
         again = [o.fault for o in injector.observed if o.again]
-        retry = injector.injected > 0 and not stops and number < MAX_JOBS
+        retry = injector.injected > 0 and not stop.signals and number < MAX_JOBS
         observed += [o for o in injector.observed if not (o.again and retry)]
         left = again if retry else []
         if not left:
@@ -182,14 +161,14 @@ def _drill(args: argparse.Namespace, loaded: LoadedConfig, command: list[str],
         handle.write(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
     print(render(data), flush=True)
     print(f"drill: {run_dir / DRILL_JSON}", flush=True)
-    if stops:
-        return 128 + stops[0]
-    return EXIT_PASSED if data["passed"] and observed else EXIT_FAILED
+    if stop.first is not None:
+        return exits.by_signal(stop.first)
+    return exits.PASSED if data["passed"] and observed else exits.FAILED
 
 
 def _one_job(args: argparse.Namespace, loaded: LoadedConfig, command: list[str],
              faults: list[str], run_dir: Path, number: int,
-             stops: list[int]) -> tuple[Injector, Story]:
+             stop: StopRequest) -> tuple[Injector, Story]:
     """One job of the drill, with `faults` injected into it; raises Usage when
     it cannot start (exit 2)."""
     config = loaded.config
@@ -202,45 +181,35 @@ def _one_job(args: argparse.Namespace, loaded: LoadedConfig, command: list[str],
                 raise Usage(missing)
         # The first job claims the checkpoint directory; the claim lasts as long as this process.
         first = launch.prepare(lambda moved: say(f"mgpu-launch: {moved}"), claim=number == 1)
-        connected = launch.connect(make_transport(config), first)
-    except (LaunchRefused, PlanError, TransportError, AddressError) as exc:
+    except (LaunchRefused, PlanError) as exc:
         raise Usage(str(exc)) from None
-    refusals, notices = launch.preflight(connected)
-    if refusals:
-        connected.close()
-        raise Usage("; ".join(refusals))
     if config.transport == "ssh":
         quiet_paramiko_logs()
     printer = Printer([t.label for t in first.tasks], quiet=args.quiet, live=False)
-    for line in notices:
-        printer.notice(line)
     story = Story()
-    job = launch.start(connected, printer, views=[story])
-    printer.notice(f"drill: run dir {run_dir}; faults {', '.join(faults)}, each once "
-                   "the job has saved a checkpoint")
-    injector = Injector(job, story, faults, grace_s=connected.plan.grace_s,
-                        checkpoint_wait_s=args.checkpoint_wait,
-                        checkpoint_dir=connected.plan.checkpoint_dir,
-                        say=printer.notice)
-    thread = threading.Thread(target=injector.run, name="drill", daemon=True)
-    with _stops_go_to(job, stops):
+    thread: threading.Thread | None = None
+
+    def started(job: Job) -> None:
+        nonlocal thread, injector
+        printer.notice(f"drill: run dir {run_dir}; faults {', '.join(faults)}, each once "
+                       "the job has saved a checkpoint")
+        plan = job.connected.plan
+        injector = Injector(job, story, faults, grace_s=plan.grace_s,
+                            checkpoint_wait_s=args.checkpoint_wait,
+                            checkpoint_dir=plan.checkpoint_dir, say=printer.notice)
+        thread = threading.Thread(target=injector.run, name="drill", daemon=True)
         thread.start()
-        job.run()
-        thread.join(timeout=30)
+
+    injector: Injector | None = None
+    with stops_asked(stop):
+        ended = run_launch(launch, first, make_transport(config), printer, stop,
+                           views=[story], started=started)
+    if isinstance(ended, EarlyEnd):
+        printer.finish()
+        if ended.why == "interrupted":  # as Ctrl-C before the drill's job
+            raise KeyboardInterrupt(ended.signum)
+        raise Usage("; ".join(ended.reasons))
+    assert thread is not None and injector is not None
+    thread.join(timeout=30)
     printer.finish()
     return injector, story
-
-
-@contextlib.contextmanager
-def _stops_go_to(job, stops: list[int]) -> Iterator[None]:
-    """Ctrl-C and SIGTERM stop the job (and the drill)."""
-    def stop(signum: int, _frame) -> None:
-        stops.append(signum)
-        job.request_stop(signum)
-
-    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)

@@ -7,7 +7,7 @@ between hosts flagged; the planned ports free (each host briefly listens on
 its own); every host able to reach every task's TF_CONFIG address and port;
 the checkpoint directory shared (a nonce written from one host, read on the
 others) and its free space; GPUs visible; then a tiny collective across every
-task on the job's own plan (launcher/ops/check_collective.py; `--no-collective`
+task on the job's own plan (launcher/job/check_collective.py; `--no-collective`
 skips it). Prints one row per host, one line per task of the collective, the
 problems host by host, and a verdict. Exit 0 only when the run would start, 2
 otherwise.
@@ -35,18 +35,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import firewall
+from ..job import check_collective
+from ..job.check_collective import CollectiveReport, task_addresses
 from ..job.reach import Reach
-from ..spec.allocation import SlurmError, read_allocation, slurm_config, with_allocation
-from ..spec.config import ConfigError, LoadedConfig, keras_backend, load_config, local_config
+from ..spec.allocation import SlurmError
+from ..spec.config import ConfigError, LoadedConfig, keras_backend
 from ..spec.plan import HostTarget, Plan, PlanError
 from ..strategy import ON_JAX
 from ..transport import AgentLink, AgentMessage, Transport
 from ..transport.factory import make_transport
-from . import check_collective, check_json, script_dirs, usage
-from .check_collective import CollectiveReport, task_addresses
+from . import check_json, exits, loading, script_dirs, usage
 from .check_scripts import LISTEN, PROBE, READ_NONCE, REMOVE, UNLINK, WRITE_NONCE
 
-EXIT_READY, EXIT_NOT_READY = 0, 2
 PROBE_TIMEOUT_S = 30.0  # one probe on one host: a few socket connects and a stat
 PEER_TIMEOUT_S = 3.0  # a TCP connect between two hosts of one cluster
 # One `true` over SSH taking longer: say so (it is mostly the login shell).
@@ -553,12 +553,7 @@ def main(argv: list[str]) -> int:
     if args.script and not os.path.isfile(args.script):
         parser.error(f"--script: no such file: {args.script}")
     try:
-        if args.local is not None:
-            loaded = local_config(args.local)
-        else:
-            loaded = slurm_config() if args.slurm else load_config(args.cluster)
-        if loaded.config.transport == "slurm":
-            loaded = with_allocation(loaded, read_allocation(os.environ))
+        loaded = loading.load_cluster(args.cluster, args.local, args.slurm)
     except ConfigError as exc:
         return _cannot_check(f"mgpu-launch: {exc}", args.json)
     except SlurmError as exc:
@@ -574,7 +569,7 @@ def main(argv: list[str]) -> int:
     else:
         print(render(reports, checkpoint_dir, isinstance(loaded.config.ports.base, int),
                      collective))
-    return EXIT_READY if not any(r.problems for r in reports) else EXIT_NOT_READY
+    return exits.READY if not any(r.problems for r in reports) else exits.NOT_READY
 
 
 def _cannot_check(message: str, as_json: bool) -> int:
@@ -582,4 +577,4 @@ def _cannot_check(message: str, as_json: bool) -> int:
     print(message, file=sys.stderr)
     if as_json:
         print(check_json.error(message))
-    return EXIT_NOT_READY
+    return exits.NOT_READY

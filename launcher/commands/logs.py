@@ -15,16 +15,14 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ..spec.rundir import EVENTS, LOGS, SUMMARY
-from . import usage
-from .records import (
-    EXIT_OK,
-    EXIT_USAGE,
+from ..views.records import (
     RunDirError,
     RunView,
     launcher_alive,
     load_run,
     read_events,
 )
+from . import exits, usage
 
 # How often `logs -f` looks for new lines and for summary.json.
 FOLLOW_POLL_S = 0.2
@@ -175,13 +173,13 @@ def logs_main(argv: list[str], out: TextIO) -> int:
         targets = resolve_task_logs(view, args.task)
     except RunDirError as exc:
         print(f"mgpu-launch logs: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return exits.USAGE
 
     if args.list:
         for label, path in targets:
             size = f"{path.stat().st_size} bytes" if path.exists() else "no output yet"
             out.write(f"{label}  {path}  ({size})\n")
-        return EXIT_OK
+        return exits.OK
 
     prefixed = args.task is None and len(targets) > 1
     width = max((len(label) for label, _ in targets), default=0)
@@ -196,15 +194,15 @@ def logs_main(argv: list[str], out: TextIO) -> int:
         for line in lines:
             write(label, line)
     if not args.follow:
-        return EXIT_OK
+        return exits.OK
     if view.finished:
         # Nothing more will come; print a partial last line, if any.
         for label, path in targets:
             for line in _Follower(label, path, offsets[path]).new_lines(final=True):
                 write(label, line)
-        return EXIT_OK
+        return exits.OK
     try:
         follow_logs(view.run_dir, targets, offsets, write, timeout_s=args.timeout)
     except KeyboardInterrupt:
-        return 130
-    return EXIT_OK
+        return exits.INTERRUPTED
+    return exits.OK

@@ -14,7 +14,7 @@ Owns the JSON shape of a check, one object on standard output:
 - `error`: set instead of the hosts when the check could not run (a bad cluster
   file, no allocation, a job that cannot be planned).
 
-A view of launcher.ops.check's reports: it decides nothing.
+A view of launcher.commands.check's reports: it decides nothing.
 
 Must not import: supervisor, transport.
 """
@@ -25,13 +25,13 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from .check_collective import CollectiveReport
+from ..job.check_collective import CollectiveReport
 
 SCHEMA = 1  # `v`: bumped when a field changes meaning
 
 
 def host_object(report: Any) -> dict[str, Any]:
-    """One host of a check (`report`: a launcher.ops.check.HostReport)."""
+    """One host of a check (`report`: a launcher.commands.check.HostReport)."""
     hello = report.hello
     return {
         "host": report.host.name,

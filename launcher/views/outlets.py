@@ -1,6 +1,6 @@
 """The views of a launch beside the terminal, made from the cluster file and
-the command line: Prometheus metrics (launcher/ops/metrics.py) and
-notifications (launcher/ops/notify.py). The cli makes them before the hosts are
+the command line: Prometheus metrics (launcher/views/metrics.py) and
+notifications (launcher/views/notify.py). The cli makes them before the hosts are
 reached (a busy metrics port is a usage error, exit 2, before anything starts)
 and hands them to the launch (`Launch.start(..., views=outlets.views)`).
 

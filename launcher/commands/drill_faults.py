@@ -25,7 +25,7 @@ from typing import Any
 from ..job import checkpoints
 from ..job import events as ev
 from ..job.launch import Job
-from .drill_report import Observed, Point
+from ..views.drill_report import Observed, Point
 
 POLL_S = 0.1
 DISK_EVERY_S = 1.0  # a look at the checkpoint directory walks it (a shared filesystem)
@@ -409,6 +409,6 @@ class Injector:
 
 
 def _rate(series: list[list[Point]]) -> float | None:
-    from .drill_report import cost_and_rate
+    from ..views.drill_report import cost_and_rate
 
     return cost_and_rate(series)[1]

@@ -13,7 +13,6 @@ default RUN_DIR/report.html). Must not import supervisor, transport or cli.
 from __future__ import annotations
 
 import os
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -23,12 +22,10 @@ from typing import Any
 from ..job import events as ev
 from ..spec.plan import task_label
 from ..spec.rundir import CONFIG, EVENTS, SUMMARY
-from . import usage
-from .records import RunDirError, RunView, _read_config, _read_json, load_run, read_events
+from .records import RunView, load_run, read_config, read_events, read_json
 from .replay import failure_from_event
 from .svg import Mark, Span
 
-EXIT_OK, EXIT_USAGE = 0, 2
 REPORT = "report.html"  # the default output, in the run directory
 JOB_ROW = "job"  # the timeline's last row: the restarts between generations
 
@@ -77,7 +74,7 @@ def build(run_dir: str | os.PathLike, now: float | None = None) -> Report:
     run_dir = Path(run_dir)
     view = load_run(run_dir, now=now)
     records = read_events(run_dir / EVENTS)
-    summary = _read_json(run_dir / SUMMARY)
+    summary = read_json(run_dir / SUMMARY)
     events = [ev.from_record(r) for r in records]
     times = [e.t for e in events if e.t is not None]
     t0 = min(times) if times else (view.started_t or time.time())
@@ -87,7 +84,7 @@ def build(run_dir: str | os.PathLike, now: float | None = None) -> Report:
     else:
         end = time.time() if now is None else now
     report = Report(view=view, t0=t0, duration_s=max(0.0, end - t0), summary=summary,
-                    config=_read_config(run_dir / CONFIG))
+                    config=read_config(run_dir / CONFIG))
     _timeline(report, events)
     report.faults = _faults(report, events, summary)
     # Rates over windows of 1/20 of the run up to 2 s (1/300 of a long run):
@@ -310,49 +307,3 @@ def _hosts(config: dict[str, Any], events: Sequence[ev.Event],
         rows.append({"address": None, "roles": "", "spare": False, "tasks": tasks,
                      **facts.get(name, {}), "host": name})
     return rows, bool(facts)
-
-
-# ---------------------------------------------------------------------- main
-
-
-def _write_private(path: Path, text: str) -> None:
-    """Write `path` whole (a reader never sees half a report), readable by the
-    user only: it holds what the run's logs hold."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
-def main(argv: Sequence[str]) -> int:
-    """`argv[0]` is `report` (as dispatched by the CLI)."""
-    from .report_html import render
-
-    parser = usage.Parser(prog="mgpu-launch report",
-                          description="Write a run (finished or still going) as one "
-                          "self-contained HTML file: it opens from disk, no network needed.")
-    parser.add_argument("run_dir", metavar="RUN_DIR")
-    parser.add_argument("-o", "--output", metavar="FILE",
-                        help=f"where to write it (default RUN_DIR/{REPORT})")
-    args = parser.parse_args(list(argv)[1:])
-    try:
-        report = build(args.run_dir)
-    except RunDirError as exc:
-        print(f"mgpu-launch report: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    out = Path(args.output) if args.output else Path(args.run_dir) / REPORT
-    try:
-        _write_private(out, render(report))
-    except OSError as exc:
-        print(f"mgpu-launch report: cannot write {out}: {exc.strerror or exc}", file=sys.stderr)
-        return EXIT_USAGE
-    print(out)
-    return EXIT_OK

@@ -37,11 +37,11 @@ from .export import (
     K8S_CHECKPOINT_ROOT,
     TFJOB_PORT,
     ExportError,
-    _dns_name,
-    _env_var,
-    _gpus,
-    _PlainDumper,
-    _shared_env,
+    PlainDumper,
+    dns_name,
+    env_var,
+    pod_gpus,
+    shared_env,
 )
 
 API_VERSION = "trainer.kubeflow.org/v1alpha1"
@@ -136,7 +136,7 @@ def trainjob_manifests(loaded: LoadedConfig, command: Sequence[str], *,
     if runtime_kind not in RUNTIME_KINDS:
         raise ExportError(f"runtime kind {runtime_kind!r}: one of {', '.join(RUNTIME_KINDS)}")
     config = loaded.config
-    job = _dns_name(config.name)
+    job = dns_name(config.name)
     plan = trainjob_plan(loaded, command, job)
     checkpoint_dir = _checkpoint_dir(loaded, checkpoint_dir)
     runtime_name = f"{job}-mgpu"
@@ -157,7 +157,7 @@ def trainjob_manifests(loaded: LoadedConfig, command: Sequence[str], *,
         # The pod start picks the task from JOB_COMPLETION_INDEX, then the bootstrap runs it.
         "command": [config.python or "python3", "-m", "launcher.podstart", *task.command],
     }
-    gpus = _gpus(plan.tasks)
+    gpus = pod_gpus(plan.tasks)
     if gpus:
         trainer["resourcesPerNode"] = {"limits": {"nvidia.com/gpu": str(gpus)}}
     trainjob = {"apiVersion": API_VERSION, "kind": "TrainJob", "metadata": job_meta,
@@ -174,7 +174,7 @@ def _runtime_spec(loaded: LoadedConfig, plan: Plan, *, image: str, checkpoint_di
                   pvc: str | None, secret: str) -> dict[str, Any]:
     config = loaded.config
     task = plan.tasks[0]
-    env = {k: v for k, v in _shared_env(task, checkpoint_dir).items() if k not in _PER_POD}
+    env = {k: v for k, v in shared_env(task, checkpoint_dir).items() if k not in _PER_POD}
     env["MGPU_TF_CLUSTER"] = json.dumps(dict(task.tf_config["cluster"]),
                                         default=list, separators=(",", ":"))
     # The bootstrap's error record (type, message, traceback) of a task that dies of
@@ -184,7 +184,7 @@ def _runtime_spec(loaded: LoadedConfig, plan: Plan, *, image: str, checkpoint_di
         "name": NODE, "image": image,
         "terminationMessagePath": TERMINATION_LOG,
         "terminationMessagePolicy": "FallbackToLogsOnError",
-        "env": [*(_env_var(k, v, secret) for k, v in sorted(env.items())),
+        "env": [*(env_var(k, v, secret) for k, v in sorted(env.items())),
                 {"name": "MGPU_RESTART_ATTEMPT", "valueFrom": {"fieldRef": {
                     "fieldPath": f"metadata.labels['{RESTART_LABEL}']"}}}],
     }
@@ -307,7 +307,7 @@ def render(manifests: Sequence[dict[str, Any]], source: str) -> str:
     lines.append("A task that dies of an exception leaves its error in the pod's "
                  "termination message.")
     header = "".join(f"# {line}\n" for line in lines)
-    return header + "---\n".join(yaml.dump(m, Dumper=_PlainDumper, sort_keys=False)
+    return header + "---\n".join(yaml.dump(m, Dumper=PlainDumper, sort_keys=False)
                                  for m in manifests)
 
 

@@ -1,4 +1,4 @@
-"""The probes `mgpu-launch check` runs on each host (launcher/ops/check.py), as
+"""The probes `mgpu-launch check` runs on each host (launcher/commands/check.py), as
 `python -c SCRIPT JSON` through the agent's `exec_check` op or as a short task:
 standard library only, each prints one JSON object.
 

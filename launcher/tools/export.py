@@ -14,23 +14,19 @@ Must not import: supervisor, transport, cli.
 
 from __future__ import annotations
 
-import argparse
-import os
 import re
 import shlex
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import yaml
 
 from ..spec.allocation import NODE_BY_POSITION, Allocation, with_allocation
-from ..spec.config import ConfigError, LoadedConfig, load_config
+from ..spec.config import LoadedConfig
 from ..spec.plan import (
     ROLE_ORDER,
     Plan,
-    PlanError,
     Task,
     build_plan,
     default_checkpoint_dir,
@@ -38,9 +34,7 @@ from ..spec.plan import (
 )
 from ..spec.redact import looks_secret
 from ..strategy import Strategy
-from . import usage
 
-EXIT_OK, EXIT_USAGE = 0, 2
 DEFAULT_IMAGE = "mgpu-launch-worker:latest"  # built from docker/Dockerfile (README.md, Docker)
 K8S_CHECKPOINT_ROOT = "/mnt/checkpoints"
 # Environment the launcher sets per task; everything else in a task's env is shared.
@@ -64,7 +58,7 @@ def _plan(loaded: LoadedConfig, command: Sequence[str]) -> Plan:
                       ports=list(range(1, ports_needed(loaded.config) + 1)))
 
 
-def _shared_env(task: Task, checkpoint_dir: str | None = None) -> dict[str, str]:
+def shared_env(task: Task, checkpoint_dir: str | None = None) -> dict[str, str]:
     """The environment of `task` as the launcher builds it, less what is per task."""
     env = {k: v for k, v in task.env.items() if k not in _PER_TASK_ENV}
     if checkpoint_dir is not None:
@@ -72,7 +66,7 @@ def _shared_env(task: Task, checkpoint_dir: str | None = None) -> dict[str, str]
     return env
 
 
-def _gpus(tasks: Sequence[Task]) -> int:
+def pod_gpus(tasks: Sequence[Task]) -> int:
     """GPUs one task of these needs (its CUDA_VISIBLE_DEVICES in the plan)."""
     return max((len(t.env["CUDA_VISIBLE_DEVICES"].split(",")) for t in tasks
                 if t.env.get("CUDA_VISIBLE_DEVICES")), default=0)
@@ -221,7 +215,7 @@ TFJOB_PORT = 2222
 TFJOB_NAME_LABEL = "training.kubeflow.org/job-name"
 
 
-def _dns_name(name: str) -> str:
+def dns_name(name: str) -> str:
     """A TFJob name must be a DNS-1035 label: lower case, digits and '-', a letter first."""
     label = re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")
     if not label or not label[0].isalpha():
@@ -234,7 +228,7 @@ def tfjob_secret_name(job_name: str) -> str:
     return f"{job_name}-env"
 
 
-def _env_var(name: str, value: str, secret: str) -> dict[str, Any]:
+def env_var(name: str, value: str, secret: str) -> dict[str, Any]:
     """One container env entry: a secret-looking name (launcher.spec.redact) reads
     its value from key NAME of Secret `secret`, so the value is never written."""
     if looks_secret(name):
@@ -256,7 +250,7 @@ def tfjob_manifest(loaded: LoadedConfig, command: Sequence[str], *, image: str =
         checkpoint_dir = (configured if configured and configured.startswith("/")
                           else f"{K8S_CHECKPOINT_ROOT}/{config.name}")
     plan = _plan(loaded, command)
-    name = _dns_name(config.name)
+    name = dns_name(config.name)
     # max_restarts 0: no restart at all (the operator's default, Never).
     policy = restart_policy if config.restart.max_restarts > 0 else "Never"
     specs: dict[str, Any] = {}
@@ -282,8 +276,8 @@ def _pod(loaded: LoadedConfig, role: str, tasks: list[Task], *, image: str,
          checkpoint_dir: str, pvc: str | None, secret: str) -> dict[str, Any]:
     """The pod template of one role's replicas: its container, GPUs and checkpoint volume."""
     config = loaded.config
-    gpus = _gpus(tasks)
-    env = _shared_env(tasks[0], checkpoint_dir=checkpoint_dir)
+    gpus = pod_gpus(tasks)
+    env = shared_env(tasks[0], checkpoint_dir=checkpoint_dir)
     # The plan's argv: the script under the launcher's bootstrap (the Keras 3 fixes,
     # the guards, `__main__` as by hand), or the launcher's TensorFlow server for
     # the workers and ps of a parameter_server job (they only serve the chief).
@@ -292,7 +286,7 @@ def _pod(loaded: LoadedConfig, role: str, tasks: list[Task], *, image: str,
         "name": TFJOB_CONTAINER,
         "image": image,
         "command": argv,
-        "env": [_env_var(k, v, secret)
+        "env": [env_var(k, v, secret)
                 for k, v in sorted({**env, "MGPU_TASK_TYPE": role}.items())],
     }
     if config.workdir and config.workdir.startswith("/"):
@@ -386,7 +380,7 @@ def _plain_env(manifest: dict[str, Any]) -> dict[str, str]:
             if "value" in v}
 
 
-def _checkpoint_volume(manifest: dict[str, Any]) -> tuple[str, str | None]:
+def checkpoint_volume(manifest: dict[str, Any]) -> tuple[str, str | None]:
     """(MGPU_CHECKPOINT_DIR, the PVC mounted there or None) of the manifest."""
     claims = [v["persistentVolumeClaim"]["claimName"]
               for v in _pod_spec(manifest).get("volumes", [])
@@ -429,7 +423,7 @@ def render_tfjob(manifest: dict[str, Any], source: str,
     else:
         lines.append("Succeeds when every worker has exited 0 (successPolicy: AllWorkers).")
     lines.append("When it ends, the pods still running are deleted (cleanPodPolicy: Running).")
-    checkpoint_dir, claim = _checkpoint_volume(manifest)
+    checkpoint_dir, claim = checkpoint_volume(manifest)
     if claim:
         lines.append(f"Checkpoints: {checkpoint_dir}, on PersistentVolumeClaim {claim} "
                      "(ReadWriteMany: every pod sees it).")
@@ -448,120 +442,14 @@ def render_tfjob(manifest: dict[str, Any], source: str,
                   "(security.tf_ports; enforced where the cluster's network plugin enforces "
                   "NetworkPolicy)."]
     header = "".join(f"# {line}\n" if line else "#\n" for line in lines)
-    text = header + yaml.dump(manifest, Dumper=_PlainDumper, sort_keys=False)
+    text = header + yaml.dump(manifest, Dumper=PlainDumper, sort_keys=False)
     if port_policy is not None:
-        text += "---\n" + yaml.dump(port_policy, Dumper=_PlainDumper, sort_keys=False)
+        text += "---\n" + yaml.dump(port_policy, Dumper=PlainDumper, sort_keys=False)
     return text
 
 
-class _PlainDumper(yaml.SafeDumper):
+class PlainDumper(yaml.SafeDumper):
     """Never writes YAML anchors/aliases: a manifest people read and edit."""
 
     def ignore_aliases(self, data: Any) -> bool:
         return True
-
-
-# -------------------------------------------------------------------- CLI
-
-
-def _parser() -> argparse.ArgumentParser:
-    from . import export_trainjob  # it builds on this module
-    parser = usage.Parser(
-        prog="mgpu-launch export",
-        description="Write a Slurm batch script, a Kubeflow Trainer v2 TrainJob or a "
-        "Kubeflow v1 TFJob manifest for the job.")
-    parser.add_argument("--to", required=True, choices=("slurm", "tfjob", "trainjob"))
-    parser.add_argument("-o", "--output", metavar="FILE", help="write here (default: stdout)")
-    parser.add_argument("--port-base", type=int, metavar="PORT",
-                        help="slurm: first port (default ports.base; `auto` picks one per "
-                        "job from its id)")
-    parser.add_argument("--nodes", type=int, metavar="N",
-                        help="slurm: nodes to allocate, for a cluster file without hosts "
-                        "(each node runs a worker)")
-    parser.add_argument("--gpus-per-node", type=int, metavar="G",
-                        help="slurm, with --nodes: GPUs of each node (#SBATCH --gres=gpu:G)")
-    parser.add_argument("--partition", help="slurm: #SBATCH --partition")
-    parser.add_argument("--time", dest="time_limit", help="slurm: #SBATCH --time")
-    parser.add_argument("--image", default=DEFAULT_IMAGE,
-                        help=f"tfjob, trainjob: container image (default {DEFAULT_IMAGE})")
-    parser.add_argument("--pvc", metavar="NAME",
-                        help="tfjob, trainjob: PersistentVolumeClaim mounted at the "
-                        "checkpoint dir")
-    parser.add_argument("--checkpoint-dir", metavar="PATH",
-                        help="tfjob, trainjob: checkpoint dir in the pods (default "
-                        f"checkpoint.dir when absolute, else {K8S_CHECKPOINT_ROOT}/NAME)")
-    parser.add_argument("--namespace", help="tfjob, trainjob: metadata.namespace")
-    parser.add_argument("--restart-policy", choices=TFJOB_RESTART_POLICIES,
-                        default=DEFAULT_TFJOB_RESTART_POLICY,
-                        help="tfjob: restartPolicy when restart.max_restarts > 0 (default "
-                        f"{DEFAULT_TFJOB_RESTART_POLICY}: only pods killed by a signal are "
-                        "restarted; OnFailure: any failure)")
-    export_trainjob.add_arguments(parser)
-    parser.add_argument("cluster", metavar="CLUSTER.yaml")
-    parser.add_argument("command", metavar="SCRIPT [ARGS...]", nargs=argparse.REMAINDER)
-    return parser
-
-
-def _tfjob_notes(manifest: dict[str, Any]) -> None:
-    """What must be done besides `kubectl apply`, on stderr (also in the file's header)."""
-    for command in tfjob_secret_commands(manifest):
-        print(f"mgpu-launch export: secret-looking env values are read from a Secret; "
-              f"create it first: {command}", file=sys.stderr)
-    checkpoint_dir, claim = _checkpoint_volume(manifest)
-    if claim is None:
-        print(f"mgpu-launch export: warning: no --pvc: {checkpoint_dir} is not shared by the "
-              "pods and a restarted pod starts over", file=sys.stderr)
-
-
-def main(argv: Sequence[str]) -> int:
-    """`argv[0]` is `export` (as dispatched by the CLI)."""
-    args = _parser().parse_args(list(argv)[1:])
-    command = list(args.command)
-    if command and command[0] == "--":
-        command = command[1:]
-    if not command:
-        print("mgpu-launch export: no training script given", file=sys.stderr)
-        return EXIT_USAGE
-    try:
-        loaded = load_config(args.cluster)
-        if args.to == "slurm":
-            name = Path(args.output).name if args.output else f"{loaded.config.name}.sbatch"
-            text = slurm_script(loaded, command, port_base=args.port_base,
-                                partition=args.partition, time_limit=args.time_limit,
-                                output_name=name, nodes=args.nodes,
-                                gpus_per_node=args.gpus_per_node)
-        elif args.to == "trainjob":
-            from . import export_trainjob
-
-            text, notes = export_trainjob.export_text(loaded, command, args, args.cluster)
-            for note in notes:
-                print(f"mgpu-launch export: {note}", file=sys.stderr)
-        else:
-            manifest = tfjob_manifest(loaded, command, image=args.image,
-                                      checkpoint_dir=args.checkpoint_dir, pvc=args.pvc,
-                                      namespace=args.namespace,
-                                      restart_policy=args.restart_policy)
-            policy = (tf_port_policy(manifest)
-                      if loaded.config.security.tf_ports != "open" else None)
-            text = render_tfjob(manifest, args.cluster, policy)
-            _tfjob_notes(manifest)
-    except ConfigError as exc:
-        print(f"mgpu-launch: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except (PlanError, ExportError) as exc:
-        print(f"mgpu-launch export: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    if args.output:
-        # Private: the YAML's `env` may hold tokens.
-        fd = os.open(args.output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-        if args.to == "slurm":
-            print(f"wrote {args.output}; submit with: sbatch {shlex.quote(args.output)}",
-                  file=sys.stderr)
-        else:
-            print(f"wrote {args.output}; apply with: kubectl apply -f "
-                  f"{shlex.quote(args.output)}", file=sys.stderr)
-    else:
-        sys.stdout.write(text)
-    return EXIT_OK

@@ -192,7 +192,7 @@ class Printer:
                    for line in text.splitlines() or [""]], False)
 
     def tell(self, event: Event) -> None:
-        """An event of the run, in the words of launcher/ops/narrate.py (if any)."""
+        """An event of the run, in the words of launcher/views/narrate.py (if any)."""
         if self._live:
             self._ledger.add(event, t=time.time())
         said = narrate.line(event)

@@ -1,6 +1,6 @@
 """A run as the views away from the terminal see it, kept up event by event:
-the Prometheus metrics (launcher/ops/metrics.py) while the launcher runs, and
-`status RUN_DIR --watch` (launcher/ops/status_watch.py) from events.jsonl.
+the Prometheus metrics (launcher/views/metrics.py) while the launcher runs, and
+`status RUN_DIR --watch` (launcher/views/status_watch.py) from events.jsonl.
 
 Built on `replay` (the supervisor's own task state machine over the typed
 events), plus what a view needs beside it: the job's state, each task's

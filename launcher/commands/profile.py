@@ -31,11 +31,10 @@ from ..job.profiling import new_id as new_trace_id
 from ..spec.rundir import CONFIG
 from ..spec.rundir import SUMMARY as RUN_SUMMARY
 from ..strategy import Strategy
-from . import usage
+from . import exits, usage
 from .control import launcher_of, launcher_process
 from .usage import say
 
-EXIT_OK, EXIT_PARTIAL, EXIT_USAGE = 0, 1, 2
 POLL_S = 0.1
 TAKEN_WITHIN_S = 5.0  # the launcher looks for a request every 0.5 s; a loaded one later
 
@@ -174,14 +173,14 @@ def profile(run_dir: Path, seconds: float, allow_restart: bool = False) -> int:
         check_running(run_dir)
     except NotRunning as exc:
         say(f"mgpu-launch profile: {exc}")
-        return EXIT_USAGE
+        return exits.USAGE
     prone = CRASH_PRONE.get(strategy_of(run_dir) or "")
     if prone and not allow_restart:
         say(f"mgpu-launch profile: TensorFlow 2.21's profiler can crash a {prone} task "
             "when its trace stops (seen in 1 to 4 traces, docs/profiles.md); the job would "
             "then restart from its last checkpoint. Run again with --allow-restart to "
             "trace it anyway.")
-        return EXIT_USAGE
+        return exits.USAGE
     ident = ask(run_dir, seconds)
     folder = run_dir / PROFILES / ident
     say(f"tracing every task of {run_dir} for {seconds:g} s ...", sys.stdout)
@@ -189,15 +188,15 @@ def profile(run_dir: Path, seconds: float, allow_restart: bool = False) -> int:
     if capture is None:
         say(f"mgpu-launch profile: the launcher of {run_dir} did not take the request "
             "(it is ending, or it predates `profile`)")
-        return EXIT_USAGE
+        return exits.USAGE
     if capture.get("error"):
         say(f"mgpu-launch profile: {capture['error']}")
-        return EXIT_PARTIAL
+        return exits.PARTIAL
     for line in table(capture):
         say(line, sys.stdout)
     say(f"traces: {folder} (tensorboard --logdir {folder}, Profile tab)", sys.stdout)
-    return EXIT_PARTIAL if capture.get("missing") or any(
-        e.get("error") for e in capture.get("tasks", {}).values()) else EXIT_OK
+    return exits.PARTIAL if capture.get("missing") or any(
+        e.get("error") for e in capture.get("tasks", {}).values()) else exits.OK
 
 
 def _seconds(text: str) -> float:
@@ -223,4 +222,4 @@ def main(argv: Sequence[str]) -> int:
     try:
         return profile(Path(args.run_dir), args.seconds, args.allow_restart)
     except KeyboardInterrupt:
-        return 130
+        return exits.INTERRUPTED

@@ -1,5 +1,5 @@
-"""`mgpu-launch status RUN_DIR` (and the entry of `mgpu-launch logs`,
-launcher/ops/logs.py): read a run directory.
+"""A run directory read (for `mgpu-launch status`, `logs` and `report`,
+launcher/commands/): what the launcher wrote, as a `RunView`.
 
 Owns reading what the launcher wrote (`config.yaml`, `events.jsonl`, `logs/`,
 `summary.json`) into a `RunView` and printing it. Works on a finished run and
@@ -15,12 +15,11 @@ from __future__ import annotations
 import json
 import os
 import socket
-import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import yaml
 
@@ -28,11 +27,9 @@ from ..job import goodput
 from ..job.events import from_record
 from ..job.events import version as ev_version
 from ..spec.rundir import CONFIG, EVENTS, LAUNCHER_OUT, LAUNCHER_PID, LOGS, SUMMARY, log_file_name
-from . import narrate, usage
+from . import narrate
 from .replay import TaskView, failure_from_event, split_name
 from .replay import replay as replayed
-
-EXIT_OK, EXIT_USAGE = 0, 2
 
 
 class RunDirError(Exception):
@@ -117,7 +114,7 @@ def read_events(path: Path) -> list[dict[str, Any]]:
     return events
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
+def read_json(path: Path) -> dict[str, Any] | None:
     try:
         data = json.loads(path.read_text())
     except (FileNotFoundError, json.JSONDecodeError):
@@ -125,7 +122,7 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def _read_config(path: Path) -> dict[str, Any]:
+def read_config(path: Path) -> dict[str, Any]:
     try:
         data = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError):
@@ -187,9 +184,9 @@ def load_run(run_dir: str | os.PathLike,
     detached = read_launcher_pid(run_dir)
     if not events_path.exists() and not (run_dir / SUMMARY).exists() and not detached:
         raise RunDirError(f"{run_dir}: not a run directory (no events.jsonl or summary.json)")
-    config = _read_config(run_dir / CONFIG)
+    config = read_config(run_dir / CONFIG)
     events = read_events(events_path)
-    summary = _read_json(run_dir / SUMMARY)
+    summary = read_json(run_dir / SUMMARY)
     replay = replayed(events)
     for view in replay.tasks.values():
         view.log_path = run_dir / LOGS / log_file_name(view.host, view.name)
@@ -396,54 +393,3 @@ def _duration(seconds: float) -> str:
     if seconds < 48 * 3600:
         return f"{seconds / 3600:.1f} h"
     return f"{seconds / 86400:.1f} d"
-
-
-def _status_main(argv: list[str], out: TextIO) -> int:
-    parser = usage.Parser(prog="mgpu-launch status",
-                                     description="Show the state of a run (finished or not).")
-    parser.add_argument("run_dir", metavar="RUN_DIR")
-    parser.add_argument("--json", action="store_true", help="print JSON")
-    parser.add_argument("--watch", action="store_true",
-                        help="redraw the live table until the job ends (a detached or "
-                        "remote-started job); exit 0 if it succeeded, else 1")
-    args = parser.parse_args(argv)
-    if args.watch and args.json:
-        parser.error("--watch and --json exclude each other")
-    try:
-        if args.watch:
-            from .status_watch import watch  # it reads this module
-
-            return watch(Path(args.run_dir), out)
-        view = load_run(args.run_dir)
-    except RunDirError as exc:
-        print(f"mgpu-launch status: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    if args.json:
-        out.write(json.dumps(view.to_json(), indent=2, default=str) + "\n")
-    else:
-        out.write(render_status(view) + "\n")
-    return EXIT_OK
-
-
-# --------------------------------------------------------------------- entry
-
-
-def main(argv: Sequence[str]) -> int:
-    """`argv[0]` is `status` or `logs` (as dispatched by the CLI)."""
-    argv = list(argv)
-    if not argv or argv[0] not in ("status", "logs"):
-        print("usage: mgpu-launch status RUN_DIR [--json | --watch] | "
-              "mgpu-launch logs RUN_DIR [TASK] [-f] [-n N]", file=sys.stderr)
-        return EXIT_USAGE
-    try:
-        if argv[0] == "status":
-            return _status_main(argv[1:], sys.stdout)
-        from .logs import logs_main  # it reads this module
-
-        return logs_main(argv[1:], sys.stdout)
-    except BrokenPipeError:  # `mgpu-launch logs RUN | head`
-        try:
-            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - keep Python's exit flush quiet
-        except OSError:
-            pass
-        return EXIT_OK

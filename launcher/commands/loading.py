@@ -1,0 +1,72 @@
+"""A command's cluster from its arguments: a cluster file, `--local N` or `--slurm`.
+
+One place for the run command, `drill` and `check`: which of the three the
+arguments name, the loaded config (with the Slurm allocation read for
+`transport: slurm`), and for the commands that run a script, the script and
+its arguments after the cluster. Raises `ArgumentError` for arguments that
+name no cluster or no script (each command says it in its own words, exit 2),
+and lets `ConfigError` and `SlurmError` through.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from ..spec.allocation import read_allocation, slurm_config, with_allocation
+from ..spec.config import LoadedConfig, load_config, local_config
+from ..spec.plan import resolve_script
+
+
+class ArgumentError(Exception):
+    """The arguments name no cluster, or no script to run on it."""
+
+
+def load_cluster(cluster: str | None, local: int | None, slurm: bool) -> LoadedConfig:
+    """The config of N simulated hosts (`local`), of this Slurm allocation's
+    nodes (`slurm`) or of the cluster file; the allocation's nodes are read
+    for a cluster file of `transport: slurm` too."""
+    if local is not None:
+        loaded = local_config(local)
+    elif slurm:
+        loaded = slurm_config()
+    else:
+        assert cluster is not None
+        loaded = load_config(cluster)
+    if loaded.config.transport == "slurm":
+        loaded = with_allocation(loaded, read_allocation(os.environ))
+    return loaded
+
+
+def cluster_and_script(rest: Sequence[str], local: int | None, slurm: bool, *,
+                       expected: str = "expected a cluster YAML and a training script",
+                       check_script: Callable[[str], None] | None = None,
+                       ) -> tuple[LoadedConfig, list[str]]:
+    """`[CLUSTER.yaml] SCRIPT [ARGS...]` (after `--local N` or `--slurm`, no
+    cluster file) to the loaded config and the command; on simulated hosts the
+    script is found here (a missing one is an ArgumentError). `expected`: the
+    words when a cluster file or script is missing; `check_script(script)`: the
+    command's own check of a script given after `--local`/`--slurm`."""
+    rest = list(rest)
+    if rest and rest[0] == "--":
+        rest = rest[1:]
+    if local is not None and slurm:
+        raise ArgumentError("--local and --slurm exclude each other")
+    if local is not None and local < 1:
+        raise ArgumentError("--local needs a number of hosts >= 1")
+    if local is not None or slurm:
+        if not rest:
+            raise ArgumentError("no training script given")
+        if check_script is not None:
+            check_script(rest[0])
+        loaded, command = load_cluster(None, local, slurm), rest
+    elif len(rest) < 2:
+        raise ArgumentError(expected)
+    else:
+        loaded, command = load_cluster(rest[0], None, False), rest[1:]
+    if loaded.config.transport == "local":
+        command = list(resolve_script(command, Path.cwd()))
+        if not Path(command[0]).exists():
+            raise ArgumentError(f"training script not found: {command[0]}")
+    return loaded, command
