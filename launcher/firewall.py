@@ -39,6 +39,7 @@ anything of the launcher.
 from __future__ import annotations
 
 import fcntl
+import functools
 import json
 import os
 import re
@@ -51,8 +52,7 @@ RECORD = "firewall.json"
 PRIORITY = -10  # before the filter chains of firewalld, ufw, iptables-nft (priority 0)
 CAP_NET_ADMIN = 12  # bit in /proc/self/status CapEff (linux/capability.h)
 TOOL_TIMEOUT_S = 10.0  # nft/iptables take milliseconds; `-w` waits for the xtables lock
-# nft removals take turns per ruleset (see _nft_lock); past this wait, unlocked.
-NFT_LOCK_WAIT_S = 10.0
+NFT_LOCK_WAIT_S = 10.0  # nft removals take turns (_nft_lock); past this wait, unlocked
 MULTIPORT_MAX = 15  # iptables' multiport match takes at most 15 ports
 # A seal admits every host of the cluster file, by SSH and TF address: 10,000
 # hosts may be 20,000 addresses (the start command's 1 MiB bound comes first).
@@ -309,8 +309,9 @@ def _run(argv: list[str], stdin: str | None, in_turn: bool = False) -> tuple[int
     tool = _tool(argv[0]) or argv[0]
     lock = _nft_lock() if in_turn and argv[0] == "nft" else None
     try:
-        if lock is not None:
-            _take(lock, NFT_LOCK_WAIT_S)
+        deadline = time.monotonic() + NFT_LOCK_WAIT_S
+        while lock is not None and not _locked(lock) and time.monotonic() < deadline:
+            time.sleep(0.005)  # past the deadline, unlocked: nft is correct so, only slower
         done = subprocess.run([tool, *argv[1:]], input=stdin, capture_output=True, text=True,
                               timeout=TOOL_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -321,23 +322,14 @@ def _run(argv: list[str], stdin: str | None, in_turn: bool = False) -> tuple[int
     return done.returncode, (done.stderr or done.stdout).strip()
 
 
-def _run_in_turn(argv: list[str], stdin: str | None) -> tuple[int, str]:
-    return _run(argv, stdin, in_turn=True)
-
-
-# Removals take turns: one `nft` removal at a time per ruleset. Agents sharing
-# one kernel (simulated hosts, several jobs on one host) all remove their
-# tables at once at a job's end, and racing removals restart (reread the
-# ruleset, retry): 32 at once took 1.2-1.4 s of CPU and 2-4 s here, in turn
-# 0.26 s and 0.7 s. Installs do not race so (0.15 s of CPU for 32 at once)
-# and a task waits for its own: they go at once. A host with one agent never
-# waits. Per user (the registry folder) and network namespace.
+_run_in_turn: Runner = functools.partial(_run, in_turn=True)  # removals (see _nft_lock)
 
 
 def _nft_lock() -> int | None:
-    """An open fd of this ruleset's lock file (not yet locked), None if it cannot be had."""
-    netns = _here()["netns"]
-    name = "nft-" + ("".join(c for c in netns if c.isdigit()) or "0") + ".lock"
+    """An fd of the ruleset's lock file (per user and network namespace), or None.
+    Agents on one kernel remove their tables at once at a job's end; racing `nft`s
+    restart: 32 took 1.2-1.4 s of CPU, in turn 0.26 s (installs: 0.15 s, at once)."""
+    name = "nft-" + ("".join(c for c in _here()["netns"] if c.isdigit()) or "0") + ".lock"
     try:
         os.makedirs(registry(), mode=0o700, exist_ok=True)
         return os.open(os.path.join(registry(), name), os.O_RDWR | os.O_CREAT, 0o600)
@@ -345,20 +337,15 @@ def _nft_lock() -> int | None:
         return None
 
 
-def _take(fd: int, wait_s: float) -> bool:
-    """Lock `fd`, waiting at most `wait_s`: then on without it (nft is correct
-    unlocked, only slower). Whether it is held."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return True
-        except BlockingIOError:
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.005)
-        except OSError:
-            return False
+def _locked(fd: int) -> bool:
+    """Took the lock, or a lock that cannot work here (True); must wait (False)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    except OSError:  # no locks on this filesystem: go on
+        pass
+    return True
 
 
 def resolve(allow: Iterable[str]) -> tuple[list[str], list[str]]:
@@ -413,24 +400,19 @@ def local_users(uid: object) -> str:
 
 
 def run_detached(argv: list[str], stdin: str | None) -> tuple[int, str]:
-    """Start the command in a session of its own and return at once, its output
-    to /dev/null: 0 once started (what it then does is not known). An `nft`
-    (a removal) takes the ruleset's lock first (`flock`, where installed)."""
-    tool = _tool(argv[0]) or argv[0]
-    command, lock = [tool, *argv[1:]], None
-    flock = _tool("flock") if argv[0] == "nft" else None
-    if flock is not None:
-        lock = _nft_lock()
+    """Start the command in a session of its own, output to /dev/null; 0 once started.
+    An `nft` (a removal) takes the ruleset's lock first (`flock`, where installed)."""
+    command, flock = [_tool(argv[0]) or argv[0], *argv[1:]], _tool("flock")
+    lock = _nft_lock() if flock and argv[0] == "nft" else None
     if lock is not None:  # the child takes the lock (util-linux flock), then is nft
         command = ["/bin/sh", "-c", f'{flock} -w {NFT_LOCK_WAIT_S:g} {lock}; exec "$@"',
                    "sh", *command]
     try:
-        proc = subprocess.Popen(command, stdin=subprocess.PIPE,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                start_new_session=True, pass_fds=(lock,) if lock else ())
-        if proc.stdin is not None:
-            with proc.stdin:
-                proc.stdin.write((stdin or "").encode())
+        proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True,
+                                pass_fds=() if lock is None else (lock,))
+        with proc.stdin:  # type: ignore[union-attr]
+            proc.stdin.write((stdin or "").encode())  # type: ignore[union-attr]
     except OSError as exc:
         return 127, f"{type(exc).__name__}: {exc}"
     finally:
@@ -443,17 +425,14 @@ def remove(record: dict, run: Runner = _run_in_turn, wait: bool = True) -> str:
     """Remove what `record` (from RUN_DIR/firewall.json) installed; "" when there
     was nothing, else what was removed. Never raises. `wait=False` (the agent's
     last act, its tasks gone): an nft table's removal is started, not waited
-    for. The launcher waits for every agent's exit, and the kernel takes one
-    table removal at a time: 32 simulated hosts on one machine waited ~1-3 s
-    for each other at the end of every job."""
+    for (the launcher waits for every agent's exit: 32 simulated hosts on one
+    kernel waited ~1-3 s for each other's removals at every job's end)."""
     try:
         seal = Seal.from_json({**record, "mode": "cluster"})
     except ValueError:
         return ""
     if record.get("backend") == "nft":
-        # As a script, not `nft delete table ...`: the command line form loads the
-        # whole ruleset first, and 32 agents removing their tables at once (simulated
-        # hosts share one kernel) took 7-13 s that way against 1.5-2.3 s so.
+        # A script: `nft delete table` loads the ruleset first (32 at once: 7-13 s, not 2)
         code, _ = (run if wait else run_detached)(["nft", "-f", "-"],
                                                   f"delete table inet {seal.table}\n")
         return f"table inet {seal.table}" if code == 0 else ""
