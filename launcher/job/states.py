@@ -148,13 +148,7 @@ def sentence(label: str, host: str, generation: int, reason: str) -> str:
 def reason_of(kind: str, exit_code: int | None, signal: int | None, reason: str) -> str:
     """A failure's reason phrase; one a line lacks (written before reasons were)
     is said from its kind and exit."""
-    if reason:
-        return str(reason)
-    if kind == failkinds.Kind.SIGNAL:
-        return f"was killed by signal {signal}"
-    if kind == failkinds.Kind.EXIT:
-        return f"exited with code {exit_code}"
-    return str(kind)
+    return str(reason) if reason else failkinds.words(kind, exit_code, signal)
 
 
 @dataclass(frozen=True)
