@@ -135,9 +135,39 @@ class _Clock:
 def _cutter(clock: _Clock):
     from launcher.job.tailcut import TailCut
 
-    told, stopped = [], []
-    return TailCut(5.0, clock, told.append, lambda gen, why, grace: stopped.append(why)), \
-        told, stopped  # why the teardown
+    return _Cutter(TailCut(5.0, clock))
+
+
+class _Cutter:
+    """A TailCut and what the supervisor does with a cut it returns: tell it
+    (`told`), tear the generation down (`stopped`: why, the grace)."""
+
+    def __init__(self, cut) -> None:
+        self.cut, self.told, self.stopped = cut, [], []
+
+    def __iter__(self):
+        return iter((self, self.told, self.stopped))
+
+    @property
+    def idle_s(self) -> float:
+        return self.cut.idle_s
+
+    @idle_s.setter
+    def idle_s(self, value: float) -> None:
+        self.cut.idle_s = value
+
+    def check(self, gen) -> bool:
+        from launcher.job.phases import Phase
+        from launcher.job.tailcut import grace_s
+
+        found = self.cut.check(gen)
+        if found is None:
+            return False
+        self.told.append(found)
+        gen.enter(Phase.TEARING_DOWN)
+        self.stopped.append("done")
+        self.grace = grace_s(found, gen.plan)
+        return True
 
 
 def _watch(cut, gen, clock: _Clock, seconds: float) -> bool:

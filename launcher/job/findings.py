@@ -52,7 +52,8 @@ class HostSilent:
     detail: str
 
 
-Finding = Found | HostSilent
+# ev.TailCut: a finished job's tail, cut (job/tailcut.py).
+Finding = Found | HostSilent | ev.TailCut
 
 
 def root_cause(failure: Failure) -> ev.RootCause:

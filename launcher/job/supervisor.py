@@ -56,6 +56,7 @@ from .states import (
     final_state,
 )
 from .story import TaskRow
+from .tailcut import grace_s as tail_grace
 from .teardown import Teardown
 from .teller import Teller
 from .watch import Watch
@@ -111,8 +112,7 @@ class Supervisor:
         self._keras_switch: dict[str, Any] | None = None  # keras_fallback: once per job
         self._resumes = resumes.Resumes()  # where each restarted generation resumed
         self._teardown = Teardown(links, recorder, clock, story.tell, story.happen)
-        self._watch = Watch(policy, links, clock, story.tell,
-                            finish=(story.tell, self._teardown.stop_tasks))
+        self._watch = Watch(policy, links, clock, story.tell)
         self._waiter = HostWaiter(reconnect, links, story.tell, self._wait, self._stop_pending,
                                   clock, hosts=self._hosts, policy=policy)
         self.current: Generation | None = None  # read-only for observers (live view)
@@ -549,10 +549,14 @@ class Supervisor:
                 self._failures.consider(gen, self._failures.of(gen, found))
 
     def _act(self, gen: Generation, found: Finding | None) -> None:
-        """What a detector found: a host lost, or a task's failure (a
-        collective abort's culprit is then looked for)."""
+        """What a detector found: a host lost, a finished job's tail cut, or a
+        task's failure (a collective abort's culprit is then looked for)."""
         if isinstance(found, HostSilent):
             self._host_lost(gen, found.host, found.detail)
+        elif isinstance(found, ev.TailCut):
+            self._story.tell(found)
+            gen.enter(Phase.TEARING_DOWN)
+            self._teardown.stop_tasks(gen, "done", tail_grace(found, gen.plan))  # its line says it
         elif found is not None:
             self._failures.fail(gen, found)
             if traits(found.kind).blames_a_peer:

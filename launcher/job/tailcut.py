@@ -24,8 +24,10 @@ gone, it is out of step: job/lockstep.py); a teardown at
 work is let end; a task that reported no step, or fewer than its peer, is never
 cut. `finished_idle_s: 0` turns both off.
 
-Pure over the generation and the clock, but for the teardown it asks for.
-Called from the supervisor thread only (through `Watch.silence`).
+Pure over the generation and the clock: a cut is returned, the `TailCut`
+event, and the supervisor's loop acts on it (tells it, tears the generation
+down with `grace_s(cut, plan)`). Called from the supervisor thread only
+(through `Watch.silence`).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ..spec.plan import Plan
 from . import events as ev
 from .generation import Generation
 from .lockstep import EVALUATE, PREDICT, SAVE
@@ -52,22 +55,18 @@ OVER_GRACE_S = 0.5  # SIGTERM, then SIGKILL: nothing of the program is left to s
 class TailCut:
     """Watches a generation's end; `check` is called every half second."""
 
-    def __init__(self, idle_s: float, clock: Callable[[], float],
-                 tell: Callable[[ev.Event], None],
-                 stop_tasks: Callable[[Generation, str, float], None]) -> None:
+    def __init__(self, idle_s: float, clock: Callable[[], float]) -> None:
         self.idle_s = idle_s  # 0: never cut
         self._clock = clock
-        self._tell = tell
-        self._stop_tasks = stop_tasks  # Teardown.stop_tasks
         self._generation: int | None = None
         self._done_at: float | None = None  # when a task was first seen exited 0
         self._busy: dict[str, float] = {}  # task -> when it was last seen busy
 
-    def check(self, gen: Generation) -> bool:
-        """Cut the tail of `gen` when it is due; True when it did."""
+    def check(self, gen: Generation) -> ev.TailCut | None:
+        """The cut of `gen`'s tail when it is due (the supervisor acts on it), else None."""
         if self.idle_s <= 0 or gen.phase not in (Phase.FORMING, Phase.TRAINING) \
                 or gen.failure is not None:
-            return False
+            return None
         now = self._clock()
         if self._generation != gen.plan.generation:
             self._generation, self._done_at, self._busy = gen.plan.generation, None, {}
@@ -79,47 +78,47 @@ class TailCut:
                 self._busy.setdefault(record.task.name, now)
             else:
                 self._busy[record.task.name] = now
-        if self._all_over(gen, jobs, done, left, now):
-            return True
+        over = self._all_over(gen, jobs, done, left, now)
+        if over is not None:
+            return over
         if not done or len(done) + len(left) != len(jobs):
-            return False
+            return None
         if self._done_at is None:
             self._done_at = now
         final = max((s for r in done if (s := _step(r)) is not None), default=None)
         if final is None or not left:
-            return False
+            return None
         quiet = [now - max(self._done_at, now if r.last_activity is None else r.last_activity,
                            self._busy.get(r.task.name, now)) for r in left]
         if any(_step(r) is None or _step(r) < final or _at_work(gen, r) for r in left) \
                 or min(quiet) < self.idle_s:
-            return False
-        self._cut(gen, done[0], left, final, min(quiet))
-        return True
+            return None
+        return _cut(gen, done[0], left, final, min(quiet))
 
     def _all_over(self, gen: Generation, jobs: list[TaskRecord], done: list[TaskRecord],
-                  left: list[TaskRecord], now: float) -> bool:
+                  left: list[TaskRecord], now: float) -> ev.TailCut | None:
         """Every job task exited 0 or said its program ended cleanly, and those
         still running have sat idle in their teardown for OVER_S: cut."""
         if not left or any(r.over_at is None for r in left) \
                 or len(done) + len(left) != len(jobs):
-            return False
+            return None
         quiet = min(now - max(r.over_at or now, self._busy.get(r.task.name, now))
                     for r in left)
         if quiet < OVER_S:  # a teardown at work (under load it takes seconds): let it end
-            return False
+            return None
         steps = [s for r in jobs if (s := _step(r)) is not None]
-        self._cut(gen, (done or left)[0], left, max(steps, default=0), quiet, "over")
-        return True
+        return _cut(gen, (done or left)[0], left, max(steps, default=0), quiet, "over")
 
-    def _cut(self, gen: Generation, peer: TaskRecord, left: list[TaskRecord], step: int,
-             quiet_s: float, why: str = "idle") -> None:
-        self._tell(ev.TailCut(generation=gen.plan.generation,
-                              tasks=tuple(r.task.label for r in left), peer=peer.task.label,
-                              step=step, idle_s=round(quiet_s, 1), why=why))
-        gen.enter(Phase.TEARING_DOWN)
-        # A program over has nothing left to save: its teardown gets OVER_GRACE_S.
-        grace = OVER_GRACE_S if why == "over" else gen.plan.grace_s
-        self._stop_tasks(gen, "done", grace)  # said by the tail_cut line
+
+def _cut(gen: Generation, peer: TaskRecord, left: list[TaskRecord], step: int,
+         quiet_s: float, why: str = "idle") -> ev.TailCut:
+    return ev.TailCut(generation=gen.plan.generation, tasks=tuple(r.task.label for r in left),
+                      peer=peer.task.label, step=step, idle_s=round(quiet_s, 1), why=why)
+
+
+def grace_s(cut: ev.TailCut, plan: Plan) -> float:
+    """The teardown's grace after `cut`: a program over has nothing left to save."""
+    return OVER_GRACE_S if cut.why == "over" else plan.grace_s
 
 
 def _step(record: TaskRecord) -> int | None:

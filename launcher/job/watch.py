@@ -35,13 +35,9 @@ class Limits(Protocol):  # what of the restart policy the watches read
 class Watch:
     def __init__(self, policy: Limits, links: dict[str, AgentLink],
                  clock: Callable[[], float],
-                 tell: Callable[[ev.Event], None] = lambda event: None,
-                 finish: tuple[Callable[[ev.Event], None],
-                               Callable[[Generation, str, float], None]] | None = None) -> None:
-        # A finished job's end, cut when a task sits idle (job/tailcut.py): `finish`
-        # is how to tell the cut and how to stop the tasks (Teardown.stop_tasks).
-        self._tail = None if finish is None else TailCut(
-            getattr(policy, "finished_idle_s", 0.0), clock, *finish)
+                 tell: Callable[[ev.Event], None] = lambda event: None) -> None:
+        # A finished job's end, cut when a task sits idle (job/tailcut.py).
+        self._tail = TailCut(getattr(policy, "finished_idle_s", 0.0), clock)
         self._policy = policy
         self._tell = tell
         self._links = links
@@ -59,7 +55,11 @@ class Watch:
                                            {"silent_s": now - link.last_seen}))
         if (found := self.out_of_step(gen, now)) is not None:
             yield found
-        if gen.settled() or (self._tail is not None and self._tail.check(gen)):
+        if gen.settled():
+            return
+        cut = self._tail.check(gen)
+        if cut is not None:  # a finished job's tail: the supervisor tells it and tears down
+            yield cut
             return
         if (found := self.start(gen, now)) is not None:
             yield found
