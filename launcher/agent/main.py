@@ -32,6 +32,7 @@ from launcher.agent.health import Health
 from launcher.agent.hostfacts import installed_versions, load_psutil
 from launcher.agent.lease import Lease
 from launcher.agent.leftovers import PidRecords
+from launcher.agent.memcopy import MemoryCopies, sweep
 from launcher.agent.profiles import Profiles
 from launcher.agent.protocol import Emitter
 from launcher.agent.seal import Seal
@@ -39,7 +40,7 @@ from launcher.agent.spawn import Spawner
 from launcher.agent.stacks import Stacks
 from launcher.agent.standbys import Standbys
 from launcher.agent.tasks import Tasks
-from launcher.hostruns import KEEP_RUNS, hold_lock, prune, runs_root
+from launcher.hostruns import KEEP_RUNS, hold_lock, prune_now_and_then, runs_root
 from launcher.netif import ipv4_interfaces
 
 HEARTBEAT_EVERY_S = 1.0
@@ -65,6 +66,8 @@ class Agent:
                            self.records, emit)
         self.profiles = Profiles(self.run_dir, emit)
         self.tasks.on_profile = self.profiles.answered
+        self.memory = MemoryCopies(self.run_dir, host, lambda text: emit("log", text=text))
+        self.tasks.memory = self.memory
         self.commands = Commands(self.tasks, Stacks(emit), emit, self.profiles)
         self.lease = Lease(emit)
         self.health = Health()  # host signals for the straggler radar, every few beats
@@ -93,6 +96,7 @@ class Agent:
         # exits; the launcher waits for the exit, not for the kernel).
         self.seal.unseal(wait=False)
         self.spawner.reap_all()  # tasks' and standbys': their threads may not get to it
+        self.memory.close()  # the last copies, then the job's memory folder
 
 
 def parse_args(argv: list[str]) -> tuple[str, str, float, float]:
@@ -176,11 +180,15 @@ def _hello(agent: Agent, lease_s: float) -> int | None:
              "of this run directory")
     for item in swept:
         emit("log", text=f"removed the firewall rules ({item}, gone) of another run")
+    for name in sweep():  # after a crash: the memory tier's copies of dead agents
+        emit("log", text=f"removed the memory checkpoints /dev/shm/{name} of an agent "
+             "that died")
     return lock_fd
 
 
 def _prune_runs(emit: Emitter, run_dir: str) -> None:
-    """Old run folders of this host's `~/.mgpu-launch/runs` (launcher/hostruns.py)."""
+    """Old run folders of this host's `~/.mgpu-launch/runs` (launcher/hostruns.py),
+    unless pruned lately."""
     root = runs_root(run_dir)
     if root is None:
         return
@@ -188,7 +196,8 @@ def _prune_runs(emit: Emitter, run_dir: str) -> None:
         keep = int(os.environ.get("MGPU_KEEP_RUNS", KEEP_RUNS))
     except ValueError:
         keep = KEEP_RUNS
-    removed = prune(root, current=os.path.dirname(os.path.abspath(run_dir)), keep=keep)
+    removed = prune_now_and_then(root, current=os.path.dirname(os.path.abspath(run_dir)),
+                                 keep=keep)
     if removed:
         emit("log", text=f"removed {len(removed)} old run folder(s) from {root} (keeping the "
              f"{keep} most recent and any in use): {', '.join(sorted(removed))}")

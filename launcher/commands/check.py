@@ -271,6 +271,18 @@ def _jax_cell(report: HostReport) -> str:
     return jax if jax == jaxlib else f"{jax or 'MISSING'}/jaxlib {jaxlib or 'MISSING'}"
 
 
+def _checkpoint_cell(ck: dict[str, Any]) -> str:
+    if not ck:
+        return "?"
+    if not ck.get("exists"):
+        return "MISSING"
+    shared = "shared" if ck.get("nonce_seen") else "NOT SHARED"
+    cell = f"{shared}, {ck.get('free_gb', '?')} GB free"
+    if ck.get("memory_free_gb") is not None:  # /dev/shm, for `checkpoint: {memory: true}`
+        cell += f", memory {ck['memory_free_gb']} GB"
+    return cell
+
+
 def render(reports: list[HostReport], checkpoint_dir: str, ports_fixed: bool,
            collective: CollectiveReport | None = None) -> str:
     header = ["HOST", "ADDRESS", "SSH", "PYTHON", "TENSORFLOW", "KERAS", "TF-KERAS", "BACKEND",
@@ -289,14 +301,7 @@ def render(reports: list[HostReport], checkpoint_dir: str, ports_fixed: bool,
             ports = ",".join(f"{p} BUSY" if str(p) in r.busy else str(p) for p in r.ports)
         bad_peers = sum(1 for e in r.peers.values() if e)
         peers = f"{len(r.peers) - bad_peers}/{len(r.peers)}" if r.peers else "-"
-        ck = r.checkpoint
-        if not ck:
-            checkpoint = "?"
-        elif not ck.get("exists"):
-            checkpoint = "MISSING"
-        else:
-            shared = "shared" if ck.get("nonce_seen") else "NOT SHARED"
-            checkpoint = f"{shared}, {ck.get('free_gb', '?')} GB free"
+        checkpoint = _checkpoint_cell(r.checkpoint)
         gpus = "none" if not r.gpus else str(len(r.gpus))
         login = "-" if r.login_s is None else f"{r.login_s:.2f}s"
         rows.append([r.host.name, r.host.address, "ok", str(r.hello.get("python_version")),

@@ -54,6 +54,11 @@ DEFAULT_PORT_BASE = 23456
 class CheckpointSettings(_Strict):
     dir: str | None = None
     save_freq: Literal["epoch"] | int = "epoch"
+    # Saves complete in host memory, copied to their directory in the background
+    # (launcher/runtime/memtier.py, launcher/agent/memcopy.py); off by default.
+    memory: bool = False
+    # The completed saves each task keeps in memory (the bound of its use).
+    memory_copies: int = Field(default=2, ge=1, le=16)
 
     @field_validator("save_freq")
     @classmethod
