@@ -170,6 +170,9 @@ def install_hooks() -> None:
         if name == guards.COLLECTIVE and not guards.several_workers():
             continue  # the heartbeat matters only between several workers
         hooks.when_imported(name, hook)
+    # The step counter's reports carry the saves timed since the last one, and
+    # `fit`'s first epoch tells where a restarted task resumed (runtime.steps).
+    steps.saves_pending, steps.first_epoch = saves.pending, restores.first_epoch
     if steps.enabled():  # steps and steps/s from any script (the optimizer's counter)
         for name, hook in steps.HOOKS.items():
             hooks.when_imported(name, hook)

@@ -539,14 +539,7 @@ def test_the_wiring_rule_names_every_part_of_the_agent():
 
 # ------------------------------------------------------------ cycles and privates
 
-# Cycles left, each with why (issue 33 asks for none): the training process's
-# runtime hooks reach each other through lazy imports (a save's step is read
-# off the step watcher, which reports pending saves and tells the restores
-# where `fit` resumed). Shipped and timed on every task start: untangled on
-# its own, not in passing.
-KNOWN_CYCLES = (
-    frozenset({"launcher.runtime.restores", "launcher.runtime.saves", "launcher.runtime.steps"}),
-)
+KNOWN_CYCLES: tuple[frozenset[str], ...] = ()  # none: keep it so
 
 
 def import_cycles(root: Path = REPO) -> list[list[str]]:

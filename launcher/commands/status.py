@@ -34,7 +34,10 @@ def _status_main(argv: list[str], out: TextIO) -> int:
         parser.error("--watch and --json exclude each other")
     try:
         if args.watch:
-            return watch(Path(args.run_dir), out)
+            final = watch(Path(args.run_dir), out)
+            if final is None:  # Ctrl-C
+                return exits.INTERRUPTED
+            return exits.OK if final.status == "succeeded" else exits.FAILED
         view = load_run(args.run_dir)
     except RunDirError as exc:
         print(f"mgpu-launch status: {exc}", file=sys.stderr)

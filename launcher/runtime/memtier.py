@@ -159,10 +159,10 @@ def _wait_for_copies() -> None:
 
 
 def _step(model) -> int | None:
-    from . import saves
+    from . import steps
 
     try:
-        return saves.step_of(model)
+        return steps.step_of(model)
     except Exception:  # noqa: BLE001 - a layout we do not know: no step
         return None
 

@@ -63,9 +63,9 @@ def tell(step: int | None, epoch: int | None = None, directory: str | None = Non
 
 def first_epoch(model, epoch: int) -> None:
     """`fit`'s first epoch began (after every callback's `on_train_begin`)."""
-    from . import saves
+    from . import steps
 
-    tell(saves.step_of(model), epoch, _backup_dir)
+    tell(steps.step_of(model), epoch, _backup_dir)
 
 
 def _wrap(cls: type, name: str, after) -> None:

@@ -99,9 +99,11 @@ def _asynchronous(args: tuple, kwargs: dict) -> bool:
 
 def _completed(saver: object, where: Where, args: tuple, kwargs: dict) -> None:
     """Report a completed save: its step and directory (best effort)."""
+    from . import steps
+
     try:
         directory = where(saver, args, kwargs)
-        step = step_of(getattr(saver, "model", None))
+        step = steps.step_of(getattr(saver, "model", None))
     except Exception:  # noqa: BLE001 - a layout we do not know: no report, no harm
         return
     if not directory:
@@ -109,20 +111,6 @@ def _completed(saver: object, where: Where, args: tuple, kwargs: dict) -> None:
     from launcher import runtime
 
     runtime.report_saved(step, os.path.abspath(str(directory)))
-
-
-def step_of(model) -> int | None:
-    """The step count at a save: the saving model's optimizer, else the highest
-    counter the step watcher tracks (runtime.steps)."""
-    from . import steps
-
-    if model is not None:
-        step = steps.read_jax_state(model)
-        if step is None:
-            step = steps.read_iterations(getattr(model, "optimizer", None))
-        if step is not None:
-            return step
-    return steps.current_step()
 
 
 def _backup_dir(saver, args, kwargs) -> str | None:

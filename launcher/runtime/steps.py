@@ -50,7 +50,9 @@ import sys
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from types import ModuleType
+from typing import Any
 
 EVERY_S_DEFAULT = 2.0
 _MARK = "_mgpu_counts_steps"
@@ -62,6 +64,23 @@ _watcher: threading.Thread | None = None
 _stop = threading.Event()  # set at exit: the watcher reads no more
 _last_reported: int | None = None
 _epoch_loss: float | None = None  # the last epoch's loss as Keras logged it
+
+
+def _no_saves() -> bool:
+    return False
+
+
+def _nobody(model, epoch: int) -> None:
+    return None
+
+
+# What else the counter's reports and `fit`'s first epoch concern, wired by the
+# bootstrap that installs the hooks (launcher/bootstrap.py): checkpoint saves
+# timed since the last report (runtime.saves.pending), and where a restarted
+# `fit` resumed (runtime.restores.first_epoch). They sit above this module and
+# read its counters: wired, not imported, so the imports go one way.
+saves_pending: Callable[[], bool] = _no_saves
+first_epoch: Callable[[Any, int], None] = _nobody
 
 
 def every_s() -> float:
@@ -205,13 +224,13 @@ def report_step() -> bool:
     """Report the step counter if it moved; False once the script reports its own."""
     global _last_reported
     from launcher import runtime  # loaded already: this module is part of it
-    from launcher.runtime import calls, saves
+    from launcher.runtime import calls
 
     if runtime.steps_reported_by_script():
         return False
     step = current_step()
     # A distributed call begun since (runtime/calls.py): where a stuck worker waits.
-    moved = step != _last_reported or saves.pending() or calls.unsent()
+    moved = step != _last_reported or saves_pending() or calls.unsent()
     if step is not None and step > 0 and moved:
         _last_reported = step
         # `counted`: read off the optimizer, not reported by the script. Where a
@@ -235,9 +254,7 @@ def _epoch_end_callback(callbacks_module: ModuleType):
         def on_epoch_begin(self, epoch, logs=None):
             if not self.began:  # after every callback's restore: where fit resumed
                 self.began = True
-                from . import restores
-
-                restores.first_epoch(self.model, epoch)
+                first_epoch(self.model, epoch)
 
         def on_epoch_end(self, epoch, logs=None):
             global _epoch_loss
@@ -300,3 +317,15 @@ def on_keras(module: ModuleType) -> None:
 
 
 HOOKS = {"keras": on_keras, "tf_keras": on_keras}
+
+
+def step_of(model) -> int | None:
+    """The step count at a save: the saving model's optimizer, else the highest
+    counter the step watcher tracks (a save's step, a restore's: runtime.saves, restores)."""
+    if model is not None:
+        step = read_jax_state(model)
+        if step is None:
+            step = read_iterations(getattr(model, "optimizer", None))
+        if step is not None:
+            return step
+    return current_step()

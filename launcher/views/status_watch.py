@@ -9,8 +9,9 @@ state machine, the goodput ledger) and draws it with the launch's own view:
 table, in launcher/views/narrate.py's words), on anything else (or a terminal that
 reports a size of 0) a plain line per notice and per task state change. It ends
 when summary.json appears (then prints `status`), or when the launcher is known
-to be gone without one. Exit code: 0 the job succeeded, 1 it did not (failed,
-interrupted, aborted), 2 not a run directory, 130 Ctrl-C.
+to be gone without one, and returns the run as it ended; the command
+(launcher/commands/status.py) makes the exit code: 0 the job succeeded, 1 it
+did not (failed, interrupted, aborted), 2 not a run directory, 130 Ctrl-C.
 
 Read-only. Must not import supervisor, transport or cli.
 """
@@ -29,7 +30,7 @@ from ..spec.rundir import EVENTS, SUMMARY
 from . import narrate
 from .live import LiveScreen, describe_row, goodput_title, sized
 from .printer import LAUNCHER, wants_colour, wants_live
-from .records import launcher_alive, load_run, read_launcher_pid, render_status
+from .records import RunView, launcher_alive, load_run, read_launcher_pid, render_status
 
 POLL_S = 0.5
 # How often the launcher's process is looked for (a launcher gone without a summary).
@@ -105,8 +106,9 @@ class _Live:
 
 
 def watch(run_dir: Path, out: TextIO, live: bool | None = None, poll_s: float = POLL_S,
-          alive: Callable[[dict[str, Any]], bool | None] = launcher_alive) -> int:
-    """Redraw the run's table until it ends. Raises records.RunDirError."""
+          alive: Callable[[dict[str, Any]], bool | None] = launcher_alive) -> RunView | None:
+    """Redraw the run's table until it ends, then print its status: the run as
+    it ended (None: interrupted first, Ctrl-C). Raises records.RunDirError."""
     load_run(run_dir, alive=lambda _launch: None)  # a run directory, or RunDirError
     tail = EventTail(run_dir / EVENTS)
     state = Story()
@@ -133,12 +135,12 @@ def watch(run_dir: Path, out: TextIO, live: bool | None = None, poll_s: float = 
     except KeyboardInterrupt:
         if view is not None:
             view.close()
-        return 130
+        return None
     view.close()
     final = load_run(run_dir, alive=alive)
     out.write(render_status(final) + "\n")
     out.flush()
-    return 0 if final.status == "succeeded" else 1
+    return final
 
 
 def _feed(state: Story, records: list[dict[str, Any]]) -> list[str]:
