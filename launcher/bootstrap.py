@@ -154,6 +154,7 @@ def install_hooks() -> None:
         hooks,
         keras_compat,
         keras_jax,
+        memtier,
         position,
         restores,
         saves,
@@ -171,6 +172,9 @@ def install_hooks() -> None:
         hooks.when_imported(name, hook)
     if steps.enabled():  # steps and steps/s from any script (the optimizer's counter)
         for name, hook in steps.HOOKS.items():
+            hooks.when_imported(name, hook)
+    if memtier.enabled():  # `checkpoint: {memory: true}`: saves to host memory (inside saves')
+        for name, hook in memtier.HOOKS.items():
             hooks.when_imported(name, hook)
     if os.environ.get("MGPU_PROGRESS_FD"):  # checkpoint saves and restores: progress, resume
         for name, hook in [*saves.HOOKS.items(), *restores.HOOKS.items()]:

@@ -42,6 +42,7 @@ from .spec.addresses import AddressError
 from .spec.allocation import SlurmError
 from .spec.config import ConfigError, LoadedConfig
 from .spec.plan import Plan, PlanError
+from .spec.transports import traits as transport_traits
 from .transport.factory import make_transport, quiet_paramiko_logs
 from .views import outlets
 from .views.live import format_duration
@@ -202,7 +203,7 @@ def _run(argv: list[str]) -> int:
         raise UsageError("--task goes with --dry-run")
     loaded, command = _load(args)
     config = loaded.config
-    local = config.transport == "local"
+    local = transport_traits(config.transport).simulated
     run_dir = Path(args.run_dir) if args.run_dir else _default_run_dir(config.name)
     run_dir = run_dir.resolve()
     if not args.dry_run and not control.run_dir_free(run_dir):
@@ -258,12 +259,13 @@ def _launch(launch: Launch, first_plan: Plan, args: argparse.Namespace,
                       verbose=args.verbose, live=None if args.live else False,
                       on_terminal_lost=_stdout_gone)
     previous_hangup = _watch_terminal(printer)
-    if config.transport == "ssh" and not args.verbose:  # -v shows paramiko's tracebacks
+    simulated = transport_traits(config.transport).simulated
+    if transport_traits(config.transport).ssh and not args.verbose:  # -v: paramiko's tracebacks
         quiet_paramiko_logs()
     transport = make_transport(config)
     printer.notice(
         f"job {config.name!r}: {len(first_plan.tasks)} tasks on {len(first_plan.hosts)} "
-        f"{'simulated ' if config.transport == 'local' else ''}hosts, "
+        f"{'simulated ' if simulated else ''}hosts, "
         f"strategy {config.strategy}"
     )  # the run directory is named once it exists: a launch that fails first writes none
     for line in views.said:

@@ -149,9 +149,11 @@ def test_a_slow_login_shell_is_noted_without_failing_the_check():
                       ssh_config_file=None, connect_timeout_s=10.0)
     report = HostReport(host, hello={"python_version": "3.11.7",
                                      "packages": {"tensorflow": "2.21.0"}},
-                        checkpoint={"exists": True, "nonce_seen": True, "free_gb": 9},
+                        checkpoint={"exists": True, "nonce_seen": True, "free_gb": 9,
+                                    "memory_free_gb": 12.5},
                         login_s=2.46)
     text = render([report], "/ckpt", ports_fixed=False)
+    assert "shared, 9 GB free, memory 12.5 GB" in text  # /dev/shm, for checkpoint.memory
     assert "gpu1: every SSH command waits 2.5 s for the login shell" in text
     assert "2.46s" in text.splitlines()[1]
     assert text.splitlines()[-1].startswith("verdict: ready")

@@ -45,7 +45,8 @@ class Rule:
 
 # launcher/agent/: every part but its entry point (main, __main__) and package init.
 AGENT_PARTS = ("bundle", "commands", "files", "hostfacts", "lease", "leftovers", "protocol",
-               "seal", "spawn", "stacks", "standbys", "tasks", "profiles", "health")
+               "seal", "spawn", "stacks", "standbys", "tasks", "profiles", "health",
+               "memcopy")
 
 RULES = (
     Rule("runtime is shipped", ("launcher.runtime", "launcher.bootstrap", "launcher.standby",
@@ -102,12 +103,20 @@ RULES = (
          reason="the strategies' names and properties are compared by config, plan, "
          "supervisor, the operator's commands and the shipped runtime: they depend on "
          "nothing and are shipped to the hosts (standard library only)"),
+    Rule("transports are a table", ("launcher.spec.transports",), allowed=(),
+         reason="the transports' names and what each is (simulated? an allocation? SSH?) are "
+         "asked by config, plan, the transports, the launch, the operator's commands and the "
+         "cli: the table depends on nothing (docs/design.md, \"A new transport\")"),
+    Rule("failure kinds are a table", ("launcher.job.failkinds",), allowed=(),
+         reason="the failure kinds' names and what each is (secondary? stuck? preempted?) "
+         "are asked by the detectors, the supervisor, the teardown, the restart rules and "
+         "the views: the table depends on nothing (docs/design.md, \"A new failure kind\")"),
     Rule("config comes first", ("launcher.spec.config", "launcher.spec.hosts",
                                 "launcher.spec.problems", "launcher.spec.redact",
                                 "launcher.spec.strict", "launcher.spec.outlets"),
          allowed=("launcher.spec.yamldoc", "launcher.strategy", "launcher.spec.hosts",
                   "launcher.spec.problems", "launcher.spec.redact", "launcher.spec.strict",
-                  "launcher.spec.outlets"),
+                  "launcher.spec.outlets", "launcher.spec.transports"),
          reason="the data flows one way, config -> plan -> transport/agent -> supervisor "
          "-> cli; the cluster file's schema depends on nothing else of the launcher"),
     Rule("plan is pure", ("launcher.spec.plan",),
@@ -152,12 +161,16 @@ RULES = (
          forbidden=("launcher.job.supervisor", "launcher.transport", "launcher.views",
                     "launcher.commands", "launcher.cli"),
          reason="summary.json and status compute the ledger from the same events"),
+    Rule("the run's model is a fold of the story", ("launcher.job.story", "launcher.job.timeline"),
+         forbidden=("launcher.job.supervisor", "launcher.job.launch", "launcher.transport",
+                    "launcher.views", "launcher.commands", "launcher.cli"),
+         reason="every view renders the one model folded from the events; summary.json is "
+         "written by the launch (job floor), so the fold sits on that floor, below the views"),
     Rule("words come from events", ("launcher.views.narrate",),
          forbidden=("launcher.job.supervisor", "launcher.transport", "launcher.cli"),
          reason="a line is an event in words, nothing more"),
     Rule("records are read-only", ("launcher.views.records", "launcher.commands.status",
-                                   "launcher.commands.logs",
-                                   "launcher.views.replay"),
+                                   "launcher.commands.logs"),
          forbidden=("launcher.job.supervisor", "launcher.transport", "launcher.cli"),
          reason="a run directory is data: `status` and `logs` read it without a launcher"),
     Rule("the report is read-only", ("launcher.views.report", "launcher.views.report_html",
@@ -178,8 +191,7 @@ RULES = (
          reason="`simulate` is also the SSH tests' fixture: it must not depend on the "
          "transport it is used to test"),
     Rule("views beside the terminal only read the story",
-         ("launcher.views.runstate", "launcher.views.metrics", "launcher.views.notify",
-          "launcher.views.status_watch"),
+         ("launcher.views.metrics", "launcher.views.notify", "launcher.views.status_watch"),
          forbidden=("launcher.job.supervisor", "launcher.transport", "launcher.cli"),
          reason="metrics, notifications and `status --watch` are told the events (or read "
          "events.jsonl): they never drive the job, and `--watch` needs no launcher"),

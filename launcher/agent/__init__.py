@@ -22,6 +22,7 @@ Its parts, wired through constructors by `main`:
 - `hostfacts`: what the hello says of the host (packages, interfaces), psutil;
 - `health`: each task's host signals (run delay, CPU, throttling, NVML), sampled rarely;
 - `bundle`: the agent's own code: its digest checked, its folder kept in use;
+- `memcopy`: the memory tier: the job's folder in /dev/shm, its background copies;
 - `files`: private folders and files in the host's run directory.
 
 Shipped to hosts as-is: standard library only (psutil is used when present);

@@ -32,6 +32,7 @@ from launcher.agent.health import Health
 from launcher.agent.hostfacts import installed_versions, load_psutil
 from launcher.agent.lease import Lease
 from launcher.agent.leftovers import PidRecords
+from launcher.agent.memcopy import MemoryCopies, sweep
 from launcher.agent.profiles import Profiles
 from launcher.agent.protocol import Emitter
 from launcher.agent.seal import Seal
@@ -65,6 +66,8 @@ class Agent:
                            self.records, emit)
         self.profiles = Profiles(self.run_dir, emit)
         self.tasks.on_profile = self.profiles.answered
+        self.memory = MemoryCopies(self.run_dir, host, lambda text: emit("log", text=text))
+        self.tasks.memory = self.memory
         self.commands = Commands(self.tasks, Stacks(emit), emit, self.profiles)
         self.lease = Lease(emit)
         self.health = Health()  # host signals for the straggler radar, every few beats
@@ -93,6 +96,7 @@ class Agent:
         # exits; the launcher waits for the exit, not for the kernel).
         self.seal.unseal(wait=False)
         self.spawner.reap_all()  # tasks' and standbys': their threads may not get to it
+        self.memory.close()  # the last copies, then the job's memory folder
 
 
 def parse_args(argv: list[str]) -> tuple[str, str, float, float]:
@@ -176,6 +180,9 @@ def _hello(agent: Agent, lease_s: float) -> int | None:
              "of this run directory")
     for item in swept:
         emit("log", text=f"removed the firewall rules ({item}, gone) of another run")
+    for name in sweep():  # after a crash: the memory tier's copies of dead agents
+        emit("log", text=f"removed the memory checkpoints /dev/shm/{name} of an agent "
+             "that died")
     return lock_fd
 
 

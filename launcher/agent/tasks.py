@@ -74,6 +74,7 @@ class RunningTask:
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self.readers: list[threading.Thread] = []
         self.waiter: threading.Thread | None = None  # reports its exit (Tasks._wait)
+        self.progress_reader: threading.Thread | None = None
         self.stopping = False  # the agent sent SIGTERM
         self.killed = False  # the agent sent SIGKILL
         self.stacks_file: str | None = None
@@ -132,6 +133,7 @@ class Tasks:
         self.emit = emit
         self.tasks: dict[str, RunningTask] = {}
         self.on_profile = None  # (task, record): a trace's answer (main wires profiles.py)
+        self.memory = None  # the memory tier's copies (memcopy.MemoryCopies, wired by main)
 
     def start(self, message: dict) -> None:
         raw_name = message.get("task")
@@ -164,6 +166,8 @@ class Tasks:
 
     def _launch(self, name: str, generation: int, spec: dict) -> None:
         """Hand the task to its standby, or start it cold; then watch it."""
+        if self.memory is not None:
+            self._copies_done()
         standby = self.standbys.take(name)
         try:
             env = self._task_env(name, generation, spec)
@@ -199,6 +203,20 @@ class Tasks:
         self._follow(task, progress_read)
         task.standby = self.standbys.want(name, spec, env)
 
+    def _copies_done(self) -> None:
+        """The memory tier: the copies of the saves the tasks that ran here made
+        are done before a task starts, so that every worker of the new
+        generation finds the newest checkpoint in its directory (the workers'
+        restores come after the cluster formed: after this start; memcopy.py)."""
+        with self.lock:
+            readers = [t.progress_reader for t in self.tasks.values() if t.progress_reader]
+        for reader in readers:  # their last `memory_saved` lines read
+            reader.join(timeout=DRAIN_S)
+        if not self.memory.drain():
+            self.emit("log", text="memory tier: copies still under way after "
+                      f"{self.memory.drain_s:.0f} s; the task starts (it may restore an "
+                      "older checkpoint)")
+
     def _start_cold(self, spec: dict,
                     env: dict[str, str]) -> tuple[subprocess.Popen, TaskTree, int]:
         """A new interpreter for the task, with its own token and progress pipe."""
@@ -232,6 +250,8 @@ class Tasks:
         env["MGPU_TF_CONFIG_FILE"] = tf_config_file
         env["MGPU_ERROR_FILE"] = error_file
         env[PROFILE_REQUEST_ENV] = request_path(self.run_dir, name)  # runtime/trace.py
+        if self.memory is not None:
+            self.memory.task_env(name, env)  # the memory tier's folder (memcopy.py)
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (CODE_DIR, env.get("PYTHONPATH", "")) if p
         )
@@ -245,8 +265,9 @@ class Tasks:
             )
             reader.start()
             task.readers.append(reader)
-        threading.Thread(target=self._read_progress, args=(task, progress_read),
-                         daemon=True).start()
+        task.progress_reader = threading.Thread(target=self._read_progress,
+                                                args=(task, progress_read), daemon=True)
+        task.progress_reader.start()
         task.waiter = threading.Thread(target=self._wait, args=(task,), daemon=True)
         task.waiter.start()
 
@@ -282,6 +303,8 @@ class Tasks:
                     continue
                 if isinstance(data, dict) and "profile" in data and self.on_profile:
                     self.on_profile(task, data["profile"])  # a trace's answer (profiles.py)
+                elif isinstance(data, dict) and "memory_saved" in data and self.memory:
+                    self.memory.saved(data["memory_saved"])  # copied in the background
                 elif isinstance(data, dict):
                     self.emit("progress", task=task.name, generation=task.generation, data=data)
                     if task.standby is not None and "step" in data:

@@ -41,6 +41,7 @@ from ..job.reach import Reach
 from ..spec.allocation import SlurmError
 from ..spec.config import ConfigError, LoadedConfig, keras_backend
 from ..spec.plan import HostTarget, Plan, PlanError
+from ..spec.transports import traits
 from ..strategy import ON_JAX
 from ..transport import AgentLink, AgentMessage, Transport
 from ..transport.factory import make_transport
@@ -270,6 +271,18 @@ def _jax_cell(report: HostReport) -> str:
     return jax if jax == jaxlib else f"{jax or 'MISSING'}/jaxlib {jaxlib or 'MISSING'}"
 
 
+def _checkpoint_cell(ck: dict[str, Any]) -> str:
+    if not ck:
+        return "?"
+    if not ck.get("exists"):
+        return "MISSING"
+    shared = "shared" if ck.get("nonce_seen") else "NOT SHARED"
+    cell = f"{shared}, {ck.get('free_gb', '?')} GB free"
+    if ck.get("memory_free_gb") is not None:  # /dev/shm, for `checkpoint: {memory: true}`
+        cell += f", memory {ck['memory_free_gb']} GB"
+    return cell
+
+
 def render(reports: list[HostReport], checkpoint_dir: str, ports_fixed: bool,
            collective: CollectiveReport | None = None) -> str:
     header = ["HOST", "ADDRESS", "SSH", "PYTHON", "TENSORFLOW", "KERAS", "TF-KERAS", "BACKEND",
@@ -288,14 +301,7 @@ def render(reports: list[HostReport], checkpoint_dir: str, ports_fixed: bool,
             ports = ",".join(f"{p} BUSY" if str(p) in r.busy else str(p) for p in r.ports)
         bad_peers = sum(1 for e in r.peers.values() if e)
         peers = f"{len(r.peers) - bad_peers}/{len(r.peers)}" if r.peers else "-"
-        ck = r.checkpoint
-        if not ck:
-            checkpoint = "?"
-        elif not ck.get("exists"):
-            checkpoint = "MISSING"
-        else:
-            shared = "shared" if ck.get("nonce_seen") else "NOT SHARED"
-            checkpoint = f"{shared}, {ck.get('free_gb', '?')} GB free"
+        checkpoint = _checkpoint_cell(r.checkpoint)
         gpus = "none" if not r.gpus else str(len(r.gpus))
         login = "-" if r.login_s is None else f"{r.login_s:.2f}s"
         rows.append([r.host.name, r.host.address, "ok", str(r.hello.get("python_version")),
@@ -342,7 +348,7 @@ def run_check(loaded: LoadedConfig, collective_timeout_s: float | None = (
     collective's report: None when `collective_timeout_s` is None or no host
     could be reached)."""
     config = loaded.config
-    run_dir = (tempfile.mkdtemp(prefix="mgpu-check-") if config.transport == "local"
+    run_dir = (tempfile.mkdtemp(prefix="mgpu-check-") if traits(config.transport).simulated
                else f"check-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
     # The launch's own steps: each host's TF_CONFIG address by its rules
     # (tf_address, network_interface, the ssh config's HostName), the job's own
@@ -368,7 +374,7 @@ def run_check(loaded: LoadedConfig, collective_timeout_s: float | None = (
             agents = Agents(connected.links, connected.events)
             collective = _probe(agents, reports, connected.plan, collective_timeout_s)
             _probe_script_dirs(agents, reports, script_dirs)
-        if config.transport == "ssh":
+        if traits(config.transport).ssh:
             _time_logins(connected.transport, [reports[name] for name in connected.links])
     finally:
         connected.close()

@@ -90,6 +90,8 @@ if check["exists"]:
     usage = shutil.disk_usage(folder)
     check["free_gb"] = round(usage.free / 1e9, 1)
     check["writable"] = os.access(folder, os.W_OK)
+if os.path.isdir("/dev/shm"):  # what `checkpoint: {memory: true}` may use (runtime/memtier.py)
+    check["memory_free_gb"] = round(shutil.disk_usage("/dev/shm").free / 1e9, 1)
 smi = shutil.which("nvidia-smi")
 if smi:
     try:

@@ -31,6 +31,7 @@ from ..job.sequence import EarlyEnd, StopRequest, run_launch
 from ..spec.allocation import SlurmError
 from ..spec.config import ConfigError, LoadedConfig
 from ..spec.plan import PlanError
+from ..spec.transports import traits
 from ..transport.factory import make_transport, quiet_paramiko_logs
 from ..views.drill_report import DEFAULT_MTBF_HOURS, FAULTS, Observed, judge, render, report
 from ..views.printer import Printer
@@ -102,15 +103,16 @@ def _load(args: argparse.Namespace) -> tuple[LoadedConfig, list[str], list[str]]
     return loaded, command, _faults(args.faults, loaded.config.transport)
 
 
-def _faults(given: str | None, transport: str) -> list[str]:
+def _faults(given: str | None, name: str) -> list[str]:
+    transport = traits(name)
     if given is None:
-        return [f for f in FAULTS if f != "host" or transport == "ssh"]
+        return [f for f in FAULTS if f != "host" or transport.ssh]
     faults = [f.strip() for f in given.split(",") if f.strip()]
     unknown = [f for f in faults if f not in FAULTS]
     if unknown or not faults:
         raise Usage(f"--faults: unknown fault {', '.join(unknown) or '(none given)'}: "
                     f"choose from {','.join(FAULTS)}")
-    if "host" in faults and transport == "slurm":
+    if "host" in faults and transport.allocation:
         raise Usage("--faults host: a lost host is drilled on SSH or simulated hosts, "
                     "not inside a Slurm allocation")
     return list(dict.fromkeys(faults))
@@ -172,7 +174,7 @@ def _one_job(args: argparse.Namespace, loaded: LoadedConfig, command: list[str],
     """One job of the drill, with `faults` injected into it; raises Usage when
     it cannot start (exit 2)."""
     config = loaded.config
-    local = config.transport == "local"
+    local = traits(config.transport).simulated
     try:
         launch = Launch(loaded, command, run_dir, str(Path.cwd()))
         if local and number == 1:
@@ -183,7 +185,7 @@ def _one_job(args: argparse.Namespace, loaded: LoadedConfig, command: list[str],
         first = launch.prepare(lambda moved: say(f"mgpu-launch: {moved}"), claim=number == 1)
     except (LaunchRefused, PlanError) as exc:
         raise Usage(str(exc)) from None
-    if config.transport == "ssh":
+    if traits(config.transport).ssh:
         quiet_paramiko_logs()
     printer = Printer([t.label for t in first.tasks], quiet=args.quiet, live=False)
     story = Story()

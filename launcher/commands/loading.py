@@ -17,6 +17,7 @@ from pathlib import Path
 from ..spec.allocation import read_allocation, slurm_config, with_allocation
 from ..spec.config import LoadedConfig, load_config, local_config
 from ..spec.plan import resolve_script
+from ..spec.transports import traits
 
 
 class ArgumentError(Exception):
@@ -34,7 +35,7 @@ def load_cluster(cluster: str | None, local: int | None, slurm: bool) -> LoadedC
     else:
         assert cluster is not None
         loaded = load_config(cluster)
-    if loaded.config.transport == "slurm":
+    if traits(loaded.config.transport).allocation:
         loaded = with_allocation(loaded, read_allocation(os.environ))
     return loaded
 
@@ -65,7 +66,7 @@ def cluster_and_script(rest: Sequence[str], local: int | None, slurm: bool, *,
         raise ArgumentError(expected)
     else:
         loaded, command = load_cluster(rest[0], None, False), rest[1:]
-    if loaded.config.transport == "local":
+    if traits(loaded.config.transport).simulated:
         command = list(resolve_script(command, Path.cwd()))
         if not Path(command[0]).exists():
             raise ArgumentError(f"training script not found: {command[0]}")

@@ -6,6 +6,7 @@ Pure functions over the generation's values; the supervisor follows them.
 from __future__ import annotations
 
 from ..strategy import framework as strategy_framework
+from .failkinds import Kind, say, traits
 from .generation import Generation
 from .lockstep import Finding, Peer, Position, judge, mismatched
 from .recovery import innermost_frame
@@ -18,25 +19,25 @@ def culprit(gen: Generation, reporter: TaskRecord) -> Failure | None:
     peer its agent saw stopped (SIGSTOP): when the coordination leader itself
     is stopped, the others only see a deadline pass. None: no one else to blame."""
     failure = gen.failure
-    if failure is None or failure.kind != "collective_abort" \
+    if failure is None or not traits(failure.kind).blames_a_peer \
             or failure.task != reporter.task.label:
         return None
     named = reporter.watcher.culprit
     blamed = gen.record_of(*named) if named else None
     framework = strategy_framework(gen.plan.strategy)
-    reason = (f"stopped sending {framework} heartbeats (hung, stopped, or cut off); "
-              f"reported by {reporter.task.label}")
+    how = "named_by_peer"
     if blamed is None:
         blamed = next((r for r in gen.records.values()
                        if r is not reporter and r.usage.get("status") == "stopped"), None)
-        reason = ("was stopped (SIGSTOP, Ctrl-Z or a debugger): its peers' collectives "
-                  f"aborted; reported by {reporter.task.label}")
+        how = "seen_stopped"
     if blamed is None:  # no peer died or hung: maybe one was elsewhere in the program
         return abort_out_of_step(gen, weak=False)
     if blamed is reporter:
         return None
     return Failure(task=blamed.task.label, host=blamed.task.host,
-                   generation=gen.plan.generation, t=failure.t, kind="hang", reason=reason,
+                   generation=gen.plan.generation, t=failure.t, kind=Kind.HANG,
+                   reason=say(Kind.HANG, how, {"framework": framework,
+                                               "reporter": reporter.task.label}),
                    last_lines=failure.last_lines)
 
 
@@ -65,8 +66,8 @@ def abort_out_of_step(gen: Generation, weak: bool = True) -> Failure | None:
     (`weak=False` at the abort itself: only what stale counters cannot fake)."""
     failure, positions = gen.failure, gen.positions
     abort = positions.abort or failure
-    if failure is None or abort is None or abort.kind != "collective_abort" \
-            or positions.judged or failure.kind not in ("collective_abort", "out_of_step"):
+    if failure is None or abort is None or not traits(abort.kind).blames_a_peer \
+            or positions.judged or not traits(failure.kind).rejudged_by_positions:
         return None  # another cause (a peer TF named) stands
     aborted = mismatched(abort.last_lines)  # TF saw different collectives meet
     found = out_of_step(gen, aborted=aborted, weak=aborted and weak)
@@ -74,9 +75,10 @@ def abort_out_of_step(gen: Generation, weak: bool = True) -> Failure | None:
         return None
     record, finding = found
     better = Failure(task=record.task.label, host=record.task.host,
-                     generation=gen.plan.generation, t=abort.t, kind="out_of_step",
-                     reason=f"{finding.reason} (TensorFlow aborted the collectives: "
-                     f"{abort.task})", last_lines=abort.last_lines)
+                     generation=gen.plan.generation, t=abort.t, kind=Kind.OUT_OF_STEP,
+                     reason=say(Kind.OUT_OF_STEP, "aborted",
+                                {"cause": finding.reason, "reporter": abort.task}),
+                     last_lines=abort.last_lines)
     if (better.task, better.reason) == (failure.task, failure.reason):
         return None
     positions.abort = abort
@@ -91,7 +93,8 @@ def repeated_failure(failures: list[Failure]) -> str:
     last, before = failures[-1], failures[-2]
     if last.secondary or before.secondary:
         return ""  # a peer's loss seen twice (gRPC UNAVAILABLE...): not the script's bug
-    if last.kind == before.kind == "out_of_step" and last.task == before.task \
+    if last.kind == before.kind and traits(last.kind).repeats_by_position \
+            and last.task == before.task \
             and _out_of_step_cause(last) == _out_of_step_cause(before):
         return f"{last.task} out of step: {_out_of_step_cause(last)}"  # the script's own order
     where = innermost_frame(last.error)

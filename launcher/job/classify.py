@@ -11,6 +11,9 @@ from __future__ import annotations
 import re
 import signal
 from dataclasses import dataclass
+from typing import Any
+
+from .failkinds import Kind, say
 
 # Exit code a task uses to say "restart me" (TensorFlow's preemption handling
 # and our runtime exit with it after saving a checkpoint on SIGTERM).
@@ -107,34 +110,42 @@ def signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-def exit_kind(exit_code: int | None, signum: int | None) -> str:
+def exit_kind(exit_code: int | None, signum: int | None) -> Kind:
     """A task's exit as a failure kind: preempted (exit 42), signal or exit."""
     if exit_code == RESTART_ME_EXIT:
-        return "preempted"
-    return "signal" if signum is not None else "exit"
+        return Kind.PREEMPTED
+    return Kind.SIGNAL if signum is not None else Kind.EXIT
 
 
 def classify_exit(exit_code: int | None, signum: int | None, error: dict | None,
                   last_lines: list[str] | tuple[str, ...]) -> str:
     """One phrase for why a task ended, most specific first."""
+    how, facts = exit_words(exit_code, signum, error, last_lines)
+    return say(exit_kind(exit_code, signum), how, facts)
+
+
+def exit_words(exit_code: int | None, signum: int | None, error: dict | None,
+               last_lines: list[str] | tuple[str, ...]) -> tuple[str, dict[str, Any]]:
+    """Which words of its kind say why a task ended (job/failkinds.py), most
+    specific first, and the facts that fill them in."""
     text = "\n".join(last_lines)
     if signum == signal.SIGKILL or exit_code == 137:
-        return ("killed (SIGKILL: by a user, or the kernel's out-of-memory killer — "
-                "check `dmesg` for oom-kill)")
+        return "sigkill", {}
     if signum is not None:
-        return f"killed by signal {signum} ({signal_name(signum)})"
+        return "signal", {"signal": signum, "name": signal_name(signum)}
     if exit_code == RESTART_ME_EXIT:
-        return "preempted: saved a checkpoint and asked to be restarted (exit 42)"
+        return "restart_me", {}
     error_type = (error or {}).get("type", "")
     if _DEADLINE.search(error_type) or (not error and _DEADLINE.search(text)):
-        return "collective timed out (DeadlineExceeded): a peer stopped taking part"
+        return "deadline", {}
     if _UNAVAILABLE.search(error_type) or (not error and _UNAVAILABLE.search(text)):
-        return "gRPC UNAVAILABLE: lost a peer (it died, hung, or the network dropped)"
+        return "unavailable", {}
     hint = tf_keras_hint(error, last_lines)
+    hint = f" — {hint}" if hint else ""
     if error:
-        reason = f"Python exception {error_type}: {str(error.get('message', ''))[:200]}"
-        return f"{reason} — {hint}" if hint else reason
-    return f"exited with code {exit_code}" + (f" — {hint}" if hint else "")
+        return "exception", {"type": error_type, "message": str(error.get("message", ""))[:200],
+                             "hint": hint}
+    return "code", {"exit_code": exit_code, "hint": hint}
 
 
 # A mistake in the script itself fails the same way on every try, on every

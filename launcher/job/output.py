@@ -2,8 +2,9 @@
 start-up noise folded), to each task's log file, and watched for a collective
 abort, which fails the group seconds before its tasks would exit by themselves.
 
-Called from the supervisor thread only. A finding is handed to the
-supervisor's `fail`; a new root cause is told as a `RootCause` event.
+Called from the supervisor thread only. A collective abort is returned, a
+`Found` (job/findings.py) the supervisor acts on, then asks `blame` for the
+peer behind it; a new root cause is told as a `RootCause` event.
 """
 
 from __future__ import annotations
@@ -18,9 +19,12 @@ from ..strategy import COLLECTIVE
 from ..transport import AgentMessage
 from . import events as ev
 from .blame import culprit
+from .failkinds import Kind, traits
+from .findings import Found, root_cause
 from .generation import Generation
 from .noise import NoiseFolder
-from .states import Failure, TaskRecord, TaskRow
+from .states import TaskRecord
+from .story import TaskRow
 
 # Strategies whose workers all die with a peer: their output tells of it first.
 WATCHED_STRATEGIES = COLLECTIVE
@@ -38,20 +42,13 @@ class Voice(ev.Listener, Protocol):
     def refresh(self, rows: Sequence[TaskRow]) -> None: ...
 
 
-def root_cause(failure: Failure) -> ev.RootCause:
-    """The event naming `failure` the generation's root cause."""
-    return ev.RootCause(generation=failure.generation, task=failure.task.partition("/")[2],
-                        host=failure.host, failure=failure.kind, reason=failure.reason)
-
-
 class TaskOutput:
     def __init__(self, voice: Voice, recorder: RunRecorder, clock: Callable[[], float],
-                 tell: Callable[[ev.Event], None], fail: Callable[..., None]) -> None:
+                 tell: Callable[[ev.Event], None]) -> None:
         self._voice = voice
         self._recorder = recorder
         self._clock = clock
         self._tell = tell
-        self._fail = fail  # fail(gen, record, kind=..., reason=..., last_lines=...)
         self._noise = NoiseFolder(enabled=not voice.verbose)  # TF start-up: one line a task
 
     def log_path(self, host: str, name: str | None) -> str:
@@ -66,8 +63,8 @@ class TaskOutput:
                                        self.log_path(record.task.host, record.task.name)):
             self._voice.task_line(record.task.label, shown)
 
-    def line(self, gen: Generation | None, message: AgentMessage) -> None:
-        """One `output` message: shown, logged, and watched."""
+    def line(self, gen: Generation | None, message: AgentMessage) -> Found | None:
+        """One `output` message: shown, logged, and watched; a collective abort found."""
         body = message.message
         name, text = body.get("task"), body.get("text", "")
         record = gen.records.get(name) if gen and name else None
@@ -76,27 +73,28 @@ class TaskOutput:
             self._voice.task_line(label, shown)
         self._recorder.log_line(log_file_name(message.host, name), text)
         if record is None or gen is None or body.get("generation") != gen.plan.generation:
-            return
+            return None
         record.last_activity = self._clock()
         record.tail.append(text)
         if (gen.plan.strategy in WATCHED_STRATEGIES and not gen.tearing_down
                 and not gen.finishing()):
-            self._watch(gen, record, text)
-        elif gen.failure is not None and gen.failure.kind == "collective_abort":
+            return self._watch(gen, record, text)
+        if gen.failure is not None and traits(gen.failure.kind).blames_a_peer:
             record.watcher.feed(text)
-            self._blame(gen, record)
+            self.blame(gen, record)
+        return None
 
-    def _watch(self, gen: Generation, record: TaskRecord, text: str) -> None:
+    def _watch(self, gen: Generation, record: TaskRecord, text: str) -> Found | None:
         """A collective abort in a task's output fails the group now, seconds
-        before the task would exit by itself."""
+        before the task would exit by itself (then `blame` names its culprit)."""
         alarm = record.watcher.feed(text)
         if alarm is not None and gen.failure is None:
-            self._fail(gen, record, kind="collective_abort",
-                       reason=f"aborted its collective ops ({alarm.code}): a peer died or hung",
-                       last_lines=(alarm.line,))
-            self._blame(gen, record)
+            return Found(record, Kind.COLLECTIVE_ABORT, "output", {"code": alarm.code},
+                         last_lines=(alarm.line,))
+        return None
 
-    def _blame(self, gen: Generation, reporter: TaskRecord) -> None:
+    def blame(self, gen: Generation, reporter: TaskRecord) -> None:
+        """The peer behind a collective abort `reporter` reported, when known."""
         blamed = culprit(gen, reporter)
         if blamed is not None:
             gen.failure = blamed

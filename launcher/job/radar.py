@@ -9,7 +9,8 @@ supervisor thread and keeps what summary.json says (`stragglers`).
 With `restart.on_straggler: replace`, a named straggler's host is set aside
 at the job's next checkpoint (a save the runtime reports, or the checkpoint
 series moving on disk) while a spare host is idle: the generation fails with
-kind `straggler`, and the restart puts the spare in its place
+kind `straggler` (a `Found` returned to the supervisor's loop, which acts on
+it: job/findings.py), and the restart puts the spare in its place
 (recovery.choose_hosts, as for a lost host), saying so (`hosts_chosen`).
 """
 
@@ -22,6 +23,8 @@ from typing import Any
 from ..strategy import COLLECTIVE
 from . import checkpoints
 from . import events as ev
+from .failkinds import Kind
+from .findings import Found
 from .generation import Generation
 from .states import TaskRecord
 from .stragglers import Detector, Finding
@@ -45,7 +48,6 @@ SYNCHRONOUS_ROLES = ("chief", "worker")
 class Radar:
     def __init__(self, tell: Callable[[ev.Event], None], clock: Callable[[], float],
                  on_straggler: str = "warn", *, spares: tuple[str, ...] = (),
-                 fail: Callable[..., None] | None = None,
                  probe: Callable[[], checkpoints.State | None] = lambda: None,
                  profiler: Any = None, alive: Callable[[str], bool] = lambda host: True) -> None:
         self._tell = tell
@@ -53,7 +55,6 @@ class Radar:
         self.on_straggler = on_straggler
         self._spares = spares  # hosts marked spare: true
         self._alive = alive  # whether a host's agent link is open
-        self._fail = fail  # the supervisor's: a failure of a task, with its kind and reason
         self._probe = probe  # the checkpoint series on disk (checkpoints.checkpoint_state)
         self._replace: tuple[Finding, checkpoints.State | None] | None = None
         # job/profiling.py's Profiler: synchronized traces (opt-in, TRACES_ENV)
@@ -76,11 +77,12 @@ class Radar:
         return self._detector
 
     def heartbeat(self, gen: Generation, record: TaskRecord, usage: dict[str, Any],
-                  t: Any) -> None:
-        """A heartbeat's entry for `record`; its `health`, when it has one."""
+                  t: Any) -> Found | None:
+        """A heartbeat's entry for `record`; its `health`, when it has one. A
+        straggler to set aside now (its checkpoint came) is returned."""
         figures = usage.get("health")
         if not figures or not isinstance(t, int | float):
-            return
+            return None
         now = self._clock()
         name = record.task.name
         if now - self._recorded.get(name, -HEALTH_RECORD_EVERY_S) >= HEALTH_RECORD_EVERY_S:
@@ -91,16 +93,18 @@ class Radar:
         if detector is not None:
             self._found(gen, detector.health(now, name, float(t), figures))
         if self._replace is not None and checkpoints.advanced(self._replace[1], self._probe()):
-            self._set_aside(gen)
+            return self._set_aside(gen)
+        return None
 
-    def progress(self, gen: Generation, data: dict[str, Any]) -> None:
+    def progress(self, gen: Generation, data: dict[str, Any]) -> Found | None:
         detector = self._for(gen)
         step = data.get("step")
         if detector is not None and isinstance(step, int | float) and not isinstance(step, bool):
             detector.progress(self._clock(), int(step))
         if self._replace is not None and (data.get("checkpoint") or (data.get("save_s") and (
                 checkpoints.advanced(self._replace[1], self._probe())))):
-            self._set_aside(gen)  # a save reported, or one timed and seen on disk
+            return self._set_aside(gen)  # a save reported, or one timed and seen on disk
+        return None
 
     def tick(self, gen: Generation, links: Any) -> None:
         """From the supervisor's loop: trace every task when a trace is due."""
@@ -130,18 +134,15 @@ class Radar:
                 summaries[name] = per_step
         self._found(gen, self._detector.trace(self._clock(), summaries))
 
-    def _set_aside(self, gen: Generation) -> None:
-        """The checkpoint came: fail the generation so that a spare takes the slow host's place."""
+    def _set_aside(self, gen: Generation) -> Found | None:
+        """The checkpoint came: the generation fails so that a spare takes the slow host's place."""
         assert self._replace is not None
         finding, self._replace = self._replace[0], None
         record = gen.records.get(finding.task)
-        if record is None or self._fail is None or gen.failure is not None \
-                or not self._idle_spare(gen):
-            return  # no idle spare left (or already failing): named, not replaced
+        if record is None or gen.failure is not None or not self._idle_spare(gen):
+            return None  # no idle spare left (or already failing): named, not replaced
         gen.set_aside.add(finding.host)  # the restart chooses a spare instead
-        self._fail(gen, record, kind="straggler",
-                   reason=f"replaced by a spare host at a checkpoint: {finding.slowdown:.2g}x "
-                   "slower than its peers (restart.on_straggler: replace)")
+        return Found(record, Kind.STRAGGLER, "replaced", {"slowdown": finding.slowdown})
 
     def _idle_spare(self, gen: Generation) -> str:
         """The spare the restart would choose (recovery.choose_hosts: the first

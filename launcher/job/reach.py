@@ -23,6 +23,7 @@ from typing import Any
 from ..spec.addresses import AddressError, TFAddress, with_interfaces
 from ..spec.config import LoadedConfig
 from ..spec.plan import HostTarget, Plan, build_plan, host_targets, ports_needed
+from ..spec.transports import traits
 from ..transport import AgentLink, AgentMessage, Transport
 from ..transport.inbox import Inbox
 from ..transport.ports import busy_ports, free_ports
@@ -63,7 +64,7 @@ class Reach:
         self.command = list(command)
         self.run_dir = run_dir
         self.launch_cwd = launch_cwd or os.getcwd()
-        self.local = loaded.config.transport == "local"
+        self.local = traits(loaded.config.transport).simulated
         # Simulated hosts run the tasks with this machine's Python.
         self.default_python = sys.executable if self.local else "python3"
         self.targets = host_targets(loaded.config, self.default_python, loaded.base_dir)

@@ -104,6 +104,10 @@ class Resumes:
         if self._checkpoint:
             entry["checkpoint"] = {path: list(position)
                                    for path, position in sorted(self._checkpoint.items())}
+        if isinstance(data.get("resumed_from"), str):  # the memory tier's (runtime/memtier.py)
+            entry["copy"] = {"from": data["resumed_from"],
+                             "host": str(data.get("resumed_host") or ""),
+                             "path": str(data.get("resumed_copy") or "")}
         if self._saved_before is not None:
             entry["saved_step"] = self._saved_before["step"]
         previous = self.entries[-1].get("step") if self.entries else (self._first or 0)

@@ -14,6 +14,7 @@ from typing import Any
 
 from ..spec.plan import Task
 from . import events as ev
+from . import failkinds
 from .classify import OutputWatcher
 
 
@@ -66,19 +67,21 @@ TRANSITIONS: dict[TaskState, frozenset[TaskState]] = {
 
 def apply(state: TaskState, event: ev.Event, *, host: str, lifetime: str = "job") -> TaskState:
     """A task's state after `event`: the one state machine, followed by the
-    supervisor as it decides and by `status` as it replays events.jsonl.
+    supervisor as it decides and by the run's model as it folds the events
+    (launcher/job/story.py: `status`, the report, the metrics, summary.json).
 
     `event` is one of this task's events (the caller matches the task's name
     and generation), or an event of its whole generation or host. A state the
     event does not move is returned as it is; whether the move is legal is
-    the caller's to check (`TaskRecord.move`): a replay takes what was written.
+    the caller's to check (`TaskRecord.move`): the fold takes what was written.
     """
     if isinstance(event, ev.TaskStarted) and state in (TaskState.PENDING, TaskState.STARTING):
         return TaskState.RUNNING
     if isinstance(event, ev.TaskExited):
         return _after_exit(state, event, lifetime)
     if (isinstance(event, ev.StartFailed) or (  # (version 1 wrote no start_failed event)
-            isinstance(event, ev.FailureDetected) and event.failure == "start_failed")) \
+            isinstance(event, ev.FailureDetected)
+            and failkinds.traits(event.failure).ends_the_start)) \
             and state in (TaskState.PENDING, TaskState.STARTING, TaskState.RUNNING):
         return TaskState.FAILED
     if isinstance(event, ev.TaskRestarted) and state is TaskState.FAILED:
@@ -136,8 +139,22 @@ class TaskRecord:
         self.state = to
 
 
-# Exit reasons (from classify_exit) that follow from a peer's failure.
-SECONDARY_REASONS = ("gRPC UNAVAILABLE", "collective timed out")
+def sentence(label: str, host: str, generation: int, reason: str) -> str:
+    """A failure in words, the one place: the terminal, `status`, the report and
+    summary.json all say `host1/worker1 (host host1, generation 0) exited with code 1`."""
+    return f"{label} (host {host}, generation {generation}) {reason}"
+
+
+def reason_of(kind: str, exit_code: int | None, signal: int | None, reason: str) -> str:
+    """A failure's reason phrase; one a line lacks (written before reasons were)
+    is said from its kind and exit."""
+    if reason:
+        return str(reason)
+    if kind == failkinds.Kind.SIGNAL:
+        return f"was killed by signal {signal}"
+    if kind == failkinds.Kind.EXIT:
+        return f"exited with code {exit_code}"
+    return str(kind)
 
 
 @dataclass(frozen=True)
@@ -148,8 +165,7 @@ class Failure:
     host: str
     generation: int
     t: float  # Unix time it happened (as the host saw it when known)
-    # exit | signal | preempted | start_failed | host_lost | hang | collective_abort | out_of_step
-    kind: str
+    kind: str  # a failkinds.Kind (job/failkinds.py: what each kind is)
     reason: str  # one phrase a user can act on
     exit_code: int | None = None
     signal: int | None = None
@@ -159,14 +175,13 @@ class Failure:
     stack: tuple[str, ...] = ()
 
     def describe(self) -> str:
-        return f"{self.task} (host {self.host}, generation {self.generation}) {self.reason}"
+        return sentence(self.task, self.host, self.generation, self.reason)
 
     @property
     def secondary(self) -> bool:
         """A symptom of another task's failure (a collective aborted because a
         peer vanished), never the root cause when the primary one is known."""
-        return self.kind == "collective_abort" or (
-            self.kind == "exit" and self.reason.startswith(SECONDARY_REASONS))
+        return failkinds.secondary(self.kind, self.reason)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -216,25 +231,6 @@ class RunResult:
             "resumed": list(self.resumed),
             "stragglers": list(self.stragglers),
         }
-
-
-@dataclass(frozen=True)
-class TaskRow:
-    """One line of the live status table (a snapshot, safe to hand to a view)."""
-
-    label: str  # host0/worker0
-    host: str
-    task: str  # worker0
-    state: str
-    generation: int
-    restarts: int
-    step: int | None
-    steps_per_s: float | None
-    loss: float | None
-    cpu_percent: float | None
-    rss_mb: float | None
-    silent_s: float | None  # seconds since the last output line or progress report
-    slowdown: float | None = None  # a straggler: how much slower than its peers
 
 
 def final_state(record: TaskRecord, generation: int) -> dict[str, Any]:

@@ -6,15 +6,17 @@ queue; only the supervisor thread mutates state. Outcomes are values
 a flag (`request_stop`), read by the loop.
 
 It decides and tells; it formats no text for people. Every fact is one typed
-event (launcher/job/events.py), written to the run directory and told to its
-`Voice` (the operator's printer, which words it: launcher/views/narrate.py) and
-to any other `Listener`. A task's state moves by the events that concern it
-(`states.apply`, the state machine `status` replays too); the generation's
+event (launcher/job/events.py), told through its `Teller` (job/teller.py):
+written to the run directory and told to its `Voice` (the operator's printer,
+which words it: launcher/views/narrate.py) and to any other `Listener`. A task's
+state moves by the events that concern it (`Teller.happen`: `states.apply`,
+the state machine the run's model folds too); the generation's
 phase by `Generation.enter` (launcher/job/phases.py).
 
 A failure is acted on when it is first seen — a task's exit, a fatal
 TensorFlow error in its output, a silent task, a silent host — because TF
-peers of a dead or hung worker take many seconds to exit by themselves.
+peers of a dead or hung worker take many seconds to exit by themselves. The
+detectors return what they find (job/findings.py); the loop acts on it (`_act`).
 
 Must not import: cli, ops. Talks to hosts only through `AgentLink`s.
 """
@@ -34,28 +36,28 @@ from ..transport import AgentLink, AgentMessage
 from . import checkpoints, keras_fallback, resumes
 from . import events as ev
 from .blame import repeated_failure
-from .classify import OutputWatcher, classify_exit, exit_kind, script_mistake
+from .classify import OutputWatcher, exit_kind, exit_words, script_mistake
+from .failkinds import Kind, traits
+from .findings import Failures, Finding, Found, HostSilent
 from .generation import Generation
 from .hostwait import HostWaiter
-from .output import TaskOutput, Voice, root_cause
+from .output import TaskOutput, Voice
 from .phases import Phase
 from .profiling import Profiler
 from .protocol import BadMessage, check_message
 from .radar import Radar
 from .recovery import Budget, HostInfo, NotEnoughHosts, decide_restart
 from .restarts import End, JobSoFar, count_restart, keras_switched
-from .samples import ProgressSampler
 from .states import (
-    Failure,
     IllegalTransition,
     RunResult,
     TaskRecord,
-    TaskRow,
     TaskState,
-    apply,
     final_state,
 )
+from .story import TaskRow
 from .teardown import Teardown
+from .teller import Teller
 from .watch import Watch
 
 POLL_S = 0.1
@@ -92,9 +94,9 @@ class Supervisor:
         self._events = events
         self._recorder = recorder
         self._voice = voice
-        self._samples = ProgressSampler()
-        self._listeners = list(listeners)  # other views of the story (metrics, ...)
-        self._output = TaskOutput(voice, recorder, clock, self._tell, self._fail)
+        self._story = story = Teller(recorder, voice, listeners)
+        self._output = TaskOutput(voice, recorder, clock, story.tell)
+        self._failures = Failures(story.tell, wall_clock)
         self._policy = policy
         self._checkpoint_probe = checkpoint_probe
         self._launcher_info = dict(launcher_info or {})
@@ -108,15 +110,15 @@ class Supervisor:
         self._starts: dict[str, str] = {}  # task -> "warm" / "cold", this generation
         self._keras_switch: dict[str, Any] | None = None  # keras_fallback: once per job
         self._resumes = resumes.Resumes()  # where each restarted generation resumed
-        self._teardown = Teardown(links, recorder, clock, self._tell, self._happen)
-        self._watch = Watch(policy, links, clock, self._fail, self._host_lost, self._tell,
-                            finish=(self._tell, self._teardown.stop_tasks))
-        self._waiter = HostWaiter(reconnect, links, self._tell, self._wait, self._stop_pending,
+        self._teardown = Teardown(links, recorder, clock, story.tell, story.happen)
+        self._watch = Watch(policy, links, clock, story.tell,
+                            finish=(story.tell, self._teardown.stop_tasks))
+        self._waiter = HostWaiter(reconnect, links, story.tell, self._wait, self._stop_pending,
                                   clock, hosts=self._hosts, policy=policy)
         self.current: Generation | None = None  # read-only for observers (live view)
         # Synchronized traces of the running tasks (job/profiling.py).
         self.profiler = Profiler(getattr(recorder, "run_dir", None), clock, wall_clock)
-        self._radar = Radar(self._tell, clock, policy.on_straggler, fail=self._fail,
+        self._radar = Radar(story.tell, clock, policy.on_straggler,
                             spares=tuple(h.name for h in hosts if h.spare), probe=checkpoint_probe,
                             profiler=self.profiler,  # stragglers named (and replaced)
                             alive=lambda h: not getattr(self._links.get(h), "closed", True))
@@ -140,28 +142,6 @@ class Supervisor:
 
     def _stop_pending(self) -> bool:
         return self._stop_count > self._handled_stops
-
-    # ------------------------------------------------------------------ story
-
-    def _tell(self, event: ev.Event) -> None:
-        """Write `event` to the run directory and tell it to every view."""
-        for line, at in self._samples.lines(event):  # progress lines at a bounded rate
-            ev.write(self._recorder, line, at)
-        self._voice.tell(event)
-        for listener in self._listeners:
-            listener.tell(event)
-
-    def _happen(self, gen: Generation, event: ev.Event) -> None:
-        """Tell `event`, and move the tasks it concerns (`states.apply`)."""
-        self._tell(event)
-        if isinstance(event, ev.TaskEvent):
-            record = gen.records.get(event.task)
-            targets = [record] if record is not None else []
-        else:
-            targets = list(gen.records.values())
-        for record in targets:
-            record.move(apply(record.state, event, host=record.task.host,
-                              lifetime=record.task.lifetime))
 
     # -------------------------------------------------------------------- run
 
@@ -192,9 +172,9 @@ class Supervisor:
             resumed=tuple(self._resumes.entries),
             stragglers=tuple(self._radar.named),
         )
-        self._tell(ev.JobDone(status=result.status, restarts=job.restarts,
+        self._story.tell(ev.JobDone(status=result.status, restarts=job.restarts,
                               wall_s=round(result.wall_s, 3), stopped_by=result.stopped_by,
-                              message=message))
+                              message=message, interrupted_by=result.interrupted_by))
         return result
 
     def _one_generation(self, job: JobSoFar) -> End | None:
@@ -220,7 +200,7 @@ class Supervisor:
         advanced = gen.advanced or checkpoints.advanced(checkpoint_before,
                                                         self._checkpoint_probe())
         decision = decide_restart(job.budget, advanced,
-                                  preempted=gen.failure.kind == "preempted",
+                                  preempted=traits(gen.failure.kind).preempted,
                                   repeated=repeated_failure(job.failures),
                                   mistake=script_mistake(gen.failure.error))
         if not decision.restart:
@@ -243,13 +223,13 @@ class Supervisor:
         if self._keras_switch is None and keras_fallback.should_switch(gen.plan, gen.failure,
                                                                        gen.stepped):
             self._keras_switch = keras_fallback.switched(job.generation + 1, gen.failure)
-            self._tell(keras_switched(self._keras_switch))
+            self._story.tell(keras_switched(self._keras_switch))
         restart = count_restart(job, self._policy, counts=counts, advanced=advanced,
                                 trained_s=self._clock() - gen.started_at,
-                                preempted=gen.failure.kind == "preempted")
+                                preempted=traits(gen.failure.kind).preempted)
         self._restarts = job.restarts
         gen.enter(Phase.BACKOFF)
-        self._tell(restart)
+        self._story.tell(restart)
         return End("interrupted") if self._wait(restart.backoff_s) else None
 
     def _wait(self, seconds: float) -> bool:
@@ -284,7 +264,7 @@ class Supervisor:
     def _refuse(self, raw: AgentMessage, why: str) -> None:
         self._bad_messages += 1
         if self._bad_messages <= MAX_BAD_MESSAGES_RECORDED:
-            self._tell(ev.BadMessage(host=raw.host, reason=why))
+            self._story.tell(ev.BadMessage(host=raw.host, reason=why))
 
     # -------------------------------------------------------------- generation
 
@@ -295,7 +275,7 @@ class Supervisor:
         self.current = gen
         self._starts = {}
         first = self._launcher_info if plan.generation == 0 else {}  # what ran, on what
-        self._tell(ev.Launch(
+        self._story.tell(ev.Launch(
             generation=plan.generation, launcher_pid=self._launcher_info.get("launcher_pid"),
             launcher_host=self._launcher_info.get("launcher_host"),
             tasks=tuple(ev.Placed(task=t.name, host=t.host, address=t.address, port=t.port,
@@ -310,9 +290,9 @@ class Supervisor:
             self._turn(gen)
             if self._clock() >= next_watch:
                 next_watch = self._clock() + 0.5
-                self._watch.silence(gen)
-                for line, at in self._samples.due():  # progress held back, now due
-                    ev.write(self._recorder, line, at)
+                for found in self._watch.silence(gen):
+                    self._act(gen, found)
+                self._story.write_due()  # progress held back, now due
                 self.profiler.poll(gen, self._links)  # traces asked by `mgpu-launch profile`
                 self._radar.tick(gen, self._links)  # and the straggler radar's, rarely
                 self._voice.refresh(self.snapshot())
@@ -320,7 +300,7 @@ class Supervisor:
                 break
         self._drain(gen)
         if gen.phase.stopping:
-            self._tell(ev.TeardownDone(generation=plan.generation))
+            self._story.tell(ev.TeardownDone(generation=plan.generation))
         gen.enter(Phase.ENDED)
         return gen
 
@@ -411,25 +391,26 @@ class Supervisor:
             # A late message of a host's previous connection (it reconnected
             # since): its output may still be shown, nothing else is acted on.
             if event == "output":
-                self._output.line(gen, message)
+                self._act(gen, self._output.line(gen, message))
             return
         if event == "agent_lost":
             if message.host in {t.host for t in gen.plan.tasks}:
                 self._host_lost(gen, message.host, str(body.get("detail") or "connection closed"))
         elif event == "log":  # the agent's own diagnostics
-            self._tell(ev.AgentLog(host=message.host, text=str(body.get("text", "")),
+            self._story.tell(ev.AgentLog(host=message.host, text=str(body.get("text", "")),
                                    notice=bool(body.get("notice"))))
         elif event == "hello":
             self._on_hello(message.host, body)
         elif event == "output":
-            self._output.line(gen, message)
+            self._act(gen, self._output.line(gen, message))
         elif event == "heartbeat":
             for task_name, usage in body["tasks"].items():
                 record = gen.records.get(task_name)
                 if record is not None and record.task.host == message.host:
                     record.usage = usage
-                    self._watch.stopped(gen, record, usage.get("status"), body.get("t"))
-                    self._radar.heartbeat(gen, record, usage, body.get("t"))
+                    self._act(gen, self._watch.stopped(gen, record, usage.get("status"),
+                                                       body.get("t")))
+                    self._act(gen, self._radar.heartbeat(gen, record, usage, body.get("t")))
         else:
             self._handle_task(gen, message)
 
@@ -452,15 +433,15 @@ class Supervisor:
             record.pid = body["pid"]
             start = body.get("start") or "cold"
             self._starts[name] = start
-            self._happen(gen, ev.TaskStarted(
+            self._story.happen(gen, ev.TaskStarted(
                 generation=gen.plan.generation, task=name, host=record.task.host,
                 pid=record.pid, start=start, start_reason=body.get("start_reason") or ""))
         elif event == "start_failed":
             error = str(body.get("error", ""))
-            self._happen(gen, ev.StartFailed(generation=gen.plan.generation, task=name,
+            self._story.happen(gen, ev.StartFailed(generation=gen.plan.generation, task=name,
                                              host=record.task.host, error=error))
-            self._fail(gen, record, kind="start_failed", t=body.get("t"),
-                       reason=f"could not start: {error}")
+            self._failures.fail(gen, Found(record, Kind.START_FAILED, "agent", {"error": error},
+                                           t=body.get("t")))
         elif event == "exited":
             self._on_exit(gen, record, body)
         elif event == "progress":
@@ -475,7 +456,7 @@ class Supervisor:
         if not isinstance(reaped, list) or not reaped:
             return
         tasks = sorted({str(r.get("task")) for r in reaped if isinstance(r, dict)})
-        self._tell(ev.Reaped(host=host, tasks=tuple(tasks), count=len(reaped)))
+        self._story.tell(ev.Reaped(host=host, tasks=tuple(tasks), count=len(reaped)))
 
     def _on_progress(self, gen: Generation, record: TaskRecord, data: dict[str, Any]) -> None:
         record.last_activity = self._clock()
@@ -483,31 +464,31 @@ class Supervisor:
                "host": record.task.host}
         if data.get("over"):  # the program ended cleanly (job/tailcut.py), not told to stop
             record.over_at = record.last_activity if gen.phase.running else None
-            return self._tell(ev.ProgramOver(**ids))
+            return self._story.tell(ev.ProgramOver(**ids))
         if data.get("cluster") in ("joining", "joined"):
             record.cluster = data["cluster"]
             if gen.forming_since is None:
                 gen.forming_since = self._clock()
             if gen.phase is Phase.STARTING:
                 gen.enter(Phase.FORMING)
-            self._tell(ev.Cluster(**ids, state=record.cluster))
+            self._story.tell(ev.Cluster(**ids, state=record.cluster))
             return
         if gen.phase in (Phase.STARTING, Phase.FORMING):
             gen.enter(Phase.TRAINING)
-        self._watch.position(gen, record, data)  # where it is (job/lockstep.py)
+        self._act(gen, self._watch.position(gen, record, data))  # where it is (job/lockstep.py)
         if "step" in data:  # a save, a resume point or a position alone is no step report
             record.last_progress, gen.stepped = data, True
         elif "at" in data and not {"saved", "resumed"} & data.keys():
             return  # a position alone: nothing to show or count
         for told in self._resumes.told(gen.plan.generation, record.task.name, data):
             gen.resumed_past |= isinstance(told, ev.Resumed) and told.past is not None
-            self._tell(told)  # a resume point, or a resume behind the last save
+            self._story.tell(told)  # a resume point, or a resume behind the last save
         if isinstance(data.get("step"), int | float):
             record.step_marks = [*record.step_marks[-1:], (self._clock(), int(data["step"]))]
         if data.get("checkpoint"):  # the runtime saw a checkpoint saved: training moved
             gen.advanced = True
-        self._radar.progress(gen, data)
-        self._tell(ev.Progress(**ids, metrics=dict(data)))
+        self._act(gen, self._radar.progress(gen, data))
+        self._story.tell(ev.Progress(**ids, metrics=dict(data)))
 
     # -------------------------------------------------------- exits, failures
 
@@ -517,28 +498,28 @@ class Supervisor:
         record.signal = body.get("signal")
         stopping = bool(body.get("stopping"))
         stopped = gen.tearing_down or record.state is TaskState.STOPPING
-        self._happen(gen, ev.TaskExited(
+        self._story.happen(gen, ev.TaskExited(
             generation=gen.plan.generation, task=record.task.name, host=record.task.host,
             exit_code=record.exit_code, signal=record.signal, stopped_by_launcher=stopping))
         tail = tuple(body.get("tail") or ())
-        reason = classify_exit(record.exit_code, record.signal, body.get("error"), tail)
-        details = {"kind": exit_kind(record.exit_code, record.signal), "reason": reason,
-                   "t": body.get("t"), "last_lines": tail, "error": body.get("error")}
+        how, facts = exit_words(record.exit_code, record.signal, body.get("error"), tail)
+        found = Found(record, exit_kind(record.exit_code, record.signal), how, facts,
+                      last_lines=tail, t=body.get("t"), error=body.get("error"))
         if stopped:
             if record.state is TaskState.STOPPED and not stopping and record.exit_code != 0:
                 # It died by itself, maybe before what started the teardown (its
                 # exit report waits for its output to drain): it may be the cause.
-                self._consider(gen, self._failure(gen, record, **details))
+                self._failures.consider(gen, self._failures.of(gen, found))
             return
         if record.state is TaskState.SUCCEEDED:  # a job task done, or a service that may end
             return
         if self._worker_restarts_alone(gen, record):
-            self._happen(gen, ev.TaskRestarted(
+            self._story.happen(gen, ev.TaskRestarted(
                 generation=gen.plan.generation, task=record.task.name, host=record.task.host,
-                exit_code=record.exit_code, signal=record.signal, reason=reason))
+                exit_code=record.exit_code, signal=record.signal, reason=found.reason))
             self._start(gen, record.task)
             return
-        self._fail(gen, record, **details)
+        self._failures.fail(gen, found)
 
     def _worker_restarts_alone(self, gen: Generation, record: TaskRecord) -> bool:
         """Under ParameterServerStrategy a worker's death does not fail the job:
@@ -555,44 +536,27 @@ class Supervisor:
         gen.lost_hosts.add(host)
         victims = [r for r in gen.on_host(host) if not r.state.terminal]
         tearing_down = gen.tearing_down
-        self._happen(gen, ev.HostLost(generation=gen.plan.generation, host=host,
+        self._story.happen(gen, ev.HostLost(generation=gen.plan.generation, host=host,
                                       detail=detail))
         link = self._links.get(host)
         if link is not None:
             link.close()  # if the agent is merely stuck, EOF makes it kill its tasks
         for record in victims:
+            found = Found(record, Kind.HOST_LOST, "lost", {"detail": detail})
             if not tearing_down:
-                self._fail(gen, record, kind="host_lost", reason=f"lost its host: {detail}")
+                self._failures.fail(gen, found)
             elif gen.failure is not None:  # a primary cause, if what we have is a symptom
-                self._consider(gen, self._failure(gen, record, kind="host_lost",
-                                                  reason=f"lost its host: {detail}"))
+                self._failures.consider(gen, self._failures.of(gen, found))
 
-    def _failure(self, gen: Generation, record: TaskRecord, *, kind: str, reason: str,
-                 t: float | None = None, last_lines: tuple[str, ...] = (),
-                 error: dict[str, Any] | None = None) -> Failure:
-        return Failure(
-            task=record.task.label, host=record.task.host, generation=gen.plan.generation,
-            t=t if t is not None else self._wall(), kind=kind, reason=reason,
-            exit_code=record.exit_code, signal=record.signal, last_lines=last_lines,
-            error=error,
-        )
-
-    def _fail(self, gen: Generation, record: TaskRecord, **details: Any) -> None:
-        """A failure of `record`. Its state moved by the event that told of it
-        (an exit, a start failure, its host lost); a hung or aborting task is
-        still running: it stays so until the teardown confirms its exit."""
-        failure = self._failure(gen, record, **details)
-        first = gen.failure is None
-        self._consider(gen, failure)  # the phase moves to FAILING
-        if first:
-            self._tell(ev.FailureDetected(
-                generation=gen.plan.generation, task=record.task.name, host=record.task.host,
-                failure=failure.kind, exit_code=record.exit_code, signal=record.signal,
-                reason=failure.reason))
-
-    def _consider(self, gen: Generation, failure: Failure) -> None:
-        if gen.consider(failure):  # a new root cause, after an earlier one
-            self._tell(root_cause(failure))
+    def _act(self, gen: Generation, found: Finding | None) -> None:
+        """What a detector found: a host lost, or a task's failure (a
+        collective abort's culprit is then looked for)."""
+        if isinstance(found, HostSilent):
+            self._host_lost(gen, found.host, found.detail)
+        elif found is not None:
+            self._failures.fail(gen, found)
+            if traits(found.kind).blames_a_peer:
+                self._output.blame(gen, found.record)
 
     def snapshot(self) -> list[TaskRow]:
         """The live status of every task of the current generation."""

@@ -18,6 +18,7 @@ from ..spec.rundir import RunRecorder
 from ..transport import AgentLink
 from . import events as ev
 from .blame import innermost_frames
+from .failkinds import traits
 from .generation import Generation
 from .phases import Phase
 from .states import Failure, TaskRecord, TaskState
@@ -35,8 +36,6 @@ CRASH_GRACE_S = 0.5
 # Before a hang teardown, how long to wait for the tasks' Python stacks (each
 # agent gives its tasks ~1 s to dump them; a stopped task never answers).
 STACKS_WAIT_S = 3.0
-# Failures after which the tasks' stacks are worth taking: something is stuck.
-STUCK_KINDS = ("hang", "start_timeout", "out_of_step")
 
 
 class Teardown:
@@ -83,7 +82,7 @@ class Teardown:
     def collecting_stacks(self, gen: Generation) -> bool:
         """True while a stuck job's Python stacks are on their way: asked for
         once, before the teardown, and waited for at most STACKS_WAIT_S."""
-        if gen.failure is None or gen.failure.kind not in STUCK_KINDS:
+        if gen.failure is None or not traits(gen.failure.kind).stuck:  # something is stuck
             return False
         now = self._clock()
         if gen.phase is Phase.FAILING:
@@ -109,12 +108,14 @@ class Teardown:
         path = self._recorder.write_stacks(
             record.task.name, record.task.label, gen.plan.generation,
             text or f"(no stacks: {body['error'] or 'the task wrote none'})")
-        self._tell(ev.Stacks(generation=gen.plan.generation, task=record.task.name,
-                             host=record.task.host, file=str(path), taken=bool(text)))
         record.stack = text
         failure = gen.failure
         frames = innermost_frames(text) if text else ()
-        if failure is not None and failure.task == record.task.label and frames:
+        blamed = failure is not None and failure.task == record.task.label and bool(frames)
+        self._tell(ev.Stacks(generation=gen.plan.generation, task=record.task.name,
+                             host=record.task.host, file=str(path), taken=bool(text),
+                             frames=tuple(frames) if blamed else None))
+        if failure is not None and blamed:
             gen.failure = replace(failure, stack=frames)
 
     def give_up_on_stragglers(self, gen: Generation) -> None:
@@ -134,6 +135,6 @@ class Teardown:
 
 def failure_grace(failure: Failure, plan: Plan) -> float:
     """A preempted task's peers are saving their checkpoint too: full grace."""
-    if failure.kind == "preempted":
+    if traits(failure.kind).preempted:
         return plan.grace_s
     return min(plan.grace_s, CRASH_GRACE_S)

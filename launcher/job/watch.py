@@ -4,22 +4,23 @@ as the whole job has been quiet long enough: job/lockstep.py), a job that
 did not get going, and one that is done but for a task TensorFlow holds back
 (job/tailcut.py).
 
-Pure checks over the generation and the clock; a finding is handed to the
-supervisor's `fail` (a task's failure) or `host_lost`. Called from the
-supervisor thread only.
+Pure checks over the generation and the clock; what they find is returned,
+a `Found` (a task's failure) or a `HostSilent` (job/findings.py), and the
+supervisor's loop acts on it. Called from the supervisor thread only.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from ..transport import AgentLink
 from . import events as ev
 from .blame import abort_out_of_step, last_words, out_of_step, workers
+from .failkinds import Kind, say
+from .findings import Finding, Found, HostSilent, root_cause
 from .generation import Generation
 from .lockstep import foresee
-from .output import root_cause
 from .phases import Phase
 from .states import TaskRecord, TaskState
 from .tailcut import TailCut
@@ -33,8 +34,7 @@ class Limits(Protocol):  # what of the restart policy the watches read
 
 class Watch:
     def __init__(self, policy: Limits, links: dict[str, AgentLink],
-                 clock: Callable[[], float], fail: Callable[..., None],
-                 host_lost: Callable[[Generation, str, str], None],
+                 clock: Callable[[], float],
                  tell: Callable[[ev.Event], None] = lambda event: None,
                  finish: tuple[Callable[[ev.Event], None],
                                Callable[[Generation, str, float], None]] | None = None) -> None:
@@ -46,22 +46,23 @@ class Watch:
         self._tell = tell
         self._links = links
         self._clock = clock
-        self._fail = fail  # fail(gen, record, kind=..., reason=..., last_lines=...)
-        self._host_lost = host_lost
 
-    def silence(self, gen: Generation) -> None:
+    def silence(self, gen: Generation) -> Iterator[Finding]:
         """Hosts whose agent stopped talking, tasks that stopped making progress,
-        and a job that did not get going."""
+        and a job that did not get going: each finding yielded is acted on
+        before the next look (what the generation is then decides it)."""
         now = self._clock()
         for host in {t.host for t in gen.plan.tasks} - gen.lost_hosts:
             link = self._links.get(host)
             if link is not None and now - link.last_seen > self._policy.heartbeat_timeout_s:
-                self._host_lost(gen, host, f"no heartbeat from its agent for "
-                                f"{now - link.last_seen:.0f} s")
-        self.out_of_step(gen, now)
+                yield HostSilent(host, say(Kind.HOST_LOST, "silent_agent",
+                                           {"silent_s": now - link.last_seen}))
+        if (found := self.out_of_step(gen, now)) is not None:
+            yield found
         if gen.settled() or (self._tail is not None and self._tail.check(gen)):
             return
-        self.start(gen, now)
+        if (found := self.start(gen, now)) is not None:
+            yield found
         for record in gen.records.values():
             if record.state is not TaskState.RUNNING or record.task.lifetime != "job":
                 continue
@@ -72,69 +73,65 @@ class Watch:
                 found = None if gen.positions.judged else out_of_step(gen, weak=True)
                 if found is not None:  # stuck because a worker is elsewhere: say where
                     gen.positions.judged = True
-                    self._fail(gen, found[0], kind="out_of_step", reason=(
-                        f"{found[1].reason} (no progress for {silent:.0f} s; "
-                        f"restart.hang_timeout_s={self._policy.hang_timeout_s:g})"))
+                    yield Found(found[0], Kind.OUT_OF_STEP, "silent", {
+                        "cause": found[1].reason, "silent_s": silent,
+                        "limit_s": self._policy.hang_timeout_s})
                     continue
-                self._fail(gen, record, kind="hang",
-                           reason=f"made no progress for {silent:.0f} s (no output, no "
-                           f"progress report; restart.hang_timeout_s="
-                           f"{self._policy.hang_timeout_s:g})")
+                yield Found(record, Kind.HANG, "silent",
+                            {"silent_s": silent, "limit_s": self._policy.hang_timeout_s})
 
-    def position(self, gen: Generation, record: TaskRecord, data: dict[str, Any]) -> None:
+    def position(self, gen: Generation, record: TaskRecord, data: dict[str, Any]) -> Found | None:
         """A progress report: the task's position kept; a failure already
         found may get its real cause from it (reports trail an abort)."""
         gen.positions.take(record.task.name, data, self._clock())
         if gen.failure is not None:
-            self.out_of_step(gen, self._clock())
-        elif not gen.positions.warned and "at_len" in data:
+            return self.out_of_step(gen, self._clock())
+        if not gen.positions.warned and "at_len" in data:
             ahead = foresee(workers(gen))
             if ahead is not None:
                 gen.positions.warned = True
                 culprit = gen.records[ahead.task]
                 self._tell(ev.OutOfStepAhead(generation=gen.plan.generation, task=ahead.task,
                                              host=culprit.task.host, reason=ahead.reason))
+        return None
 
-    def out_of_step(self, gen: Generation, now: float) -> None:
+    def out_of_step(self, gen: Generation, now: float) -> Found | None:
         """Every worker alive and the job quiet, but their positions disagree
         for good: the worker out of step is the failure, long before
         `hang_timeout_s`. A collective abort whose positions arrived after it
         gets its real cause here too."""
         positions = gen.positions
         if positions.judged:
-            return
+            return None
         if gen.failure is not None:
             better = abort_out_of_step(gen)
             if better is not None:
                 gen.failure = better
                 self._tell(root_cause(better))
-            return
+            return None
         records = [r for r in gen.records.values()
                    if r.task.role in ("chief", "worker") and r.task.lifetime == "job"]
         if gen.phase is not Phase.TRAINING or positions.quiet_s(now) < positions.quiet_needed() \
                 or any(r.state not in (TaskState.RUNNING, TaskState.SUCCEEDED) for r in records):
-            return
+            return None
         found = out_of_step(gen)
-        if found is not None:
-            positions.judged = True
-            record, finding = found
-            quiet = positions.quiet_s(now)
-            self._fail(gen, record, kind="out_of_step",
-                       reason=f"{finding.reason} (nothing moved for {quiet:.0f} s)")
+        if found is None:
+            return None
+        positions.judged = True
+        record, finding = found
+        return Found(record, Kind.OUT_OF_STEP, "quiet",
+                     {"cause": finding.reason, "quiet_s": positions.quiet_s(now)})
 
-    def stopped(self, gen: Generation, record: TaskRecord, status: Any, t: Any) -> None:
+    def stopped(self, gen: Generation, record: TaskRecord, status: Any, t: Any) -> Found | None:
         """A task frozen (SIGSTOP) past `stalls.STOPPED_HANG_S` is hung; a shorter
         freeze (a VM pause, a starved host) passes."""
         span = gen.stopped.hung(f"{record.task.host}/{record.task.name}", status, t)
         if (span is None or gen.settled()
                 or record.state is not TaskState.RUNNING or record.task.lifetime != "job"):
-            return
-        self._fail(gen, record, kind="hang",
-                   reason=f"was stopped (SIGSTOP, Ctrl-Z or a debugger) for {span:.1f} s "
-                   f"(a freeze over {gen.stopped.limit_s:g} s is a hang): its peers cannot "
-                   "go on without it")
+            return None
+        return Found(record, Kind.HANG, "frozen", {"span_s": span, "limit_s": gen.stopped.limit_s})
 
-    def start(self, gen: Generation, now: float) -> None:
+    def start(self, gen: Generation, now: float) -> Found | None:
         """`restart.start_timeout_s`: every task started, and a cluster that
         some task began to form (MultiWorkerMirroredStrategy's setup) formed,
         within it. The failure names every task missing and its last words."""
@@ -143,7 +140,7 @@ class Watch:
         # Per task: a ParameterServerStrategy worker may be started again late.
         missing = [r for r in records if r.state is TaskState.STARTING
                    and now - (r.started_at or now) > limit]
-        what = "not started (its agent never confirmed the start)"
+        how = "not_started"
         # From the first task's joining: data loading before the strategy is no hang.
         forming = gen.forming_since is not None and now - gen.forming_since > limit
         if not missing and forming and not gen.finishing():
@@ -151,10 +148,12 @@ class Watch:
                        and r.task.role in ("chief", "worker") and r.task.lifetime == "job"]
             # Those that never began to join first: the others wait for them.
             missing.sort(key=lambda r: r.cluster == "joining")
-            what = "not joined the cluster"
+            how = "not_joined"
         if not missing:
-            return
-        named = "; ".join(f"{r.task.label} (last output: {last_words(r)})" for r in missing)
-        self._fail(gen, missing[0], kind="start_timeout",
-                   reason=f"{len(missing)} task(s) {what} within restart.start_timeout_s="
-                   f"{limit:g}: {named}", last_lines=tuple(missing[0].tail))
+            return None
+        named = "; ".join(say(Kind.START_TIMEOUT, "each", {"task": r.task.label,
+                                                            "last": last_words(r)})
+                          for r in missing)
+        return Found(missing[0], Kind.START_TIMEOUT, how,
+                     {"count": len(missing), "limit_s": limit, "named": named},
+                     last_lines=tuple(missing[0].tail))

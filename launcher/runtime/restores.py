@@ -25,12 +25,16 @@ from __future__ import annotations
 import functools
 import os
 import threading
+import time
 from types import ModuleType
 
 _MARK = "_mgpu_reads_restores"
 _told = False  # this process reported where it resumed
 _backup_dir: str | None = None  # the last BackupAndRestore that restored
 _inside = threading.local()
+# With the memory tier: the copy a restore read (memtier.py): `resumed_from`
+# (memory, shared), `resumed_host`, `resumed_copy` (its path), `resumed_target`.
+copy_source: dict[str, str] | None = None
 
 
 def tell(step: int | None, epoch: int | None = None, directory: str | None = None) -> None:
@@ -41,8 +45,16 @@ def tell(step: int | None, epoch: int | None = None, directory: str | None = Non
     _told = True
     from launcher import runtime
 
+    source = {k: runtime.short_path(v) for k, v in (copy_source or {}).items()}
+    if source and directory and os.environ.get("MGPU_MEMORY_DIR", "\0") in directory:
+        directory = source.get("resumed_target")  # the memory folder is the tier's
     if epoch is not None:
-        runtime.write_progress({"resumed": int(step), "resumed_epoch": int(epoch),
+        runtime.write_progress({**source, "resumed": int(step), "resumed_epoch": int(epoch),
+                                **({"resumed_dir": runtime.short_path(directory)}
+                                   if directory else {})})
+        return
+    if source:
+        runtime.write_progress({**source, "resumed": int(step), "time": time.time(),
                                 **({"resumed_dir": runtime.short_path(directory)}
                                    if directory else {})})
         return
@@ -95,7 +107,7 @@ def _checkpoint_restored(checkpoint, args, kwargs, result) -> None:
 
 def _manager_restored(manager, args, kwargs, result) -> None:
     tell(_step_in(getattr(manager, "_checkpoint", None)),
-         directory=getattr(manager, "directory", None))
+         directory=getattr(manager, "_mgpu_target", None) or getattr(manager, "directory", None))
 
 
 def _step_in(checkpoint) -> int | None:

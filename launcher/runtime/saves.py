@@ -135,7 +135,8 @@ def _filepath_dir(saver, args, kwargs) -> str | None:  # ModelCheckpoint's templ
 
 
 def _manager_dir(saver, args, kwargs) -> str | None:
-    return getattr(saver, "directory", None)
+    # With the memory tier (runtime/memtier.py) the manager saves to memory for it.
+    return getattr(saver, "_mgpu_target", None) or getattr(saver, "directory", None)
 
 
 def _prefix_dir(saver, args, kwargs) -> str | None:  # Checkpoint.save/write(file_prefix)

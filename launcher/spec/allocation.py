@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .config import ClusterConfig, ConfigError, LoadedConfig, revalidate
+from .transports import TransportName
 
 # Ports for `ports.base: auto` under Slurm: the launcher cannot probe the
 # nodes, so each job gets its own stretch of this range (from its job id),
@@ -188,8 +189,8 @@ def auto_port_base(job_id: str) -> int:
 
 def slurm_config(name: str = "slurm") -> LoadedConfig:
     """The config behind `mgpu-launch --slurm`: every node of the allocation, one worker each."""
-    config = ClusterConfig.model_validate({"name": name, "transport": "slurm", "hosts": [],
-                                           "ports": {"base": "auto"}})
+    config = ClusterConfig.model_validate({"name": name, "transport": TransportName.SLURM.value,
+                                           "hosts": [], "ports": {"base": "auto"}})
     return LoadedConfig(config=config, source=None, base_dir=Path.cwd())
 
 
@@ -204,7 +205,7 @@ def with_allocation(loaded: LoadedConfig, allocation: Allocation,
     """
     config = loaded.config
     data = config.model_dump(mode="json", exclude_unset=True)
-    data["transport"] = "slurm"
+    data["transport"] = TransportName.SLURM.value
     nodes = list(allocation.nodes)
     if not config.hosts:
         data["hosts"] = [{"address": node, "gpus": list(allocation.gpus)} for node in nodes]

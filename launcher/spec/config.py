@@ -23,6 +23,7 @@ import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from ..strategy import ON_JAX, Strategy
+from . import transports
 from .hosts import ROLES, HostSpec, SSHSettings, interface_name
 from .outlets import MetricsSettings, NotifySettings
 from .problems import ConfigError, describe, dotted, line_for, not_utf8, not_yaml, read_yaml
@@ -53,6 +54,11 @@ DEFAULT_PORT_BASE = 23456
 class CheckpointSettings(_Strict):
     dir: str | None = None
     save_freq: Literal["epoch"] | int = "epoch"
+    # Saves complete in host memory, copied to their directory in the background
+    # (launcher/runtime/memtier.py, launcher/agent/memcopy.py); off by default.
+    memory: bool = False
+    # The completed saves each task keeps in memory (the bound of its use).
+    memory_copies: int = Field(default=2, ge=1, le=16)
 
     @field_validator("save_freq")
     @classmethod
@@ -128,7 +134,7 @@ class ClusterConfig(_Strict):
         """Simulated hosts share this machine: ports default to `auto` (two local
         jobs at once must not collide on fixed ports), and entries that repeat
         an address without a `name:` are named host0, host1, ... by position."""
-        if not isinstance(data, dict) or data.get("transport") != "local":
+        if not isinstance(data, dict) or not transports.traits(data.get("transport")).simulated:
             return data
         data = dict(data)
         ports = data.get("ports")
@@ -146,7 +152,8 @@ class ClusterConfig(_Strict):
             data["hosts"] = named
         return data
 
-    transport: Literal["ssh", "local", "slurm"] = "ssh"
+    # The names of launcher/spec/transports.py's table, in its order.
+    transport: Literal[transports.NAMES] = transports.DEFAULT.value  # type: ignore[valid-type]
     python: str | None = None
     workdir: str | None = None
     # The names of launcher/strategy.py's `Strategy` (tests/test_config.py checks).
@@ -264,7 +271,7 @@ Problems = list[tuple[tuple, str]]  # (key path, message)
 def _semantic_problems(config: ClusterConfig) -> Problems:
     """Checks that span several keys (pydantic sees one field at a time)."""
     if not config.hosts:
-        if config.transport == "slurm":
+        if transports.traits(config.transport).allocation:
             return []  # the allocation's nodes, once known (launcher.spec.allocation)
         return [(("hosts",), "required key is missing: list at least one host "
                  "(or use `transport: slurm` inside a Slurm allocation)")]
@@ -355,13 +362,13 @@ def _placement_problems(config: ClusterConfig) -> Problems:
     """What several real hosts need: a shared checkpoint directory, fixed ports."""
     problems: Problems = []
     addresses = {h.address for h in config.hosts}
-    if config.transport == "ssh" and len(addresses) > 1 and not config.checkpoint.dir:
+    if transports.traits(config.transport).ssh and len(addresses) > 1 and not config.checkpoint.dir:
         problems.append(
             (("checkpoint",), "checkpoint.dir is required for a multi-host ssh cluster: "
              "a directory every host sees (NFS or similar), e.g. /shared/ckpt/NAME")
         )
     remote = [h.address for h in config.hosts if not _is_loopback(h.address)]
-    if config.transport == "ssh" and config.ports.base == "auto" and remote:
+    if transports.traits(config.transport).ssh and config.ports.base == "auto" and remote:
         problems.append(
             (("ports", "base"), "auto picks ports that are free on this machine, which says "
              f"nothing about {remote[0]}: set a fixed base (check it with `mgpu-launch check`)")
@@ -460,7 +467,7 @@ def local_config(num_hosts: int, name: str = "local") -> LoadedConfig:
     """The config behind `mgpu-launch --local N`: N simulated hosts on this machine."""
     data = {
         "name": name,
-        "transport": "local",
+        "transport": transports.TransportName.LOCAL.value,
         "hosts": [{"address": "127.0.0.1", "name": f"host{i}"} for i in range(num_hosts)],
         "ports": {"base": "auto"},
     }

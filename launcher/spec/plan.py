@@ -28,6 +28,7 @@ from .addresses import TFAddress, choose
 from .config import ClusterConfig, LoadedConfig, effective_roles
 from .hosts import HostSpec
 from .taskenv import keras_distribution_env, shared_env
+from .transports import traits
 
 # Order of roles in TF_CONFIG and in the task list: the chief first.
 ROLE_ORDER = ("chief", "worker", "ps", "evaluator")
@@ -206,7 +207,7 @@ def host_run_dir(run_dir: str, transport: str, host: str) -> str:
     a real host gets a private folder under its user's home (the agent expands
     the leading `~`), since the launcher's run directory is not on that host.
     """
-    if transport == "local":
+    if traits(transport).simulated:
         return str(Path(run_dir) / rundir.HOSTS / host)
     # The run directory's name, and a digest of its full path: two jobs whose run
     # directories share a name (`--run-dir exp1` in two projects) must not share

@@ -33,6 +33,7 @@ from ..spec.plan import (
     ports_needed,
 )
 from ..spec.redact import looks_secret
+from ..spec.transports import TransportName
 from ..strategy import Strategy
 
 DEFAULT_IMAGE = "mgpu-launch-worker:latest"  # built from docker/Dockerfile (README.md, Docker)
@@ -105,8 +106,9 @@ def slurm_cluster_yaml(loaded: LoadedConfig, port_base: int | None = None) -> st
     """The YAML the batch script hands to mgpu-launch: `transport: slurm`, host i
     on the allocation's node i, paths made absolute (the script may run elsewhere)."""
     config = loaded.config
-    data = {"transport": "slurm", **config.model_dump(mode="json", exclude_unset=True)}
-    data["transport"] = "slurm"
+    slurm = TransportName.SLURM.value
+    data = {"transport": slurm, **config.model_dump(mode="json", exclude_unset=True)}
+    data["transport"] = slurm
     data.pop("ssh", None)
     hosts = []
     for i, host in enumerate(data.get("hosts", [])):

@@ -3,17 +3,19 @@
 A run and `check` both get their transport here, so they reach the hosts the
 same way (`check` differs only where it must: it checks hosts that lack
 TensorFlow instead of refusing them, and its agents keep their default lease).
-Each transport module is imported only when chosen (paramiko for SSH).
+Each transport module is imported only when chosen (paramiko for SSH): the
+row of launcher/spec/transports.py names it, and its `from_config` makes it.
 
 Must not import: supervisor, cli.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
-import os
 
 from ..spec.config import ClusterConfig
+from ..spec.transports import traits
 from . import Transport
 
 
@@ -21,22 +23,10 @@ def make_transport(config: ClusterConfig, *, checking: bool = False) -> Transpor
     """The transport of `config.transport`. A run's agents hold a lease of the
     heartbeat timeout (they stop their tasks when the launcher falls silent);
     `checking`: for `mgpu-launch check`."""
-    lease = {} if checking else {"lease_s": config.restart.heartbeat_timeout_s}
-    if config.transport == "local":
-        from .local import LocalTransport
-
-        return LocalTransport(**lease)
-    if config.transport == "slurm":  # one srun step per node instead of SSH
-        from ..spec.allocation import read_allocation
-        from .slurm import SlurmTransport
-
-        job_id = read_allocation(os.environ).job_id
-        if checking:
-            return SlurmTransport(job_id, require_tensorflow=False, signal_when_gone=False)
-        return SlurmTransport(job_id, **lease)
-    from .ssh import SSHTransport
-
-    return SSHTransport(require_tensorflow=not checking, **lease)
+    lease: dict[str, float] = {} if checking else {"lease_s": config.restart.heartbeat_timeout_s}
+    module = importlib.import_module(f"{__package__}.{traits(config.transport).module}")
+    transport: Transport = module.from_config(config, checking=checking, lease=lease)
+    return transport
 
 
 def quiet_paramiko_logs() -> None:

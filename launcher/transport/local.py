@@ -13,13 +13,21 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..spec.config import ClusterConfig
 from ..spec.plan import HostTarget, host_run_dir
+from ..spec.transports import TransportName
 from . import HostProblem, every_host
 from .child import DEFAULT_LEASE_S, agent_argv, kill_if_running, start_child_agent
 from .link import AgentLink, AgentMessage
 from .shipping import UnsafeCache, install_local
 
 HELLO_TIMEOUT_S = 30.0  # a cold Python start on a loaded machine; no TF import involved
+
+
+def from_config(config: ClusterConfig, *, checking: bool,
+                lease: dict[str, float]) -> LocalTransport:
+    """`transport: local` (transport/factory.py): simulated hosts on this machine."""
+    return LocalTransport(**lease)
 
 
 class LocalTransport:
@@ -79,8 +87,8 @@ class LocalTransport:
 
     def _start_agent(self, host: HostTarget, run_dir: str, code_dir: Path,
                      events: queue.Queue[AgentMessage]) -> AgentLink:
-        argv = agent_argv(host.python, host.name, host_run_dir(run_dir, "local", host.name),
-                          self._eof_grace_s, self._lease_s)
+        files = host_run_dir(run_dir, TransportName.LOCAL, host.name)
+        argv = agent_argv(host.python, host.name, files, self._eof_grace_s, self._lease_s)
         proc, link = start_child_agent(
             argv, host.name, code_dir, events, eof_grace_s=self._eof_grace_s,
             describe_exit=lambda code: f"agent exited with {code}", end=kill_if_running)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from ..spec.addresses import AddressError, TFAddress, choose, host_name, with_interfaces
 from ..spec.config import LoadedConfig
 from ..spec.plan import HostTarget
+from ..spec.transports import traits
 
 if TYPE_CHECKING:  # paramiko is imported only for SSH hosts that need it
     from .ssh_endpoint import SSHConfigs
@@ -42,7 +43,7 @@ def tf_addresses(loaded: LoadedConfig, targets: Sequence[HostTarget],
     for target in targets:
         spec = specs[target.name]
         tf = choose(config, spec)
-        if config.transport == "ssh" and tf.rule == "address":
+        if traits(config.transport).ssh and tf.rule == "address":  # ~/.ssh/config's HostName
             from .ssh_endpoint import Refused, SSHConfigs, target_hostname
 
             ssh_configs = ssh_configs or SSHConfigs()

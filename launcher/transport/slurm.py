@@ -32,8 +32,10 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..spec.allocation import allocation_ended
+from ..spec.allocation import allocation_ended, read_allocation
+from ..spec.config import ClusterConfig
 from ..spec.plan import HostTarget, host_run_dir
+from ..spec.transports import TransportName
 from . import HostProblem, every_host
 from .child import DEFAULT_LEASE_S, agent_argv, start_child_agent
 from .link import AgentLink, AgentMessage
@@ -56,6 +58,15 @@ def srun_argv(job_id: str, host: HostTarget, agent_argv: Sequence[str],
         "--quiet",  # no "srun: job step ..." chatter on the agent's stderr
         "--", *agent_argv,
     ]
+
+
+def from_config(config: ClusterConfig, *, checking: bool,
+                lease: dict[str, float]) -> SlurmTransport:
+    """`transport: slurm` (transport/factory.py): one srun step per node instead of SSH."""
+    job_id = read_allocation(os.environ).job_id
+    if checking:
+        return SlurmTransport(job_id, require_tensorflow=False, signal_when_gone=False)
+    return SlurmTransport(job_id, **lease)
 
 
 class SlurmTransport:
@@ -150,8 +161,8 @@ class SlurmTransport:
 
     def _start_agent(self, host: HostTarget, run_dir: str, code_dir: Path,
                      events: queue.Queue[AgentMessage]) -> AgentLink:
-        agent = agent_argv(host.python, host.name, host_run_dir(run_dir, "slurm", host.name),
-                           self._eof_grace_s, self._lease_s)
+        files = host_run_dir(run_dir, TransportName.SLURM, host.name)
+        agent = agent_argv(host.python, host.name, files, self._eof_grace_s, self._lease_s)
         proc, link = start_child_agent(
             srun_argv(self._job_id, host, agent, self._srun), host.name, code_dir, events,
             eof_grace_s=self._eof_grace_s,

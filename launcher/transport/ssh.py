@@ -27,7 +27,9 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
+from ..spec.config import ClusterConfig
 from ..spec.plan import HostTarget, host_run_dir
+from ..spec.transports import TransportName
 from . import HostProblem, TransportError
 from ._paramiko import paramiko
 
@@ -235,6 +237,12 @@ class _Session:
         self.transport.close()
 
 
+def from_config(config: ClusterConfig, *, checking: bool,
+                lease: dict[str, float]) -> SSHTransport:
+    """`transport: ssh` (transport/factory.py); `check` also reaches hosts without TensorFlow."""
+    return SSHTransport(require_tensorflow=not checking, **lease)
+
+
 class SSHTransport:
     """Start one agent per host over SSH; the supervisor sees only `AgentLink`s."""
 
@@ -333,8 +341,8 @@ class SSHTransport:
         where = where_of(session)
         version = bundle_id()
         cache = f"{self._remote_cache}/{version}"
-        command = agent_command(host.python, cache, host.name,
-                                host_run_dir(run_dir, "ssh", host.name), self._eof_grace_s,
+        files = host_run_dir(run_dir, TransportName.SSH, host.name)
+        command = agent_command(host.python, cache, host.name, files, self._eof_grace_s,
                                 self._lease_s)
         sftp_home = None
         for attempt in range(2):
@@ -350,8 +358,7 @@ class SSHTransport:
                 # From now on the bundle's absolute path: the SFTP session's home
                 # and the shell's $HOME may differ (an sshd that sets HOME, a
                 # login script that moves it); the bundle is where SFTP put it.
-                command = agent_command(host.python, cache, host.name,
-                                        host_run_dir(run_dir, "ssh", host.name),
+                command = agent_command(host.python, cache, host.name, files,
                                         self._eof_grace_s, self._lease_s, home=sftp_home)
                 continue
             raise Refused(self._why_no_hello(session, code, where, sftp_home))

@@ -14,14 +14,10 @@ from __future__ import annotations
 import signal as signals
 
 from ..job import events as ev
+from ..job.states import sentence
 from ..job.stragglers import describe as describe_evidence
 
 Said = tuple[str, str]  # ("notice" | "debug", text)
-
-
-def describe(label: str, host: str, generation: int, reason: str) -> str:
-    """A failure as the terminal and summary.json say it (states.Failure.describe)."""
-    return f"{label} (host {host}, generation {generation}) {reason}"
 
 
 def line(event: ev.Event) -> Said | None:
@@ -36,11 +32,11 @@ def line(event: ev.Event) -> Said | None:
 
 
 def _failure(event: ev.FailureDetected) -> str:
-    return "failure: " + describe(event.label, event.host, event.generation, event.reason)
+    return "failure: " + sentence(event.label, event.host, event.generation, event.reason)
 
 
 def _root_cause(event: ev.RootCause) -> str:
-    return "root cause: " + describe(event.label, event.host, event.generation, event.reason)
+    return "root cause: " + sentence(event.label, event.host, event.generation, event.reason)
 
 
 def _restart(event: ev.Restart) -> str:
@@ -88,6 +84,9 @@ def _resumed(event: ev.Resumed) -> str:
         return (f"generation {event.generation} started from the beginning "
                 "(no checkpoint restored)")
     said = f"generation {event.generation} resumed at {' '.join(where)}"
+    if event.copy:  # the memory tier: which copy was read
+        said += (f" (from memory on {event.copy.get('host')})" if event.copy.get("from") ==
+                 "memory" else " (from the checkpoint directory)")
     if event.past is not None:
         said += (f", past generation {event.generation - 1}'s step {event.past}: "
                  "that restart is progress")

@@ -1,0 +1,102 @@
+"""The memory tier against a slow shared directory, off and on, side by side.
+
+Mounts a throttled FUSE passthrough (tests/slowfs.py: reads and writes share
+`--mbps`, 20 MB/s by default: a busy NFS server) and runs TF's custom-loop
+tutorial (tests/scripts/tutorial_ctl_big.py: MultiWorkerMirroredStrategy, its
+own CheckpointManager, a save each epoch) on two local workers through the
+real CLI, twice: `checkpoint: {memory: false}` then `{memory: true}`, each
+with worker 1 killed (SIGKILL) after the save of epoch 1. Prints, per run:
+
+- step time: the chief's training steps between saves (median, past the first
+  epoch's compile), the tier's cost on the steps themselves;
+- save stall: how long the chief's `manager.save()` blocked its loop (median);
+- checkpointing: the goodput ledger's part (summary.json), all saves;
+- restore: the restarted chief's managers made and restored (`RESTORE`);
+- crash to first step: the killed task's exit to the restarted job's first
+  step (events.jsonl), the restore's and start-up's sum;
+
+and the ratios off/on. `--width` sizes the weights (about 4 KiB x width:
+25000 is ~100 MB). Needs root (FUSE), fuse3 and mfusepy (.ci/run).
+
+    .venv/bin/python bench/memtier.py [--width 25000] [--mbps 20] [--epochs 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from tests.slowfs import mounted  # noqa: E402
+
+SCRIPT = REPO / "tests" / "scripts" / "tutorial_ctl_big.py"
+
+
+def run(work: Path, shared: Path, memory: bool, width: int, epochs: int) -> dict[str, float]:
+    name = "on" if memory else "off"
+    ckpt, run_dir = shared / f"ckpt-{name}", work / f"run-{name}"
+    config = work / f"{name}.yaml"
+    config.write_text(f"transport: local\ncheckpoint: {{dir: {ckpt}, memory: "
+                      f"{str(memory).lower()}}}\nrestart: {{backoff_s: 0}}\n"
+                      "hosts:\n  - {address: 127.0.0.1}\n  - {address: 127.0.0.1}\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "2", "KILL_AT": "1"}
+    done = subprocess.run([sys.executable, "-m", "launcher", "--run-dir", str(run_dir),
+                           str(config), str(SCRIPT), str(ckpt), str(width), str(epochs)],
+                          env=env, capture_output=True, text=True, timeout=1200)
+    if done.returncode != 0:
+        sys.exit(f"the {name} run failed:\n{done.stdout[-4000:]}")
+    chief = [line.split("|", 1)[-1] for line in done.stdout.splitlines()
+             if "worker0" in line.split("|", 1)[0]]
+    saves = [float(m.group(1)) for m in (re.search(r"SAVE \d+ ([\d.]+)", x) for x in chief)
+             if m]
+    steps = [float(m.group(1)) for m in (re.search(r"STEPS [1-9]\d* ([\d.]+)", x)
+                                         for x in chief) if m]  # the first epoch compiles
+    restores = [float(m.group(1)) for m in (re.search(r"RESTORE ([\d.]+)", x) for x in chief)
+                if m]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    return {"step time (ms, median)": 1000 * statistics.median(steps),
+            "save stall (s, median)": statistics.median(saves),
+            "checkpointing (s, goodput)": summary["goodput"]["parts"]["checkpointing"],
+            "restore (s, restarted chief)": restores[-1],
+            "crash to first step (s)": crash_to_step(run_dir)}
+
+
+def crash_to_step(run_dir: Path) -> float:
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    exited = next(e["t"] for e in events if e["event"] == "task_exited" and
+                  e.get("generation") == 0 and e.get("signal") == 9)
+    return next(e["t"] for e in events if e["event"] == "progress" and
+                e.get("generation") == 1 and "step" in e) - exited
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--width", type=int, default=25000)
+    parser.add_argument("--mbps", type=float, default=20.0)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--keep", help="a folder to keep the run directories in")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="memtier-bench-") as tmp:
+        work = Path(args.keep or tmp)
+        with mounted(str(work / "backing"), str(work / "shared"), args.mbps) as shared:
+            off = run(work, Path(shared), False, args.width, args.epochs)
+            on = run(work, Path(shared), True, args.width, args.epochs)
+    print(f"weights ~{args.width * 4 * 1026 / 1e6:.0f} MB, shared directory at {args.mbps:g} "
+          f"MB/s, 2 workers, worker 1 killed after epoch 1's save")
+    print(f"{'':30} {'memory off':>11} {'memory on':>11} {'off/on':>8}")
+    for key in off:
+        ratio = off[key] / on[key] if on[key] else float("inf")
+        print(f"{key:30} {off[key]:11.3f} {on[key]:11.3f} {ratio:8.1f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,245 @@
+"""The memory tier on a host: the job's folder in /dev/shm and the background copies.
+
+With `checkpoint: {memory: true}` the plan gives every task MGPU_MEMORY_COPIES;
+the agent then makes the job's folder (`/dev/shm/mgpu-launch-<uid>-<run>`,
+0700, with the agent's pid in it) and one 0700 folder per task, named in the
+task's MGPU_MEMORY_DIR. The training process saves there
+(launcher/runtime/memtier.py) and tells the slot of each completed save on
+its progress channel (`memory_saved`); the agent copies it to the script's
+own directory on one background thread:
+
+- every file is written aside (`.NAME.mgpu-part`) and renamed into place, the
+  files that name a checkpoint (TensorFlow's `checkpoint`, Keras'
+  `training_metadata.json`) last: the directory only ever holds complete
+  checkpoints, whatever dies when;
+- only the newest slot of a directory is copied (an older one still waiting
+  is superseded); the checkpoints a TensorFlow state file no longer lists are
+  deleted after the new one is in place, as the manager would have;
+- a task starts once the copies asked for on its host are done (bounded:
+  DRAIN_S), so a restarted generation reads the newest checkpoint on every
+  host alike (its workers restore after their cluster formed, so after every
+  host's starts); the agent's end waits for them too, then removes the job's
+  folder. The next agent removes the folders of agents that died (`sweep`).
+
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable
+
+SHM = "/dev/shm"  # noqa: S108 - host memory, one 0700 folder per job
+PREFIX = "mgpu-launch-"
+OWNER = "agent.pid"
+COPIED = "copied"  # in a slot, once it is in its directory
+DRAIN_S = 120.0
+_PART = ".mgpu-part"
+
+
+def job_folder(run_dir: str, host: str, shm: str = SHM) -> str:
+    """One per job and host (simulated hosts share a machine)."""
+    digest = hashlib.sha1(f"{os.path.abspath(run_dir)}\0{host}".encode()).hexdigest()[:12]
+    return os.path.join(shm, f"{PREFIX}{os.getuid()}-{digest}")
+
+
+class MemoryCopies:
+    """The job's memory folder on this host and its copier thread."""
+
+    def __init__(self, run_dir: str, host: str, log: Callable[[str], None],
+                 shm: str = SHM) -> None:
+        self.root = job_folder(run_dir, host, shm)
+        self.log = log
+        self._cond = threading.Condition()
+        self._waiting: dict[str, str] = {}  # target -> newest slot not yet copied
+        self._busy = False
+        self._thread: threading.Thread | None = None
+        self._copied: dict[tuple[str, str], tuple[int, int]] = {}  # (target, name) -> source id
+
+    def task_env(self, task: str, env: dict[str, str]) -> None:
+        """A task of a job with the memory tier: its folder, in its environment."""
+        if not env.get("MGPU_MEMORY_COPIES"):
+            return
+        os.makedirs(self.root, mode=0o700, exist_ok=True)
+        os.chmod(self.root, 0o700)
+        with open(os.path.join(self.root, OWNER), "w", encoding="ascii") as handle:
+            handle.write(str(os.getpid()))
+        folder = os.path.join(self.root, task)
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        env["MGPU_MEMORY_DIR"] = folder
+
+    def saved(self, slot: object) -> None:
+        """A task's save completed in memory: copy it (in the background)."""
+        if not isinstance(slot, str):
+            return
+        path = os.path.realpath(slot)
+        if not path.startswith(self.root + os.sep):
+            return  # not one of this job's slots
+        record = read_manifest(path)
+        if record is None or not record.get("copy") or not isinstance(record.get("target"), str):
+            return
+        with self._cond:
+            self._waiting.pop(record["target"], None)
+            self._waiting[record["target"]] = path
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+
+    drain_s = DRAIN_S
+
+    def drain(self, timeout_s: float | None = None) -> bool:
+        """Wait until every copy asked for is done (False: timed out)."""
+        deadline = time.monotonic() + (self.drain_s if timeout_s is None else timeout_s)
+        with self._cond:
+            while self._waiting or self._busy:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+        return True
+
+    def close(self, timeout_s: float | None = None) -> None:
+        """The agent's end: the copies finish, then the job's folder goes."""
+        if not self.drain(timeout_s):
+            self.log(f"memory tier: copies still under way after {self.drain_s:.0f} s were "
+                     "given up (the checkpoint directories keep the previous checkpoint)")
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._waiting:
+                    self._cond.wait()
+                target = next(iter(self._waiting))
+                slot = self._waiting.pop(target)
+                self._busy = True
+            try:
+                self._copy(slot)
+            except OSError as exc:
+                if os.path.isdir(slot):  # a slot pruned meanwhile was superseded: no word
+                    self.log(f"memory tier: copy of {slot} to {target} failed: {exc}")
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
+
+    def _copy(self, slot: str) -> None:
+        record = read_manifest(slot)
+        if record is None:
+            raise FileNotFoundError(slot)
+        copy_slot(slot, record, self._copied)
+        with open(os.path.join(slot, COPIED), "w", encoding="ascii"):
+            pass  # the task's end waits for this (runtime/memtier.py)
+
+
+def copy_slot(slot: str, record: dict, copied: dict[tuple[str, str], tuple[int, int]]) -> None:
+    """Copy one slot to its directory: aside then renamed, the names last."""
+    target, kind = record["target"], record.get("kind")
+    if kind == "drop":  # Keras removed its backup at the end of fit
+        shutil.rmtree(target, ignore_errors=True)
+        return
+    os.makedirs(target, exist_ok=True)
+    sweep_parts(target)
+    before = state_names(target) if kind == "manager" else set()
+    for name in record.get("files") or ():
+        if os.sep in name or name.startswith("."):
+            continue
+        source = os.path.join(slot, name)
+        stat = os.stat(source)
+        ident = (stat.st_ino, stat.st_mtime_ns)
+        if name != "checkpoint" and copied.get((target, name)) == ident \
+                and os.path.exists(os.path.join(target, name)):
+            continue  # a hard link of a file copied before (an older checkpoint kept)
+        put(source, target, name)
+        copied[(target, name)] = ident
+    if kind == "manager":
+        for gone in before - state_names(target):
+            for name in os.listdir(target):
+                if name.startswith(gone + "."):
+                    os.unlink(os.path.join(target, name))
+
+
+def put(source: str, folder: str, name: str) -> None:
+    """`source` as `folder/name`: written aside, flushed, then renamed."""
+    aside = os.path.join(folder, f".{name}{_PART}")
+    final = os.path.join(folder, name)
+    if os.path.isdir(source):
+        shutil.rmtree(aside, ignore_errors=True)
+        shutil.copytree(source, aside)
+        if os.path.isdir(final):
+            old = final + _PART + "-old"
+            os.replace(final, old)
+            os.replace(aside, final)
+            shutil.rmtree(old, ignore_errors=True)
+            return
+    else:
+        shutil.copyfile(source, aside)
+        with open(aside, "rb+") as handle:
+            os.fsync(handle.fileno())
+    os.replace(aside, final)
+
+
+def sweep_parts(folder: str) -> None:
+    """What a copy that died left (never a complete checkpoint)."""
+    for name in os.listdir(folder):
+        if _PART in name:
+            path = os.path.join(folder, name)
+            shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else os.unlink(path)
+
+
+def state_names(folder: str) -> set[str]:
+    """The checkpoints a TensorFlow `checkpoint` state file lists (basenames)."""
+    try:
+        with open(os.path.join(folder, "checkpoint"), encoding="utf-8") as handle:
+            lines = handle.read().splitlines()
+    except OSError:
+        return set()
+    names = set()
+    for line in lines:
+        field, _, value = line.partition(":")
+        if field.strip() in ("model_checkpoint_path", "all_model_checkpoint_paths"):
+            names.add(os.path.basename(value.strip().strip('"')))
+    return names
+
+
+def read_manifest(slot: str) -> dict | None:
+    try:
+        with open(os.path.join(slot, "manifest.json"), encoding="utf-8") as handle:
+            data = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def sweep(shm: str = SHM) -> list[str]:
+    """Remove the memory folders of this user's agents that died (a crash)."""
+    removed = []
+    prefix = f"{PREFIX}{os.getuid()}-"
+    for name in os.listdir(shm) if os.path.isdir(shm) else ():
+        path = os.path.join(shm, name)
+        if not name.startswith(prefix) or os.stat(path).st_uid != os.getuid():
+            continue
+        try:
+            with open(os.path.join(path, OWNER), encoding="ascii") as handle:
+                pid = int(handle.read().strip())
+        except (OSError, ValueError):
+            pid = 0
+        if pid and _alive(pid) or not pid and time.time() - os.stat(path).st_mtime < 60:
+            continue  # a live agent's (or one being made)
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(name)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            return b"launcher.agent" in handle.read()
+    except OSError:
+        return False

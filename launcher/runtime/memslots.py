@@ -1,0 +1,143 @@
+"""The memory tier's folders in the training process: working folders and slots.
+
+`checkpoint: {memory: true}` gives each task a private folder in host memory
+(`MGPU_MEMORY_DIR`, under /dev/shm, 0700, made by the agent:
+launcher/agent/memcopy.py). In it:
+
+- `w-<key>/`: a saver's working folder, one per directory the script saves to
+  (`key`: a hash of that directory; tf_keras' `workertemp_<n>` component left
+  out, so a worker's scratch saves and the chief's share a key);
+- `s-<seq>/`: a slot, one completed save: its files (hard links of the working
+  folder's, or the files themselves, moved) and `manifest.json`, written last
+  (a slot without it is a save that did not complete). At most `copies` slots
+  are kept; the agent copies the newest of each directory to that directory.
+
+Standard library only; must not import the launcher side.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+from typing import Any
+
+MANIFEST = "manifest.json"
+POINTERS = ("checkpoint", "training_metadata.json")  # copied last: they name the rest
+_TEMP_PART = re.compile(r"^workertemp_\d+$")
+
+
+def shared_of(target: str) -> str:
+    """The directory a worker's scratch folder stands for: tf_keras' (and TF's
+    tutorials') `workertemp_<n>` component left out."""
+    parts = [p for p in os.path.abspath(target).split(os.sep) if not _TEMP_PART.match(p)]
+    return os.sep.join(parts)
+
+
+def key_of(target: str) -> str:
+    """A directory's key: a worker's scratch folder maps to the chief's."""
+    return hashlib.sha1(shared_of(target).encode()).hexdigest()[:16]
+
+
+def working(root: str, target: str) -> str:
+    path = os.path.join(root, "w-" + key_of(target))
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    return path
+
+
+def slots(root: str) -> list[tuple[int, str]]:
+    """(seq, path) of the complete slots under `root`, oldest first."""
+    found = []
+    for name in os.listdir(root) if os.path.isdir(root) else ():
+        if name.startswith("s-") and name[2:].isdigit():
+            path = os.path.join(root, name)
+            if os.path.exists(os.path.join(path, MANIFEST)):
+                found.append((int(name[2:]), path))
+    return sorted(found)
+
+
+def next_seq(root: str) -> int:
+    numbers = [int(n[2:]) for n in os.listdir(root) if n.startswith("s-") and n[2:].isdigit()]
+    return max(numbers, default=0) + 1
+
+
+def manifest(slot: str) -> dict[str, Any] | None:
+    try:
+        with open(os.path.join(slot, MANIFEST), encoding="utf-8") as handle:
+            data = json.load(handle)
+        return data if isinstance(data, dict) else None
+    except (OSError, ValueError):
+        return None
+
+
+def ordered(names: list[str]) -> list[str]:
+    """The copy order: data first, the files that name a checkpoint last."""
+    return sorted(names, key=lambda n: (n in POINTERS, n))
+
+
+def seal(slot: str, record: dict[str, Any]) -> None:
+    """Write the slot's manifest (aside, then renamed): the save is complete."""
+    for name in os.listdir(slot):
+        path = os.path.join(slot, name)
+        if os.path.isfile(path):
+            os.chmod(path, 0o600)
+    aside = os.path.join(slot, ".manifest.part")
+    with open(aside, "w", encoding="utf-8") as handle:
+        json.dump(record, handle)
+    os.replace(aside, os.path.join(slot, MANIFEST))
+
+
+def prune(root: str, keep: int) -> None:
+    """Keep the newest `keep` complete slots; drop older ones and dead partial ones."""
+    complete = slots(root)
+    for _seq, path in complete[:-keep] if keep > 0 else complete:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def matching(roots: list[str], key: str, kind: str, pointer: str,
+             sizes: dict[str, int]) -> str | None:
+    """The newest slot under `roots` (this task's first) holding the very save the
+    shared directory names: same key and kind, the same `pointer` (the
+    checkpoint's name, or the backup's metadata) and the same file sizes."""
+    for root in roots:
+        for _seq, slot in reversed(slots(root)):
+            record = manifest(slot)
+            if not record or record.get("key") != key or record.get("kind") != kind:
+                continue
+            if record.get("pointer") != pointer:
+                continue
+            if all(_size(os.path.join(slot, n)) == size for n, size in sizes.items()):
+                return slot
+    return None
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return -1
+
+
+def sibling_roots(root: str) -> list[str]:
+    """This task's folder, then the other tasks' of this job on this host."""
+    parent = os.path.dirname(root)
+    others = sorted(os.path.join(parent, n) for n in os.listdir(parent)
+                    if os.path.join(parent, n) != root) if os.path.isdir(parent) else []
+    return [root, *[o for o in others if os.path.isdir(o)]]
+
+
+def free_bytes(root: str) -> int:
+    try:
+        stats = os.statvfs(root)
+    except OSError:
+        return 0
+    return stats.f_bavail * stats.f_frsize
+
+
+def size_of(path: str) -> int:
+    total = 0
+    for folder, _dirs, files in os.walk(path):
+        total += sum(_size(os.path.join(folder, f)) for f in files)
+    return total

@@ -1,0 +1,446 @@
+"""Checkpoints at memory speed: an unmodified script's saves go to host memory.
+
+Installed only with `checkpoint: {memory: true}` (the agent then sets
+`MGPU_MEMORY_DIR`, this task's private folder under /dev/shm: nothing is
+hooked otherwise). Post-import hooks redirect the saves the runtime knows
+(runtime/saves.py times the same methods, around these):
+
+- `tf.train.CheckpointManager` (custom loops, and tf_keras' BackupAndRestore
+  underneath): built on a working folder in memory instead of its directory;
+  each completed save is a slot of hard links (TensorFlow writes new files,
+  never in place);
+- Keras 3 `BackupAndRestore` and `ModelCheckpoint` (Keras 3 and tf_keras):
+  each save is written into the working folder and moved into a slot.
+
+The save returns once it is in memory; the slot's path goes to the agent on
+the progress channel (`memory_saved`), and the agent copies it to the
+script's own directory in the background, written aside then renamed
+(launcher/agent/memcopy.py). A restore reads the shared directory's newest
+checkpoint, served from a slot on this host that holds the very same save
+(same name and sizes) when there is one: the same checkpoint on every worker,
+from memory where it can be. At most MGPU_MEMORY_COPIES slots per task; a
+full /dev/shm sends saves to their directory again, said once.
+
+Standard library only at import time; must not import the launcher side.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import os
+import shutil
+import sys
+import time
+from types import ModuleType
+
+from . import memslots
+
+ENV_DIR = "MGPU_MEMORY_DIR"
+ENV_COPIES = "MGPU_MEMORY_COPIES"
+_MARK = "_mgpu_memory_tier"
+_state = {"seq": 0, "told": False, "full": False, "last_bytes": 0}
+_pending: dict[str, str] = {}  # target -> its newest slot the agent copies
+END_WAIT_S = 600.0  # at most, at the program's end, for the last copies
+_seeded: set[str] = set()  # working folders filled in this process (a second saver shares it)
+
+
+def enabled() -> bool:
+    return bool(os.environ.get(ENV_DIR))
+
+
+def _root() -> str:
+    return os.environ[ENV_DIR]
+
+
+def _copies() -> int:
+    try:
+        return max(1, int(os.environ.get(ENV_COPIES, "2")))
+    except ValueError:
+        return 2
+
+
+def _chief() -> bool:
+    """Only the chief's saves are copied to the shared directory (the others'
+    are scratch, or the same weights a second time)."""
+    try:
+        task = json.loads(os.environ.get("TF_CONFIG") or "{}").get("task") or {}
+        cluster = json.loads(os.environ.get("TF_CONFIG") or "{}").get("cluster") or {}
+    except ValueError:
+        return True
+    kind, index = task.get("type"), task.get("index", 0)
+    return kind in (None, "chief") or (kind == "worker" and index == 0 and "chief" not in cluster)
+
+
+def _local(path: object) -> str | None:
+    text = os.fspath(path) if isinstance(path, str | os.PathLike) else None
+    return None if not text or "://" in text else os.path.abspath(text)
+
+
+def _room() -> bool:
+    """Memory can take one more save (twice the last one's size free), else
+    saves go to their directory from now on, said once."""
+    if _state["full"]:
+        return False
+    need = 2 * _state["last_bytes"]
+    if need and memslots.free_bytes(_root()) < need:
+        _fall_back(f"{need // 2**20} MiB more do not fit")
+    return not _state["full"]
+
+
+def _fall_back(why: str) -> None:
+    if not _state["full"]:
+        _state["full"] = True
+        print(f"mgpu-launch: memory tier full ({why}): this task's checkpoints are saved "
+              "directly to their directory from now on", file=sys.stderr, flush=True)
+
+
+def _tell_start(target: str) -> None:
+    if not _state["told"]:
+        _state["told"] = True
+        copied = (f"the agent copies each to {target}" if _chief() else
+                  "kept for restores (the chief's are copied to the directory)")
+        print(f"mgpu-launch: checkpoints saved in memory ({_root()}, at most {_copies()} "
+              f"copies of this task's saves); {copied}", file=sys.stderr, flush=True)
+
+
+def _new_slot() -> str:
+    root = _root()
+    _state["seq"] = max(_state["seq"] + 1, memslots.next_seq(root))
+    slot = os.path.join(root, f"s-{_state['seq']:08d}")
+    os.mkdir(slot, 0o700)
+    return slot
+
+
+def _publish(slot: str, target: str, kind: str, pointer: str, step: int | None) -> None:
+    """The slot is complete: its manifest, the bound, and the agent told."""
+    names = memslots.ordered([n for n in os.listdir(slot) if n != memslots.MANIFEST])
+    memslots.seal(slot, {"target": target, "key": memslots.key_of(target), "kind": kind,
+                         "pointer": pointer, "files": names, "step": step,
+                         "copy": _chief(), "time": time.time()})
+    if _chief():
+        if not _pending:
+            import atexit
+
+            atexit.register(_wait_for_copies)  # before the bootstrap's end (registered first)
+        _pending[target] = slot
+    _state["last_bytes"] = memslots.size_of(slot)
+    memslots.prune(_root(), _copies())
+    _tell_start(target)
+    fd = os.environ.get("MGPU_PROGRESS_FD")
+    if fd:
+        try:
+            os.write(int(fd), (json.dumps({"memory_saved": slot}) + "\n").encode())
+        except (OSError, ValueError):
+            pass
+
+
+def _wait_for_copies() -> None:
+    """The program ends: the agent's copies of its last saves are in their
+    directories first (the job's end would cut them). Told as a save, which the
+    launcher never cuts short (launcher/job/tailcut.py)."""
+    from . import position
+
+    deadline, said = time.monotonic() + END_WAIT_S, False
+    left = list(_pending.values())
+    position.enter(position.SAVE)
+    while left and time.monotonic() < deadline:
+        left = [s for s in left if os.path.isdir(s) and not os.path.exists(
+            os.path.join(s, "copied"))]
+        if left and not said and time.monotonic() > deadline - END_WAIT_S + 1.0:
+            said = True
+            print("mgpu-launch: waiting for the copy of the last checkpoint to "
+                  f"{', '.join(sorted(_pending))}", file=sys.stderr, flush=True)
+        time.sleep(0.05)
+    if left:
+        print(f"mgpu-launch: the last checkpoint's copy took over {END_WAIT_S:.0f} s; its "
+              "directory keeps the previous one", file=sys.stderr, flush=True)
+
+
+def _step(model) -> int | None:
+    from . import saves
+
+    try:
+        return saves.step_of(model)
+    except Exception:  # noqa: BLE001 - a layout we do not know: no step
+        return None
+
+
+def _wrap(cls: type, name: str, make) -> None:
+    original = cls.__dict__.get(name)
+    if original is None or getattr(original, _MARK, False):
+        return
+    wrapper = functools.wraps(original)(make(original))
+    setattr(wrapper, _MARK, True)
+    setattr(cls, name, wrapper)
+
+
+# --- tf.train.CheckpointManager --------------------------------------------
+
+def _state_file(folder: str) -> tuple[str, list[str]] | None:
+    """(latest, all) checkpoint names of a TensorFlow `checkpoint` state file."""
+    try:
+        with open(os.path.join(folder, "checkpoint"), encoding="utf-8") as handle:
+            text = handle.read()
+    except OSError:
+        return None
+    latest, every = None, []
+    for line in text.splitlines():
+        field, _, value = line.partition(":")
+        value = value.strip().strip('"')
+        if field.strip() == "model_checkpoint_path":
+            latest = value
+        elif field.strip() == "all_model_checkpoint_paths":
+            every.append(value)
+    return (latest, every) if latest else None
+
+
+def _checkpoint_files(folder: str, name: str) -> dict[str, int]:
+    base = os.path.basename(name)
+    return {n: os.path.getsize(os.path.join(folder, n)) for n in os.listdir(folder)
+            if n.startswith(base + ".")}
+
+
+def _seed_manager(work: str, target: str) -> str:
+    """Fill the working folder with the shared directory's newest checkpoint:
+    from a slot holding the same save when there is one, else read from the
+    directory. Returns where it came from ('' when there is nothing)."""
+    if work in _seeded:
+        return "seeded"
+    _seeded.add(work)
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work, mode=0o700)
+    target = memslots.shared_of(target)
+    state = _state_file(target) if os.path.isdir(target) else None
+    if state is None:
+        return ""
+    name = os.path.basename(state[0])
+    sizes = _checkpoint_files(target, name)
+    slot = memslots.matching(memslots.sibling_roots(_root()), memslots.key_of(target),
+                             "manager", name, sizes)
+    source = slot or target
+    for file in sizes:
+        if slot:
+            os.link(os.path.join(slot, file), os.path.join(work, file))
+        else:
+            shutil.copyfile(os.path.join(target, file), os.path.join(work, file))
+    # The directory's state file as it is: the older checkpoints it lists stay
+    # there (not read), kept or deleted by the manager's rule as the saves go on.
+    shutil.copyfile(os.path.join(target, "checkpoint"), os.path.join(work, "checkpoint"))
+    _note_restore_source(target, name, "memory" if slot else "shared", source)
+    return source
+
+
+def _manager_init(original):
+    def init(self, checkpoint, directory, *args, **kwargs):
+        target = _local(directory)
+        if target is None or not _room():
+            return original(self, checkpoint, directory, *args, **kwargs)
+        work = memslots.working(_root(), target)
+        try:
+            _seed_manager(work, target)
+        except OSError as exc:
+            _fall_back(f"{type(exc).__name__}: {exc}")
+            return original(self, checkpoint, directory, *args, **kwargs)
+        original(self, checkpoint, work, *args, **kwargs)
+        self._mgpu_target = target
+        if self._max_to_keep is None or self._max_to_keep > _copies():
+            self._max_to_keep = _copies()  # memory stays bounded; the directory keeps all
+    return init
+
+
+def _manager_save(original):
+    def save(self, *args, **kwargs):
+        target = getattr(self, "_mgpu_target", None)
+        if target is None:
+            return original(self, *args, **kwargs)
+        if not _room():
+            _to_directory(self, target)
+            return original(self, *args, **kwargs)
+        options = kwargs.get("options")
+        if options is not None and getattr(options, "experimental_enable_async_checkpoint",
+                                           False):
+            kwargs["options"] = copy.copy(options)  # memory is fast: written at once
+            kwargs["options"].experimental_enable_async_checkpoint = False
+        try:
+            path = original(self, *args, **kwargs)
+        except Exception as exc:
+            if "No space left" not in str(exc):
+                raise
+            _fall_back("no space left")
+            _to_directory(self, target)
+            return original(self, *args, **kwargs)
+        _snapshot_manager(self, target, path)
+        return path
+    return save
+
+
+def _snapshot_manager(manager, target: str, path: object) -> None:
+    work = manager._directory
+    slot = _new_slot()
+    for name in os.listdir(work):
+        if os.path.isfile(os.path.join(work, name)) and not name.startswith("."):
+            os.link(os.path.join(work, name), os.path.join(slot, name))
+    model = None
+    for value in vars(getattr(manager, "_checkpoint", object())).values():
+        model = value if hasattr(value, "optimizer") else model
+    _publish(slot, target, "manager", os.path.basename(os.fspath(path)), _step(model))
+
+
+def _to_directory(manager, target: str) -> None:
+    """This manager saves to its directory again (memory full)."""
+    manager._directory = target
+    manager._checkpoint_prefix = os.path.join(target, os.path.basename(manager._checkpoint_prefix))
+    manager._mgpu_target = None
+
+
+# --- Keras callbacks ----------------------------------------------------------
+
+_BACKUP_FILES = ("_weights_path", "_training_metadata_path", "_prev_weights_path",
+                 "_prev_training_metadata_path")
+
+
+def _backup_begin(original):
+    """Keras 3 BackupAndRestore: restore from a slot holding the directory's
+    backup when there is one; then its saves go to memory."""
+    def begin(self, *args, **kwargs):
+        target = _local(getattr(self, "backup_dir", None))
+        if target is None or not hasattr(self, "_weights_path") or not _room():
+            return original(self, *args, **kwargs)
+        shared = {a: getattr(self, a) for a in _BACKUP_FILES if hasattr(self, a)}
+        work = memslots.working(_root(), target)
+        source = _seed_backup(work, target, os.path.basename(shared["_weights_path"]))
+        if source == "memory":
+            _point(self, shared, work)
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            _point(self, shared, work)
+            self._mgpu_target = target
+    return begin
+
+
+def _backup_end(original):
+    """Keras deletes its backup at the end of `fit`: so does the agent, after
+    any copy still under way (a `drop` slot)."""
+    def end(self, *args, **kwargs):
+        # tf_keras: its training state's manager, whose memory folder it removes.
+        state = getattr(self, "_training_state", None)
+        manager = getattr(state, "write_checkpoint_manager", None)
+        target = getattr(self, "_mgpu_target", None) or getattr(manager, "_mgpu_target", None)
+        result = original(self, *args, **kwargs)
+        if target is not None and getattr(self, "delete_checkpoint", True):
+            target = memslots.shared_of(target)
+            _publish(_new_slot(), target, "drop", "", None)
+        return result
+    return end
+
+
+def _point(callback, shared: dict[str, str], folder: str) -> None:
+    for attr, path in shared.items():
+        setattr(callback, attr, os.path.join(folder, os.path.basename(path)))
+
+
+def _seed_backup(work: str, target: str, weights: str) -> str:
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work, mode=0o700)
+    try:
+        with open(os.path.join(target, "training_metadata.json"), encoding="utf-8") as h:
+            pointer = h.read()
+        sizes = {weights: os.path.getsize(os.path.join(target, weights))}
+    except OSError:
+        return ""
+    slot = memslots.matching(memslots.sibling_roots(_root()), memslots.key_of(target),
+                             "keras", pointer, sizes)
+    if slot is None:
+        _note_restore_source(target, pointer.strip(), "shared", target)
+        return "shared"
+    for name in (weights, "training_metadata.json"):
+        os.link(os.path.join(slot, name), os.path.join(work, name))
+    _note_restore_source(target, pointer.strip(), "memory", slot)
+    return "memory"
+
+
+def _keras_save(original):
+    """Keras 3 BackupAndRestore._save_model and ModelCheckpoint._save_model
+    (both Keras): written into the working folder, then moved into a slot."""
+    def save(self, *args, **kwargs):
+        target = getattr(self, "_mgpu_target", None)
+        checkpoint_path = getattr(self, "filepath", None) if target is None else None
+        if checkpoint_path is not None and hasattr(self, "_save_model") \
+                and not hasattr(self, "backup_dir"):
+            target = _local(os.path.dirname(os.fspath(checkpoint_path)) or ".")
+        if target is None or not _room():
+            return original(self, *args, **kwargs)
+        work = memslots.working(_root(), target)
+        for name in os.listdir(work):  # what a failed save left
+            _remove(os.path.join(work, name))
+        if checkpoint_path is not None:
+            self.filepath = os.path.join(work, os.path.basename(os.fspath(checkpoint_path)))
+        try:
+            result = original(self, *args, **kwargs)
+        finally:
+            if checkpoint_path is not None:
+                self.filepath = checkpoint_path
+        _snapshot_keras(self, work, target)
+        return result
+    return save
+
+
+def _snapshot_keras(callback, work: str, target: str) -> None:
+    names = [n for n in os.listdir(work) if not n.endswith(".bkp")]
+    if not names:
+        return  # nothing written (save_best_only, not the best)
+    slot = _new_slot()
+    for name in os.listdir(work):
+        if name.endswith(".bkp"):
+            _remove(os.path.join(work, name))
+        else:
+            os.replace(os.path.join(work, name), os.path.join(slot, name))
+    pointer = ""
+    try:
+        with open(os.path.join(slot, "training_metadata.json"), encoding="utf-8") as h:
+            pointer = h.read()
+    except OSError:
+        pass
+    _publish(slot, target, "keras", pointer, _step(getattr(callback, "model", None)))
+
+
+def _remove(path: str) -> None:
+    if os.path.isdir(path):
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+def _note_restore_source(target: str, name: str, source: str, path: str) -> None:
+    """Where a restore reads from: told with the task's resume (runtime/restores)."""
+    from . import restores
+
+    restores.copy_source = {"resumed_from": source, "resumed_copy": path,
+                            "resumed_target": target, "resumed_host": os.uname().nodename}
+
+
+def on_keras(module: ModuleType) -> None:
+    callbacks = module.callbacks
+    backup = getattr(callbacks, "BackupAndRestore", None)
+    if backup is not None and "_backup" not in backup.__dict__:  # Keras 3's own files
+        _wrap(backup, "on_train_begin", _backup_begin)
+        _wrap(backup, "_save_model", _keras_save)
+    if backup is not None:  # tf_keras': a CheckpointManager's (hooked as TensorFlow's)
+        _wrap(backup, "on_train_end", _backup_end)
+    checkpoint = getattr(callbacks, "ModelCheckpoint", None)
+    if checkpoint is not None:
+        _wrap(checkpoint, "_save_model", _keras_save)
+
+
+def on_tensorflow(module: ModuleType) -> None:
+    _wrap(module.train.CheckpointManager, "__init__", _manager_init)
+    _wrap(module.train.CheckpointManager, "save", _manager_save)
+
+
+HOOKS = {"keras": on_keras, "tf_keras": on_keras, "tensorflow": on_tensorflow}

@@ -1,0 +1,84 @@
+"""Checkpoints at memory speed (`checkpoint: {memory: true}`), for real: two
+TensorFlow workers of TF's custom-loop tutorial save into host memory while a
+throttled FUSE mount (tests/slowfs.py, 20 MB/s) stands in for a busy shared
+filesystem; a worker is killed with SIGKILL after a save, the restart restores
+from memory, and the final weights equal an uninterrupted run's."""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import SCRIPTS, read_events, read_summary, run_cli, start_cli
+from tests.slowfs import mounted
+from tests.test_strategies import explain
+
+SCRIPT = str(SCRIPTS / "tutorial_ctl_big.py")
+
+
+def config(path: Path, checkpoint_dir: Path, memory: bool) -> Path:
+    path.write_text(
+        "transport: local\n"
+        f"checkpoint: {{dir: {checkpoint_dir}, memory: {str(memory).lower()}, "
+        "memory_copies: 2}\n"
+        "restart: {backoff_s: 0}\n"
+        "hosts:\n  - {address: 127.0.0.1}\n  - {address: 127.0.0.1}\n")
+    return path
+
+
+def final_digest(stdout: str) -> str:
+    found = re.findall(r"FINAL ([0-9a-f]{64})", stdout)
+    assert len(found) == 1, stdout[-3000:]
+    return found[0]
+
+
+@pytest.mark.e2e
+def test_a_killed_worker_restores_from_memory_and_ends_with_an_uninterrupted_runs_weights(
+        workdir: Path):
+    plain = workdir / "plain-ckpt"
+    # The uninterrupted run, memory off, beside the other (the test's time).
+    baseline = start_cli(["--run-dir", str(workdir / "base"),
+                          str(config(workdir / "base.yaml", plain, memory=False)),
+                          SCRIPT, str(plain), "256", "3"], cwd=workdir)
+    try:
+        with mounted(str(workdir / "backing"), str(workdir / "shared"), 20) as shared:
+            memory_run(workdir, Path(shared))
+        base_out, _ = baseline.communicate(timeout=120)
+    finally:
+        baseline.kill()
+    assert baseline.returncode == 0, base_out[-4000:]
+    assert "checkpoints saved in memory" not in base_out  # off: nothing hooked
+    assert final_digest(base_out) == final_digest((workdir / "memory.out").read_text())
+    # Removed at the job's end.
+    assert not glob.glob(f"/dev/shm/mgpu-launch-{os.getuid()}-*"), "memory folder left"
+
+
+def memory_run(workdir: Path, shared: Path) -> None:
+    """The memory run: worker 1 killed after epoch 1's save; checked as it ends."""
+    ckpt = shared / "ckpt"
+    run_dir = workdir / "run"
+    result = run_cli(["--run-dir", str(run_dir),
+                      str(config(workdir / "memory.yaml", ckpt, memory=True)),
+                      SCRIPT, str(ckpt), "256", "3"], cwd=workdir, timeout=150, KILL_AT="1")
+    assert result.returncode == 0, explain(result)
+    (workdir / "memory.out").write_text(result.stdout)
+    assert "checkpoints saved in memory" in result.stdout, explain(result)
+    # The restart read the newest save from memory, the same on both workers.
+    events = read_events(run_dir)
+    [resumed] = [e for e in events if e["event"] == "resumed"]
+    told = {e["task"]: (e["resumed"], e.get("resumed_from")) for e in events
+            if e["event"] == "progress" and e["generation"] == 1 and "resumed" in e}
+    assert told == {"worker0": (20, "memory"), "worker1": (20, "memory")}, told
+    assert resumed["step"] == 20 and resumed["copy"]["from"] == "memory", resumed
+    assert "resumed at step 20 (from memory on" in result.stdout, explain(result)
+    assert read_summary(run_dir)["restarts"] == 1
+    # The shared directory holds complete checkpoints only, the last one named.
+    names = sorted(os.listdir(ckpt))
+    assert not [n for n in names if "mgpu-part" in n], names
+    assert 'model_checkpoint_path: "ckpt-3"' in (ckpt / "checkpoint").read_text()
+    assert {"ckpt-3.index", "ckpt-2.index"} <= set(names), names
+    assert "ckpt-1.index" not in names  # max_to_keep=2, as the manager keeps it
