@@ -5,6 +5,12 @@ pid records, TF_CONFIG, error reports, stacks; launcher/spec/plan.py
 `host_run_dir`). Without cleanup they pile up. The agent of each new job
 prunes them when it starts (in the background: the job does not wait):
 
+- at most once every `PRUNE_EVERY_S` per runs folder: the first agent to
+  start after that claims it (a stamp, `.pruned`, under a lock) and the others
+  skip it. A folder goes only after an hour unused, so more often gains
+  nothing, and hosts that share one home folder (an NFS home, simulated
+  hosts) would each walk every run folder of every host: 32 hosts of a
+  fan-out paid ~120 ms of CPU each for it;
 - the `KEEP_RUNS` most recently used run folders stay (`MGPU_KEEP_RUNS` in the
   agent's environment overrides the number), whatever their age;
 - an older one is removed only when nothing uses it: not the agent's own run,
@@ -34,6 +40,8 @@ LOCK_NAME = ".agent.lock"
 # <run dir name>-<8 hex digits of its path's sha256> (plan.host_run_dir).
 RUN_FOLDER = re.compile(r".+-[0-9a-f]{8}")
 MAX_FILES = 2000  # a folder with more files than this is looked at no further: kept
+PRUNE_EVERY_S = 600.0
+STAMP_NAME = ".pruned"  # in the runs folder: its mtime is the last prune's
 
 
 def hold_lock(host_dir: str) -> int | None:
@@ -86,6 +94,34 @@ def prune(root: str, current: str | None = None, keep: int = KEEP_RUNS,
         shutil.rmtree(path, ignore_errors=True)
         removed.append(name)
     return removed
+
+
+def prune_now_and_then(root: str, current: str | None = None, keep: int = KEEP_RUNS,
+                       every_s: float = PRUNE_EVERY_S, now: float | None = None
+                       ) -> list[str] | None:
+    """`prune` unless this runs folder was pruned within `every_s` (by the
+    stamp's mtime, either way: clocks of hosts sharing a home differ) or
+    another agent prunes it now; None when skipped."""
+    now = time.time() if now is None else now
+    try:
+        fd = os.open(os.path.join(root, STAMP_NAME), os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError:
+        return prune(root, current, keep, now=now)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return None  # another agent prunes it now
+        except OSError:
+            pass  # a filesystem without locks: the stamp alone decides
+        stamp = os.fstat(fd)
+        if stamp.st_size and abs(now - stamp.st_mtime) < every_s:
+            return None
+        removed = prune(root, current, keep, now=now)
+        os.pwrite(fd, b"1", 0)  # sets the mtime to now: the next prune is due in every_s
+        return removed
+    finally:
+        os.close(fd)
 
 
 def last_used(path: str) -> float | None:

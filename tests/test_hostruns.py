@@ -44,7 +44,8 @@ def test_the_agent_keeps_the_recent_and_the_busy_run_folders(tmp_path, monkeypat
         log = agent.wait_event("log", timeout=30)["text"]
         assert log.startswith("removed 2 old run folder(s)"), log
         assert sorted(p.name for p in root.iterdir()) == [
-            "new-0000000f", "not-a-run", "old1-00000001", "old2-00000002", "recent-0000000a"]
+            hostruns.STAMP_NAME, "new-0000000f", "not-a-run", "old1-00000001", "old2-00000002",
+            "recent-0000000a"]
         assert recent.exists()
         # The new agent holds its own folder's lock: a later prune leaves it alone.
         os.utime(root / "new-0000000f", (0, 0))
@@ -60,3 +61,24 @@ def test_a_simulated_hosts_folder_is_never_pruned(tmp_path):
     assert hostruns.runs_root(str(tmp_path / "runs" / "local-1" / "hosts" / "host0")) is None
     assert hostruns.runs_root(str(tmp_path / ".mgpu-launch" / "runs" / "x-00000000" / "h")) == \
         str(tmp_path / ".mgpu-launch" / "runs")
+
+
+def test_a_runs_folder_is_pruned_at_most_once_in_a_while(tmp_path):
+    """Hosts sharing a home (NFS, simulated hosts) walk the runs folder once
+    between them, not once each: the stamp, and the lock while one prunes."""
+    root = tmp_path / ".mgpu-launch" / "runs"
+    _run_folder(root, "old0-00000000", 7200)
+    _run_folder(root, "old1-00000001", 7300)
+    now = time.time()
+    assert hostruns.prune_now_and_then(str(root), keep=1, now=now) == ["old1-00000001"]
+    _run_folder(root, "old2-00000002", 7400)
+    assert hostruns.prune_now_and_then(str(root), keep=1, now=now + 60) is None  # pruned lately
+    assert (root / "old2-00000002").exists()
+    stamp = os.open(root / hostruns.STAMP_NAME, os.O_RDWR)
+    try:  # another agent prunes now: this one does not wait for it
+        fcntl.flock(stamp, fcntl.LOCK_EX)
+        later = now + hostruns.PRUNE_EVERY_S + 1
+        assert hostruns.prune_now_and_then(str(root), keep=1, now=later) is None
+    finally:
+        os.close(stamp)
+    assert hostruns.prune_now_and_then(str(root), keep=1, now=later) == ["old2-00000002"]

@@ -161,12 +161,16 @@ RULES = (
          forbidden=("launcher.job.supervisor", "launcher.transport", "launcher.views",
                     "launcher.commands", "launcher.cli"),
          reason="summary.json and status compute the ledger from the same events"),
+    Rule("the run's model is a fold of the story", ("launcher.job.story", "launcher.job.timeline"),
+         forbidden=("launcher.job.supervisor", "launcher.job.launch", "launcher.transport",
+                    "launcher.views", "launcher.commands", "launcher.cli"),
+         reason="every view renders the one model folded from the events; summary.json is "
+         "written by the launch (job floor), so the fold sits on that floor, below the views"),
     Rule("words come from events", ("launcher.views.narrate",),
          forbidden=("launcher.job.supervisor", "launcher.transport", "launcher.cli"),
          reason="a line is an event in words, nothing more"),
     Rule("records are read-only", ("launcher.views.records", "launcher.commands.status",
-                                   "launcher.commands.logs",
-                                   "launcher.views.replay"),
+                                   "launcher.commands.logs"),
          forbidden=("launcher.job.supervisor", "launcher.transport", "launcher.cli"),
          reason="a run directory is data: `status` and `logs` read it without a launcher"),
     Rule("the report is read-only", ("launcher.views.report", "launcher.views.report_html",
@@ -187,8 +191,7 @@ RULES = (
          reason="`simulate` is also the SSH tests' fixture: it must not depend on the "
          "transport it is used to test"),
     Rule("views beside the terminal only read the story",
-         ("launcher.views.runstate", "launcher.views.metrics", "launcher.views.notify",
-          "launcher.views.status_watch"),
+         ("launcher.views.metrics", "launcher.views.notify", "launcher.views.status_watch"),
          forbidden=("launcher.job.supervisor", "launcher.transport", "launcher.cli"),
          reason="metrics, notifications and `status --watch` are told the events (or read "
          "events.jsonl): they never drive the job, and `--watch` needs no launcher"),

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from launcher.cli import _print_outcome
-from launcher.job.states import Failure, RunResult, TaskRow
+from launcher.job.states import Failure, RunResult
+from launcher.job.story import TaskRow
 from launcher.views.live import clean_for_screen, render
 from launcher.views.printer import STATUS_EVERY_S, Printer
 from tests.conftest import PYTHON, cli_env, read_events, start_cli, wait_for
@@ -75,6 +76,30 @@ def live_printer(out: io.StringIO, colour: bool = False, **kwargs) -> Printer:
 
 
 # ------------------------------------------------------------------ unit tests
+
+
+def test_the_launchers_table_draws_the_runs_model_with_the_supervisors_figures_beside():
+    """Step (kept across a report without one), loss and slowdown are the model's
+    (launcher/job/story.py, told the events); the state, CPU, memory and silence
+    the supervisor's own."""
+    from launcher.job import events as ev
+
+    out = Terminal()
+    printer = live_printer(out)
+    ids = {"generation": 0, "task": "worker1", "host": "host1"}
+    printer.tell(ev.Launch(generation=0, tasks=(ev.Placed(task="worker0", host="host0"),
+                                                ev.Placed(task="worker1", host="host1"))))
+    printer.tell(ev.Progress(**ids, metrics={"step": 41, "loss": 0.5}))
+    printer.tell(ev.Progress(**ids, metrics={"saved": 41}))  # a save report: no step
+    printer.tell(ev.Straggler(**ids, slowdown=1.5))
+    printer.refresh([row("worker0", state="starting", step=None, cpu_percent=None),
+                     row("worker1", step=None, loss=None, cpu_percent=55.0)])
+    assert printer.flush(timeout=10)
+    table = out.screen()
+    assert any(re.search(r"host1\s+worker1\s+running \(straggler 1.5x\)\s+41\s+-\s+-\s+55%",
+                         line) for line in table), table
+    assert any(re.search(r"host0\s+worker0\s+starting\s+-", line) for line in table), table
+    printer.finish()
 
 
 def test_render_fits_the_terminal_and_says_what_each_task_does():

@@ -395,7 +395,7 @@ def test_the_supervisor_names_a_straggler_in_events_terminal_and_summary(tmp_pat
 
 
 def test_the_live_table_marks_the_straggler():
-    from launcher.job.states import TaskRow
+    from launcher.job.story import TaskRow
     from launcher.views.live import describe_row, render
 
     rows = [TaskRow(label=f"host{i}/worker{i}", host=f"host{i}", task=f"worker{i}",

@@ -424,3 +424,9 @@ def test_the_story_told_to_listeners_is_what_status_replays(tmp_path: Path):
     replayed = {t.label: t.state for t in load_run(tmp_path, alive=lambda _: True).tasks}
     assert replayed == {label: task["state"] for label, task in result.tasks.items()}
     assert set(replayed.values()) == {"succeeded"}
+    # summary.json is the story's rendering: what the supervisor's result says, and
+    # the hang's failure with its last lines and its time on the host.
+    from launcher.job import story
+
+    told = story.fold(story.records((tmp_path / "events.jsonl").read_text().splitlines()))
+    assert told.summary() == json.loads(json.dumps(result.to_json()))

@@ -155,3 +155,149 @@ def test_a_failed_job_with_events_after_its_end_is_the_same_in_every_view(
     assert f"goodput {_share(ledger)} %" in seen["text"]
     assert seen["watch"].rstrip().endswith(seen["text"].rstrip().splitlines()[-1])
     assert "failures that caused a restart" not in seen["text"]
+
+
+# ----------------------------------------------------------- one story, every view
+
+
+def _story_with_a_kill_a_restart_a_straggler_and_a_stop(t0: float) -> list[dict]:
+    """Generation 0 trains to step 9; worker1 is killed (SIGKILL) and the job
+    restarts; generation 1 resumes at step 8, names worker1 a straggler, trains
+    to step 20 and is stopped (SIGTERM): the job ends interrupted."""
+    def task_line(t: float, name: str, generation: int, task: dict, **fields) -> dict:
+        return {"t": t0 + t, "event": name, "generation": generation, **task, **fields}
+
+    w0, w1 = TASKS
+    lines = [_launch(t0, 1)]
+    lines += [task_line(1, "task_started", 0, task, pid=100 + i)
+              for i, task in enumerate(TASKS)]
+    for step in range(1, 10):
+        lines += [task_line(2 + 2 * step, "progress", 0, task, step=step, loss=1.0 / step)
+                  for task in TASKS]
+    lines += [task_line(21, "task_exited", 0, w1, exit_code=None, signal=9,
+                        stopped_by_launcher=False),
+              task_line(21.1, "failure_detected", 0, w1, kind="signal", exit_code=None,
+                        signal=9, reason="was killed by signal 9 (SIGKILL)", at=t0 + 20.9,
+                        last_lines=["step 9"]),
+              {"t": t0 + 21.2, "event": "teardown_begun", "generation": 0, "why": "failure",
+               "grace_s": 10.0},
+              task_line(21.5, "task_exited", 0, w0, exit_code=None, signal=15,
+                        stopped_by_launcher=True),
+              {"t": t0 + 21.6, "event": "teardown_done", "generation": 0},
+              {"t": t0 + 21.7, "event": "restart", "generation": 1, "restarts": 1,
+               "counted": True, "progress": False, "hosts": ["host0", "host1"],
+               "backoff_s": 1.0, "spent": 1, "max_restarts": 3, "total": 1,
+               "max_total_restarts": 10, "preempted": False},
+              {**_launch(t0 + 23, 1), "generation": 1}]
+    lines += [task_line(24, "task_started", 1, task, pid=200 + i)
+              for i, task in enumerate(TASKS)]
+    lines.append({"t": t0 + 26, "event": "resumed", "generation": 1, "step": 8})
+    for step in range(9, 21):
+        lines += [task_line(26 + 2 * (step - 8), "progress", 1, task, step=step,
+                            loss=1.0 / step) for task in TASKS]
+        if step == 15:
+            lines.append(task_line(39, "straggler", 1, w1, slowdown=1.8,
+                                   evidence={"unit": "ms_per_s",
+                                             "task": {"waiting_for_cpu": 400.0},
+                                             "peers": {"waiting_for_cpu": 10.0}},
+                                   source="host", samples=3, action="warn"))
+    lines += [{"t": t0 + 51, "event": "stop_requested", "generation": 1, "signal": 15,
+               "grace_s": 10.0},
+              {"t": t0 + 51.1, "event": "teardown_begun", "generation": 1, "why": "stop",
+               "grace_s": 10.0},
+              *(task_line(51.5, "task_exited", 1, task, exit_code=None, signal=15,
+                          stopped_by_launcher=True) for task in TASKS),
+              {"t": t0 + 51.6, "event": "teardown_done", "generation": 1},
+              {"t": t0 + 51.7, "event": "job_done", "status": "interrupted", "restarts": 1,
+               "wall_s": 51.7, "stopped_by": "", "message": "", "interrupted_by": 15}]
+    return lines
+
+
+def test_one_story_with_a_kill_a_restart_a_straggler_and_a_stop_is_the_same_everywhere(
+        tmp_path: Path, capsys, monkeypatch):
+    """One recorded event stream through every view: `status` (text, --json,
+    --watch), the metrics, the live table, the report, the terminal's words and
+    summary.json (written as the launch writes it: the story's rendering)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from launcher.job import events as ev
+    from launcher.job import story
+    from launcher.views import live, narrate
+    from launcher.views.metrics import JobMetrics
+
+    t0 = time.time() - 100
+    lines = _story_with_a_kill_a_restart_a_straggler_and_a_stop(t0)
+    told = story.fold(lines)
+    summary = {**told.summary(), "goodput": told.goodput()}  # as job/launch.py writes it
+    run = tmp_path / "story"
+    _write(run, lines, json.loads(json.dumps(summary)))
+    seen = _views(run, capsys, monkeypatch)
+    metrics = JobMetrics("agree", clock=lambda: t0 + 51.7)
+    for line in lines:
+        metrics.tell(ev.from_record({"v": 2, **line}))
+    scraped = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(metrics.text())
+               for s in family.samples}
+    rows = told.rows(t0 + 51.7)
+    table = "\n".join(live.render(rows, width=200, height=40, elapsed_s=51.7, colour=False,
+                                  rule="-", goodput=live.goodput_title(told.goodput())))
+
+    # States and steps: every task stopped, at step 20.
+    states = {"host0/worker0": "stopped", "host1/worker1": "stopped"}
+    assert {t["task"]: t["state"] for t in seen["json"]["tasks"]} == states
+    assert {label: t["state"] for label, t in summary["tasks"].items()} == states
+    assert {r.label: r.state for r in rows} == states
+    assert {t.label: t.state for t in seen["report"].view.tasks} == states
+    for task, host in (("worker0", "host0"), ("worker1", "host1")):
+        labels = (("host", host), ("job", "agree"), ("task", task))
+        assert scraped[("mgpu_task_state", tuple(sorted((*labels, ("state", "stopped")))))] == 1
+        assert scraped[("mgpu_task_step", labels)] == 20
+        # (the live table names the straggler: `status --watch`'s as the launcher's own)
+        shown = "stopped (straggler 1.8x)" if task == "worker1" else "stopped"
+        assert re.search(rf"{host}\s+{task}\s+{re.escape(shown)}\s+20\b", seen["watch"])
+        assert re.search(rf"{host}\s+{task}\s+{re.escape(shown)}\s+20\b", table)
+        assert re.search(rf"{host}/{task}\s+worker \d\s+stopped\s+signal 15 \(SIGTERM\)\s+20",
+                         seen["text"])
+    assert {t["task"]: t["last_step"] for t in seen["json"]["tasks"]} == \
+        {label: t["last_progress"]["step"] for label, t in summary["tasks"].items()} == \
+        {r.label: r.step for r in rows} == {"host0/worker0": 20, "host1/worker1": 20}
+
+    # The failure, in one sentence everywhere.
+    sentence = "host1/worker1 (host host1, generation 0) was killed by signal 9 (SIGKILL)"
+    failure = ev.from_record(next(line for line in lines
+                                  if line["event"] == "failure_detected"))
+    assert narrate.line(failure) == ("notice", f"failure: {sentence}")
+    assert [f["description"] for f in seen["json"]["failures"]] == [sentence]
+    assert [f["description"] for f in summary["failures"]] == [sentence]
+    assert [f.description for f in seen["report"].faults] == [sentence]
+    assert f"failures that caused a restart:\n  {sentence}" in seen["text"]
+    assert summary["failures"][0]["last_lines"] == ["step 9"]
+    assert summary["failures"][0]["t"] == pytest.approx(t0 + 20.9)  # as its host saw it
+    assert summary["root_cause"] is None  # an interrupted job: the stop ended it
+
+    # The restart and the stop.
+    assert seen["json"]["restarts"] == summary["restarts"] == 1
+    assert scraped[("mgpu_job_restarts_total", (("job", "agree"),))] == 1
+    assert "generation: 1 (1 restart)" in seen["text"]
+    assert "generation 1 (1 restart)" in table
+    assert seen["json"]["status"] == summary["status"] == "interrupted"
+    assert scraped[("mgpu_job_state", (("job", "agree"), ("state", "interrupted")))] == 1
+    assert summary["interrupted_by"] == 15 and "(signal 15)" in seen["json"]["status_detail"]
+
+    # The straggler.
+    assert [(s["task"], s["slowdown"]) for s in summary["stragglers"]] == [("worker1", 1.8)]
+    assert [(s["task"], s["slowdown"]) for s in seen["report"].stragglers] == \
+        [("worker1", 1.8)]
+    assert scraped[("mgpu_straggler_slowdown",
+                    (("host", "host1"), ("job", "agree"), ("task", "worker1")))] == 1.8
+    assert "straggler: host1/worker1 is 1.8x slower than its peers" in seen["text"]
+
+    # The goodput.
+    ledger = summary["goodput"]
+    assert seen["json"]["goodput"] == ledger == seen["report"].goodput
+    assert scraped[("mgpu_goodput_ratio", (("job", "agree"),))] == \
+        pytest.approx(ledger["productive_s"] / ledger["wall_s"])
+    assert f"goodput {_share(ledger)} %" in seen["text"]
+    assert f"goodput {_share(ledger)} %" in table
+    assert f"generation 1 (1 restart) - 2 stopped - goodput {_share(ledger)} %" in seen["watch"]
+    assert seen["watch"].rstrip().endswith(seen["text"].rstrip().splitlines()[-1])

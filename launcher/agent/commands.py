@@ -87,6 +87,11 @@ class Commands:
             return  # reading it renewed the lease
         if op == "start":
             self.tasks.start(message)
+        elif op == "seal":
+            # The rules ahead of the start, while the other hosts still start
+            # their agents; the start's own `firewall` then finds them in place.
+            # A failure under `cluster` is the start's to refuse (it tries again).
+            self.tasks.seal.seal(message.get("firewall"))
         elif op == "signal":
             name = task_name(message.get("task"))
             signum = integer(message, "signum", low=1, high=signal.NSIG - 1)

@@ -40,7 +40,7 @@ from launcher.agent.spawn import Spawner
 from launcher.agent.stacks import Stacks
 from launcher.agent.standbys import Standbys
 from launcher.agent.tasks import Tasks
-from launcher.hostruns import KEEP_RUNS, hold_lock, prune, runs_root
+from launcher.hostruns import KEEP_RUNS, hold_lock, prune_now_and_then, runs_root
 from launcher.netif import ipv4_interfaces
 
 HEARTBEAT_EVERY_S = 1.0
@@ -187,7 +187,8 @@ def _hello(agent: Agent, lease_s: float) -> int | None:
 
 
 def _prune_runs(emit: Emitter, run_dir: str) -> None:
-    """Old run folders of this host's `~/.mgpu-launch/runs` (launcher/hostruns.py)."""
+    """Old run folders of this host's `~/.mgpu-launch/runs` (launcher/hostruns.py),
+    unless pruned lately."""
     root = runs_root(run_dir)
     if root is None:
         return
@@ -195,7 +196,8 @@ def _prune_runs(emit: Emitter, run_dir: str) -> None:
         keep = int(os.environ.get("MGPU_KEEP_RUNS", KEEP_RUNS))
     except ValueError:
         keep = KEEP_RUNS
-    removed = prune(root, current=os.path.dirname(os.path.abspath(run_dir)), keep=keep)
+    removed = prune_now_and_then(root, current=os.path.dirname(os.path.abspath(run_dir)),
+                                 keep=keep)
     if removed:
         emit("log", text=f"removed {len(removed)} old run folder(s) from {root} (keeping the "
              f"{keep} most recent and any in use): {', '.join(sorted(removed))}")

@@ -3,7 +3,8 @@
 Newline-delimited JSON, one object per line; docs/design.md ("The agent
 protocol") describes every message and its fields, in one place:
 
-supervisor -> agent (`op`): start, signal, stop, exec_check, stacks, ping.
+supervisor -> agent (`op`): start, seal, signal, stop, exec_check, stacks, profile,
+ping.
 agent -> supervisor (`ev`, each with `t`): hello, started, start_failed,
 output, progress, exited, heartbeat, exec_result, stacks, log, bye.
 

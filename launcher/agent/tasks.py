@@ -55,6 +55,12 @@ TAIL_LINES = 30
 # After a task exits, how long to let its output pipes drain (a grandchild
 # that inherited them may keep them open forever).
 DRAIN_S = 1.0
+# A task's heartbeat figures start this long after its start: psutil's first
+# CPU reading of a process says nothing (0.0), and loading psutil (~17 ms of
+# CPU) and a health sample would fall on every host at once, while the job's
+# processes start: 32 simulated hosts paid ~19 ms of agent CPU each for a
+# trivial task. A training task is seen from its second heartbeat on.
+FIRST_FIGURES_S = 2.0
 
 
 class RunningTask:
@@ -77,6 +83,7 @@ class RunningTask:
         self.standby: Want | None = None  # its next standby, not started yet
         self.pid_file: str | None = None
         self._ps = None
+        self.born = time.monotonic()
 
     @property
     def ps(self):
@@ -375,17 +382,22 @@ class Tasks:
                 task.waiter.join(timeout=DRAIN_S + 1.0)
 
     def pids(self) -> dict[str, int]:
-        """Per running task: its process id (the training process)."""
-        with self.lock:
-            tasks = list(self.tasks.values())
-        return {task.name: task.proc.pid for task in tasks if task.alive()}
+        """Per running task past its first seconds: its process id (the training
+        process), for the health samples."""
+        return {task.name: task.proc.pid for task in self._settled()}
 
     def usage(self) -> dict[str, dict]:
-        """Per running task: CPU, RSS and status (empty without psutil)."""
+        """Per running task past its first seconds: CPU, RSS and status (empty
+        without psutil)."""
+        return {task.name: hostfacts.tree_usage(task.ps) for task in self._settled()
+                if task.ps is not None}
+
+    def _settled(self) -> list[RunningTask]:
+        """The live tasks older than FIRST_FIGURES_S."""
         with self.lock:
             tasks = list(self.tasks.values())
-        return {task.name: hostfacts.tree_usage(task.ps) for task in tasks
-                if task.alive() and task.ps is not None}
+        now = time.monotonic()
+        return [t for t in tasks if now - t.born >= FIRST_FIGURES_S and t.alive()]
 
 
 def _kill_leftovers(victims: list[RunningTask]) -> None:

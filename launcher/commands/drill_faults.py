@@ -24,6 +24,7 @@ from typing import Any
 
 from ..job import checkpoints
 from ..job import events as ev
+from ..job import story as model
 from ..job.launch import Job
 from ..views.drill_report import Observed, Point
 
@@ -53,7 +54,9 @@ class Story:
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self.cond = threading.Condition()
         self.clock = clock
-        self.generation = 0
+        # The run's model (launcher/job/story.py): the generation, each one's
+        # failure, the job's end and the resumes behind the last save.
+        self.model = model.Story()
         self.tasks: dict[int, list[tuple[str, str, int | None]]] = {}  # gen: (task, host, pid)
         self.points: dict[tuple[int, str], list[Point]] = {}
         self.offset: dict[int, int] = {}
@@ -61,17 +64,27 @@ class Story:
         self.first_step_t: dict[int, float] = {}
         self.counted_first: dict[int, tuple[float, int]] = {}
         self.counted_moved: dict[int, float] = {}
-        self.detected_t: dict[int, float] = {}
         self.exits: dict[tuple[int, str], tuple[float, int | None, int | None]] = {}
         # (t, step, generation, told by the saver: chief, else worker0)
         self.checkpoints: list[tuple[float, int, int, bool]] = []
         self.saver_reports = False
         self.disk_saves: list[tuple[float, int, int]] = []  # the same, seen on disk
         self.reported_checkpoints = False
-        self.ended: ev.JobDone | None = None
         self.save_seconds: list[float] = []  # each save's time, as the bootstrap timed it
-        self.behind: dict[int, ev.ResumeBehind] = {}  # a resume behind the last save
         self.finished: set[tuple[int, str]] = set()  # tasks that exited 0 by themselves
+
+    @property
+    def generation(self) -> int:
+        return self.model.generation
+
+    @property
+    def ended(self) -> ev.JobDone | None:
+        return self.model.ended
+
+    def detected(self, gen: int) -> float | None:
+        """When generation `gen`'s failure was told."""
+        failure = self.model.failures.get(gen)
+        return None if failure is None else failure.t
 
     def finished_in(self, gen: int, but: str) -> bool:
         """Did a task of `gen` other than `but` (the victim) finish training?"""
@@ -89,8 +102,8 @@ class Story:
             self.cond.notify_all()
 
     def _take(self, event: ev.Event, t: float) -> None:
+        self.model.tell(event, t)
         if isinstance(event, ev.Launch):
-            self.generation = event.generation
             self.tasks[event.generation] = [(p.task, p.host, None) for p in event.tasks
                                             if p.lifetime == "job"]
         elif isinstance(event, ev.TaskStarted):
@@ -99,16 +112,10 @@ class Story:
                 for n, h, pid in self.tasks.get(event.generation, [])]
         elif isinstance(event, ev.Progress):
             self._progress(event, t)
-        elif isinstance(event, ev.FailureDetected):
-            self.detected_t.setdefault(event.generation, t)
         elif isinstance(event, ev.TaskExited):
             self.exits[(event.generation, event.task)] = (t, event.exit_code, event.signal)
             if event.exit_code == 0 and not event.stopped_by_launcher:
                 self.finished.add((event.generation, event.task))
-        elif isinstance(event, ev.ResumeBehind):
-            self.behind.setdefault(event.generation, event)
-        elif isinstance(event, ev.JobDone):
-            self.ended = event
 
     def _progress(self, event: ev.Progress, t: float) -> None:
         m, gen = event.metrics, event.generation
@@ -172,14 +179,14 @@ class Story:
     def recovery(self, observed: Observed, gen: int) -> None:
         """What the generation after `gen`'s fault says: when it was detected,
         when the next trained, where it resumed (and a task behind the last save)."""
-        observed.detected_t = self.detected_t.get(gen)
+        observed.detected_t = self.detected(gen)
         observed.recovered_t = self.first_step(gen + 1)
         observed.resumed_from_step = self.resumed_at(gen + 1)
         observed.behind = self.behind_said(gen + 1)
 
     def behind_said(self, gen: int) -> str:
         """A task of `gen` that resumed behind the last save, in words ("": none)."""
-        behind = self.behind.get(gen)
+        behind = next((b for b in self.model.resume_behind if b.generation == gen), None)
         if behind is None:
             return ""
         return (f"{behind.task} resumed at step {behind.step}, behind the last save (step "
@@ -327,7 +334,7 @@ class Injector:
                  f"{observed.last_checkpoint_step})")
         if fault == "preempt":
             self._preempt(observed, task, host, t0)
-        self._wait(lambda: story.detected_t.get(gen), DETECT_WAIT_S)
+        self._wait(lambda: story.detected(gen), DETECT_WAIT_S)
         self._wait(lambda: story.first_step(gen + 1), RECOVER_WAIT_S)
         with story.cond:
             story.recovery(observed, gen)
@@ -385,7 +392,7 @@ class Injector:
         story, gen = self.story, observed.generation
 
         def exited() -> Any:
-            return story.exits.get((gen, task)) or story.detected_t.get(gen)
+            return story.exits.get((gen, task)) or story.detected(gen)
 
         self._wait(exited, self.grace_s)
         with story.cond:

@@ -140,10 +140,15 @@ class TaskUnconfirmed(TaskEvent):
 @dataclass(frozen=True, kw_only=True)
 class FailureDetected(TaskEvent):
     kind = "failure_detected"
+    optional = ("at", "last_lines", "error")
     failure: str = dataclasses.field(default="", metadata={"key": "kind"})
     exit_code: int | None = None
     signal: int | None = None
     reason: str = ""
+    # What status, the report and summary.json show of it (left out when unknown):
+    at: float | None = None  # when it happened, as its host saw it (t: when told)
+    last_lines: tuple[str, ...] | None = None  # its last output lines
+    error: dict[str, Any] | None = None  # the Python exception: type, message, traceback
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -151,8 +156,14 @@ class RootCause(TaskEvent):
     """A later finding names another task as the generation's root cause."""
 
     kind = "root_cause"
+    optional = ("exit_code", "signal", "at", "last_lines", "error")
     failure: str = dataclasses.field(default="", metadata={"key": "kind"})
     reason: str = ""
+    exit_code: int | None = None  # as failure_detected's
+    signal: int | None = None
+    at: float | None = None
+    last_lines: tuple[str, ...] | None = None
+    error: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -165,8 +176,10 @@ class StacksRequested(Event):
 @dataclass(frozen=True, kw_only=True)
 class Stacks(TaskEvent):
     kind = "stacks"
+    optional = ("frames",)
     file: str = ""
     taken: bool = False
+    frames: tuple[str, ...] | None = None  # the innermost frames of the root cause's stacks
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -313,11 +326,13 @@ class KerasSwitched(Event):
 @dataclass(frozen=True, kw_only=True)
 class JobDone(Event):
     kind = "job_done"
+    optional = ("interrupted_by",)
     status: str
     restarts: int = 0
     wall_s: float = 0.0
     stopped_by: str = ""
     message: str = ""  # why the launcher gave up, when it did
+    interrupted_by: int | None = None  # the signal of a stop (status interrupted)
 
 
 @dataclass(frozen=True, kw_only=True)

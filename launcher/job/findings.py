@@ -58,7 +58,21 @@ Finding = Found | HostSilent
 def root_cause(failure: Failure) -> ev.RootCause:
     """The event naming `failure` the generation's root cause."""
     return ev.RootCause(generation=failure.generation, task=failure.task.partition("/")[2],
-                        host=failure.host, failure=failure.kind, reason=failure.reason)
+                        host=failure.host, failure=failure.kind, reason=failure.reason,
+                        **_details(failure))
+
+
+def failure_detected(failure: Failure) -> ev.FailureDetected:
+    """The event of a generation's first failure, with what the views show of it."""
+    return ev.FailureDetected(generation=failure.generation,
+                              task=failure.task.partition("/")[2], host=failure.host,
+                              failure=failure.kind, reason=failure.reason, **_details(failure))
+
+
+def _details(failure: Failure) -> dict[str, Any]:
+    """What status, the report and summary.json show of a failure beside its words."""
+    return {"exit_code": failure.exit_code, "signal": failure.signal, "at": failure.t,
+            "last_lines": failure.last_lines or None, "error": failure.error}
 
 
 class Failures:
@@ -81,17 +95,13 @@ class Failures:
         """A failure of `found.record`. Its state moved by the event that told of
         it (an exit, a start failure, its host lost); a hung or aborting task is
         still running: it stays so until the teardown confirms its exit."""
-        failure = self.of(gen, found)
-        first = gen.failure is None
-        self.consider(gen, failure)  # the phase moves to FAILING
-        if first:
-            record = found.record
-            self._tell(ev.FailureDetected(
-                generation=gen.plan.generation, task=record.task.name, host=record.task.host,
-                failure=failure.kind, exit_code=record.exit_code, signal=record.signal,
-                reason=failure.reason))
+        self.consider(gen, self.of(gen, found))  # the phase moves to FAILING
 
     def consider(self, gen: Generation, failure: Failure) -> None:
-        """`failure` is a candidate root cause (one seen during the teardown)."""
+        """`failure` is a candidate root cause (one seen during the teardown, too):
+        every generation's first failure is told, and each new root cause."""
+        first = gen.failure is None
         if gen.consider(failure):  # a new root cause, after an earlier one
             self._tell(root_cause(failure))
+        elif first:
+            self._tell(failure_detected(failure))

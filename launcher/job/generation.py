@@ -16,7 +16,8 @@ from ..spec.plan import Plan
 from .lockstep import Positions
 from .phases import Phase, move
 from .stalls import StoppedWatch
-from .states import Failure, TaskRecord, TaskRow, TaskState
+from .states import Failure, TaskRecord, TaskState
+from .story import TaskRow, steps_per_s
 
 
 @dataclass
@@ -106,14 +107,11 @@ class Generation:
         rows = []
         for record in self.records.values():
             progress = record.last_progress
-            rate = None
-            if len(record.step_marks) == 2:
-                (t0, s0), (t1, s1) = record.step_marks
-                rate = (s1 - s0) / (t1 - t0) if t1 > t0 else None
             rows.append(TaskRow(
                 label=record.task.label, host=record.task.host, task=record.task.name,
                 state=record.state.value, generation=self.plan.generation, restarts=restarts,
-                step=_number(progress.get("step")), steps_per_s=rate,
+                step=_number(progress.get("step")),
+                steps_per_s=steps_per_s([(t, float(s)) for t, s in record.step_marks]),
                 loss=_number(progress.get("loss")),
                 cpu_percent=record.usage.get("cpu"), rss_mb=record.usage.get("rss_mb"),
                 silent_s=None if record.last_activity is None else now - record.last_activity,

@@ -35,7 +35,6 @@ Pure: no I/O, no clock. Must not import views, commands or cli.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -310,17 +309,3 @@ def from_records(records: Iterable[dict[str, Any]], now: float | None = None
                  ) -> dict[str, Any] | None:
     """The ledger of the lines of events.jsonl (dicts, as read)."""
     return ledger((ev.from_record(r) for r in records), now)
-
-
-def from_lines(lines: Iterable[str], now: float | None = None) -> dict[str, Any] | None:
-    """The ledger of events.jsonl's lines, read one at a time (a half-written
-    or damaged line is skipped)."""
-    return from_records((r for r in map(_parse, lines) if r is not None), now)
-
-
-def _parse(line: str) -> dict[str, Any] | None:
-    try:
-        record = json.loads(line)
-    except ValueError:
-        return None
-    return record if isinstance(record, dict) else None

@@ -11,7 +11,9 @@ Where a launch happens, in the order it happens:
     job = launch.start(connected, screen)         run directory, supervisor
     outcome = job.run()                           supervise, then summary.json
 
-The steps up to the connect are `reach.py`'s, shared with `mgpu-launch check`.
+The steps from the connect on are one call for every launch,
+`sequence.run_launch` (early ends as values, a stop handed in). The steps up
+to the connect are `reach.py`'s, shared with `mgpu-launch check`.
 This module returns values or raises (`LaunchRefused`, and the spec's and
 transport's own errors); it never prints or exits: the cli parses arguments,
 makes the printer (a `Screen`) and hands it in, owns the signals, and turns
@@ -40,7 +42,7 @@ from ..spec.rundir import EVENTS, RunRecorder
 from ..spec.transports import traits
 from ..transport import Transport
 from ..transport.ports import busy_ports
-from . import checkpoints, goodput, stops
+from . import checkpoints, stops, story
 from . import events as ev
 from .output import Voice
 from .reach import Connected, Reach
@@ -227,11 +229,12 @@ class Job:
         loaded = self.launch.loaded
         if traits(loaded.config.transport).allocation and result.interrupted_by == signal.SIGTERM:
             result = replace(result, message=why_stopped(read_allocation(os.environ).job_id))
-        summary = self._note_terminal(result.to_json())
+        told = self._story()
+        summary = self._note_terminal(_summary(result, told))
         stop = stops.entry(result, self.connected.plan.grace_s)  # what a stop did to the tasks
         if stop is not None:
             summary["stop"] = stop
-        summary["goodput"] = self._goodput()
+        summary["goodput"] = told.goodput() if told is not None else None
         events = self.connected.events
         events.close()
         if events.dropped or events.cut:  # lines the logs lack, or have cut
@@ -276,11 +279,11 @@ class Job:
             self.screen.close()
         return result
 
-    def _goodput(self) -> dict[str, Any] | None:
-        """Where the run's time went (job/goodput.py), from events.jsonl as written."""
+    def _story(self) -> story.Story | None:
+        """The run's model, folded from events.jsonl as written (as `status` reads it)."""
         try:
             with open(self.recorder.run_dir / EVENTS, errors="replace") as lines:
-                return goodput.from_lines(lines)
+                return story.fold(story.records(lines))
         except OSError:
             return None
 
@@ -328,3 +331,12 @@ def _port_holder(port: int) -> str:
     except Exception:  # best effort: psutil may lack the rights to look
         pass
     return ""
+
+
+def _summary(result: RunResult, told: story.Story | None) -> dict[str, Any]:
+    """summary.json: the story's rendering (launcher/job/story.py); the result's
+    own words only where the story cannot say them (its end never told, or a
+    reason the launch learnt after it: a Slurm allocation's end)."""
+    if told is None or told.ended is None:
+        return result.to_json()
+    return {**told.summary(), "message": result.message}

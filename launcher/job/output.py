@@ -23,7 +23,8 @@ from .failkinds import Kind, traits
 from .findings import Found, root_cause
 from .generation import Generation
 from .noise import NoiseFolder
-from .states import TaskRecord, TaskRow
+from .states import TaskRecord
+from .story import TaskRow
 
 # Strategies whose workers all die with a peer: their output tells of it first.
 WATCHED_STRATEGIES = COLLECTIVE

@@ -67,12 +67,13 @@ TRANSITIONS: dict[TaskState, frozenset[TaskState]] = {
 
 def apply(state: TaskState, event: ev.Event, *, host: str, lifetime: str = "job") -> TaskState:
     """A task's state after `event`: the one state machine, followed by the
-    supervisor as it decides and by `status` as it replays events.jsonl.
+    supervisor as it decides and by the run's model as it folds the events
+    (launcher/job/story.py: `status`, the report, the metrics, summary.json).
 
     `event` is one of this task's events (the caller matches the task's name
     and generation), or an event of its whole generation or host. A state the
     event does not move is returned as it is; whether the move is legal is
-    the caller's to check (`TaskRecord.move`): a replay takes what was written.
+    the caller's to check (`TaskRecord.move`): the fold takes what was written.
     """
     if isinstance(event, ev.TaskStarted) and state in (TaskState.PENDING, TaskState.STARTING):
         return TaskState.RUNNING
@@ -138,6 +139,24 @@ class TaskRecord:
         self.state = to
 
 
+def sentence(label: str, host: str, generation: int, reason: str) -> str:
+    """A failure in words, the one place: the terminal, `status`, the report and
+    summary.json all say `host1/worker1 (host host1, generation 0) exited with code 1`."""
+    return f"{label} (host {host}, generation {generation}) {reason}"
+
+
+def reason_of(kind: str, exit_code: int | None, signal: int | None, reason: str) -> str:
+    """A failure's reason phrase; one a line lacks (written before reasons were)
+    is said from its kind and exit."""
+    if reason:
+        return str(reason)
+    if kind == failkinds.Kind.SIGNAL:
+        return f"was killed by signal {signal}"
+    if kind == failkinds.Kind.EXIT:
+        return f"exited with code {exit_code}"
+    return str(kind)
+
+
 @dataclass(frozen=True)
 class Failure:
     """One thing that went wrong; the earliest of a generation is its root cause."""
@@ -156,7 +175,7 @@ class Failure:
     stack: tuple[str, ...] = ()
 
     def describe(self) -> str:
-        return f"{self.task} (host {self.host}, generation {self.generation}) {self.reason}"
+        return sentence(self.task, self.host, self.generation, self.reason)
 
     @property
     def secondary(self) -> bool:
@@ -212,25 +231,6 @@ class RunResult:
             "resumed": list(self.resumed),
             "stragglers": list(self.stragglers),
         }
-
-
-@dataclass(frozen=True)
-class TaskRow:
-    """One line of the live status table (a snapshot, safe to hand to a view)."""
-
-    label: str  # host0/worker0
-    host: str
-    task: str  # worker0
-    state: str
-    generation: int
-    restarts: int
-    step: int | None
-    steps_per_s: float | None
-    loss: float | None
-    cpu_percent: float | None
-    rss_mb: float | None
-    silent_s: float | None  # seconds since the last output line or progress report
-    slowdown: float | None = None  # a straggler: how much slower than its peers
 
 
 def final_state(record: TaskRecord, generation: int) -> dict[str, Any]:

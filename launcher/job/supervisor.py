@@ -10,7 +10,7 @@ event (launcher/job/events.py), told through its `Teller` (job/teller.py):
 written to the run directory and told to its `Voice` (the operator's printer,
 which words it: launcher/views/narrate.py) and to any other `Listener`. A task's
 state moves by the events that concern it (`Teller.happen`: `states.apply`,
-the state machine `status` replays too); the generation's
+the state machine the run's model folds too); the generation's
 phase by `Generation.enter` (launcher/job/phases.py).
 
 A failure is acted on when it is first seen — a task's exit, a fatal
@@ -52,10 +52,10 @@ from .states import (
     IllegalTransition,
     RunResult,
     TaskRecord,
-    TaskRow,
     TaskState,
     final_state,
 )
+from .story import TaskRow
 from .teardown import Teardown
 from .teller import Teller
 from .watch import Watch
@@ -174,7 +174,7 @@ class Supervisor:
         )
         self._story.tell(ev.JobDone(status=result.status, restarts=job.restarts,
                               wall_s=round(result.wall_s, 3), stopped_by=result.stopped_by,
-                              message=message))
+                              message=message, interrupted_by=result.interrupted_by))
         return result
 
     def _one_generation(self, job: JobSoFar) -> End | None:

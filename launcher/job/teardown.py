@@ -108,12 +108,14 @@ class Teardown:
         path = self._recorder.write_stacks(
             record.task.name, record.task.label, gen.plan.generation,
             text or f"(no stacks: {body['error'] or 'the task wrote none'})")
-        self._tell(ev.Stacks(generation=gen.plan.generation, task=record.task.name,
-                             host=record.task.host, file=str(path), taken=bool(text)))
         record.stack = text
         failure = gen.failure
         frames = innermost_frames(text) if text else ()
-        if failure is not None and failure.task == record.task.label and frames:
+        blamed = failure is not None and failure.task == record.task.label and bool(frames)
+        self._tell(ev.Stacks(generation=gen.plan.generation, task=record.task.name,
+                             host=record.task.host, file=str(path), taken=bool(text),
+                             frames=tuple(frames) if blamed else None))
+        if failure is not None and blamed:
             gen.failure = replace(failure, stack=frames)
 
     def give_up_on_stragglers(self, gen: Generation) -> None:

@@ -25,7 +25,7 @@ import stat
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from ..spec.config import ClusterConfig
 from ..spec.plan import HostTarget, host_run_dir
@@ -259,6 +259,9 @@ class SSHTransport:
         self._sessions: list[_Session] = []
         self._lock = threading.Lock()
         self._closed = False
+        # Called with each host's link as soon as its hello is in, while other
+        # hosts may still be starting (job/reach.py: the firewall rules go then).
+        self.on_link: Callable[[AgentLink], None] | None = None
 
     def connect(
         self, hosts: Sequence[HostTarget], run_dir: str, events: queue.Queue[AgentMessage]
@@ -378,6 +381,8 @@ class SSHTransport:
         session.link = link
         events.put(AgentMessage(host.name, hello))
         link.start_reading()
+        if self.on_link is not None:
+            self.on_link(link)
         return link
 
     def _read_hello(self, session: _Session, stdout) -> dict | None:

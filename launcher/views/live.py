@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TextIO
 
-from ..job.states import TaskRow
+from ..job.story import TaskRow
 
 # States whose usage, rate and silence no longer mean anything.
 _DONE = ("succeeded", "failed", "stopped", "lost")

@@ -2,15 +2,16 @@
 cluster file; docs/operations.md, "Metrics").
 
 `JobMetrics` is a `Listener` of the story: told every event by the supervisor
-thread, it keeps a `RunState` under a lock (held for microseconds: telling
-never waits on a scrape). It is also a prometheus-client collector in a
-private `CollectorRegistry`: a scrape builds every `mgpu_` family from that
-state at that moment (so "seconds since progress" is always fresh). The text
-is served by prometheus-client's own HTTP server on its own thread, and/or
-written for node_exporter's textfile collector (tmp file + rename) every
-`TEXTFILE_EVERY_S` by a thread of its own, and once more at the end.
+thread, it folds them into the run's model (`launcher.job.story.Story`) under a
+lock (held for microseconds: telling never waits on a scrape). It is also a
+prometheus-client collector in a private `CollectorRegistry`: a scrape builds
+every `mgpu_` family from that state at that moment (so "seconds since progress"
+is always fresh). The text is served by prometheus-client's own HTTP server on
+its own thread, and/or written for node_exporter's textfile collector (tmp file
++ rename) every `TEXTFILE_EVERY_S` by a thread of its own, and once more at the
+end.
 
-Goodput parts and stragglers: the goodput parts are the job's own ledger
+Goodput parts and stragglers: the goodput parts are the story's ledger
 (launcher/job/goodput.py), kept from the events told and worked out at each
 scrape; `set_goodput(parts, wall_s, productive_s)` (any thread), or a `goodput`
 event told like any other, puts given parts in its place. A `straggler` event
@@ -33,9 +34,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import write_to_textfile
 
 from ..job import events as ev
-from ..job import goodput
 from ..job.states import TaskState
-from .runstate import JOB_STATES, RunState, kind_of
+from ..job.story import JOB_STATES, Story
 
 # How often the textfile is rewritten while the job runs.
 TEXTFILE_EVERY_S = 5.0
@@ -54,9 +54,7 @@ class JobMetrics:
         self.job = job
         self._clock = clock
         self._lock = threading.Lock()
-        self._state = RunState()
-        self._ledger = goodput.Ledger()  # the job's own goodput, from the events told
-        self._goodput_given = False  # set_goodput (or a goodput event) wins over the ledger
+        self._state = Story()
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
 
@@ -64,17 +62,13 @@ class JobMetrics:
 
     def tell(self, event: ev.Event) -> None:
         with self._lock:
-            now = self._clock()
-            self._state.tell(event, now)
-            self._ledger.add(event, t=now)
-            self._goodput_given |= kind_of(event) == "goodput"
+            self._state.tell(event, self._clock())
 
     def set_goodput(self, parts: Mapping[str, float], wall_s: float | None = None,
                     productive_s: float | None = None) -> None:
         """The goodput ledger's parts in seconds (`goodput.parts` of summary.json),
         with its `wall_s` and `productive_s` when known."""
         with self._lock:
-            self._goodput_given = True
             self._state.set_goodput(parts, wall_s, productive_s)
 
     def text(self) -> str:
@@ -85,10 +79,6 @@ class JobMetrics:
 
     def collect(self) -> Iterator[Metric]:
         with self._lock:
-            if not self._goodput_given:
-                kept = self._ledger.result(self._clock())
-                if kept is not None:
-                    self._state.set_goodput(kept["parts"], kept["wall_s"], kept["productive_s"])
             yield from self._job_families()
             yield from self._task_families()
             yield from self._health_families()
@@ -102,9 +92,9 @@ class JobMetrics:
         yield family
         yield _one(GaugeMetricFamily("mgpu_job_generation", "The job's current generation "
                                      "(0 until its first restart)", labels=["job"]),
-                   [self.job], state.replayed.generation)
+                   [self.job], state.generation)
         yield _one(CounterMetricFamily("mgpu_job_restarts", "Restarts of the whole job so far",
-                                       labels=["job"]), [self.job], state.replayed.restarts)
+                                       labels=["job"]), [self.job], state.restarts)
 
     def _task_families(self) -> Iterator[Metric]:
         state = self._state
@@ -134,13 +124,14 @@ class JobMetrics:
 
     def _health_families(self) -> Iterator[Metric]:
         state = self._state
+        ledger = state.goodput(self._clock()) or {}
         parts = GaugeMetricFamily("mgpu_goodput_seconds", "The job's wall time by goodput "
                                   "part (training, startup, recovery, ...)",
                                   labels=["job", "part"])
-        for part, seconds in sorted(state.goodput.items()):
+        for part, seconds in sorted((ledger.get("parts") or {}).items()):
             parts.add_metric([self.job, part], seconds)
         yield parts
-        wall, productive = state.goodput_wall_s, state.goodput_productive_s
+        wall, productive = ledger.get("wall_s"), ledger.get("productive_s")
         if wall and productive is not None:
             yield _one(GaugeMetricFamily("mgpu_goodput_ratio", "Productive time over wall "
                                          "time", labels=["job"]), [self.job], productive / wall)
@@ -155,7 +146,7 @@ class JobMetrics:
                                      "generation", labels=["job"]),
                    [self.job], len(state.stragglers))
         yield _one(CounterMetricFamily("mgpu_straggler_reports", "Straggler reports so far",
-                                       labels=["job"]), [self.job], state.straggler_reports)
+                                       labels=["job"]), [self.job], len(state.straggler_events))
 
 
 def _one(family: GaugeMetricFamily | CounterMetricFamily, labels: list[str],

@@ -14,14 +14,10 @@ from __future__ import annotations
 import signal as signals
 
 from ..job import events as ev
+from ..job.states import sentence
 from ..job.stragglers import describe as describe_evidence
 
 Said = tuple[str, str]  # ("notice" | "debug", text)
-
-
-def describe(label: str, host: str, generation: int, reason: str) -> str:
-    """A failure as the terminal and summary.json say it (states.Failure.describe)."""
-    return f"{label} (host {host}, generation {generation}) {reason}"
 
 
 def line(event: ev.Event) -> Said | None:
@@ -36,11 +32,11 @@ def line(event: ev.Event) -> Said | None:
 
 
 def _failure(event: ev.FailureDetected) -> str:
-    return "failure: " + describe(event.label, event.host, event.generation, event.reason)
+    return "failure: " + sentence(event.label, event.host, event.generation, event.reason)
 
 
 def _root_cause(event: ev.RootCause) -> str:
-    return "root cause: " + describe(event.label, event.host, event.generation, event.reason)
+    return "root cause: " + sentence(event.label, event.host, event.generation, event.reason)
 
 
 def _restart(event: ev.Restart) -> str:

@@ -31,8 +31,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..job import events as ev
+from ..job.story import kind_of
 from ..spec.outlets import NotifySettings
-from .runstate import is_straggler
 
 QUEUE_MAX = 100
 CLOSE_SLACK_S = 5.0
@@ -45,7 +45,7 @@ def notification(event: ev.Event) -> str | None:
         return _JOB_END.get(event.status, "failed")
     if isinstance(event, ev.Restart):
         return "restarted"
-    if is_straggler(event):
+    if kind_of(event) == "straggler":
         return "straggler"
     return None
 

@@ -39,9 +39,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TextIO
 
-from ..job import goodput
 from ..job.events import Event
-from ..job.states import TaskRow
+from ..job.story import Story, TaskRow
 from . import narrate
 from .live import LiveScreen, clean_for_screen, describe_row, goodput_title
 
@@ -129,7 +128,10 @@ class Printer:
             emit=self._sink.write) if self._live else None
         self._states: dict[str, str] = {}
         self._next_status = clock() + STATUS_EVERY_S
-        self._ledger = goodput.Ledger()  # the title's goodput (supervisor thread)
+        # The run folded: the table's figures and the title's goodput. Told from the
+        # supervisor thread, and from a view's own thread for its events (Job._record).
+        self._story = Story()
+        self._story_lock = threading.Lock()
         self._next_goodput = 0.0
         # Shared between the callers and the writer thread, under _cond.
         self._cond = threading.Condition()
@@ -192,9 +194,10 @@ class Printer:
                    for line in text.splitlines() or [""]], False)
 
     def tell(self, event: Event) -> None:
-        """An event of the run, in the words of launcher/views/narrate.py (if any)."""
-        if self._live:
-            self._ledger.add(event, t=time.time())
+        """An event of the run, in the words of launcher/views/narrate.py (if any),
+        folded into the run's model (the table's steps, rates, losses, goodput)."""
+        with self._story_lock:
+            self._story.tell(event, time.time())
         said = narrate.line(event)
         if said is not None:
             level, text = said
@@ -207,7 +210,10 @@ class Printer:
                        for line in text.splitlines() or [""]], False)
 
     def refresh(self, rows: Sequence[TaskRow]) -> None:
-        """Called by the supervisor a few times a second with `TaskRow`s."""
+        """Called by the supervisor a few times a second with `TaskRow`s: drawn
+        as the run's model says them, with the supervisor's own figures beside."""
+        with self._story_lock:
+            rows = self._story.rows(time.time(), beside=rows)
         if self.verbose:
             self._report_changes(rows)
         if self.live and self.terminal_lost is None:
@@ -225,7 +231,9 @@ class Printer:
         if screen is None or self._clock() < self._next_goodput:
             return
         self._next_goodput = self._clock() + GOODPUT_EVERY_S
-        screen.goodput = goodput_title(self._ledger.result(time.time())) or screen.goodput
+        with self._story_lock:
+            ledger = self._story.goodput(time.time())
+        screen.goodput = goodput_title(ledger) or screen.goodput
 
     def _report_changes(self, rows: Sequence[TaskRow]) -> None:
         changes = []

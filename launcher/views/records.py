@@ -3,8 +3,9 @@ launcher/commands/): what the launcher wrote, as a `RunView`.
 
 Owns reading what the launcher wrote (`config.yaml`, `events.jsonl`, `logs/`,
 `summary.json`) into a `RunView` and printing it. Works on a finished run and
-on one still going: without `summary.json` the state of each task is replayed
-from `events.jsonl`.
+on one still going: the run is the model folded from `events.jsonl`
+(launcher/job/story.py); `summary.json` says the run ended, and fills in only
+what an older `events.jsonl` did not say.
 
 Read-only: never writes into the run directory. Must not import supervisor,
 transport or cli (a run directory is data; reading it needs none of them).
@@ -16,20 +17,17 @@ import json
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from ..job import goodput
-from ..job.events import from_record
 from ..job.events import version as ev_version
+from ..job.story import Story, TaskView, fold, split_name
 from ..spec.rundir import CONFIG, EVENTS, LAUNCHER_OUT, LAUNCHER_PID, LOGS, SUMMARY, log_file_name
 from . import narrate
-from .replay import TaskView, failure_from_event, split_name
-from .replay import replay as replayed
 
 
 class RunDirError(Exception):
@@ -56,6 +54,9 @@ class RunView:
     stragglers: tuple[str, ...] = ()  # the straggler radar's lines (docs/stragglers.md)
     resume_behind: tuple[str, ...] = ()  # a task resumed behind the last save (job/resumes.py)
     metrics_url: str | None = None  # where its metrics are served (a metrics_served event)
+    story: Story | None = None  # the events folded (launcher/job/story.py)
+    events: list[dict[str, Any]] | None = None  # events.jsonl's lines, as read
+    summary: dict[str, Any] | None = None  # summary.json, as read
 
     @property
     def finished(self) -> bool:
@@ -187,37 +188,37 @@ def load_run(run_dir: str | os.PathLike,
     config = read_config(run_dir / CONFIG)
     events = read_events(events_path)
     summary = read_json(run_dir / SUMMARY)
-    replay = replayed(events)
-    for view in replay.tasks.values():
+    story = fold(events)
+    for view in story.tasks.values():
         view.log_path = run_dir / LOGS / log_file_name(view.host, view.name)
-    started_t = replay.first_launch.get("t") if replay.first_launch else None
-    restarts, root_cause, wall_s = replay.restarts, None, None
-    if summary is not None:
-        status, detail = _finished(summary)
-        restarts = int(summary.get("restarts", restarts))
-        wall_s = summary.get("wall_s")
-        root_cause = summary.get("root_cause")
-        failures = list(summary.get("failures") or [])
-        _merge_summary(replay.tasks, summary)
+    started_t = story.first_launch.get("t") if story.first_launch else None
+    restarts, root_cause, wall_s = story.restarts, None, None
+    failures = _filled(story, (summary or {}).get("failures"))
+    if summary is not None:  # the launcher wrote its end: the events say how it went
+        end = _end_of(story, summary)
+        status, detail = _finished(end)
+        restarts, wall_s = int(end.get("restarts") or 0), end.get("wall_s")
+        root_cause = failures[-1] if status == "failed" and failures else None
+        _final_states(story, summary)
     else:
-        failures = [failure_from_event(e) for _, e in sorted(replay.failures.items())]
-        launcher = replay.first_launch or detached
+        launcher = story.first_launch or detached
         status, detail = _still_going(alive(launcher) if launcher else None, started_t,
                                       detached)
     return RunView(
         run_dir=run_dir, name=config.get("name"), strategy=config.get("strategy"),
         transport=config.get("transport"), status=status, status_detail=detail,
-        generation=replay.generation, restarts=restarts, started_t=started_t, wall_s=wall_s,
-        tasks=list(replay.tasks.values()), root_cause=root_cause, failures=failures,
+        generation=story.generation, restarts=restarts, started_t=started_t, wall_s=wall_s,
+        tasks=list(story.tasks.values()), root_cause=root_cause, failures=failures,
         last_event_t=events[-1].get("t") if events else None,
-        goodput=_goodput_of(summary, events, status, now),
-        stragglers=tuple(said[1] for e in events if e.get("event") == "straggler"
-                         and (said := narrate.line(from_record(e))) is not None),
-        resume_behind=tuple(said[1] for e in events if e.get("event") == "resume_behind"
-                            and (said := narrate.line(from_record(e))) is not None),
-        metrics_url=next((str(e["url"]) for e in events if e.get("event") == "metrics_served"
-                          and e.get("url")), None),
+        goodput=_goodput_of(summary, story, events, status, now),
+        stragglers=_said(story.straggler_events), resume_behind=_said(story.resume_behind),
+        metrics_url=story.metrics_url, story=story, events=events, summary=summary,
     )
+
+
+def _said(events: Sequence[Any]) -> tuple[str, ...]:
+    """The events in the terminal's words (launcher/views/narrate.py)."""
+    return tuple(said[1] for e in events if (said := narrate.line(e)) is not None)
 
 
 def _finished(summary: dict[str, Any]) -> tuple[str, str]:
@@ -254,23 +255,55 @@ def _still_going(verdict: bool | None, started_t: float | None,
     return "running", detail
 
 
-def _merge_summary(tasks: dict[str, TaskView], summary: dict[str, Any]) -> None:
-    """summary.json's final states win over the replay of events."""
-    for label, final in (summary.get("tasks") or {}).items():
+def _end_of(story: Story, summary: dict[str, Any] | None) -> dict[str, Any]:
+    """How the job ended, in summary.json's keys: as its `job_done` event says
+    it; summary.json fills in only what the events lack (a run written before
+    they said it, or a launcher that died before its `job_done`)."""
+    end = dict(summary or {})
+    done = story.ended
+    if done is not None:
+        end.update(status=done.status, wall_s=done.wall_s, restarts=done.restarts,
+                   stopped_by=done.stopped_by or end.get("stopped_by"),
+                   interrupted_by=done.interrupted_by or end.get("interrupted_by"),
+                   message=done.message or end.get("message") or "")
+    return end
+
+
+def _filled(story: Story, written: Any) -> list[dict[str, Any]]:
+    """The failures the events tell; summary.json's fill in what they lack (the
+    time on the host, the last lines, the traceback: an older events.jsonl did
+    not say them; a generation whose failure no event told)."""
+    by_generation = {f.get("generation"): f for f in written or [] if isinstance(f, dict)}
+    out = []
+    for failure in story.failure_list():
+        kept = by_generation.pop(failure["generation"], None)
+        if kept is not None and kept.get("task") == failure["task"]:
+            told = {k: v for k, v in failure.items() if v not in (None, [])}
+            if failure["generation"] in story.untimed:
+                told.pop("t", None)
+            failure = {**kept, **told}
+        out.append(failure)
+    return sorted(out + list(by_generation.values()), key=_generation)
+
+
+def _final_states(story: Story, summary: dict[str, Any] | None) -> None:
+    """The tasks as the job's end left them; summary.json adds only tasks no
+    event placed (a run directory without events.jsonl)."""
+    for view in story.tasks.values():
+        view.state = view.final_state
+    for label, final in ((summary or {}).get("tasks") or {}).items():
         host, _, name = label.partition("/")
-        view = tasks.get(name)
-        if view is None or view.host != host:
-            role, index = split_name(name)
-            view = tasks[name] = TaskView(label=label, host=host, role=role, index=index,
-                                          generation=0)
+        view = story.tasks.get(name)
+        if view is not None and view.host == host:
+            continue
+        role, index = split_name(name)
+        view = story.tasks[name] = TaskView(label=label, host=host, role=role, index=index,
+                                            generation=0)
         view.state = final.get("state", view.state)
-        view.exit_code = final.get("exit_code", view.exit_code)
-        view.signal = final.get("signal", view.signal)
-        view.pid = final.get("pid", view.pid)
-        progress = final.get("last_progress") or {}
-        if progress:
-            view.last_progress = progress
-            view.last_step = progress.get("step", view.last_step)
+        view.exit_code, view.signal = final.get("exit_code"), final.get("signal")
+        view.pid = final.get("pid")
+        view.last_progress = final.get("last_progress") or {}
+        view.last_step = view.last_progress.get("step")
 
 
 # ------------------------------------------------------------------- status
@@ -361,18 +394,19 @@ _PART_WORDS = (("training", "training"), ("startup", "start-up"), ("recovery", "
                ("waiting_for_hosts", "waiting for hosts"), ("other", "other"))
 
 
-def _goodput_of(summary: dict[str, Any] | None, events: list[dict[str, Any]],
+def _goodput_of(summary: dict[str, Any] | None, story: Story, events: list[dict[str, Any]],
                 status: str, now: float | None = None) -> dict[str, Any] | None:
-    """summary.json's ledger; for a run still going, worked out from its events
-    up to now. A run written before the ledger (events of schema 1, or a
-    summary without `goodput`) has none: it lacks what the ledger reads."""
+    """summary.json's ledger (the launch wrote it from the story of events.jsonl:
+    the same ledger); for a run still going, the story's up to now. A run
+    written before the ledger (events of schema 1, or a summary without
+    `goodput`) has none: it lacks what the ledger reads."""
     if summary is not None:
         return summary.get("goodput")
     if not any(ev_version(e) >= 2 for e in events):
         return None
     if status != "running":
-        return goodput.from_records(events)  # to its last event (a launcher gone)
-    return goodput.from_records(events, now=time.time() if now is None else now)
+        return story.goodput()  # to its last event (a launcher gone)
+    return story.goodput(time.time() if now is None else now)
 
 
 def goodput_line(ledger: dict[str, Any]) -> str:

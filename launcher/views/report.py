@@ -20,14 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from ..job import events as ev
+from ..job.story import Story, failure_json, fold, steps_per_s
+from ..job.timeline import JOB_ROW
 from ..spec.plan import task_label
-from ..spec.rundir import CONFIG, EVENTS, SUMMARY
-from .records import RunView, load_run, read_config, read_events, read_json
-from .replay import failure_from_event
+from ..spec.rundir import CONFIG
+from .records import RunView, load_run, read_config
 from .svg import Mark, Span
 
 REPORT = "report.html"  # the default output, in the run directory
-JOB_ROW = "job"  # the timeline's last row: the restarts between generations
 
 
 @dataclass
@@ -73,8 +73,7 @@ def build(run_dir: str | os.PathLike, now: float | None = None) -> Report:
     """The report of the run in `run_dir` (raises RunDirError when it is none)."""
     run_dir = Path(run_dir)
     view = load_run(run_dir, now=now)
-    records = read_events(run_dir / EVENTS)
-    summary = read_json(run_dir / SUMMARY)
+    records, summary = view.events or [], view.summary
     events = [ev.from_record(r) for r in records]
     times = [e.t for e in events if e.t is not None]
     t0 = min(times) if times else (view.started_t or time.time())
@@ -85,16 +84,16 @@ def build(run_dir: str | os.PathLike, now: float | None = None) -> Report:
         end = time.time() if now is None else now
     report = Report(view=view, t0=t0, duration_s=max(0.0, end - t0), summary=summary,
                     config=read_config(run_dir / CONFIG))
-    _timeline(report, events)
-    report.faults = _faults(report, events, summary)
+    story = view.story if view.story is not None else fold(records)
+    _timeline(report, story)
+    report.faults = _faults(report, story)
     # Rates over windows of 1/20 of the run up to 2 s (1/300 of a long run):
     # smooth enough to read, a few hundred points at most.
     gap = max(report.duration_s / 300, min(2.0, report.duration_s / 20))
     report.rates = _rates(events, t0, min_gap_s=gap)
     report.goodput = view.goodput  # as `status` says it (a running job's: up to now)
-    report.stragglers = _stragglers(records, summary)
-    first = next((e for e in events if isinstance(e, ev.Launch) and e.command is not None),
-                 None)  # generation 0's launch: what ran, on what
+    report.stragglers = _stragglers(story, records, summary)
+    first = story.launch  # generation 0's launch: what ran, on what
     if first is not None and first.command is not None:
         report.command = [str(word) for word in first.command]
     report.hosts, report.versions_recorded = _hosts(report.config, events,
@@ -105,124 +104,40 @@ def build(run_dir: str | os.PathLike, now: float | None = None) -> Report:
 # ------------------------------------------------------------------ timeline
 
 
-class _Spans:
-    """The open span of each (generation, task) and of the job's row."""
-
-    def __init__(self, t0: float) -> None:
-        self.t0 = t0
-        self.open: dict[tuple[int, str], tuple[str, float, str]] = {}  # -> state, start, host
-        self.done: list[tuple[str, float, float, str, str]] = []  # name, start, end, state, title
-
-    def switch(self, key: tuple[int, str], state: str | None, t: float,
-               host: str = "") -> None:
-        """Close `key`'s open span at t; open one in `state` (None: none)."""
-        previous = self.open.pop(key, None)
-        if previous is not None:
-            old, start, host = previous[0], previous[1], host or previous[2]
-            if old == state:
-                self.open[key] = previous
-                return
-            where = f" on {host}" if host else ""
-            title = f"{key[1]}{where}, generation {key[0]}: {old}, " \
-                    f"{start - self.t0:.1f}-{t - self.t0:.1f} s"
-            self.done.append((key[1], start - self.t0, t - self.t0, old, title))
-        if state is not None:
-            self.open[key] = (state, t, host)
-
-    def state(self, key: tuple[int, str]) -> str | None:
-        entry = self.open.get(key)
-        return entry[0] if entry else None
-
-    def of_generation(self, generation: int) -> list[tuple[int, str]]:
-        return [k for k in self.open if k[0] == generation and k[1] != JOB_ROW]
-
-
-def _timeline(report: Report, events: Sequence[ev.Event]) -> None:
-    restarted = {e.generation for e in events if isinstance(e, ev.Restart)}
-    spans = _Spans(report.t0)
-    hosts: dict[str, list[str]] = {}
-    failed_generations: set[int] = set()
-    for event in events:
-        t = event.t if event.t is not None else report.t0
-        if isinstance(event, ev.Launch):
-            spans.switch((-1, JOB_ROW), None, t)
-            for placed in event.tasks:
-                if isinstance(placed, ev.Placed):
-                    names = hosts.setdefault(placed.task, [])
-                    names += [] if placed.host in names else [placed.host]
-                    spans.switch((event.generation, placed.task), "starting", t, placed.host)
-        elif isinstance(event, ev.FailureDetected) \
-                and event.generation not in failed_generations:
-            failed_generations.add(event.generation)
-            if (event.generation, event.task) in spans.open:  # else it has exited already
-                spans.switch((event.generation, event.task), "failed", t)
-            if event.generation + 1 in restarted:
-                spans.switch((-1, JOB_ROW), "restarting", t)
-        else:
-            _task_moves(spans, event, t)
-    for key in list(spans.open):
-        spans.switch(key, None, report.t0 + report.duration_s)
-    report.rows = [*hosts, JOB_ROW]
-    report.row_labels = [f"{name} ({', '.join(on)})" for name, on in hosts.items()]
+def _timeline(report: Report, story: Story) -> None:
+    """The story's spans (launcher/job/timeline.py) as the chart's rows: each
+    task's activity by generation, then the job's restarts."""
+    report.rows = [*story.placed, JOB_ROW]
+    report.row_labels = [f"{name} ({', '.join(on)})" for name, on in story.placed.items()]
     report.row_labels.append("job (restarts)")
     row = {name: i for i, name in enumerate(report.rows)}
-    report.spans = [Span(row=row[name], start=start, end=end, state=state, title=title)
-                    for name, start, end, state, title in spans.done if name in row]
-
-
-def _task_moves(spans: _Spans, event: ev.Event, t: float) -> None:
-    """How `event` moves the spans of its task (or of its generation's tasks)."""
-    if isinstance(event, ev.TaskEvent):
-        key = (event.generation, event.task)
-        state = spans.state(key)
-        if isinstance(event, ev.Cluster) and state in ("starting", "joining"):
-            spans.switch(key, "joining" if event.state == "joining" else "training", t)
-        elif isinstance(event, ev.Progress) and state in ("starting", "joining"):
-            spans.switch(key, "training", t)
-        elif isinstance(event, ev.TaskRestarted):
-            spans.switch(key, "failed", t)
-            spans.switch(key, "starting", t)
-        elif isinstance(event, ev.TaskExited | ev.TaskUnconfirmed | ev.StartFailed):
-            spans.switch(key, None, t)
-    elif isinstance(event, ev.TeardownBegun):
-        for key in spans.of_generation(event.generation):
-            if spans.state(key) != "failed":
-                spans.switch(key, "stopping", t)
-    elif isinstance(event, ev.HostLost):
-        for key in spans.of_generation(event.generation):
-            if spans.open[key][2] == event.host:
-                spans.switch(key, "failed", t)
+    t0 = report.t0
+    for span in story.timeline.spans(t0 + report.duration_s):
+        if span.task not in row:
+            continue
+        where = f" on {span.host}" if span.host else ""
+        title = f"{span.task}{where}, generation {span.generation}: {span.activity}, " \
+                f"{span.start - t0:.1f}-{span.end - t0:.1f} s"
+        report.spans.append(Span(row=row[span.task], start=span.start - t0,
+                                 end=span.end - t0, state=span.activity, title=title))
 
 
 # -------------------------------------------------------------------- faults
 
 
-def _faults(report: Report, events: Sequence[ev.Event],
-            summary: dict[str, Any] | None) -> list[Fault]:
+def _faults(report: Report, story: Story) -> list[Fault]:
     """The first failure of each generation, blamed on its root cause: a later
-    `root_cause` event wins over the first failure (a hang blamed on its peer)."""
-    described = {f.get("generation"): f for f in (summary or {}).get("failures") or []
-                 if isinstance(f, dict)}
-    first: dict[int, ev.FailureDetected] = {}
-    blamed: dict[int, ev.RootCause] = {}
-    for event in events:
-        if isinstance(event, ev.FailureDetected):
-            first.setdefault(event.generation, event)
-        elif isinstance(event, ev.RootCause):
-            blamed[event.generation] = event
+    `root_cause` event wins over the first failure (a hang blamed on its peer),
+    said as `status` says it."""
+    described = {f.get("generation"): f for f in report.view.failures}
     faults = []
-    for number, generation in enumerate(sorted(first), start=1):
-        failure = first[generation]
-        cause: ev.FailureDetected | ev.RootCause = blamed.get(generation, failure)
+    for number, (failure, cause) in enumerate(story.faults(), start=1):
+        generation = failure.generation
         label = task_label(cause.host, cause.task)
-        if isinstance(cause, ev.RootCause):
-            text = f"{label} (host {cause.host}, generation {generation}) {cause.reason}"
-        else:
-            text = str((described.get(generation) or failure_from_event(failure))
-                       .get("description") or label)
+        text = (described.get(generation) or failure_json(cause)).get("description") or label
         faults.append(Fault(number=number, generation=generation, task=label,
                             name=cause.task, t=(failure.t or report.t0) - report.t0,
-                            kind=cause.failure, description=text,
+                            kind=cause.failure, description=str(text),
                             blamed_later=isinstance(cause, ev.RootCause)))
     return faults
 
@@ -254,8 +169,9 @@ def _rates(events: Sequence[ev.Event], t0: float,
         if before is None or step < before[1]:  # the first report, or steps counted anew
             last[key] = (event.t, float(step))
         elif event.t - before[0] >= max(min_gap_s, 1e-6):
-            points.append((event.t - t0, (step - before[1]) / (event.t - before[0])))
-            last[key] = (event.t, float(step))
+            now = (event.t, float(step))
+            points.append((event.t - t0, steps_per_s([before, now]) or 0.0))
+            last[key] = now
     rates: dict[str, list[list[tuple[float, float]]]] = {}
     for (task, _), points in sorted(pieces.items()):
         if points:
@@ -270,16 +186,14 @@ def _number(value: Any) -> bool:
 # -------------------------------------------------------- stragglers, hosts
 
 
-def _stragglers(records: Sequence[dict[str, Any]],
+def _stragglers(story: Story, records: Sequence[dict[str, Any]],
                 summary: dict[str, Any] | None) -> list[dict[str, Any]] | None:
-    """summary.json's stragglers, else the `straggler` events (of a run still
-    going, or whose launcher died); None: not recorded (a summary without
-    them, or events written before the radar existed)."""
-    if summary is not None and isinstance(summary.get("stragglers"), list):
-        return [s for s in summary["stragglers"] if isinstance(s, dict)]
-    found = [r for r in records if r.get("event") == "straggler"]
-    return found if found or (summary is None and any(ev.version(r) >= 2 for r in records)) \
-        else None
+    """The stragglers the story names; None: not recorded (events written before
+    the radar existed, or a summary written without them)."""
+    if not any(ev.version(r) >= 2 for r in records) or \
+            (summary is not None and not isinstance(summary.get("stragglers"), list)):
+        return None
+    return story.named()
 
 
 def _hosts(config: dict[str, Any], events: Sequence[ev.Event],

@@ -2,15 +2,15 @@
 launcher runs (detached, or started on another machine with a shared run
 directory), redrawn from its run directory until the job ends.
 
-It reads events.jsonl as it grows (only the new bytes, every `POLL_S`), keeps
-a `RunState` (the supervisor's own task state machine, launcher/views/replay.py)
-and draws it with the launch's own view: `live.LiveScreen` on a terminal (the
-launcher's notices scrolling above the table, in launcher/views/narrate.py's
-words), on anything else (or a terminal that reports a size of 0) a plain line per
-notice and per task state change.
-It ends when summary.json appears (then prints `status`), or when the launcher
-is known to be gone without one. Exit code: 0 the job succeeded, 1 it did not
-(failed, interrupted, aborted), 2 not a run directory, 130 Ctrl-C.
+It reads events.jsonl as it grows (only the new bytes, every `POLL_S`), folds it
+into the run's model (`launcher.job.story.Story`: the supervisor's own task
+state machine, the goodput ledger) and draws it with the launch's own view:
+`live.LiveScreen` on a terminal (the launcher's notices scrolling above the
+table, in launcher/views/narrate.py's words), on anything else (or a terminal that
+reports a size of 0) a plain line per notice and per task state change. It ends
+when summary.json appears (then prints `status`), or when the launcher is known
+to be gone without one. Exit code: 0 the job succeeded, 1 it did not (failed,
+interrupted, aborted), 2 not a run directory, 130 Ctrl-C.
 
 Read-only. Must not import supervisor, transport or cli.
 """
@@ -24,14 +24,12 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ..job import events as ev
-from ..job import goodput
-from ..job.states import TaskRow
+from ..job.story import Story, TaskRow
 from ..spec.rundir import EVENTS, SUMMARY
 from . import narrate
 from .live import LiveScreen, describe_row, goodput_title, sized
 from .printer import LAUNCHER, wants_colour, wants_live
 from .records import launcher_alive, load_run, read_launcher_pid, render_status
-from .runstate import RunState
 
 POLL_S = 0.5
 # How often the launcher's process is looked for (a launcher gone without a summary).
@@ -92,12 +90,12 @@ class _Live:
     """A terminal: the launch's own table, notices scrolling above it, the
     goodput so far in its title (as the launcher's own)."""
 
-    def __init__(self, out: TextIO, started: float | None, ledger: goodput.Ledger) -> None:
+    def __init__(self, out: TextIO, started: float | None, story: Story) -> None:
         self._screen = LiveScreen(out, wants_colour(out), clock=time.time, started=started)
-        self._ledger = ledger
+        self._story = story
 
     def show(self, rows: list[TaskRow], notices: list[str]) -> None:
-        self._screen.goodput = goodput_title(self._ledger.result(time.time()))
+        self._screen.goodput = goodput_title(self._story.goodput(time.time()))
         self._screen.show(rows)
         if notices:
             self._screen.print_lines(notices)
@@ -111,24 +109,23 @@ def watch(run_dir: Path, out: TextIO, live: bool | None = None, poll_s: float = 
     """Redraw the run's table until it ends. Raises records.RunDirError."""
     load_run(run_dir, alive=lambda _launch: None)  # a run directory, or RunDirError
     tail = EventTail(run_dir / EVENTS)
-    state = RunState()
-    ledger = goodput.Ledger()  # the title's goodput, as `status` works it out
+    state = Story()
     view: _Plain | _Live | None = None
     next_alive = time.monotonic() + ALIVE_EVERY_S
     gone = False
     try:
         while True:
             finished = (run_dir / SUMMARY).exists()  # before the last read: nothing missed
-            notices = _feed(state, ledger, tail.read())
+            notices = _feed(state, tail.read())
             if view is None:
                 live_now = wants_live(out) and sized(out) if live is None else live
-                view = _Live(out, state.started_t, ledger) if live_now else _Plain(out)
+                view = _Live(out, state.started_t, state) if live_now else _Plain(out)
             view.show(state.rows(time.time()), notices)
             if finished or gone:
                 break
             if time.monotonic() >= next_alive:
                 next_alive = time.monotonic() + ALIVE_EVERY_S
-                launcher = state.replayed.first_launch or read_launcher_pid(run_dir)
+                launcher = state.first_launch or read_launcher_pid(run_dir)
                 gone = launcher is not None and alive(launcher) is False
                 if gone:
                     continue  # one more read: what it wrote before it went
@@ -144,13 +141,12 @@ def watch(run_dir: Path, out: TextIO, live: bool | None = None, poll_s: float = 
     return 0 if final.status == "succeeded" else 1
 
 
-def _feed(state: RunState, ledger: goodput.Ledger, records: list[dict[str, Any]]) -> list[str]:
-    """The records told to the state and the ledger; the notices they make, in words."""
+def _feed(state: Story, records: list[dict[str, Any]]) -> list[str]:
+    """The records folded into the story; the notices they make, in words."""
     notices = []
     for record in records:
         event = ev.from_record(record)
         state.tell(event)
-        ledger.add(event)
         said = narrate.line(event)
         if said is not None and said[0] == "notice":
             notices.append(f"{LAUNCHER} | {said[1]}")
