@@ -31,11 +31,11 @@ def _operations():
         def __init__(self, root: str, rate: float) -> None:
             self.root = root
             self.rate = rate
-            self.lock = threading.Lock()
+            self._mutex = threading.Lock()  # not `lock`: the FUSE operation of that name
             self.free_at = time.monotonic()
 
         def _wait(self, size: int) -> None:
-            with self.lock:
+            with self._mutex:
                 now = time.monotonic()
                 self.free_at = max(self.free_at, now) + size / self.rate
                 until = self.free_at
@@ -136,13 +136,17 @@ def mounted(source: str, mountpoint: str, mb_per_s: float):
     """`source` seen at `mountpoint` at `mb_per_s` MB/s, until the block ends."""
     os.makedirs(source, exist_ok=True)
     os.makedirs(mountpoint, exist_ok=True)
+    # Its stderr to a file: a pipe nobody reads fills up, and the file system hangs.
+    log = open(source.rstrip("/") + ".slowfs.log", "wb")  # noqa: SIM115 - closed below
     proc = subprocess.Popen([sys.executable, __file__, source, mountpoint, str(mb_per_s)],
-                            stderr=subprocess.PIPE)
+                            stderr=log)
     deadline = time.monotonic() + 20
     while not os.path.ismount(mountpoint):
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
-            raise RuntimeError(f"slowfs did not mount: {proc.stderr.read().decode()[-2000:]}")
+            log.close()
+            with open(log.name, "rb") as said:
+                raise RuntimeError(f"slowfs did not mount: {said.read().decode()[-2000:]}")
         time.sleep(0.05)
     try:
         yield mountpoint
@@ -153,6 +157,7 @@ def mounted(source: str, mountpoint: str, mb_per_s: float):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        log.close()
 
 
 if __name__ == "__main__":

@@ -6,13 +6,13 @@ from memory, and the final weights equal an uninterrupted run's."""
 
 from __future__ import annotations
 
-import glob
 import os
 import re
 from pathlib import Path
 
 import pytest
 
+from launcher.agent.memcopy import job_folder
 from tests.conftest import SCRIPTS, read_events, read_summary, run_cli, start_cli
 from tests.slowfs import mounted
 from tests.test_strategies import explain
@@ -46,18 +46,20 @@ def test_a_killed_worker_restores_from_memory_and_ends_with_an_uninterrupted_run
                           SCRIPT, str(plain), "256", "3"], cwd=workdir)
     try:
         with mounted(str(workdir / "backing"), str(workdir / "shared"), 20) as shared:
-            memory_run(workdir, Path(shared))
+            copy = memory_run(workdir, Path(shared))
         base_out, _ = baseline.communicate(timeout=120)
     finally:
         baseline.kill()
     assert baseline.returncode == 0, base_out[-4000:]
     assert "checkpoints saved in memory" not in base_out  # off: nothing hooked
     assert final_digest(base_out) == final_digest((workdir / "memory.out").read_text())
-    # Removed at the job's end.
-    assert not glob.glob(f"/dev/shm/mgpu-launch-{os.getuid()}-*"), "memory folder left"
+    # Removed at the job's end, on both hosts.
+    folders = [job_folder(str(workdir / "run" / "hosts" / h), h) for h in ("host0", "host1")]
+    assert copy.startswith(tuple(folders)), (copy, folders)  # the restore read one of them
+    assert not [f for f in folders if os.path.exists(f)], folders
 
 
-def memory_run(workdir: Path, shared: Path) -> None:
+def memory_run(workdir: Path, shared: Path) -> str:
     """The memory run: worker 1 killed after epoch 1's save; checked as it ends."""
     ckpt = shared / "ckpt"
     run_dir = workdir / "run"
@@ -82,3 +84,4 @@ def memory_run(workdir: Path, shared: Path) -> None:
     assert 'model_checkpoint_path: "ckpt-3"' in (ckpt / "checkpoint").read_text()
     assert {"ckpt-3.index", "ckpt-2.index"} <= set(names), names
     assert "ckpt-1.index" not in names  # max_to_keep=2, as the manager keeps it
+    return resumed["copy"]["path"]
