@@ -18,14 +18,13 @@ Read-only. Must not import supervisor, transport or cli.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
 from ..job import events as ev
-from ..job.story import Story, TaskRow
+from ..job.story import Story, TaskRow, records
 from ..spec.rundir import EVENTS, SUMMARY
 from . import narrate
 from .live import LiveScreen, describe_row, goodput_title, sized
@@ -54,15 +53,7 @@ class EventTail:
             return []
         self._offset += len(data)
         *lines, self._partial = (self._partial + data).split(b"\n")
-        records = []
-        for line in lines:
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(record, dict):
-                records.append(record)
-        return records
+        return list(records(lines))
 
 
 class _Plain:
