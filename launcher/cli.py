@@ -44,7 +44,7 @@ from .spec.config import ConfigError, LoadedConfig
 from .spec.plan import Plan, PlanError
 from .spec.transports import traits as transport_traits
 from .transport.factory import make_transport, quiet_paramiko_logs
-from .views import outlets
+from .views import narrate, outlets
 from .views.live import format_duration
 from .views.printer import Printer
 
@@ -219,8 +219,10 @@ def _run(argv: list[str]) -> int:
             say(f"mgpu-launch: {missing}")
             return exits.USAGE
     # A detached run claims the checkpoint directory in its own process.
-    first_plan = launch.prepare(lambda moved: say(f"mgpu-launch: {moved}"),
-                                claim=not args.detach)
+    prepared = launch.prepare(claim=not args.detach)
+    if prepared.moved is not None:
+        say(f"mgpu-launch: {narrate.checkpoint_moved(prepared.moved)}")
+    first_plan = prepared.plan
     if args.max_restarts is not None and args.max_restarts < 0:
         raise UsageError("--max-restarts needs a number >= 0")
     views = outlets.make_outlets(loaded, run_dir, args.metrics_port)  # a busy port: exit 2

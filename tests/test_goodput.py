@@ -170,16 +170,15 @@ def test_the_live_table_title_says_the_goodput_so_far():
     import time
 
     from launcher.job import events as ev
-    from launcher.job.story import TaskRow
+    from launcher.job.story import Beside
     from launcher.views.printer import Printer
 
     now = [100.0]
     out = io.StringIO()
     printer = Printer(["host0/worker0"], stream=out, colour=False, live=True,
                       size=lambda: (120, 20), clock=lambda: now[0])
-    rows = [TaskRow(label="host0/worker0", host="host0", task="worker0", state="running",
-                    generation=0, restarts=0, step=1, steps_per_s=1.0, loss=None,
-                    cpu_percent=None, rss_mb=None, silent_s=0.0)]
+    rows = [Beside(label="host0/worker0", generation=0, cpu_percent=None, rss_mb=None,
+                   silent_s=0.0)]
     began = time.time() - 100  # a job that started 100 s ago, training for the last 50 s
     try:
         printer.tell(ev.Launch(generation=0, t=began))

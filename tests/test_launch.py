@@ -22,6 +22,7 @@ from launcher.spec.config import load_config, local_config
 from launcher.transport.factory import make_transport
 from launcher.transport.inbox import Inbox
 from launcher.transport.local import LocalTransport
+from launcher.views import narrate
 
 
 def _local(tmp_path: Path, **checkpoint: str):
@@ -63,29 +64,62 @@ def test_max_restarts_overrides_only_that_key(tmp_path: Path):
     job.recorder.close()
 
 
+def test_a_fault_of_the_launcher_itself_is_a_fact_worded_by_the_views(tmp_path: Path):
+    """The supervisor raising ends the job as failed: a `launcher_failed` event
+    (its facts) then `job_done`; the screen is told the event, and the words are
+    narrate's, as they always were."""
+    import json
+
+    from launcher.job import events as ev
+
+    launch = Launch(_local(tmp_path), ["train.py"], tmp_path / "run")
+    connected = Connected(launch.reach, LocalTransport(), {}, Inbox(), launch.plan(0))
+    told: list[ev.Event] = []
+    screen = _Screen()
+    screen.tell = told.append
+    job = launch.start(connected, screen)
+
+    def broken() -> None:
+        raise ZeroDivisionError("division by zero")
+
+    job.supervisor.run = broken
+    outcome = job.run()
+    assert outcome.result.status == "failed"
+    lines = [json.loads(line) for line in (tmp_path / "run" / "events.jsonl").open()]
+    assert [line["event"] for line in lines] == ["launcher_failed", "job_done"]
+    assert lines[0]["error_type"] == "ZeroDivisionError" and lines[0]["plan"] is False
+    assert [e.kind for e in told] == ["launcher_failed"]
+    assert narrate.line(told[0]) == (
+        "notice", "mgpu-launch itself failed: ZeroDivisionError: division by zero")
+    planned = ev.LauncherFailed(error_type="PlanError", error="too few hosts", plan=True)
+    assert narrate.line(planned) == ("notice", "cannot go on: too few hosts")
+    assert outcome.summary["status"] == "failed"
+
+
 def test_a_busy_default_checkpoint_dir_moves_aside(tmp_path: Path):
     first = Launch(_local(tmp_path), ["train.py"], tmp_path / "run1")
     assert first.claim_checkpoint_dir() is None  # free: kept, nothing to say
     second = Launch(_local(tmp_path), ["train.py"], tmp_path / "run2")
-    said = second.claim_checkpoint_dir()
-    assert said is not None and "is in use by another run" in said
-    moved = second.plan(0).checkpoint_dir
-    assert moved != first.plan(0).checkpoint_dir and moved.endswith("-2")
+    moved = second.claim_checkpoint_dir()
+    assert moved is not None and str(moved.wanted) == first.plan(0).checkpoint_dir
+    assert str(moved.used) == second.plan(0).checkpoint_dir == str(moved.wanted) + "-2"
+    # The command says it in narrate's words (a value here, words there).
+    assert narrate.checkpoint_moved(moved) == (
+        f"{moved.wanted} is in use by another run: this run uses {moved.used} "
+        "(it starts from scratch)")
 
 
-def test_prepare_claims_plans_and_says_a_move_once(tmp_path: Path):
+def test_prepare_claims_plans_and_returns_a_move(tmp_path: Path):
     """The preamble that the run command and the drill share: the checkpoint
-    directory claimed (a move said), generation 0 planned; a detached run's
+    directory claimed (a move returned), generation 0 planned; a detached run's
     parent (claim=False) claims nothing."""
-    said: list[str] = []
-    first = Launch(_local(tmp_path), ["train.py"], tmp_path / "run1").prepare(said.append)
-    assert said == []
-    parent = Launch(_local(tmp_path), ["train.py"], tmp_path / "run2")
-    assert parent.prepare(said.append, claim=False).checkpoint_dir == first.checkpoint_dir
-    assert said == []
-    second = Launch(_local(tmp_path), ["train.py"], tmp_path / "run3").prepare(said.append)
-    assert len(said) == 1 and "is in use by another run" in said[0]
-    assert second.checkpoint_dir == first.checkpoint_dir + "-2"
+    first = Launch(_local(tmp_path), ["train.py"], tmp_path / "run1").prepare()
+    assert first.moved is None
+    parent = Launch(_local(tmp_path), ["train.py"], tmp_path / "run2").prepare(claim=False)
+    assert parent.plan.checkpoint_dir == first.plan.checkpoint_dir and parent.moved is None
+    second = Launch(_local(tmp_path), ["train.py"], tmp_path / "run3").prepare()
+    assert second.plan.checkpoint_dir == first.plan.checkpoint_dir + "-2"
+    assert second.moved is not None and str(second.moved.used) == second.plan.checkpoint_dir
 
 
 def test_a_busy_named_checkpoint_dir_is_refused(tmp_path: Path):

@@ -1,7 +1,9 @@
 """The live status view: a table redrawn in place on a terminal, plain lines elsewhere.
 
-Unit tests drive `Printer` and `live.render` with `TaskRow`s and read the
-result through a small model of a terminal screen. End-to-end tests run the
+Unit tests drive `Printer` with events (the run's model it folds: states,
+steps, losses) and the supervisor's own figures beside them, `live.render`
+with `TaskRow`s, and read the result through a small model of a terminal
+screen. End-to-end tests run the
 real CLI on a 2-worker local job: under tmux (a real terminal) the table shows
 steps advancing; through a pipe the output stays plain prefixed lines.
 """
@@ -18,8 +20,9 @@ from pathlib import Path
 import pytest
 
 from launcher.cli import _print_outcome
+from launcher.job import events as ev
 from launcher.job.states import Failure, RunResult
-from launcher.job.story import TaskRow
+from launcher.job.story import Beside, TaskRow
 from launcher.views.live import clean_for_screen, render
 from launcher.views.printer import STATUS_EVERY_S, Printer
 from tests.conftest import PYTHON, cli_env, read_events, start_cli, wait_for
@@ -70,6 +73,32 @@ def row(task: str = "worker0", state: str = "running", step: int | None = 120,
                    generation=generation, restarts=restarts, step=step, **values)
 
 
+def beside(task: str = "worker0", **figures) -> Beside:
+    """What the supervisor alone knows of a task (the launcher's table shows it beside)."""
+    values = dict(cpu_percent=97.0, rss_mb=512.0, silent_s=0.4)
+    values.update(figures)
+    return Beside(label=f"host{task[-1]}/{task}", generation=0, **values)
+
+
+def tell(printer: Printer, name: str, *events: type[ev.TaskEvent], **fields) -> None:
+    """Tell `printer` each of `events` (task events of `name`, generation 0)."""
+    for kind in events:
+        printer.tell(kind(generation=0, task=name, host=f"host{name[-1]}", **fields))
+
+
+def launched(printer: Printer, *names: str) -> None:
+    """Generation 0 placed and every task of it running (as the events tell it)."""
+    printer.tell(ev.Launch(generation=0, tasks=tuple(
+        ev.Placed(task=name, host=f"host{name[-1]}") for name in names)))
+    for name in names:
+        tell(printer, name, ev.TaskStarting, ev.TaskStarted)
+
+
+def stepped(printer: Printer, name: str, step: int, t: float, loss: float = 0.25) -> None:
+    printer.tell(ev.Progress(generation=0, task=name, host=f"host{name[-1]}", t=t,
+                             metrics={"step": step, "loss": loss}))
+
+
 def live_printer(out: io.StringIO, colour: bool = False, **kwargs) -> Printer:
     return Printer(["host0/worker0", "host1/worker1"], stream=out, colour=colour, live=True,
                    size=lambda: (100, 30), **kwargs)
@@ -79,21 +108,20 @@ def live_printer(out: io.StringIO, colour: bool = False, **kwargs) -> Printer:
 
 
 def test_the_launchers_table_draws_the_runs_model_with_the_supervisors_figures_beside():
-    """Step (kept across a report without one), loss and slowdown are the model's
-    (launcher/job/story.py, told the events); the state, CPU, memory and silence
-    the supervisor's own."""
-    from launcher.job import events as ev
-
+    """State (from `task_starting` on), step (kept across a report without one),
+    loss and slowdown are the model's (launcher/job/story.py, told the events);
+    CPU, memory and silence the supervisor's own."""
     out = Terminal()
     printer = live_printer(out)
     ids = {"generation": 0, "task": "worker1", "host": "host1"}
     printer.tell(ev.Launch(generation=0, tasks=(ev.Placed(task="worker0", host="host0"),
                                                 ev.Placed(task="worker1", host="host1"))))
+    tell(printer, "worker0", ev.TaskStarting)  # sent; no answer yet
+    tell(printer, "worker1", ev.TaskStarting, ev.TaskStarted)
     printer.tell(ev.Progress(**ids, metrics={"step": 41, "loss": 0.5}))
     printer.tell(ev.Progress(**ids, metrics={"saved": 41}))  # a save report: no step
     printer.tell(ev.Straggler(**ids, slowdown=1.5))
-    printer.refresh([row("worker0", state="starting", step=None, cpu_percent=None),
-                     row("worker1", step=None, loss=None, cpu_percent=55.0)])
+    printer.refresh([beside("worker0", cpu_percent=None), beside("worker1", cpu_percent=55.0)])
     assert printer.flush(timeout=10)
     table = out.screen()
     assert any(re.search(r"host1\s+worker1\s+running \(straggler 1.5x\)\s+41\s+-\s+-\s+55%",
@@ -139,7 +167,8 @@ def test_plain_output_is_prefixed_lines_without_escape_codes():
     printer = Printer(["host0/worker0", "host1/worker1"], stream=out)
     assert not printer.live
     printer.notice("job 'x': 2 tasks")
-    printer.refresh([row("worker0"), row("worker1")])
+    launched(printer, "worker0", "worker1")
+    printer.refresh([beside("worker0"), beside("worker1")])
     printer.task_line("host0/worker0", "epoch 1")
     printer.task_line("host1/worker1", "epoch 1")
     printer.close()  # waits (bounded) for the printer's writer thread
@@ -154,9 +183,14 @@ def test_live_lines_scroll_above_one_table():
     out = Terminal()
     printer = live_printer(out)
     printer.notice("job 'x': 2 tasks")
-    printer.refresh([row("worker0", step=5), row("worker1", step=4)])
+    launched(printer, "worker0", "worker1")
+    stepped(printer, "worker0", 5, t=1.0)
+    stepped(printer, "worker1", 4, t=1.0)
+    printer.refresh([beside("worker0"), beside("worker1")])
     printer.task_line("host0/worker0", "epoch 1 done")
-    printer.refresh([row("worker0", step=9), row("worker1", step=8)])
+    stepped(printer, "worker0", 9, t=2.0)
+    stepped(printer, "worker1", 8, t=2.0)
+    printer.refresh([beside("worker0"), beside("worker1")])
     printer.task_line("host1/worker1", "epoch 1 done")
     assert printer.flush(timeout=10)  # the writer thread has written all of it
     screen = out.screen()
@@ -177,7 +211,8 @@ def test_live_lines_scroll_above_one_table():
 def test_live_quiet_keeps_the_table_and_notices_but_drops_task_lines():
     out = Terminal()
     printer = live_printer(out, colour=True, quiet=True)
-    printer.refresh([row("worker0"), row("worker1")])
+    launched(printer, "worker0", "worker1")
+    printer.refresh([beside("worker0"), beside("worker1")])
     printer.task_line("host0/worker0", "chatter")
     printer.notice("restarting")
     assert printer.flush(timeout=10)
@@ -191,11 +226,16 @@ def test_verbose_reports_state_changes_and_plain_status_lines():
     now = [100.0]
     out = io.StringIO()
     printer = Printer(["host0/worker0"], stream=out, verbose=True, clock=lambda: now[0])
-    printer.refresh([row("worker0", state="starting", step=None)])
-    printer.refresh([row("worker0", state="running", step=None)])
-    printer.refresh([row("worker0", state="running", step=30)])  # no change: no line
+    printer.tell(ev.Launch(generation=0, tasks=(ev.Placed(task="worker0", host="host0"),)))
+    tell(printer, "worker0", ev.TaskStarting)
+    printer.refresh([beside()])
+    tell(printer, "worker0", ev.TaskStarted)
+    printer.refresh([beside()])
+    stepped(printer, "worker0", 30, t=100.0)
+    printer.refresh([beside()])  # no change: no line
     now[0] += STATUS_EVERY_S
-    printer.refresh([row("worker0", state="running", step=60)])
+    stepped(printer, "worker0", 60, t=102.4)
+    printer.refresh([beside()])
     printer.debug("agent host0: hello")
     assert printer.flush(timeout=10)
     assert out.getvalue().splitlines() == [

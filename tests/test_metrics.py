@@ -45,6 +45,7 @@ def _started(metrics: JobMetrics) -> None:
                                                 ev.Placed(task="worker1", host="h1"))))
     for name, host in (("worker0", "h0"), ("worker1", "h1")):
         metrics.tell(ev.TaskStarted(generation=0, task=name, host=host, pid=1))
+    metrics.tell(ev.JobPhase(generation=0, phase="running"))  # as the launcher tells it
 
 
 def test_job_and_task_metrics_follow_the_story():
@@ -66,6 +67,9 @@ def test_job_and_task_metrics_follow_the_story():
     assert ("mgpu_task_step", task("worker1", "h1")) not in got  # no report: no sample
     assert got[("mgpu_task_seconds_since_progress", task("worker1", "h1"))] == 5  # its start
     metrics.tell(ev.FailureDetected(generation=0, task="worker1", host="h1", failure="exit"))
+    metrics.tell(ev.JobPhase(generation=0, phase="failing"))
+    assert samples(metrics.text())[("mgpu_job_state", (("job", "demo"), ("state", "failing")))]
+    metrics.tell(ev.JobPhase(generation=0, phase="restarting"))
     metrics.tell(ev.Restart(generation=1, restarts=1))
     got = samples(metrics.text())
     assert got[("mgpu_job_state", (("job", "demo"), ("state", "restarting")))] == 1

@@ -565,7 +565,6 @@ def test_the_radar_traces_rarely_and_names_the_task_its_peers_wait_for(tmp_path:
     assert (named.task, named.host, named.source) == ("worker1", "host1", "trace")
     assert named.slowdown == pytest.approx((62.5 - 3.125) / (62.5 - 48.125), rel=0.01)
     assert named.evidence["task"]["input_ms"] == pytest.approx(46.2, abs=0.1)
-    assert gen.records["worker1"].slowdown == named.slowdown
 
 
 def test_status_of_a_running_job_names_its_straggler(tmp_path: Path):

@@ -365,14 +365,35 @@ def test_a_peer_lost_twice_the_same_way_is_no_deterministic_failure(tmp_path: Pa
     assert result.stopped_by == "max_restarts" and result.restarts == 2
 
 
-def test_the_live_view_gets_numbers_only(tmp_path: Path):
-    h = harness(tmp_path, lambda g, t: [(1.0, "progress", {"data": {"step": 5, "loss": "x"}}),
-                                        (3.0, "exit", {"code": 0})])
-    rows = []
-    h.supervisor._voice.refresh = lambda snapshot: rows.extend(snapshot)  # noqa: SLF001
+def test_the_live_table_is_the_runs_model_in_the_supervisors_states(tmp_path: Path,
+                                                                      monkeypatch):
+    """The launcher's table is the story's rows (its states folded from the
+    events, `task_starting` on), the supervisor's own figures beside: at every
+    redraw the states are the supervisor's; a loss that is no number is none."""
+    from launcher.job.story import Story
+
+    def script(generation: int, name: str):
+        return [(1.0, "progress", {"data": {"step": 5, "loss": "x"}}),
+                (2.0 if name == "worker0" else 3.0, "exit", {"code": 0})]
+
+    h = harness(tmp_path, script)
+    drawn, rows_of = [], Story.rows
+
+    def rows(story, now, beside=None):
+        got = rows_of(story, now, beside)
+        if beside is not None:  # the launcher's own table, on the supervisor thread
+            records = h.supervisor.current.records.values()
+            drawn.append(({r.task: r.state for r in got},
+                          {r.task.name: r.state.value for r in records}))
+            assert {r.label for r in got} == {b.label for b in beside}
+        return got
+
+    monkeypatch.setattr(Story, "rows", rows)
     assert h.supervisor.run().status == "succeeded"
-    assert rows and all(r.loss is None for r in rows)
-    assert any(r.step == 5 for r in rows)
+    assert drawn and all(table == supervisor for table, supervisor in drawn)
+    assert {"running", "succeeded"} <= {s for table, _ in drawn for s in table.values()}
+    told = h.printer._story.rows(0.0)  # noqa: SLF001
+    assert all(r.loss is None for r in told) and {r.step for r in told} == {5}
 
 
 def test_a_burst_longer_than_a_batch_loses_no_line(tmp_path: Path):

@@ -34,6 +34,7 @@ from ..spec.plan import PlanError
 from ..spec.transports import traits
 from ..transport.factory import make_transport, quiet_paramiko_logs
 from ..views.drill_report import DEFAULT_MTBF_HOURS, FAULTS, Observed, judge, render, report
+from ..views.narrate import checkpoint_moved
 from ..views.printer import Printer
 from . import control, exits, loading, prereqs, usage
 from .drill_faults import Injector, Story
@@ -182,7 +183,10 @@ def _one_job(args: argparse.Namespace, loaded: LoadedConfig, command: list[str],
             if missing:
                 raise Usage(missing)
         # The first job claims the checkpoint directory; the claim lasts as long as this process.
-        first = launch.prepare(lambda moved: say(f"mgpu-launch: {moved}"), claim=number == 1)
+        prepared = launch.prepare(claim=number == 1)
+        if prepared.moved is not None:
+            say(f"mgpu-launch: {checkpoint_moved(prepared.moved)}")
+        first = prepared.plan
     except (LaunchRefused, PlanError) as exc:
         raise Usage(str(exc)) from None
     if traits(config.transport).ssh:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 State = dict[str, tuple[int, ...]]
@@ -26,6 +27,15 @@ State = dict[str, tuple[int, ...]]
 # A huge directory (a dataset cache, say): what was seen by then is enough.
 MAX_FILES = 10000
 _LATEST = re.compile(r'^model_checkpoint_path:\s*"[^"]*?(\d+)"', re.M)
+
+
+@dataclass(frozen=True)
+class Moved:
+    """The default checkpoint directory was in use by another live run
+    (`claim`): this run uses the next free one, and starts from scratch."""
+
+    wanted: Path
+    used: Path
 
 
 def checkpoint_state(directory: str | os.PathLike) -> State | None:

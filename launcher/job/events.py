@@ -85,6 +85,14 @@ class Launch(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class TaskStarting(TaskEvent):
+    """The launcher sent the task's start to its host's agent (`task_started`:
+    the agent's answer)."""
+
+    kind = "task_starting"
+
+
+@dataclass(frozen=True, kw_only=True)
 class TaskStarted(TaskEvent):
     kind = "task_started"
     pid: int | None = None
@@ -271,6 +279,28 @@ class AgentLog(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class JobPhase(Event):
+    """The job's phase moved (`Generation.tell_phase`, launcher/job/phases.py's
+    `job_phase`): starting, running (every task of the generation started),
+    failing, stopping, waiting_for_host, restarting. Its end is `job_done`."""
+
+    kind = "job_phase"
+    generation: int
+    phase: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class LauncherFailed(Event):
+    """The launcher's own fault ended the job (an exception in its supervisor,
+    or a next generation that could not be planned: `plan`); `job_done` follows."""
+
+    kind = "launcher_failed"
+    error_type: str = ""  # the exception's class name
+    error: str = ""  # its message
+    plan: bool = False  # planning the next generation failed (e.g. too few hosts left)
+
+
+@dataclass(frozen=True, kw_only=True)
 class Restart(Event):
     kind = "restart"
     generation: int
@@ -428,11 +458,12 @@ class Unknown(Event):
 
 
 KINDS: dict[str, type[Event]] = {cls.kind: cls for cls in (
-    Launch, TaskStarted, StartFailed, Cluster, Progress, TaskExited, TaskRestarted,
+    Launch, TaskStarting, TaskStarted, StartFailed, Cluster, Progress, TaskExited, TaskRestarted,
     TaskUnconfirmed, FailureDetected, RootCause, StacksRequested, Stacks, StopRequested,
     TeardownBegun, TeardownDone, HostLost, HostWait, HostBack, HostsChosen, Reaped,
     BadMessage, AgentLog, Restart, Resumed, ResumeBehind, KerasSwitched, JobDone, TerminalLost,
-    NotifyFailed, MetricsServed, ProgramOver, TailCut, Health, Straggler)}
+    NotifyFailed, MetricsServed, ProgramOver, TailCut, Health, Straggler, JobPhase,
+    LauncherFailed)}
 
 # Keys of a progress line that are not metrics.
 _PROGRESS_RESERVED = frozenset({"t", "event", "v", "generation", "task", "host"})

@@ -2,22 +2,23 @@
 data that goes with the phase (the failure, the teardown's and the stacks'
 deadlines).
 
-Owned by the supervisor thread; the live view reads `phase` and the records.
-The phase moves only through `enter` (launcher/job/phases.py lists the moves);
-the root cause only through `consider`.
+Owned by the supervisor thread. The phase moves only through `enter`
+(launcher/job/phases.py lists the moves), and the job's phase is told
+(`job_phase`) as it moves; the root cause only through `consider`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from ..spec.plan import Plan
+from . import events as ev
 from .lockstep import Positions
-from .phases import Phase, move
+from .phases import Phase, job_phase, move
 from .stalls import StoppedWatch
 from .states import Failure, TaskRecord, TaskState
-from .story import TaskRow, steps_per_s
+from .story import Beside
 
 
 @dataclass
@@ -42,10 +43,25 @@ class Generation:
     stacks_pending: set[str] = field(default_factory=set)
     stopped: StoppedWatch = field(default_factory=StoppedWatch)  # frozen tasks (SIGSTOP)
     positions: Positions = field(default_factory=Positions)  # where each task is (lockstep)
+    tell: Callable[[ev.Event], None] = lambda event: None  # the story's teller (job_phase)
+    started: bool = False  # every task started once (the job's phase: running)
+    told_phase: str = ""  # the job's phase as last told
 
     def enter(self, phase: Phase) -> None:
         """The only way the phase changes; raises phases.IllegalPhase otherwise."""
         self.phase = move(self.phase, phase)
+        self.tell_phase()
+
+    def tell_phase(self) -> None:
+        """Tell the job's phase (`job_phase`) when it moved: after the phase, or
+        once every task runs (the one place the job's phase is worked out)."""
+        if not self.started and self.phase.running:
+            self.started = all(r.state in (TaskState.RUNNING, TaskState.SUCCEEDED)
+                               for r in self.records.values())
+        now = job_phase(self.phase, self.started)
+        if now is not None and now != self.told_phase:
+            self.told_phase = now
+            self.tell(ev.JobPhase(generation=self.plan.generation, phase=now))
 
     @property
     def tearing_down(self) -> bool:
@@ -102,23 +118,10 @@ class Generation:
     def on_host(self, host: str) -> list[TaskRecord]:
         return [r for r in self.records.values() if r.task.host == host]
 
-    def rows(self, now: float, restarts: int) -> list[TaskRow]:
-        """The live status of every task (monotonic `now`), for the views."""
-        rows = []
-        for record in self.records.values():
-            progress = record.last_progress
-            rows.append(TaskRow(
-                label=record.task.label, host=record.task.host, task=record.task.name,
-                state=record.state.value, generation=self.plan.generation, restarts=restarts,
-                step=_number(progress.get("step")),
-                steps_per_s=steps_per_s([(t, float(s)) for t, s in record.step_marks]),
-                loss=_number(progress.get("loss")),
-                cpu_percent=record.usage.get("cpu"), rss_mb=record.usage.get("rss_mb"),
-                silent_s=None if record.last_activity is None else now - record.last_activity,
-                slowdown=record.slowdown,
-            ))
-        return rows
-
-
-def _number(value: Any) -> float | None:
-    return value if isinstance(value, int | float) and not isinstance(value, bool) else None
+    def beside(self, now: float) -> list[Beside]:
+        """What the supervisor alone knows of each task (monotonic `now`), for the
+        live table beside the run's model (story.Story.rows)."""
+        return [Beside(label=r.task.label, generation=self.plan.generation,
+                       cpu_percent=r.usage.get("cpu"), rss_mb=r.usage.get("rss_mb"),
+                       silent_s=None if r.last_activity is None else now - r.last_activity)
+                for r in self.records.values()]

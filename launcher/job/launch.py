@@ -3,9 +3,10 @@
 Where a launch happens, in the order it happens:
 
     launch = Launch(loaded, command, run_dir)     targets, TF addresses (reach.py)
-    first = launch.prepare(say)                   generation 0 (`--dry-run` prints
+    first = launch.prepare()                      generation 0 (`--dry-run` prints
                                                   launch.plan(0)); simulated hosts: the
-                                                  checkpoint dir claimed, ports free
+                                                  checkpoint dir claimed (`first.moved`:
+                                                  another one), ports free
     connected = launch.connect(make_transport(config), first)    agents, hellos, re-plan
     launch.preflight(connected)                   the firewall's refusals and notices
     job = launch.start(connected, screen)         run directory, supervisor
@@ -15,7 +16,7 @@ The steps from the connect on are one call for every launch,
 `sequence.run_launch` (early ends as values, a stop handed in). The steps up
 to the connect are `reach.py`'s, shared with `mgpu-launch check`.
 This module returns values or raises (`LaunchRefused`, and the spec's and
-transport's own errors); it never prints or exits: the cli parses arguments,
+transport's own errors); it never prints, words or exits: the cli parses arguments,
 makes the printer (a `Screen`) and hands it in, owns the signals, and turns
 what comes back into text and exit codes.
 
@@ -77,6 +78,14 @@ class View(ev.Listener, Protocol):
 
 
 @dataclass(frozen=True)
+class Prepared:
+    """Generation 0 planned, before any host is reached (`Launch.prepare`)."""
+
+    plan: Plan
+    moved: checkpoints.Moved | None = None  # the checkpoint directory this run uses instead
+
+
+@dataclass(frozen=True)
 class Outcome:
     """What a launch came to: the job's result and the summary written."""
 
@@ -108,27 +117,24 @@ class Launch:
         """Each host's Python, in the order of the hosts (simulated hosts: this machine's)."""
         return [t.python for t in self.reach.targets]
 
-    def prepare(self, say: Callable[[str], None], claim: bool = True) -> Plan:
+    def prepare(self, claim: bool = True) -> Prepared:
         """What every launch does before it reaches a host: on simulated hosts
         the checkpoint directory claimed (unless not `claim`: a detached run
-        claims it in its own process; a directory moved is told to `say`);
-        generation 0 planned; on simulated hosts its ports checked free.
-        Returns that plan; raises LaunchRefused or PlanError."""
+        claims it in its own process; a directory moved is returned, to be
+        said); generation 0 planned; on simulated hosts its ports checked free.
+        Raises LaunchRefused or PlanError."""
         local = traits(self.loaded.config.transport).simulated
-        if local and claim:
-            moved = self.claim_checkpoint_dir()
-            if moved:
-                say(moved)
+        moved = self.claim_checkpoint_dir() if local and claim else None
         first = self.plan(0)
         if local:
             self.check_ports(first)
-        return first
+        return Prepared(first, moved)
 
-    def claim_checkpoint_dir(self) -> str | None:
+    def claim_checkpoint_dir(self) -> checkpoints.Moved | None:
         """Simulated hosts: no two live runs share a checkpoint directory (each
         would resume from, and overwrite, the other's backups). A default
         directory in use is replaced by the next free `<dir>-2`, `-3`, ... (and
-        that is returned, to be said); one the cluster file names is refused.
+        that is returned); one the cluster file names is refused.
         Real hosts' directories are not visible here to lock."""
         loaded = self.loaded
         wanted = Path(default_checkpoint_dir(loaded))
@@ -147,8 +153,7 @@ class Launch:
             checkpoint = loaded.config.checkpoint.model_copy(update={"dir": str(candidate)})
             self.reach.loaded = replace(
                 loaded, config=loaded.config.model_copy(update={"checkpoint": checkpoint}))
-            return (f"{wanted} is in use by another run: this run uses {candidate} "
-                    "(it starts from scratch)")
+            return checkpoints.Moved(wanted, candidate)
         raise LaunchRefused(f"{wanted} and 98 more checkpoint directories are in use")
 
     def check_ports(self, plan: Plan) -> None:
@@ -263,15 +268,17 @@ class Job:
         try:
             result = self.supervisor.run()
         except Exception as exc:  # still stop everything, and report
-            why = (f"cannot go on: {exc}" if isinstance(exc, PlanError)  # e.g. hosts lost
-                   else f"mgpu-launch itself failed: {type(exc).__name__}: {exc}")
+            failed = ev.LauncherFailed(error_type=type(exc).__name__, error=str(exc),
+                                       plan=isinstance(exc, PlanError))  # e.g. hosts lost
+            why = str(exc) if failed.plan else f"{failed.error_type}: {failed.error}"
             result = RunResult(status="failed", restarts=0, wall_s=time.monotonic() - started,
                                root_cause=None, tasks={}, message=why)
-            self.screen.notice(why)
             done = ev.JobDone(status="failed", wall_s=round(result.wall_s, 3), message=why)
-            ev.write(self.recorder, done)  # the story still ends (status, report, notify)
-            for view in self.views:
-                view.tell(done)
+            for event in (failed, done):  # the story still ends (status, report, notify)
+                ev.write(self.recorder, event)
+                for view in self.views:
+                    view.tell(event)
+            self.screen.tell(failed)  # its words: launcher/views/narrate.py
         finally:
             for link in self.supervisor.links.values():
                 link.close()

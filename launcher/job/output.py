@@ -24,7 +24,7 @@ from .findings import Found, root_cause
 from .generation import Generation
 from .noise import NoiseFolder
 from .states import TaskRecord
-from .story import TaskRow
+from .story import Beside
 
 # Strategies whose workers all die with a peer: their output tells of it first.
 WATCHED_STRATEGIES = COLLECTIVE
@@ -33,13 +33,14 @@ WATCHED_STRATEGIES = COLLECTIVE
 class Voice(ev.Listener, Protocol):
     """Where the story goes for people (the operator's printer, launcher/views/
     printer.py, is one): told every event, handed every task's output line and
-    the live rows. The supervisor sits below the views and never imports them
+    what the supervisor alone knows of the tasks (the live table's CPU, memory,
+    silence). The supervisor sits below the views and never imports them
     (tests/test_layering.py, floors)."""
 
     verbose: bool
 
     def task_line(self, label: str, text: str) -> None: ...
-    def refresh(self, rows: Sequence[TaskRow]) -> None: ...
+    def refresh(self, beside: Sequence[Beside]) -> None: ...
 
 
 class TaskOutput:

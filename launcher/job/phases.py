@@ -13,6 +13,10 @@
     ENDED         -> WAITING_FOR_HOST  between generations: a lost host is waited for
     ENDED/WAITING_FOR_HOST -> BACKOFF  between generations: the restart's delay
 
+The job's phase as the views say it (story.JOB_STATES, the `job_phase` event)
+is a function of its generation's (`job_phase`): starting, then running once
+every task started, failing, stopping, waiting_for_host, restarting.
+
 The data that goes with a phase (the failure, the teardown's deadline, the
 stacks' deadline) lives on the generation; the phase alone says what the loop
 does next. Pure values; no I/O.
@@ -76,3 +80,19 @@ def move(now: Phase, to: Phase) -> Phase:
     if to not in PHASES[now]:
         raise IllegalPhase(f"{now.value} -> {to.value}")
     return to
+
+
+# The job's phase (the `job_phase` event) in the phases that are not the
+# running ones; TEARING_DOWN (after a failure, or training done) and ENDED
+# move it nowhere.
+_JOB_PHASE = {Phase.FAILING: "failing", Phase.TAKING_STACKS: "failing",
+              Phase.STOPPING: "stopping", Phase.WAITING_FOR_HOST: "waiting_for_host",
+              Phase.BACKOFF: "restarting"}
+
+
+def job_phase(phase: Phase, started: bool) -> str | None:
+    """The job's phase in `phase` (`started`: every task of the generation
+    started once), or None where it does not move."""
+    if phase.running:
+        return "running" if started else "starting"
+    return _JOB_PHASE.get(phase)

@@ -160,9 +160,6 @@ class Radar:
     def _found(self, gen: Generation, finding: Finding | None) -> None:
         if finding is None:
             return
-        record = gen.records.get(finding.task)
-        if record is not None:
-            record.slowdown = finding.slowdown
         event = ev.Straggler(generation=gen.plan.generation, task=finding.task,
                              host=finding.host, slowdown=finding.slowdown,
                              evidence=finding.evidence, source=finding.source,

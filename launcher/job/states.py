@@ -75,6 +75,8 @@ def apply(state: TaskState, event: ev.Event, *, host: str, lifetime: str = "job"
     event does not move is returned as it is; whether the move is legal is
     the caller's to check (`TaskRecord.move`): the fold takes what was written.
     """
+    if isinstance(event, ev.TaskStarting) and state is TaskState.PENDING:
+        return TaskState.STARTING  # its start sent (a restarted one: `task_restarted` moved it)
     if isinstance(event, ev.TaskStarted) and state in (TaskState.PENDING, TaskState.STARTING):
         return TaskState.RUNNING
     if isinstance(event, ev.TaskExited):
@@ -124,13 +126,10 @@ class TaskRecord:
     over_at: float | None = None
     last_progress: dict[str, Any] = field(default_factory=dict)
     usage: dict[str, Any] = field(default_factory=dict)  # cpu, rss_mb, status (heartbeat)
-    # (monotonic time, step) of the last two progress reports, for steps/s.
-    step_marks: list[tuple[float, int]] = field(default_factory=list)
     watcher: OutputWatcher = field(default_factory=OutputWatcher)
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=5))  # last output lines
     cluster: str = ""  # "joining" / "joined": the task's MultiWorkerMirroredStrategy setup
     stack: str = ""  # its Python stacks, when taken before a hang teardown
-    slowdown: float | None = None  # named a straggler (job/stragglers.py): how much slower
 
     def move(self, to: TaskState) -> None:
         """The only way a task changes state; raises IllegalTransition otherwise."""

@@ -4,10 +4,11 @@ folded, one event at a time, into what every view shows.
 `Story.tell(event)` folds one event (the metrics, the live title and
 `status --watch` tell each as it comes); `fold(records)` folds the lines of
 events.jsonl whole (`status`, `status --json`, the report, the drill). What it
-keeps: the job's phase (`JOB_STATES`), the generation, every task of the
-latest generation with its state (`states.apply`, the supervisor's own state
-machine: the story cannot be told otherwise), pid, exit, step, steps/s, last
-report; the failures (the first of each generation, and the task a later
+keeps: the job's phase (`JOB_STATES`, as the launcher told it: `job_phase`,
+then `job_done`), the generation, every task of the latest generation with
+its state (`states.apply`, the supervisor's own state machine, from
+`task_starting` on: the story cannot be told otherwise), pid, exit, step,
+steps/s, last report; the failures (the first of each generation, and the task a later
 `root_cause` blamed), the restarts, the resumes, the goodput ledger
 (`goodput.Ledger`), the stragglers, the out-of-step warnings and tail cuts.
 A new fact a view shows is a field of an event, a line of `tell` and the
@@ -44,15 +45,26 @@ OVER = ("succeeded", "failed", "stopped", "lost")
 # A straggler as summary.json lists it (job/radar.py names them so).
 _NAMED = ("generation", "task", "host", "slowdown", "evidence", "source", "action")
 _TASK_NAME = re.compile(r"^(chief|worker|ps|evaluator)(\d+)$")
-_MOVES = {ev.FailureDetected: "failing", ev.StopRequested: "stopping",
-          ev.HostWait: "waiting_for_host", ev.HostLost: "failing", ev.Restart: "restarting"}
+
+
+@dataclass(frozen=True)
+class Beside:
+    """What the supervisor alone knows of a task of the generation it runs
+    (job/generation.py), shown beside the model's row in the launcher's own
+    table: no event says it."""
+
+    label: str  # host0/worker0
+    generation: int
+    cpu_percent: float | None
+    rss_mb: float | None
+    silent_s: float | None  # seconds since the last output line or progress report
 
 
 @dataclass(frozen=True)
 class TaskRow:
     """One line of the live table (a snapshot, safe to hand to a view): a task of
     the model (`Story.rows`), with what the supervisor alone knows of it beside
-    (CPU, memory, the silence since its last output line: job/generation.py)."""
+    (`Beside`: CPU, memory, the silence since its last output line)."""
 
     label: str  # host0/worker0
     host: str
@@ -141,7 +153,7 @@ class Story:
     tasks: dict[str, TaskView] = field(default_factory=dict)  # by name: unique per generation
     generation: int = 0
     restarts: int = 0
-    job_state: str = "starting"
+    job_state: str = "starting"  # as the last `job_phase` said it, then `job_done`
     first_launch: dict[str, Any] | None = None  # generation 0's launch line (launcher pid...)
     launch: ev.Launch | None = None  # the first launch that names its command and hosts
     failures: dict[int, ev.FailureDetected] = field(default_factory=dict)  # first per generation
@@ -183,8 +195,6 @@ class Story:
         elif kind_of(event) == "goodput":
             self._goodput(event)
         self._tasks(event)
-        if self.ended is None:
-            self._move(event)
 
     # ---------------------------------------------------------- the tellers
 
@@ -195,7 +205,6 @@ class Story:
         if self.launch is None and event.command is not None:
             self.launch = event
         self.stragglers.clear()
-        self.job_state = "starting"
         self.timeline.switch(-1, JOB_ROW, None, event.t or 0.0)
         for placed in event.tasks:
             if not isinstance(placed, ev.Placed):
@@ -252,6 +261,10 @@ class Story:
                 and event.generation not in self.settled:
             view.over = True
 
+    def _phase(self, event: ev.JobPhase) -> None:
+        if self.ended is None and event.phase in JOB_STATES:
+            self.job_state = event.phase
+
     def _done(self, event: ev.JobDone) -> None:
         self.ended = event
         self.job_state = event.status if event.status in JOB_STATES else "failed"
@@ -298,14 +311,6 @@ class Story:
             self.timeline.switch(generation, view.name, activity(
                 view.state, gone=view.gone, failed=view.failed, stepped=view.trained,
                 cluster=view.cluster), t)
-
-    def _move(self, event: ev.Event) -> None:
-        state = _MOVES.get(type(event))
-        if state is not None:
-            self.job_state = state
-        elif self.job_state == "starting" and isinstance(event, ev.TaskStarted | ev.TaskExited) \
-                and all(t.state in ("running", "succeeded") for t in self.tasks.values()):
-            self.job_state = "running"
 
     # ------------------------------------------------------------- reading
 
@@ -362,15 +367,24 @@ class Story:
         return [(first, self.blamed.get(generation, first))
                 for generation, first in sorted(self.failures.items())]
 
-    def rows(self, now: float, beside: Sequence[TaskRow] | None = None) -> list[TaskRow]:
-        """The live table's rows. `beside`: the supervisor's rows of the generation
-        it runs (the launcher's own table): which tasks, their states (a start sent
-        is no event), CPU, memory and the silence since their last output line are
-        its; step, rate, loss and slowdown the model's. Without it (`status --watch`,
-        the metrics) every task the story placed, silent since its last report."""
-        if beside is not None:
-            return [self._beside(row, now) for row in beside]
-        return [self._row(view, now) for view in self.tasks.values()]
+    def rows(self, now: float, beside: Sequence[Beside] | None = None) -> list[TaskRow]:
+        """The live table's rows: every task of the latest generation, as the model
+        says it. `beside`: the supervisor's figures of the generation it runs (the
+        launcher's own table): CPU, memory and the silence since a task's last
+        output line, which no event says. Without it (`status --watch`, the
+        metrics) every task the story placed, silent since its last report."""
+        if beside is None:
+            return [self._row(view, now) for view in self.tasks.values()]
+        figures = {(b.label, b.generation): b for b in beside}
+        rows = []
+        for view in self.tasks.values():
+            if view.generation != self.generation:
+                continue
+            row, known = self._row(view, now), figures.get((view.label, view.generation))
+            rows.append(row if known is None else dataclasses.replace(
+                row, cpu_percent=known.cpu_percent, rss_mb=known.rss_mb,
+                silent_s=known.silent_s))
+        return rows
 
     def _row(self, view: TaskView, now: float) -> TaskRow:
         over = view.state in OVER
@@ -386,19 +400,11 @@ class Story:
             silent_s=None if over or since is None else max(0.0, now - since),
             slowdown=straggler.slowdown if straggler is not None else None)
 
-    def _beside(self, row: TaskRow, now: float) -> TaskRow:
-        view = self.tasks.get(row.task)
-        if view is None or view.label != row.label or view.generation != row.generation:
-            return row  # a task the story was not told of (yet)
-        return dataclasses.replace(self._row(view, now), state=row.state,
-                                   cpu_percent=row.cpu_percent, rss_mb=row.rss_mb,
-                                   silent_s=row.silent_s)
-
 
 _TELLERS: dict[type, Any] = {
     ev.Launch: Story._launch, ev.Restart: Story._restart, ev.FailureDetected: Story._failure,
     ev.RootCause: Story._root_cause, ev.JobDone: Story._done, ev.Stacks: Story._stacks,
-    ev.ProgramOver: Story._program_over,
+    ev.ProgramOver: Story._program_over, ev.JobPhase: Story._phase,
     ev.StopRequested: lambda s, e: s.settled.add(e.generation),
     ev.TeardownBegun: lambda s, e: s.settled.add(e.generation),
     ev.MetricsServed: Story._metrics, ev.Straggler: Story._straggler,

@@ -10,8 +10,9 @@ event (launcher/job/events.py), told through its `Teller` (job/teller.py):
 written to the run directory and told to its `Voice` (the operator's printer,
 which words it: launcher/views/narrate.py) and to any other `Listener`. A task's
 state moves by the events that concern it (`Teller.happen`: `states.apply`,
-the state machine the run's model folds too); the generation's
-phase by `Generation.enter` (launcher/job/phases.py).
+the state machine the run's model folds too; its start sent is `task_starting`);
+the generation's phase by `Generation.enter` (launcher/job/phases.py), which
+tells the job's (`job_phase`).
 
 A failure is acted on when it is first seen — a task's exit, a fatal
 TensorFlow error in its output, a silent task, a silent host — because TF
@@ -55,7 +56,7 @@ from .states import (
     TaskState,
     final_state,
 )
-from .story import TaskRow
+from .story import Beside
 from .tailcut import grace_s as tail_grace
 from .teardown import Teardown
 from .teller import Teller
@@ -101,7 +102,6 @@ class Supervisor:
         self._policy = policy
         self._checkpoint_probe = checkpoint_probe
         self._launcher_info = dict(launcher_info or {})
-        self._restarts = 0
         self._clock = clock
         self._wall = wall_clock
         self._stop_signal: int | None = None
@@ -227,7 +227,6 @@ class Supervisor:
         restart = count_restart(job, self._policy, counts=counts, advanced=advanced,
                                 trained_s=self._clock() - gen.started_at,
                                 preempted=traits(gen.failure.kind).preempted)
-        self._restarts = job.restarts
         gen.enter(Phase.BACKOFF)
         self._story.tell(restart)
         return End("interrupted") if self._wait(restart.backoff_s) else None
@@ -271,7 +270,8 @@ class Supervisor:
     def _run_generation(self, plan: Plan) -> Generation:
         jax = plan.strategy in ON_JAX
         gen = Generation(plan, {t.name: TaskRecord(t, watcher=OutputWatcher(jax=jax))
-                                for t in plan.tasks}, started_at=self._clock())
+                                for t in plan.tasks}, started_at=self._clock(),
+                         tell=self._story.tell)
         self.current = gen
         self._starts = {}
         first = self._launcher_info if plan.generation == 0 else {}  # what ran, on what
@@ -282,6 +282,7 @@ class Supervisor:
                                   address_rule=t.address_rule, lifetime=t.lifetime)
                         for t in plan.tasks),
             command=first.get("command"), hosts=first.get("hosts")))
+        gen.tell_phase()  # starting
         for task in plan.tasks:
             if task.host not in gen.lost_hosts:  # a dead link found by an earlier start
                 self._start(gen, task)
@@ -353,7 +354,8 @@ class Supervisor:
 
     def _start(self, gen: Generation, task: Task) -> None:
         record = gen.records[task.name]
-        record.move(TaskState.STARTING)  # start sent (not an event: its answer is)
+        self._story.happen(gen, ev.TaskStarting(generation=gen.plan.generation, task=task.name,
+                                                host=task.host))
         record.started_at = record.last_activity = self._clock()
         link = self._links.get(task.host)
         sent = link is not None and link.send({
@@ -483,8 +485,6 @@ class Supervisor:
         for told in self._resumes.told(gen.plan.generation, record.task.name, data):
             gen.resumed_past |= isinstance(told, ev.Resumed) and told.past is not None
             self._story.tell(told)  # a resume point, or a resume behind the last save
-        if isinstance(data.get("step"), int | float):
-            record.step_marks = [*record.step_marks[-1:], (self._clock(), int(data["step"]))]
         if data.get("checkpoint"):  # the runtime saw a checkpoint saved: training moved
             gen.advanced = True
         self._act(gen, self._radar.progress(gen, data))
@@ -562,7 +562,8 @@ class Supervisor:
             if traits(found.kind).blames_a_peer:
                 self._output.blame(gen, found.record)
 
-    def snapshot(self) -> list[TaskRow]:
-        """The live status of every task of the current generation."""
+    def snapshot(self) -> list[Beside]:
+        """What the supervisor alone knows of every task of the current generation
+        (the live table shows it beside the run's model)."""
         gen = self.current
-        return [] if gen is None else gen.rows(self._clock(), self._restarts)
+        return [] if gen is None else gen.beside(self._clock())

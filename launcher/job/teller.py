@@ -1,7 +1,7 @@
 """The story of a run as it is told: each event written to the run directory
 (progress at a bounded rate: job/samples.py) and told to the `Voice` and every
 other listener; `happen` also moves the tasks the event concerns
-(`states.apply`).
+(`states.apply`), and tells the job's phase when that moved it.
 
 The supervisor, its detectors, the teardown and the host waiter all tell
 through one `Teller`; it decides nothing. Called from the supervisor thread only.
@@ -49,6 +49,7 @@ class Teller:
         for record in targets:
             record.move(apply(record.state, event, host=record.task.host,
                               lifetime=record.task.lifetime))
+        gen.tell_phase()  # every task running now: the job's phase moves
 
     def write_due(self) -> None:
         """Progress lines held back by the rate, now due."""

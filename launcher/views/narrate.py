@@ -2,9 +2,10 @@
 person reads in the terminal, in one place.
 
 `line(event)` is pure: an event in, `("notice" | "debug", text)` out, or None
-for an event the terminal does not tell (a progress report, a task start:
-the live table and `status` show those). The printer calls it for every event
-the supervisor tells it (`Printer.tell`).
+for an event the terminal does not tell (a progress report, a task start, the
+job's phase: the live table and `status` show those). The printer calls it for
+every event the supervisor tells it (`Printer.tell`). The launch's facts that
+are values, not events, are worded here too (`checkpoint_moved`).
 
 Must not import: supervisor, transport, cli.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 import signal as signals
 
 from ..job import events as ev
+from ..job.checkpoints import Moved
 from ..job.states import sentence
 from ..job.stragglers import describe as describe_evidence
 
@@ -123,6 +125,18 @@ def _straggler(event: ev.Straggler) -> str:
     return line
 
 
+def _launcher_failed(event: ev.LauncherFailed) -> str:
+    if event.plan:  # the next generation could not be planned (e.g. hosts lost)
+        return f"cannot go on: {event.error}"
+    return f"mgpu-launch itself failed: {event.error_type}: {event.error}"
+
+
+def checkpoint_moved(moved: Moved) -> str:
+    """The default checkpoint directory was in use (`Launch.prepare`)."""
+    return (f"{moved.wanted} is in use by another run: this run uses {moved.used} "
+            "(it starts from scratch)")
+
+
 def _tail_cut(event: ev.TailCut) -> str:
     them = "them" if len(event.tasks) > 1 else "it"
     if event.why == "over":
@@ -158,4 +172,5 @@ _TELLERS = {
     ev.TailCut: _tail_cut,
     ev.Straggler: _straggler,
     ev.OutOfStepAhead: lambda e: f"warning: {e.label} {e.reason}",
+    ev.LauncherFailed: _launcher_failed,
 }

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import TextIO
 
 from ..job.events import Event
-from ..job.story import Story, TaskRow
+from ..job.story import Beside, Story, TaskRow
 from . import narrate
 from .live import LiveScreen, clean_for_screen, describe_row, goodput_title
 
@@ -209,11 +209,12 @@ class Printer:
             self._put([f"{self._prefix(LAUNCHER, '2')} {line}"
                        for line in text.splitlines() or [""]], False)
 
-    def refresh(self, rows: Sequence[TaskRow]) -> None:
-        """Called by the supervisor a few times a second with `TaskRow`s: drawn
-        as the run's model says them, with the supervisor's own figures beside."""
+    def refresh(self, beside: Sequence[Beside]) -> None:
+        """Called by the supervisor a few times a second with what it alone knows
+        of the tasks (CPU, memory, silence): the table is the run's model (its
+        states too, from the events told), those figures beside."""
         with self._story_lock:
-            rows = self._story.rows(time.time(), beside=rows)
+            rows = self._story.rows(time.time(), beside=beside)
         if self.verbose:
             self._report_changes(rows)
         if self.live and self.terminal_lost is None:
