@@ -160,22 +160,33 @@ def test_a_failed_job_with_events_after_its_end_is_the_same_in_every_view(
 # ----------------------------------------------------------- one story, every view
 
 
+PHASES = ["starting", "running", "failing", "restarting", "starting", "running", "stopping"]
+
+
 def _story_with_a_kill_a_restart_a_straggler_and_a_stop(t0: float) -> list[dict]:
     """Generation 0 trains to step 9; worker1 is killed (SIGKILL) and the job
     restarts; generation 1 resumes at step 8, names worker1 a straggler, trains
-    to step 20 and is stopped (SIGTERM): the job ends interrupted."""
+    to step 20 and is stopped (SIGTERM): the job ends interrupted. Each task's
+    start sent (`task_starting`) and the job's phases (`job_phase`: PHASES) are
+    told where the launcher tells them."""
     def task_line(t: float, name: str, generation: int, task: dict, **fields) -> dict:
         return {"t": t0 + t, "event": name, "generation": generation, **task, **fields}
 
+    def phase(t: float, generation: int, name: str) -> dict:
+        return {"t": t0 + t, "event": "job_phase", "generation": generation, "phase": name}
+
     w0, w1 = TASKS
-    lines = [_launch(t0, 1)]
+    lines = [_launch(t0, 1), phase(0, 0, "starting")]
+    lines += [task_line(0.5, "task_starting", 0, task) for task in TASKS]
     lines += [task_line(1, "task_started", 0, task, pid=100 + i)
               for i, task in enumerate(TASKS)]
+    lines.append(phase(1, 0, "running"))
     for step in range(1, 10):
         lines += [task_line(2 + 2 * step, "progress", 0, task, step=step, loss=1.0 / step)
                   for task in TASKS]
     lines += [task_line(21, "task_exited", 0, w1, exit_code=None, signal=9,
                         stopped_by_launcher=False),
+              phase(21.1, 0, "failing"),
               task_line(21.1, "failure_detected", 0, w1, kind="signal", exit_code=None,
                         signal=9, reason="was killed by signal 9 (SIGKILL)", at=t0 + 20.9,
                         last_lines=["step 9"]),
@@ -184,13 +195,16 @@ def _story_with_a_kill_a_restart_a_straggler_and_a_stop(t0: float) -> list[dict]
               task_line(21.5, "task_exited", 0, w0, exit_code=None, signal=15,
                         stopped_by_launcher=True),
               {"t": t0 + 21.6, "event": "teardown_done", "generation": 0},
+              phase(21.7, 0, "restarting"),
               {"t": t0 + 21.7, "event": "restart", "generation": 1, "restarts": 1,
                "counted": True, "progress": False, "hosts": ["host0", "host1"],
                "backoff_s": 1.0, "spent": 1, "max_restarts": 3, "total": 1,
                "max_total_restarts": 10, "preempted": False},
-              {**_launch(t0 + 23, 1), "generation": 1}]
+              {**_launch(t0 + 23, 1), "generation": 1}, phase(23, 1, "starting")]
+    lines += [task_line(23.5, "task_starting", 1, task) for task in TASKS]
     lines += [task_line(24, "task_started", 1, task, pid=200 + i)
               for i, task in enumerate(TASKS)]
+    lines.append(phase(24, 1, "running"))
     lines.append({"t": t0 + 26, "event": "resumed", "generation": 1, "step": 8})
     for step in range(9, 21):
         lines += [task_line(26 + 2 * (step - 8), "progress", 1, task, step=step,
@@ -203,6 +217,7 @@ def _story_with_a_kill_a_restart_a_straggler_and_a_stop(t0: float) -> list[dict]
                                    source="host", samples=3, action="warn"))
     lines += [{"t": t0 + 51, "event": "stop_requested", "generation": 1, "signal": 15,
                "grace_s": 10.0},
+              phase(51, 1, "stopping"),
               {"t": t0 + 51.1, "event": "teardown_begun", "generation": 1, "why": "stop",
                "grace_s": 10.0},
               *(task_line(51.5, "task_exited", 1, task, exit_code=None, signal=15,
@@ -218,8 +233,6 @@ def test_one_story_with_a_kill_a_restart_a_straggler_and_a_stop_is_the_same_ever
     """One recorded event stream through every view: `status` (text, --json,
     --watch), the metrics, the live table, the report, the terminal's words and
     summary.json (written as the launch writes it: the story's rendering)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
     from launcher.job import events as ev
     from launcher.job import story
     from launcher.views import live, narrate
@@ -233,11 +246,12 @@ def test_one_story_with_a_kill_a_restart_a_straggler_and_a_stop_is_the_same_ever
     _write(run, lines, json.loads(json.dumps(summary)))
     seen = _views(run, capsys, monkeypatch)
     metrics = JobMetrics("agree", clock=lambda: t0 + 51.7)
+    phases = []  # the metrics' job state after each `job_phase` the launcher told
     for line in lines:
         metrics.tell(ev.from_record({"v": 2, **line}))
-    scraped = {(s.name, tuple(sorted(s.labels.items()))): s.value
-               for family in text_string_to_metric_families(metrics.text())
-               for s in family.samples}
+        if line["event"] == "job_phase":
+            phases.append(_job_state(metrics))
+    scraped = _scraped(metrics)
     rows = told.rows(t0 + 51.7)
     table = "\n".join(live.render(rows, width=200, height=40, elapsed_s=51.7, colour=False,
                                   rule="-", goodput=live.goodput_title(told.goodput())))
@@ -282,6 +296,7 @@ def test_one_story_with_a_kill_a_restart_a_straggler_and_a_stop_is_the_same_ever
     assert "generation 1 (1 restart)" in table
     assert seen["json"]["status"] == summary["status"] == "interrupted"
     assert scraped[("mgpu_job_state", (("job", "agree"), ("state", "interrupted")))] == 1
+    assert phases == PHASES and told.job_state == "interrupted"  # the phases, as told
     assert summary["interrupted_by"] == 15 and "(signal 15)" in seen["json"]["status_detail"]
 
     # The straggler.
@@ -301,3 +316,65 @@ def test_one_story_with_a_kill_a_restart_a_straggler_and_a_stop_is_the_same_ever
     assert f"goodput {_share(ledger)} %" in table
     assert f"generation 1 (1 restart) - 2 stopped - goodput {_share(ledger)} %" in seen["watch"]
     assert seen["watch"].rstrip().endswith(seen["text"].rstrip().splitlines()[-1])
+
+
+def _scraped(metrics) -> dict:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(metrics.text())
+            for s in family.samples}
+
+
+def _job_state(metrics) -> str:
+    (state,) = [dict(labels)["state"] for (name, labels), value in _scraped(metrics).items()
+                if name == "mgpu_job_state" and value == 1]
+    return state
+
+
+def test_the_same_story_cut_as_generation_1_starts_is_the_same_everywhere(
+        tmp_path: Path, capsys, monkeypatch):
+    """The same stream cut where generation 1's starts are sent and not yet
+    answered (`task_starting`, then nothing): `status` (text, --json, --watch),
+    the launcher's own table (a printer told the events, with the supervisor's
+    own figures beside) and the metrics say both tasks are starting (from the
+    fold: no view asks the supervisor), in the job's phase `starting`."""
+    from launcher.job import events as ev
+    from launcher.job.story import Beside
+    from launcher.views.metrics import JobMetrics
+    from launcher.views.printer import Printer
+
+    t0 = time.time() - 100
+    lines = _story_with_a_kill_a_restart_a_straggler_and_a_stop(t0)
+    head = lines[:max(i for i, line in enumerate(lines) if line["event"] == "task_starting") + 1]
+    run = tmp_path / "cut"
+    _write(run, head)
+    seen = _views(run, capsys, monkeypatch)
+    metrics = JobMetrics("agree", clock=lambda: t0 + 23.6)
+    out = io.StringIO()
+    printer = Printer([t["host"] + "/" + t["task"] for t in TASKS], stream=out, colour=False,
+                      live=True, size=lambda: (200, 40))
+    for line in head:
+        metrics.tell(ev.from_record({"v": 2, **line}))
+        printer.tell(ev.from_record({"v": 2, **line}))
+    printer.refresh([Beside(label=f"{t['host']}/{t['task']}", generation=1, cpu_percent=12.0,
+                            rss_mb=300.0, silent_s=0.1) for t in TASKS])
+    assert printer.flush(timeout=10)
+    printer.finish()
+    table = out.getvalue()
+
+    starting = {"host0/worker0": "starting", "host1/worker1": "starting"}
+    assert {t["task"]: t["state"] for t in seen["json"]["tasks"]} == starting
+    assert {t.label: t.state for t in seen["report"].view.tasks} == starting
+    assert _job_state(metrics) == "starting"
+    scraped = _scraped(metrics)
+    for task, host in (("worker0", "host0"), ("worker1", "host1")):
+        labels = (("host", host), ("job", "agree"), ("task", task))
+        assert scraped[("mgpu_task_state", tuple(sorted((*labels, ("state", "starting")))))] == 1
+        assert re.search(rf"{host}/{task}\s+worker \d\s+starting\b", seen["text"])
+        # Step and loss kept from generation 0 (training resumes), no rate yet; the
+        # CPU and memory the supervisor's.
+        assert re.search(rf"{host}\s+{task}\s+starting\s+9\s+-\s+0.1111\s+12%\s+300 MB",
+                         table), table
+        assert re.search(rf"{host}\s+{task}\s+starting\s+9\b", seen["watch"])
+    assert "generation 1 (1 restart)" in table and "2 starting" in table

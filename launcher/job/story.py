@@ -219,8 +219,8 @@ class Story:
                             role=role, index=index, generation=event.generation,
                             address=placed.address, port=placed.port, lifetime=placed.lifetime)
             if previous is not None:  # progress survives a restart: training resumes
+                # (its rate does not: two reports of this generation make it)
                 view.last_step, view.last_progress = previous.last_step, previous.last_progress
-                view.marks = previous.marks
             self.tasks[placed.task] = view
 
     def _restart(self, event: ev.Restart) -> None:
