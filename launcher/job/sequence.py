@@ -1,6 +1,6 @@
 """A launch's sequence, in one call: connect -> preflight -> start -> run.
 
-    first = launch.prepare(say)          no host reached yet: the plan the screen
+    first = launch.prepare().plan        no host reached yet: the plan the screen
                                          (and `--detach`) need; see launch.py
     stop = StopRequest()                 the caller's signal handlers call stop.ask
     ended = run_launch(launch, first, transport, screen, stop, ...)

@@ -21,7 +21,7 @@ from .classify import OutputWatcher
 class TaskState(enum.Enum):
     """Lifecycle of one task within one generation; `TRANSITIONS` lists the legal moves.
 
-    PENDING  -> STARTING   start sent to the agent
+    PENDING  -> STARTING   start sent to the agent (`task_starting`)
     STARTING -> RUNNING    agent reported `started`
     RUNNING  -> SUCCEEDED  exited 0 by itself (a `job` task)
     STARTING/RUNNING -> FAILED    non-zero exit, signal, start failure (the process is over)
