@@ -44,8 +44,9 @@ class Generation:
     stopped: StoppedWatch = field(default_factory=StoppedWatch)  # frozen tasks (SIGSTOP)
     positions: Positions = field(default_factory=Positions)  # where each task is (lockstep)
     tell: Callable[[ev.Event], None] = lambda event: None  # the story's teller (job_phase)
-    started: bool = False  # every task started once (the job's phase: running)
     told_phase: str = ""  # the job's phase as last told
+    # Tasks not seen started yet, the next to look at last (`started`).
+    unstarted: list[TaskRecord] | None = field(default=None, repr=False)
 
     def enter(self, phase: Phase) -> None:
         """The only way the phase changes; raises phases.IllegalPhase otherwise."""
@@ -55,13 +56,20 @@ class Generation:
     def tell_phase(self) -> None:
         """Tell the job's phase (`job_phase`) when it moved: after the phase, or
         once every task runs (the one place the job's phase is worked out)."""
-        if not self.started and self.phase.running:
-            self.started = all(r.state in (TaskState.RUNNING, TaskState.SUCCEEDED)
-                               for r in self.records.values())
-        now = job_phase(self.phase, self.started)
+        now = job_phase(self.phase, self.phase.running and self.started())
         if now is not None and now != self.told_phase:
             self.told_phase = now
             self.tell(ev.JobPhase(generation=self.plan.generation, phase=now))
+
+    def started(self) -> bool:
+        """Every task was seen started (running, or done already) once: in O(1)
+        a call, amortized, as each start's answer asks it."""
+        if self.unstarted is None:
+            self.unstarted = list(self.records.values())[::-1]
+        while self.unstarted and self.unstarted[-1].state in (TaskState.RUNNING,
+                                                              TaskState.SUCCEEDED):
+            self.unstarted.pop()
+        return not self.unstarted
 
     @property
     def tearing_down(self) -> bool:
