@@ -3,11 +3,12 @@
 Where a launch happens, in the order it happens:
 
     launch = Launch(loaded, command, run_dir)     targets, TF addresses (reach.py)
-    first = launch.prepare()                      generation 0 (`--dry-run` prints
-                                                  launch.plan(0)); simulated hosts: the
-                                                  checkpoint dir claimed (`first.moved`:
-                                                  another one), ports free
-    connected = launch.connect(make_transport(config), first)    agents, hellos, re-plan
+    first = launch.prepare()                      generation 0 (`first.plan`; `--dry-run`
+                                                  prints launch.plan(0)); simulated hosts:
+                                                  the checkpoint dir claimed (`first.moved`:
+                                                  another one, for the command to say),
+                                                  ports free
+    connected = launch.connect(make_transport(config), first.plan)  agents, hellos, re-plan
     launch.preflight(connected)                   the firewall's refusals and notices
     job = launch.start(connected, screen)         run directory, supervisor
     outcome = job.run()                           supervise, then summary.json
