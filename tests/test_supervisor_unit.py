@@ -379,9 +379,9 @@ def test_the_live_table_is_the_runs_model_in_the_supervisors_states(tmp_path: Pa
     h = harness(tmp_path, script)
     drawn, rows_of = [], Story.rows
 
-    def rows(story, now, beside=None):
+    def rows(story, now, beside=()):
         got = rows_of(story, now, beside)
-        if beside is not None:  # the launcher's own table, on the supervisor thread
+        if beside:  # the launcher's own table, on the supervisor thread
             records = h.supervisor.current.records.values()
             drawn.append(({r.task: r.state for r in got},
                           {r.task.name: r.state.value for r in records}))

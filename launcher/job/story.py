@@ -367,19 +367,17 @@ class Story:
         return [(first, self.blamed.get(generation, first))
                 for generation, first in sorted(self.failures.items())]
 
-    def rows(self, now: float, beside: Sequence[Beside] | None = None) -> list[TaskRow]:
+    def rows(self, now: float, beside: Sequence[Beside] = ()) -> list[TaskRow]:
         """The live table's rows: every task of the latest generation, as the model
-        says it. `beside`: the supervisor's figures of the generation it runs (the
-        launcher's own table): CPU, memory and the silence since a task's last
-        output line, which no event says. Without it (`status --watch`, the
-        metrics) every task the story placed, silent since its last report."""
-        if beside is None:
-            return [self._row(view, now) for view in self.tasks.values()]
+        says it (the launcher's own table, `status --watch`, the metrics).
+        `beside`: the supervisor's own figures of the generation it runs (the
+        launcher's table): CPU, memory and the silence since a task's last output
+        line, which no event says; without them, silent since its last report."""
         figures = {(b.label, b.generation): b for b in beside}
         rows = []
         for view in self.tasks.values():
             if view.generation != self.generation:
-                continue
+                continue  # a task of an earlier generation only (a host gone since)
             row, known = self._row(view, now), figures.get((view.label, view.generation))
             rows.append(row if known is None else dataclasses.replace(
                 row, cpu_percent=known.cpu_percent, rss_mb=known.rss_mb,
