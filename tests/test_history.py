@@ -32,7 +32,10 @@ def test_steps_resume_points_and_saves_as_the_drill_reads_them():
         _progress(10.0, 2, "worker0", step=13, counted=True),
         _progress(12.0, 2, "worker0", step=17, counted=True),
     ]
-    told = story.fold(lines).history
+    told = story.Story(history=history.History(keep_reports=True))  # as the drill keeps it
+    for line in lines:
+        told.tell(story.ev.from_record(line))
+    told = told.history
     assert [(s.step, s.generation, s.by_saver) for s in told.saves] == [(10, 0, True)]
     assert told.saves_reported and told.save_seconds == [0.4]
     assert (told.furthest(0), told.furthest(1), told.furthest(2)) == (12, 13, 17)
@@ -49,9 +52,14 @@ def test_steps_resume_points_and_saves_as_the_drill_reads_them():
 
 
 def test_a_long_run_keeps_a_bounded_history():
-    told = story.Story()
+    kept, live = story.Story(history=history.History(keep_reports=True)), story.Story()
     for step in range(history.POINTS_KEPT + 10):
-        told.tell(story.ev.from_record(_progress(float(step), 0, "worker0", step=step)))
-    points = told.history.points[(0, "worker0")]
+        event = story.ev.from_record(_progress(float(step), 0, "worker0", step=step))
+        kept.tell(event)
+        live.tell(event)
+    points = kept.history.points[(0, "worker0")]
     assert len(points) == history.POINTS_KEPT and points[0][1] == 10
-    assert told.history.furthest(0) == history.POINTS_KEPT + 9
+    assert live.history.points == {}  # the live views' story keeps no reports
+    for told in (kept.history, live.history):
+        assert told.furthest(0) == history.POINTS_KEPT + 9
+        assert told.trained_since(0, "worker0", history.POINTS_KEPT + 8.5)

@@ -56,7 +56,7 @@ class Heard:
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self.cond = threading.Condition()
         self.clock = clock
-        self.model = model.Story()
+        self.model = model.Story(history=History(keep_reports=True))  # each report kept
         self.disk_saves: list[tuple[float, int, int]] = []  # (t, step, generation)
 
     @property

@@ -10,9 +10,12 @@ that offset is added to the generation's later reports. A script that reports
 no steps still has its optimizer's count read every 2 s (`counted`,
 runtime/steps.py): the count moving past the restored one is its first step.
 
-A task keeps its latest `POINTS_KEPT` reports per generation (the live views'
-story lives as long as the launch). Pure: no I/O, no clock. Must not import
-supervisor, transport, views, commands or cli.
+Each report itself (`points`, the series the drill reads a save's cost and
+the steps/s from) is kept only by a history asked to (`History(keep_reports=True)`:
+the drill's), up to `POINTS_KEPT` per task and generation: the live views'
+story lives as long as the launch and is told every report of every task.
+Pure: no I/O, no clock. Must not import supervisor, transport, views,
+commands or cli.
 """
 
 from __future__ import annotations
@@ -49,7 +52,9 @@ class Exit:
 class History:
     """Told every event (`tell`), with its time set."""
 
+    keep_reports: bool = False  # keep each report (`points`)
     points: dict[tuple[int, str], deque[Point]] = field(default_factory=dict)
+    latest_t: dict[tuple[int, str], float] = field(default_factory=dict)  # a task's last report
     offset: dict[int, int] = field(default_factory=dict)  # generation: restored step count
     resumed: dict[int, int] = field(default_factory=dict)  # generation: step it resumed at
     first_step_t: dict[int, float] = field(default_factory=dict)  # the script's word
@@ -104,8 +109,17 @@ class History:
         self._point(gen, event.task, (t, absolute, saved))
 
     def _point(self, gen: int, task: str, point: Point) -> None:
-        self.points.setdefault((gen, task), deque(maxlen=POINTS_KEPT)).append(point)
-        self.furthest_step[gen] = max(self.furthest_step.get(gen, point[1]), point[1])
+        latest = self.latest_t.get((gen, task))
+        if latest is None or point[0] > latest:
+            self.latest_t[(gen, task)] = point[0]
+        if self.keep_reports:
+            points = self.points.get((gen, task))
+            if points is None:
+                points = self.points[(gen, task)] = deque(maxlen=POINTS_KEPT)
+            points.append(point)
+        furthest = self.furthest_step.get(gen)
+        if furthest is None or point[1] > furthest:
+            self.furthest_step[gen] = point[1]
 
     def _save(self, task: str, step: int, gen: int, t: float, chief: bool) -> None:
         """A save reported: the saver's word first (a peer may run ahead of its save)."""
@@ -141,11 +155,13 @@ class History:
 
     def trained_since(self, gen: int, task: str, t: float) -> bool:
         """Did `task` of `gen` report a step after `t`?"""
-        return any(p[0] > t for p in self.points.get((gen, task), ()))
+        latest = self.latest_t.get((gen, task))
+        return latest is not None and latest > t
 
     def series(self, until: dict[int, float]) -> list[list[Point]]:
         """One task's reports per generation, up to `until[generation]` (its
-        fault): one whose reports say a save (the saver's), else the one with most."""
+        fault): one whose reports say a save (the saver's), else the one with
+        most (none unless kept: `keep_reports`)."""
         best: dict[int, list[Point]] = {}
 
         def rank(points: list[Point]) -> tuple[bool, int]:
