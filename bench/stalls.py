@@ -126,7 +126,7 @@ def main() -> None:
     parser.add_argument("--keep", help="keep the run directories in this folder")
     args = parser.parse_args()
     from launcher.job.stalls import STOPPED_HANG_S
-    from launcher.spec.plan import TF_HEARTBEAT_S
+    from launcher.spec.taskenv import TF_HEARTBEAT_S
 
     print(f"{os.cpu_count()} cores; a task stopped > {STOPPED_HANG_S:g} s is a hang; "
           f"TensorFlow coordination heartbeat {TF_HEARTBEAT_S} s")

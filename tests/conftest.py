@@ -84,6 +84,13 @@ def read_summary(run_dir: Path) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
 
 
+def status_json(run_dir: Path) -> dict:
+    """What a user reads of a run: `mgpu-launch status RUN_DIR --json`."""
+    done = run_cli(["status", str(run_dir), "--json"], cwd=run_dir.parent, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return json.loads(done.stdout)
+
+
 def task_pids(run_dir: Path) -> dict[str, int]:
     return {e["task"]: e["pid"] for e in read_events(run_dir) if e["event"] == "task_started"}
 

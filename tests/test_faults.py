@@ -9,6 +9,7 @@ machine. After every test, no process of the job may be left.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -19,6 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from launcher.job import story
 from launcher.job.goodput import PARTS as GOODPUT_PARTS
 from launcher.job.stalls import STOPPED_HANG_S
 from launcher.views.records import load_run, render_status
@@ -28,6 +30,7 @@ from tests.conftest import (
     read_events,
     read_summary,
     start_cli,
+    status_json,
     wait_for,
 )
 
@@ -150,10 +153,10 @@ def test_kill_9_mid_epoch_resumes_from_the_checkpoint(workdir: Path, jobs):
     killed_at = time.time()
     code = job.finish(timeout=180)
     assert code == 0, job.output[-4000:]
-    summary = read_summary(job.run_dir)
-    assert summary["status"] == "succeeded" and summary["restarts"] == 1
-    assert summary["failures"][0]["task"] == "host1/worker1"
-    assert summary["failures"][0]["signal"] == 9
+    shown = status_json(job.run_dir)  # what a user reads: `status --json`
+    assert shown["status"] == "succeeded" and shown["restarts"] == 1
+    assert shown["failures"][0]["task"] == "host1/worker1"
+    assert shown["failures"][0]["signal"] == 9
     detected = job.events("failure_detected")[0]
     assert detected["t"] - killed_at < 5, detected  # bench/recovery.py measures it closely
     # Generation 1 resumed at epoch 3 (0-based 2), never from the start.
@@ -164,15 +167,20 @@ def test_kill_9_mid_epoch_resumes_from_the_checkpoint(workdir: Path, jobs):
     sums = checksums(job.output)
     assert len(sums) == 2 and len(set(sums.values())) == 1, sums
     # Where the time went: start-up, the recovery, the steps of epoch 3 trained
-    # again, the backups of each epoch's end; said by `status` too.
-    goodput = summary["goodput"]
+    # again, the backups of each epoch's end; said by `status` in words too.
+    goodput = shown["goodput"]
     parts = goodput["parts"]
     assert set(parts) == set(GOODPUT_PARTS), parts
     assert abs(sum(parts.values()) - goodput["wall_s"]) <= 0.02 * goodput["wall_s"], goodput
-    assert abs(goodput["wall_s"] - summary["wall_s"]) <= 0.02 * summary["wall_s"], goodput
+    assert abs(goodput["wall_s"] - shown["wall_s"]) <= 0.02 * shown["wall_s"], goodput
     assert min(parts["training"], parts["startup"], parts["recovery"], parts["redone"],
                parts["checkpointing"]) > 0, goodput
     assert "goodput " in render_status(load_run(job.run_dir)), goodput
+    # summary.json is a rendering of the same model: the fold of events.jsonl.
+    summary, told = read_summary(job.run_dir), story.fold(read_events(job.run_dir))
+    assert {key: summary[key] for key in told.summary()} == \
+        json.loads(json.dumps(told.summary()))
+    assert summary["goodput"] == told.goodput() == goodput
     job.assert_nothing_left()
 
 
@@ -369,18 +377,18 @@ def test_lost_host_with_wait_resumes_when_it_is_back(workdir: Path, jobs):
     job.agent("host1").kill()
     code = job.finish(timeout=120)
     assert code == 0, job.output[-3000:]
-    summary = read_summary(job.run_dir)
-    assert summary["restarts"] == 1 and summary["failures"][0]["kind"] == "host_lost"
+    shown = status_json(job.run_dir)  # what a user reads: `status --json`
+    assert shown["restarts"] == 1 and shown["failures"][0]["kind"] == "host_lost"
     assert job.events("host_back")[0]["host"] == "host1"
     relaunch = job.events("launch", generation=1)[0]
     assert [t["host"] for t in relaunch["tasks"]] == ["host0", "host1"]
     resumed = re.search(r"host1/worker1 +\| RESUME gen=1 step=(\d+)", job.output)
     assert resumed and int(resumed.group(1)) > 0, job.output[-3000:]
     # The time from the loss to the host's return is its own part of the ledger.
-    parts = summary["goodput"]["parts"]
-    assert parts["waiting_for_hosts"] > 0 and parts["recovery"] > 0, summary["goodput"]
+    parts = shown["goodput"]["parts"]
+    assert parts["waiting_for_hosts"] > 0 and parts["recovery"] > 0, shown["goodput"]
     back = job.events("host_back")[0]["t"] - job.events("host_lost")[0]["t"]
-    assert abs(parts["waiting_for_hosts"] - back) < 0.01, (back, summary["goodput"])
+    assert abs(parts["waiting_for_hosts"] - back) < 0.01, (back, shown["goodput"])
     job.assert_nothing_left()
 
 

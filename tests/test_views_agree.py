@@ -317,6 +317,20 @@ def test_one_story_with_a_kill_a_restart_a_straggler_and_a_stop_is_the_same_ever
     assert f"generation 1 (1 restart) - 2 stopped - goodput {_share(ledger)} %" in seen["watch"]
     assert seen["watch"].rstrip().endswith(seen["text"].rstrip().splitlines()[-1])
 
+    # The drill's verdict input: the same model, told as the drill hears a job.
+    from launcher.commands.drill_faults import Heard
+
+    heard = Heard(clock=lambda: t0 + 1000)  # recorded events keep their own time
+    for line in lines:
+        heard.tell(ev.from_record({"v": 2, **line}))
+    assert heard.detected(0) == pytest.approx(t0 + 21.1)  # the failure told
+    assert heard.history.first_step(1) == pytest.approx(t0 + 28)  # generation 1's step 9
+    assert heard.history.resumed_at(1) == summary["resumed"][0]["step"] == 8
+    assert (heard.history.furthest(0), heard.history.furthest(1)) == (9, 20)
+    assert heard.history.exits[(0, "worker1")].signal == 9
+    assert not heard.history.finished_in(0, but="worker1")  # no peer ended its training
+    assert heard.ended is not None and heard.ended.status == seen["json"]["status"]
+
 
 def _scraped(metrics) -> dict:
     from prometheus_client.parser import text_string_to_metric_families

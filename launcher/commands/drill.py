@@ -37,7 +37,7 @@ from ..views.drill_report import DEFAULT_MTBF_HOURS, FAULTS, Observed, judge, re
 from ..views.narrate import checkpoint_moved
 from ..views.printer import Printer
 from . import control, exits, loading, prereqs, usage
-from .drill_faults import Injector, Story
+from .drill_faults import Heard, Injector
 from .signals import stops_asked
 from .usage import say
 
@@ -138,7 +138,7 @@ def _drill(args: argparse.Namespace, loaded: LoadedConfig, command: list[str],
     for number in range(1, MAX_JOBS + 1):
         where = run_dir if number == 1 else run_dir / f"job{number}"
         try:
-            injector, story = _one_job(args, loaded, command, left, where, number, stop)
+            injector, heard = _one_job(args, loaded, command, left, where, number, stop)
         except Usage as exc:
             if number == 1:
                 say(f"mgpu-launch drill: {exc}")
@@ -146,9 +146,9 @@ def _drill(args: argparse.Namespace, loaded: LoadedConfig, command: list[str],
             observed += [Observed(f, not_injected=f"the drill's job {number}, for the {f}, "
                                   f"could not start: {exc}") for f in left]
             break
-        series += story.series(injector.fault_t)
-        timed += story.save_seconds
-        save_steps += [step for _, step, _ in story.saves()]
+        series += heard.history.series(injector.fault_t)
+        timed += heard.history.save_seconds
+        save_steps += [step for _, step, _ in heard.saves()]
         again = [o.fault for o in injector.observed if o.again]
         retry = injector.injected > 0 and not stop.signals and number < MAX_JOBS
         observed += [o for o in injector.observed if not (o.again and retry)]
@@ -171,7 +171,7 @@ def _drill(args: argparse.Namespace, loaded: LoadedConfig, command: list[str],
 
 def _one_job(args: argparse.Namespace, loaded: LoadedConfig, command: list[str],
              faults: list[str], run_dir: Path, number: int,
-             stop: StopRequest) -> tuple[Injector, Story]:
+             stop: StopRequest) -> tuple[Injector, Heard]:
     """One job of the drill, with `faults` injected into it; raises Usage when
     it cannot start (exit 2)."""
     config = loaded.config
@@ -192,7 +192,7 @@ def _one_job(args: argparse.Namespace, loaded: LoadedConfig, command: list[str],
     if traits(config.transport).ssh:
         quiet_paramiko_logs()
     printer = Printer([t.label for t in first.tasks], quiet=args.quiet, live=False)
-    story = Story()
+    heard = Heard()
     thread: threading.Thread | None = None
 
     def started(job: Job) -> None:
@@ -200,7 +200,7 @@ def _one_job(args: argparse.Namespace, loaded: LoadedConfig, command: list[str],
         printer.notice(f"drill: run dir {run_dir}; faults {', '.join(faults)}, each once "
                        "the job has saved a checkpoint")
         plan = job.connected.plan
-        injector = Injector(job, story, faults, grace_s=plan.grace_s,
+        injector = Injector(job, heard, faults, grace_s=plan.grace_s,
                             checkpoint_wait_s=args.checkpoint_wait,
                             checkpoint_dir=plan.checkpoint_dir, say=printer.notice)
         thread = threading.Thread(target=injector.run, name="drill", daemon=True)
@@ -209,7 +209,7 @@ def _one_job(args: argparse.Namespace, loaded: LoadedConfig, command: list[str],
     injector: Injector | None = None
     with stops_asked(stop):
         ended = run_launch(launch, first, make_transport(config), printer, stop,
-                           views=[story], started=started)
+                           views=[heard], started=started)
     if isinstance(ended, EarlyEnd):
         printer.finish()
         if ended.why == "interrupted":  # as Ctrl-C before the drill's job
@@ -218,4 +218,4 @@ def _one_job(args: argparse.Namespace, loaded: LoadedConfig, command: list[str],
     assert thread is not None and injector is not None
     thread.join(timeout=30)
     printer.finish()
-    return injector, story
+    return injector, heard

@@ -1,17 +1,16 @@
 """A drill's faults: listen to a running job's story, inject one fault after another.
 
-`Story` is a `Listener` of the job's typed events (launcher/job/events.py):
-it keeps each generation's steps, checkpoints, exits, failures and resume
-point. `Injector` runs beside the supervisor, in its own thread: once the
+`Heard` is a `Listener` of the job's typed events (launcher/job/events.py):
+it folds them into the run's model (launcher/job/story.py, whose `history`
+keeps each generation's steps, saves, exits and resume point) and wakes the
+injector. `Injector` runs beside the supervisor, in its own thread: once the
 job has saved a checkpoint it injects each fault through the agents, which
 know the tasks' process groups (the `signal` op; for a whole host an
 `exec_check` that freezes the agent, then kills the tasks and the agent),
 and waits for the failure to be detected and for the next generation's
 first step. What it saw is an `Observed` per fault (`drill_report` judges).
 
-Steps are absolute: `runtime.callbacks()` counts a generation's steps from 0
-and reports the restored step count (`start_step`) once, at its first epoch;
-that offset is added to the generation's later reports.
+Steps are absolute (launcher/job/history.py).
 """
 
 from __future__ import annotations
@@ -25,6 +24,7 @@ from typing import Any
 from ..job import checkpoints
 from ..job import events as ev
 from ..job import story as model
+from ..job.history import Exit, History
 from ..job.launch import Job
 from ..views.drill_report import Observed, Point
 
@@ -47,31 +47,17 @@ _HOW = {"kill": "SIGKILL", "preempt": "SIGTERM, then the grace", "hang": "SIGSTO
         "host": "its agent and tasks killed"}
 
 
-class Story:
-    """What the drill needs of the job's events (told from the supervisor thread):
-    a view of the job (`Launch.start(views=)`)."""
+class Heard:
+    """What the drill hears of the job: the run's model (launcher/job/story.py),
+    told each event from the supervisor thread under the condition the
+    injector waits on, and the saves seen on disk (for a script that reports
+    none). A view of the job (`Launch.start(views=)`)."""
 
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self.cond = threading.Condition()
         self.clock = clock
-        # The run's model (launcher/job/story.py): the generation, each one's
-        # failure, the job's end and the resumes behind the last save.
-        self.model = model.Story()
-        self.tasks: dict[int, list[tuple[str, str, int | None]]] = {}  # gen: (task, host, pid)
-        self.points: dict[tuple[int, str], list[Point]] = {}
-        self.offset: dict[int, int] = {}
-        self.resumed: dict[int, int] = {}
-        self.first_step_t: dict[int, float] = {}
-        self.counted_first: dict[int, tuple[float, int]] = {}
-        self.counted_moved: dict[int, float] = {}
-        self.exits: dict[tuple[int, str], tuple[float, int | None, int | None]] = {}
-        # (t, step, generation, told by the saver: chief, else worker0)
-        self.checkpoints: list[tuple[float, int, int, bool]] = []
-        self.saver_reports = False
-        self.disk_saves: list[tuple[float, int, int]] = []  # the same, seen on disk
-        self.reported_checkpoints = False
-        self.save_seconds: list[float] = []  # each save's time, as the bootstrap timed it
-        self.finished: set[tuple[int, str]] = set()  # tasks that exited 0 by themselves
+        self.model = model.Story(history=History(keep_reports=True))  # each report kept
+        self.disk_saves: list[tuple[float, int, int]] = []  # (t, step, generation)
 
     @property
     def generation(self) -> int:
@@ -81,14 +67,9 @@ class Story:
     def ended(self) -> ev.JobDone | None:
         return self.model.ended
 
-    def detected(self, gen: int) -> float | None:
-        """When generation `gen`'s failure was told."""
-        failure = self.model.failures.get(gen)
-        return None if failure is None else failure.t
-
-    def finished_in(self, gen: int, but: str) -> bool:
-        """Did a task of `gen` other than `but` (the victim) finish training?"""
-        return any(g == gen and task != but for g, task in self.finished)
+    @property
+    def history(self) -> History:
+        return self.model.history
 
     def open(self, record: Callable[[ev.Event], None]) -> None:
         """A view of the job (launch.View): it adds no events of its own."""
@@ -98,90 +79,29 @@ class Story:
 
     def tell(self, event: ev.Event) -> None:
         with self.cond:
-            self._take(event, self.clock())
+            self.model.tell(event, self.clock())
             self.cond.notify_all()
 
-    def _take(self, event: ev.Event, t: float) -> None:
-        self.model.tell(event, t)
-        if isinstance(event, ev.Launch):
-            self.tasks[event.generation] = [(p.task, p.host, None) for p in event.tasks
-                                            if p.lifetime == "job"]
-        elif isinstance(event, ev.TaskStarted):
-            self.tasks[event.generation] = [
-                (n, h, event.pid if n == event.task else pid)
-                for n, h, pid in self.tasks.get(event.generation, [])]
-        elif isinstance(event, ev.Progress):
-            self._progress(event, t)
-        elif isinstance(event, ev.TaskExited):
-            self.exits[(event.generation, event.task)] = (t, event.exit_code, event.signal)
-            if event.exit_code == 0 and not event.stopped_by_launcher:
-                self.finished.add((event.generation, event.task))
+    # ------------------------------------------------------------- reading
+    def detected(self, gen: int) -> float | None:
+        """When generation `gen`'s failure was told."""
+        failure = self.model.failures.get(gen)
+        return None if failure is None else failure.t
 
-    def _progress(self, event: ev.Progress, t: float) -> None:
-        m, gen = event.metrics, event.generation
-        if isinstance(m.get("save_s"), int | float):
-            self.save_seconds.append(float(m["save_s"]))
-        if isinstance(m.get("saved"), int) and not isinstance(m.get("saved"), bool):
-            # A completed save the bootstrap saw, wherever the script keeps it
-            # (runtime/saves.py): its step is the optimizer's count.
-            self._checkpoint(event.task, int(m["saved"]), gen, t, bool(m.get("chief")))
-        if isinstance(m.get("resumed"), int) and gen > 0:  # read at the restore
-            self.resumed.setdefault(gen, int(m["resumed"]))
-        step = m.get("step")
-        if not isinstance(step, int | float):
-            return
-        if m.get("start_epoch"):  # runtime.callbacks() after a restore, before a step
-            self.offset[gen] = int(m.get("start_step") or 0)
-            self.resumed.setdefault(gen, self.offset[gen])
-            return
-        if m.get("counted"):  # read off the optimizer every 2 s (runtime/steps.py)
-            self._counted(gen, event.task, int(step), t, "saved" in m)
-            return
-        absolute = int(step) + self.offset.get(gen, 0)
-        if gen > 0 and gen not in self.resumed:  # the first step done after the restore
-            self.resumed[gen] = max(0, absolute - 1)
-        self.first_step_t.setdefault(gen, t)
-        saved = bool(m.get("checkpoint"))
-        if saved and "saved" not in m:  # the script's own word (runtime.callbacks())
-            self._checkpoint(event.task, absolute, gen, t, False)
-        self.points.setdefault((gen, event.task), []).append((t, absolute, saved))
+    def victims(self, gen: int) -> list[tuple[str, str, int]]:
+        """The started tasks of `gen` that end with the job: (task, host, pid)."""
+        return [(v.name, v.host, v.pid) for v in self.model.tasks.values()
+                if v.generation == gen and v.lifetime == "job" and v.pid is not None]
 
-    def _checkpoint(self, task: str, step: int, gen: int, t: float, chief: bool) -> None:
-        """A save reported: the saver's word first (the chief; a peer may run
-        ahead of its save)."""
-        self.reported_checkpoints = True
-        saver = chief or task in ("chief", "worker0")
-        if saver or not self.saver_reports:
-            if saver and not self.saver_reports:
-                self.saver_reports = True
-                self.checkpoints = [c for c in self.checkpoints if c[3]]
-            if (step, gen) not in {(c[1], c[2]) for c in self.checkpoints[-4:]}:
-                self.checkpoints.append((t, step, gen, self.saver_reports))
-
-    def _counted(self, gen: int, task: str, step: int, t: float, saved: bool) -> None:
-        """A script that reports no steps: the optimizer's restored count (read
-        at the restore, else first read) is where it resumed; the count moving
-        past it is its first step."""
-        first = self.counted_first.setdefault(gen, (t, self.resumed.get(gen, step)))
-        if step > first[1]:
-            self.counted_moved.setdefault(gen, t)
-        self.points.setdefault((gen, task), []).append((t, step, saved))
-
-    def first_step(self, gen: int) -> float | None:
-        """When generation `gen` trained its first step (the script's word first)."""
-        return self.first_step_t.get(gen) or self.counted_moved.get(gen)
-
-    def resumed_at(self, gen: int) -> int | None:
-        if gen in self.resumed:
-            return self.resumed[gen]
-        return self.counted_first[gen][1] if gen in self.counted_first else None
+    def exit_of(self, gen: int, task: str) -> Exit | None:
+        return self.history.exits.get((gen, task))
 
     def recovery(self, observed: Observed, gen: int) -> None:
         """What the generation after `gen`'s fault says: when it was detected,
         when the next trained, where it resumed (and a task behind the last save)."""
         observed.detected_t = self.detected(gen)
-        observed.recovered_t = self.first_step(gen + 1)
-        observed.resumed_from_step = self.resumed_at(gen + 1)
+        observed.recovered_t = self.history.first_step(gen + 1)
+        observed.resumed_from_step = self.history.resumed_at(gen + 1)
         observed.behind = self.behind_said(gen + 1)
 
     def behind_said(self, gen: int) -> str:
@@ -196,21 +116,16 @@ class Story:
         """The checkpoint directory's series moved: a save (its step: the
         furthest reported by then), counted if the script reports none."""
         with self.cond:
-            step = self.furthest(self.generation)
+            step = self.history.furthest(self.generation)
             if step is not None:
                 self.disk_saves.append((self.clock(), step, self.generation))
                 self.cond.notify_all()
 
     def saves(self) -> list[tuple[float, int, int]]:
         """The saves the script reported; if it reports none, those seen on disk."""
-        if self.reported_checkpoints:
-            return [c[:3] for c in self.checkpoints]
+        if self.history.saves_reported:
+            return [(s.t, s.step, s.generation) for s in self.history.saves]
         return self.disk_saves
-
-    # ------------------------------------------------------------- reading
-    def furthest(self, gen: int) -> int | None:
-        steps = [p[1] for (g, _), pts in self.points.items() if g == gen for p in pts]
-        return max(steps) if steps else None
 
     def saves_in(self, gen: int) -> int:
         return sum(1 for _, _, g in self.saves() if g == gen)
@@ -220,33 +135,15 @@ class Story:
         saves = [c for c in self.saves() if upto is None or c[2] <= upto]
         return saves[-1][1] if saves else None
 
-    def trained_since(self, gen: int, task: str, t: float) -> bool:
-        """Did `task` report a step after `t`?"""
-        return any(p[0] > t for p in self.points.get((gen, task), []))
-
-    def series(self, until: dict[int, float]) -> list[list[Point]]:
-        """One task's reports per generation, up to its fault: the saver's
-        (it reports the saves), else the one with most."""
-        best: dict[int, list[Point]] = {}
-
-        def rank(points: list[Point]) -> tuple[bool, int]:
-            return any(p[2] for p in points), len(points)
-
-        for (gen, _), pts in self.points.items():
-            kept = [p for p in pts if p[0] < until.get(gen, float("inf"))]
-            if rank(kept) > rank(best.get(gen, [])):
-                best[gen] = kept
-        return [best[g] for g in sorted(best)]
-
 
 class Injector:
     """Injects `faults` into a started job, one after another, each once the
     job trains again after the last (run in a thread beside `job.run()`)."""
 
-    def __init__(self, job: Job, story: Story, faults: list[str], *, grace_s: float,
+    def __init__(self, job: Job, heard: Heard, faults: list[str], *, grace_s: float,
                  checkpoint_wait_s: float, checkpoint_dir: str,
                  say: Callable[[str], None] = lambda _text: None) -> None:
-        self.job, self.story, self.faults = job, story, faults
+        self.job, self.heard, self.faults = job, heard, faults
         self.say = say
         self.grace_s = grace_s
         self.checkpoint_wait_s = checkpoint_wait_s
@@ -264,21 +161,21 @@ class Injector:
         except Exception as exc:  # noqa: BLE001 - the drill's own fault: end the job, say it
             self.say(f"drill: stopped by its own error: {type(exc).__name__}: {exc}")
         finally:
-            if self.story.ended is None:  # the drill is over: end the job
+            if self.heard.ended is None:  # the drill is over: end the job
                 self.say("drill: every fault injected; stopping the job")
                 self.job.request_stop(signal.SIGTERM)
 
     # -------------------------------------------------------------- waiting
     def _wait(self, ready: Callable[[], Any], timeout: float) -> Any:
-        """Wait until `ready()` (under the story's lock) or the job ended."""
+        """Wait until `ready()` (under the condition's lock) or the job ended."""
         deadline = time.monotonic() + timeout
-        story = self.story
+        heard = self.heard
         while True:
-            with story.cond:
+            with heard.cond:
                 value = ready()
-                if value or story.ended is not None or time.monotonic() >= deadline:
+                if value or heard.ended is not None or time.monotonic() >= deadline:
                     return value
-                story.cond.wait(POLL_S)
+                heard.cond.wait(POLL_S)
             self._look_at_disk()
 
     def _look_at_disk(self) -> None:
@@ -287,28 +184,28 @@ class Injector:
         self._next_look = time.monotonic() + DISK_EVERY_S
         now = checkpoints.checkpoint_state(self.checkpoint_dir)
         if checkpoints.advanced(self._disk, now):
-            self.story.on_disk_change()
+            self.heard.on_disk_change()
         self._disk = now
 
     def _settle(self, first: bool) -> int:
         """Wait for the current generation to train and save: each fault comes
         right after the first save it sees (the bootstrap times each save, and
         the interval is read from the saves' steps: drill_report.report)."""
-        story = self.story
-        self._wait(lambda: story.first_step(story.generation), RECOVER_WAIT_S)
-        gen = story.generation
-        self._wait(lambda: story.saves_in(gen) >= 1, self.checkpoint_wait_s)
-        return story.generation
+        heard = self.heard
+        self._wait(lambda: heard.history.first_step(heard.generation), RECOVER_WAIT_S)
+        gen = heard.generation
+        self._wait(lambda: heard.saves_in(gen) >= 1, self.checkpoint_wait_s)
+        return heard.generation
 
     # ------------------------------------------------------------ one fault
     def _one(self, fault: str, first: bool) -> Observed:
-        story = self.story
+        heard = self.heard
         gen = self._settle(first)
         observed = Observed(fault, generation=gen, grace_s=self.grace_s)
-        with story.cond:
-            victims = [v for v in story.tasks.get(gen, []) if v[2] is not None]
-            if story.ended is not None:
-                ended = story.ended
+        with heard.cond:
+            victims = heard.victims(gen)
+            if heard.ended is not None:
+                ended = heard.ended
                 observed.again = ended.status == "succeeded"
                 observed.not_injected = (
                     f"the job finished before the {fault}: give it more steps to train"
@@ -320,9 +217,9 @@ class Injector:
                 return observed
             task, host, pid = victims[-1]  # the last worker: not the one that saves
             observed.victim = host if fault == "host" else f"{host}/{task}"
-            observed.step_at_fault = story.furthest(gen)
-            observed.last_checkpoint_step = story.last_checkpoint()
-            observed.steps_per_s = _rate(story.series({}))
+            observed.step_at_fault = heard.history.furthest(gen)
+            observed.last_checkpoint_step = heard.last_checkpoint()
+            observed.steps_per_s = _rate(heard.history.series({}))
         if not self._inject(fault, task, host, victims):
             observed.not_injected = f"{host}'s agent could not be reached to inject the {fault}"
             return observed
@@ -334,22 +231,22 @@ class Injector:
                  f"{observed.last_checkpoint_step})")
         if fault == "preempt":
             self._preempt(observed, task, host, t0)
-        self._wait(lambda: story.detected(gen), DETECT_WAIT_S)
-        self._wait(lambda: story.first_step(gen + 1), RECOVER_WAIT_S)
-        with story.cond:
-            story.recovery(observed, gen)
-            if observed.recovered_t is None and story.ended is not None:
-                observed.ended = (f"the job {story.ended.status}"
-                                  + (f": {story.ended.message}" if story.ended.message else ""))
+        self._wait(lambda: heard.detected(gen), DETECT_WAIT_S)
+        self._wait(lambda: heard.history.first_step(gen + 1), RECOVER_WAIT_S)
+        with heard.cond:
+            heard.recovery(observed, gen)
+            if observed.recovered_t is None and heard.ended is not None:
+                observed.ended = (f"the job {heard.ended.status}"
+                                  + (f": {heard.ended.message}" if heard.ended.message else ""))
             # What the faulted generation did until its teardown counts: its
             # peers may train and save on while a hang is being detected.
-            observed.last_checkpoint_step = story.last_checkpoint(upto=gen)
-            furthest = story.furthest(gen)
+            observed.last_checkpoint_step = heard.last_checkpoint(upto=gen)
+            furthest = heard.history.furthest(gen)
             if furthest is not None:
                 observed.step_at_fault = max(observed.step_at_fault or 0, furthest)
-            done = observed.recovered_t is None and story.ended is not None \
-                and story.ended.status == "succeeded"
-            if done or story.finished_in(gen, but=task):  # the training ended, not the fault
+            done = observed.recovered_t is None and heard.ended is not None \
+                and heard.ended.status == "succeeded"
+            if done or heard.history.finished_in(gen, but=task):  # the training ended
                 observed.t0, observed.again = None, True  # again, in a job of its own
                 observed.not_injected = (f"the job finished its training during the {fault}, "
                                          "with nothing left to resume: give it more steps")
@@ -389,30 +286,30 @@ class Injector:
         """A preemption: SIGTERM, then the grace. A task still there when it ends
         is killed as the machine would be, unless it stopped training (a save
         under way): then its save is timed, up to a bound, to say how long it took."""
-        story, gen = self.story, observed.generation
+        heard, gen = self.heard, observed.generation
 
         def exited() -> Any:
-            return story.exits.get((gen, task)) or story.detected(gen)
+            return heard.exit_of(gen, task) or heard.detected(gen)
 
         self._wait(exited, self.grace_s)
-        with story.cond:
+        with heard.cond:
             gone = exited()
-            training = story.trained_since(gen, task, t0 + 0.5)
+            training = heard.history.trained_since(gen, task, t0 + 0.5)
         if not gone and not training:
             self._wait(exited, max(30.0, 2 * self.grace_s))
-            with story.cond:
+            with heard.cond:
                 gone = exited()
             if not gone:
                 observed.still_saving_s = time.time() - t0
         if not gone:
             self._signal(host, task, signal.SIGKILL)
-        with story.cond:
-            exit_ = story.exits.get((gen, task))
+        with heard.cond:
+            exit_ = heard.exit_of(gen, task)
         if exit_ is None:  # its exit may follow the peers' failure: wait a little
-            self._wait(lambda: story.exits.get((gen, task)), self.grace_s + 5.0)
-            exit_ = story.exits.get((gen, task))
-        if exit_ is not None and exit_[1] == 42:
-            observed.term_saved, observed.term_exit_t = True, exit_[0]
+            self._wait(lambda: heard.exit_of(gen, task), self.grace_s + 5.0)
+            exit_ = heard.exit_of(gen, task)
+        if exit_ is not None and exit_.exit_code == 42:
+            observed.term_saved, observed.term_exit_t = True, exit_.t
 
 
 def _rate(series: list[list[Point]]) -> float | None:

@@ -10,7 +10,9 @@ its state (`states.apply`, the supervisor's own state machine, from
 `task_starting` on: the story cannot be told otherwise), pid, exit, step,
 steps/s, last report; the failures (the first of each generation, and the task a later
 `root_cause` blamed), the restarts, the resumes, the goodput ledger
-(`goodput.Ledger`), the stragglers, the out-of-step warnings and tail cuts.
+(`goodput.Ledger`), the stragglers, the out-of-step warnings and tail cuts;
+the training's history (`history.History`: each generation's steps, first
+step, resume point, the saves and each task's exit, which the drill judges).
 A new fact a view shows is a field of an event, a line of `tell` and the
 view's own line (docs/design.md, "A new field in every view").
 
@@ -34,6 +36,7 @@ from typing import Any
 from ..spec.plan import task_label
 from . import events as ev
 from .goodput import Ledger
+from .history import History
 from .states import TaskState, apply, reason_of, sentence
 from .timeline import JOB_ROW, Timeline, activity
 
@@ -177,6 +180,8 @@ class Story:
     started_t: float | None = None  # the first event's time
     last_t: float | None = None  # the last event's time
     events: int = 0
+    # The training's steps, saves, resume points and exits (job/history.py).
+    history: History = field(default_factory=History)
 
     def tell(self, event: ev.Event, now: float | None = None) -> None:
         """`event` as it happens (a live event has no `t` yet: `now` is its time)."""
@@ -187,6 +192,7 @@ class Story:
             self.started_t = event.t if self.started_t is None else self.started_t
             self.last_t = event.t
         self.ledger.add(event)
+        self.history.tell(event)
         teller = _TELLERS.get(type(event))
         if teller is not None:
             teller(self, event)

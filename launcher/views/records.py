@@ -396,13 +396,13 @@ _PART_WORDS = (("training", "training"), ("startup", "start-up"), ("recovery", "
 
 def _goodput_of(summary: dict[str, Any] | None, story: Story, events: list[dict[str, Any]],
                 status: str, now: float | None = None) -> dict[str, Any] | None:
-    """summary.json's ledger (the launch wrote it from the story of events.jsonl:
-    the same ledger); for a run still going, the story's up to now. A run
-    written before the ledger (events of schema 1, or a summary without
-    `goodput`) has none: it lacks what the ledger reads."""
-    if summary is not None:
-        return summary.get("goodput")
+    """The story's ledger: a finished job's to its end, a run still going's up
+    to now (summary.json's `goodput` is the same ledger, written by the launch
+    from the same events). A run written before the ledger (events of schema 1,
+    or a summary without `goodput`) has none: it lacks what the ledger reads."""
     if not any(ev_version(e) >= 2 for e in events):
+        return None if summary is None else summary.get("goodput")
+    if summary is not None and summary.get("goodput") is None:
         return None
     if status != "running":
         return story.goodput()  # to its last event (a launcher gone)
