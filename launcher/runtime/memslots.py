@@ -12,6 +12,10 @@ launcher/agent/memcopy.py). In it:
   (a slot without it is a save that did not complete). At most `copies` slots
   are kept; the agent copies the newest of each directory to that directory.
 
+Beside the tasks' folders, the agent keeps `peer-<host>/s-<seq>/`: saves of
+another host (or placed back here for a restore) with their sha256 sums,
+verified before a restore reads one (launcher/agent/peercopy.py).
+
 Standard library only; must not import the launcher side.
 """
 
@@ -108,9 +112,26 @@ def matching(roots: list[str], key: str, kind: str, pointer: str,
                 continue
             if record.get("pointer") != pointer:
                 continue
-            if all(_size(os.path.join(slot, n)) == size for n, size in sizes.items()):
+            if all(_size(os.path.join(slot, n)) == size for n, size in sizes.items()) \
+                    and verified(slot, record):
                 return slot
     return None
+
+
+def verified(slot: str, record: dict[str, Any]) -> bool:
+    """A copy that came from another host (launcher/agent/peercopy.py) reads as
+    its source hashed it (sha256 of each file); a slot made here has no sums."""
+    for name, expected in (record.get("sha256") or {}).items():
+        digest = hashlib.sha256()
+        try:
+            with open(os.path.join(slot, os.path.basename(name)), "rb") as handle:
+                while chunk := handle.read(2**20):
+                    digest.update(chunk)
+        except OSError:
+            return False
+        if digest.hexdigest() != expected:
+            return False
+    return True
 
 
 def _size(path: str) -> int:

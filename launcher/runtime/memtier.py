@@ -421,8 +421,12 @@ def _note_restore_source(target: str, name: str, source: str, path: str) -> None
     """Where a restore reads from: told with the task's resume (runtime/restores)."""
     from . import restores
 
+    host = os.environ.get("MGPU_MEMORY_HOST") or os.uname().nodename
+    record = memslots.manifest(path) if source == "memory" else None
+    if record and record.get("peer"):  # a copy that came from another host's memory
+        source, host = "peer", str(record.get("held_by") or host)
     restores.copy_source = {"resumed_from": source, "resumed_copy": path,
-                            "resumed_target": target, "resumed_host": os.uname().nodename}
+                            "resumed_target": target, "resumed_host": host}
 
 
 def on_keras(module: ModuleType) -> None:
