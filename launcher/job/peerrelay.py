@@ -123,7 +123,9 @@ class PeerRelay:
             if current:
                 self.take(message)
             return True
-        if message.event == "hello" or message.event == "agent_lost" and current:
+        if message.event == "hello":  # a new agent there: it swept the old one's folder
+            self.held.pop(message.host, None)
+        elif message.event == "agent_lost" and current:
             self.forget(message.host)
         return False
 
@@ -215,7 +217,7 @@ class PeerRelay:
         to its directory, and placed in the memory of each host without it."""
         waiting: list[str] = []
         for holders in self._newest().values():
-            holder = holders[0]
+            holder = holders[0]  # a chief's save (the newest is one)
             waiting.append(self._ask(holder[0], {"op": "peer_publish", "slot": holder[1]}))
             for host in hosts:
                 if self._alive(host) and not self._holds(host, holders):
@@ -250,10 +252,12 @@ class PeerRelay:
                     best[key] = (_newness(info), _save(info))
         holders: dict[str, list[tuple[str, str]]] = {}
         for key, (_when, save) in best.items():
-            found = [(info.get("origin") != host, host, slot)
+            # The chief's own save first, then its copies on other hosts (the bytes
+            # the directory gets); a worker's scratch save of the same step last.
+            found = [(not info.get("copy"), info.get("origin") != host, host, slot)
                      for host, slots in self.held.items() if self._alive(host)
                      for slot, info in slots.items() if _save(info) == save]
-            holders[key] = [(host, slot) for _peer, host, slot in sorted(found)]
+            holders[key] = [(host, slot) for *_rank, host, slot in sorted(found)]
         return {key: found for key, found in holders.items() if found}
 
     def _holds(self, host: str, holders: Iterable[tuple[str, str]]) -> bool:
