@@ -132,11 +132,15 @@ def test_before_a_restart_a_host_that_lost_its_memory_gets_the_newest_save(tmp_p
     shutil.rmtree(hosts.peers["host0"].memory.root)  # swept by the next agent
     hosts.peers["host0"] = hosts.agent("host0")
     hosts.relay.prepare(["host0", "host1"], lambda: hosts.step(0.1))
+    # Sent ahead of the starts: host0 expects the copy (its restore waits for it).
+    root = Path(hosts.peers["host0"].memory.root)
+    hosts.pump(lambda: root.is_dir() and any(n.name.startswith(".in-") for n in root.iterdir()))
+    hosts.pump(lambda: any(isinstance(e, ev.MemoryCopy) and e.placed for e in hosts.told)
+               and hosts.wire.empty())
     [placed] = [e for e in hosts.told if isinstance(e, ev.MemoryCopy) and e.placed]
     assert (placed.host, placed.source, placed.origin, placed.checkpoint) == (
         "host0", "host1", "host0", "ckpt-2"), placed
-    root = hosts.peers["host0"].memory.root
-    found = memslots.matching(memslots.sibling_roots(os.path.join(root, "worker0")), "k",
+    found = memslots.matching(memslots.settled_roots(str(root / "worker0"), 1), "k",
                               "manager", "ckpt-2", {})
     assert found and memslots.manifest(found)["held_by"] == "host1", found
     # Published: the directory names the newest save, as every worker will read it.

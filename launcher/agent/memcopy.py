@@ -62,6 +62,7 @@ class MemoryCopies:
         self._thread: threading.Thread | None = None
         self._copied: dict[tuple[str, str], tuple[int, int]] = {}  # (target, name) -> source id
         self.peers = None  # the copies in another host's memory (peercopy.PeerCopies)
+        self._when: dict[str, Callable[[], bool]] = {}  # slot -> copy it only if this says so
 
     def ensure_root(self) -> None:
         """The job's folder on this host, 0700, with this agent's pid (sweep)."""
@@ -94,9 +95,15 @@ class MemoryCopies:
             return
         self.copy_later(record["target"], path)
 
-    def copy_later(self, target: str, path: str) -> None:
-        """Copy the slot at `path` to `target`, on the copier thread."""
+    def copy_later(self, target: str, path: str, when: Callable[[], bool] | None = None
+                   ) -> None:
+        """Copy the slot at `path` to `target`, on the copier thread (only if
+        `when()` says so then, and only if no save of this host waits for it)."""
         with self._cond:
+            if when is not None:
+                if target in self._waiting:
+                    return  # this host's own newer save goes there
+                self._when[path] = when
             self._waiting.pop(target, None)
             self._waiting[target] = path
             if self._thread is None:
@@ -146,6 +153,9 @@ class MemoryCopies:
         record = read_manifest(slot)
         if record is None:
             raise FileNotFoundError(slot)
+        when = self._when.pop(slot, None)
+        if when is not None and not when():
+            return  # its directory names that save, or a newer one, already
         copy_slot(slot, record, self._copied)
         with open(os.path.join(slot, COPIED), "w", encoding="ascii"):
             pass  # the task's end waits for this (runtime/memtier.py)

@@ -77,7 +77,10 @@ class _Incoming:
         self.keep = max(1, int(message.get("keep") or 2))
         self.index, self.written, self.next = 0, 0, 0
         self.hashes = {name: hashlib.sha256() for name, _ in self.files}
-        os.makedirs(folder, mode=0o700)
+        self.fd: int | None = None
+        os.makedirs(folder, mode=0o700, exist_ok=True)  # made at `peer_expect`, perhaps
+        for name in os.listdir(folder):  # what an earlier try left
+            os.unlink(os.path.join(folder, name))
 
     def write(self, n: int, name: str, data: bytes) -> None:
         if n != self.next:
@@ -86,20 +89,25 @@ class _Incoming:
             if self.written != self.files[self.index][1]:
                 raise ValueError(f"{self.files[self.index][0]} ended short")
             self.index, self.written = self.index + 1, 0
+            self.close()
         if self.index >= len(self.files) or self.written + len(data) > self.files[self.index][1]:
             raise ValueError(f"{name}: more bytes than announced")
-        path = os.path.join(self.folder, name)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        try:
-            os.write(fd, data)
-        finally:
-            os.close(fd)
+        if self.fd is None:
+            self.fd = os.open(os.path.join(self.folder, name),
+                              os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.write(self.fd, data)
         self.hashes[name].update(data)
         self.written += len(data)
         self.next += 1
 
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
     def finish(self, sums: dict) -> dict:
         """Checked: every file whole and as hashed at the source."""
+        self.close()
         for name, size in self.files:
             path = os.path.join(self.folder, name)
             if (os.path.getsize(path) if os.path.exists(path) else -1) != size:
@@ -154,8 +162,11 @@ class PeerCopies:
             except ValueError as exc:  # the receiver says so, and the launcher waits no more
                 self.emit("peer_end", xfer=xfer, error=str(exc))
         elif op == "peer_publish":
-            threading.Thread(target=self._publish, args=(xfer, message.get("slot")),
-                             daemon=True).start()
+            self._publish(xfer, message.get("slot"))
+        elif op == "peer_expect":  # a copy placed here for a restore: the restore waits for it
+            self.memory.ensure_root()
+            os.makedirs(os.path.join(self.memory.root, f".in-{xfer}"), mode=0o700,
+                        exist_ok=True)
         else:
             self._receive(op, xfer, message)
 
@@ -225,13 +236,13 @@ class PeerCopies:
         try:
             if op == "peer_begin":
                 self.memory.ensure_root()
-                folder = os.path.join(self.memory.root, f".in-{xfer}")
-                shutil.rmtree(folder, ignore_errors=True)
-                self._incoming[xfer] = _Incoming(folder, message)
+                self._drop(xfer)
+                self._incoming[xfer] = _Incoming(os.path.join(self.memory.root, f".in-{xfer}"),
+                                                 message)
             elif op == "peer_chunk":
                 incoming = self._incoming[xfer]
                 incoming.write(int(message["n"]), _plain(message.get("file")),
-                               base64.b64decode(str(message.get("data")), validate=True))
+                               binascii.a2b_base64(str(message.get("data"))))  # sha256 at the end
                 self.emit("peer_ack", xfer=xfer, n=incoming.next - 1)
             elif op == "peer_end":
                 self._store(xfer, self._incoming.pop(xfer), message)
@@ -261,23 +272,28 @@ class PeerCopies:
     def _drop(self, xfer: str) -> None:
         incoming = self._incoming.pop(xfer, None)
         if incoming is not None:
-            shutil.rmtree(incoming.folder, ignore_errors=True)
+            incoming.close()
+        shutil.rmtree(os.path.join(self.memory.root, f".in-{xfer}"), ignore_errors=True)
 
     # --- publishing -------------------------------------------------------------
 
     def _publish(self, xfer: str, slot: object) -> None:
-        """Copy a held slot to its directory when that names an older checkpoint."""
+        """Copy a held slot to its directory when that names an older checkpoint:
+        queued now (a task start after this command waits for it), checked on
+        the copier thread (after the copies before it), answered once done."""
         try:
             path = self._own_slot(slot)
             record = memcopy.read_manifest(path) or {}
-            self.memory.drain()  # a copy under way first: one copier per directory
-            done = "current"
-            if newer_than_directory(record):
-                self.memory.copy_later(str(record["target"]), path)
-                done = "published" if self.memory.drain() else "not copied in time"
-            self.emit("peer_done", xfer=xfer, ok=True, done=done)
-        except (OSError, ValueError) as exc:
+            self.memory.copy_later(str(record["target"]), path,
+                                   when=lambda: newer_than_directory(record))
+        except (OSError, ValueError, KeyError) as exc:
             self.emit("peer_done", xfer=xfer, ok=False, done=f"{type(exc).__name__}: {exc}")
+            return
+
+        def answer() -> None:
+            done = "copied if older" if self.memory.drain() else "not copied in time"
+            self.emit("peer_done", xfer=xfer, ok=True, done=done)
+        threading.Thread(target=answer, daemon=True).start()
 
 
 def _order(kind: object, pointer: str) -> tuple[int, ...] | None:

@@ -198,8 +198,8 @@ class PeerRelay:
         info = self._xfers.pop(xfer, None)
         if info is None:
             return
-        if info["placed"]:
-            self._answers[xfer] = {"ok": ok, "done": error}
+        if not ok:  # the receiver drops what it has (a restore waiting for it goes on)
+            self._send(info["dest"], {"op": "peer_end", "xfer": xfer, "error": error})
         if info["dest"] is None and not info["placed"]:
             return  # one host: nowhere to copy, nothing to say
         manifest = info.get("manifest") or {}
@@ -214,24 +214,37 @@ class PeerRelay:
 
     def prepare(self, hosts: list[str], pump: Callable[[], bool]) -> None:
         """The newest save every host of the next generation can read: published
-        to its directory, and placed in the memory of each host without it."""
+        to its directory, and placed in the memory of each host without it.
+
+        Sent ahead of the starts, on the same links: a holder's publish is
+        queued before its task's start, which waits for its copies (so before
+        any worker reads the directory: they do after every task started); a
+        placement is announced (`peer_expect`) before the start, and the
+        restore waits for it (runtime/memslots.py), so the copy runs while
+        TensorFlow starts. Only a publish on a host outside the plan is waited
+        for here (at most PREPARE_S)."""
         waiting: list[str] = []
         for holders in self._newest().values():
             holder = holders[0]  # a chief's save (the newest is one)
-            waiting.append(self._ask(holder[0], {"op": "peer_publish", "slot": holder[1]}))
+            xfer = self._ask(holder[0], {"op": "peer_publish", "slot": holder[1]})
+            if holder[0] not in hosts:
+                waiting.append(xfer)
             for host in hosts:
-                if self._alive(host) and not self._holds(host, holders):
-                    xfer = self._ask(holder[0], {"op": "peer_send", "slot": holder[1]})
-                    self._xfers[xfer] = {"source": holder[0], "dest": host, "placed": True,
-                                         "began": self._clock()}
-                    waiting.append(xfer)
+                if self._alive(host) and not self._holds(host, holders) \
+                        and host not in [x["dest"] for x in self._xfers.values() if x["placed"]]:
+                    self._place(holder, host)
         deadline = self._clock() + PREPARE_S
         while any(x not in self._answers for x in waiting) and self._clock() < deadline:
             if pump():
                 return  # a stop came
-        for xfer in waiting:
-            if xfer in self._xfers:  # not done in time: the directory serves that host
-                self._finish(xfer, ok=False, error=f"not done in {PREPARE_S:.0f} s")
+
+    def _place(self, holder: tuple[str, str], host: str) -> None:
+        xfer = f"L{next(self._ids)}"
+        self._xfers[xfer] = {"source": holder[0], "dest": host, "placed": True,
+                             "began": self._clock()}
+        if not self._send(host, {"op": "peer_expect", "xfer": xfer}) or not self._send(
+                holder[0], {"op": "peer_send", "xfer": xfer, "slot": holder[1]}):
+            self._finish(xfer, ok=False, error="a host does not answer")
 
     def _ask(self, host: str, command: dict[str, Any]) -> str:
         xfer = f"L{next(self._ids)}"

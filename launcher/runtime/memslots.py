@@ -26,11 +26,13 @@ import json
 import os
 import re
 import shutil
+import time
 from typing import Any
 
 MANIFEST = "manifest.json"
 POINTERS = ("checkpoint", "training_metadata.json")  # copied last: they name the rest
 _TEMP_PART = re.compile(r"^workertemp_\d+$")
+INCOMING_WAIT_S = 120.0  # at most, at a restore, for a copy being placed in this memory
 
 
 def shared_of(target: str) -> str:
@@ -147,6 +149,16 @@ def sibling_roots(root: str) -> list[str]:
     others = sorted(os.path.join(parent, n) for n in os.listdir(parent)
                     if os.path.join(parent, n) != root) if os.path.isdir(parent) else []
     return [root, *[o for o in others if os.path.isdir(o)]]
+
+
+def settled_roots(root: str, timeout_s: float = INCOMING_WAIT_S) -> list[str]:
+    """`sibling_roots`, once the copies placed here for this restore are in
+    (`.in-<xfer>/`: the agent receives one; at most `timeout_s`)."""
+    parent, deadline = os.path.dirname(root), time.monotonic() + timeout_s
+    while time.monotonic() < deadline and any(
+            n.startswith(".in-") for n in (os.listdir(parent) if os.path.isdir(parent) else ())):
+        time.sleep(0.05)
+    return sibling_roots(root)
 
 
 def free_bytes(root: str) -> int:

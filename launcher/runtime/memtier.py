@@ -217,7 +217,7 @@ def _seed_manager(work: str, target: str) -> str:
         return ""
     name = os.path.basename(state[0])
     sizes = _checkpoint_files(target, name)
-    slot = memslots.matching(memslots.sibling_roots(_root()), memslots.key_of(target),
+    slot = memslots.matching(memslots.settled_roots(_root()), memslots.key_of(target),
                              "manager", name, sizes)
     source = slot or target
     for file in sizes:
@@ -351,7 +351,7 @@ def _seed_backup(work: str, target: str, weights: str) -> str:
         sizes = {weights: os.path.getsize(os.path.join(target, weights))}
     except OSError:
         return ""
-    slot = memslots.matching(memslots.sibling_roots(_root()), memslots.key_of(target),
+    slot = memslots.matching(memslots.settled_roots(_root()), memslots.key_of(target),
                              "keras", pointer, sizes)
     if slot is None:
         _note_restore_source(target, pointer.strip(), "shared", target)
