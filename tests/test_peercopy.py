@@ -3,7 +3,8 @@ launcher/job/peerrelay.py), wired as the launcher wires them but in one
 process: two hosts' agents' parts talk through the relay. A chief's save
 reaches the neighbour's memory whole, checksummed and private; a copy altered
 there fails its check; before a restart a host that lost its memory gets the
-newest save placed back, and a directory left behind gets it published."""
+newest save placed back, and a directory left behind gets it published; a
+restore reads whichever is complete first, the placed copy or the directory."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from launcher.agent import memcopy
 from launcher.agent.peercopy import PeerCopies
 from launcher.job import events as ev
 from launcher.job.peerrelay import PeerRelay
-from launcher.runtime import memslots
+from launcher.runtime import memslots, nearest
 from launcher.transport import AgentMessage
 from tests.test_memcopy import make_slot
 
@@ -147,3 +148,25 @@ def test_before_a_restart_a_host_that_lost_its_memory_gets_the_newest_save(tmp_p
     hosts.peers["host1"].memory.drain(5)
     assert 'model_checkpoint_path: "ckpt-2"' in (shared / "checkpoint").read_text()
     assert (shared / "ckpt-2.index").exists()
+
+
+def test_a_restore_races_a_copy_being_placed_against_the_directory(tmp_path: Path):
+    root, target, work = tmp_path / "job" / "worker0", tmp_path / "shared", tmp_path / "w"
+    for folder in (root, target, work):
+        folder.mkdir(parents=True)
+    (target / "ckpt-2.index").write_bytes(b"from the directory")
+    slot = tmp_path / "job" / "peer-host0" / "s-00000001"
+    slot.mkdir(parents=True)
+    (slot / "ckpt-2.index").write_bytes(b"from memory")
+    # Nothing on its way: the slot found is read.
+    assert nearest.fill(str(work), str(target), ["ckpt-2.index"], lambda: str(slot),
+                        str(root)) == str(slot)
+    assert (work / "ckpt-2.index").read_bytes() == b"from memory"
+    # A copy announced that never comes: the directory, read meanwhile, wins.
+    (work / "ckpt-2.index").unlink()
+    (tmp_path / "job" / ".in-L1").mkdir()
+    assert nearest.fill(str(work), str(target), ["ckpt-2.index"], lambda: None,
+                        str(root), wait_s=30) is None
+    assert (work / "ckpt-2.index").read_bytes() == b"from the directory"
+    assert sorted(p.name for p in (tmp_path / "job").iterdir()) == [
+        ".in-L1", "peer-host0", "worker0"]  # what it fetched aside is gone

@@ -35,7 +35,7 @@ import sys
 import time
 from types import ModuleType
 
-from . import memslots
+from . import memslots, nearest
 
 ENV_DIR = "MGPU_MEMORY_DIR"
 ENV_COPIES = "MGPU_MEMORY_COPIES"
@@ -217,14 +217,10 @@ def _seed_manager(work: str, target: str) -> str:
         return ""
     name = os.path.basename(state[0])
     sizes = _checkpoint_files(target, name)
-    slot = memslots.matching(memslots.settled_roots(_root()), memslots.key_of(target),
-                             "manager", name, sizes)
+    slot = nearest.fill(work, target, list(sizes), lambda: memslots.matching(
+        memslots.sibling_roots(_root()), memslots.key_of(target), "manager", name, sizes),
+        _root())  # a copy being placed here raced against the directory
     source = slot or target
-    for file in sizes:
-        if slot:
-            os.link(os.path.join(slot, file), os.path.join(work, file))
-        else:
-            shutil.copyfile(os.path.join(target, file), os.path.join(work, file))
     # The directory's state file as it is: the older checkpoints it lists stay
     # there (not read), kept or deleted by the manager's rule as the saves go on.
     shutil.copyfile(os.path.join(target, "checkpoint"), os.path.join(work, "checkpoint"))
