@@ -79,8 +79,10 @@ def chief_slot(hosts: Hosts, host: str, seq: int, size: int, target: Path) -> Pa
     env = {"MGPU_MEMORY_COPIES": "2"}
     hosts.peers[host].memory.task_env("worker0", env)
     slot = make_slot(Path(env["MGPU_MEMORY_DIR"]), seq, f"ckpt-{seq}", size, [f"ckpt-{seq}"])
+    (slot / "ckpt-0.index").write_bytes(b"an older checkpoint the manager keeps")
     record = memslots.manifest(str(slot)) | {"target": str(target), "step": seq * 10,
                                              "time": float(seq)}
+    record["files"] = memslots.ordered([*record["files"], "ckpt-0.index"])
     memslots.seal(str(slot), record)
     return slot
 
@@ -97,8 +99,9 @@ def test_a_save_reaches_the_neighbours_memory_whole_private_and_checked(tmp_path
     store = Path(hosts.peers["host1"].memory.root) / "peer-host0"
     [copy] = memslots.slots(str(store))
     record = memslots.manifest(copy[1])
+    # The checkpoint the save names, not the older ones its manager keeps.
     assert record["held_by"] == "host0" and record["peer"] and set(record["sha256"]) == {
-        "checkpoint", "ckpt-1.index", "ckpt-1.data-00000-of-00001"}
+        "checkpoint", "ckpt-1.index", "ckpt-1.data-00000-of-00001"} == set(record["files"])
     for name in record["files"]:
         assert (Path(copy[1]) / name).read_bytes() == (slot / name).read_bytes()
         assert stat.S_IMODE((Path(copy[1]) / name).stat().st_mode) == 0o600

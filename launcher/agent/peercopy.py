@@ -205,8 +205,11 @@ class PeerCopies:
         if record is None:
             raise FileNotFoundError(slot)
         names = [n for n in record.get("files") or () if NAME.fullmatch(str(n))]
+        if record.get("kind") == "manager":  # the named checkpoint only, not the older ones kept
+            pointer = os.path.basename(str(record.get("pointer") or ""))
+            names = [n for n in names if n == "checkpoint" or n.startswith(pointer + ".")]
         files = [[n, os.path.getsize(os.path.join(slot, n))] for n in names]
-        record.setdefault("origin", self.host)
+        record.update(origin=record.get("origin") or self.host, files=names)
         self.emit("peer_begin", xfer=xfer, slot=slot, manifest=record, files=files)
         sums, n = {}, 0
         for name in names:
