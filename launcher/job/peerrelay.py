@@ -117,15 +117,18 @@ class PeerRelay:
     def consumed(self, message: AgentMessage) -> bool:
         """True when `message` is the relay's (taken). A new agent on a host,
         or a lost one, holds no copies (its folder is swept)."""
+        event = message.event
+        if event not in KINDS and event != "hello" and event != "agent_lost":
+            return False  # the cost of the relay for any other message
         link = self._links().get(message.host)
         current = link is None or not message.link_id or message.link_id == link.link_id
-        if message.event in KINDS:
+        if event in KINDS:
             if current:
                 self.take(message)
             return True
-        if message.event == "hello":  # a new agent there: it swept the old one's folder
+        if event == "hello":  # a new agent there: it swept the old one's folder
             self.held.pop(message.host, None)
-        elif message.event == "agent_lost" and current:
+        elif current:
             self.forget(message.host)
         return False
 
