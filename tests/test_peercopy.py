@@ -15,7 +15,7 @@ import stat
 from pathlib import Path
 
 from launcher.agent import memcopy
-from launcher.agent.peercopy import PeerCopies
+from launcher.agent.peercopy import PeerCopies, newer_than_directory
 from launcher.job import events as ev
 from launcher.job.peerrelay import PeerRelay
 from launcher.runtime import memslots, nearest
@@ -173,3 +173,18 @@ def test_a_restore_races_a_copy_being_placed_against_the_directory(tmp_path: Pat
     assert (work / "ckpt-2.index").read_bytes() == b"from the directory"
     assert sorted(p.name for p in (tmp_path / "job").iterdir()) == [
         ".in-L1", "peer-host0", "worker0"]  # what it fetched aside is gone
+
+
+def test_a_held_save_is_published_only_over_an_older_checkpoint(tmp_path: Path):
+    manager = {"kind": "manager", "target": str(tmp_path), "pointer": "ckpt-12"}
+    assert newer_than_directory(manager)  # the directory names none
+    (tmp_path / "checkpoint").write_text('model_checkpoint_path: "ckpt-9"\n'
+                                         'all_model_checkpoint_paths: "ckpt-9"\n')
+    assert newer_than_directory(manager)
+    assert not newer_than_directory({**manager, "pointer": "ckpt-9"})
+    assert not newer_than_directory({**manager, "pointer": "ckpt-3"})
+    keras = {"kind": "keras", "target": str(tmp_path), "pointer": '{"epoch": 3, "batch": 0}'}
+    (tmp_path / "training_metadata.json").write_text('{"epoch": 2, "batch": 0}')
+    assert newer_than_directory(keras)
+    assert not newer_than_directory({**keras, "pointer": '{"epoch": 2, "batch": 0}'})
+    assert not newer_than_directory({**keras, "pointer": "not a backup's"})
