@@ -62,6 +62,7 @@ class Commands:
         self.stacks = stacks
         self.emit = emit
         self.profiles = profiles
+        self.peers = None  # the memory tier's copies on other hosts (peercopy.PeerCopies)
 
     def dispatch(self, raw: bytes) -> None:
         """One line from stdin: parse, check and run it; never raise."""
@@ -108,6 +109,11 @@ class Commands:
             try:
                 self.profiles.request(self.tasks.running(wanted), wanted, message)
             except (TypeError, ValueError) as exc:
+                raise BadCommand(str(exc)) from exc
+        elif isinstance(op, str) and op.startswith("peer_") and self.peers is not None:
+            try:
+                self.peers.handle(op, message)
+            except (KeyError, TypeError, ValueError) as exc:
                 raise BadCommand(str(exc)) from exc
         else:
             self.emit("log", text=f"unknown op {str(op)[:40]!r}")

@@ -33,6 +33,7 @@ from launcher.agent.hostfacts import installed_versions, load_psutil
 from launcher.agent.lease import Lease
 from launcher.agent.leftovers import PidRecords
 from launcher.agent.memcopy import MemoryCopies, sweep
+from launcher.agent.peercopy import PeerCopies
 from launcher.agent.profiles import Profiles
 from launcher.agent.protocol import Emitter
 from launcher.agent.seal import Seal
@@ -68,7 +69,9 @@ class Agent:
         self.tasks.on_profile = self.profiles.answered
         self.memory = MemoryCopies(self.run_dir, host, lambda text: emit("log", text=text))
         self.tasks.memory = self.memory
+        self.memory.peers = PeerCopies(self.memory, host, emit)  # a copy in another host's
         self.commands = Commands(self.tasks, Stacks(emit), emit, self.profiles)
+        self.commands.peers = self.memory.peers
         self.lease = Lease(emit)
         self.health = Health()  # host signals for the straggler radar, every few beats
 

@@ -54,24 +54,32 @@ class MemoryCopies:
     def __init__(self, run_dir: str, host: str, log: Callable[[str], None],
                  shm: str = SHM) -> None:
         self.root = job_folder(run_dir, host, shm)
+        self.host = host
         self.log = log
         self._cond = threading.Condition()
         self._waiting: dict[str, str] = {}  # target -> newest slot not yet copied
         self._busy = False
         self._thread: threading.Thread | None = None
         self._copied: dict[tuple[str, str], tuple[int, int]] = {}  # (target, name) -> source id
+        self.peers = None  # the copies in another host's memory (peercopy.PeerCopies)
+        self._when: dict[str, Callable[[], bool]] = {}  # slot -> copy it only if this says so
+
+    def ensure_root(self) -> None:
+        """The job's folder on this host, 0700, with this agent's pid (sweep)."""
+        os.makedirs(self.root, mode=0o700, exist_ok=True)
+        os.chmod(self.root, 0o700)
+        with open(os.path.join(self.root, OWNER), "w", encoding="ascii") as handle:
+            handle.write(str(os.getpid()))
 
     def task_env(self, task: str, env: dict[str, str]) -> None:
         """A task of a job with the memory tier: its folder, in its environment."""
         if not env.get("MGPU_MEMORY_COPIES"):
             return
-        os.makedirs(self.root, mode=0o700, exist_ok=True)
-        os.chmod(self.root, 0o700)
-        with open(os.path.join(self.root, OWNER), "w", encoding="ascii") as handle:
-            handle.write(str(os.getpid()))
+        self.ensure_root()
         folder = os.path.join(self.root, task)
         os.makedirs(folder, mode=0o700, exist_ok=True)
         env["MGPU_MEMORY_DIR"] = folder
+        env["MGPU_MEMORY_HOST"] = self.host  # the plan's name of this host, for `resumed`
 
     def saved(self, slot: object) -> None:
         """A task's save completed in memory: copy it (in the background)."""
@@ -81,11 +89,23 @@ class MemoryCopies:
         if not path.startswith(self.root + os.sep):
             return  # not one of this job's slots
         record = read_manifest(path)
+        if record is not None and self.peers is not None:
+            self.peers.saved(path, record)  # said to the launcher; the chief's sent on
         if record is None or not record.get("copy") or not isinstance(record.get("target"), str):
             return
+        self.copy_later(record["target"], path)
+
+    def copy_later(self, target: str, path: str, when: Callable[[], bool] | None = None
+                   ) -> None:
+        """Copy the slot at `path` to `target`, on the copier thread (only if
+        `when()` says so then, and only if no save of this host waits for it)."""
         with self._cond:
-            self._waiting.pop(record["target"], None)
-            self._waiting[record["target"]] = path
+            if when is not None:
+                if target in self._waiting:
+                    return  # this host's own newer save goes there
+                self._when[path] = when
+            self._waiting.pop(target, None)
+            self._waiting[target] = path
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, daemon=True)
                 self._thread.start()
@@ -133,6 +153,9 @@ class MemoryCopies:
         record = read_manifest(slot)
         if record is None:
             raise FileNotFoundError(slot)
+        when = self._when.pop(slot, None)
+        if when is not None and not when():
+            return  # its directory names that save, or a newer one, already
         copy_slot(slot, record, self._copied)
         with open(os.path.join(slot, COPIED), "w", encoding="ascii"):
             pass  # the task's end waits for this (runtime/memtier.py)

@@ -4,9 +4,12 @@ Newline-delimited JSON, one object per line; docs/design.md ("The agent
 protocol") describes every message and its fields, in one place:
 
 supervisor -> agent (`op`): start, seal, signal, stop, exec_check, stacks, profile,
-ping.
+ping; with the memory tier peer_begin, peer_chunk, peer_end, peer_ack, peer_send,
+peer_publish (launcher/agent/peercopy.py).
 agent -> supervisor (`ev`, each with `t`): hello, started, start_failed,
-output, progress, exited, heartbeat, exec_result, stacks, log, bye.
+output, progress, exited, heartbeat, exec_result, stacks, log, bye; with the
+memory tier memory_held, peer_begin, peer_chunk, peer_end, peer_ack,
+peer_stored, peer_done.
 
 A bad command (not JSON, not an object, wrong types, a task name that is not
 a plain file name, longer than MAX_COMMAND_BYTES) is refused with a `log` (or

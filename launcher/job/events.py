@@ -326,8 +326,24 @@ class Resumed(Event):
     checkpoint: dict[str, Any] | None = None
     saved_step: int | None = None  # the last save completed before this generation
     past: int | None = None  # the previous resume point, when this one moved past it
-    # With the memory tier: the copy restored, {from: memory|shared, host, path}.
+    # With the memory tier: the copy restored, {from: memory|peer|shared, host, path}.
     copy: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryCopy(Event):
+    """The memory tier: a save copied into another host's memory (job/peerrelay.py)."""
+
+    kind = "memory_copy"
+    optional = ("error",)
+    host: str  # where the copy is now
+    source: str = ""  # the host it came from
+    origin: str = ""  # the host that saved it
+    checkpoint: str = ""
+    bytes: int = 0
+    seconds: float = 0.0
+    placed: bool = False  # placed back for a restart (else: the save's second copy)
+    error: str | None = None  # why it failed
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -463,7 +479,7 @@ KINDS: dict[str, type[Event]] = {cls.kind: cls for cls in (
     TeardownBegun, TeardownDone, HostLost, HostWait, HostBack, HostsChosen, Reaped,
     BadMessage, AgentLog, Restart, Resumed, ResumeBehind, KerasSwitched, JobDone, TerminalLost,
     NotifyFailed, MetricsServed, ProgramOver, TailCut, Health, Straggler, JobPhase,
-    LauncherFailed)}
+    LauncherFailed, MemoryCopy)}
 
 # Keys of a progress line that are not metrics.
 _PROGRESS_RESERVED = frozenset({"t", "event", "v", "generation", "task", "host"})

@@ -28,7 +28,10 @@ TASK_NAME = re.compile(r"^(chief|worker|ps|evaluator)\d{1,6}$")
 
 TASK_EVENTS = frozenset({"started", "start_failed", "output", "progress", "exited", "stacks",
                          "profile", "profile_part"})
-OTHER_EVENTS = frozenset({"hello", "heartbeat", "log", "bye", "exec_result", "agent_lost"})
+OTHER_EVENTS = frozenset({"hello", "heartbeat", "log", "bye", "exec_result", "agent_lost",
+                          # the memory tier's copies on other hosts (job/peerrelay.py checks them)
+                          "memory_held", "peer_begin", "peer_chunk", "peer_end", "peer_ack",
+                          "peer_stored", "peer_done"})
 
 
 class BadMessage(ValueError):

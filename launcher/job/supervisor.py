@@ -43,6 +43,7 @@ from .findings import Failures, Finding, Found, HostSilent
 from .generation import Generation
 from .hostwait import HostWaiter
 from .output import TaskOutput, Voice
+from .peerrelay import PeerRelay
 from .phases import Phase
 from .profiling import Profiler
 from .protocol import BadMessage, check_message
@@ -112,6 +113,8 @@ class Supervisor:
         self._keras_switch: dict[str, Any] | None = None  # keras_fallback: once per job
         self._resumes = resumes.Resumes()  # where each restarted generation resumed
         self._teardown = Teardown(links, recorder, clock, story.tell, story.happen)
+        # The memory tier's copies on other hosts, relayed and placed (job/peerrelay.py).
+        self._peers = PeerRelay(lambda: self._links, story.tell, clock)
         self._watch = Watch(policy, links, clock, story.tell)
         self._waiter = HostWaiter(reconnect, links, story.tell, self._wait, self._stop_pending,
                                   clock, hosts=self._hosts, policy=policy)
@@ -182,6 +185,7 @@ class Supervisor:
         plan = self._make_plan(job.generation, job.active)
         if self._keras_switch is not None:
             plan = keras_fallback.under_tf_keras(plan)
+        self._place_copies(plan)
         checkpoint_before = self._checkpoint_probe()
         self._resumes.starting(job.generation, checkpoint_before)
         gen = self._run_generation(plan)
@@ -231,6 +235,17 @@ class Supervisor:
         self._story.tell(restart)
         return End("interrupted") if self._wait(restart.backoff_s) else None
 
+    def _place_copies(self, plan: Plan) -> None:
+        """The memory tier: before a restart, the newest save each host of the
+        plan needs, in its memory (job/peerrelay.py)."""
+        keep = next((t.env.get("MGPU_MEMORY_COPIES") for t in plan.tasks), None)
+        if not keep:
+            return
+        hosts = [t.host for t in plan.tasks]
+        self._peers.use_plan(hosts, int(keep))
+        if plan.generation > 0:
+            self._peers.prepare(hosts, lambda: self._wait(POLL_S))
+
     def _wait(self, seconds: float) -> bool:
         """Sleep while draining events; True when a stop was requested meanwhile."""
         deadline = self._clock() + seconds
@@ -254,9 +269,12 @@ class Supervisor:
             except queue.Empty:
                 return None
             try:
-                return AgentMessage(raw.host, check_message(raw.message), raw.link_id)
+                message = AgentMessage(raw.host, check_message(raw.message), raw.link_id)
             except BadMessage as exc:
                 self._refuse(raw, str(exc))
+            else:
+                if not self._peers.consumed(message):  # the memory tier's copies
+                    return message
             if self._clock() >= deadline:
                 return None
 

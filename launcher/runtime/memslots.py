@@ -12,6 +12,10 @@ launcher/agent/memcopy.py). In it:
   (a slot without it is a save that did not complete). At most `copies` slots
   are kept; the agent copies the newest of each directory to that directory.
 
+Beside the tasks' folders, the agent keeps `peer-<host>/s-<seq>/`: saves of
+another host (or placed back here for a restore) with their sha256 sums,
+verified before a restore reads one (launcher/agent/peercopy.py).
+
 Standard library only; must not import the launcher side.
 """
 
@@ -22,11 +26,13 @@ import json
 import os
 import re
 import shutil
+import time
 from typing import Any
 
 MANIFEST = "manifest.json"
 POINTERS = ("checkpoint", "training_metadata.json")  # copied last: they name the rest
 _TEMP_PART = re.compile(r"^workertemp_\d+$")
+INCOMING_WAIT_S = 120.0  # at most, at a restore, for a copy being placed in this memory
 
 
 def shared_of(target: str) -> str:
@@ -108,9 +114,26 @@ def matching(roots: list[str], key: str, kind: str, pointer: str,
                 continue
             if record.get("pointer") != pointer:
                 continue
-            if all(_size(os.path.join(slot, n)) == size for n, size in sizes.items()):
+            if all(_size(os.path.join(slot, n)) == size for n, size in sizes.items()) \
+                    and verified(slot, record):
                 return slot
     return None
+
+
+def verified(slot: str, record: dict[str, Any]) -> bool:
+    """A copy that came from another host (launcher/agent/peercopy.py) reads as
+    its source hashed it (sha256 of each file); a slot made here has no sums."""
+    for name, expected in (record.get("sha256") or {}).items():
+        digest = hashlib.sha256()
+        try:
+            with open(os.path.join(slot, os.path.basename(name)), "rb") as handle:
+                while chunk := handle.read(2**20):
+                    digest.update(chunk)
+        except OSError:
+            return False
+        if digest.hexdigest() != expected:
+            return False
+    return True
 
 
 def _size(path: str) -> int:
@@ -126,6 +149,16 @@ def sibling_roots(root: str) -> list[str]:
     others = sorted(os.path.join(parent, n) for n in os.listdir(parent)
                     if os.path.join(parent, n) != root) if os.path.isdir(parent) else []
     return [root, *[o for o in others if os.path.isdir(o)]]
+
+
+def settled_roots(root: str, timeout_s: float = INCOMING_WAIT_S) -> list[str]:
+    """`sibling_roots`, once the copies placed here for this restore are in
+    (`.in-<xfer>/`: the agent receives one; at most `timeout_s`)."""
+    parent, deadline = os.path.dirname(root), time.monotonic() + timeout_s
+    while time.monotonic() < deadline and any(
+            n.startswith(".in-") for n in (os.listdir(parent) if os.path.isdir(parent) else ())):
+        time.sleep(0.05)
+    return sibling_roots(root)
 
 
 def free_bytes(root: str) -> int:

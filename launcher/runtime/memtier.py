@@ -35,7 +35,7 @@ import sys
 import time
 from types import ModuleType
 
-from . import memslots
+from . import memslots, nearest
 
 ENV_DIR = "MGPU_MEMORY_DIR"
 ENV_COPIES = "MGPU_MEMORY_COPIES"
@@ -217,14 +217,10 @@ def _seed_manager(work: str, target: str) -> str:
         return ""
     name = os.path.basename(state[0])
     sizes = _checkpoint_files(target, name)
-    slot = memslots.matching(memslots.sibling_roots(_root()), memslots.key_of(target),
-                             "manager", name, sizes)
+    slot = nearest.fill(work, target, list(sizes), lambda: memslots.matching(
+        memslots.sibling_roots(_root()), memslots.key_of(target), "manager", name, sizes),
+        _root())  # a copy being placed here raced against the directory
     source = slot or target
-    for file in sizes:
-        if slot:
-            os.link(os.path.join(slot, file), os.path.join(work, file))
-        else:
-            shutil.copyfile(os.path.join(target, file), os.path.join(work, file))
     # The directory's state file as it is: the older checkpoints it lists stay
     # there (not read), kept or deleted by the manager's rule as the saves go on.
     shutil.copyfile(os.path.join(target, "checkpoint"), os.path.join(work, "checkpoint"))
@@ -351,7 +347,7 @@ def _seed_backup(work: str, target: str, weights: str) -> str:
         sizes = {weights: os.path.getsize(os.path.join(target, weights))}
     except OSError:
         return ""
-    slot = memslots.matching(memslots.sibling_roots(_root()), memslots.key_of(target),
+    slot = memslots.matching(memslots.settled_roots(_root()), memslots.key_of(target),
                              "keras", pointer, sizes)
     if slot is None:
         _note_restore_source(target, pointer.strip(), "shared", target)
@@ -421,8 +417,12 @@ def _note_restore_source(target: str, name: str, source: str, path: str) -> None
     """Where a restore reads from: told with the task's resume (runtime/restores)."""
     from . import restores
 
+    host = os.environ.get("MGPU_MEMORY_HOST") or os.uname().nodename
+    record = memslots.manifest(path) if source == "memory" else None
+    if record and record.get("peer"):  # a copy that came from another host's memory
+        source, host = "peer", str(record.get("held_by") or host)
     restores.copy_source = {"resumed_from": source, "resumed_copy": path,
-                            "resumed_target": target, "resumed_host": os.uname().nodename}
+                            "resumed_target": target, "resumed_host": host}
 
 
 def on_keras(module: ModuleType) -> None:

@@ -87,8 +87,9 @@ def _resumed(event: ev.Resumed) -> str:
                 "(no checkpoint restored)")
     said = f"generation {event.generation} resumed at {' '.join(where)}"
     if event.copy:  # the memory tier: which copy was read
-        said += (f" (from memory on {event.copy.get('host')})" if event.copy.get("from") ==
-                 "memory" else " (from the checkpoint directory)")
+        said += {"memory": f" (from memory on {event.copy.get('host')})",
+                 "peer": f" (from a copy in memory that came from {event.copy.get('host')})"
+                 }.get(str(event.copy.get("from")), " (from the checkpoint directory)")
     if event.past is not None:
         said += (f", past generation {event.generation - 1}'s step {event.past}: "
                  "that restart is progress")
@@ -107,6 +108,18 @@ def _keras(event: ev.KerasSwitched) -> str:
     return (f"{event.task} failed of tf_keras (Keras 2) code under Keras 3: generation "
             f"{event.generation} runs under tf_keras (TF_USE_LEGACY_KERAS=1); set "
             "`keras: tf_keras` in the cluster file to start under it")
+
+
+def _memory_copy(event: ev.MemoryCopy) -> str | None:
+    """A placed copy and a failed one are said; a save's routine second copy is not."""
+    what = f"memory tier: {event.checkpoint} of {event.origin}"
+    if event.error:
+        return f"{what}: its copy from {event.source} to {event.host}'s memory failed: " \
+            f"{event.error}"
+    if not event.placed:
+        return None
+    return (f"{what} placed in {event.host}'s memory from {event.source}'s for the restart "
+            f"({event.bytes / 1e6:.1f} MB in {event.seconds:.1f} s, sha256 checked)")
 
 
 def _agent_log(event: ev.AgentLog) -> str:
@@ -168,6 +181,7 @@ _TELLERS = {
     ev.JobDone: lambda e: e.message or None,
     ev.BadMessage: lambda e: f"agent {e.host}: ignored a malformed message: {e.reason}",
     ev.AgentLog: _agent_log,
+    ev.MemoryCopy: _memory_copy,
     ev.NotifyFailed: lambda e: f"notification {e.notify!r}: {e.reason}",
     ev.TailCut: _tail_cut,
     ev.Straggler: _straggler,

@@ -5,7 +5,9 @@ weights are about 2 x 512 x width float32), argv[3] the epochs (10 steps each,
 a save at each epoch's end). Knows nothing of mgpu-launch.
 
 KILL_AT=E: in the first generation, worker 1 kills itself (SIGKILL) right
-after the save of epoch E. Prints `SAVE <epoch> <seconds>` (how long each save
+after the save of epoch E. HOLD_AT=E: in the first generation, the chief
+prints `HOLDING` after the save of epoch E and trains no more (a test then
+takes its whole host away). Prints `SAVE <epoch> <seconds>` (how long each save
 blocked the loop), `STEPS <epoch> <seconds a step>`, `RESTORE <seconds>` (the managers made and the
 restore) and, on the chief at the end, `FINAL <sha256 of the weights>`.
 """
@@ -88,6 +90,10 @@ while int(optimizer.iterations.numpy()) < epochs * steps_per_epoch:
     print(f"SAVE {epoch} {time.monotonic() - began:.3f}", flush=True)
     if epoch == kill_at and not is_chief and os.environ.get("MGPU_GENERATION") == "0":
         os.kill(os.getpid(), signal.SIGKILL)
+    if str(epoch) == os.environ.get("HOLD_AT") and is_chief \
+            and os.environ.get("MGPU_GENERATION") == "0":
+        print("HOLDING", flush=True)
+        signal.pause()  # until the test takes the host away
 if is_chief:
     digest = hashlib.sha256(b"".join(v.numpy().tobytes() for v in model.weights)).hexdigest()
     print(f"FINAL {digest}", flush=True)

@@ -1,0 +1,330 @@
+"""The memory tier's second copy: each save also held in another host's memory.
+
+Hosts usually reach each other only on the job's TensorFlow ports, so the
+copy goes the one way every transport gives (SSH, --local, Slurm): through the
+launcher, over the agents' own channels (launcher/job/peerrelay.py picks the
+host: the next in the plan's host order). On this host's side:
+
+- **Sending.** Each completed save that goes to the shared directory (the
+  chief's; the others' hold the same weights) is sent in chunks (`peer_begin`,
+  `peer_chunk` ..., `peer_end` with each file's sha256), at most WINDOW chunks
+  not yet acknowledged by the receiving agent (`peer_ack`, relayed): the
+  launcher holds a bounded amount. Only the newest save of a directory waits
+  (an older one still waiting is superseded). The launcher can ask for any
+  slot held here (`peer_send`): a copy placed back on a host that needs it.
+- **Receiving.** Chunks are written into `.in-<xfer>/` in the job's 0700 memory
+  folder, hashed as they come; at `peer_end` the sizes and sha256 must match,
+  then the slot gets its manifest (with the checksums, `origin`: the host
+  that saved it, `held_by`: the host it came from) and is renamed to
+  `peer-<origin>/s-<seq>/`. At most `keep` (memory_copies) per origin host.
+  A restore verifies the checksums (runtime/memslots.py) before it reads one.
+- **Publishing.** After the chief's host is lost its copy to the shared
+  directory may not have finished: `peer_publish` copies a held slot there
+  (memcopy.copy_slot: aside, then renamed) when the directory names an older
+  checkpoint, so every worker restores the same, newest one.
+
+Every slot this host gains is said (`memory_held`), so the launcher knows what
+each host holds. The folders live in the job's memory folder: removed with it
+at the job's end, and by the next agent after a crash (memcopy.sweep).
+
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import os
+import re
+import shutil
+import threading
+from collections.abc import Callable
+
+from launcher.agent import memcopy
+
+CHUNK = 512 * 1024  # raw bytes a chunk: under the agent's 1 MiB command line once in base64
+WINDOW = 8  # chunks in flight (4 MiB): what the launcher may hold of one copy
+ACK_WAIT_S = 60.0  # a receiver that stops acknowledging: the copy is given up
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+PEER = "peer-"
+_HELD = ("key", "kind", "pointer", "step", "time", "copy", "origin")
+
+
+def _plain(value: object) -> str:
+    if not isinstance(value, str) or not NAME.fullmatch(value):
+        raise ValueError(f"not a plain name: {str(value)[:60]!r}")
+    return value
+
+
+def held(slot: str, record: dict, host: str) -> dict:
+    """What `memory_held` says of a slot."""
+    fields = {k: record.get(k) for k in _HELD}
+    fields["origin"] = record.get("origin") or host
+    return {"slot": slot, **fields}
+
+
+class _Incoming:
+    """One copy being received: its folder, files, hashes and position."""
+
+    def __init__(self, folder: str, message: dict) -> None:
+        self.folder = folder
+        self.record = dict(message.get("manifest") or {})
+        self.files = [(_plain(n), int(s)) for n, s in message.get("files") or ()]
+        self.origin = _plain(self.record.get("origin") or message.get("from_host"))
+        self.held_by = str(message.get("from_host") or "")
+        self.keep = max(1, int(message.get("keep") or 2))
+        self.index, self.written, self.next = 0, 0, 0
+        self.hashes = {name: hashlib.sha256() for name, _ in self.files}
+        self.fd: int | None = None
+        os.makedirs(folder, mode=0o700, exist_ok=True)  # made at `peer_expect`, perhaps
+        for name in os.listdir(folder):  # what an earlier try left
+            os.unlink(os.path.join(folder, name))
+
+    def write(self, n: int, name: str, data: bytes) -> None:
+        if n != self.next:
+            raise ValueError(f"chunk {n} where {self.next} was due")
+        while self.index < len(self.files) and self.files[self.index][0] != name:
+            if self.written != self.files[self.index][1]:
+                raise ValueError(f"{self.files[self.index][0]} ended short")
+            self.index, self.written = self.index + 1, 0
+            self.close()
+        if self.index >= len(self.files) or self.written + len(data) > self.files[self.index][1]:
+            raise ValueError(f"{name}: more bytes than announced")
+        if self.fd is None:
+            self.fd = os.open(os.path.join(self.folder, name),
+                              os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.write(self.fd, data)
+        self.hashes[name].update(data)
+        self.written += len(data)
+        self.next += 1
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def finish(self, sums: dict) -> dict:
+        """Checked: every file whole and as hashed at the source."""
+        self.close()
+        for name, size in self.files:
+            path = os.path.join(self.folder, name)
+            if (os.path.getsize(path) if os.path.exists(path) else -1) != size:
+                if size or os.path.exists(path):
+                    raise ValueError(f"{name}: size differs")
+                open(path, "wb").close()  # an empty file sends no chunk
+                os.chmod(path, 0o600)
+            if self.hashes[name].hexdigest() != sums.get(name):
+                raise ValueError(f"{name}: sha256 differs from the source's")
+        return {**self.record, "files": [n for n, _ in self.files], "origin": self.origin,
+                "held_by": self.held_by, "peer": True, "sha256": dict(sums)}
+
+
+class PeerCopies:
+    """This host's side of the copies in another host's memory."""
+
+    def __init__(self, memory: memcopy.MemoryCopies, host: str,
+                 emit: Callable[..., None]) -> None:
+        self.memory = memory
+        self.host = host
+        self.emit = emit
+        self._cond = threading.Condition()
+        self._queue: list[tuple[str, str, bool]] = []  # (xfer, slot, superseded by a newer)
+        self._acked: dict[str, int] = {}
+        self._cancelled: set[str] = set()
+        self._incoming: dict[str, _Incoming] = {}
+        self._count = 0
+        self._thread: threading.Thread | None = None
+
+    # --- what happens here --------------------------------------------------
+
+    def saved(self, slot: str, record: dict) -> None:
+        """A task's save completed in memory: said, and (the chief's) sent."""
+        self.emit("memory_held", **held(slot, record, self.host))
+        if record.get("copy") and record.get("kind") != "drop":
+            self._count += 1
+            self._enqueue(f"{self.host}-{self._count}", slot, supersede=True)
+
+    def handle(self, op: str, message: dict) -> None:
+        """A `peer_*` command from the launcher."""
+        xfer = _plain(message.get("xfer"))
+        if op == "peer_ack":
+            with self._cond:
+                if message.get("cancel"):
+                    self._cancelled.add(xfer)
+                else:
+                    self._acked[xfer] = max(self._acked.get(xfer, -1), int(message["n"]))
+                self._cond.notify_all()
+        elif op == "peer_send":
+            try:
+                self._enqueue(xfer, self._own_slot(message.get("slot")), supersede=False)
+            except ValueError as exc:  # the receiver says so, and the launcher waits no more
+                self.emit("peer_end", xfer=xfer, error=str(exc))
+        elif op == "peer_publish":
+            self._publish(xfer, message.get("slot"))
+        elif op == "peer_expect":  # a copy placed here for a restore: the restore waits for it
+            self.memory.ensure_root()
+            os.makedirs(os.path.join(self.memory.root, f".in-{xfer}"), mode=0o700,
+                        exist_ok=True)
+        else:
+            self._receive(op, xfer, message)
+
+    # --- sending ----------------------------------------------------------------
+
+    def _own_slot(self, slot: object) -> str:
+        path = os.path.realpath(str(slot))
+        if not path.startswith(self.memory.root + os.sep) or \
+                memcopy.read_manifest(path) is None:
+            raise ValueError(f"no such slot here: {str(slot)[:120]}")
+        return path
+
+    def _enqueue(self, xfer: str, slot: str, supersede: bool) -> None:
+        with self._cond:
+            if supersede:  # the newest save of a directory is what matters
+                self._queue = [q for q in self._queue if not q[2]]
+            self._queue.append((xfer, slot, supersede))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue:
+                    self._cond.wait()
+                xfer, slot, _auto = self._queue.pop(0)
+            try:
+                self._send(xfer, slot)
+            except (OSError, ValueError, TimeoutError) as exc:
+                self.emit("peer_end", xfer=xfer, error=f"{type(exc).__name__}: {exc}")
+
+    def _send(self, xfer: str, slot: str) -> None:
+        record = memcopy.read_manifest(slot)
+        if record is None:
+            raise FileNotFoundError(slot)
+        names = [n for n in record.get("files") or () if NAME.fullmatch(str(n))]
+        if record.get("kind") == "manager":  # the named checkpoint only, not the older ones kept
+            pointer = os.path.basename(str(record.get("pointer") or ""))
+            names = [n for n in names if n == "checkpoint" or n.startswith(pointer + ".")]
+        files = [[n, os.path.getsize(os.path.join(slot, n))] for n in names]
+        record.update(origin=record.get("origin") or self.host, files=names)
+        self.emit("peer_begin", xfer=xfer, slot=slot, manifest=record, files=files)
+        sums, n = {}, 0
+        for name in names:
+            digest = hashlib.sha256()
+            with open(os.path.join(slot, name), "rb") as handle:
+                while data := handle.read(CHUNK):
+                    digest.update(data)
+                    self._wait_window(xfer, n)
+                    self.emit("peer_chunk", xfer=xfer, n=n, file=name,
+                              data=base64.b64encode(data).decode("ascii"))
+                    n += 1
+            sums[name] = digest.hexdigest()
+        self.emit("peer_end", xfer=xfer, sha256=sums)
+
+    def _wait_window(self, xfer: str, n: int) -> None:
+        with self._cond:
+            ok = self._cond.wait_for(lambda: xfer in self._cancelled
+                                     or self._acked.get(xfer, -1) >= n - WINDOW, ACK_WAIT_S)
+            if xfer in self._cancelled:
+                raise ValueError("cancelled by the launcher (no host to copy to)")
+            if not ok:
+                raise TimeoutError(f"no acknowledgement in {ACK_WAIT_S:.0f} s")
+
+    # --- receiving --------------------------------------------------------------
+
+    def _receive(self, op: str, xfer: str, message: dict) -> None:
+        try:
+            if op == "peer_begin":
+                self.memory.ensure_root()
+                self._drop(xfer)
+                self._incoming[xfer] = _Incoming(os.path.join(self.memory.root, f".in-{xfer}"),
+                                                 message)
+            elif op == "peer_chunk":
+                incoming = self._incoming[xfer]
+                incoming.write(int(message["n"]), _plain(message.get("file")),
+                               binascii.a2b_base64(str(message.get("data"))))  # sha256 at the end
+                self.emit("peer_ack", xfer=xfer, n=incoming.next - 1)
+            elif op == "peer_end":
+                self._store(xfer, self._incoming.pop(xfer), message)
+        except (KeyError, ValueError, TypeError, OSError, binascii.Error) as exc:
+            self._drop(xfer)
+            self.emit("peer_stored", xfer=xfer, ok=False,
+                      error=f"{type(exc).__name__}: {exc}"[:500])
+
+    def _store(self, xfer: str, incoming: _Incoming, message: dict) -> None:
+        if message.get("error"):
+            raise ValueError(f"the source gave up: {message['error']}")
+        record = incoming.finish(message.get("sha256") or {})
+        with open(os.path.join(incoming.folder, "manifest.json"), "w",
+                  encoding="utf-8") as handle:
+            json.dump(record, handle)
+        os.chmod(os.path.join(incoming.folder, "manifest.json"), 0o600)
+        store = os.path.join(self.memory.root, PEER + incoming.origin)
+        os.makedirs(store, mode=0o700, exist_ok=True)
+        numbers = [int(n[2:]) for n in os.listdir(store) if n[2:].isdigit()]
+        slot = os.path.join(store, f"s-{max(numbers, default=0) + 1:08d}")
+        os.replace(incoming.folder, slot)
+        for old in sorted(n for n in os.listdir(store) if n[2:].isdigit())[:-incoming.keep]:
+            shutil.rmtree(os.path.join(store, old), ignore_errors=True)
+        self.emit("peer_stored", xfer=xfer, ok=True, slot=slot)
+        self.emit("memory_held", **held(slot, record, self.host))
+
+    def _drop(self, xfer: str) -> None:
+        incoming = self._incoming.pop(xfer, None)
+        if incoming is not None:
+            incoming.close()
+        shutil.rmtree(os.path.join(self.memory.root, f".in-{xfer}"), ignore_errors=True)
+
+    # --- publishing -------------------------------------------------------------
+
+    def _publish(self, xfer: str, slot: object) -> None:
+        """Copy a held slot to its directory when that names an older checkpoint:
+        queued now (a task start after this command waits for it), checked on
+        the copier thread (after the copies before it), answered once done."""
+        try:
+            path = self._own_slot(slot)
+            record = memcopy.read_manifest(path) or {}
+            self.memory.copy_later(str(record["target"]), path,
+                                   when=lambda: newer_than_directory(record))
+        except (OSError, ValueError, KeyError) as exc:
+            self.emit("peer_done", xfer=xfer, ok=False, done=f"{type(exc).__name__}: {exc}")
+            return
+
+        def answer() -> None:
+            done = "copied if older" if self.memory.drain() else "not copied in time"
+            self.emit("peer_done", xfer=xfer, ok=True, done=done)
+        threading.Thread(target=answer, daemon=True).start()
+
+
+def _order(kind: object, pointer: str) -> tuple[int, ...] | None:
+    """A save's place in its series: `ckpt-N` (a manager's), or Keras' backup
+    metadata's epoch and batch."""
+    if kind == "manager":
+        found = re.search(r"-(\d+)$", os.path.basename(pointer or ""))
+        return (int(found.group(1)),) if found else None
+    try:
+        data = json.loads(pointer)
+        return (int(data.get("epoch", -1)), int(data.get("batch", -1)))
+    except (ValueError, TypeError, AttributeError):
+        return None
+
+
+def newer_than_directory(record: dict) -> bool:
+    """The slot's save is newer than what its directory names (or it names none)."""
+    target, kind = str(record.get("target") or ""), record.get("kind")
+    mine = _order(kind, str(record.get("pointer") or ""))
+    if mine is None or not target:
+        return False
+    if kind == "manager":
+        names = memcopy.state_names(target)
+        latest = max((o for o in (_order(kind, n) for n in names) if o), default=None)
+    else:
+        try:
+            with open(os.path.join(target, "training_metadata.json"), encoding="utf-8") as h:
+                latest = _order(kind, h.read())
+        except OSError:
+            latest = None
+    return latest is None or mine > latest

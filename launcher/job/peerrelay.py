@@ -1,0 +1,281 @@
+"""The memory tier's copies on other hosts: relayed by the launcher, placed for restores.
+
+With `checkpoint: {memory: true}` each save that goes to the shared directory
+is also copied to one other host's memory (launcher/agent/peercopy.py). Hosts
+usually reach each other only on the job's TensorFlow ports, so the copy goes
+the one path every transport gives, SSH, --local and Slurm alike: agent A ->
+launcher -> agent B over the agents' own channels. This module is the
+launcher's part:
+
+- **Relay.** A copy's chunks (`peer_begin`, `peer_chunk`, `peer_end`) go on
+  to the next host in the plan's host order; the receiver's `peer_ack` goes
+  back to the sender, which keeps at most peercopy.WINDOW chunks (4 MiB) not
+  yet acknowledged: the launcher holds that much per copy at most.
+- **What each host holds.** Every slot a host gains is said (`memory_held`:
+  its checkpoint's directory key, kind, name, step, time); a host lost or
+  reconnected (its agent's folder swept) holds nothing.
+- **Before a restart** (`prepare`): for each checkpoint directory, the newest
+  save of the chief that a live host holds complete is the one every worker
+  restores. A holder copies it to the shared directory when that names an
+  older one (the chief's host died before its copy ended: `peer_publish`),
+  and each host of the new plan that holds no copy of it gets one placed in
+  its memory from a holder (`peer_send`, relayed as above, sha256 checked).
+  The tasks start once that is done (at most PREPARE_S); each restores the
+  checkpoint the directory names, from its own memory, a placed copy, or the
+  directory (runtime/memtier.py), and says which (`resumed`).
+
+Runs on the supervisor's thread: `take` is fed every message of a `peer_*` or
+`memory_held` kind before anything else sees it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from ..transport import AgentLink, AgentMessage
+from . import events as ev
+
+PREPARE_S = 120.0  # at most, before a restart, for copies placed and published
+KINDS = frozenset({"memory_held", "peer_begin", "peer_chunk", "peer_end", "peer_ack",
+                   "peer_stored", "peer_done"})
+_FORWARD = {"peer_begin", "peer_chunk", "peer_end"}  # source -> destination
+SaveId = tuple[str, str, str]  # (directory key, kind, checkpoint name)
+
+
+def _save(info: dict[str, Any]) -> SaveId:
+    return (str(info.get("key")), str(info.get("kind")), str(info.get("pointer")))
+
+
+def _newness(info: dict[str, Any]) -> tuple[float, float]:
+    step = info.get("step")
+    return (float(step) if isinstance(step, int | float) else -1.0,
+            float(info.get("time") or 0.0))
+
+
+def checkpoint_name(kind: object, pointer: object) -> str:
+    """A save as a person names it: `ckpt-3`, or a Keras backup's `epoch 2`."""
+    text = str(pointer or "")
+    if kind == "keras" and text.startswith("{"):
+        import json
+
+        try:
+            return f"epoch {json.loads(text).get('epoch')}"
+        except (ValueError, AttributeError):
+            return "a backup"
+    return os.path.basename(text) or "a save"
+
+
+class PeerRelay:
+    """The launcher's side of the copies in another host's memory."""
+
+    def __init__(self, links: Callable[[], dict[str, AgentLink]],
+                 tell: Callable[[ev.Event], None],
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._links = links
+        self._tell = tell
+        self._clock = clock
+        self.held: dict[str, dict[str, dict[str, Any]]] = {}  # host -> slot -> what it holds
+        self._xfers: dict[str, dict[str, Any]] = {}  # xfer -> source, dest, placed, ...
+        self._answers: dict[str, dict[str, Any]] = {}  # placements and publishes answered
+        self._order: list[str] = []
+        self._keep = 2
+        self._ids = itertools.count(1)
+
+    # --- the plan -------------------------------------------------------------
+
+    def use_plan(self, hosts: Iterable[str], keep: int) -> None:
+        """The hosts in the plan's order (the copies' ring) and memory_copies."""
+        self._order = list(dict.fromkeys(hosts))
+        self._keep = max(1, keep)
+
+    def forget(self, host: str) -> None:
+        """A host lost, or a new agent there (it swept its folder): it holds nothing."""
+        self.held.pop(host, None)
+        for xfer, info in list(self._xfers.items()):
+            if host in (info["source"], info["dest"]):
+                self._finish(xfer, ok=False, error=f"host {host} lost")
+
+    def _alive(self, host: str) -> AgentLink | None:
+        link = self._links().get(host)
+        return None if link is None or link.closed else link
+
+    def neighbour(self, host: str) -> str | None:
+        """The next live host after `host` in the plan's order (around)."""
+        order = self._order
+        start = order.index(host) + 1 if host in order else 0
+        for other in order[start:] + order[:start]:
+            if other != host and self._alive(other):
+                return other
+        return None
+
+    # --- messages --------------------------------------------------------------
+
+    def consumed(self, message: AgentMessage) -> bool:
+        """True when `message` is the relay's (taken). A new agent on a host,
+        or a lost one, holds no copies (its folder is swept)."""
+        event = message.event
+        if event not in KINDS and event != "hello" and event != "agent_lost":
+            return False  # the cost of the relay for any other message
+        link = self._links().get(message.host)
+        current = link is None or not message.link_id or message.link_id == link.link_id
+        if event in KINDS:
+            if current:
+                self.take(message)
+            return True
+        if event == "hello":  # a new agent there: it swept the old one's folder
+            self.held.pop(message.host, None)
+        elif current:
+            self.forget(message.host)
+        return False
+
+    def take(self, message: AgentMessage) -> None:
+        """One `memory_held` or `peer_*` message from an agent."""
+        body, host, event = message.message, message.host, message.event
+        xfer = str(body.get("xfer") or "")
+        if event == "memory_held":
+            self._held(host, body)
+        elif event == "peer_begin" and xfer not in self._xfers:
+            dest = self.neighbour(host)
+            self._xfers[xfer] = {"source": host, "dest": dest, "placed": False,
+                                 "began": self._clock()}
+            self._begin(xfer, body)
+        elif event == "peer_begin":
+            self._begin(xfer, body)
+        elif event in _FORWARD and xfer in self._xfers:
+            self._forward(xfer, body)
+        elif event == "peer_ack" and xfer in self._xfers:
+            self._send(self._xfers[xfer]["source"], {"op": "peer_ack", "xfer": xfer,
+                                                     "n": body.get("n")})
+        elif event == "peer_stored" and xfer in self._xfers:
+            self._finish(xfer, ok=bool(body.get("ok")), error=str(body.get("error") or ""))
+        elif event == "peer_done":
+            self._answers[xfer] = {"ok": bool(body.get("ok")), "done": body.get("done")}
+
+    def _held(self, host: str, body: dict[str, Any]) -> None:
+        slot = body.get("slot")
+        if not isinstance(slot, str) or not isinstance(body.get("key"), str):
+            return
+        slots = self.held.setdefault(host, {})
+        slots[slot] = {k: body.get(k) for k in ("key", "kind", "pointer", "step", "time",
+                                                "copy", "origin")}
+        # The agent keeps memory_copies slots per folder: so does this picture.
+        folder = [s for s in slots if os.path.dirname(s) == os.path.dirname(slot)]
+        for old in sorted(folder, key=lambda s: _newness(slots[s]))[:-self._keep]:
+            slots.pop(old, None)
+
+    def _begin(self, xfer: str, body: dict[str, Any]) -> None:
+        info = self._xfers[xfer]
+        manifest = body.get("manifest") if isinstance(body.get("manifest"), dict) else {}
+        files = body.get("files") if isinstance(body.get("files"), list) else []
+        info.update(manifest=manifest, bytes=sum(int(f[1]) for f in files
+                                                 if isinstance(f, list) and len(f) == 2
+                                                 and isinstance(f[1], int)))
+        if info["dest"] is None:
+            self._cancel(xfer)
+            return
+        self._forward(xfer, {**body, "from_host": info["source"], "keep": self._keep})
+
+    def _forward(self, xfer: str, body: dict[str, Any]) -> None:
+        info = self._xfers[xfer]
+        command = {k: v for k, v in body.items() if k not in ("ev", "t")}
+        command["op"] = body["ev"]
+        if not self._send(info["dest"], command):
+            self._cancel(xfer)
+
+    def _send(self, host: str | None, command: dict[str, Any]) -> bool:
+        link = self._alive(host) if host else None
+        return link is not None and link.send(command)
+
+    def _cancel(self, xfer: str) -> None:
+        info = self._xfers.get(xfer)
+        if info is not None:
+            self._send(info["source"], {"op": "peer_ack", "xfer": xfer, "cancel": True})
+            self._finish(xfer, ok=False, error="no host to copy to" if info["dest"] is None
+                         else f"host {info['dest']} does not answer")
+
+    def _finish(self, xfer: str, ok: bool, error: str) -> None:
+        info = self._xfers.pop(xfer, None)
+        if info is None:
+            return
+        if not ok:  # the receiver drops what it has (a restore waiting for it goes on)
+            self._send(info["dest"], {"op": "peer_end", "xfer": xfer, "error": error})
+        if info["dest"] is None and not info["placed"]:
+            return  # one host: nowhere to copy, nothing to say
+        manifest = info.get("manifest") or {}
+        self._tell(ev.MemoryCopy(
+            host=str(info["dest"]), source=info["source"],
+            origin=str(manifest.get("origin") or info["source"]),
+            checkpoint=checkpoint_name(manifest.get("kind"), manifest.get("pointer")),
+            bytes=int(info.get("bytes") or 0), placed=info["placed"],
+            seconds=round(self._clock() - info["began"], 3), error=None if ok else error))
+
+    # --- before a restart ---------------------------------------------------------
+
+    def prepare(self, hosts: list[str], pump: Callable[[], bool]) -> None:
+        """The newest save every host of the next generation can read: published
+        to its directory, and placed in the memory of each host without it.
+
+        Sent ahead of the starts, on the same links: a holder's publish is
+        queued before its task's start, which waits for its copies (so before
+        any worker reads the directory: they do after every task started); a
+        placement is announced (`peer_expect`) before the start, and the
+        restore waits for it (runtime/memslots.py), so the copy runs while
+        TensorFlow starts. Only a publish on a host outside the plan is waited
+        for here (at most PREPARE_S)."""
+        waiting: list[str] = []
+        for holders in self._newest().values():
+            holder = holders[0]  # a chief's save (the newest is one)
+            xfer = self._ask(holder[0], {"op": "peer_publish", "slot": holder[1]})
+            if holder[0] not in hosts:
+                waiting.append(xfer)
+            for host in hosts:
+                if self._alive(host) and not self._holds(host, holders) \
+                        and host not in [x["dest"] for x in self._xfers.values() if x["placed"]]:
+                    self._place(holder, host)
+        deadline = self._clock() + PREPARE_S
+        while any(x not in self._answers for x in waiting) and self._clock() < deadline:
+            if pump():
+                return  # a stop came
+
+    def _place(self, holder: tuple[str, str], host: str) -> None:
+        xfer = f"L{next(self._ids)}"
+        self._xfers[xfer] = {"source": holder[0], "dest": host, "placed": True,
+                             "began": self._clock()}
+        if not self._send(host, {"op": "peer_expect", "xfer": xfer}) or not self._send(
+                holder[0], {"op": "peer_send", "xfer": xfer, "slot": holder[1]}):
+            self._finish(xfer, ok=False, error="a host does not answer")
+
+    def _ask(self, host: str, command: dict[str, Any]) -> str:
+        xfer = f"L{next(self._ids)}"
+        if not self._send(host, {**command, "xfer": xfer}):
+            self._answers[xfer] = {"ok": False, "done": f"host {host} does not answer"}
+        return xfer
+
+    def _newest(self) -> dict[str, list[tuple[str, str]]]:
+        """Per directory key: (host, slot) of each live holder of its newest
+        complete save of the chief (own slots first)."""
+        best: dict[str, tuple[tuple[float, float], SaveId]] = {}
+        for host, slots in self.held.items():
+            if not self._alive(host):
+                continue
+            for info in slots.values():
+                key = str(info.get("key"))
+                if info.get("copy") and (key not in best or _newness(info) > best[key][0]):
+                    best[key] = (_newness(info), _save(info))
+        holders: dict[str, list[tuple[str, str]]] = {}
+        for key, (_when, save) in best.items():
+            # The chief's own save first, then its copies on other hosts (the bytes
+            # the directory gets); a worker's scratch save of the same step last.
+            found = [(not info.get("copy"), info.get("origin") != host, host, slot)
+                     for host, slots in self.held.items() if self._alive(host)
+                     for slot, info in slots.items() if _save(info) == save]
+            holders[key] = [(host, slot) for *_rank, host, slot in sorted(found)]
+        return {key: found for key, found in holders.items() if found}
+
+    def _holds(self, host: str, holders: Iterable[tuple[str, str]]) -> bool:
+        wanted = {_save(self.held[h][s]) for h, s in holders}
+        return any(_save(info) in wanted for info in self.held.get(host, {}).values())

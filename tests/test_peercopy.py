@@ -1,0 +1,190 @@
+"""The memory tier's copies on other hosts (launcher/agent/peercopy.py and
+launcher/job/peerrelay.py), wired as the launcher wires them but in one
+process: two hosts' agents' parts talk through the relay. A chief's save
+reaches the neighbour's memory whole, checksummed and private; a copy altered
+there fails its check; before a restart a host that lost its memory gets the
+newest save placed back, and a directory left behind gets it published; a
+restore reads whichever is complete first, the placed copy or the directory."""
+
+from __future__ import annotations
+
+import os
+import queue
+import shutil
+import stat
+from pathlib import Path
+
+from launcher.agent import memcopy
+from launcher.agent.peercopy import PeerCopies, newer_than_directory
+from launcher.job import events as ev
+from launcher.job.peerrelay import PeerRelay
+from launcher.runtime import memslots, nearest
+from launcher.transport import AgentMessage
+from tests.test_memcopy import make_slot
+
+
+class Link:
+    """An agent's pipe as the relay sees it: commands queued for that agent."""
+
+    def __init__(self, host: str, wire: queue.Queue) -> None:
+        self.host, self.wire, self.closed, self.link_id = host, wire, False, 0
+
+    def send(self, command: dict) -> bool:
+        self.wire.put(("op", self.host, command))
+        return True
+
+
+class Hosts:
+    """Agents' memory parts per host, the relay between them, one pump."""
+
+    def __init__(self, tmp: Path, names: list[str]) -> None:
+        self.tmp, self.wire = tmp, queue.Queue()
+        self.told: list[ev.Event] = []
+        self.links = {h: Link(h, self.wire) for h in names}
+        self.relay = PeerRelay(lambda: self.links, self.told.append)
+        self.relay.use_plan(names, 2)
+        self.peers = {h: self.agent(h) for h in names}
+
+    def agent(self, host: str) -> PeerCopies:
+        shm = self.tmp / "shm"
+        shm.mkdir(exist_ok=True)
+        memory = memcopy.MemoryCopies(str(self.tmp / "run" / host), host, print, shm=str(shm))
+        peers = PeerCopies(memory, host, lambda event, **f: self.wire.put(("ev", host,
+                                                                           {"ev": event, **f})))
+        memory.peers = peers
+        return peers
+
+    def pump(self, until, limit: int = 10_000) -> None:
+        for _ in range(limit):
+            if until():
+                return
+            self.step(10)
+        raise AssertionError("the copies did not settle")
+
+    def step(self, timeout: float) -> bool:
+        """One message delivered (an event to the relay, a command to its
+        agent); False (the relay's `pump`: no stop) either way."""
+        try:
+            kind, host, body = self.wire.get(timeout=timeout)
+        except queue.Empty:
+            return False
+        if kind == "ev":
+            self.relay.consumed(AgentMessage(host, body))
+        else:
+            self.peers[host].handle(body["op"], body)
+        return False
+
+
+def chief_slot(hosts: Hosts, host: str, seq: int, size: int, target: Path) -> Path:
+    env = {"MGPU_MEMORY_COPIES": "2"}
+    hosts.peers[host].memory.task_env("worker0", env)
+    slot = make_slot(Path(env["MGPU_MEMORY_DIR"]), seq, f"ckpt-{seq}", size, [f"ckpt-{seq}"])
+    (slot / "ckpt-0.index").write_bytes(b"an older checkpoint the manager keeps")
+    record = memslots.manifest(str(slot)) | {"target": str(target), "step": seq * 10,
+                                             "time": float(seq)}
+    record["files"] = memslots.ordered([*record["files"], "ckpt-0.index"])
+    memslots.seal(str(slot), record)
+    return slot
+
+
+def test_a_save_reaches_the_neighbours_memory_whole_private_and_checked(tmp_path: Path):
+    hosts = Hosts(tmp_path, ["host0", "host1"])
+    slot = chief_slot(hosts, "host0", 1, 3_000_000, tmp_path / "shared")
+    hosts.peers["host0"].memory.saved(str(slot))
+    hosts.pump(lambda: any(isinstance(e, ev.MemoryCopy) for e in hosts.told)
+               and hosts.wire.empty())
+    [told] = [e for e in hosts.told if isinstance(e, ev.MemoryCopy)]
+    assert (told.host, told.source, told.origin, told.checkpoint, told.error) == (
+        "host1", "host0", "host0", "ckpt-1", None), told
+    store = Path(hosts.peers["host1"].memory.root) / "peer-host0"
+    [copy] = memslots.slots(str(store))
+    record = memslots.manifest(copy[1])
+    # The checkpoint the save names, not the older ones its manager keeps.
+    assert record["held_by"] == "host0" and record["peer"] and set(record["sha256"]) == {
+        "checkpoint", "ckpt-1.index", "ckpt-1.data-00000-of-00001"} == set(record["files"])
+    for name in record["files"]:
+        assert (Path(copy[1]) / name).read_bytes() == (slot / name).read_bytes()
+        assert stat.S_IMODE((Path(copy[1]) / name).stat().st_mode) == 0o600
+    assert stat.S_IMODE(store.stat().st_mode) == 0o700
+    # The restore's check: an altered byte and the copy is not read.
+    assert memslots.verified(copy[1], record)
+    data = Path(copy[1]) / "ckpt-1.data-00000-of-00001"
+    raw = bytearray(data.read_bytes())
+    raw[1000] ^= 1
+    data.write_bytes(bytes(raw))
+    assert not memslots.verified(copy[1], record)
+    assert memslots.matching([str(store)], "k", "manager", "ckpt-1", {}) is None
+    # Both hosts' slots are known to the launcher; a folder's removal takes them all.
+    assert set(hosts.relay.held) == {"host0", "host1"}
+    hosts.peers["host1"].memory.close(timeout_s=1)
+    assert not os.path.exists(hosts.peers["host1"].memory.root)
+
+
+def test_before_a_restart_a_host_that_lost_its_memory_gets_the_newest_save(tmp_path: Path):
+    hosts = Hosts(tmp_path, ["host0", "host1"])
+    shared = tmp_path / "shared"
+    for seq in (1, 2):
+        slot = chief_slot(hosts, "host0", seq, 200_000, shared)
+        hosts.peers["host0"].memory.saved(str(slot))
+        hosts.pump(lambda s=seq: len([e for e in hosts.told if isinstance(e, ev.MemoryCopy)])
+                   == s and hosts.wire.empty())
+    hosts.peers["host0"].memory.drain(5)
+    # host0 dies before its copy of ckpt-2 reached the directory; a new agent there.
+    (shared / "checkpoint").write_text('model_checkpoint_path: "ckpt-1"\n'
+                                       'all_model_checkpoint_paths: "ckpt-1"\n')
+    hosts.relay.forget("host0")
+    shutil.rmtree(hosts.peers["host0"].memory.root)  # swept by the next agent
+    hosts.peers["host0"] = hosts.agent("host0")
+    hosts.relay.prepare(["host0", "host1"], lambda: hosts.step(0.1))
+    # Sent ahead of the starts: host0 expects the copy (its restore waits for it).
+    root = Path(hosts.peers["host0"].memory.root)
+    hosts.pump(lambda: root.is_dir() and any(n.name.startswith(".in-") for n in root.iterdir()))
+    hosts.pump(lambda: any(isinstance(e, ev.MemoryCopy) and e.placed for e in hosts.told)
+               and hosts.wire.empty())
+    [placed] = [e for e in hosts.told if isinstance(e, ev.MemoryCopy) and e.placed]
+    assert (placed.host, placed.source, placed.origin, placed.checkpoint) == (
+        "host0", "host1", "host0", "ckpt-2"), placed
+    found = memslots.matching(memslots.settled_roots(str(root / "worker0"), 1), "k",
+                              "manager", "ckpt-2", {})
+    assert found and memslots.manifest(found)["held_by"] == "host1", found
+    # Published: the directory names the newest save, as every worker will read it.
+    hosts.peers["host1"].memory.drain(5)
+    assert 'model_checkpoint_path: "ckpt-2"' in (shared / "checkpoint").read_text()
+    assert (shared / "ckpt-2.index").exists()
+
+
+def test_a_restore_races_a_copy_being_placed_against_the_directory(tmp_path: Path):
+    root, target, work = tmp_path / "job" / "worker0", tmp_path / "shared", tmp_path / "w"
+    for folder in (root, target, work):
+        folder.mkdir(parents=True)
+    (target / "ckpt-2.index").write_bytes(b"from the directory")
+    slot = tmp_path / "job" / "peer-host0" / "s-00000001"
+    slot.mkdir(parents=True)
+    (slot / "ckpt-2.index").write_bytes(b"from memory")
+    # Nothing on its way: the slot found is read.
+    assert nearest.fill(str(work), str(target), ["ckpt-2.index"], lambda: str(slot),
+                        str(root)) == str(slot)
+    assert (work / "ckpt-2.index").read_bytes() == b"from memory"
+    # A copy announced that never comes: the directory, read meanwhile, wins.
+    (work / "ckpt-2.index").unlink()
+    (tmp_path / "job" / ".in-L1").mkdir()
+    assert nearest.fill(str(work), str(target), ["ckpt-2.index"], lambda: None,
+                        str(root), wait_s=30) is None
+    assert (work / "ckpt-2.index").read_bytes() == b"from the directory"
+    assert sorted(p.name for p in (tmp_path / "job").iterdir()) == [
+        ".in-L1", "peer-host0", "worker0"]  # what it fetched aside is gone
+
+
+def test_a_held_save_is_published_only_over_an_older_checkpoint(tmp_path: Path):
+    manager = {"kind": "manager", "target": str(tmp_path), "pointer": "ckpt-12"}
+    assert newer_than_directory(manager)  # the directory names none
+    (tmp_path / "checkpoint").write_text('model_checkpoint_path: "ckpt-9"\n'
+                                         'all_model_checkpoint_paths: "ckpt-9"\n')
+    assert newer_than_directory(manager)
+    assert not newer_than_directory({**manager, "pointer": "ckpt-9"})
+    assert not newer_than_directory({**manager, "pointer": "ckpt-3"})
+    keras = {"kind": "keras", "target": str(tmp_path), "pointer": '{"epoch": 3, "batch": 0}'}
+    (tmp_path / "training_metadata.json").write_text('{"epoch": 2, "batch": 0}')
+    assert newer_than_directory(keras)
+    assert not newer_than_directory({**keras, "pointer": '{"epoch": 2, "batch": 0}'})
+    assert not newer_than_directory({**keras, "pointer": "not a backup's"})
