@@ -66,7 +66,8 @@ class Agent:
                            self.records, emit)
         self.profiles = Profiles(self.run_dir, emit)
         self.tasks.on_profile = self.profiles.answered
-        self.memory = MemoryCopies(self.run_dir, host, lambda text: emit("log", text=text))
+        self.memory = MemoryCopies(self.run_dir, host, lambda text: emit("log", text=text),
+                                   notice=lambda text: emit("log", text=text, notice=True))
         self.tasks.memory = self.memory
         self.commands = Commands(self.tasks, Stacks(emit), emit, self.profiles)
         self.lease = Lease(emit)

@@ -52,9 +52,12 @@ class MemoryCopies:
     """The job's memory folder on this host and its copier thread."""
 
     def __init__(self, run_dir: str, host: str, log: Callable[[str], None],
-                 shm: str = SHM) -> None:
+                 shm: str = SHM, notice: Callable[[str], None] | None = None) -> None:
         self.root = job_folder(run_dir, host, shm)
         self.log = log
+        self.notice = notice or log  # for the user: the bound, said once each
+        self._copies = 0  # each task's at most (MGPU_MEMORY_COPIES); 0: no task yet
+        self._sized = False
         self._cond = threading.Condition()
         self._waiting: dict[str, str] = {}  # target -> newest slot not yet copied
         self._busy = False
@@ -65,6 +68,11 @@ class MemoryCopies:
         """A task of a job with the memory tier: its folder, in its environment."""
         if not env.get("MGPU_MEMORY_COPIES"):
             return
+        if not self._copies:
+            self._copies = int(env["MGPU_MEMORY_COPIES"])
+            self.notice(f"checkpoints in memory: {free_gb(os.path.dirname(self.root)):.1f} GB "
+                        f"free in {os.path.dirname(self.root)}; at most {self._copies} copies "
+                        "of each task's saves")
         os.makedirs(self.root, mode=0o700, exist_ok=True)
         os.chmod(self.root, 0o700)
         with open(os.path.join(self.root, OWNER), "w", encoding="ascii") as handle:
@@ -83,6 +91,12 @@ class MemoryCopies:
         record = read_manifest(path)
         if record is None or not record.get("copy") or not isinstance(record.get("target"), str):
             return
+        if not self._sized:  # the chief's first save: its size is known now, said once
+            self._sized = True
+            size = save_bytes(path, record)
+            self.notice(f"checkpoints in memory: a copy is {size / 1e6:.1f} MB; each task "
+                        f"keeps at most {self._copies or 1} ({(self._copies or 1) * size / 1e6:.1f}"
+                        " MB of /dev/shm per task)")
         with self._cond:
             self._waiting.pop(record["target"], None)
             self._waiting[record["target"]] = path
@@ -206,6 +220,23 @@ def state_names(folder: str) -> set[str]:
         if field.strip() in ("model_checkpoint_path", "all_model_checkpoint_paths"):
             names.add(os.path.basename(value.strip().strip('"')))
     return names
+
+
+def save_bytes(slot: str, record: dict) -> int:
+    """One save's size: a manager's slot also links the older checkpoints it keeps."""
+    pointer = str(record.get("pointer") or "")
+    names = [n for n in record.get("files") or () if isinstance(n, str) and os.sep not in n]
+    if record.get("kind") == "manager" and pointer:
+        names = [n for n in names if n.startswith(pointer + ".")]
+    return sum(os.path.getsize(os.path.join(slot, n)) for n in names
+               if os.path.isfile(os.path.join(slot, n)))
+
+
+def free_gb(folder: str) -> float:
+    try:
+        return shutil.disk_usage(folder).free / 1e9
+    except OSError:
+        return 0.0
 
 
 def read_manifest(slot: str) -> dict | None:

@@ -50,6 +50,11 @@ def enabled() -> bool:
     return bool(os.environ.get(ENV_DIR))
 
 
+def full() -> bool:
+    """Saves go to their directory again (memory full): no extra saves then."""
+    return bool(_state["full"])
+
+
 def _root() -> str:
     return os.environ[ENV_DIR]
 
