@@ -334,7 +334,15 @@ def _backup_end(original):
         state = getattr(self, "_training_state", None)
         manager = getattr(state, "write_checkpoint_manager", None)
         target = getattr(self, "_mgpu_target", None) or getattr(manager, "_mgpu_target", None)
-        result = original(self, *args, **kwargs)
+        shared_dir = getattr(self, "backup_dir", None)
+        if target is not None and hasattr(self, "_weights_path"):
+            # Keras 3 removes its backup_dir itself: the working folder instead,
+            # the directory by the agent after its copies (the `drop` slot).
+            self.backup_dir = memslots.working(_root(), target)
+        try:
+            result = original(self, *args, **kwargs)
+        finally:
+            self.backup_dir = shared_dir
         if target is not None and getattr(self, "delete_checkpoint", True):
             target = memslots.shared_of(target)
             _publish(_new_slot(), target, "drop", "", None)
