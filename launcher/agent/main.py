@@ -68,6 +68,8 @@ class Agent:
         self.tasks.on_profile = self.profiles.answered
         self.memory = MemoryCopies(self.run_dir, host, lambda text: emit("log", text=text),
                                    notice=lambda text: emit("log", text=text, notice=True))
+        self.memory.report = lambda task, generation, data: emit(
+            "progress", task=task, generation=generation, data=data)  # a copy's cost
         self.tasks.memory = self.memory
         self.commands = Commands(self.tasks, Stacks(emit), emit, self.profiles)
         self.lease = Lease(emit)

@@ -58,6 +58,10 @@ class MemoryCopies:
         self.notice = notice or log  # for the user: the bound, said once each
         self._copies = 0  # each task's at most (MGPU_MEMORY_COPIES); 0: no task yet
         self._sized = False
+        # (task, generation, data): a copy's seconds and bytes, as the task's progress
+        # (the drill's directory cost: commands/drill_memory.py); None: not told.
+        self.report: Callable[[str, int, dict], None] | None = None
+        self._owner: dict[str, tuple[str, int]] = {}  # slot -> the task that saved it
         self._cond = threading.Condition()
         self._waiting: dict[str, str] = {}  # target -> newest slot not yet copied
         self._busy = False
@@ -81,7 +85,7 @@ class MemoryCopies:
         os.makedirs(folder, mode=0o700, exist_ok=True)
         env["MGPU_MEMORY_DIR"] = folder
 
-    def saved(self, slot: object) -> None:
+    def saved(self, slot: object, task: str = "", generation: int = 0) -> None:
         """A task's save completed in memory: copy it (in the background)."""
         if not isinstance(slot, str):
             return
@@ -91,15 +95,16 @@ class MemoryCopies:
         record = read_manifest(path)
         if record is None or not record.get("copy") or not isinstance(record.get("target"), str):
             return
-        if not self._sized:  # the chief's first save: its size is known now, said once
+        if not self._sized and record.get("kind") != "drop":  # the chief's first save: said once
             self._sized = True
             size = save_bytes(path, record)
             self.notice(f"checkpoints in memory: a copy is {size / 1e6:.1f} MB; each task "
                         f"keeps at most {self._copies or 1} ({(self._copies or 1) * size / 1e6:.1f}"
                         " MB of /dev/shm per task)")
         with self._cond:
-            self._waiting.pop(record["target"], None)
+            self._owner.pop(self._waiting.pop(record["target"], ""), None)  # superseded
             self._waiting[record["target"]] = path
+            self._owner[path] = (task, generation)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, daemon=True)
                 self._thread.start()
@@ -147,9 +152,16 @@ class MemoryCopies:
         record = read_manifest(slot)
         if record is None:
             raise FileNotFoundError(slot)
+        began = time.monotonic()
         copy_slot(slot, record, self._copied)
+        took = time.monotonic() - began
         with open(os.path.join(slot, COPIED), "w", encoding="ascii"):
             pass  # the task's end waits for this (runtime/memtier.py)
+        with self._cond:
+            task, generation = self._owner.pop(slot, ("", 0))
+        if task and self.report is not None and record.get("kind") != "drop":
+            self.report(task, generation, {"memory_copy_s": round(took, 3),
+                                           "memory_copy_bytes": save_bytes(slot, record)})
 
 
 def copy_slot(slot: str, record: dict, copied: dict[tuple[str, str], tuple[int, int]]) -> None:

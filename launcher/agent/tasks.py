@@ -304,7 +304,8 @@ class Tasks:
                 if isinstance(data, dict) and "profile" in data and self.on_profile:
                     self.on_profile(task, data["profile"])  # a trace's answer (profiles.py)
                 elif isinstance(data, dict) and "memory_saved" in data and self.memory:
-                    self.memory.saved(data["memory_saved"])  # copied in the background
+                    self.memory.saved(data["memory_saved"], task.name,  # in the background
+                                      task.generation)
                 elif isinstance(data, dict):
                     self.emit("progress", task=task.name, generation=task.generation, data=data)
                     if task.standby is not None and "step" in data:
