@@ -67,15 +67,32 @@ def run(work: Path, shared: Path, memory: bool, width: int, epochs: int) -> dict
             "save stall (s, median)": statistics.median(saves),
             "checkpointing (s, goodput)": summary["goodput"]["parts"]["checkpointing"],
             "restore (s, restarted chief)": restores[-1],
-            "crash to first step (s)": crash_to_step(run_dir)}
+            **crash_to_step(run_dir)}
 
 
-def crash_to_step(run_dir: Path) -> float:
+def crash_to_step(run_dir: Path) -> dict[str, float]:
+    """The kill to the restarted job's first step, and where that time went,
+    from events.jsonl: each part ends at the last task's event of it."""
     events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
-    exited = next(e["t"] for e in events if e["event"] == "task_exited" and
-                  e.get("generation") == 0 and e.get("signal") == 9)
-    return next(e["t"] for e in events if e["event"] == "progress" and
-                e.get("generation") == 1 and "step" in e) - exited
+
+    def last(kind: str, gen: int, **match) -> float:
+        return max(e["t"] for e in events if e["event"] == kind and e.get("generation") == gen
+                   and all(e.get(k) == v for k, v in match.items()))
+
+    marks = [("killed", min(e["t"] for e in events if e["event"] == "task_exited"
+                            and e.get("generation") == 0 and e.get("signal") == 9)),
+             ("  detected", last("failure_detected", 0)),
+             ("  torn down", last("teardown_done", 0)),
+             ("  tasks started (copies drained)", last("task_started", 1)),
+             ("  cluster joined (imports, MWMS)", last("cluster", 1, state="joined")),
+             ("  resumed (model built, restored)", min(e["t"] for e in events
+                                                      if e["event"] == "resumed")),
+             ("  first step", min(e["t"] for e in events if e["event"] == "progress"
+                                  and e.get("generation") == 1 and "step" in e))]
+    out = {"crash to first step (s)": marks[-1][1] - marks[0][1]}
+    for (_, before), (name, at) in zip(marks, marks[1:], strict=False):
+        out[f"{name} (s)"] = at - before
+    return out
 
 
 def main() -> None:
