@@ -40,13 +40,18 @@ def test_the_copies_are_heard_and_the_advice_is_young_daly_on_the_stall_to_memor
     assert advice["recommended_interval_s"] == round(tau, 1)
     assert advice["recommended_memory_interval_steps"] == round(tau * 20)
     assert advice["goodput_at_recommended"] == goodput(tau, 0.05, mtbf_s, 10.0)
+    assert advice["directory_stall_s"] == 5.05  # the stall, then the bytes to the directory
     assert advice["goodput_at_recommended"] > advice["goodput_saving_to_directory"]
     said = render(report([judge(Observed("kill"))], [], hosts=1, mtbf_hours=1.0,
                          timed=[0.05], copies=costs.figures()))
-    assert "memory tier: a save blocks training 0.05 s in memory; the same save written " \
-        "to the directory took 5 s (100 MB, copied in the background)" in said
+    assert "memory tier: a save blocks training 0.05 s in memory; the agent wrote it to the " \
+        "directory in 5 s (100 MB, in the background)" in said
     assert f"recommended memory_interval: {round(tau, 1):g} s of training" in said  # no rate
-    assert "shorter than a copy" not in said  # 19 s > 5 s
+    assert "shorter than a copy" not in said and "spares little" not in said  # 19 s > 5 s
+    fast = memory_advice({"directory_s": 0.01}, 0.2, 10.0, mtbf_s, 10.0)
+    assert "the directory is fast here" in render(report(
+        [judge(Observed("kill"))], [], hosts=1, mtbf_hours=1.0, timed=[0.2],
+        copies={"directory_s": 0.01})) and fast["directory_stall_s"] == 0.21
     off = render(report([judge(Observed("kill"))], [], hosts=1, mtbf_hours=1.0, timed=[1.0]))
     assert "memory tier: off (drill --memory measures" in off
 

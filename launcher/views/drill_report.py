@@ -273,15 +273,17 @@ def memory_advice(copies: dict[str, float] | None, stall_s: float | None,
     stall to memory (the saves timed with the tier on) against the same save
     written to the directory (the agent's copy); Young/Daly with the memory
     stall as the cost, in steps at the measured rate. Beside it, the goodput
-    the directory alone would give at its own best interval. None: the tier
-    was off (no copy seen)."""
+    the directory alone would give at its own best interval, a save there
+    costing the stall plus the copy (the same serialization, then the bytes
+    written to the directory instead of memory). None: the tier was off (no
+    copy seen)."""
     if copies is None:
         return None
     direct = copies["directory_s"]
     out: dict[str, Any] = {
         "save_stall_s": stall_s, "directory_s": direct, "copy_mb": copies.get("copy_mb"),
         "recommended_interval_s": None, "recommended_memory_interval_steps": None,
-        "goodput_at_recommended": None, "directory_interval_s": None,
+        "goodput_at_recommended": None, "directory_stall_s": None, "directory_interval_s": None,
         "goodput_saving_to_directory": None}
     if stall_s is None:
         return out
@@ -290,10 +292,11 @@ def memory_advice(copies: dict[str, float] | None, stall_s: float | None,
     if rate:
         out["recommended_memory_interval_steps"] = max(1, round(tau * rate))
     out["goodput_at_recommended"] = goodput(tau, stall_s, mtbf_job_s, recovery_s)
-    if direct > 0:
-        own = young_daly(direct, mtbf_job_s)
-        out["directory_interval_s"] = round(own, 1)
-        out["goodput_saving_to_directory"] = goodput(own, direct, mtbf_job_s, recovery_s)
+    to_directory = stall_s + direct
+    out["directory_stall_s"] = round(to_directory, 3)
+    own = young_daly(max(to_directory, 0.001), mtbf_job_s)
+    out["directory_interval_s"] = round(own, 1)
+    out["goodput_saving_to_directory"] = goodput(own, to_directory, mtbf_job_s, recovery_s)
     return out
 
 
@@ -325,9 +328,8 @@ def _memory_advice(memory: dict[str, Any] | None) -> str:
                 "the directory and advises checkpoint.memory_interval)")
     stall, direct = memory["save_stall_s"], memory["directory_s"]
     size = f"{memory['copy_mb']:g} MB, " if memory.get("copy_mb") is not None else ""
-    said = (f"memory tier: a save blocks training {_num(stall, ' s')} in memory; the same "
-            f"save written to the directory took {direct:g} s ({size}copied in the "
-            "background)")
+    said = (f"memory tier: a save blocks training {_num(stall, ' s')} in memory; the agent "
+            f"wrote it to the directory in {direct:g} s ({size}in the background)")
     steps, tau = memory["recommended_memory_interval_steps"], memory["recommended_interval_s"]
     if tau is None:
         return said + "; no interval advice (no save was timed)"
@@ -337,6 +339,8 @@ def _memory_advice(memory: dict[str, Any] | None) -> str:
     if memory["goodput_saving_to_directory"] is not None:
         said += (f", {memory['goodput_saving_to_directory']:.2%} saving to the directory "
                  f"every {memory['directory_interval_s']:g} s (its own best)")
+    if direct < 0.1 * (stall or 0.0):
+        said += "; the directory is fast here: the memory tier spares little"
     if tau < direct:
         said += ("; shorter than a copy: the directory gets one copy after another (the "
                  "newest only)")
