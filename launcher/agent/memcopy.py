@@ -40,6 +40,11 @@ OWNER = "agent.pid"
 COPIED = "copied"  # in a slot, once it is in its directory
 DRAIN_S = 120.0
 _PART = ".mgpu-part"
+# In a directory while a copy to it is queued or under way, refreshed every
+# TOUCH_S: a restarted task waits for it before reading that directory
+# (runtime/memslots.py, COPYING: the same name), so its start need not.
+COPYING = ".mgpu-copying"
+TOUCH_S = 1.0
 
 
 def job_folder(run_dir: str, host: str, shm: str = SHM) -> str:
@@ -65,6 +70,7 @@ class MemoryCopies:
         self._cond = threading.Condition()
         self._waiting: dict[str, str] = {}  # target -> newest slot not yet copied
         self._busy = False
+        self._current = ""  # the directory being copied to
         self._thread: threading.Thread | None = None
         self._copied: dict[tuple[str, str], tuple[int, int]] = {}  # (target, name) -> source id
 
@@ -101,6 +107,8 @@ class MemoryCopies:
             self.notice(f"checkpoints in memory: a copy is {size / 1e6:.1f} MB; each task "
                         f"keeps at most {self._copies or 1} ({(self._copies or 1) * size / 1e6:.1f}"
                         " MB of /dev/shm per task)")
+        if record.get("kind") != "drop":
+            mark(record["target"])  # before any restarted task can look (tasks.py)
         with self._cond:
             self._owner.pop(self._waiting.pop(record["target"], ""), None)  # superseded
             self._waiting[record["target"]] = path
@@ -108,6 +116,7 @@ class MemoryCopies:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, daemon=True)
                 self._thread.start()
+                threading.Thread(target=self._touch, daemon=True).start()
             self._cond.notify_all()
 
     drain_s = DRAIN_S
@@ -137,7 +146,7 @@ class MemoryCopies:
                     self._cond.wait()
                 target = next(iter(self._waiting))
                 slot = self._waiting.pop(target)
-                self._busy = True
+                self._busy, self._current = True, target
             try:
                 self._copy(slot)
             except OSError as exc:
@@ -145,8 +154,23 @@ class MemoryCopies:
                     self.log(f"memory tier: copy of {slot} to {target} failed: {exc}")
             finally:
                 with self._cond:
-                    self._busy = False
+                    self._busy, self._current = False, ""
+                    if target not in self._waiting:
+                        unmark(target)  # in place: a restarted task may read it
                     self._cond.notify_all()
+
+    def _touch(self) -> None:
+        """The markers of the copies queued or under way stay fresh (a marker
+        left by an agent that died goes stale: runtime/memslots.py)."""
+        while True:
+            time.sleep(TOUCH_S)
+            with self._cond:
+                targets = {*self._waiting, self._current} - {""}
+            for target in targets:
+                try:
+                    os.utime(os.path.join(target, COPYING))
+                except OSError:
+                    pass
 
     def _copy(self, slot: str) -> None:
         record = read_manifest(slot)
@@ -209,6 +233,22 @@ def put(source: str, folder: str, name: str) -> None:
         with open(aside, "rb+") as handle:
             os.fsync(handle.fileno())
     os.replace(aside, final)
+
+
+def mark(target: str) -> None:
+    try:
+        os.makedirs(target, exist_ok=True)
+        with open(os.path.join(target, COPYING), "w", encoding="ascii"):
+            pass
+    except OSError:
+        pass
+
+
+def unmark(target: str) -> None:
+    try:
+        os.unlink(os.path.join(target, COPYING))
+    except OSError:
+        pass
 
 
 def sweep_parts(folder: str) -> None:

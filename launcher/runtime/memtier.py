@@ -217,6 +217,7 @@ def _seed_manager(work: str, target: str) -> str:
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work, mode=0o700)
     target = memslots.shared_of(target)
+    memslots.wait_for_copy(target)  # an agent's copy under way: the newest, in place first
     state = _state_file(target) if os.path.isdir(target) else None
     if state is None:
         return ""
@@ -356,6 +357,7 @@ def _point(callback, shared: dict[str, str], folder: str) -> None:
 
 
 def _seed_backup(work: str, target: str, weights: str) -> str:
+    memslots.wait_for_copy(target)  # an agent's copy under way: the newest, in place first
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work, mode=0o700)
     try:
