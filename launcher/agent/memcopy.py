@@ -15,10 +15,13 @@ own directory on one background thread:
 - only the newest slot of a directory is copied (an older one still waiting
   is superseded); the checkpoints a TensorFlow state file no longer lists are
   deleted after the new one is in place, as the manager would have;
-- a task starts once the copies asked for on its host are done (bounded:
-  DRAIN_S), so a restarted generation reads the newest checkpoint on every
-  host alike (its workers restore after their cluster formed, so after every
-  host's starts); the agent's end waits for them too, then removes the job's
+- while a copy to a directory is queued or under way, the directory holds a
+  marker (COPYING, refreshed every TOUCH_S), made before a task of the next
+  generation starts on this host; a restarted task's restore waits for it
+  (runtime/memslots.py: wait_for_copy), so a restarted generation reads the
+  newest checkpoint on every host alike (its workers restore after their
+  cluster formed, so after every host's starts) while its start overlaps the
+  copy; the agent's end waits for the copies too, then removes the job's
   folder. The next agent removes the folders of agents that died (`sweep`).
 
 Standard library only.
