@@ -107,9 +107,9 @@ class MemoryCopies:
         if not self._sized and record.get("kind") != "drop":  # the chief's first save: said once
             self._sized = True
             size = save_bytes(path, record)
-            self.notice(f"checkpoints in memory: a copy is {size / 1e6:.1f} MB; each task "
-                        f"keeps at most {self._copies or 1} ({(self._copies or 1) * size / 1e6:.1f}"
-                        " MB of /dev/shm per task)")
+            copies = self._copies or 1
+            self.notice(f"checkpoints in memory: a copy is {_size(size)}; each task keeps at "
+                        f"most {copies} ({_size(copies * size)} of /dev/shm per task)")
         if record.get("kind") != "drop":
             mark(record["target"])  # before any restarted task can look (tasks.py)
         with self._cond:
@@ -285,6 +285,10 @@ def save_bytes(slot: str, record: dict) -> int:
         names = [n for n in names if n.startswith(pointer + ".")]
     return sum(os.path.getsize(os.path.join(slot, n)) for n in names
                if os.path.isfile(os.path.join(slot, n)))
+
+
+def _size(size: float) -> str:
+    return f"{size / 1e6:.1f} MB" if size >= 100_000 else f"{size / 1e3:.1f} kB"
 
 
 def free_gb(folder: str) -> float:

@@ -64,10 +64,15 @@ def _wrap(cls: type, name: str, make) -> None:
     setattr(cls, name, wrapper)
 
 
-def _full() -> bool:
+def _in_memory(callback) -> bool:
+    """The callback's saves go to memory (not a URL's, nor a full tier's):
+    an extra save never lands on the shared directory."""
     from . import memtier
 
-    return memtier.full()
+    state = getattr(callback, "_training_state", None)  # tf_keras: its manager's
+    manager = getattr(state, "write_checkpoint_manager", None)
+    redirected = getattr(callback, "_mgpu_target", None) or getattr(manager, "_mgpu_target", None)
+    return bool(redirected) and not memtier.full()
 
 
 def _step(model) -> int:
@@ -111,7 +116,7 @@ def _batch_end(original):
         step = self._mgpu_base + batch - self._mgpu_first + 1
         every = interval()
         if step // every > self._mgpu_saved_at // every and not _epoch_save_follows(self, batch) \
-                and not _full():
+                and _in_memory(self):
             _extra_save(self, batch)
             self._mgpu_saved_at = step
         return result
