@@ -50,7 +50,7 @@ def test_a_killed_worker_loses_at_most_the_memory_interval_not_the_scripts_epoch
     assert two.returncode == 0, two_out[-4000:]
     assert "a save to memory every 10 steps for Keras BackupAndRestore" in two_out
     assert "ModelCheckpoint and a custom loop's CheckpointManager keep" in two_out
-    assert re.search(r"checkpoints in memory: a copy is [\d.]+ MB", two_out), two_out[-3000:]
+    assert re.search(r"checkpoints in memory: a copy is [\d.]+ [kM]B", two_out), two_out[-3000:]
     resumed = resumed_step(workdir / "two")
     # Killed at step 75; the script's own last save was epoch 0's (step 40).
     assert 75 - 10 <= resumed["step"] <= 75 and resumed["epoch"] == 1, resumed
