@@ -13,7 +13,10 @@ with worker 1 killed (SIGKILL) after the save of epoch 1. Prints, per run:
 - checkpointing: the goodput ledger's part (summary.json), all saves;
 - restore: the restarted chief's managers made and restored (`RESTORE`);
 - crash to first step: the killed task's exit to the restarted job's first
-  step (events.jsonl), the restore's and start-up's sum;
+  step (events.jsonl), and its parts, each ended by the last task's event of
+  it: the failure detected, the teardown, the tasks started (with the memory
+  tier, once their host's copies to the directory are done), the cluster
+  joined, the resume told (the model built and restored), the first step;
 
 and the ratios off/on. `--width` sizes the weights (about 4 KiB x width:
 25000 is ~100 MB). Needs root (FUSE), fuse3 and mfusepy (.ci/run).
@@ -67,15 +70,32 @@ def run(work: Path, shared: Path, memory: bool, width: int, epochs: int) -> dict
             "save stall (s, median)": statistics.median(saves),
             "checkpointing (s, goodput)": summary["goodput"]["parts"]["checkpointing"],
             "restore (s, restarted chief)": restores[-1],
-            "crash to first step (s)": crash_to_step(run_dir)}
+            **crash_to_step(run_dir)}
 
 
-def crash_to_step(run_dir: Path) -> float:
+def crash_to_step(run_dir: Path) -> dict[str, float]:
+    """The kill to the restarted job's first step, and where that time went,
+    from events.jsonl: each part ends at the last task's event of it."""
     events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
-    exited = next(e["t"] for e in events if e["event"] == "task_exited" and
-                  e.get("generation") == 0 and e.get("signal") == 9)
-    return next(e["t"] for e in events if e["event"] == "progress" and
-                e.get("generation") == 1 and "step" in e) - exited
+
+    def last(kind: str, gen: int, **match) -> float:
+        return max(e["t"] for e in events if e["event"] == kind and e.get("generation") == gen
+                   and all(e.get(k) == v for k, v in match.items()))
+
+    marks = [("killed", min(e["t"] for e in events if e["event"] == "task_exited"
+                            and e.get("generation") == 0 and e.get("signal") == 9)),
+             ("  detected", last("failure_detected", 0)),
+             ("  torn down", last("teardown_done", 0)),
+             ("  tasks started (copies drained)", last("task_started", 1)),
+             ("  cluster joined (script, MWMS)", last("cluster", 1, state="joined")),
+             ("  resumed (model built, restored)", min(e["t"] for e in events
+                                                      if e["event"] == "resumed")),
+             ("  first step", min(e["t"] for e in events if e["event"] == "progress"
+                                  and e.get("generation") == 1 and "step" in e))]
+    out = {"crash to first step (s)": marks[-1][1] - marks[0][1]}
+    for (_, before), (name, at) in zip(marks, marks[1:], strict=False):
+        out[f"{name} (s)"] = at - before
+    return out
 
 
 def main() -> None:
@@ -92,10 +112,10 @@ def main() -> None:
             on = run(work, Path(shared), True, args.width, args.epochs)
     print(f"weights ~{args.width * 4 * 1026 / 1e6:.0f} MB, shared directory at {args.mbps:g} "
           f"MB/s, 2 workers, worker 1 killed after epoch 1's save")
-    print(f"{'':30} {'memory off':>11} {'memory on':>11} {'off/on':>8}")
+    print(f"{'':36} {'memory off':>11} {'memory on':>11} {'off/on':>8}")
     for key in off:
-        ratio = off[key] / on[key] if on[key] else float("inf")
-        print(f"{key:30} {off[key]:11.3f} {on[key]:11.3f} {ratio:8.1f}x")
+        ratio = f"{off[key] / on[key]:7.1f}x" if on[key] > 0.05 else ""  # not of a part ~0
+        print(f"{key:36} {off[key]:11.3f} {on[key]:11.3f} {ratio:>8}")
 
 
 if __name__ == "__main__":

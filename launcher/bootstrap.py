@@ -154,6 +154,7 @@ def install_hooks() -> None:
         hooks,
         keras_compat,
         keras_jax,
+        memcadence,
         memtier,
         position,
         restores,
@@ -175,6 +176,9 @@ def install_hooks() -> None:
     steps.saves_pending, steps.first_epoch = saves.pending, restores.first_epoch
     if steps.enabled():  # steps and steps/s from any script (the optimizer's counter)
         for name, hook in steps.HOOKS.items():
+            hooks.when_imported(name, hook)
+    if memcadence.enabled():  # `memory_interval`: extra saves (inside memtier's redirect)
+        for name, hook in memcadence.HOOKS.items():
             hooks.when_imported(name, hook)
     if memtier.enabled():  # `checkpoint: {memory: true}`: saves to host memory (inside saves')
         for name, hook in memtier.HOOKS.items():

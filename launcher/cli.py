@@ -270,7 +270,7 @@ def _launch(launch: Launch, first_plan: Plan, args: argparse.Namespace,
         f"{'simulated ' if simulated else ''}hosts, "
         f"strategy {config.strategy}"
     )  # the run directory is named once it exists: a launch that fails first writes none
-    for line in views.said:
+    for line in filter(None, [planview.memory_line(first_plan), *views.said]):
         printer.notice(line)
     with stops_asked() as stop:  # until the summary is written
         ended = run_launch(launch, first_plan, transport, printer, stop,

@@ -185,3 +185,19 @@ def test_addresses_keys_load_and_bad_values_say_what_was_expected():
                for p in problems), problems
     assert any(p.startswith("cluster.yaml:13: hosts[0].tf_address: expected a host name or "
                             "IP address without a port") for p in problems), problems
+
+
+def test_memory_interval_needs_the_memory_tier_and_is_said_at_start(tmp_path: Path):
+    hosts = "transport: local\nhosts: [{address: 127.0.0.1}]\n"
+    [problem] = problems_of(hosts + "checkpoint: {memory_interval: 50}\n")
+    assert "memory_interval" in problem and "checkpoint.memory: true" in problem
+    assert any("memory_interval" in p for p in
+               problems_of(hosts + "checkpoint: {memory: true, memory_interval: 0}\n"))
+    config = tmp_path / "c.yaml"
+    config.write_text(hosts + "checkpoint: {memory: true, memory_copies: 3, memory_interval: 50}\n")
+    (tmp_path / "x.py").write_text("")
+    shown = run_cli(["--dry-run", str(config), "x.py"], cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    assert "at most 3 copies of each task's saves" in shown.stdout
+    assert "a save to memory every 50 steps for Keras BackupAndRestore" in shown.stdout
+    assert "MGPU_MEMORY_INTERVAL=50" in shown.stdout

@@ -108,3 +108,36 @@ def test_the_next_agent_removes_the_folders_of_dead_agents_only(tmp_path: Path):
     finally:
         live.kill()
         live.wait()
+
+
+def test_a_directory_is_marked_while_its_copy_is_under_way_and_a_restore_waits_for_it(
+        tmp_path: Path):
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    copies = memcopy.MemoryCopies(str(tmp_path / "run"), "host0", print, shm=str(shm))
+    told: list[tuple] = []
+    copies.report = lambda *args: told.append(args)
+    env = {"MGPU_MEMORY_COPIES": "2"}
+    copies.task_env("worker0", env)
+    with mounted(str(tmp_path / "backing"), str(tmp_path / "shared"), 20) as shared:
+        target = Path(shared) / "ckpt"
+        slot = make_slot(Path(env["MGPU_MEMORY_DIR"]), 1, "ckpt-1", 8_000_000, ["ckpt-1"])
+        record = memslots.manifest(str(slot)) | {"target": str(target)}
+        memslots.seal(str(slot), record)
+        copies.saved(str(slot), "worker0", 3)
+        # Marked before saved() returned: a restarted task's restore waits, then
+        # reads the newest checkpoint, whole (8 MB at 20 MB/s: ~0.4 s).
+        assert (target / memcopy.COPYING).exists()
+        waited = memslots.wait_for_copy(str(target))
+        assert waited > 0.1, waited
+        assert 'model_checkpoint_path: "ckpt-1"' in (target / "checkpoint").read_text()
+        assert not (target / memcopy.COPYING).exists()
+        copies.close(timeout_s=30)
+    [(task, generation, data)] = told  # the copy's cost, as the task's progress (the drill)
+    assert (task, generation) == ("worker0", 3) and data["memory_copy_bytes"] > 8_000_000
+    assert data["memory_copy_s"] > 0.1, data
+    # A marker nobody refreshes (its agent died) is waited for a bounded while only.
+    stale = tmp_path / "stale"
+    stale.mkdir()
+    (stale / memcopy.COPYING).write_text("")
+    assert memslots.wait_for_copy(str(stale), stale_s=0.3) < 2.0

@@ -67,7 +67,10 @@ class Agent:
                            self.records, emit)
         self.profiles = Profiles(self.run_dir, emit)
         self.tasks.on_profile = self.profiles.answered
-        self.memory = MemoryCopies(self.run_dir, host, lambda text: emit("log", text=text))
+        self.memory = MemoryCopies(self.run_dir, host, lambda text: emit("log", text=text),
+                                   notice=lambda text: emit("log", text=text, notice=True))
+        self.memory.report = lambda task, generation, data: emit(
+            "progress", task=task, generation=generation, data=data)  # a copy's cost
         self.tasks.memory = self.memory
         self.memory.peers = PeerCopies(self.memory, host, emit)  # a copy in another host's
         self.commands = Commands(self.tasks, Stacks(emit), emit, self.profiles)

@@ -15,10 +15,13 @@ own directory on one background thread:
 - only the newest slot of a directory is copied (an older one still waiting
   is superseded); the checkpoints a TensorFlow state file no longer lists are
   deleted after the new one is in place, as the manager would have;
-- a task starts once the copies asked for on its host are done (bounded:
-  DRAIN_S), so a restarted generation reads the newest checkpoint on every
-  host alike (its workers restore after their cluster formed, so after every
-  host's starts); the agent's end waits for them too, then removes the job's
+- while a copy to a directory is queued or under way, the directory holds a
+  marker (COPYING, refreshed every TOUCH_S), made before a task of the next
+  generation starts on this host; a restarted task's restore waits for it
+  (runtime/memslots.py: wait_for_copy), so a restarted generation reads the
+  newest checkpoint on every host alike (its workers restore after their
+  cluster formed, so after every host's starts) while its start overlaps the
+  copy; the agent's end waits for the copies too, then removes the job's
   folder. The next agent removes the folders of agents that died (`sweep`).
 
 Standard library only.
@@ -40,6 +43,11 @@ OWNER = "agent.pid"
 COPIED = "copied"  # in a slot, once it is in its directory
 DRAIN_S = 120.0
 _PART = ".mgpu-part"
+# In a directory while a copy to it is queued or under way, refreshed every
+# TOUCH_S: a restarted task waits for it before reading that directory
+# (runtime/memslots.py, COPYING: the same name), so its start need not.
+COPYING = ".mgpu-copying"
+TOUCH_S = 1.0
 
 
 def job_folder(run_dir: str, host: str, shm: str = SHM) -> str:
@@ -52,13 +60,21 @@ class MemoryCopies:
     """The job's memory folder on this host and its copier thread."""
 
     def __init__(self, run_dir: str, host: str, log: Callable[[str], None],
-                 shm: str = SHM) -> None:
+                 shm: str = SHM, notice: Callable[[str], None] | None = None) -> None:
         self.root = job_folder(run_dir, host, shm)
         self.host = host
         self.log = log
+        self.notice = notice or log  # for the user: the bound, said once each
+        self._copies = 0  # each task's at most (MGPU_MEMORY_COPIES); 0: no task yet
+        self._sized = False
+        # (task, generation, data): a copy's seconds and bytes, as the task's progress
+        # (the drill's directory cost: commands/drill_memory.py); None: not told.
+        self.report: Callable[[str, int, dict], None] | None = None
+        self._owner: dict[str, tuple[str, int]] = {}  # slot -> the task that saved it
         self._cond = threading.Condition()
         self._waiting: dict[str, str] = {}  # target -> newest slot not yet copied
         self._busy = False
+        self._current = ""  # the directory being copied to
         self._thread: threading.Thread | None = None
         self._copied: dict[tuple[str, str], tuple[int, int]] = {}  # (target, name) -> source id
         self.peers = None  # the copies in another host's memory (peercopy.PeerCopies)
@@ -75,13 +91,18 @@ class MemoryCopies:
         """A task of a job with the memory tier: its folder, in its environment."""
         if not env.get("MGPU_MEMORY_COPIES"):
             return
+        if not self._copies:
+            self._copies = int(env["MGPU_MEMORY_COPIES"])
+            self.notice(f"checkpoints in memory: {free_gb(os.path.dirname(self.root)):.1f} GB "
+                        f"free in {os.path.dirname(self.root)}; at most {self._copies} copies "
+                        "of each task's saves")
         self.ensure_root()
         folder = os.path.join(self.root, task)
         os.makedirs(folder, mode=0o700, exist_ok=True)
         env["MGPU_MEMORY_DIR"] = folder
         env["MGPU_MEMORY_HOST"] = self.host  # the plan's name of this host, for `resumed`
 
-    def saved(self, slot: object) -> None:
+    def saved(self, slot: object, task: str = "", generation: int = 0) -> None:
         """A task's save completed in memory: copy it (in the background)."""
         if not isinstance(slot, str):
             return
@@ -93,22 +114,34 @@ class MemoryCopies:
             self.peers.saved(path, record)  # said to the launcher; the chief's sent on
         if record is None or not record.get("copy") or not isinstance(record.get("target"), str):
             return
-        self.copy_later(record["target"], path)
+        if not self._sized and record.get("kind") != "drop":  # the chief's first save: said once
+            self._sized = True
+            size = save_bytes(path, record)
+            copies = self._copies or 1
+            self.notice(f"checkpoints in memory: a copy is {_size(size)}; each task keeps at "
+                        f"most {copies} ({_size(copies * size)} of /dev/shm per task)")
+        if record.get("kind") != "drop":
+            mark(record["target"])  # before any restarted task can look (tasks.py)
+        self.copy_later(record["target"], path, owner=(task, generation))
 
-    def copy_later(self, target: str, path: str, when: Callable[[], bool] | None = None
-                   ) -> None:
+    def copy_later(self, target: str, path: str, when: Callable[[], bool] | None = None,
+                   owner: tuple[str, int] | None = None) -> None:
         """Copy the slot at `path` to `target`, on the copier thread (only if
-        `when()` says so then, and only if no save of this host waits for it)."""
+        `when()` says so then, and only if no save of this host waits for it);
+        `owner`: the task and generation that saved it (its copy's cost reported)."""
         with self._cond:
             if when is not None:
                 if target in self._waiting:
                     return  # this host's own newer save goes there
                 self._when[path] = when
-            self._waiting.pop(target, None)
+            self._owner.pop(self._waiting.pop(target, ""), None)  # superseded
             self._waiting[target] = path
+            if owner is not None:
+                self._owner[path] = owner
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, daemon=True)
                 self._thread.start()
+                threading.Thread(target=self._touch, daemon=True).start()
             self._cond.notify_all()
 
     drain_s = DRAIN_S
@@ -138,7 +171,7 @@ class MemoryCopies:
                     self._cond.wait()
                 target = next(iter(self._waiting))
                 slot = self._waiting.pop(target)
-                self._busy = True
+                self._busy, self._current = True, target
             try:
                 self._copy(slot)
             except OSError as exc:
@@ -146,8 +179,23 @@ class MemoryCopies:
                     self.log(f"memory tier: copy of {slot} to {target} failed: {exc}")
             finally:
                 with self._cond:
-                    self._busy = False
+                    self._busy, self._current = False, ""
+                    if target not in self._waiting:
+                        unmark(target)  # in place: a restarted task may read it
                     self._cond.notify_all()
+
+    def _touch(self) -> None:
+        """The markers of the copies queued or under way stay fresh (a marker
+        left by an agent that died goes stale: runtime/memslots.py)."""
+        while True:
+            time.sleep(TOUCH_S)
+            with self._cond:
+                targets = {*self._waiting, self._current} - {""}
+            for target in targets:
+                try:
+                    os.utime(os.path.join(target, COPYING))
+                except OSError:
+                    pass
 
     def _copy(self, slot: str) -> None:
         record = read_manifest(slot)
@@ -156,9 +204,16 @@ class MemoryCopies:
         when = self._when.pop(slot, None)
         if when is not None and not when():
             return  # its directory names that save, or a newer one, already
+        began = time.monotonic()
         copy_slot(slot, record, self._copied)
+        took = time.monotonic() - began
         with open(os.path.join(slot, COPIED), "w", encoding="ascii"):
             pass  # the task's end waits for this (runtime/memtier.py)
+        with self._cond:
+            task, generation = self._owner.pop(slot, ("", 0))
+        if task and self.report is not None and record.get("kind") != "drop":
+            self.report(task, generation, {"memory_copy_s": round(took, 3),
+                                           "memory_copy_bytes": save_bytes(slot, record)})
 
 
 def copy_slot(slot: str, record: dict, copied: dict[tuple[str, str], tuple[int, int]]) -> None:
@@ -208,6 +263,22 @@ def put(source: str, folder: str, name: str) -> None:
     os.replace(aside, final)
 
 
+def mark(target: str) -> None:
+    try:
+        os.makedirs(target, exist_ok=True)
+        with open(os.path.join(target, COPYING), "w", encoding="ascii"):
+            pass
+    except OSError:
+        pass
+
+
+def unmark(target: str) -> None:
+    try:
+        os.unlink(os.path.join(target, COPYING))
+    except OSError:
+        pass
+
+
 def sweep_parts(folder: str) -> None:
     """What a copy that died left (never a complete checkpoint)."""
     for name in os.listdir(folder):
@@ -229,6 +300,27 @@ def state_names(folder: str) -> set[str]:
         if field.strip() in ("model_checkpoint_path", "all_model_checkpoint_paths"):
             names.add(os.path.basename(value.strip().strip('"')))
     return names
+
+
+def save_bytes(slot: str, record: dict) -> int:
+    """One save's size: a manager's slot also links the older checkpoints it keeps."""
+    pointer = str(record.get("pointer") or "")
+    names = [n for n in record.get("files") or () if isinstance(n, str) and os.sep not in n]
+    if record.get("kind") == "manager" and pointer:
+        names = [n for n in names if n.startswith(pointer + ".")]
+    return sum(os.path.getsize(os.path.join(slot, n)) for n in names
+               if os.path.isfile(os.path.join(slot, n)))
+
+
+def _size(size: float) -> str:
+    return f"{size / 1e6:.1f} MB" if size >= 100_000 else f"{size / 1e3:.1f} kB"
+
+
+def free_gb(folder: str) -> float:
+    try:
+        return shutil.disk_usage(folder).free / 1e9
+    except OSError:
+        return 0.0
 
 
 def read_manifest(slot: str) -> dict | None:

@@ -204,18 +204,17 @@ class Tasks:
         task.standby = self.standbys.want(name, spec, env)
 
     def _copies_done(self) -> None:
-        """The memory tier: the copies of the saves the tasks that ran here made
-        are done before a task starts, so that every worker of the new
-        generation finds the newest checkpoint in its directory (the workers'
-        restores come after the cluster formed: after this start; memcopy.py)."""
+        """The memory tier: the saves the tasks that ran here made are queued
+        for their copy, each directory marked while its copy is under way,
+        before a task starts: a restarted task waits for the marker before it
+        reads that directory (runtime/memslots.py), so every worker of the new
+        generation restores the newest checkpoint (the workers' restores come
+        after the cluster formed: after this start), and the start, the imports
+        and the model's build overlap the copy (memcopy.py)."""
         with self.lock:
             readers = [t.progress_reader for t in self.tasks.values() if t.progress_reader]
-        for reader in readers:  # their last `memory_saved` lines read
+        for reader in readers:  # their last `memory_saved` lines read: marked
             reader.join(timeout=DRAIN_S)
-        if not self.memory.drain():
-            self.emit("log", text="memory tier: copies still under way after "
-                      f"{self.memory.drain_s:.0f} s; the task starts (it may restore an "
-                      "older checkpoint)")
 
     def _start_cold(self, spec: dict,
                     env: dict[str, str]) -> tuple[subprocess.Popen, TaskTree, int]:
@@ -304,7 +303,8 @@ class Tasks:
                 if isinstance(data, dict) and "profile" in data and self.on_profile:
                     self.on_profile(task, data["profile"])  # a trace's answer (profiles.py)
                 elif isinstance(data, dict) and "memory_saved" in data and self.memory:
-                    self.memory.saved(data["memory_saved"])  # copied in the background
+                    self.memory.saved(data["memory_saved"], task.name,  # in the background
+                                      task.generation)
                 elif isinstance(data, dict):
                     self.emit("progress", task=task.name, generation=task.generation, data=data)
                     if task.standby is not None and "step" in data:

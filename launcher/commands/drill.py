@@ -20,6 +20,7 @@ cannot be reached), 128 + signal when interrupted. docs/drill.md.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import threading
@@ -38,6 +39,7 @@ from ..views.narrate import checkpoint_moved
 from ..views.printer import Printer
 from . import control, exits, loading, prereqs, usage
 from .drill_faults import Heard, Injector
+from .drill_memory import MemoryCosts
 from .signals import stops_asked
 from .usage import say
 
@@ -67,6 +69,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--checkpoint-wait", type=float, default=300.0, metavar="S",
                         help="how long to wait for the first checkpoint before injecting "
                         "anyway (default %(default)g s)")
+    parser.add_argument("--memory", action="store_true",
+                        help="turn on checkpoint.memory for the drill's job: measures a "
+                        "save to host memory against the directory and advises "
+                        "checkpoint.memory_interval")
     parser.add_argument("-q", "--quiet", action="store_true", help="no task output")
     parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     return parser
@@ -101,6 +107,10 @@ def _load(args: argparse.Namespace) -> tuple[LoadedConfig, list[str], list[str]]
             expected="expected a cluster YAML and a training script (or --local N, --slurm)")
     except loading.ArgumentError as exc:
         raise Usage(str(exc)) from None
+    if args.memory:  # the memory tier's cost measured (commands/drill_memory.py)
+        settings = loaded.config.checkpoint.model_copy(update={"memory": True})
+        loaded = dataclasses.replace(
+            loaded, config=loaded.config.model_copy(update={"checkpoint": settings}))
     return loaded, command, _faults(args.faults, loaded.config.transport)
 
 
@@ -134,11 +144,13 @@ def _drill(args: argparse.Namespace, loaded: LoadedConfig, command: list[str],
     timed: list[float] = []  # each save's seconds, as the bootstrap timed them
     save_steps: list[int] = []
     stop = StopRequest()
+    copies = MemoryCosts()  # the memory tier's background copies, every job's
     left = faults
     for number in range(1, MAX_JOBS + 1):
         where = run_dir if number == 1 else run_dir / f"job{number}"
         try:
-            injector, heard = _one_job(args, loaded, command, left, where, number, stop)
+            injector, heard = _one_job(args, loaded, command, left, where, number, stop,
+                                       copies)
         except Usage as exc:
             if number == 1:
                 say(f"mgpu-launch drill: {exc}")
@@ -157,7 +169,7 @@ def _drill(args: argparse.Namespace, loaded: LoadedConfig, command: list[str],
             break
     hosts = sum(1 for h in loaded.config.hosts if not h.spare)
     data = report([judge(o) for o in observed], series, hosts, args.mtbf_hours, timed,
-                  save_steps)
+                  save_steps, copies.figures())
     data["run_dir"] = str(run_dir)
     fd = os.open(run_dir / DRILL_JSON, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as handle:  # user-readable only, as the run directory
@@ -171,7 +183,7 @@ def _drill(args: argparse.Namespace, loaded: LoadedConfig, command: list[str],
 
 def _one_job(args: argparse.Namespace, loaded: LoadedConfig, command: list[str],
              faults: list[str], run_dir: Path, number: int,
-             stop: StopRequest) -> tuple[Injector, Heard]:
+             stop: StopRequest, copies: MemoryCosts) -> tuple[Injector, Heard]:
     """One job of the drill, with `faults` injected into it; raises Usage when
     it cannot start (exit 2)."""
     config = loaded.config
@@ -209,7 +221,7 @@ def _one_job(args: argparse.Namespace, loaded: LoadedConfig, command: list[str],
     injector: Injector | None = None
     with stops_asked(stop):
         ended = run_launch(launch, first, make_transport(config), printer, stop,
-                           views=[heard], started=started)
+                           views=[heard, copies], started=started)
     if isinstance(ended, EarlyEnd):
         printer.finish()
         if ended.why == "interrupted":  # as Ctrl-C before the drill's job

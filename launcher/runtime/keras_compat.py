@@ -486,6 +486,13 @@ def _chief_aware(source: str) -> bool:
     return any(word in source for word in ("is_chief", "should_checkpoint", "_chief"))
 
 
+def _in_memory_tier(callback) -> bool:
+    """The memory tier pointed the callback's files into this task's private folder."""
+    root = os.environ.get("MGPU_MEMORY_DIR")
+    return bool(root) and any(isinstance(v, str) and v.startswith(os.path.join(root, ""))
+                              for v in vars(callback).values())
+
+
 def fix_backup_and_restore(cls: type) -> str:
     """Non-chief workers back up to a private temporary dir; every worker restores.
 
@@ -516,6 +523,9 @@ def fix_backup_and_restore(cls: type) -> str:
         inside = os.path.join(str(shared_dir), "")
         shared = {name: value for name, value in vars(self).items()
                   if isinstance(value, str) and value.startswith(inside)}
+        if not shared and _in_memory_tier(self):
+            shutil.rmtree(scratch, ignore_errors=True)
+            return original_save(self)  # already this task's own folder (runtime/memtier.py)
         if not shared:
             shutil.rmtree(scratch, ignore_errors=True)
             raise UntestedKerasError(refusal_message(keras_version(), [

@@ -30,6 +30,9 @@ import time
 from typing import Any
 
 MANIFEST = "manifest.json"
+COPYING = ".mgpu-copying"  # in a directory while an agent copies a save to it (agent/memcopy.py)
+STALE_S = 5.0  # a marker not refreshed for this long: its agent died
+WAIT_S = 600.0
 POINTERS = ("checkpoint", "training_metadata.json")  # copied last: they name the rest
 _TEMP_PART = re.compile(r"^workertemp_\d+$")
 INCOMING_WAIT_S = 120.0  # at most, at a restore, for a copy being placed in this memory
@@ -174,3 +177,28 @@ def size_of(path: str) -> int:
     for folder, _dirs, files in os.walk(path):
         total += sum(_size(os.path.join(folder, f)) for f in files)
     return total
+
+
+def wait_for_copy(target: str, bound_s: float = WAIT_S, stale_s: float = STALE_S) -> float:
+    """Wait while an agent copies a save into `target` (its marker there, kept
+    fresh every second): a restarted task reads the directory's newest
+    checkpoint only once it is in place, the same on every host. A marker
+    whose time stops moving for STALE_S is an agent's that died. Returns the
+    seconds waited."""
+    import time
+
+    marker = os.path.join(target, COPYING)
+    began = time.monotonic()
+    seen, moved = None, began
+    while time.monotonic() - began < bound_s:
+        try:
+            stamp = os.stat(marker).st_mtime_ns
+        except OSError:
+            break
+        now = time.monotonic()
+        if stamp != seen:
+            seen, moved = stamp, now
+        elif now - moved > stale_s:
+            break
+        time.sleep(0.05)
+    return time.monotonic() - began

@@ -50,6 +50,11 @@ def enabled() -> bool:
     return bool(os.environ.get(ENV_DIR))
 
 
+def full() -> bool:
+    """Saves go to their directory again (memory full): no extra saves then."""
+    return bool(_state["full"])
+
+
 def _root() -> str:
     return os.environ[ENV_DIR]
 
@@ -212,6 +217,7 @@ def _seed_manager(work: str, target: str) -> str:
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work, mode=0o700)
     target = memslots.shared_of(target)
+    memslots.wait_for_copy(target)  # an agent's copy under way: the newest, in place first
     state = _state_file(target) if os.path.isdir(target) else None
     if state is None:
         return ""
@@ -325,7 +331,15 @@ def _backup_end(original):
         state = getattr(self, "_training_state", None)
         manager = getattr(state, "write_checkpoint_manager", None)
         target = getattr(self, "_mgpu_target", None) or getattr(manager, "_mgpu_target", None)
-        result = original(self, *args, **kwargs)
+        shared_dir = getattr(self, "backup_dir", None)
+        if target is not None and hasattr(self, "_weights_path"):
+            # Keras 3 removes its backup_dir itself: the working folder instead,
+            # the directory by the agent after its copies (the `drop` slot).
+            self.backup_dir = memslots.working(_root(), target)
+        try:
+            result = original(self, *args, **kwargs)
+        finally:
+            self.backup_dir = shared_dir
         if target is not None and getattr(self, "delete_checkpoint", True):
             target = memslots.shared_of(target)
             _publish(_new_slot(), target, "drop", "", None)
@@ -339,6 +353,7 @@ def _point(callback, shared: dict[str, str], folder: str) -> None:
 
 
 def _seed_backup(work: str, target: str, weights: str) -> str:
+    memslots.wait_for_copy(target)  # an agent's copy under way: the newest, in place first
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work, mode=0o700)
     try:

@@ -59,6 +59,16 @@ class CheckpointSettings(_Strict):
     memory: bool = False
     # The completed saves each task keeps in memory (the bound of its use).
     memory_copies: int = Field(default=2, ge=1, le=16)
+    # With memory: a save to memory every N training steps besides the script's
+    # own (Keras BackupAndRestore only: launcher/runtime/memcadence.py).
+    memory_interval: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _interval_needs_memory(self) -> CheckpointSettings:
+        if self.memory_interval is not None and not self.memory:
+            raise ValueError("checkpoint.memory_interval takes saves to host memory: it needs "
+                             "checkpoint.memory: true")
+        return self
 
     @field_validator("save_freq")
     @classmethod

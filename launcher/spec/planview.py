@@ -147,6 +147,24 @@ def _env_lines(env: Mapping[str, str], indent: str = "  env:       ") -> list[st
     return [f"{indent}{key}={value}" for key, value in redact_env(dict(env)).items()]
 
 
+def memory_line(plan: Plan) -> str | None:
+    """The memory tier's bound and cadence, said at the launch's start (and in
+    `--dry-run`); None when it is off. A copy's size is known after the first
+    save only (the agent of the chief's host says it then: agent/memcopy.py)."""
+    env = shared_env(plan)
+    copies = env.get("MGPU_MEMORY_COPIES")
+    if not copies:
+        return None
+    line = (f"checkpoints at memory speed: at most {copies} copies of each task's saves in "
+            "its host's /dev/shm (each host's free space is said as its first task starts)")
+    interval = env.get("MGPU_MEMORY_INTERVAL")
+    if interval:
+        line += (f"; a save to memory every {interval} steps for Keras BackupAndRestore "
+                 "(ModelCheckpoint and a custom loop's CheckpointManager keep the script's "
+                 "own cadence)")
+    return line
+
+
 def render_plan(plan: Plan) -> str:
     """The human-readable form of `--dry-run`."""
     import json
@@ -158,6 +176,7 @@ def render_plan(plan: Plan) -> str:
         f"{len(plan.tasks)} tasks on {len(plan.hosts)} hosts, generation {plan.generation}",
         f"run dir:        {plan.run_dir}",
         f"checkpoint dir: {plan.checkpoint_dir}",
+        *filter(None, [memory_line(plan)]),
         "TF_CONFIG addresses (rule: tf_address > network_interface > ssh_config > address):",
         *(f"  {name:<{width}}  {tf.shown}  [{tf.rule}: {tf.why}]"
           for name, tf in plan.addresses.items()),

@@ -226,12 +226,15 @@ def goodput(interval_s: float, cost_s: float, mtbf_job_s: float, recovery_s: flo
 
 def report(verdicts: list[Verdict], series: list[list[Point]], hosts: int,
            mtbf_hours: float, timed: list[float] | None = None,
-           save_steps: list[int] | None = None) -> dict[str, Any]:
+           save_steps: list[int] | None = None,
+           copies: dict[str, float] | None = None) -> dict[str, Any]:
     """drill.json: the issue's fields first, then how the interval was reached.
 
     `timed`: each save's seconds as the bootstrap timed them (preferred to the
     cost inferred from the reports); `save_steps`: the steps of the saves, in
-    order, for the interval when no generation saved twice."""
+    order, for the interval when no generation saved twice; `copies`: the
+    memory tier's background copies to the directory (commands/drill_memory.py),
+    None when the tier was off."""
     cost, rate, current = cost_and_rate(series)
     if timed:
         cost = round(statistics.median(timed), 3)
@@ -259,6 +262,41 @@ def report(verdicts: list[Verdict], series: list[list[Point]], hosts: int,
         out["goodput_at_recommended"] = goodput(recommended, cost, mtbf_job_s, recovery)
         if current is not None:
             out["goodput_at_current"] = goodput(current, cost, mtbf_job_s, recovery)
+    out["memory"] = memory_advice(copies, cost, rate, mtbf_job_s, recovery)
+    return out
+
+
+def memory_advice(copies: dict[str, float] | None, stall_s: float | None,
+                  rate: float | None, mtbf_job_s: float,
+                  recovery_s: float) -> dict[str, Any] | None:
+    """The memory tier's cost and the `memory_interval` it advises: a save's
+    stall to memory (the saves timed with the tier on) against the same save
+    written to the directory (the agent's copy); Young/Daly with the memory
+    stall as the cost, in steps at the measured rate. Beside it, the goodput
+    the directory alone would give at its own best interval, a save there
+    costing the stall plus the copy (the same serialization, then the bytes
+    written to the directory instead of memory). None: the tier was off (no
+    copy seen)."""
+    if copies is None:
+        return None
+    direct = copies["directory_s"]
+    out: dict[str, Any] = {
+        "save_stall_s": stall_s, "directory_s": direct, "copy_mb": copies.get("copy_mb"),
+        "recommended_interval_s": None, "recommended_memory_interval_steps": None,
+        "goodput_at_recommended": None, "directory_stall_s": None, "directory_interval_s": None,
+        "goodput_saving_to_directory": None}
+    if stall_s is None:
+        return out
+    tau = young_daly(max(stall_s, 0.001), mtbf_job_s)
+    out["recommended_interval_s"] = round(tau, 1)
+    if rate:
+        out["recommended_memory_interval_steps"] = max(1, round(tau * rate))
+    out["goodput_at_recommended"] = goodput(tau, stall_s, mtbf_job_s, recovery_s)
+    to_directory = stall_s + direct
+    out["directory_stall_s"] = round(to_directory, 3)
+    own = young_daly(max(to_directory, 0.001), mtbf_job_s)
+    out["directory_interval_s"] = round(own, 1)
+    out["goodput_saving_to_directory"] = goodput(own, to_directory, mtbf_job_s, recovery_s)
     return out
 
 
@@ -280,7 +318,33 @@ def render(data: dict[str, Any]) -> str:
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     lines += [f"  {f['fault']}: {f['reason']}" for f in data["faults"]]
     lines.append(_advice(data))
+    lines.append(_memory_advice(data.get("memory")))
     return "\n".join(lines)
+
+
+def _memory_advice(memory: dict[str, Any] | None) -> str:
+    if memory is None:
+        return ("memory tier: off (drill --memory measures a save to host memory against "
+                "the directory and advises checkpoint.memory_interval)")
+    stall, direct = memory["save_stall_s"], memory["directory_s"]
+    size = f"{memory['copy_mb']:g} MB, " if memory.get("copy_mb") is not None else ""
+    said = (f"memory tier: a save blocks training {_num(stall, ' s')} in memory; the agent "
+            f"wrote it to the directory in {direct:g} s ({size}in the background)")
+    steps, tau = memory["recommended_memory_interval_steps"], memory["recommended_interval_s"]
+    if tau is None:
+        return said + "; no interval advice (no save was timed)"
+    every = f"{steps} steps ({tau:g} s" if steps else f"{tau:g} s of training (no step rate"
+    said += (f"\nrecommended memory_interval: {every}; Young/Daly with the stall to memory); "
+             f"expected goodput {memory['goodput_at_recommended']:.2%}")
+    if memory["goodput_saving_to_directory"] is not None:
+        said += (f", {memory['goodput_saving_to_directory']:.2%} saving to the directory "
+                 f"every {memory['directory_interval_s']:g} s (its own best)")
+    if direct < 0.1 * (stall or 0.0):
+        said += "; the directory is fast here: the memory tier spares little"
+    if tau < direct:
+        said += ("; shorter than a copy: the directory gets one copy after another (the "
+                 "newest only)")
+    return said
 
 
 def _advice(data: dict[str, Any]) -> str:

@@ -4,10 +4,13 @@
 backup directory (argv[1]; `per-host` as argv[2]: a folder of its own per
 worker, as `/tmp/backup` is on each host of a real cluster), no runtime calls,
 `tf.keras` as the default Keras resolves it. 6 epochs of 40 steps, 0.05 s a step.
+KILL_AT_STEP=S: in the first generation, worker 1 kills itself (SIGKILL) right
+after step S (a test's fault). Prints `STEPS_DONE <optimizer steps>` at the end.
 """
 
 import json
 import os
+import signal
 import sys
 import time
 
@@ -42,8 +45,14 @@ class StepTime(tf.keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         time.sleep(0.05)
+        at = os.environ.get("KILL_AT_STEP")
+        if at and os.environ.get("MGPU_GENERATION") == "0" \
+                and tf_config.get("task", {}).get("index") == 1 \
+                and int(self.model.optimizer.iterations.numpy()) == int(at):
+            os.kill(os.getpid(), signal.SIGKILL)
 
 
 model.fit(dataset, epochs=6, steps_per_epoch=40, verbose=0,
           callbacks=[tf.keras.callbacks.BackupAndRestore(backup_dir=backup_dir), StepTime()])
+print("STEPS_DONE", int(model.optimizer.iterations.numpy()), flush=True)
 print("TRAINED", flush=True)
