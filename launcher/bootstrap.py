@@ -217,6 +217,8 @@ def main() -> None:
         runpy.run_path(script, run_name="__main__")
     except SystemExit as exc:
         over.clean = exc.code in (None, 0)
+        if over.clean:
+            over.returned()
         raise
     except KeyboardInterrupt:
         raise
@@ -227,6 +229,7 @@ def main() -> None:
             exit_quickly(1)
         raise
     over.clean = True
+    over.returned()
 
 
 class ProgramOver:
@@ -240,15 +243,28 @@ class ProgramOver:
 
     clean = False
 
+    def returned(self) -> None:
+        """The script's own code has ended cleanly (before any exit handler):
+        only exit handlers and the teardown are left, so a task idle from here
+        on may be cut (launcher/job/tailcut.py); one idle inside its script never is."""
+        _tell(b'{"returned": 1}\n')
+
     def __call__(self) -> None:
-        fd = os.environ.get("MGPU_PROGRESS_FD")
-        if not self.clean or not fd:
+        if not self.clean or not os.environ.get("MGPU_PROGRESS_FD"):
             return
         _flush_open_files()
-        try:
-            os.write(int(fd), b'{"over": 1}\n')
-        except (OSError, ValueError):
-            pass
+        _tell(b'{"over": 1}\n')
+
+
+def _tell(line: bytes) -> None:
+    """One line to the launcher on the progress channel, if there is one."""
+    fd = os.environ.get("MGPU_PROGRESS_FD")
+    if not fd:
+        return
+    try:
+        os.write(int(fd), line)
+    except (OSError, ValueError):
+        pass
 
 
 def _flush_open_files() -> None:

@@ -3,8 +3,9 @@
 A real `--local 3` job without TensorFlow: every worker reports the same five
 steps; worker2 then exits 0 at once; worker0, the chief, makes its final save
 (8 s of work, silent: no line, no progress report) after its peer exited;
-worker1 sits idle and silent as a task does while TensorFlow's coordination
-service waits out a departed peer's heartbeat. The save is not cut; the idle
+worker1's script ends, then an exit handler holds it idle and silent, as
+TensorFlow's may while its coordination service waits out a departed peer's
+heartbeat. The save is not cut; the idle
 task is, once the save is over and it has sat idle `finished_idle_s`: the job
 succeeds long before its 60 s.
 """
@@ -27,8 +28,9 @@ for step in range(1, 6):
     time.sleep(0.1)
 if me == 2:
     sys.exit(0)
-if me == 1:
-    time.sleep(60)  # held back: idle, silent
+if me == 1:  # its script ends; an exit handler then holds it back, idle and silent
+    import atexit
+    atexit.register(time.sleep, 60)
     sys.exit(0)
 # The chief's final save: work, no output, for 8 s (past restart.finished_idle_s).
 digest, deadline = hashlib.sha256(), time.monotonic() + 8
@@ -115,7 +117,7 @@ def _generation(steps: dict[str, int | None]):
     for name, step in steps.items():
         task = Stub(name=name, host=f"h{name[-1]}", label=f"h{name[-1]}/{name}", lifetime="job")
         record = TaskRecord(task, state=TaskState.RUNNING, last_activity=0.0,
-                            usage={"cpu": 0.5})
+                            returned_at=0.0, usage={"cpu": 0.5})
         if step is not None:
             record.last_progress = {"step": step}
         records[name] = record
@@ -250,3 +252,18 @@ def test_an_evaluate_its_departed_peer_never_joined_is_not_a_tail():
     gen.positions.take("worker0", {"at": "evaluate", "step": 40}, clock.now)
     cut, told, _ = _cutter(clock)
     assert not _watch(cut, gen, clock, 30) and not told
+
+
+def test_a_task_idle_inside_its_script_is_never_cut():
+    """Its script has not returned (a final write, a result still to print): at
+    0 % CPU past finished_idle_s (a host starved of CPU looks so) it is not cut."""
+    clock = _Clock()
+    gen = _generation({"worker0": 100, "worker1": 100})
+    gen.records["worker1"].state = TaskState.SUCCEEDED
+    gen.records["worker0"].returned_at = None
+    cut, told, _ = _cutter(clock)
+    assert not _watch(cut, gen, clock, 60) and not told
+    gen.records["worker0"].returned_at = clock.now  # its script ended: exit handlers left
+    assert not _watch(cut, gen, clock, 4.5)
+    assert _watch(cut, gen, clock, 1)
+    assert told[0].tasks == ("h0/worker0",) and told[0].why == "idle"

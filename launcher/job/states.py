@@ -120,6 +120,8 @@ class TaskRecord:
     signal: int | None = None
     started_at: float | None = None
     last_activity: float | None = None  # output line or progress report (monotonic)
+    # Its script's code returned cleanly (monotonic): only exit handlers and teardown left.
+    returned_at: float | None = None
     # Its program ended cleanly before any stop (monotonic): only its teardown is left.
     over_at: float | None = None
     last_progress: dict[str, Any] = field(default_factory=dict)

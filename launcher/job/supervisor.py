@@ -462,6 +462,9 @@ class Supervisor:
         record.last_activity = self._clock()
         ids = {"generation": gen.plan.generation, "task": record.task.name,
                "host": record.task.host}
+        if data.get("returned"):  # its script's code ended cleanly (job/tailcut.py)
+            record.returned_at = record.last_activity
+            return None
         if data.get("over"):  # the program ended cleanly (job/tailcut.py), not told to stop
             record.over_at = record.last_activity if gen.phase.running else None
             return self._story.tell(ev.ProgramOver(**ids))

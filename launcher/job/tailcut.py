@@ -12,10 +12,15 @@ teardown of a finished job) and the job succeeds when it knows the job is done:
   interpreter's teardown for `OVER_S`. Nothing of the script is left to cut;
   they get `OVER_GRACE_S`, then SIGKILL.
 - `idle`: one job task has exited 0 (a synchronous job's tasks train the same
-  steps), and every other one still running has reported that same final step
-  and has since sat still for `restart.finished_idle_s`: no output line, no
-  progress report, under `IDLE_CPU` percent of a core at every look (its agent
-  measures the task's process tree each second). They get `grace_s`.
+  steps), and every other one still running has reported that same final step,
+  its script's own code has returned (`{"returned": 1}`, from the bootstrap: it
+  is in its exit handlers, TensorFlow's among them) and it has since sat still
+  for `restart.finished_idle_s`: no output line, no progress report, under
+  `IDLE_CPU` percent of a core at every look (its agent measures the task's
+  process tree each second). They get `grace_s`. A task idle inside its script
+  is never cut: on a host starved of CPU a task at work can look idle, and
+  what its script does after training (a final write, a printed result) is
+  the user's.
 
 A final save is work (it writes, it uses the CPU) and is not cut, nor is a task
 whose position (runtime/position.py) says it is inside a save (even one blocked
@@ -88,10 +93,13 @@ class TailCut:
         final = max((s for r in done if (s := _step(r)) is not None), default=None)
         if final is None or not left:
             return None
-        quiet = [now - max(self._done_at, now if r.last_activity is None else r.last_activity,
+        if any(_step(r) is None or _step(r) < final or r.returned_at is None
+               or _at_work(gen, r) for r in left):
+            return None
+        quiet = [now - max(self._done_at, r.returned_at or 0.0,
+                           now if r.last_activity is None else r.last_activity,
                            self._busy.get(r.task.name, now)) for r in left]
-        if any(_step(r) is None or _step(r) < final or _at_work(gen, r) for r in left) \
-                or min(quiet) < self.idle_s:
+        if min(quiet) < self.idle_s:
             return None
         return _cut(gen, done[0], left, final, min(quiet))
 
