@@ -96,12 +96,25 @@ class CgroupCPU:
 
     @classmethod
     def open(cls) -> CgroupCPU | None:
-        candidates = [(Path("/sys/fs/cgroup/cpuacct"), "cpuacct.usage")]
-        for root in (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified")):
-            if (root / "cgroup.controllers").exists():
-                candidates.append((root, "cpu.stat"))
-        for root, counter in candidates:
-            path = root / f"mgpu-fanout-{os.getpid()}"
+        # A child of the cgroup this process is in (so whatever limits it keeps).
+        mine: dict[str, str] = {}
+        with contextlib.suppress(OSError):
+            for line in Path("/proc/self/cgroup").read_text().splitlines():
+                _, controllers, where = line.split(":", 2)
+                for controller in controllers.split(",") if controllers else [""]:
+                    mine[controller] = where.lstrip("/")
+        candidates = []
+        if "cpuacct" in mine:
+            for mount in ("cpuacct", "cpu,cpuacct"):
+                if Path(f"/sys/fs/cgroup/{mount}/cpuacct.usage").exists():
+                    candidates.append((Path("/sys/fs/cgroup", mount, mine["cpuacct"]),
+                                       "cpuacct.usage"))
+                    break
+        for mount in (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified")):
+            if "" in mine and (mount / "cgroup.controllers").exists():
+                candidates.append((mount / mine[""], "cpu.stat"))
+        for parent, counter in candidates:
+            path = parent / f"mgpu-fanout-{os.getpid()}"
             try:
                 path.mkdir()
                 (path / "cgroup.procs").write_text(f"{os.getpid()}\n")
