@@ -27,6 +27,14 @@ work (sshd, the login shell's rc files, Python starting) dominates the wall
 time of both tools; the client CPU column is what still scales on real hosts.
 Targets: mgpu-launch <= 1.0x pdsh at N=32, and N=32 within 3x of N=1.
 
+The wall clock of such a CPU-bound fan-out follows the machine's load; the
+CPU that everything of one launch spends (the simulated hosts' sshds, their
+login shells, agents, tasks, `nft` and its kernel work, the client) is what
+load changes least. Run as root where a cgroup file system is mounted, the
+bench moves itself (and so the simulated hosts it starts) into a cgroup of
+its own and prints that total per launch, for both tools, counted until the
+launch's last process (a detached firewall removal) is gone.
+
 Why the second target is out of reach here: each simulated host's sshd runs
 the remote command through root's bash, which sources ~/.bashrc for any
 command sshd runs (Debian builds bash with SSH_SOURCE_BASHRC); this machine's
@@ -41,6 +49,7 @@ still grows with N is the client CPU column.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -74,6 +83,79 @@ def cluster_yaml(cluster: SimCluster, count: int, path: Path, tf_ports: str = "a
     config["strategy"] = "multi_worker_mirrored"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
+
+
+class CgroupCPU:
+    """The CPU of every process in a cgroup this bench made and moved itself
+    into (cgroup v1 `cpuacct`, else v2), from which its children start.
+    `open()` is None where that is not possible (not root, no cgroup fs)."""
+
+    def __init__(self, path: Path, counter: str) -> None:
+        self.path, self.counter = path, counter
+        self.resting = 0  # processes in it between runs: this bench, the sshd listeners
+
+    @classmethod
+    def open(cls) -> CgroupCPU | None:
+        # A child of the cgroup this process is in (so whatever limits it keeps).
+        mine: dict[str, str] = {}
+        with contextlib.suppress(OSError):
+            for line in Path("/proc/self/cgroup").read_text().splitlines():
+                _, controllers, where = line.split(":", 2)
+                for controller in controllers.split(",") if controllers else [""]:
+                    mine[controller] = where.lstrip("/")
+        candidates = []
+        if "cpuacct" in mine:
+            for mount in ("cpuacct", "cpu,cpuacct"):
+                if Path(f"/sys/fs/cgroup/{mount}/cpuacct.usage").exists():
+                    candidates.append((Path("/sys/fs/cgroup", mount, mine["cpuacct"]),
+                                       "cpuacct.usage"))
+                    break
+        for mount in (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified")):
+            if "" in mine and (mount / "cgroup.controllers").exists():
+                candidates.append((mount / mine[""], "cpu.stat"))
+        for parent, counter in candidates:
+            path = parent / f"mgpu-fanout-{os.getpid()}"
+            try:
+                path.mkdir()
+                (path / "cgroup.procs").write_text(f"{os.getpid()}\n")
+            except OSError:
+                with contextlib.suppress(OSError):
+                    path.rmdir()
+                continue
+            return cls(path, counter)
+        return None
+
+    def seconds(self) -> float:
+        text = (self.path / self.counter).read_text()
+        if self.counter == "cpuacct.usage":
+            return int(text) / 1e9
+        usage = next(line for line in text.splitlines() if line.startswith("usage_usec"))
+        return int(usage.split()[1]) / 1e6
+
+    def processes(self) -> int:
+        return len((self.path / "cgroup.procs").read_text().split())
+
+    def settle(self, timeout_s: float = 10.0) -> None:
+        """Until only the resting processes are left (a detached firewall removal
+        ends a second or so after the launcher)."""
+        deadline = time.monotonic() + timeout_s
+        while self.processes() > self.resting and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def spent(self, run):
+        """(what `run()` returned, CPU seconds of everything it started)."""
+        self.settle()
+        before = self.seconds()
+        result = run()
+        self.settle()
+        return result, self.seconds() - before
+
+    def close(self) -> None:
+        parent = self.path.parent / "cgroup.procs"
+        with contextlib.suppress(OSError):
+            parent.write_text(f"{os.getpid()}\n")
+            self.settle(5.0)
+            self.path.rmdir()
 
 
 def children_cpu() -> float:
@@ -144,6 +226,66 @@ def run_pdsh(cluster: SimCluster, count: int, script: Path) -> float:
     return elapsed
 
 
+def measure(cluster: SimCluster, count: int, repeat: int, firewall: bool, work: Path,
+            script: Path, meter: CgroupCPU | None) -> dict[str, float]:
+    """Medians over `repeat` interleaved rounds at `count` hosts (both tools
+    see the same load)."""
+    yaml_path = cluster_yaml(cluster, count, work / f"cluster-{count}.yaml")
+    open_path = cluster_yaml(cluster, count, work / f"open-{count}.yaml", "open")
+    run_launcher(yaml_path, script, work)  # warm-up: uploads the agent bundle
+    run_pdsh(cluster, count, script)
+
+    def counted(run):  # (its result, the CPU of all it started; nan without a cgroup)
+        return meter.spent(run) if meter else (run(), float("nan"))
+
+    samples: dict[str, list[float]] = {}
+    for _ in range(repeat):
+        before = children_cpu()
+        (ran, total), cpu_all = counted(lambda: run_launcher(yaml_path, script, work))
+        middle = children_cpu()
+        pdsh, pdsh_all = counted(lambda: run_pdsh(cluster, count, script))
+        taken = {"ran": ran, "whole": total, "pdsh": pdsh, "cpu": middle - before,
+                 "cpu_pdsh": children_cpu() - middle, "all": cpu_all, "all_pdsh": pdsh_all,
+                 "bare": run_bare_ssh(yaml_path)}
+        if firewall:
+            (_, taken["open"]), taken["all_open"] = counted(
+                lambda: run_launcher(open_path, script, work))
+        for key, value in taken.items():
+            samples.setdefault(key, []).append(value)
+    return {key: statistics.median(values) for key, values in samples.items()}
+
+
+def report(rows: dict[int, dict[str, float]], repeat: int) -> None:
+    load = os.getloadavg()[0]
+    print(f"fan-out to N simulated SSH hosts, median of {repeat} "
+          f"({os.cpu_count()} CPUs, load average {load:.1f} at the end)")
+    print(f"{'N':>3}  {'mgpu: all ran':>13}  {'mgpu: command':>13}  {'pdsh':>7}  "
+          f"{'ran/pdsh':>8}  {'command/pdsh':>12}  {'client CPU mgpu':>15}  {'pdsh':>6}  "
+          f"{'ratio':>6}  {'bare SSH':>8}")
+    for count, r in rows.items():
+        print(f"{count:>3}  {r['ran']:>12.2f}s  {r['whole']:>12.2f}s  {r['pdsh']:>6.2f}s  "
+              f"{r['ran'] / r['pdsh']:>7.2f}x  {r['whole'] / r['pdsh']:>11.2f}x  "
+              f"{r['cpu']:>14.2f}s  {r['cpu_pdsh']:>5.2f}s  {r['cpu'] / r['cpu_pdsh']:>5.2f}x  "
+              f"{r['bare']:>7.2f}s")
+    if len(rows) > 1:
+        first, last = rows[min(rows)], rows[max(rows)]
+        print(f"mgpu-launch N={max(rows)} vs N={min(rows)}: {last['ran'] / first['ran']:.2f}x "
+              f"(all ran), {last['whole'] / first['whole']:.2f}x (command)")
+        print(f"pdsh        N={max(rows)} vs N={min(rows)}: {last['pdsh'] / first['pdsh']:.2f}x")
+        print(f"bare SSH    N={max(rows)} vs N={min(rows)}: {last['bare'] / first['bare']:.2f}x "
+              "(the floor on these simulated hosts)")
+    for count, r in rows.items():
+        if "open" in r:
+            print(f"N={count}: command with tf_ports auto {r['whole']:.2f}s, open "
+                  f"{r['open']:.2f}s: the firewall's share {r['whole'] - r['open']:+.2f}s")
+    for count, r in rows.items():
+        if r["all"] == r["all"]:  # not nan: counted in a cgroup
+            opened = (f"; tf_ports open {r['all_open']:.2f}s ({r['all_open'] / r['all_pdsh']:.2f}x)"
+                      if "all_open" in r else "")
+            print(f"N={count}: CPU of all processes per launch: mgpu-launch {r['all']:.2f}s, "
+                  f"pdsh {r['all_pdsh']:.2f}s: {r['all'] / r['all_pdsh']:.2f}x{opened}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1,8,32")
@@ -156,61 +298,24 @@ def main() -> int:
     if not shutil.which("pdsh"):
         print("pdsh is not installed (apt-get install pdsh)", file=sys.stderr)
         return 2
-    with tempfile.TemporaryDirectory(prefix="mgpu-fanout-") as tmp:
-        work = Path(tmp)
-        script = work / "trivial.py"
-        script.write_text(TRIVIAL)
-        cluster = start_cluster(max(sizes), work / "sim", sys.executable)
-        try:
-            rows = []
-            opened: list[tuple[int, float, float]] = []
-            for count in sizes:
-                yaml_path = cluster_yaml(cluster, count, work / f"cluster-{count}.yaml")
-                open_path = cluster_yaml(cluster, count, work / f"open-{count}.yaml", "open")
-                run_launcher(yaml_path, script, work)  # warm-up: uploads the agent bundle
-                run_pdsh(cluster, count, script)
-                ours, whole, theirs, cpu_ours, cpu_theirs, bare = [], [], [], [], [], []
-                open_whole: list[float] = []
-                for _ in range(args.repeat):  # interleaved: both see the same load
-                    before = children_cpu()
-                    ran, total = run_launcher(yaml_path, script, work)
-                    middle = children_cpu()
-                    theirs.append(run_pdsh(cluster, count, script))
-                    cpu_theirs.append(children_cpu() - middle)
-                    cpu_ours.append(middle - before)
-                    ours.append(ran)
-                    whole.append(total)
-                    bare.append(run_bare_ssh(yaml_path))
-                    if args.firewall:
-                        open_whole.append(run_launcher(open_path, script, work)[1])
-                rows.append((count, statistics.median(ours), statistics.median(whole),
-                             statistics.median(theirs), statistics.median(cpu_ours),
-                             statistics.median(cpu_theirs), statistics.median(bare)))
-                if open_whole:
-                    opened.append((count, statistics.median(whole),
-                                   statistics.median(open_whole)))
-        finally:
-            cluster.stop()
-    load = os.getloadavg()[0]
-    print(f"fan-out to N simulated SSH hosts, median of {args.repeat} "
-          f"({os.cpu_count()} CPUs, load average {load:.1f} at the end)")
-    print(f"{'N':>3}  {'mgpu: all ran':>13}  {'mgpu: command':>13}  {'pdsh':>7}  "
-          f"{'ran/pdsh':>8}  {'command/pdsh':>12}  {'client CPU mgpu':>15}  {'pdsh':>6}  "
-          f"{'ratio':>6}  {'bare SSH':>8}")
-    for count, ran, total, pdsh, cpu, cpu_pdsh, bare in rows:
-        print(f"{count:>3}  {ran:>12.2f}s  {total:>12.2f}s  {pdsh:>6.2f}s  {ran / pdsh:>7.2f}x"
-              f"  {total / pdsh:>11.2f}x  {cpu:>14.2f}s  {cpu_pdsh:>5.2f}s  "
-              f"{cpu / cpu_pdsh:>5.2f}x  {bare:>7.2f}s")
-    if len(rows) > 1:
-        first, last = rows[0], rows[-1]
-        print(f"mgpu-launch N={last[0]} vs N={first[0]}: {last[1] / first[1]:.2f}x "
-              f"(all ran), {last[2] / first[2]:.2f}x (command)")
-        print(f"pdsh        N={last[0]} vs N={first[0]}: {last[3] / first[3]:.2f}x")
-        print(f"bare SSH    N={last[0]} vs N={first[0]}: {last[6] / first[6]:.2f}x "
-              "(the floor on these simulated hosts)")
-    for count, sealed, unsealed in opened:
-        print(f"N={count}: command with tf_ports auto {sealed:.2f}s, open {unsealed:.2f}s: "
-              f"the firewall's share {sealed - unsealed:+.2f}s")
+    meter = CgroupCPU.open()  # before the hosts start: they are counted with it
+    try:
+        with tempfile.TemporaryDirectory(prefix="mgpu-fanout-") as tmp:
+            work = Path(tmp)
+            script = work / "trivial.py"
+            script.write_text(TRIVIAL)
+            cluster = start_cluster(max(sizes), work / "sim", sys.executable)
+            try:
+                if meter:
+                    meter.resting = meter.processes()
+                rows = {count: measure(cluster, count, args.repeat, args.firewall, work,
+                                       script, meter) for count in sizes}
+            finally:
+                cluster.stop()
+    finally:
+        if meter:
+            meter.close()
+    report(rows, args.repeat)
     return 0
 
 

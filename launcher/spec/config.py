@@ -489,4 +489,8 @@ def dump_config(loaded: LoadedConfig) -> str:
     """The resolved config as YAML (written to the run directory), secrets masked."""
     data = loaded.config.model_dump(mode="json")
     data["env"] = redact_env(data.get("env") or {})
-    return yaml.safe_dump(data, sort_keys=False)
+    # libyaml's emitter where PyYAML has it: the same data (a long quoted string
+    # may wrap elsewhere), ~3x less CPU (16 -> 5 ms for 32 hosts, written while
+    # every host waits for its task's start).
+    return yaml.dump(data, Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper),
+                     sort_keys=False)

@@ -209,10 +209,13 @@ class _Session:
         if channel is None:
             return None
         deadline = time.monotonic() + wait_s
+        # status_event: set by paramiko with the exit status, or when the channel
+        # closes; waited on, not polled, so the launcher's end follows the last
+        # agent's exit at once (all 32 are waited on in turn at the end).
         while not channel.exit_status_ready() and time.monotonic() < deadline:
             if not self.transport.is_active():
                 return None
-            time.sleep(0.02)
+            channel.status_event.wait(min(0.02, max(0.0, deadline - time.monotonic())))
         return channel.recv_exit_status() if channel.exit_status_ready() else None
 
     def diagnostics(self) -> str:
