@@ -112,7 +112,8 @@ def check_restore(job: MemoryJob) -> None:
     assert told == {"worker0": (20, "peer", "host1"), "worker1": (20, "memory", "host1")}, told
     [resumed] = job.events("resumed")
     assert resumed["step"] == 20 and resumed["copy"]["host"] == "host1", resumed
-    assert resumed["copy"]["from"] in ("peer", "memory"), resumed  # the first to tell
+    # The first task to tell, named, with its own copy.
+    assert told[resumed["copy"]["task"]][1] == resumed["copy"]["from"], resumed
     summary = read_summary(job.run_dir)
     assert summary["restarts"] == 1 and summary["failures"][0]["kind"] == "host_lost", summary
     assert 'model_checkpoint_path: "ckpt-3"' in (job.ckpt / "checkpoint").read_text()

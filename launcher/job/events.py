@@ -326,7 +326,8 @@ class Resumed(Event):
     checkpoint: dict[str, Any] | None = None
     saved_step: int | None = None  # the last save completed before this generation
     past: int | None = None  # the previous resume point, when this one moved past it
-    # With the memory tier: the copy restored, {from: memory|peer|shared, host, path}.
+    # With the memory tier: the copy restored, {from: memory|peer|shared, host, path, task}
+    # (the first task to report; each task's own is in its progress lines).
     copy: dict[str, Any] | None = None
 
 

@@ -74,7 +74,7 @@ class Resumes:
         generation's first resume point), `resume_behind` (once per job)."""
         self.on_save(task, data)
         out: list[ev.Event] = []
-        entry = self.on_progress(generation, data)
+        entry = self.on_progress(generation, data, task)
         if entry is not None:
             out.append(ev.Resumed(**entry))
         behind = self.behind(generation, task, data)
@@ -84,8 +84,10 @@ class Resumes:
                                        directory=behind["dir"], by=behind["by"]))
         return out
 
-    def on_progress(self, generation: int, data: dict[str, Any]) -> dict[str, Any] | None:
-        """The resume entry, for the first resume report of a restarted generation."""
+    def on_progress(self, generation: int, data: dict[str, Any], task: str = ""
+                    ) -> dict[str, Any] | None:
+        """The resume entry, for the first resume report of a restarted generation
+        (`task`: whose report it is, named in the memory tier's `copy`)."""
         if generation == 0 and self._first is None and isinstance(data.get("resumed"), int):
             self._first = data["resumed"]  # a new launch that restored an earlier run's
         if generation != self._waiting:
@@ -107,7 +109,7 @@ class Resumes:
         if isinstance(data.get("resumed_from"), str):  # the memory tier's (runtime/memtier.py)
             entry["copy"] = {"from": data["resumed_from"],
                              "host": str(data.get("resumed_host") or ""),
-                             "path": str(data.get("resumed_copy") or "")}
+                             "path": str(data.get("resumed_copy") or ""), "task": task}
         if self._saved_before is not None:
             entry["saved_step"] = self._saved_before["step"]
         previous = self.entries[-1].get("step") if self.entries else (self._first or 0)
