@@ -129,6 +129,8 @@ class MemoryCopies:
         """Copy the slot at `path` to `target`, on the copier thread (only if
         `when()` says so then, and only if no save of this host waits for it);
         `owner`: the task and generation that saved it (its copy's cost reported)."""
+        if when is not None:  # a peer's publish: a restarted task's restore waits for it too
+            mark(target)
         with self._cond:
             if when is not None:
                 if target in self._waiting:
