@@ -120,15 +120,17 @@ class MemoryCopies:
             copies = self._copies or 1
             self.notice(f"checkpoints in memory: a copy is {_size(size)}; each task keeps at "
                         f"most {copies} ({_size(copies * size)} of /dev/shm per task)")
-        if record.get("kind") != "drop":
-            mark(record["target"])  # before any restarted task can look (tasks.py)
-        self.copy_later(record["target"], path, owner=(task, generation))
+        self.copy_later(record["target"], path, owner=(task, generation),
+                        marked=record.get("kind") != "drop")
 
     def copy_later(self, target: str, path: str, when: Callable[[], bool] | None = None,
-                   owner: tuple[str, int] | None = None) -> None:
+                   owner: tuple[str, int] | None = None, marked: bool = True) -> None:
         """Copy the slot at `path` to `target`, on the copier thread (only if
         `when()` says so then, and only if no save of this host waits for it);
-        `owner`: the task and generation that saved it (its copy's cost reported)."""
+        `owner`: the task and generation that saved it (its copy's cost reported);
+        `marked`: the directory marked meanwhile (COPYING: a restarted task's
+        restore waits; marked before any task of the next generation starts
+        here, and under the lock the copier unmarks under)."""
         with self._cond:
             if when is not None:
                 if target in self._waiting:
@@ -136,6 +138,8 @@ class MemoryCopies:
                 self._when[path] = when
             self._owner.pop(self._waiting.pop(target, ""), None)  # superseded
             self._waiting[target] = path
+            if marked:
+                mark(target)
             if owner is not None:
                 self._owner[path] = owner
             if self._thread is None:

@@ -282,7 +282,7 @@ class PeerCopies:
 
     def _publish(self, xfer: str, slot: object) -> None:
         """Copy a held slot to its directory when that names an older checkpoint:
-        queued now (a task start after this command waits for it), checked on
+        queued now (its directory marked: a restore waits for it, memcopy.py), checked on
         the copier thread (after the copies before it), answered once done."""
         try:
             path = self._own_slot(slot)

@@ -220,8 +220,10 @@ class PeerRelay:
         to its directory, and placed in the memory of each host without it.
 
         Sent ahead of the starts, on the same links: a holder's publish is
-        queued before its task's start, which waits for its copies (so before
-        any worker reads the directory: they do after every task started); a
+        queued before its task's start, its directory marked while the copy is
+        queued or under way, and every restore waits for that marker
+        (agent/memcopy.py, runtime/memslots.py: so before any worker reads the
+        directory: they do after every task started); a
         placement is announced (`peer_expect`) before the start, and the
         restore waits for it (runtime/memslots.py), so the copy runs while
         TensorFlow starts. Only a publish on a host outside the plan is waited
