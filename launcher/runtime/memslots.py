@@ -154,12 +154,20 @@ def sibling_roots(root: str) -> list[str]:
     return [root, *[o for o in others if os.path.isdir(o)]]
 
 
+def incoming(root: str) -> bool:
+    """A copy is being placed in this job's memory folder on this host
+    (`.in-<xfer>/`: the agent receives one, launcher/agent/peercopy.py)."""
+    try:
+        return any(n.startswith(".in-") for n in os.listdir(os.path.dirname(root)))
+    except OSError:
+        return False
+
+
 def settled_roots(root: str, timeout_s: float = INCOMING_WAIT_S) -> list[str]:
     """`sibling_roots`, once the copies placed here for this restore are in
-    (`.in-<xfer>/`: the agent receives one; at most `timeout_s`)."""
-    parent, deadline = os.path.dirname(root), time.monotonic() + timeout_s
-    while time.monotonic() < deadline and any(
-            n.startswith(".in-") for n in (os.listdir(parent) if os.path.isdir(parent) else ())):
+    (at most `timeout_s`)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and incoming(root):
         time.sleep(0.05)
     return sibling_roots(root)
 
@@ -185,8 +193,6 @@ def wait_for_copy(target: str, bound_s: float = WAIT_S, stale_s: float = STALE_S
     checkpoint only once it is in place, the same on every host. A marker
     whose time stops moving for STALE_S is an agent's that died. Returns the
     seconds waited."""
-    import time
-
     marker = os.path.join(target, COPYING)
     began = time.monotonic()
     seen, moved = None, began

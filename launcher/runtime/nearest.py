@@ -9,7 +9,7 @@ read at the same time and the first of the two to be complete is used: a copy
 relayed through a busy launcher never makes a restore slower than the
 directory. At most WAIT_S for the placed copy.
 
-Standard library only; must not import the launcher side.
+Standard library only (and runtime/memslots); must not import the launcher side.
 """
 
 from __future__ import annotations
@@ -20,16 +20,10 @@ import threading
 import time
 from collections.abc import Callable
 
+from .memslots import incoming
+
 WAIT_S = 120.0
 POLL_S = 0.05
-
-
-def _incoming(root: str) -> bool:
-    parent = os.path.dirname(root)
-    try:
-        return any(n.startswith(".in-") for n in os.listdir(parent))
-    except OSError:
-        return False
 
 
 class _Fetch(threading.Thread):
@@ -65,11 +59,11 @@ def fill(work: str, target: str, names: list[str], find: Callable[[], str | None
     copies from `target`. Returns the slot used (None: the directory)."""
     slot = find()
     fetch = None
-    if slot is None and _incoming(root):
+    if slot is None and incoming(root):
         fetch = _Fetch(target, names, os.path.join(root, ".fetch-" + os.path.basename(work)))
         fetch.start()
         deadline = time.monotonic() + wait_s
-        while _incoming(root) and fetch.is_alive() and time.monotonic() < deadline:
+        while incoming(root) and fetch.is_alive() and time.monotonic() < deadline:
             time.sleep(POLL_S)
         slot = None if fetch.done() else find()
     if slot is not None:
