@@ -2,15 +2,18 @@
 
 This module imports nothing heavy itself, so that Ctrl-C while the launcher's
 modules load (pydantic, paramiko, ...: the first second) ends it quietly with
-exit 130, as Ctrl-C later does, instead of with a KeyboardInterrupt traceback.
+exit 130, as Ctrl-C later does, instead of with a KeyboardInterrupt traceback
+(or not at all: launcher/commands/interrupts.py).
 """
 
 import sys
 
+from .commands import interrupts
 from .commands.exits import INTERRUPTED  # standard library only, imports nothing
 
 
 def main() -> int:
+    interrupts.install()  # a Ctrl-C while modules load is never lost
     try:
         from .cli import main as cli_main
 

@@ -296,6 +296,7 @@ def _early_end(ended: EarlyEnd, printer: Printer, run_dir: Path) -> int:
     is exit 2, a stop meanwhile 128 + the signal (recorded for a detached launcher)."""
     if ended.why == "interrupted":
         signum = ended.signum or signal.SIGINT
+        say("mgpu-launch: interrupted")
         control.record_early_end(run_dir, "interrupted", "stopped while reaching the hosts",
                                  interrupted_by=signum)
         return exits.by_signal(signum)

@@ -12,6 +12,25 @@ from launcher.commands import usage
 from launcher.transport.ports import free_ports
 from tests.conftest import run_cli, start_cli, wait_for
 
+# A Ctrl-C delivered while a weakref callback runs (importlib's module locks
+# have them) as the launcher's modules load: Python drops the KeyboardInterrupt
+# there, printing "Exception ignored in: ..." (CI saw the launch go on after it).
+_DROPPED_WHILE_LOADING = """
+import importlib.abc, os, signal, sys, weakref
+class Box: pass
+def callback(_ref):
+    os.kill(os.getpid(), signal.SIGINT)
+    for _ in range(1000): pass  # the handler runs here, inside the callback
+class Interrupt(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == 'launcher.cli':
+            box = Box()
+            ref = weakref.ref(box, callback)
+            del box
+            print('dropped', flush=True)
+sys.meta_path.insert(0, Interrupt())
+"""
+
 
 def test_a_usage_error_says_the_error_first(tmp_path: Path):
     for args, error in ((["--local", "x", "train.py"], "argument --local: invalid int value"),
@@ -59,6 +78,19 @@ def test_ctrl_c_while_the_launcher_loads_exits_130_without_a_traceback(tmp_path:
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130, out
     assert "Traceback" not in out and "KeyboardInterrupt" not in out, out
+
+
+def test_a_ctrl_c_the_interpreter_dropped_while_loading_still_stops_the_launch(tmp_path: Path):
+    marker = tmp_path / "started"
+    (tmp_path / "train.py").write_text(f"open({str(marker)!r}, 'w').close()\n"
+                                       "import time\ntime.sleep(600)\n")
+    (tmp_path / "sitecustomize.py").write_text(_DROPPED_WHILE_LOADING)
+    done = run_cli(["--local", "1", "train.py"], cwd=tmp_path, timeout=120,
+                   PYTHONPATH=f"{tmp_path}:{Path(__file__).resolve().parents[1]}")
+    assert done.stdout.startswith("dropped"), done.stdout  # the Ctrl-C came while loading
+    assert done.returncode == 130, done.stdout + done.stderr
+    assert done.stderr.strip() == "mgpu-launch: interrupted", done.stderr
+    assert not marker.exists(), "the task started after the Ctrl-C"
 
 
 def test_a_launch_that_fails_before_starting_names_no_run_directory(tmp_path: Path):

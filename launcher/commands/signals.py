@@ -14,6 +14,7 @@ import signal
 from collections.abc import Iterator
 
 from ..job.sequence import StopRequest
+from . import interrupts
 
 STOPS = (signal.SIGINT, signal.SIGTERM)
 
@@ -24,6 +25,9 @@ def stops_asked(stop: StopRequest | None = None) -> Iterator[StopRequest]:
     request = stop if stop is not None else StopRequest()
     previous = {sig: signal.signal(sig, lambda signum, _frame: request.ask(signum))
                 for sig in STOPS}
+    dropped = interrupts.take()  # a Ctrl-C the interpreter dropped while loading
+    if dropped is not None:
+        request.ask(dropped)
     try:
         yield request
     finally:

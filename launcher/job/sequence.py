@@ -91,6 +91,8 @@ def run_launch(launch: Launch, first: Plan, transport: Transport, screen: Screen
     start the job and supervise it to its outcome. The preflight's notices go to
     `screen` before the job starts; `started(job)` is called once the job exists,
     before it runs (the caller's notice, the drill's injector)."""
+    if stop.first is not None:  # asked before any host was reached
+        return EarlyEnd("interrupted", signum=stop.first)
     stop.interrupts(True)
     try:
         connected = launch.connect(transport, first)
