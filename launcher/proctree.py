@@ -176,10 +176,12 @@ class TaskTree:
         pids |= {pid for pid in table if pid != os.getpid() and has_env(pid, self._needle)}
         return pids
 
-    def signal(self, signum: int) -> None:
+    def signal(self, signum: int, but_group: int | None = None) -> None:
+        """Signal every member, but those of process group `but_group` (signalled already)."""
         for pid in self.members():
             try:
-                os.kill(pid, signum)
+                if but_group is None or os.getpgid(pid) != but_group:
+                    os.kill(pid, signum)
             except OSError:
                 pass
 

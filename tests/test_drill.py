@@ -10,6 +10,7 @@ but never restores, one whose save on SIGTERM outlasts the grace.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -140,8 +141,11 @@ def test_a_sigterm_save_that_outlasts_the_grace_fails_naming_the_time(workdir: P
     assert code == 1, output[-3000:]
     preempt = by_fault(data)["preempt"]
     assert preempt["verdict"] == "fail", preempt
-    assert preempt["reason"].startswith(
-        "the SIGTERM save did not finish within grace_s (3 s): it took 5 s"), preempt
+    took = re.match(r"the SIGTERM save did not finish within grace_s \(3 s\): it took (\d+) s",
+                    preempt["reason"])
+    # The save's 5 s, and the task's exit on a loaded machine (a second SIGTERM
+    # that ran the handler again made it 10 s once).
+    assert took and 5 <= int(took[1]) <= 7, preempt
 
 
 @pytest.mark.e2e

@@ -101,3 +101,42 @@ def test_a_tree_reaps_an_orphan_after_its_root_exited(tmp_path: Path, mode: str)
     finally:
         proc.kill()
         kill_all(written_pids(pid_file))
+
+
+# Counts its SIGTERMs; its handler takes a while (a save), as a script's may.
+_COUNTS_SIGTERMS = """
+import os, signal, sys, time
+def on_term(_signum, _frame):
+    with open(sys.argv[1], "a") as log:
+        log.write("term\\n")
+    time.sleep(1.0)
+    sys.exit(42)
+signal.signal(signal.SIGTERM, on_term)
+open(sys.argv[1], "a").close()
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("mode", modes())
+def test_a_task_signalled_through_its_group_is_not_signalled_again(tmp_path: Path, mode: str):
+    # The agent signals a task's process group, then the tree's members (its
+    # orphans): the group's own processes must not get the signal twice, or a
+    # script's SIGTERM handler (a save) runs twice.
+    log = tmp_path / "terms.txt"
+    token = os.urandom(8).hex()
+    tree = TaskTree(f"MGPU_TASK_TOKEN={token}".encode(),
+                    cgroup_home() if mode == "cgroup" else None)
+    proc = subprocess.Popen([sys.executable, "-c", _COUNTS_SIGTERMS, str(log)],
+                            env={**os.environ, "MGPU_TASK_TOKEN": token},
+                            preexec_fn=tree.preexec(os.setsid))
+    try:
+        tree.started(proc.pid)
+        wait_for(log.exists, timeout=30, what="the script to install its handler")
+        os.killpg(proc.pid, signal.SIGTERM)
+        wait_for(lambda: log.read_text(), timeout=10, what="the handler to run")
+        tree.signal(signal.SIGTERM, but_group=proc.pid)  # while the handler runs
+        assert proc.wait(timeout=30) == 42
+        assert log.read_text().split() == ["term"]
+    finally:
+        proc.kill()
+        tree.reap()
