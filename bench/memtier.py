@@ -22,6 +22,17 @@ and the ratios off/on. `--width` sizes the weights (about 4 KiB x width:
 25000 is ~100 MB). Needs root (FUSE), fuse3 and mfusepy (.ci/run).
 
     .venv/bin/python bench/memtier.py [--width 25000] [--mbps 20] [--epochs 3]
+
+`--cost`: the tier's cost on the training steps themselves, beside CPU-bound
+workers (two on this machine's cores). No kill; each run saves every epoch
+(10 steps), so every epoch past the first overlaps the copies of the save
+before it. Runs alternate, `--rounds` times: off, on, on without the second
+copy in another host's memory (`env: {MGPU_MEMORY_PEER: 0}`), then the same
+in reverse order. Prints each run's step time over the epochs that overlap
+copies (past epoch 0's compile), the copies' lag behind the save, and the
+on/off ratio against the noise between the off runs. About 3.5 minutes:
+
+    uptime; .venv/bin/python bench/memtier.py --cost [--rounds 2] [--epochs 5]
 """
 
 from __future__ import annotations
@@ -98,13 +109,70 @@ def crash_to_step(run_dir: Path) -> dict[str, float]:
     return out
 
 
+COST_RUNS = {"off": "memory: false", "on": "memory: true",
+             "on, no peer copy": "memory: true}\nenv: {MGPU_MEMORY_PEER: 0"}
+
+
+def cost_run(work: Path, shared: Path, name: str, width: int, epochs: int) -> dict:
+    """One run of --cost: the chief's step time per epoch, the copies' lag."""
+    tag = f"{name.replace(' ', '').replace(',', '-')}-{len(list(work.glob('run-*')))}"
+    ckpt, run_dir, config = shared / f"ckpt-{tag}", work / f"run-{tag}", work / f"{tag}.yaml"
+    config.write_text(f"transport: local\ncheckpoint: {{dir: {ckpt}, {COST_RUNS[name]}}}\n"
+                      "hosts:\n  - {address: 127.0.0.1}\n  - {address: 127.0.0.1}\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "2"}
+    done = subprocess.run([sys.executable, "-m", "launcher", "--run-dir", str(run_dir),
+                           str(config), str(SCRIPT), str(ckpt), str(width), str(epochs)],
+                          env=env, capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        sys.exit(f"the {name} run failed:\n{done.stdout[-4000:]}")
+    chief = [line.split("|", 1)[-1] for line in done.stdout.splitlines()
+             if "worker0" in line.split("|", 1)[0]]
+    steps = [float(m.group(1)) for m in (re.search(r"STEPS [1-9]\d* ([\d.]+)", x)
+                                         for x in chief) if m]  # the first epoch compiles
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    lags = [e.get("memory_copy_lag_s", e.get("memory_copy_s")) for e in events
+            if e["event"] == "progress" and "memory_copy_s" in e]
+    peer = [e["seconds"] for e in events if e["event"] == "memory_copy" and not e.get("error")]
+    return {"name": name, "step": statistics.mean(steps), "epochs": steps,
+            "lag": max(lags, default=0.0), "peer": max(peer, default=0.0)}
+
+
+def cost(work: Path, shared: Path, args: argparse.Namespace) -> None:
+    """--cost: off, on, on without the peer copy, alternating (module docstring)."""
+    order, runs = list(COST_RUNS), []
+    for rnd in range(args.rounds):
+        for name in order if rnd % 2 == 0 else order[::-1]:
+            runs.append(cost_run(work, shared, name, args.width, args.epochs))
+            r = runs[-1]
+            print(f"{r['name']:18} step {1000 * r['step']:6.0f} ms (epochs 1..: "
+                  f"{' '.join(f'{1000 * s:.0f}' for s in r['epochs'])}); directory copy "
+                  f"lag <= {r['lag']:.1f} s, peer copy <= {r['peer']:.1f} s", flush=True)
+    mean = {n: statistics.mean(r["step"] for r in runs if r["name"] == n) for n in order}
+    offs = [r["step"] for r in runs if r["name"] == "off"]
+    noise = (max(offs) - min(offs)) / mean["off"]
+    print(f"weights ~{args.width * 4 * 1026 / 1e6:.0f} MB, shared directory at {args.mbps:g} "
+          f"MB/s, 2 workers, a save each epoch of 10 steps, {args.rounds} rounds")
+    for name in order[1:]:
+        print(f"step time {name} / off: {mean[name] / mean['off']:.3f}")
+    print(f"noise between the off runs: {100 * noise:.1f}%")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--width", type=int, default=25000)
     parser.add_argument("--mbps", type=float, default=20.0)
-    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=None, help="3; with --cost 5")
+    parser.add_argument("--cost", action="store_true", help="step time only, alternating")
+    parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--keep", help="a folder to keep the run directories in")
     args = parser.parse_args()
+    args.epochs = args.epochs or (5 if args.cost else 3)
+    if args.cost:
+        with tempfile.TemporaryDirectory(prefix="memtier-bench-") as tmp:
+            work = Path(args.keep or tmp)
+            with mounted(str(work / "backing"), str(work / "shared"), args.mbps) as shared:
+                cost(work, Path(shared), args)
+        return
     with tempfile.TemporaryDirectory(prefix="memtier-bench-") as tmp:
         work = Path(args.keep or tmp)
         with mounted(str(work / "backing"), str(work / "shared"), args.mbps) as shared:
