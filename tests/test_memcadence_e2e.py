@@ -4,16 +4,20 @@ memory_interval: N}`), for real: TensorFlow's multi-worker Keras tutorial
 killed with SIGKILL at step 75: the restart resumes within the memory interval
 of where it was (step 70, not the script's step 40), its epoch runs only the
 batches it had left, and the job ends on the run's step count. Beside it, a
-tf_keras `fit` on one worker crashes at step 27 and resumes at step 25."""
+tf_keras `fit` on one worker crashes at step 27 and resumes at step 25. While
+they train, the agents' copies run on what the training leaves (`ps -L -o
+ni,cls`): the copy to the directory niced, the copy to another host's memory
+at SCHED_IDLE on both ends, and none of it on a job of one host."""
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import SCRIPTS, read_events, start_cli
+from tests.conftest import SCRIPTS, read_events, start_cli, wait_for
 
 TUTORIAL = str(SCRIPTS / "tutorial_backup.py")  # 6 epochs of 40 steps
 ONE_FIT = str(SCRIPTS / "backup_fit_any_keras.py")  # 4 epochs of 16 steps
@@ -25,6 +29,31 @@ def config(path: Path, hosts: int, interval: int) -> Path:
                     "restart: {backoff_s: 0}\n"
                     "hosts:\n" + "  - {address: 127.0.0.1}\n" * hosts)
     return path
+
+
+SCHED_IDLE = 5
+
+
+def agent_threads(run_dir: Path, host: str) -> set[tuple[int, int]]:
+    """(nice, scheduling policy) of the threads of `host`'s agent in that run."""
+    found: set[tuple[int, int]] = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+            if "launcher.agent" not in argv or argv[argv.index("--host") + 1] != host or \
+                    not argv[argv.index("--run-dir") + 1].startswith(str(run_dir)):
+                continue
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1]
+                found.add((int(fields.split()[16]), int(fields.split()[38])))
+        except (OSError, ValueError, IndexError):
+            continue  # a process or thread that ended meanwhile
+    return found
+
+
+def copied(run_dir: Path, kind: str) -> bool:
+    return any(e["event"] == kind or "memory_copy_lag_s" in e and kind == "progress"
+               for e in read_events(run_dir))
 
 
 def resumed_step(run_dir: Path) -> dict:
@@ -42,12 +71,22 @@ def test_a_killed_worker_loses_at_most_the_memory_interval_not_the_scripts_epoch
     two = start_cli(["--run-dir", str(workdir / "two"), str(config(workdir / "two.yaml", 2, 10)),
                      TUTORIAL, str(workdir / "backup")], cwd=workdir, KILL_AT_STEP="75")
     try:
+        # The copies' threads, once a copy is done (the threads stay for the next).
+        alone = wait_for(lambda: copied(workdir / "one", "progress") and agent_threads(
+            workdir / "one", "host0"), 90, "the one-host job's copy to its directory")
+        sender, receiver = wait_for(lambda: copied(workdir / "two", "memory_copy") and all(
+            found := [agent_threads(workdir / "two", h) for h in ("host0", "host1")]) and found,
+            90, "the two-host job's copy to host1's memory")
         two_out, _ = two.communicate(timeout=150)
         one_out, _ = one.communicate(timeout=120)
     finally:
         two.kill()
         one.kill()
     assert two.returncode == 0, two_out[-4000:]
+    assert (19, 0) in alone and (0, 0) in alone, alone  # the copier niced, the rest not
+    assert not [t for t in alone if t[1] == SCHED_IDLE], alone  # one host: no peer copy
+    assert (19, 0) in sender and (19, SCHED_IDLE) in sender, sender  # chief's host: sends
+    assert (19, SCHED_IDLE) in receiver and (0, 0) in receiver, receiver
     assert "a save to memory every 10 steps for Keras BackupAndRestore" in two_out
     assert "ModelCheckpoint and a custom loop's CheckpointManager keep" in two_out
     assert re.search(r"checkpoints in memory: a copy is [\d.]+ [kM]B", two_out), two_out[-3000:]
