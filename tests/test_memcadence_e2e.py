@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import SCRIPTS, read_events, start_cli, wait_for
+from tests.conftest import SCRIPTS, read_events, start_cli
 
 TUTORIAL = str(SCRIPTS / "tutorial_backup.py")  # 6 epochs of 40 steps
 ONE_FIT = str(SCRIPTS / "backup_fit_any_keras.py")  # 4 epochs of 16 steps
@@ -51,9 +52,16 @@ def agent_threads(run_dir: Path, host: str) -> set[tuple[int, int]]:
     return found
 
 
-def copied(run_dir: Path, kind: str) -> bool:
-    return any(e["event"] == kind or "memory_copy_lag_s" in e and kind == "progress"
-               for e in read_events(run_dir))
+def threads_while_running(agents: dict[str, tuple], timeout: float) -> dict[str, set]:
+    """Each agent's threads' (nice, policy) seen while its job ran, sampled."""
+    seen: dict[str, set] = {name: set() for name in agents}
+    deadline = time.monotonic() + timeout
+    while any(proc.poll() is None for proc, _, _ in agents.values()) and \
+            time.monotonic() < deadline:
+        for name, (_proc, run_dir, host) in agents.items():
+            seen[name] |= agent_threads(run_dir, host)
+        time.sleep(0.1)
+    return seen
 
 
 def resumed_step(run_dir: Path) -> dict:
@@ -71,18 +79,17 @@ def test_a_killed_worker_loses_at_most_the_memory_interval_not_the_scripts_epoch
     two = start_cli(["--run-dir", str(workdir / "two"), str(config(workdir / "two.yaml", 2, 10)),
                      TUTORIAL, str(workdir / "backup")], cwd=workdir, KILL_AT_STEP="75")
     try:
-        # The copies' threads, once a copy is done (the threads stay for the next).
-        alone = wait_for(lambda: copied(workdir / "one", "progress") and agent_threads(
-            workdir / "one", "host0"), 90, "the one-host job's copy to its directory")
-        sender, receiver = wait_for(lambda: copied(workdir / "two", "memory_copy") and all(
-            found := [agent_threads(workdir / "two", h) for h in ("host0", "host1")]) and found,
-            90, "the two-host job's copy to host1's memory")
+        # The agents' threads, sampled while the jobs run (a copy's stay for the next).
+        seen = threads_while_running({"one": (one, workdir / "one", "127.0.0.1"),
+                                      "sender": (two, workdir / "two", "host0"),
+                                      "receiver": (two, workdir / "two", "host1")}, 150)
         two_out, _ = two.communicate(timeout=150)
         one_out, _ = one.communicate(timeout=120)
     finally:
         two.kill()
         one.kill()
     assert two.returncode == 0, two_out[-4000:]
+    alone, sender, receiver = seen["one"], seen["sender"], seen["receiver"]
     assert (19, 0) in alone and (0, 0) in alone, alone  # the copier niced, the rest not
     assert not [t for t in alone if t[1] == SCHED_IDLE], alone  # one host: no peer copy
     assert (19, 0) in sender and (19, SCHED_IDLE) in sender, sender  # chief's host: sends
