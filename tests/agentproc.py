@@ -33,12 +33,17 @@ class AgentProc:
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             env=agent_env(), start_new_session=True)
         self.messages: list[dict[str, Any]] = []
+        # Cleared, the test reads nothing: the agent's writes block, as behind
+        # a launcher slow to read (a full SSH window).
+        self.reading = threading.Event()
+        self.reading.set()
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
+            self.reading.wait()
             self.messages.append(json.loads(line))
 
     def send(self, message: dict[str, Any] | bytes) -> None:

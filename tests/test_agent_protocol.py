@@ -19,9 +19,10 @@ import time
 import pytest
 
 from launcher.agent.protocol import MAX_COMMAND_BYTES, MAX_OUTPUT_LINE
+from launcher.agent.tasks import DRAIN_S
 from launcher.transport.link import AgentLink, AgentMessage
 from tests.agentproc import AgentProc
-from tests.conftest import wait_for
+from tests.conftest import alive, wait_for
 
 MAX_LINE = 4096  # the fuzzed link's limit (the real one is MAX_LINE_BYTES)
 
@@ -194,4 +195,38 @@ def test_a_giant_output_line_is_cut(tmp_path):
         assert second == "next"
         assert agent.events("exited", task="w")[0]["tail"][0] == first
     finally:
+        agent.close()
+
+
+def test_a_tasks_last_lines_come_before_its_exit_report_however_slowly_they_are_read(
+        tmp_path):
+    # The task's output outruns the launcher: the agent's writes block while its
+    # reader still holds the task's last lines. Its exit report must wait for
+    # them: the launcher ends a job on the last exit and would never see them.
+    # (CI, under load: a job succeeded with one worker's last line missing.)
+    agent = AgentProc(tmp_path / "run")
+    try:
+        agent.hello()
+        agent.reading.clear()
+        # ~100 KiB of lines, ~150 KiB as output events: more than the agent's
+        # stdout takes, not more than it and the task's pipe hold together.
+        lines = 1000
+        agent.send({"op": "start", "task": "w", "generation": 0, "env": {},
+                    "cwd": str(tmp_path), "tf_config": "{}", "argv": [
+                        sys.executable, "-c",
+                        "import os; open('task.pid', 'w').write(str(os.getpid()))\n"
+                        f"for i in range({lines}): print(i, 'x' * 100)\nprint('LAST')"]})
+        pid_file = tmp_path / "task.pid"
+        wait_for(lambda: pid_file.exists() and pid_file.read_text(), timeout=30, what="the task")
+        task = int(pid_file.read_text())
+        wait_for(lambda: not alive([task]), timeout=30, what="the task to exit")
+        # The fault: the launcher reads nothing for longer than the agent's drain.
+        time.sleep(DRAIN_S + 1.0)
+        agent.reading.set()
+        agent.wait_event("exited", task="w")
+        told = [m.get("text") if m["ev"] == "output" else m["ev"] for m in agent.messages
+                if m.get("task") == "w" and m["ev"] in ("output", "exited")]
+        assert told[-2:] == ["LAST", "exited"] and len(told) == lines + 2, told[-3:]
+    finally:
+        agent.reading.set()
         agent.close()

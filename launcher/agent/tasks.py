@@ -22,6 +22,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import select
 import signal
 import subprocess
 import threading
@@ -52,9 +53,15 @@ from launcher.outlines import LineSplitter
 from launcher.proctree import TaskTree
 
 TAIL_LINES = 30
-# After a task exits, how long to let its output pipes drain (a grandchild
-# that inherited them may keep them open forever).
+# After a task exits (and what was left of its tree was killed), its output is
+# read to the end before the exit is reported: the launcher ends a job on its
+# last exit and would lose lines reported after it. The end is EOF, or DRAIN_S
+# without a byte (a process that escaped the tree holds the pipe open), or
+# DRAIN_MAX_S after the exit (one that keeps writing).
 DRAIN_S = 1.0
+DRAIN_MAX_S = 10.0
+# How often a reader with nothing to read looks whether its task has exited.
+READ_POLL_MS = 250
 # A task's heartbeat figures start this long after its start: psutil's first
 # CPU reading of a process says nothing (0.0), and loading psutil (~17 ms of
 # CPU) and a health sample would fall on every host at once, while the job's
@@ -84,6 +91,7 @@ class RunningTask:
         self.pid_file: str | None = None
         self._ps = None
         self.born = time.monotonic()
+        self.reaped_at: float | None = None  # monotonic; its output is drained from then on
 
     @property
     def ps(self):
@@ -278,11 +286,10 @@ class Tasks:
     def _read_output(self, task: RunningTask, stream_name: str, stream) -> None:
         # Lines end at "\n"; a "\r" run (a progress bar) keeps its last state.
         splitter = LineSplitter(MAX_OUTPUT_LINE)
+        poller = select.poll()
+        poller.register(stream.fileno(), select.POLLIN)  # POLLHUP comes unasked
         while True:
-            try:
-                data = stream.read1(CHUNK)
-            except (OSError, ValueError):
-                data = b""
+            data = _next_chunk(task, stream.fileno(), poller)
             texts = splitter.feed(data) if data else splitter.close()
             for text in texts:
                 task.tail.append(text)
@@ -330,8 +337,9 @@ class Tasks:
         self.spawner.reaped(task.tree)
         if task.pid_file:
             unlink(task.pid_file)  # nothing left to reap
-        for reader in task.readers:
-            reader.join(timeout=DRAIN_S)
+        task.reaped_at = time.monotonic()
+        for reader in task.readers:  # its last lines first (DRAIN_S above)
+            reader.join(timeout=DRAIN_MAX_S + DRAIN_S)
         self.emit(
             "exited",
             task=task.name,
@@ -425,3 +433,24 @@ def _group_of(pid: int) -> int | None:
         return os.getpgid(pid)
     except OSError:
         return None
+
+
+def _next_chunk(task: RunningTask, fd: int, poller: select.poll) -> bytes:
+    """The next bytes of a task's output stream; b"" at its end (DRAIN_S).
+    Only this reader takes bytes from the pipe, so a poll that finds none
+    means none are waiting, however late this thread runs."""
+    quiet_since = None
+    while True:
+        ready = poller.poll(READ_POLL_MS)
+        reaped_at, now = task.reaped_at, time.monotonic()
+        if reaped_at is not None and now - reaped_at >= DRAIN_MAX_S:
+            return b""
+        if ready:
+            try:
+                return os.read(fd, CHUNK)  # b"" at EOF
+            except OSError:
+                return b""
+        if reaped_at is not None:
+            quiet_since = quiet_since or now
+            if now - quiet_since >= DRAIN_S:
+                return b""
