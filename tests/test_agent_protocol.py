@@ -198,24 +198,34 @@ def test_a_giant_output_line_is_cut(tmp_path):
         agent.close()
 
 
+# ~60 KiB of lines, then ~60 KiB of progress reports (one pipe's worth: it
+# exits even while nothing is read), then it exits.
+FLOOD = """\
+import os
+open("task.pid", "w").write(str(os.getpid()))
+for i in range(600):
+    print(i, "x" * 100)
+print("LAST", flush=True)
+progress = os.fdopen(int(os.environ["MGPU_PROGRESS_FD"]), "w")
+for step in range(600):
+    progress.write('{"step": %d, "pad": "%s"}\\n' % (step, "x" * 80))
+"""
+
+
 def test_a_tasks_last_lines_come_before_its_exit_report_however_slowly_they_are_read(
         tmp_path):
-    # The task's output outruns the launcher: the agent's writes block while its
-    # reader still holds the task's last lines. Its exit report must wait for
-    # them: the launcher ends a job on the last exit and would never see them.
-    # (CI, under load: a job succeeded with one worker's last line missing.)
+    # The task's output and progress outrun the launcher: the agent's writes
+    # block while its readers still hold the task's last lines (all of it fits
+    # in the pipes: the task exits). Its exit report must wait for them: the
+    # launcher ends a job on the last exit and would never see them. (CI, under
+    # load: a job succeeded with one worker's last line missing.)
     agent = AgentProc(tmp_path / "run")
     try:
         agent.hello()
         agent.reading.clear()
-        # ~100 KiB of lines, ~150 KiB as output events: more than the agent's
-        # stdout takes, not more than it and the task's pipe hold together.
-        lines = 1000
         agent.send({"op": "start", "task": "w", "generation": 0, "env": {},
-                    "cwd": str(tmp_path), "tf_config": "{}", "argv": [
-                        sys.executable, "-c",
-                        "import os; open('task.pid', 'w').write(str(os.getpid()))\n"
-                        f"for i in range({lines}): print(i, 'x' * 100)\nprint('LAST')"]})
+                    "cwd": str(tmp_path), "tf_config": "{}",
+                    "argv": [sys.executable, "-c", FLOOD]})
         pid_file = tmp_path / "task.pid"
         wait_for(lambda: pid_file.exists() and pid_file.read_text(), timeout=30, what="the task")
         task = int(pid_file.read_text())
@@ -224,9 +234,10 @@ def test_a_tasks_last_lines_come_before_its_exit_report_however_slowly_they_are_
         time.sleep(DRAIN_S + 1.0)
         agent.reading.set()
         agent.wait_event("exited", task="w")
-        told = [m.get("text") if m["ev"] == "output" else m["ev"] for m in agent.messages
-                if m.get("task") == "w" and m["ev"] in ("output", "exited")]
-        assert told[-2:] == ["LAST", "exited"] and len(told) == lines + 2, told[-3:]
+        told = [m for m in agent.messages if m.get("task") == "w"]
+        assert told[-1]["ev"] == "exited", told[-3:]
+        assert [m["text"] for m in told if m["ev"] == "output"][-1:] == ["LAST"]
+        assert [m["data"]["step"] for m in told if m["ev"] == "progress"] == list(range(600))
     finally:
         agent.reading.set()
         agent.close()

@@ -20,6 +20,7 @@ agent's parts it drives (standbys, stacks, seal, pid records, files, spawn).
 from __future__ import annotations
 
 import collections
+import io
 import json
 import os
 import select
@@ -286,10 +287,9 @@ class Tasks:
     def _read_output(self, task: RunningTask, stream_name: str, stream) -> None:
         # Lines end at "\n"; a "\r" run (a progress bar) keeps its last state.
         splitter = LineSplitter(MAX_OUTPUT_LINE)
-        poller = select.poll()
-        poller.register(stream.fileno(), select.POLLIN)  # POLLHUP comes unasked
+        pipe = _DrainedPipe(task, stream.fileno())
         while True:
-            data = _next_chunk(task, stream.fileno(), poller)
+            data = pipe.read(CHUNK)
             texts = splitter.feed(data) if data else splitter.close()
             for text in texts:
                 task.tail.append(text)
@@ -300,7 +300,7 @@ class Tasks:
         stream.close()
 
     def _read_progress(self, task: RunningTask, fd: int) -> None:
-        with os.fdopen(fd, "rb") as stream:
+        with io.BufferedReader(_DrainedPipe(task, fd, owned=True)) as stream:
             while True:
                 raw = stream.readline(MAX_PROGRESS_LINE + 1)
                 if not raw:
@@ -338,8 +338,11 @@ class Tasks:
         if task.pid_file:
             unlink(task.pid_file)  # nothing left to reap
         task.reaped_at = time.monotonic()
-        for reader in task.readers:  # its last lines first (DRAIN_S above)
-            reader.join(timeout=DRAIN_MAX_S + DRAIN_S)
+        # Its last lines and progress reports first (DRAIN_S above): a probe's
+        # result (check) or a checksum printed last must not come after it.
+        for reader in [*task.readers, task.progress_reader]:
+            if reader is not None:
+                reader.join(timeout=DRAIN_MAX_S + DRAIN_S)
         self.emit(
             "exited",
             task=task.name,
@@ -435,22 +438,46 @@ def _group_of(pid: int) -> int | None:
         return None
 
 
-def _next_chunk(task: RunningTask, fd: int, poller: select.poll) -> bytes:
-    """The next bytes of a task's output stream; b"" at its end (DRAIN_S).
-    Only this reader takes bytes from the pipe, so a poll that finds none
-    means none are waiting, however late this thread runs."""
-    quiet_since = None
-    while True:
-        ready = poller.poll(READ_POLL_MS)
-        reaped_at, now = task.reaped_at, time.monotonic()
-        if reaped_at is not None and now - reaped_at >= DRAIN_MAX_S:
-            return b""
-        if ready:
-            try:
-                return os.read(fd, CHUNK)  # b"" at EOF
-            except OSError:
+
+class _DrainedPipe(io.RawIOBase):
+    """The read end of a task's output or progress pipe, ended (b"") at EOF,
+    or, once the task's tree is reaped, after DRAIN_S without a byte (capped
+    at DRAIN_MAX_S). Only its reader takes bytes from the pipe, so a poll that
+    finds none means none are waiting, however late that thread runs."""
+
+    def __init__(self, task: RunningTask, fd: int, owned: bool = False) -> None:
+        super().__init__()
+        self.task, self.fd, self.owned = task, fd, owned
+        self.poller = select.poll()
+        self.poller.register(fd, select.POLLIN)  # POLLHUP comes unasked
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        data = self.read(len(buffer))
+        buffer[:len(data)] = data
+        return len(data)
+
+    def read(self, size: int = -1) -> bytes:
+        size = CHUNK if size is None or size < 0 else size
+        quiet_since = None
+        while True:
+            ready = self.poller.poll(READ_POLL_MS)
+            reaped_at, now = self.task.reaped_at, time.monotonic()
+            if reaped_at is not None and now - reaped_at >= DRAIN_MAX_S:
                 return b""
-        if reaped_at is not None:
-            quiet_since = quiet_since or now
-            if now - quiet_since >= DRAIN_S:
-                return b""
+            if ready:
+                try:
+                    return os.read(self.fd, size)  # b"" at EOF
+                except OSError:
+                    return b""
+            if reaped_at is not None:
+                quiet_since = quiet_since or now
+                if now - quiet_since >= DRAIN_S:
+                    return b""
+
+    def close(self) -> None:
+        if self.owned and not self.closed:
+            os.close(self.fd)
+        super().close()
