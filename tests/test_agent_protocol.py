@@ -119,7 +119,7 @@ def test_a_pipe_nobody_reads_never_blocks_send_or_close():
             for _ in range(100):
                 assert link.send({"op": "ping"})
             link.close()
-            assert time.monotonic() - started < 2.0  # nothing waited on the stuck write
+            assert time.monotonic() - started < 10  # nothing waited on the stuck write (forever)
             assert closed.is_set() and not link.send({"op": "stop"})
             os.close(read_fd)  # the far end goes: the stuck write fails, the writer ends
             read_fd = -1
