@@ -123,7 +123,7 @@ def test_a_new_agent_reaps_what_a_killed_agent_left_behind(tmp_path):
         # itself; its child, in the task's process group, is left behind.
         first.proc.kill()
         first.proc.wait()
-        wait_for(lambda: not alive([task]), timeout=10, what="the task to die with its agent")
+        wait_for(lambda: not alive([task]), timeout=30, what="the task to die with its agent")
         assert alive([child]) == [child], "the child was meant to survive its agent"
         second = AgentProc(tmp_path / "run")
         hello = second.hello()

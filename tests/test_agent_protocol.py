@@ -15,6 +15,7 @@ import random
 import sys
 import threading
 import time
+import types
 
 import pytest
 
@@ -241,3 +242,26 @@ def test_a_tasks_last_lines_come_before_its_exit_report_however_slowly_they_are_
     finally:
         agent.reading.set()
         agent.close()
+
+
+def test_a_pipe_held_open_after_the_task_is_reaped_ends_after_the_drain(monkeypatch):
+    # A process that escaped the task's tree may hold its pipe open: the exit
+    # report still comes, after DRAIN_S of quiet (DRAIN_MAX_S if it keeps writing).
+    from launcher.agent import tasks
+
+    read_fd, write_fd = os.pipe()  # write_fd: the holder's, never closed here
+    task = types.SimpleNamespace(reaped_at=None)
+    pipe = tasks._DrainedPipe(task, read_fd, owned=True)  # type: ignore[arg-type]
+    try:
+        os.write(write_fd, b"last\n")
+        task.reaped_at = time.monotonic()
+        assert pipe.read(100) == b"last\n"  # what is there is read first
+        started = time.monotonic()
+        assert pipe.read(100) == b""
+        assert time.monotonic() - started >= DRAIN_S
+        monkeypatch.setattr(tasks, "DRAIN_MAX_S", 0.0)
+        os.write(write_fd, b"more\n")
+        assert pipe.read(100) == b""  # a holder that keeps writing is cut off
+    finally:
+        pipe.close()
+        os.close(write_fd)
