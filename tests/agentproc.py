@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +25,10 @@ def agent_env() -> dict[str, str]:
 
 class AgentProc:
     def __init__(self, run_dir: Path, *, lease_s: float = 0.0, eof_grace_s: float = 0.5,
-                 host: str = "h1") -> None:
+                 host: str = "h1", prefix: Sequence[str] = ()) -> None:
         self.run_dir = run_dir
         self.proc = subprocess.Popen(
-            [sys.executable, "-S", "-m", "launcher.agent", "--host", host,
+            [*prefix, sys.executable, "-S", "-m", "launcher.agent", "--host", host,
              "--run-dir", str(run_dir), "--eof-grace", str(eof_grace_s),
              "--lease", str(lease_s)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

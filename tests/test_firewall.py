@@ -14,7 +14,6 @@ import secrets
 import signal
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -224,16 +223,7 @@ class NetnsAgent(AgentProc):
     """AgentProc, inside a network namespace (`ip netns exec` execs the agent)."""
 
     def __init__(self, netns: str, run_dir: Path, lease_s: float = 0) -> None:
-        self.run_dir = run_dir
-        self.proc = subprocess.Popen(
-            ["ip", "netns", "exec", netns, sys.executable, "-S", "-m", "launcher.agent",
-             "--host", "h1", "--run-dir", str(run_dir), "--eof-grace", "0.5",
-             "--lease", str(lease_s)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            env=agent_env(), start_new_session=True)
-        self.messages = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
+        super().__init__(run_dir, lease_s=lease_s, prefix=["ip", "netns", "exec", netns])
 
 
 def start_sealed(agent: AgentProc, seal: Seal, name: str = "t0") -> dict:
