@@ -393,9 +393,9 @@ class Tasks:
                 task.signal_tree(signal.SIGKILL)
         for task in list(self.tasks.values()):
             # Its exit reported before the agent exits (the waiter drains its output
-            # first, DRAIN_S at most): otherwise the agent's end could beat it.
+            # first: at EOF, DRAIN_MAX_S at most): otherwise the agent's end could beat it.
             if task.waiter is not None:
-                task.waiter.join(timeout=DRAIN_S + 1.0)
+                task.waiter.join(timeout=DRAIN_MAX_S + 1.0)
 
     def pids(self) -> dict[str, int]:
         """Per running task past its first seconds: its process id (the training
