@@ -14,10 +14,11 @@ the batch, or OSError where netlink itself is not there; the caller then runs
 
 from __future__ import annotations
 
+# _socket, not socket: socket.py pulls in enum and more (~2 ms of every agent start).
+import _socket
 import contextlib
 import errno
 import os
-import socket
 import struct
 from collections.abc import Sequence
 
@@ -155,7 +156,7 @@ class _Batch:
         """The messages between BATCH_BEGIN and BATCH_END; the last asks for an
         ACK. A refused message is answered whether it asked or not, before
         that ACK: the first answer that is not 0 is the kernel's reason."""
-        frame = struct.pack("=BBH", 0, 0, socket.htons(SUBSYS))
+        frame = struct.pack("=BBH", 0, 0, _socket.htons(SUBSYS))
         last = len(self.messages)
         out = [_message(BATCH_BEGIN, REQUEST, frame, seq)]
         for i, (kind, flags, body) in enumerate(self.messages, 1):
@@ -187,9 +188,9 @@ def install_batch(table: str, ports: Sequence[int], v4: Sequence[str], v6: Seque
                *_tcp_syn(), _verdict(JUMP, "guard"))
     batch.rule("guard", _meta(IIFNAME), _cmp(_ifname("lo")), _verdict(RETURN))
     for family, addresses, key_type, offset, pack in (
-            (IPV4, v4, IPADDR, 12, socket.AF_INET), (IPV6, v6, IP6ADDR, 8, socket.AF_INET6)):
+            (IPV4, v4, IPADDR, 12, _socket.AF_INET), (IPV6, v6, IP6ADDR, 8, _socket.AF_INET6)):
         if addresses:
-            keys = [socket.inet_pton(pack, a) for a in addresses]
+            keys = [_socket.inet_pton(pack, a) for a in addresses]
             batch.rule("guard", _meta(NFPROTO), _cmp(bytes([family])),
                        _payload(NETWORK, offset, len(keys[0])), batch.match(key_type, keys),
                        _verdict(RETURN))
@@ -213,11 +214,12 @@ def delete_batch(table: str) -> _Batch:
 def send(batch: _Batch) -> None:
     """Send one transaction; returns once the kernel has committed it."""
     data = batch.encode(int.from_bytes(os.urandom(2), "little") << 8 | 1)
-    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER) as sock:
+    sock = _socket.socket(_socket.AF_NETLINK, _socket.SOCK_RAW, NETLINK_NETFILTER)
+    try:
         sock.settimeout(TIMEOUT_S)
         sock.setsockopt(SOL_NETLINK, NETLINK_CAP_ACK, 1)  # an error without our message
         if len(data) > 200_000:  # past the default send buffer (net.core.wmem_default)
-            sock.setsockopt(socket.SOL_SOCKET, SO_SNDBUFFORCE, len(data) + 65536)
+            sock.setsockopt(_socket.SOL_SOCKET, SO_SNDBUFFORCE, len(data) + 65536)
         sock.bind((0, 0))
         sock.send(data)
         while True:
@@ -231,6 +233,8 @@ def send(batch: _Batch) -> None:
                         raise NetlinkError(error, os.strerror(error))
                     return
                 offset += max(16, (length + 3) & ~3)
+    finally:
+        sock.close()
 
 
 def enabled() -> bool:

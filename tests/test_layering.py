@@ -235,8 +235,8 @@ FLOORS = (
     Floor("shipped", ("launcher", "launcher.agent", "launcher.bootstrap", "launcher.podstart",
                       "launcher.standby",
                       "launcher.runtime", "launcher.netif", "launcher.firewall",
-                      "launcher.nftlink", "launcher.hostruns", "launcher.proctree", "launcher.outlines",
-                      "launcher.strategy"),
+                      "launcher.nftlink", "launcher.hostruns", "launcher.proctree",
+                      "launcher.outlines", "launcher.strategy"),
           "what runs on the hosts (agent, bootstrap, runtime and their standard-library "
           "helpers)"),
     Floor("spec", ("launcher.spec",),
