@@ -3,7 +3,7 @@
 `nft` reads the kernel's tables, chains, sets and objects (of every table on
 the host) before any command that adds a rule or deletes a table: on a host
 with 31 other tables (32 simulated hosts on one kernel) one install or removal
-took 12-13 ms of CPU against 3 ms alone, and starting `nft` itself 1.4 ms.
+took 12-13 ms of CPU against 2-3 ms alone, and starting `nft` itself 1.5 ms.
 This module sends the one transaction (`launcher.firewall.render_nft`'s rules,
 expression for expression as nft 1.0.6 encodes them) itself: it reads nothing.
 
