@@ -22,6 +22,20 @@ and the ratios off/on. `--width` sizes the weights (about 4 KiB x width:
 25000 is ~100 MB). Needs root (FUSE), fuse3 and mfusepy (.ci/run).
 
     .venv/bin/python bench/memtier.py [--width 25000] [--mbps 20] [--epochs 3]
+
+`--cost`: the tier's cost on the training steps themselves, beside CPU-bound
+workers (two on this machine's cores). No kill; each run saves every third
+epoch of 10 steps (SAVE_EVERY=3: epochs 0, 3, 6), so the epoch after a save
+runs beside its copies and the one before the next save is quiet: their step
+times, paired within a run, cancel the load other work puts on the machine
+meanwhile (beside / quiet: ~1 with the tier off). Runs alternate: off, then
+`--rounds` times on, on without the second copy in another host's memory
+(`env: {MGPU_MEMORY_PEER: 0}`), off (the two on runs swapped in every other
+round). Prints each run's figures and the copies' lag behind the save, then
+beside / quiet per kind, and on / off of the epochs beside copies against how
+far the two off runs lie apart. About 4.5 minutes with one round:
+
+    uptime; .venv/bin/python bench/memtier.py --cost [--rounds 1] [--epochs 7]
 """
 
 from __future__ import annotations
@@ -98,13 +112,80 @@ def crash_to_step(run_dir: Path) -> dict[str, float]:
     return out
 
 
+COST_RUNS = {"off": "memory: false", "on": "memory: true",
+             "on, no peer copy": "memory: true}\nenv: {MGPU_MEMORY_PEER: 0"}
+EVERY = 3  # a save every 3 epochs: the epoch after it overlaps its copies, the third not
+
+
+def cost_run(work: Path, shared: Path, name: str, width: int, epochs: int) -> dict:
+    """One run of --cost: the chief's step time in the epochs just after a save
+    (beside its copies) and in those before the next (quiet); the copies' lag."""
+    tag = f"{name.replace(' ', '').replace(',', '-')}-{len(list(work.glob('run-*')))}"
+    ckpt, run_dir, config = shared / f"ckpt-{tag}", work / f"run-{tag}", work / f"{tag}.yaml"
+    config.write_text(f"transport: local\ncheckpoint: {{dir: {ckpt}, {COST_RUNS[name]}}}\n"
+                      "hosts:\n  - {address: 127.0.0.1}\n  - {address: 127.0.0.1}\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "2",
+           "SAVE_EVERY": str(EVERY)}
+    done = subprocess.run([sys.executable, "-m", "launcher", "--run-dir", str(run_dir),
+                           str(config), str(SCRIPT), str(ckpt), str(width), str(epochs)],
+                          env=env, capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        sys.exit(f"the {name} run failed:\n{done.stdout[-4000:]}")
+    steps = {int(m.group(1)): float(m.group(2)) for m in (
+        re.search(r"STEPS (\d+) ([\d.]+)", line.split("|", 1)[-1])
+        for line in done.stdout.splitlines() if "worker0" in line.split("|", 1)[0]) if m}
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    lags = [e.get("memory_copy_lag_s", e.get("memory_copy_s")) for e in events
+            if e["event"] == "progress" and "memory_copy_s" in e]
+    peer = [e["seconds"] for e in events if e["event"] == "memory_copy" and not e.get("error")]
+    beside = [s for e, s in steps.items() if e % EVERY == 1]  # epoch 0 compiles
+    quiet = [s for e, s in steps.items() if e % EVERY == 0 and e > 0]
+    return {"name": name, "beside": statistics.mean(beside), "quiet": statistics.mean(quiet),
+            "epochs": [steps[e] for e in sorted(steps)][1:],
+            "lag": max(lags, default=0.0), "peer": max(peer, default=0.0)}
+
+
+def cost(work: Path, shared: Path, args: argparse.Namespace) -> None:
+    """--cost: off, on, on without the peer copy, alternating (module docstring)."""
+    order, runs = list(COST_RUNS), []
+    sequence = ["off"] + [n for rnd in range(args.rounds)
+                          for n in (order[1:] if rnd % 2 == 0 else order[:0:-1]) + ["off"]]
+    for name in sequence:
+        runs.append(cost_run(work, shared, name, args.width, args.epochs))
+        r = runs[-1]
+        print(f"{r['name']:17} beside copies {1000 * r['beside']:5.0f} ms, quiet "
+              f"{1000 * r['quiet']:5.0f} ms: {r['beside'] / r['quiet']:.3f} (epochs 1..: "
+              f"{' '.join(f'{1000 * s:.0f}' for s in r['epochs'])}); copy lag: directory "
+              f"<= {r['lag']:.1f} s, peer <= {r['peer']:.1f} s", flush=True)
+    print(f"weights ~{args.width * 4 * 1026 / 1e6:.0f} MB, shared directory at {args.mbps:g} "
+          f"MB/s, 2 workers, a save every {EVERY} epochs of 10 steps, {len(runs)} runs")
+    paired = {n: [r["beside"] / r["quiet"] for r in runs if r["name"] == n] for n in order}
+    for name in order:
+        print(f"{name:17} step time beside copies / quiet: "
+              f"{statistics.mean(paired[name]):.3f} ({' '.join(f'{x:.3f}' for x in paired[name])})")
+    beside = {n: statistics.mean(r["beside"] for r in runs if r["name"] == n) for n in order}
+    offs = [r["beside"] for r in runs if r["name"] == "off"]
+    print(f"beside copies, on / off: {beside['on'] / beside['off']:.3f}, no peer / off: "
+          f"{beside[order[2]] / beside['off']:.3f}; off runs apart by "
+          f"{100 * (max(offs) - min(offs)) / beside['off']:.1f}%")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--width", type=int, default=25000)
     parser.add_argument("--mbps", type=float, default=20.0)
-    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=None, help="3; with --cost 7")
+    parser.add_argument("--cost", action="store_true", help="step time only, alternating")
+    parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--keep", help="a folder to keep the run directories in")
     args = parser.parse_args()
+    args.epochs = args.epochs or (7 if args.cost else 3)
+    if args.cost:
+        with tempfile.TemporaryDirectory(prefix="memtier-bench-") as tmp:
+            work = Path(args.keep or tmp)
+            with mounted(str(work / "backing"), str(work / "shared"), args.mbps) as shared:
+                cost(work, Path(shared), args)
+        return
     with tempfile.TemporaryDirectory(prefix="memtier-bench-") as tmp:
         work = Path(args.keep or tmp)
         with mounted(str(work / "backing"), str(work / "shared"), args.mbps) as shared:

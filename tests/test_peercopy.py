@@ -8,6 +8,7 @@ restore reads whichever is complete first, the placed copy or the directory."""
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import shutil
@@ -28,10 +29,31 @@ class Link:
 
     def __init__(self, host: str, wire: queue.Queue) -> None:
         self.host, self.wire, self.closed, self.link_id = host, wire, False, 0
+        self.lines = 0
 
     def send(self, command: dict) -> bool:
         self.wire.put(("op", self.host, command))
         return True
+
+    def send_line(self, data: bytes) -> bool:  # a chunk, its line made by the relay
+        assert data.endswith(b"\n") and data.count(b"\n") == 1
+        self.lines += 1
+        return self.send(json.loads(data))
+
+
+class Emit:
+    """An agent's emitter as the relay hears it; a chunk's line is made by the agent."""
+
+    def __init__(self, host: str, wire: queue.Queue) -> None:
+        self.host, self.wire, self.lines = host, wire, 0
+
+    def __call__(self, event: str, **fields) -> None:
+        self.wire.put(("ev", self.host, {"ev": event, **fields}))
+
+    def line(self, data: bytes) -> None:
+        assert data.endswith(b"\n") and data.count(b"\n") == 1
+        self.lines += 1
+        self.wire.put(("ev", self.host, json.loads(data)))
 
 
 class Hosts:
@@ -49,8 +71,7 @@ class Hosts:
         shm = self.tmp / "shm"
         shm.mkdir(exist_ok=True)
         memory = memcopy.MemoryCopies(str(self.tmp / "run" / host), host, print, shm=str(shm))
-        peers = PeerCopies(memory, host, lambda event, **f: self.wire.put(("ev", host,
-                                                                           {"ev": event, **f})))
+        peers = PeerCopies(memory, host, Emit(host, self.wire))
         memory.peers = peers
         return peers
 
@@ -114,10 +135,40 @@ def test_a_save_reaches_the_neighbours_memory_whole_private_and_checked(tmp_path
     data.write_bytes(bytes(raw))
     assert not memslots.verified(copy[1], record)
     assert memslots.matching([str(store)], "k", "manager", "ckpt-1", {}) is None
+    # The copies ran on what the training leaves: the directory's niced, the
+    # second copy's sending and receiving at SCHED_IDLE (Linux: per thread).
+    sender, receiver = hosts.peers["host0"], hosts.peers["host1"]
+    assert sender.emit.lines == hosts.links["host1"].lines == 8  # 3 files, 3 MB: chunks
+    assert priority(sender._thread) == priority(receiver._receiver) == (19, SCHED_IDLE)
+    hosts.peers["host0"].memory.drain(5)
+    assert priority(hosts.peers["host0"].memory._thread) == (19, 0)  # SCHED_OTHER
     # Both hosts' slots are known to the launcher; a folder's removal takes them all.
     assert set(hosts.relay.held) == {"host0", "host1"}
     hosts.peers["host1"].memory.close(timeout_s=1)
     assert not os.path.exists(hosts.peers["host1"].memory.root)
+
+
+SCHED_IDLE = 5
+
+
+def priority(thread) -> tuple[int, int]:
+    """A thread's nice and scheduling policy, as `ps -L -o ni,cls` shows them."""
+    stat = Path(f"/proc/self/task/{thread.native_id}/stat").read_text()
+    fields = stat.rsplit(")", 1)[1].split()
+    return int(fields[16]), int(fields[38])
+
+
+def test_a_job_on_one_host_sends_no_copy_to_another(tmp_path: Path):
+    hosts = Hosts(tmp_path, ["host0"])
+    env = {"MGPU_MEMORY_COPIES": "2", "MGPU_MEMORY_PEER": "0"}  # as the plan sets it
+    hosts.peers["host0"].memory.task_env("worker0", env)
+    slot = make_slot(Path(env["MGPU_MEMORY_DIR"]), 1, "ckpt-1", 3_000_000, ["ckpt-1"])
+    memslots.seal(str(slot), memslots.manifest(str(slot)) | {"target": str(tmp_path / "d")})
+    hosts.peers["host0"].memory.saved(str(slot))
+    assert hosts.peers["host0"].memory.drain(10)
+    said = [hosts.wire.get_nowait()[2]["ev"] for _ in range(hosts.wire.qsize())]
+    assert said == ["memory_held"], said  # the launcher knows it; nothing is sent
+    assert hosts.peers["host0"]._thread is None
 
 
 def test_before_a_restart_a_host_that_lost_its_memory_gets_the_newest_save(tmp_path: Path):

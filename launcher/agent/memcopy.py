@@ -24,6 +24,12 @@ own directory on one background thread:
   copy; the agent's end waits for the copies too, then removes the job's
   folder. The next agent removes the folders of agents that died (`sweep`).
 
+The copies run beside the training, on the same cores: the copier thread runs
+niced (19, `low_priority`), so it takes what the training leaves, yet still
+gets a share on a host the training keeps busy (it is what makes a checkpoint
+outlive the host); each copy's lag behind its save is reported
+(`memory_copy_lag_s`) and said once when it passes LAG_NOTICE_S.
+
 Standard library only.
 """
 
@@ -48,6 +54,19 @@ _PART = ".mgpu-part"
 # (runtime/memslots.py, COPYING: the same name), so its start need not.
 COPYING = ".mgpu-copying"
 TOUCH_S = 1.0
+LAG_NOTICE_S = 60.0  # a copy this far behind its save is said (once)
+
+
+def low_priority(idle: bool = False) -> None:
+    """The calling thread runs on what the training leaves: niced to 19, and with
+    `idle` at SCHED_IDLE (Linux: both are per thread). Nowhere else: unchanged."""
+    tid = threading.get_native_id()
+    try:
+        os.setpriority(os.PRIO_PROCESS, tid, 19)
+        if idle:
+            os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):
+        pass
 
 
 def job_folder(run_dir: str, host: str, shm: str = SHM) -> str:
@@ -79,6 +98,8 @@ class MemoryCopies:
         self._copied: dict[tuple[str, str], tuple[int, int]] = {}  # (target, name) -> source id
         self.peers = None  # the copies in another host's memory (peercopy.PeerCopies)
         self._when: dict[str, Callable[[], bool]] = {}  # slot -> copy it only if this says so
+        self.peer = True  # a second copy in another host's memory (MGPU_MEMORY_PEER)
+        self._lag_said = False
 
     def ensure_root(self) -> None:
         """The job's folder on this host, 0700, with this agent's pid (sweep)."""
@@ -96,6 +117,7 @@ class MemoryCopies:
             self.notice(f"checkpoints in memory: {free_gb(os.path.dirname(self.root)):.1f} GB "
                         f"free in {os.path.dirname(self.root)}; at most {self._copies} copies "
                         "of each task's saves")
+        self.peer = env.get("MGPU_MEMORY_PEER") != "0"  # 0: one host, or the user's
         self.ensure_root()
         folder = os.path.join(self.root, task)
         os.makedirs(folder, mode=0o700, exist_ok=True)
@@ -111,7 +133,7 @@ class MemoryCopies:
             return  # not one of this job's slots
         record = read_manifest(path)
         if record is not None and self.peers is not None:
-            self.peers.saved(path, record)  # said to the launcher; the chief's sent on
+            self.peers.saved(path, record, send=self.peer)  # said; the chief's sent on
         if record is None or not record.get("copy") or not isinstance(record.get("target"), str):
             return
         if not self._sized and record.get("kind") != "drop":  # the chief's first save: said once
@@ -169,6 +191,7 @@ class MemoryCopies:
         shutil.rmtree(self.root, ignore_errors=True)
 
     def _run(self) -> None:
+        low_priority()  # niced, not idle: the copy must progress under busy training
         while True:
             with self._cond:
                 while not self._waiting:
@@ -216,8 +239,15 @@ class MemoryCopies:
         with self._cond:
             task, generation = self._owner.pop(slot, ("", 0))
         if task and self.report is not None and record.get("kind") != "drop":
+            lag = max(0.0, time.time() - float(record.get("time") or time.time()))
             self.report(task, generation, {"memory_copy_s": round(took, 3),
+                                           "memory_copy_lag_s": round(lag, 3),
                                            "memory_copy_bytes": save_bytes(slot, record)})
+            if lag > LAG_NOTICE_S and not self._lag_said:
+                self._lag_said = True
+                self.notice(f"checkpoints in memory: the copy to {record['target']} ended "
+                            f"{lag:.0f} s after the save (it runs at low CPU priority beside "
+                            "the training; the shared directory lags the memory copy)")
 
 
 def copy_slot(slot: str, record: dict, copied: dict[tuple[str, str], tuple[int, int]]) -> None:

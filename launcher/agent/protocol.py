@@ -45,7 +45,10 @@ class Emitter:
     def __call__(self, event: str, **fields: object) -> None:
         fields["ev"] = event
         fields.setdefault("t", time.time())
-        data = (json.dumps(fields, separators=(",", ":")) + "\n").encode()
+        self.line((json.dumps(fields, separators=(",", ":")) + "\n").encode())
+
+    def line(self, data: bytes) -> None:
+        """One event's line, already made (a JSON object and its newline)."""
         with self._lock:
             try:
                 self._stream.write(data)

@@ -40,6 +40,7 @@ RUNTIME_KNOBS = frozenset({
     "MGPU_ALLOW_SINGLE_HOST_STRATEGY",  # allow MirroredStrategy in a multi-worker job
     "MGPU_STACKS_SIGNAL",  # the signal on which a task dumps its Python stacks (off: none)
     "MGPU_STEPS_EVERY_S",  # how often the optimizer's step counter is read (0: never)
+    "MGPU_MEMORY_PEER",  # 0: the memory tier makes no copy in another host's memory
     # keras_distribution on JAX: the coordination service's timeouts (default:
     # from `restart:`, see taskenv.jax_env)
     "MGPU_JAX_HEARTBEAT_S",

@@ -279,6 +279,8 @@ def build_plan(
     common_env = shared_env(config, checkpoint_dir, generation,
                             num_workers=len(cluster.get("chief", [])) +
                             len(cluster.get("worker", [])))
+    if "MGPU_MEMORY_COPIES" in common_env and len(targets) < 2:
+        common_env["MGPU_MEMORY_PEER"] = "0"  # no other host for a second copy (agent/peercopy.py)
     workdir = str(loaded.resolve_path(config.workdir) or launch_cwd)
     frozen = _freeze(cluster)  # once: every task's TF_CONFIG shares it (10,000 hosts)
     tasks = [_task(config, slot, tf_of[slot.target.name], cluster, frozen, port_of,

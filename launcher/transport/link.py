@@ -160,7 +160,10 @@ class AgentLink:
     def send(self, message: dict[str, Any]) -> bool:
         """Queue one command; False when the agent is no longer reachable (the
         link is closed, a write failed, or the pipe has stopped taking them)."""
-        data = (json.dumps(message, separators=(",", ":")) + "\n").encode()
+        return self.send_line((json.dumps(message, separators=(",", ":")) + "\n").encode())
+
+    def send_line(self, data: bytes) -> bool:
+        """`send` of a command already made (a JSON object and its newline)."""
         with self._wake:
             if self.closed or self._closing or self.write_failed:
                 return False

@@ -8,7 +8,8 @@ KILL_AT=E: in the first generation, worker 1 kills itself (SIGKILL) right
 after the save of epoch E. HOLD_AT=E: in the first generation, the chief
 prints `HOLDING` after the save of epoch E and trains no more (a test then
 takes its whole host away). Prints `SAVE <epoch> <seconds>` (how long each save
-blocked the loop), `STEPS <epoch> <seconds a step>`, `RESTORE <seconds>` (the managers made and the
+blocked the loop; SAVE_EVERY=N: every N epochs only, from the first, and the
+last), `STEPS <epoch> <seconds a step>`, `RESTORE <seconds>` (the managers made and the
 restore) and, on the chief at the end, `FINAL <sha256 of the weights>`.
 """
 
@@ -76,6 +77,7 @@ def train_step(iterator):
 
 iterator = iter(dist_dataset)
 kill_at = int(os.environ.get("KILL_AT", "-1"))
+save_every = int(os.environ.get("SAVE_EVERY", "1"))
 while int(optimizer.iterations.numpy()) < epochs * steps_per_epoch:
     epoch = int(optimizer.iterations.numpy()) // steps_per_epoch
     print(f"EPOCH {epoch}", flush=True)
@@ -83,6 +85,8 @@ while int(optimizer.iterations.numpy()) < epochs * steps_per_epoch:
     for _ in range(steps_per_epoch):
         train_step(iterator)
     print(f"STEPS {epoch} {(time.monotonic() - began) / steps_per_epoch:.4f}", flush=True)
+    if epoch % save_every and epoch + 1 < epochs:
+        continue  # SAVE_EVERY=N: a save every N epochs (and the last)
     began = time.monotonic()
     write_manager.save()
     if not is_chief:
