@@ -43,7 +43,12 @@ are ~1.8 s before any Python starts, and the bare-SSH floor line shows the
 whole floor. On real hosts that work runs on each host's own cores; what
 still grows with N is the client CPU column.
 
+With `--baseline DIR` (another checkout, e.g. `git archive` of the commit
+before a change), each round also runs that tree's launcher (and agent) on the
+same hosts, interleaved: before and after on the same load.
+
     /work/.venv/bin/python bench/fanout.py [--sizes 1,8,32] [--repeat 3] [--firewall]
+                                           [--baseline DIR]
 """
 
 from __future__ import annotations
@@ -163,10 +168,12 @@ def children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def run_launcher(yaml_path: Path, script: Path, work: Path) -> tuple[float, float]:
-    """(seconds until the last task exited, seconds for the whole command)."""
+def run_launcher(yaml_path: Path, script: Path, work: Path,
+                 repo: Path = REPO) -> tuple[float, float]:
+    """(seconds until the last task exited, seconds for the whole command);
+    `repo`: the tree whose launcher runs (and whose agent the hosts get)."""
     run_dir = Path(tempfile.mkdtemp(prefix="run-", dir=work))
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env = dict(os.environ, PYTHONPATH=str(repo))
     # As installed: pip compiles the launcher's bytecode once. A shell that sets
     # PYTHONDONTWRITEBYTECODE (this project's machines do) would have every run
     # compile its ~40 modules again, ~0.1 s that no installed launcher pays.
@@ -227,12 +234,15 @@ def run_pdsh(cluster: SimCluster, count: int, script: Path) -> float:
 
 
 def measure(cluster: SimCluster, count: int, repeat: int, firewall: bool, work: Path,
-            script: Path, meter: CgroupCPU | None) -> dict[str, float]:
+            script: Path, meter: CgroupCPU | None,
+            baseline: Path | None = None) -> dict[str, float]:
     """Medians over `repeat` interleaved rounds at `count` hosts (both tools
     see the same load)."""
     yaml_path = cluster_yaml(cluster, count, work / f"cluster-{count}.yaml")
     open_path = cluster_yaml(cluster, count, work / f"open-{count}.yaml", "open")
     run_launcher(yaml_path, script, work)  # warm-up: uploads the agent bundle
+    if baseline:
+        run_launcher(yaml_path, script, work, baseline)  # and the baseline's
     run_pdsh(cluster, count, script)
 
     def counted(run):  # (its result, the CPU of all it started; nan without a cgroup)
@@ -250,6 +260,9 @@ def measure(cluster: SimCluster, count: int, repeat: int, firewall: bool, work: 
         if firewall:
             (_, taken["open"]), taken["all_open"] = counted(
                 lambda: run_launcher(open_path, script, work))
+        if baseline:
+            (_, taken["base"]), taken["all_base"] = counted(
+                lambda: run_launcher(yaml_path, script, work, baseline))
         for key, value in taken.items():
             samples.setdefault(key, []).append(value)
     return {key: statistics.median(values) for key, values in samples.items()}
@@ -282,8 +295,13 @@ def report(rows: dict[int, dict[str, float]], repeat: int) -> None:
         if r["all"] == r["all"]:  # not nan: counted in a cgroup
             opened = (f"; tf_ports open {r['all_open']:.2f}s ({r['all_open'] / r['all_pdsh']:.2f}x)"
                       if "all_open" in r else "")
+            based = (f"; baseline tree {r['all_base']:.2f}s ({r['all_base'] / r['all_pdsh']:.2f}x)"
+                     if "all_base" in r else "")
             print(f"N={count}: CPU of all processes per launch: mgpu-launch {r['all']:.2f}s, "
-                  f"pdsh {r['all_pdsh']:.2f}s: {r['all'] / r['all_pdsh']:.2f}x{opened}")
+                  f"pdsh {r['all_pdsh']:.2f}s: {r['all'] / r['all_pdsh']:.2f}x{opened}{based}")
+    for count, r in rows.items():
+        if "base" in r:
+            print(f"N={count}: command {r['whole']:.2f}s, baseline tree {r['base']:.2f}s")
 
 
 def main() -> int:
@@ -293,6 +311,9 @@ def main() -> int:
     parser.add_argument("--firewall", action="store_true",
                         help="also run with security.tf_ports: open, interleaved: the "
                         "firewall's share")
+    parser.add_argument("--baseline", type=Path,
+                        help="another checkout of mgpu-launch (its root folder), run with the "
+                        "default settings in each round too: before and after a change")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     if not shutil.which("pdsh"):
@@ -309,7 +330,7 @@ def main() -> int:
                 if meter:
                     meter.resting = meter.processes()
                 rows = {count: measure(cluster, count, args.repeat, args.firewall, work,
-                                       script, meter) for count in sizes}
+                                       script, meter, args.baseline) for count in sizes}
             finally:
                 cluster.stop()
     finally:

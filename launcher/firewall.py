@@ -15,29 +15,24 @@ start, installs one firewall table for this job on this host:
   owned by the job's user (the agent's uid: its tasks are its children) or
   root (`meta skuid`; root can remove any rule, so keeping it out would be
   for show). A connection from this host to its own non-loopback address
-  leaves on `lo` too. Nothing else is matched: other ports, replies (the
-  server's SYN-ACK), UDP pass through untouched. A drop is final in netfilter
-  but an accept is not, so this table can only close the job's ports: it
-  never opens what another tool's rules close.
+  leaves on `lo` too. Nothing else is matched: other ports, replies, UDP. A
+  drop is final in netfilter but an accept is not: this table can only close
+  the job's ports. Sent over netlink (nftlink; `nft -f` where that fails).
 - iptables (no `nft`): a chain `MGPU-<digest>` with the same guard, jumped to
   from the top of INPUT for SYNs to the job's ports, and `MGPU-<digest>-L`
   (`-m owner --uid-owner`) from the top of OUTPUT (ip6tables too when there).
 
-The table's name is derived from the job's run directory and the host, so two
-jobs (or two simulated hosts of one job on one machine) never touch each
-other's rules. What was installed is recorded in `RUN_DIR/firewall.json`: the
-agent removes it when its tasks end (stdin closed, the lease ran out), and the
-next agent of the same run directory removes what a killed one left.
-
-Rendering (`render_nft`, `iptables_commands`) is pure; `probe`, `apply`,
-`remove` and `reap` run `nft`/`iptables` with an injectable runner.
-
-Shipped to hosts with the agent: standard library only; must not import
-anything of the launcher.
+The table's name comes from the job's run directory and the host: two jobs
+(or simulated hosts on one machine) never touch each other's rules. What was
+installed is recorded in `RUN_DIR/firewall.json`: the agent removes it when its
+tasks end, the next agent of the run directory what a killed one left.
+Rendering is pure; `probe`, `apply`, `remove`, `reap` run `nft`/`iptables` (an
+injectable runner). Shipped with the agent: standard library only (and nftlink).
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import functools
 import json
@@ -46,6 +41,8 @@ import re
 import subprocess
 import time
 from collections.abc import Callable, Iterable, Sequence
+
+from launcher import nftlink
 
 MODES = ("auto", "cluster", "open")
 RECORD = "firewall.json"
@@ -326,9 +323,8 @@ _run_in_turn: Runner = functools.partial(_run, in_turn=True)  # removals (see _n
 
 
 def _nft_lock() -> int | None:
-    """An fd of the ruleset's lock file (per user and network namespace), or None.
-    Agents on one kernel remove their tables at once at a job's end; racing `nft`s
-    restart: 32 took 1.2-1.4 s of CPU, in turn 0.26 s (installs: 0.15 s, at once)."""
+    """An fd of the ruleset's lock file (per user and network namespace), or None:
+    racing `nft` removals restart (32 at once: 1.2-1.4 s of CPU, in turn 0.26 s)."""
     name = "nft-" + ("".join(c for c in _here()["netns"] if c.isdigit()) or "0") + ".lock"
     try:
         os.makedirs(registry(), mode=0o700, exist_ok=True)
@@ -378,9 +374,13 @@ def apply(seal: Seal, backend: str, run_dir: str, run: Runner = _run) -> str:
     _register(seal.table, run_dir, record)  # and for any agent, if no next one comes
     uid = os.getuid()  # the job's user: the agent's, whose children the tasks are
     if backend == "nft":
-        code, out = run(["nft", "-f", "-"], render_nft(seal, addresses, uid))
-        if code != 0:
-            raise FirewallError(f"nft refused the rules: {out[-300:]}")
+        try:  # over netlink: `nft` would first read every table on the host (nftlink)
+            nftlink.install(seal.table, seal.ports, *split_families(addresses), (0, uid),
+                            PRIORITY)
+        except OSError:  # no netlink here, or the kernel refused: `nft`, which says why
+            code, out = run(["nft", "-f", "-"], render_nft(seal, addresses, uid))
+            if code != 0:
+                raise FirewallError(f"nft refused the rules: {out[-300:]}") from None
     else:
         ip6 = _tool("ip6tables") is not None
         for command in iptables_commands(seal, addresses, ip6, uid):
@@ -424,15 +424,15 @@ def run_detached(argv: list[str], stdin: str | None) -> tuple[int, str]:
 def remove(record: dict, run: Runner = _run_in_turn, wait: bool = True) -> str:
     """Remove what `record` (from RUN_DIR/firewall.json) installed; "" when there
     was nothing, else what was removed. Never raises. `wait=False` (the agent's
-    last act, its tasks gone): an nft table's removal is started, not waited
-    for (the launcher waits for every agent's exit: 32 simulated hosts on one
-    kernel waited ~1-3 s for each other's removals at every job's end)."""
+    last act): an nft table's removal is started, not waited for (nftlink.delete)."""
     try:
         seal = Seal.from_json({**record, "mode": "cluster"})
     except ValueError:
         return ""
     if record.get("backend") == "nft":
-        # A script: `nft delete table` loads the ruleset first (32 at once: 7-13 s, not 2)
+        with contextlib.suppress(OSError):  # over netlink; else `nft`, as in apply
+            gone = nftlink.delete(seal.table, wait, _tool("nft"))
+            return f"table inet {seal.table}" if gone else ""
         code, _ = (run if wait else run_detached)(["nft", "-f", "-"],
                                                   f"delete table inet {seal.table}\n")
         return f"table inet {seal.table}" if code == 0 else ""

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,21 +25,26 @@ def agent_env() -> dict[str, str]:
 
 class AgentProc:
     def __init__(self, run_dir: Path, *, lease_s: float = 0.0, eof_grace_s: float = 0.5,
-                 host: str = "h1") -> None:
+                 host: str = "h1", prefix: Sequence[str] = ()) -> None:
         self.run_dir = run_dir
         self.proc = subprocess.Popen(
-            [sys.executable, "-S", "-m", "launcher.agent", "--host", host,
+            [*prefix, sys.executable, "-S", "-m", "launcher.agent", "--host", host,
              "--run-dir", str(run_dir), "--eof-grace", str(eof_grace_s),
              "--lease", str(lease_s)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             env=agent_env(), start_new_session=True)
         self.messages: list[dict[str, Any]] = []
+        # Cleared, the test reads nothing: the agent's writes block, as behind
+        # a launcher slow to read (a full SSH window).
+        self.reading = threading.Event()
+        self.reading.set()
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
+            self.reading.wait()
             self.messages.append(json.loads(line))
 
     def send(self, message: dict[str, Any] | bytes) -> None:

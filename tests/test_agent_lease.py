@@ -62,14 +62,17 @@ def test_a_silent_launcher_makes_the_agent_stop_its_tasks_and_exit(tmp_path):
         assert agent.hello()["lease_s"] == lease
         before = time.monotonic()  # the start command is the last thing it hears
         pids = family(agent)
-        # stdin stays open: no EOF, only silence.
-        code = agent.proc.wait(timeout=lease + grace + 10)
+        # stdin stays open: no EOF, only silence. Its exit code and log line say
+        # the lease ended it; the bound is for a starved machine, not a speed target.
+        code = agent.proc.wait(timeout=lease + grace + 30)
         took = time.monotonic() - before
         assert code == EXIT_LEASE, agent.proc.stderr.read() if agent.proc.stderr else ""
         assert not alive(pids), pids
-        assert lease <= took < lease + grace + 5, took
-        logs = [m["text"] for m in agent.events("log")]
-        assert any("nothing from the launcher" in t for t in logs), logs
+        assert took >= lease, took  # never before the lease ran out
+        # The agent is gone, its last lines may still be on their way to our reader.
+        wait_for(lambda: any("nothing from the launcher" in m["text"]
+                             for m in agent.events("log")),
+                 timeout=30, what=f"the lease's log line; got {agent.messages[-5:]}")
         exited = agent.wait_event("exited", task="worker0")
         assert exited["stopping"] is True, exited
     finally:
@@ -120,14 +123,17 @@ def test_a_new_agent_reaps_what_a_killed_agent_left_behind(tmp_path):
         # itself; its child, in the task's process group, is left behind.
         first.proc.kill()
         first.proc.wait()
-        wait_for(lambda: not alive([task]), timeout=10, what="the task to die with its agent")
+        wait_for(lambda: not alive([task]), timeout=30, what="the task to die with its agent")
         assert alive([child]) == [child], "the child was meant to survive its agent"
         second = AgentProc(tmp_path / "run")
         hello = second.hello()
         assert [r["task"] for r in hello["reaped"]] == ["worker0"], hello["reaped"]
         assert hello["reaped"][0]["pids"] == [child]
         assert not alive([child])
-        assert any("killed leftover task worker0" in m["text"] for m in second.events("log"))
+        # The log line comes after the hello (the SSH transport skips lines before it).
+        wait_for(lambda: any("killed leftover task worker0" in m["text"]
+                             for m in second.events("log")),
+                 timeout=30, what="the agent's log line about the leftover")
         assert not list((tmp_path / "run" / "pids").glob("*.json"))
     finally:
         kill_quietly(pids)

@@ -15,13 +15,15 @@ import random
 import sys
 import threading
 import time
+import types
 
 import pytest
 
 from launcher.agent.protocol import MAX_COMMAND_BYTES, MAX_OUTPUT_LINE
+from launcher.agent.tasks import DRAIN_S
 from launcher.transport.link import AgentLink, AgentMessage
 from tests.agentproc import AgentProc
-from tests.conftest import wait_for
+from tests.conftest import alive, wait_for
 
 MAX_LINE = 4096  # the fuzzed link's limit (the real one is MAX_LINE_BYTES)
 
@@ -118,7 +120,7 @@ def test_a_pipe_nobody_reads_never_blocks_send_or_close():
             for _ in range(100):
                 assert link.send({"op": "ping"})
             link.close()
-            assert time.monotonic() - started < 2.0  # nothing waited on the stuck write
+            assert time.monotonic() - started < 10  # nothing waited on the stuck write (forever)
             assert closed.is_set() and not link.send({"op": "stop"})
             os.close(read_fd)  # the far end goes: the stuck write fails, the writer ends
             read_fd = -1
@@ -195,3 +197,71 @@ def test_a_giant_output_line_is_cut(tmp_path):
         assert agent.events("exited", task="w")[0]["tail"][0] == first
     finally:
         agent.close()
+
+
+# ~60 KiB of lines, then ~60 KiB of progress reports (one pipe's worth: it
+# exits even while nothing is read), then it exits.
+FLOOD = """\
+import os
+open("task.pid", "w").write(str(os.getpid()))
+for i in range(600):
+    print(i, "x" * 100)
+print("LAST", flush=True)
+progress = os.fdopen(int(os.environ["MGPU_PROGRESS_FD"]), "w")
+for step in range(600):
+    progress.write('{"step": %d, "pad": "%s"}\\n' % (step, "x" * 80))
+"""
+
+
+def test_a_tasks_last_lines_come_before_its_exit_report_however_slowly_they_are_read(
+        tmp_path):
+    # The task's output and progress outrun the launcher: the agent's writes
+    # block while its readers still hold the task's last lines (all of it fits
+    # in the pipes: the task exits). Its exit report must wait for them: the
+    # launcher ends a job on the last exit and would never see them. (CI, under
+    # load: a job succeeded with one worker's last line missing.)
+    agent = AgentProc(tmp_path / "run")
+    try:
+        agent.hello()
+        agent.reading.clear()
+        agent.send({"op": "start", "task": "w", "generation": 0, "env": {},
+                    "cwd": str(tmp_path), "tf_config": "{}",
+                    "argv": [sys.executable, "-c", FLOOD]})
+        pid_file = tmp_path / "task.pid"
+        wait_for(lambda: pid_file.exists() and pid_file.read_text(), timeout=30, what="the task")
+        task = int(pid_file.read_text())
+        wait_for(lambda: not alive([task]), timeout=30, what="the task to exit")
+        # The fault: the launcher reads nothing for longer than the agent's drain.
+        time.sleep(DRAIN_S + 1.0)
+        agent.reading.set()
+        agent.wait_event("exited", task="w")
+        told = [m for m in agent.messages if m.get("task") == "w"]
+        assert told[-1]["ev"] == "exited", told[-3:]
+        assert [m["text"] for m in told if m["ev"] == "output"][-1:] == ["LAST"]
+        assert [m["data"]["step"] for m in told if m["ev"] == "progress"] == list(range(600))
+    finally:
+        agent.reading.set()
+        agent.close()
+
+
+def test_a_pipe_held_open_after_the_task_is_reaped_ends_after_the_drain(monkeypatch):
+    # A process that escaped the task's tree may hold its pipe open: the exit
+    # report still comes, after DRAIN_S of quiet (DRAIN_MAX_S if it keeps writing).
+    from launcher.agent import tasks
+
+    read_fd, write_fd = os.pipe()  # write_fd: the holder's, never closed here
+    task = types.SimpleNamespace(reaped_at=None)
+    pipe = tasks._DrainedPipe(task, read_fd, owned=True)  # type: ignore[arg-type]
+    try:
+        os.write(write_fd, b"last\n")
+        task.reaped_at = time.monotonic()
+        assert pipe.read(100) == b"last\n"  # what is there is read first
+        started = time.monotonic()
+        assert pipe.read(100) == b""
+        assert time.monotonic() - started >= DRAIN_S
+        monkeypatch.setattr(tasks, "DRAIN_MAX_S", 0.0)
+        os.write(write_fd, b"more\n")
+        assert pipe.read(100) == b""  # a holder that keeps writing is cut off
+    finally:
+        pipe.close()
+        os.close(write_fd)

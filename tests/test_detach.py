@@ -14,7 +14,6 @@ import shutil
 import signal
 import stat
 import subprocess
-import time
 import urllib.request
 from pathlib import Path
 
@@ -66,12 +65,31 @@ def _status(run_dir: Path, cwd: Path) -> dict:
     return json.loads(result.stdout)
 
 
-def _detach(run_dir: Path, script: Path, release: Path, cwd: Path, *options: str
-            ) -> tuple[subprocess.CompletedProcess, float]:
-    started = time.monotonic()
-    result = _cli("--detach", "--local", "2", *options, "--run-dir", str(run_dir), str(script),
-                  str(release), cwd=cwd, timeout=30)
-    return result, time.monotonic() - started
+def _detach(run_dir: Path, script: Path, release: Path, cwd: Path, *options: str,
+            **env: str) -> subprocess.CompletedProcess:
+    return run_cli(["--detach", "--local", "2", *options, "--run-dir", str(run_dir),
+                    str(script), str(release)], cwd=cwd, timeout=60, **env)
+
+
+# Put first on PYTHONPATH, it holds the background launcher of `--detach` (the
+# only process started with MGPU_DETACHED_RUN_DIR set) before any of its code
+# runs, until the gate file exists.
+HOLD = """\
+import os, time
+if os.environ.get("MGPU_DETACHED_RUN_DIR") and os.environ.get("MGPU_TEST_GATE"):
+    deadline = time.monotonic() + 120  # never outlive a broken test
+    while not os.path.exists(os.environ["MGPU_TEST_GATE"]) and time.monotonic() < deadline:
+        time.sleep(0.02)
+"""
+
+
+def _held(workdir: Path, gate: Path) -> dict[str, str]:
+    """The environment that holds the background launcher until `gate` exists."""
+    hook = workdir / "hold"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(HOLD)
+    return {"PYTHONPATH": os.pathsep.join([str(hook), cli_env()["PYTHONPATH"]]),
+            "MGPU_TEST_GATE": str(gate)}
 
 
 def _launcher_pid(run_dir: Path) -> int:
@@ -100,11 +118,13 @@ def _cleanup(run_dirs: list[Path], release: Path) -> None:
 
 def test_detach_returns_at_once_and_status_and_logs_follow_the_run(workdir: Path,
                                                                    job_script: Path):
-    run_dir, release = workdir / "run", workdir / "release"
+    run_dir, release, gate = workdir / "run", workdir / "release", workdir / "gate"
     try:
-        result, took = _detach(run_dir, job_script, release, workdir, "--metrics-port", "0")
+        # It returns at once: while its background launcher is held before its
+        # first line of code, so it waited for nothing the launcher does.
+        result = _detach(run_dir, job_script, release, workdir, "--metrics-port", "0",
+                         **_held(workdir, gate))
         assert result.returncode == 0, result.stderr
-        assert took < 2.0, took
         # The run dir alone on stdout, absolute: `RUN=$(...)` works from any directory.
         assert result.stdout.splitlines() == [str(run_dir)]
         assert f"mgpu-launch stop {run_dir}" in result.stderr
@@ -117,8 +137,11 @@ def test_detach_returns_at_once_and_status_and_logs_follow_the_run(workdir: Path
         pid = _launcher_pid(run_dir)
         assert alive([pid])
 
-        # Right away (the launcher may still be starting) and once the tasks run.
+        # Right away (the launcher is still held: it has written nothing yet) and
+        # once the tasks run.
+        assert sorted(p.name for p in run_dir.iterdir()) == ["launcher.out", "launcher.pid"]
         assert _status(run_dir, workdir)["status"] == "running"
+        gate.touch()
         wait_for(lambda: _running(run_dir, workdir), 60, "both tasks running")
         status = _cli("status", str(run_dir), cwd=Path("/"))  # from anywhere
         assert f"metrics:    {url[1]}" in status.stdout, status.stdout
@@ -138,13 +161,14 @@ def test_detach_returns_at_once_and_status_and_logs_follow_the_run(workdir: Path
         assert "job succeeded" in out and "Traceback" not in out
         assert "worker1 released" not in out  # task output is in logs/, not twice
     finally:
+        gate.touch()
         _cleanup([run_dir], release)
 
 
 def test_stop_ends_a_detached_job_gracefully_once(workdir: Path, job_script: Path):
     run_dir, release = workdir / "run", workdir / "release"
     try:
-        result, _ = _detach(run_dir, job_script, release, workdir)
+        result = _detach(run_dir, job_script, release, workdir)
         assert result.returncode == 0, result.stderr
         wait_for(lambda: _running(run_dir, workdir), 60, "both tasks running")
 
@@ -186,7 +210,7 @@ def test_stop_ends_a_detached_job_gracefully_once(workdir: Path, job_script: Pat
 def test_stop_of_a_run_whose_launcher_died_and_of_no_run(workdir: Path, job_script: Path):
     run_dir, release = workdir / "run", workdir / "release"
     try:
-        result, _ = _detach(run_dir, job_script, release, workdir)
+        result = _detach(run_dir, job_script, release, workdir)
         assert result.returncode == 0, result.stderr
         wait_for(lambda: _running(run_dir, workdir), 60, "both tasks running")
         pid = _launcher_pid(run_dir)

@@ -26,7 +26,10 @@ DOCS = REPO / "docs"
 PAGES = [README, *sorted(DOCS.glob("*.md"))]
 # Linked into each page's temporary directory, so commands read as in a checkout.
 LINKED = ("cluster_configs", "examples", "docker")
-BLOCK_TIMEOUT_S = 60
+# Over `check`'s own collective bound (60 s, check_collective.DEFAULT_TIMEOUT_S) plus
+# simulate's start and stop, so a slow block shows check's diagnosis, not a bare
+# timeout; ~10x what the longest block takes on a quiet machine (~10 s).
+BLOCK_TIMEOUT_S = 120
 
 QUICK_START = (
     "python3 -m venv .venv && source .venv/bin/activate && pip install -e '.[examples]' && "

@@ -82,9 +82,14 @@ RULES = (
     Rule("interfaces are standard library", ("launcher.netif",), allowed=(),
          reason="launcher/netif.py is shipped with the agent, which reports the host's "
          "interfaces in its hello: it runs with `python -S` on every host"),
-    Rule("firewall rules are standard library", ("launcher.firewall",), allowed=(),
+    Rule("firewall rules are standard library", ("launcher.firewall",),
+         allowed=("launcher", "launcher.nftlink"), allowed_names=frozenset({"nftlink"}),
          reason="launcher/firewall.py is shipped with the agent, which installs the job's "
-         "firewall rules on each host: it runs with `python -S` on every host"),
+         "firewall rules on each host: it runs with `python -S` on every host; nftlink "
+         "sends its nftables table over netlink"),
+    Rule("nftables over netlink is standard library", ("launcher.nftlink",), allowed=(),
+         reason="launcher/nftlink.py is shipped with the agent (firewall's nftables "
+         "transactions): it runs with `python -S` on every host"),
     Rule("host run retention is standard library", ("launcher.hostruns",), allowed=(),
          reason="launcher/hostruns.py is shipped with the agent, which prunes old run "
          "folders when it starts: it runs with `python -S` on every host"),
@@ -230,8 +235,8 @@ FLOORS = (
     Floor("shipped", ("launcher", "launcher.agent", "launcher.bootstrap", "launcher.podstart",
                       "launcher.standby",
                       "launcher.runtime", "launcher.netif", "launcher.firewall",
-                      "launcher.hostruns", "launcher.proctree", "launcher.outlines",
-                      "launcher.strategy"),
+                      "launcher.nftlink", "launcher.hostruns", "launcher.proctree",
+                      "launcher.outlines", "launcher.strategy"),
           "what runs on the hosts (agent, bootstrap, runtime and their standard-library "
           "helpers)"),
     Floor("spec", ("launcher.spec",),

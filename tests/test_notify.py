@@ -60,9 +60,10 @@ def test_a_hanging_command_never_holds_up_the_supervisor_and_is_killed(tmp_path:
     started = time.monotonic()
     notifier.tell(ev.JobDone(status="failed"))
     notifier.tell(ev.Restart(generation=1))  # not chosen below: not run
-    assert time.monotonic() - started < 0.1
+    # Less than the command's timeout_s: the caller did not wait on the command.
+    assert time.monotonic() - started < 0.5
     notifier.close()
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 15  # killed at its timeout, not its 30 s
     assert [(e.notify, e.kind) for e in recorded] == [("failed", "notify_failed")]
     assert "timeout_s (0.5 s): killed" in recorded[0].reason
 
@@ -140,11 +141,13 @@ def test_a_notification_running_at_the_end_never_outlives_the_launcher(tmp_path,
     notifier.tell(ev.JobDone(status="failed"))
     started = time.monotonic()
     notifier.close()
-    assert time.monotonic() - started < 2 * (2.0 + 0.5) + 1
+    # Bounded (2 x (timeout_s + slack) = 5 s, then killed), never the commands'
+    # 15 s sleeps; the margin is for a loaded machine, not a speed target.
+    assert time.monotonic() - started < 15
     runs = [line.split() for line in log.read_text().splitlines()]
     assert [(r[0], r[2]) for r in runs] == [("restarted", "start"), ("failed", "start")]
     for _, pgid, _ in runs:
-        wait_for(lambda pgid=pgid: _group_gone(int(pgid)), 2, f"command group {pgid} gone")
+        wait_for(lambda pgid=pgid: _group_gone(int(pgid)), 10, f"command group {pgid} gone")
     said = [(e.notify, e.reason) for e in recorded]
     assert [name for name, _ in said] == ["restarted", "restarted", "failed"], said
     assert "timeout_s (2 s): killed" in said[0][1] and "timeout_s (2 s): killed" in said[2][1]

