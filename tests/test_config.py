@@ -96,6 +96,10 @@ def test_cross_field_rules():
                for p in problems_of(GOOD.replace("address: node2", "address: node1")))
     assert any("TF_CONFIG is set by mgpu-launch" in p
                for p in problems_of(GOOD.replace("RETRIES: 3", "TF_CONFIG: x")))
+    assert any("env: MGPU_MEMORY_PEER is a switch: 0 (false) or 1 (true), not 'maybe'" in p
+               for p in problems_of(GOOD.replace("RETRIES: 3", "MGPU_MEMORY_PEER: maybe")))
+    switched = parse_config(GOOD.replace("RETRIES: 3", "MGPU_MEMORY_PEER: false"))
+    assert switched.config.env_strings()["MGPU_MEMORY_PEER"] == "0"
 
 
 def test_missing_hosts_and_not_a_mapping():

@@ -47,6 +47,9 @@ RUNTIME_KNOBS = frozenset({
     "MGPU_JAX_SHUTDOWN_S",
     "MGPU_JAX_INIT_TIMEOUT_S",
 })
+# Knobs the launcher or agent reads as a switch: their values, as a process
+# sees them (YAML's false/true are "0"/"1"). The others the runtime reads itself.
+KNOB_SWITCHES = frozenset({"MGPU_MEMORY_PEER"})
 # Keras backends `strategy: keras_distribution` can run on (`keras:` or KERAS_BACKEND).
 KERAS_BACKENDS = ("jax",)
 DEFAULT_PORT_BASE = 23456
@@ -200,14 +203,17 @@ class ClusterConfig(_Strict):
                 raise ValueError(f"{key!r} is not a valid environment variable name")
             if key == "TF_CONFIG" or (key.startswith("MGPU_") and key not in RUNTIME_KNOBS):
                 raise ValueError(f"{key} is set by mgpu-launch for each task; remove it")
+            if key in KNOB_SWITCHES and _as_process_sees(env[key]) not in ("0", "1"):
+                raise ValueError(f"{key} is a switch: 0 (false) or 1 (true), not {env[key]!r}")
         return env
 
     def env_strings(self) -> dict[str, str]:
         """`env` with every value as the string a process sees."""
-        out = {}
-        for key, value in self.env.items():
-            out[key] = ("1" if value else "0") if isinstance(value, bool) else str(value)
-        return out
+        return {key: _as_process_sees(value) for key, value in self.env.items()}
+
+
+def _as_process_sees(value: Any) -> str:
+    return ("1" if value else "0") if isinstance(value, bool) else str(value)
 
 
 @dataclass(frozen=True)
