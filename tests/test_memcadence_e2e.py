@@ -1,13 +1,17 @@
 """Saves more often than the script's (`checkpoint: {memory: true,
-memory_interval: N}`), for real: TensorFlow's multi-worker Keras tutorial
-(its own BackupAndRestore, a save each epoch of 40 steps) on two workers, one
-killed with SIGKILL at step 75: the restart resumes within the memory interval
-of where it was (step 70, not the script's step 40), its epoch runs only the
-batches it had left, and the job ends on the run's step count. Beside it, a
-tf_keras `fit` on one worker crashes at step 27 and resumes at step 25. While
-they train, the agents' copies run on what the training leaves (`ps -L -o
-ni,cls`): the copy to the directory niced, the copy to another host's memory
-at SCHED_IDLE on both ends, and none of it on a job of one host."""
+memory_interval: N}`), for real, with both Kerases: TensorFlow's multi-worker
+Keras tutorial (its own BackupAndRestore, a save each epoch of 40 steps) under
+tf_keras on two workers, one killed with SIGKILL at step 75: the restart
+resumes within the memory interval of where it was (step 70, not the script's
+step 40), each worker from its own host's memory (tf_keras' non-chief worker
+saves into `workertemp_1`, and leaves none in the backup directory), its epoch
+runs only the batches it had left, and the job ends on the run's step count.
+Beside it, Keras 3 on JAX (the distribution guide's shape, two processes on
+one host) with one process killed with SIGKILL at step 47 resumes at step 45,
+from memory, and both end on the same weights. While they train, the agents'
+copies run on what the training leaves (`ps -L -o ni,cls`): the copy to the
+directory niced, the copy to another host's memory at SCHED_IDLE on both ends,
+and none of it on a job of one host."""
 
 from __future__ import annotations
 
@@ -21,15 +25,19 @@ import pytest
 from tests.conftest import SCRIPTS, read_events, start_cli
 
 TUTORIAL = str(SCRIPTS / "tutorial_backup.py")  # 6 epochs of 40 steps
-ONE_FIT = str(SCRIPTS / "backup_fit_any_keras.py")  # 4 epochs of 16 steps
+ON_JAX = str(SCRIPTS / "tutorial_keras_jax_backup.py")  # 4 epochs of 20 steps
 
 
-def config(path: Path, hosts: int, interval: int) -> Path:
-    path.write_text(f"name: {path.stem}\ntransport: local\n"
+def config(path: Path, interval: int, extra: str, hosts: str) -> Path:
+    path.write_text(f"name: {path.stem}\ntransport: local\n{extra}"
                     f"checkpoint: {{memory: true, memory_interval: {interval}}}\n"
-                    "restart: {backoff_s: 0}\n"
-                    "hosts:\n" + "  - {address: 127.0.0.1}\n" * hosts)
+                    "restart: {backoff_s: 0}\nhosts:\n" + hosts)
     return path
+
+
+TWO_HOSTS = "  - {address: 127.0.0.1}\n" * 2
+TF_KERAS = "env: {TF_USE_LEGACY_KERAS: '1'}\n"
+JAX = "strategy: keras_distribution\nkeras: jax\n"
 
 
 SCHED_IDLE = 5
@@ -69,14 +77,23 @@ def resumed_step(run_dir: Path) -> dict:
     return resumed
 
 
+def restored_from(run_dir: Path) -> dict[str, tuple[str, str, str]]:
+    """Each restarted task's restore, as it told it: (from, host, copy)."""
+    return {e["task"]: (e["resumed_from"], e["resumed_host"], e["resumed_copy"])
+            for e in read_events(run_dir) if e["event"] == "progress"
+            and e["generation"] == 1 and "resumed_from" in e}
+
+
 @pytest.mark.e2e
 def test_a_killed_worker_loses_at_most_the_memory_interval_not_the_scripts_epoch(
         workdir: Path):
-    # The one-worker tf_keras run beside the two-worker one (the test's time).
-    one = start_cli(["--run-dir", str(workdir / "one"), str(config(workdir / "one.yaml", 1, 5)),
-                     ONE_FIT, str(workdir / "one-ckpt"), "tf_keras"], cwd=workdir,
-                    CRASH_AT_STEP="27")
-    two = start_cli(["--run-dir", str(workdir / "two"), str(config(workdir / "two.yaml", 2, 10)),
+    # The Keras 3 on JAX job of one host beside the tf_keras one (the test's time).
+    one = start_cli(["--run-dir", str(workdir / "one"),
+                     str(config(workdir / "one.yaml", 5, JAX,
+                                "  - {address: 127.0.0.1, roles: {worker: 2}}\n")),
+                     ON_JAX, str(workdir / "one-ckpt")], cwd=workdir, KILL_AT_STEP="47")
+    two = start_cli(["--run-dir", str(workdir / "two"),
+                     str(config(workdir / "two.yaml", 10, TF_KERAS, TWO_HOSTS)),
                      TUTORIAL, str(workdir / "backup")], cwd=workdir, KILL_AT_STEP="75")
     try:
         # The agents' threads, sampled while the jobs run (a copy's stay for the next).
@@ -101,10 +118,19 @@ def test_a_killed_worker_loses_at_most_the_memory_interval_not_the_scripts_epoch
     # Killed at step 75; the script's own last save was epoch 0's (step 40).
     assert 75 - 10 <= resumed["step"] <= 75 and resumed["epoch"] == 1, resumed
     assert resumed["copy"]["from"] == "memory", resumed
+    # Each worker from its own host's memory: its own save (tf_keras' worker 1
+    # saves into workertemp_1), not the peer copy of the chief's, nor the directory.
+    restored = restored_from(workdir / "two")
+    assert {t: r[:2] for t, r in restored.items()} == {
+        "worker0": ("memory", "host0"), "worker1": ("memory", "host1")}, restored
+    assert "/worker1/s-" in restored["worker1"][2], restored
+    assert not list((workdir / "backup").glob("**/workertemp_*"))  # none left behind
     # The resumed epoch ran the 10 batches it had left: 6 x 40 steps in all, each worker.
     assert two_out.count("STEPS_DONE 240") == 2, two_out[-3000:]
 
     assert one.returncode == 0, one_out[-4000:]
     resumed = resumed_step(workdir / "one")
-    assert resumed["step"] == 25 and resumed["epoch"] == 1, resumed  # not 16: epoch 0's end
-    assert "STEPS_DONE 64" in one_out, one_out[-3000:]
+    assert resumed["step"] == 45 and resumed["epoch"] == 2, resumed  # not 40: epoch 1's end
+    assert {r[0] for r in restored_from(workdir / "one").values()} == {"memory"}, one_out[-3000:]
+    assert one_out.count("STEPS_DONE 80") == 2, one_out[-3000:]
+    assert len(set(re.findall(r"WEIGHTS (\S+)", one_out))) == 1, one_out[-3000:]

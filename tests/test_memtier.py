@@ -56,3 +56,18 @@ def test_off_hooks_nothing_and_a_full_memory_folder_saves_to_the_directory(tmp_p
     assert full.stderr.count("memory tier full") == 1, full.stderr[-3000:]
     assert "RESTORED 3.0" in full.stdout  # every save is in the directory
     assert (tmp_path / "full" / "checkpoint").exists()
+
+
+def test_a_workers_scratch_folder_stands_for_the_folder_its_restore_reads(monkeypatch):
+    from launcher.runtime import memslots, memtier
+
+    # tf_keras' BackupAndRestore: the read manager on DIR/chief, built first.
+    monkeypatch.setattr(memtier, "_built", ["/c/other", "/c/chief"])
+    assert memtier._stands_for("/c/workertemp_1") == "/c/chief"
+    assert memslots.key_of("/c/chief") != memslots.key_of("/c/workertemp_1")
+    # TF's custom-loop tutorial: the read manager on DIR itself.
+    monkeypatch.setattr(memtier, "_built", ["/c"])
+    assert memtier._stands_for("/c/workertemp_1") == "/c"
+    monkeypatch.setattr(memtier, "_built", [])  # no reader built here: the parent
+    assert memtier._stands_for("/c/workertemp_1") == "/c"
+    assert memtier._stands_for("/c/chief") == "/c/chief"  # a folder of its own

@@ -230,9 +230,12 @@ def _atomic_backups(cls: type, is_chief) -> None:
         import shutil
         import tempfile
 
-        os.makedirs(self.backup_dir, exist_ok=True)
-        scratch = tempfile.mkdtemp(prefix=".mgpu-saving-", dir=self.backup_dir)
         final = {name: getattr(self, name) for name in names}
+        # Beside the files (the backup directory, or the memory tier's folder
+        # in /dev/shm it pointed them to): a rename across filesystems fails.
+        folder = os.path.dirname(final["_weights_path"]) or self.backup_dir
+        os.makedirs(folder, exist_ok=True)
+        scratch = tempfile.mkdtemp(prefix=".mgpu-saving-", dir=folder)
         if self.double_checkpoint:  # Keras' own copy would look in the scratch dir
             for current, previous in ((self._weights_path, self._prev_weights_path),
                                       (self._training_metadata_path,

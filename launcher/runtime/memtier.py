@@ -44,6 +44,7 @@ _state = {"seq": 0, "told": False, "full": False, "last_bytes": 0}
 _pending: dict[str, str] = {}  # target -> its newest slot the agent copies
 END_WAIT_S = 600.0  # at most, at the program's end, for the last copies
 _seeded: set[str] = set()  # working folders filled in this process (a second saver shares it)
+_built: list[str] = []  # the directories of this process's managers, in order
 
 
 def enabled() -> bool:
@@ -234,19 +235,42 @@ def _seed_manager(work: str, target: str) -> str:
     return source
 
 
+def _stands_for(target: str) -> str:
+    """The directory whose checkpoints a manager's saves are: its own, or for
+    a non-chief worker's scratch folder (`P/workertemp_<n>`) the one its
+    restores read, built before it in this process: P itself (TF's custom-loop
+    tutorial) or a folder in P (tf_keras' BackupAndRestore reads `P/chief`).
+    The worker's saves then hold the same checkpoint under the same key, and a
+    restart restores it from this host's memory."""
+    shared = memslots.shared_of(target)
+    if shared == target:
+        return target
+    for built in reversed(_built):
+        if built == shared or os.path.dirname(built) == shared:
+            return built
+    return shared
+
+
 def _manager_init(original):
     def init(self, checkpoint, directory, *args, **kwargs):
         target = _local(directory)
         if target is None or not _room():
             return original(self, checkpoint, directory, *args, **kwargs)
-        work = memslots.working(_root(), target)
+        stands_for = _stands_for(target)
+        work = memslots.working(_root(), stands_for)
         try:
-            _seed_manager(work, target)
+            _seed_manager(work, stands_for)
         except OSError as exc:
             _fall_back(f"{type(exc).__name__}: {exc}")
             return original(self, checkpoint, directory, *args, **kwargs)
         original(self, checkpoint, work, *args, **kwargs)
         self._mgpu_target = target
+        self._mgpu_stands_for = stands_for
+        _built.append(stands_for)
+        if os.path.dirname(stands_for) == memslots.shared_of(target) != stands_for:
+            # tf_keras made this scratch folder for its saves and removes it after
+            # each through the manager's directory, now in memory: not left behind.
+            _remove_empty(target)
         if self._max_to_keep is None or self._max_to_keep > _copies():
             self._max_to_keep = _copies()  # memory stays bounded; the directory keeps all
     return init
@@ -273,7 +297,7 @@ def _manager_save(original):
             _fall_back("no space left")
             _to_directory(self, target)
             return original(self, *args, **kwargs)
-        _snapshot_manager(self, target, path)
+        _snapshot_manager(self, getattr(self, "_mgpu_stands_for", target), path)
         return path
     return save
 
@@ -292,6 +316,7 @@ def _snapshot_manager(manager, target: str, path: object) -> None:
 
 def _to_directory(manager, target: str) -> None:
     """This manager saves to its directory again (memory full)."""
+    os.makedirs(target, exist_ok=True)  # a scratch folder removed at the start
     manager._directory = target
     manager._checkpoint_prefix = os.path.join(target, os.path.basename(manager._checkpoint_prefix))
     manager._mgpu_target = None
@@ -416,6 +441,13 @@ def _snapshot_keras(callback, work: str, target: str) -> None:
     except OSError:
         pass
     _publish(slot, target, "keras", pointer, _step(getattr(callback, "model", None)))
+
+
+def _remove_empty(folder: str) -> None:
+    try:
+        os.rmdir(folder)
+    except OSError:
+        pass  # not empty, or gone: the script's
 
 
 def _remove(path: str) -> None:
