@@ -5,8 +5,9 @@
 launcher/agent/memcopy.py). In it:
 
 - `w-<key>/`: a saver's working folder, one per directory the script saves to
-  (`key`: a hash of that directory; tf_keras' `workertemp_<n>` component left
-  out, so a worker's scratch saves and the chief's share a key);
+  (`key`: a hash of that directory; a non-chief worker's scratch folder,
+  `workertemp_<n>`, is keyed as the chief's folder its restore reads, so the
+  worker's saves and the chief's share a key: memtier.py's `_stands_for`);
 - `s-<seq>/`: a slot, one completed save: its files (hard links of the working
   folder's, or the files themselves, moved) and `manifest.json`, written last
   (a slot without it is a save that did not complete). At most `copies` slots
