@@ -130,7 +130,8 @@ def test_a_killed_worker_loses_at_most_the_memory_interval_not_the_scripts_epoch
 
     assert one.returncode == 0, one_out[-4000:]
     resumed = resumed_step(workdir / "one")
-    assert resumed["step"] == 45 and resumed["epoch"] == 2, resumed  # not 40: epoch 1's end
+    # Killed at step 47: at most the interval lost (45), not back to epoch 1's end (40).
+    assert 47 - 5 <= resumed["step"] <= 47 and resumed["epoch"] == 2, resumed
     assert {r[0] for r in restored_from(workdir / "one").values()} == {"memory"}, one_out[-3000:]
     assert one_out.count("STEPS_DONE 80") == 2, one_out[-3000:]
     assert len(set(re.findall(r"WEIGHTS (\S+)", one_out))) == 1, one_out[-3000:]
