@@ -8,7 +8,8 @@ saves into `workertemp_1`, and leaves none in the backup directory), its epoch
 runs only the batches it had left, and the job ends on the run's step count.
 Beside it, Keras 3 on JAX (the distribution guide's shape, two processes on
 one host) with one process killed with SIGKILL at step 47 resumes at step 45,
-from memory, and both end on the same weights. While they train, the agents'
+from memory, trains the batches its epoch had left, and ends on an
+uninterrupted run's weights. While they train, the agents'
 copies run on what the training leaves (`ps -L -o ni,cls`): the copy to the
 directory niced, the copy to another host's memory at SCHED_IDLE on both ends,
 and none of it on a job of one host."""
@@ -87,11 +88,13 @@ def restored_from(run_dir: Path) -> dict[str, tuple[str, str, str]]:
 @pytest.mark.e2e
 def test_a_killed_worker_loses_at_most_the_memory_interval_not_the_scripts_epoch(
         workdir: Path):
-    # The Keras 3 on JAX job of one host beside the tf_keras one (the test's time).
-    one = start_cli(["--run-dir", str(workdir / "one"),
-                     str(config(workdir / "one.yaml", 5, JAX,
-                                "  - {address: 127.0.0.1, roles: {worker: 2}}\n")),
-                     ON_JAX, str(workdir / "one-ckpt")], cwd=workdir, KILL_AT_STEP="47")
+    # The Keras 3 on JAX jobs of one host beside the tf_keras one (the test's time).
+    jax_config = str(config(workdir / "one.yaml", 5, JAX,
+                            "  - {address: 127.0.0.1, roles: {worker: 2}}\n"))
+    one = start_cli(["--run-dir", str(workdir / "one"), jax_config, ON_JAX,
+                     str(workdir / "one-ckpt")], cwd=workdir, KILL_AT_STEP="47")
+    uninterrupted = start_cli(["--run-dir", str(workdir / "ref"), jax_config, ON_JAX,
+                               str(workdir / "ref-ckpt")], cwd=workdir)
     two = start_cli(["--run-dir", str(workdir / "two"),
                      str(config(workdir / "two.yaml", 10, TF_KERAS, TWO_HOSTS)),
                      TUTORIAL, str(workdir / "backup")], cwd=workdir, KILL_AT_STEP="75")
@@ -102,9 +105,10 @@ def test_a_killed_worker_loses_at_most_the_memory_interval_not_the_scripts_epoch
                                       "receiver": (two, workdir / "two", "host1")}, 150)
         two_out, _ = two.communicate(timeout=150)
         one_out, _ = one.communicate(timeout=120)
+        ref_out, _ = uninterrupted.communicate(timeout=120)
     finally:
-        two.kill()
-        one.kill()
+        for job in (two, one, uninterrupted):
+            job.kill()
     assert two.returncode == 0, two_out[-4000:]
     alone, sender, receiver = seen["one"], seen["sender"], seen["receiver"]
     assert (19, 0) in alone and (0, 0) in alone, alone  # the copier niced, the rest not
@@ -134,4 +138,7 @@ def test_a_killed_worker_loses_at_most_the_memory_interval_not_the_scripts_epoch
     assert 47 - 5 <= resumed["step"] <= 47 and resumed["epoch"] == 2, resumed
     assert {r[0] for r in restored_from(workdir / "one").values()} == {"memory"}, one_out[-3000:]
     assert one_out.count("STEPS_DONE 80") == 2, one_out[-3000:]
-    assert len(set(re.findall(r"WEIGHTS (\S+)", one_out))) == 1, one_out[-3000:]
+    assert uninterrupted.returncode == 0, ref_out[-3000:]
+    weights = set(re.findall(r"WEIGHTS (\S+)", one_out))
+    assert weights == set(re.findall(r"WEIGHTS (\S+)", ref_out)) and len(weights) == 1, (
+        one_out[-2000:], ref_out[-1000:])

@@ -14,12 +14,14 @@ code: the extra saves are the script's own saver's, called between two steps:
   MultiWorkerMirroredStrategy counts the same steps from the same restored
   counter, so every worker saves at the same step (a save is collective)
   without a word between them.
-- A restore of such a save resumes in the middle of its epoch: tf_keras does
-  it itself (its `_ckpt_saved_batch`; the runtime reads a mid-epoch save as
-  one); for Keras 3, whose own restore knows the epoch only, the save's
-  `training_metadata.json` also holds `mgpu_batches` (the batches of the epoch
-  done) and the restored `fit` skips that many batches of its first epoch (not
-  trained, not fetched).
+- A restore of such a save resumes in the middle of its epoch: tf_keras counts
+  from it itself (its `_ckpt_saved_batch`; the runtime reads a mid-epoch save
+  as one, and drops the batches before it from the epoch's data); for Keras 3,
+  whose own restore knows the epoch only, the save's `training_metadata.json`
+  also holds `mgpu_batches` (the batches of the epoch done) and the restored
+  `fit` skips that many batches of its first epoch (read and dropped, not
+  trained). Either way the epoch then trains the batches the uninterrupted
+  one trained next (arrays, or a dataset read anew each epoch).
 
 Not for `ModelCheckpoint` (a file per epoch or per best value, which no
 restart reads back by itself) nor a custom loop's `tf.train.CheckpointManager`
@@ -197,11 +199,19 @@ def _resume_keras(callback) -> None:
 
 
 def _enumerate(original):
-    """EpochIterator's epoch: a resumed first epoch yields its batches not trained."""
+    """EpochIterator's epoch: a resumed first epoch reads the batches trained
+    before the save and drops them (not trained), so the batches it trains
+    are the ones the uninterrupted epoch trained next (arrays, or a dataset
+    read anew each epoch), not its first ones again."""
     def enumerate_iterator(self, *args, **kwargs):
         skip, _skip["batches"] = _skip["batches"], 0
         for item in original(self, *args, **kwargs):
             if item[1] < skip:  # (begin, end, iterator): trained before the save
+                try:
+                    for _ in range(item[1] - item[0] + 1):
+                        next(item[2])
+                except StopIteration:
+                    return  # the data ran out: so does the epoch
                 continue
             yield item
     return enumerate_iterator
@@ -219,10 +229,27 @@ def _resume_tf_keras(callback) -> None:
         epoch, batch = int(state._ckpt_saved_epoch.numpy()), int(state._ckpt_saved_batch.numpy())
         if str(mode) == "train" and isinstance(steps_per_epoch, int) and epoch >= 0 \
                 and 0 <= batch < steps_per_epoch - 1:
+            _skip["batches"] = batch + 1  # read and dropped by the epoch (_tf_keras_epochs)
             return epoch, batch + 1  # in the middle of its epoch: the next batch
         return original(steps_per_epoch, initial_epoch, mode)
 
     state.maybe_load_initial_counters_from_ckpt = load
+
+
+def _tf_keras_epochs(original):
+    """tf_keras' DataHandler: its own mid-epoch resume counts from the saved
+    batch but reads the epoch's data from its start; the batches trained
+    before the save are read and dropped first, as for Keras 3 (_enumerate)."""
+    def enumerate_epochs(self, *args, **kwargs):
+        for epoch, iterator in original(self, *args, **kwargs):
+            skip, _skip["batches"] = _skip["batches"], 0
+            try:
+                for _ in range(skip):
+                    next(iterator)
+            except StopIteration:
+                pass  # the data ran out: tf_keras' own check ends the epoch
+            yield epoch, iterator
+    return enumerate_epochs
 
 
 def on_keras(module: ModuleType) -> None:
@@ -235,6 +262,7 @@ def on_keras(module: ModuleType) -> None:
         _wrap(backup, name, make)
     if "_backup" in backup.__dict__:  # tf_keras
         _wrap(backup, "_implements_train_batch_hooks", _implements_batch_hooks)
+        _wrap(module.src.engine.data_adapter.DataHandler, "enumerate_epochs", _tf_keras_epochs)
         return
     _wrap(backup, "_save_model", _keras_save)
     epoch_iterator = module.src.trainers.epoch_iterator.EpochIterator

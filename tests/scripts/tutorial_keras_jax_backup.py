@@ -5,7 +5,8 @@ knows nothing of mgpu-launch.
 variables), a `DataParallel` over every process's devices, each process
 training on its share of the arrays, and `model.fit(..., callbacks=
 [BackupAndRestore(backup_dir=argv[1])])` with the script's own directory.
-4 epochs of 20 steps, 0.02 s a step. KILL_AT_STEP=S: in the first generation,
+4 epochs of 20 steps in order (`shuffle=False`: an uninterrupted run's weights
+are the reference), 0.02 s a step. KILL_AT_STEP=S: in the first generation,
 process 1 kills itself (SIGKILL) right after step S. Prints `STEPS_DONE
 <optimizer steps>` and `WEIGHTS <checksum>` at the end.
 """
@@ -47,7 +48,7 @@ class StepTime(keras.callbacks.Callback):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-model.fit(x, y, batch_size=len(x) // 20, epochs=4, verbose=0,
+model.fit(x, y, batch_size=len(x) // 20, epochs=4, verbose=0, shuffle=False,
           callbacks=[keras.callbacks.BackupAndRestore(backup_dir=sys.argv[1]), StepTime()])
 print("STEPS_DONE", int(model.optimizer.iterations), flush=True)
 print("WEIGHTS", f"{sum(float(np.sum(w)) for w in model.get_weights()):.6f}", flush=True)
