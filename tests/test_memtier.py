@@ -62,11 +62,11 @@ def test_a_workers_scratch_folder_stands_for_the_folder_its_restore_reads(monkey
     from launcher.runtime import memslots, memtier
 
     # tf_keras' BackupAndRestore: the read manager on DIR/chief, built first.
-    monkeypatch.setattr(memtier, "_built", ["/c/other", "/c/chief"])
+    monkeypatch.setattr(memtier, "_built", ["/c/chief", "/c/other"])
     assert memtier._stands_for("/c/workertemp_1") == "/c/chief"
     assert memslots.key_of("/c/chief") != memslots.key_of("/c/workertemp_1")
     # TF's custom-loop tutorial: the read manager on DIR itself.
-    monkeypatch.setattr(memtier, "_built", ["/c"])
+    monkeypatch.setattr(memtier, "_built", ["/c", "/c/best"])  # and another of its own
     assert memtier._stands_for("/c/workertemp_1") == "/c"
     monkeypatch.setattr(memtier, "_built", [])  # no reader built here: the parent
     assert memtier._stands_for("/c/workertemp_1") == "/c"

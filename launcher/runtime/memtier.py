@@ -238,17 +238,15 @@ def _seed_manager(work: str, target: str) -> str:
 def _stands_for(target: str) -> str:
     """The directory whose checkpoints a manager's saves are: its own, or for
     a non-chief worker's scratch folder (`P/workertemp_<n>`) the one its
-    restores read, built before it in this process: P itself (TF's custom-loop
-    tutorial) or a folder in P (tf_keras' BackupAndRestore reads `P/chief`).
+    restores read: P itself (TF's custom-loop tutorial), or `P/chief` where a
+    manager was built on it before in this process (tf_keras' BackupAndRestore).
     The worker's saves then hold the same checkpoint under the same key, and a
     restart restores it from this host's memory."""
     shared = memslots.shared_of(target)
     if shared == target:
         return target
-    for built in reversed(_built):
-        if built == shared or os.path.dirname(built) == shared:
-            return built
-    return shared
+    tf_keras = os.path.join(shared, "chief")
+    return tf_keras if tf_keras in _built and shared not in _built else shared
 
 
 def _manager_init(original):
@@ -267,7 +265,7 @@ def _manager_init(original):
         self._mgpu_target = target
         self._mgpu_stands_for = stands_for
         _built.append(stands_for)
-        if os.path.dirname(stands_for) == memslots.shared_of(target) != stands_for:
+        if stands_for != memslots.shared_of(target):  # tf_keras' P/chief
             # tf_keras made this scratch folder for its saves and removes it after
             # each through the manager's directory, now in memory: not left behind.
             _remove_empty(target)
