@@ -100,8 +100,11 @@ def test_a_lost_hosts_restart_restores_from_the_copy_in_another_hosts_memory(
 
 
 def check_restore(job: MemoryJob) -> None:
-    """ckpt-2 placed back on host0 from host1's memory; each worker restored it,
-    the chief from that copy, worker1 from its own memory."""
+    """ckpt-2 copied to host1's memory, then placed back on host0 from there,
+    each chunk a frame through the launcher (raw bytes over the SSH channels);
+    each worker restored it, the chief from that copy, worker1 from its own memory."""
+    [routine] = job.events("memory_copy", host="host1", checkpoint="ckpt-2")
+    assert "error" not in routine and routine["bytes"] > 100_000, routine
     [placed] = job.events("memory_copy", placed=True)
     assert (placed["host"], placed["source"], placed["origin"], placed["checkpoint"]) == (
         "host0", "host1", "host0", "ckpt-2"), placed

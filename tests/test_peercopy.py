@@ -8,6 +8,7 @@ restore reads whichever is complete first, the placed copy or the directory."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import queue
@@ -17,6 +18,7 @@ from pathlib import Path
 
 from launcher.agent import memcopy
 from launcher.agent.peercopy import PeerCopies, newer_than_directory
+from launcher.agent.protocol import MAX_FRAME_BYTES, frame_head, frame_size, read_frame
 from launcher.job import events as ev
 from launcher.job.peerrelay import PeerRelay
 from launcher.runtime import memslots, nearest
@@ -35,14 +37,13 @@ class Link:
         self.wire.put(("op", self.host, command))
         return True
 
-    def send_line(self, data: bytes) -> bool:  # a chunk, its line made by the relay
-        assert data.endswith(b"\n") and data.count(b"\n") == 1
+    def send_frame(self, command: dict, payload: bytes) -> bool:  # a chunk, forwarded
         self.lines += 1
-        return self.send(json.loads(data))
+        return self.send(through_the_wire(frame_head(len(payload), command), payload))
 
 
 class Emit:
-    """An agent's emitter as the relay hears it; a chunk's line is made by the agent."""
+    """An agent's emitter as the relay hears it; a chunk is a frame."""
 
     def __init__(self, host: str, wire: queue.Queue) -> None:
         self.host, self.wire, self.lines = host, wire, 0
@@ -50,10 +51,22 @@ class Emit:
     def __call__(self, event: str, **fields) -> None:
         self.wire.put(("ev", self.host, {"ev": event, **fields}))
 
-    def line(self, data: bytes) -> None:
-        assert data.endswith(b"\n") and data.count(b"\n") == 1
+    def frame(self, event: str, payload: bytes, **fields) -> None:
         self.lines += 1
-        self.wire.put(("ev", self.host, json.loads(data)))
+        head = frame_head(len(payload), {"ev": event, **fields})
+        self.wire.put(("ev", self.host, through_the_wire(head, payload)))
+
+
+def through_the_wire(head: bytes, payload: bytes) -> dict:
+    """A frame as its reader makes it a message: written, then read back
+    (header line, its size, its bytes; the bytes are `raw`)."""
+    stream = io.BytesIO(head + payload + b'{"next": "line"}\n')
+    line = stream.readline()
+    assert line == head and line.endswith(b"\n") and line.count(b"\n") == 1
+    size = frame_size(line)
+    message = json.loads(line) | {"raw": read_frame(stream, size, MAX_FRAME_BYTES)}
+    assert message["raw"] == payload and stream.readline() == b'{"next": "line"}\n'
+    return message
 
 
 class Hosts:

@@ -9,6 +9,8 @@ started from it, and PR_SET_PDEATHSIG fires when the thread that started a
 task ends, so it must live as long as the agent.
 
 A bad command is logged (a `log` event) and ignored; it never ends the agent.
+A frame (protocol.py: a header line, then its bytes) is read whole by the
+reader; only `peer_chunk` takes bytes, any other is refused.
 
 Standard library only; of the launcher, imports the agent's parts it drives.
 """
@@ -24,10 +26,13 @@ import threading
 from launcher.agent.profiles import Profiles
 from launcher.agent.protocol import (
     MAX_COMMAND_BYTES,
+    MAX_FRAME_BYTES,
     BadCommand,
+    frame_size,
     integer,
     names,
     opt_str,
+    read_frame,
     seconds,
     skip_line,
     str_list,
@@ -44,7 +49,7 @@ class Lines:
         self._items: collections.deque = collections.deque()
         self._ready = threading.Semaphore(0)
 
-    def put(self, item) -> None:  # bytes, str, a callable or None
+    def put(self, item) -> None:  # bytes, (bytes, bytes), str, a callable or None
         self._items.append(item)
         self._ready.release()
 
@@ -64,8 +69,9 @@ class Commands:
         self.profiles = profiles
         self.peers = None  # the memory tier's copies on other hosts (peercopy.PeerCopies)
 
-    def dispatch(self, raw: bytes) -> None:
-        """One line from stdin: parse, check and run it; never raise."""
+    def dispatch(self, raw: bytes, payload: bytes | None = None) -> None:
+        """One line from stdin (with its frame's bytes, if one): parse, check and
+        run it; never raise."""
         try:
             message = json.loads(raw)
         except (ValueError, RecursionError) as exc:
@@ -76,6 +82,10 @@ class Commands:
             self.emit("log", text=f"ignored a line that is not a JSON object: {raw[:80]!r}")
             return
         try:
+            if payload is not None:
+                if message.get("op") != "peer_chunk":
+                    raise BadCommand("only peer_chunk carries bytes")
+                message["raw"] = payload
             self.handle(message)
         except BadCommand as exc:
             self.emit("log", text=f"refused {str(message.get('op'))[:40]!r}: {exc}")
@@ -153,12 +163,15 @@ def read_commands(commands: Commands, lines: Lines, stdin, heard) -> None:
             item()
         elif isinstance(item, str):
             commands.emit("log", text=item)
+        elif isinstance(item, tuple):  # a frame: its header line and its bytes
+            commands.dispatch(*item)
         else:
             commands.dispatch(item)
 
 
 def _read_stdin(stdin, lines: Lines, heard) -> None:
-    """Lines for `read_commands` (a str: a log to send instead), None at EOF;
+    """Lines for `read_commands` (a str: a log to send instead; a frame's header
+    line and bytes as a pair), None at EOF;
     `heard()` renews the lease on every read."""
     try:
         while True:
@@ -170,8 +183,14 @@ def _read_stdin(stdin, lines: Lines, heard) -> None:
                 size = len(raw) + skip_line(stdin, heard)
                 lines.put(f"ignored a command of {size} bytes (longer than {MAX_COMMAND_BYTES})")
                 continue
-            lines.put(raw)
-    except (OSError, ValueError):
+            size = frame_size(raw)
+            if size is None:
+                lines.put(raw)
+                continue
+            payload = read_frame(stdin, size, MAX_FRAME_BYTES, heard)
+            lines.put(f"{payload} from the launcher" if isinstance(payload, str)
+                      else (raw, payload))
+    except (OSError, ValueError, EOFError):
         return
     finally:
         lines.put(None)

@@ -26,8 +26,9 @@ host: the next in the plan's host order). On this host's side:
 Both sides run on threads at SCHED_IDLE (memcopy.low_priority): the second
 copy takes only the CPU the training leaves (a busy host's copy waits; the
 shared directory's copy, niced but not idle, is what outlives the host). A
-chunk's line is put together around its base64 (no JSON pass over the bytes);
-hashed once, while read. A job on one host (MGPU_MEMORY_PEER=0) sends none.
+chunk travels as a frame (protocol.py: a header line, then its raw bytes; the
+launcher forwards the bytes as they came); hashed once, while read, and again
+as written at the receiver. A job on one host (MGPU_MEMORY_PEER=0) sends none.
 
 Every slot this host gains is said (`memory_held`), so the launcher knows what
 each host holds. The folders live in the job's memory folder: removed with it
@@ -38,20 +39,17 @@ Standard library only.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
 import json
 import os
 import re
 import shutil
 import threading
-import time
-from collections.abc import Callable
 
 from launcher.agent import memcopy
+from launcher.agent.protocol import Emitter
 
-CHUNK = 512 * 1024  # raw bytes a chunk: under the agent's 1 MiB command line once in base64
+CHUNK = 512 * 1024  # raw bytes a chunk (a frame: at most protocol.MAX_FRAME_BYTES)
 WINDOW = 8  # chunks in flight (4 MiB): what the launcher may hold of one copy
 ACK_WAIT_S = 60.0  # a receiver that stops acknowledging: the copy is given up
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
@@ -132,7 +130,7 @@ class PeerCopies:
     """This host's side of the copies in another host's memory."""
 
     def __init__(self, memory: memcopy.MemoryCopies, host: str,
-                 emit: Callable[..., None]) -> None:
+                 emit: Emitter) -> None:
         self.memory = memory
         self.host = host
         self.emit = emit
@@ -240,16 +238,9 @@ class PeerCopies:
         self.emit("peer_end", xfer=xfer, sha256=sums)
 
     def _chunk(self, xfer: str, n: int, name: str, data: bytes) -> None:
-        """One `peer_chunk`: its line put together around the base64 (json.dumps
-        would scan the ~700 kB again: 2 ms a chunk), where the emitter can."""
-        line = getattr(self.emit, "line", None)
-        if line is None:
-            self.emit("peer_chunk", xfer=xfer, n=n, file=name,
-                      data=base64.b64encode(data).decode("ascii"))
-            return
-        head = json.dumps({"xfer": xfer, "n": n, "file": name, "ev": "peer_chunk",
-                           "t": time.time(), "data": ""}, separators=(",", ":"))
-        line(b"".join((head[:-2].encode(), base64.b64encode(data), b'"}\n')))
+        """One `peer_chunk`: a frame, the bytes as they are after a short header
+        line (protocol.py; no base64, no JSON pass over them)."""
+        self.emit.frame("peer_chunk", data, xfer=xfer, n=n, file=name)
 
     def _wait_window(self, xfer: str, n: int) -> None:
         with self._cond:
@@ -283,12 +274,14 @@ class PeerCopies:
                                                  message)
             elif op == "peer_chunk":
                 incoming = self._incoming[xfer]
-                incoming.write(int(message["n"]), _plain(message.get("file")),
-                               binascii.a2b_base64(str(message.get("data"))))  # sha256 at the end
+                data = message.get("raw")
+                if not isinstance(data, bytes):  # a line, not a frame
+                    raise TypeError("a chunk without its bytes")
+                incoming.write(int(message["n"]), _plain(message.get("file")), data)
                 self.emit("peer_ack", xfer=xfer, n=incoming.next - 1)
             elif op == "peer_end":
                 self._store(xfer, self._incoming.pop(xfer), message)
-        except (KeyError, ValueError, TypeError, OSError, binascii.Error) as exc:
+        except (KeyError, ValueError, TypeError, OSError) as exc:
             self._drop(xfer)
             self.emit("peer_stored", xfer=xfer, ok=False,
                       error=f"{type(exc).__name__}: {exc}"[:500])

@@ -1,7 +1,13 @@
 """The agent's side of the wire: events written, commands' fields checked.
 
 Newline-delimited JSON, one object per line; docs/design.md ("The agent
-protocol") describes every message and its fields, in one place:
+protocol") describes every message and its fields, in one place. One kind of
+message carries bytes (`peer_chunk`: a piece of a checkpoint file) as a frame:
+a JSON header line that starts `{"raw":N` (the size first, so it is read
+without the rest of the line), then exactly N raw bytes; no base64, no JSON
+pass over them. Both readers (the launcher's, launcher/transport/link.py, and
+the agent's command reader) read those N bytes, at most MAX_FRAME_BYTES: a
+larger frame is read and dropped, the stream stays in step either way.
 
 supervisor -> agent (`op`): start, seal, signal, stop, exec_check, stacks, profile,
 ping; with the memory tier peer_begin, peer_chunk, peer_end, peer_ack, peer_send,
@@ -28,6 +34,9 @@ import threading
 import time
 
 MAX_COMMAND_BYTES = 2**20
+MAX_FRAME_BYTES = 2**20  # raw bytes after one frame's header (a chunk is 512 KiB)
+FRAME_PIECE = 2**16  # read at a time: paramiko's read joins its packets per call
+_FRAME_START = re.compile(rb'\{"raw":(\d{1,18})[,}]')
 MAX_OUTPUT_LINE = 8192  # bytes of one output line; the rest is counted, not sent
 MAX_PROGRESS_LINE = 2**16
 MAX_ERROR_FILE = 2**16
@@ -47,11 +56,19 @@ class Emitter:
         fields.setdefault("t", time.time())
         self.line((json.dumps(fields, separators=(",", ":")) + "\n").encode())
 
-    def line(self, data: bytes) -> None:
+    def frame(self, event: str, payload: bytes, **fields: object) -> None:
+        """An event with bytes: its header line, then the bytes (under the lock)."""
+        fields["ev"] = event
+        fields.setdefault("t", time.time())
+        self.line(frame_head(len(payload), fields), payload)
+
+    def line(self, data: bytes, payload: bytes = b"") -> None:
         """One event's line, already made (a JSON object and its newline)."""
         with self._lock:
             try:
                 self._stream.write(data)
+                if payload:
+                    self._stream.write(payload)
                 self._stream.flush()
             except (BrokenPipeError, ValueError, OSError):
                 pass  # the supervisor is gone; stdin EOF will stop us
@@ -134,3 +151,35 @@ def skip_line(stream, on_chunk=lambda: None) -> int:
         if chunk.endswith(b"\n"):
             return skipped + len(chunk) - 1
         skipped += len(chunk)
+
+
+def frame_head(size: int, fields: dict) -> bytes:
+    """A frame's header line: `{"raw":size,...}` and its newline; `size` raw
+    bytes are to follow it."""
+    head: dict = {"raw": size}
+    head.update((k, v) for k, v in fields.items() if k != "raw")
+    return (json.dumps(head, separators=(",", ":")) + "\n").encode()
+
+
+def frame_size(line: bytes) -> int | None:
+    """The bytes a frame's header line says follow it; None: a plain line."""
+    found = _FRAME_START.match(line)
+    return int(found.group(1)) if found else None
+
+
+def read_frame(stream, size: int, limit: int, on_piece=lambda: None) -> bytes | str:
+    """The `size` bytes that follow a frame's header; more than `limit`: read
+    and dropped, and a str says so. EOFError when the stream ends first."""
+    pieces = []
+    left = size
+    while left:
+        piece = stream.read(min(left, FRAME_PIECE))
+        if not piece:
+            raise EOFError(f"the stream ended {left} bytes into a frame of {size}")
+        left -= len(piece)
+        on_piece()
+        if size <= limit:
+            pieces.append(piece)
+    if size > limit:
+        return f"dropped a frame of {size} bytes (more than {limit})"
+    return b"".join(pieces)

@@ -6,6 +6,12 @@ not a JSON object, is not UTF-8, or is longer than `MAX_LINE_BYTES` becomes a
 `log` message (an oversized line is skipped unread, never parsed): whatever
 the far end sends, the reader only ever queues dicts and never dies of it.
 
+A frame (launcher/agent/protocol.py: a header line `{"raw":N,...}`, then N
+raw bytes) is read whole: its bytes, at most `MAX_FRAME_BYTES`, replace `raw`
+in the header's dict. Only FRAME_EVENTS carry bytes; any other frame, or one
+too large, is read and dropped (a `log`): the stream stays in step. `send_frame`
+sends one the other way, the bytes written as they are (the relay's chunks).
+
 A writer thread owns the other direction: `send` only queues the command, so
 a write that blocks (a full SSH window behind a cut link, a stopped agent)
 never blocks the supervisor. While nothing else goes out, the writer sends
@@ -25,6 +31,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO, Any
 
+from ..agent.protocol import MAX_FRAME_BYTES, frame_head, frame_size, read_frame
+
 _LINK_IDS = itertools.count(1)
 
 # The longest line accepted from an agent. The agent's own messages stay far
@@ -41,6 +49,8 @@ _SKIP_CHUNK = 2**16
 _LOG_TEXT_MAX = 2000
 # Events only the link itself makes: an agent sending one gets a `log` instead.
 _RESERVED_EVENTS = frozenset({"agent_lost"})
+# The events that come with bytes (a frame): a piece of a checkpoint file.
+FRAME_EVENTS = frozenset({"peer_chunk"})
 _PING = b'{"op":"ping"}\n'
 
 
@@ -81,6 +91,7 @@ class AgentLink:
         diagnostics: Callable[[], str] = lambda: "",
         ping_every_s: float | None = PING_EVERY_S,
         max_line_bytes: int = MAX_LINE_BYTES,
+        max_frame_bytes: int = MAX_FRAME_BYTES,
     ) -> None:
         self.host = host
         self._to_agent = to_agent
@@ -91,13 +102,15 @@ class AgentLink:
         self.diagnostics = diagnostics
         self._ping_every_s = ping_every_s
         self._max_line = max_line_bytes
+        self._max_frame = max_frame_bytes
         self.hello: dict[str, Any] | None = None
         self.hello_seen = threading.Event()
         self.last_seen = time.monotonic()
         self.closed = False  # True once we closed it or the agent's side ended
         self.write_failed = False  # a write raised: the agent cannot hear us any more
         self.link_id = next(_LINK_IDS)
-        self._pending: collections.deque[bytes] = collections.deque()
+        # Each a command's line, or a frame's header and its bytes.
+        self._pending: collections.deque[bytes | tuple[bytes, bytes]] = collections.deque()
         self._closing = False
         self._in_write = False
         self._wake = threading.Condition()
@@ -122,6 +135,8 @@ class AgentLink:
                     size = len(raw) + self._skip_rest_of_line()
                     message = {"ev": "log", "text": f"dropped a message of {size} bytes "
                                f"from the agent (longer than {self._max_line})"}
+                elif (size := frame_size(raw)) is not None:
+                    message = self._frame(raw, size)
                 else:
                     message = parse_message(raw)
                 if message.get("ev") == "hello":
@@ -138,6 +153,22 @@ class AgentLink:
                 AgentMessage(self.host, {"ev": "agent_lost", "t": time.time(),
                                          "detail": self._safe_diagnostics()}, self.link_id)
             )
+
+    def _frame(self, head: bytes, size: int) -> dict[str, Any]:
+        """A frame's message, its bytes read (EOFError: the pipe ended in it)."""
+        payload = read_frame(self._from_agent, size, self._max_frame, self._seen)
+        if isinstance(payload, str):
+            return {"ev": "log", "text": f"{payload} from the agent"}
+        message = parse_message(head)
+        if message.get("ev") not in FRAME_EVENTS:
+            return {"ev": "log", "text": f"dropped a frame of {size} bytes from the agent: "
+                    f"only {', '.join(sorted(FRAME_EVENTS))} carry bytes; its header: "
+                    + head[:_LOG_TEXT_MAX].decode("utf-8", "replace").rstrip()}
+        message["raw"] = payload
+        return message
+
+    def _seen(self) -> None:
+        self.last_seen = time.monotonic()
 
     def _skip_rest_of_line(self) -> int:
         """Read and drop up to the next newline without keeping it; bytes dropped."""
@@ -160,20 +191,24 @@ class AgentLink:
     def send(self, message: dict[str, Any]) -> bool:
         """Queue one command; False when the agent is no longer reachable (the
         link is closed, a write failed, or the pipe has stopped taking them)."""
-        return self.send_line((json.dumps(message, separators=(",", ":")) + "\n").encode())
+        return self._queue((json.dumps(message, separators=(",", ":")) + "\n").encode())
 
-    def send_line(self, data: bytes) -> bool:
-        """`send` of a command already made (a JSON object and its newline)."""
+    def send_frame(self, command: dict[str, Any], payload: bytes) -> bool:
+        """`send` of a command with bytes: its header line, then the bytes as
+        they are (no copy, no base64)."""
+        return self._queue((frame_head(len(payload), command), payload))
+
+    def _queue(self, item: bytes | tuple[bytes, bytes]) -> bool:
         with self._wake:
             if self.closed or self._closing or self.write_failed:
                 return False
             if len(self._pending) >= MAX_PENDING:
                 return False
-            self._pending.append(data)
+            self._pending.append(item)
             self._wake.notify()
         return True
 
-    def _next_write(self) -> bytes | None:
+    def _next_write(self) -> bytes | tuple[bytes, bytes] | None:
         """What to write next: a command, a ping when idle, None to close."""
         idle_since = time.monotonic()
         with self._wake:
@@ -194,7 +229,8 @@ class AgentLink:
                 break
             self._in_write = True
             try:
-                self._to_agent.write(data)
+                for part in data if isinstance(data, tuple) else (data,):
+                    self._to_agent.write(part)
                 self._to_agent.flush()
             except Exception:  # noqa: BLE001 - any failure: the agent cannot hear us
                 self.write_failed = True
