@@ -93,6 +93,16 @@ def num_workers() -> int:
     return max(1, len(cluster.get("chief", [])) + len(cluster.get("worker", [])))
 
 
+def several_workers() -> bool:
+    """TF_CONFIG names more than one chief/worker (the MWMS case); False when
+    it is not JSON. The bootstrap asks at every task's start (runtime.guards)."""
+    try:
+        cluster = json.loads(os.environ.get("TF_CONFIG") or "{}").get("cluster", {})
+    except ValueError:
+        return False
+    return len(cluster.get("chief", [])) + len(cluster.get("worker", [])) > 1
+
+
 def is_chief() -> bool:
     """True on the task that writes models and final checkpoints.
 

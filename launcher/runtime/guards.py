@@ -30,6 +30,8 @@ import json
 import os
 from types import ModuleType
 
+from . import several_workers  # noqa: F401 - its home before; position.py reads it here
+
 SERVER_LIB = "tensorflow.python.training.server_lib"
 MIRRORED = "tensorflow.python.distribute.mirrored_strategy"
 ONE_DEVICE = "tensorflow.python.distribute.one_device_strategy"
@@ -248,12 +250,3 @@ def on_server_lib(module: ModuleType) -> None:
 
 HOOKS = {MIRRORED: on_mirrored, ONE_DEVICE: on_one_device, COLLECTIVE: on_collective,
          SERVER_LIB: on_server_lib}
-
-
-def several_workers() -> bool:
-    """TF_CONFIG names more than one chief/worker (the MWMS case)."""
-    try:
-        cluster = json.loads(os.environ.get("TF_CONFIG") or "{}").get("cluster", {})
-    except ValueError:
-        return False
-    return len(cluster.get("chief", [])) + len(cluster.get("worker", [])) > 1

@@ -110,7 +110,7 @@ def answer(request: dict) -> None:
 
 
 def _watch(path: str) -> None:
-    from launcher.runtime.steps import name_this_thread
+    from launcher.runtime.threadname import name_this_thread
 
     name_this_thread("mgpu-profile")
     while True:
