@@ -38,10 +38,9 @@ launcher side.
 
 from __future__ import annotations
 
-import json
 import os
-import signal
 import sys
+from collections.abc import Callable
 
 STACKS_SIGNAL_DEFAULT = "SIGUSR1"
 STANDBY_FLAG = "--standby"  # launcher.standby.FLAG (the agent imports this module at start)
@@ -58,6 +57,12 @@ def stacks_signal(value: str | None) -> int | None:
     text = (value or "").strip() or STACKS_SIGNAL_DEFAULT
     if text.lower() in _STACKS_OFF:
         return None
+    if text == STACKS_SIGNAL_DEFAULT:  # every task's start: signal.py's enums cost ~1 ms
+        from _signal import SIGUSR1  # its C half, loaded with the interpreter
+
+        return SIGUSR1
+    import signal
+
     if text.isdigit():
         number = int(text)
         try:
@@ -107,7 +112,8 @@ def _write_error(exc: BaseException) -> None:
     path = os.environ.get("MGPU_ERROR_FILE")
     if not path:
         return
-    import traceback  # only on the way out: keep the start of every task light
+    import json  # only on the way out: keep the start of every task light
+    import traceback
 
     frames = traceback.extract_tb(exc.__traceback__)
     # Hide this module's own frames: the user's code starts below runpy.
@@ -174,12 +180,29 @@ WATCHED: dict[str, tuple[str, ...]] = {
 _COLLECTIVE = WATCHED["guards"][2]  # guards.COLLECTIVE
 
 
-def _watch(source: str, skip: tuple[str, ...] = ()) -> None:
+def _watch(source: str, when: Callable[[], bool] | None = None,
+           only: tuple[str, ...] = ()) -> None:
+    """Register `source`'s hooks (those on `only` under `when`, the rest always)."""
     from launcher.runtime import hooks
 
     for name in WATCHED[source]:
-        if name not in skip:
-            hooks.when_imported(name, hooks.Deferred(f"launcher.runtime.{source}", name))
+        condition = when if not only or name in only else None
+        hooks.when_imported(name, hooks.Deferred(f"launcher.runtime.{source}", name, condition))
+
+
+def _several_workers() -> Callable[[], bool]:
+    """`runtime.several_workers()` of TF_CONFIG as it is now, asked when a hook
+    runs (TensorFlow imported: json is loaded by then)."""
+    tf_config, known = os.environ.get("TF_CONFIG"), []
+
+    def several() -> bool:
+        if not known:
+            from launcher import runtime
+
+            known.append(runtime.several_workers(tf_config or ""))
+        return known[0]
+
+    return several
 
 
 def _wire_steps(steps) -> None:
@@ -203,7 +226,6 @@ def _counting_steps() -> bool:
 
 
 def install_hooks() -> None:
-    from launcher import runtime
     from launcher.runtime import hooks
     from launcher.strategy import Strategy
 
@@ -213,9 +235,9 @@ def install_hooks() -> None:
 
         if keras_jax.active():  # Keras 3 on JAX: coordinator timeouts, chief-only writes
             _watch("keras_jax")
-    several = runtime.several_workers()
+    several = _several_workers()
     # The heartbeat matters only between several workers.
-    _watch("guards", skip=() if several else (_COLLECTIVE,))
+    _watch("guards", when=several, only=(_COLLECTIVE,))
     hooks.when_imported("launcher.runtime.steps", _wire_steps)
     if _counting_steps():  # steps and steps/s from any script (the optimizer's counter)
         _watch("steps")
@@ -233,10 +255,10 @@ def install_hooks() -> None:
     if os.environ.get("MGPU_PROGRESS_FD"):  # checkpoint saves and restores: progress, resume
         _watch("saves")
         _watch("restores")
-    if os.environ.get("MGPU_PROGRESS_FD") and several:
+    if os.environ.get("MGPU_PROGRESS_FD"):
         # Phase, epoch and a custom loop's distributed calls (workers out of step).
-        _watch("position")
-        _watch("calls")
+        _watch("position", when=several)
+        _watch("calls", when=several)
 
 
 def main() -> None:

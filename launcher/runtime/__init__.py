@@ -19,7 +19,6 @@ Shipped to hosts with the agent. Must not import the launcher side.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 
@@ -76,7 +75,11 @@ __all__ = [
 def tf_config() -> dict:
     """The parsed `TF_CONFIG` of this task ({} when run without a cluster)."""
     raw = os.environ.get("TF_CONFIG", "")
-    return json.loads(raw) if raw.strip() else {}
+    if not raw.strip():
+        return {}
+    import json  # here, as below: every task's start imports this package (~1.5 ms)
+
+    return json.loads(raw)
 
 
 def task_type() -> str:
@@ -93,11 +96,14 @@ def num_workers() -> int:
     return max(1, len(cluster.get("chief", [])) + len(cluster.get("worker", [])))
 
 
-def several_workers() -> bool:
-    """TF_CONFIG names more than one chief/worker (the MWMS case); False when
-    it is not JSON. The bootstrap asks at every task's start (runtime.guards)."""
+def several_workers(tf_config: str | None = None) -> bool:
+    """TF_CONFIG (this text, else the environment's) names more than one
+    chief/worker (the MWMS case); False when it is not JSON."""
+    import json
+
     try:
-        cluster = json.loads(os.environ.get("TF_CONFIG") or "{}").get("cluster", {})
+        raw = os.environ.get("TF_CONFIG") if tf_config is None else tf_config
+        cluster = json.loads(raw or "{}").get("cluster", {})
     except ValueError:
         return False
     return len(cluster.get("chief", [])) + len(cluster.get("worker", [])) > 1
@@ -242,6 +248,8 @@ def write_progress(record: dict) -> None:
     from . import position  # where this task is: the launcher compares (job/lockstep.py)
 
     record = {**position.fields(), **record}
+    import json
+
     try:
         os.write(int(fd), (json.dumps(record) + "\n").encode())
     except (OSError, ValueError):

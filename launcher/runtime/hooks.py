@@ -70,32 +70,40 @@ class PostImportFinder:
 class Deferred:
     """The hook `HOOKS[key]` of the runtime module `source`, imported only when
     it is to run: a task whose script never imports what the hook watches never
-    loads `source` (the bootstrap registers these; ~12 ms of every task's start)."""
+    loads `source` (the bootstrap registers these; ~12 ms of every task's start).
+    With `when`, only if `when()` says so then (else nothing is imported)."""
 
-    def __init__(self, source: str, key: str) -> None:
-        self.source, self.key = source, key
+    def __init__(self, source: str, key: str, when: Callable[[], bool] | None = None) -> None:
+        self.source, self.key, self.when = source, key, when
         self.__qualname__ = f"{source}.HOOKS[{key!r}]"  # named so in a warning until resolved
 
-    def resolve(self) -> Hook:
+    def resolve(self) -> Hook | None:
+        if self.when is not None and not self.when():
+            return None
         __import__(self.source)
         return sys.modules[self.source].HOOKS[self.key]
 
 
 def _call(hook: Hook | Deferred, module: ModuleType) -> None:
-    (hook.resolve() if isinstance(hook, Deferred) else hook)(module)
+    resolved = hook.resolve() if isinstance(hook, Deferred) else hook
+    if resolved is not None:
+        resolved(module)
 
 
 def _run_all(hooks: list[Hook | Deferred]) -> Hook:
     def run(module: ModuleType) -> None:
         for hook in hooks:
+            name = getattr(hook, "__qualname__", repr(hook))
             try:
                 if isinstance(hook, Deferred):
                     hook = hook.resolve()
+                    if hook is None:
+                        continue
+                    name = getattr(hook, "__qualname__", repr(hook))
                 hook(module)
             except Exception as exc:  # noqa: BLE001 - never break the script's import
                 # A hook adjusts private TensorFlow/Keras code that may have
                 # moved; the script then runs as the library ships it.
-                name = getattr(hook, "__qualname__", repr(hook))
                 print(f"mgpu-launch: warning: {name} skipped on {module.__name__} "
                       f"({type(exc).__name__}: {str(exc)[:160]})", file=sys.stderr, flush=True)
 
