@@ -2,7 +2,10 @@
 
 Starts `python -S -m launcher.agent` the way the local transport does
 (launcher/transport/child.py: `-S`, the tree on PYTHONPATH, stdin and stdout
-pipes), reads its stdout until the hello and measures, per start:
+pipes), or with `--ssh` the SSH transport's remote command (each tree's own
+`agent_command`: `python -S -c`, the code cache checked, run by `sh`), in the
+tree's folder (`-m` looks in the working directory first), reads its stdout
+until the hello and measures, per start:
 
 - wall: from just before the spawn to the hello line read;
 - CPU: what the agent process used up to the hello (every thread's
@@ -19,7 +22,7 @@ Prints the medians and the ratio new/baseline; a fan-out to N hosts pays the
 CPU column once per host. Target: the new tree not worse (within noise).
 
     git -C /work/main worktree add --detach /tmp/agentsplit-base <commit>
-    .venv/bin/python bench/agent_start.py --baseline /tmp/agentsplit-base [--runs 20]
+    .venv/bin/python bench/agent_start.py --baseline /tmp/agentsplit-base [--runs 20] [--ssh]
 """
 
 from __future__ import annotations

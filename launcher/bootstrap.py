@@ -178,6 +178,7 @@ WATCHED: dict[str, tuple[str, ...]] = {
     "calls": ("tensorflow",),
 }
 _COLLECTIVE = WATCHED["guards"][2]  # guards.COLLECTIVE
+_KERAS_DISTRIBUTION = "keras_distribution"  # launcher.strategy's (its enum: not at every start)
 
 
 def _watch(source: str, when: Callable[[], bool] | None = None,
@@ -227,10 +228,9 @@ def _counting_steps() -> bool:
 
 def install_hooks() -> None:
     from launcher.runtime import hooks
-    from launcher.strategy import Strategy
 
     _watch("keras_compat")
-    if os.environ.get("MGPU_STRATEGY") == Strategy.KERAS_DISTRIBUTION:
+    if os.environ.get("MGPU_STRATEGY") == _KERAS_DISTRIBUTION:
         from launcher.runtime import keras_jax
 
         if keras_jax.active():  # Keras 3 on JAX: coordinator timeouts, chief-only writes

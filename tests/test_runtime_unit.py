@@ -129,11 +129,13 @@ def test_the_bootstrap_watches_what_each_runtime_module_hooks():
 
     from launcher import bootstrap
     from launcher.runtime import steps
+    from launcher.strategy import Strategy
 
     for source, watched in bootstrap.WATCHED.items():
         module = importlib.import_module(f"launcher.runtime.{source}")
         assert tuple(module.HOOKS) == watched, source
     assert bootstrap.WATCHED["guards"][2] == guards.COLLECTIVE
+    assert bootstrap._KERAS_DISTRIBUTION == Strategy.KERAS_DISTRIBUTION
     assert steps.EVERY_S_DEFAULT > 0  # _counting_steps' shortcut
 
 
@@ -161,7 +163,8 @@ def test_a_task_that_imports_neither_tensorflow_nor_keras_loads_no_hook_module(t
         "hooked = ('keras_compat', 'keras_jax', 'guards', 'steps', 'saves', 'restores',\n"
         "          'position', 'calls', 'memtier')\n"
         "print(sorted(m for m in hooked if 'launcher.runtime.' + m in sys.modules))\n"
-        "print(sorted(m for m in ('typing', 'pkgutil') if m in sys.modules))\n"
+        "print(sorted(m for m in ('typing', 'pkgutil', 'json', 'signal', 'launcher.strategy')\n"
+        "             if m in sys.modules))\n"
         "from launcher.runtime import restores, saves, steps\n"
         "print(steps.saves_pending is saves.pending, steps.first_epoch is restores.first_epoch)\n")
     read, write = os.pipe()

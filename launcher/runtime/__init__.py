@@ -22,9 +22,6 @@ from __future__ import annotations
 import os
 import time
 
-from ..strategy import DEFAULT as DEFAULT_STRATEGY
-from ..strategy import Strategy
-
 # Input sharding lives in its own module, loaded on first use (`__getattr__`
 # below): the bootstrap imports this package in every task, so it stays light.
 _DATA_NAMES = frozenset({
@@ -163,6 +160,11 @@ def _make_strategy(collective_timeout_s: float | None, cpu_devices: int | None):
     from . import strategies
 
     cpus = strategies.cpu_devices_wanted(cpu_devices)
+    # launcher.strategy where used, as below: every task's start imports this
+    # package, and the enum module may not be loaded there yet.
+    from ..strategy import DEFAULT as DEFAULT_STRATEGY
+    from ..strategy import Strategy
+
     job_strategy = os.environ.get("MGPU_STRATEGY", DEFAULT_STRATEGY)
     if job_strategy == Strategy.PARAMETER_SERVER and tf_config():
         resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
@@ -375,6 +377,8 @@ def callbacks(save_freq: str | int | None = None, progress_every_s: float = 0.5,
         **options,
     )
     # The PS coordinator cannot run batch-level callbacks (Keras refuses them).
+    from ..strategy import Strategy
+
     batch_level = os.environ.get("MGPU_STRATEGY") != Strategy.PARAMETER_SERVER
     saves = _save_freq(save_freq)
     return [backup, _progress_callback(keras, progress_every_s, batch_level,
@@ -392,6 +396,9 @@ def _preemption_save_possible(keras) -> bool:
     """
     if not keras.__name__.startswith("tf_keras") or num_workers() < 2:
         return False
+    from ..strategy import DEFAULT as DEFAULT_STRATEGY
+    from ..strategy import Strategy
+
     if os.environ.get("MGPU_STRATEGY", DEFAULT_STRATEGY) != Strategy.MULTI_WORKER_MIRRORED:
         return False
     try:
