@@ -255,7 +255,6 @@ def install_hooks() -> None:
     if os.environ.get("MGPU_PROGRESS_FD"):  # checkpoint saves and restores: progress, resume
         _watch("saves")
         _watch("restores")
-    if os.environ.get("MGPU_PROGRESS_FD"):
         # Phase, epoch and a custom loop's distributed calls (workers out of step).
         _watch("position", when=several)
         _watch("calls", when=several)
