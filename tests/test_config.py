@@ -205,3 +205,20 @@ def test_memory_interval_needs_the_memory_tier_and_is_said_at_start(tmp_path: Pa
     assert "at most 3 copies of each task's saves" in shown.stdout
     assert "a save to memory every 50 steps for Keras BackupAndRestore" in shown.stdout
     assert "MGPU_MEMORY_INTERVAL=50" in shown.stdout
+    assert "no copy in another host's memory" in shown.stdout  # one host: nowhere to copy
+
+
+def test_memory_peer_turns_the_second_copy_off_and_needs_the_memory_tier(tmp_path: Path):
+    hosts = "transport: local\nhosts: [{address: 127.0.0.1}, {address: 127.0.0.2}]\n"
+    [problem] = problems_of(hosts + "checkpoint: {memory_peer: false}\n")
+    assert "checkpoint.memory_peer" in problem and "checkpoint.memory: true" in problem
+    assert any("memory_peer" in p for p in
+               problems_of(hosts + "checkpoint: {memory: true, memory_peer: maybe}\n"))
+    (tmp_path / "x.py").write_text("")
+    config = tmp_path / "c.yaml"
+    for peer, said in (("false", True), ("true", False)):
+        config.write_text(hosts + f"checkpoint: {{memory: true, memory_peer: {peer}}}\n")
+        shown = run_cli(["--dry-run", str(config), "x.py"], cwd=tmp_path)
+        assert shown.returncode == 0, shown.stderr
+        assert ("no copy in another host's memory" in shown.stdout) is said
+        assert ("MGPU_MEMORY_PEER=0" in shown.stdout) is said

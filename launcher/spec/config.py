@@ -66,12 +66,16 @@ class CheckpointSettings(_Strict):
     # With memory: a save to memory every N training steps besides the script's
     # own (Keras BackupAndRestore only: launcher/runtime/memcadence.py).
     memory_interval: int | None = Field(default=None, ge=1)
+    # With memory: the chief's saves also copied to another host's memory (a
+    # host's loss restores from there); false saves that copy's CPU and memory.
+    memory_peer: bool = True
 
     @model_validator(mode="after")
     def _interval_needs_memory(self) -> CheckpointSettings:
-        if self.memory_interval is not None and not self.memory:
-            raise ValueError("checkpoint.memory_interval takes saves to host memory: it needs "
-                             "checkpoint.memory: true")
+        for key in ("memory_interval", "memory_peer"):
+            if key in self.model_fields_set and not self.memory:
+                raise ValueError(f"checkpoint.{key} is about saves to host memory: it needs "
+                                 "checkpoint.memory: true")
         return self
 
     @field_validator("save_freq")

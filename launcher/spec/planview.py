@@ -157,6 +157,8 @@ def memory_line(plan: Plan) -> str | None:
         return None
     line = (f"checkpoints at memory speed: at most {copies} copies of each task's saves in "
             "its host's /dev/shm (each host's free space is said as its first task starts)")
+    if env.get("MGPU_MEMORY_PEER") == "0":
+        line += "; no copy in another host's memory (a host's loss restores from the directory)"
     interval = env.get("MGPU_MEMORY_INTERVAL")
     if interval:
         line += (f"; a save to memory every {interval} steps for Keras BackupAndRestore "

@@ -97,6 +97,8 @@ def shared_env(config: ClusterConfig, checkpoint_dir: str, generation: int,
         shared_env["MGPU_MEMORY_COPIES"] = str(config.checkpoint.memory_copies)
         if config.checkpoint.memory_interval:  # extra saves (runtime/memcadence.py)
             shared_env["MGPU_MEMORY_INTERVAL"] = str(config.checkpoint.memory_interval)
+        if not config.checkpoint.memory_peer:  # no second copy (agent/peercopy.py)
+            shared_env["MGPU_MEMORY_PEER"] = "0"
     # Long enough to survive a frozen or starved task (stalls.py); a frozen task
     # is a hang by the launcher's own bound, sooner (docs/fault-tolerance.md).
     shared_env.setdefault("MGPU_TF_HEARTBEAT_S", str(TF_HEARTBEAT_S))
