@@ -192,15 +192,15 @@ def _watch(source: str, when: Callable[[], bool] | None = None,
 
 
 def _several_workers() -> Callable[[], bool]:
-    """`runtime.several_workers()` of TF_CONFIG as it is now, asked when a hook
+    """`guards.several_workers()` of TF_CONFIG as it is now, asked when a hook
     runs (TensorFlow imported: json is loaded by then)."""
     tf_config, known = os.environ.get("TF_CONFIG"), []
 
     def several() -> bool:
         if not known:
-            from launcher import runtime
+            from launcher.runtime import guards
 
-            known.append(runtime.several_workers(tf_config or ""))
+            known.append(guards.several_workers(tf_config or ""))
         return known[0]
 
     return several

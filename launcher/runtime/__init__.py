@@ -93,19 +93,6 @@ def num_workers() -> int:
     return max(1, len(cluster.get("chief", [])) + len(cluster.get("worker", [])))
 
 
-def several_workers(tf_config: str | None = None) -> bool:
-    """TF_CONFIG (this text, else the environment's) names more than one
-    chief/worker (the MWMS case); False when it is not JSON."""
-    import json
-
-    try:
-        raw = os.environ.get("TF_CONFIG") if tf_config is None else tf_config
-        cluster = json.loads(raw or "{}").get("cluster", {})
-    except ValueError:
-        return False
-    return len(cluster.get("chief", [])) + len(cluster.get("worker", [])) > 1
-
-
 def is_chief() -> bool:
     """True on the task that writes models and final checkpoints.
 

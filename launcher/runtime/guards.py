@@ -30,8 +30,6 @@ import json
 import os
 from types import ModuleType
 
-from . import several_workers  # noqa: F401 - its home before; position.py reads it here
-
 SERVER_LIB = "tensorflow.python.training.server_lib"
 MIRRORED = "tensorflow.python.distribute.mirrored_strategy"
 ONE_DEVICE = "tensorflow.python.distribute.one_device_strategy"
@@ -250,3 +248,14 @@ def on_server_lib(module: ModuleType) -> None:
 
 HOOKS = {MIRRORED: on_mirrored, ONE_DEVICE: on_one_device, COLLECTIVE: on_collective,
          SERVER_LIB: on_server_lib}
+
+
+def several_workers(tf_config: str | None = None) -> bool:
+    """TF_CONFIG (this text, else the environment's) names more than one
+    chief/worker (the MWMS case); False when it is not JSON."""
+    try:
+        raw = os.environ.get("TF_CONFIG") if tf_config is None else tf_config
+        cluster = json.loads(raw or "{}").get("cluster", {})
+    except ValueError:
+        return False
+    return len(cluster.get("chief", [])) + len(cluster.get("worker", [])) > 1
