@@ -2,7 +2,10 @@
 
 Starts `python -S -m launcher.agent` the way the local transport does
 (launcher/transport/child.py: `-S`, the tree on PYTHONPATH, stdin and stdout
-pipes), reads its stdout until the hello and measures, per start:
+pipes), or with `--ssh` the SSH transport's remote command (each tree's own
+`agent_command`: `python -S -c`, the code cache checked, run by `sh`), in the
+tree's folder (`-m` looks in the working directory first), reads its stdout
+until the hello and measures, per start:
 
 - wall: from just before the spawn to the hello line read;
 - CPU: what the agent process used up to the hello (every thread's
@@ -19,7 +22,7 @@ Prints the medians and the ratio new/baseline; a fan-out to N hosts pays the
 CPU column once per host. Target: the new tree not worse (within noise).
 
     git -C /work/main worktree add --detach /tmp/agentsplit-base <commit>
-    .venv/bin/python bench/agent_start.py --baseline /tmp/agentsplit-base [--runs 20]
+    .venv/bin/python bench/agent_start.py --baseline /tmp/agentsplit-base [--runs 20] [--ssh]
 """
 
 from __future__ import annotations
@@ -63,15 +66,33 @@ def _peak_rss_mb(pid: int) -> float:
     return float("nan")
 
 
-def start_once(tree: Path, run_dir: Path) -> dict[str, float]:
+def ssh_command(tree: Path, run_dir: Path) -> list[str]:
+    """The SSH transport's remote command for the agent in `tree` (that tree's
+    own `agent_command`: `python -S -c` with the code cache's check), run by sh."""
+    code = ("import sys; from launcher.transport.ssh import agent_command; "
+            "print(agent_command(sys.argv[1], sys.argv[2], 'bench', sys.argv[3], 0, 0, "
+            "home=sys.argv[4]))")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    command = subprocess.run(
+        [sys.executable, "-c", code, sys.executable, tree.name, str(run_dir), str(tree.parent)],
+        env=dict(env, PYTHONPATH=str(tree)), cwd=tree, capture_output=True, text=True,
+        check=True).stdout.strip()
+    return ["/bin/sh", "-c", command]
+
+
+def start_once(tree: Path, run_dir: Path, ssh: bool = False) -> dict[str, float]:
     """One agent start from `tree`: wall and CPU seconds to its hello, peak RSS."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
     env["PYTHONPATH"] = str(tree)
+    argv = [sys.executable, "-S", "-m", "launcher.agent", "--host", "bench",
+            "--run-dir", str(run_dir), "--eof-grace", "0", "--lease", "0"]
+    if ssh:
+        argv = ssh_command(tree, run_dir)
+        del env["PYTHONPATH"]  # the command sets it
     began = time.perf_counter()
-    proc = subprocess.Popen(
-        [sys.executable, "-S", "-m", "launcher.agent", "--host", "bench",
-         "--run-dir", str(run_dir), "--eof-grace", "0", "--lease", "0"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    # cwd: the tree (as PYTHONPATH), not this repository, which `-m` would look in first.
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env, cwd=tree)
     assert proc.stdout is not None and proc.stdin is not None
     try:
         while True:
@@ -101,6 +122,9 @@ def main() -> int:
                         help="a checkout of the code to compare against (its repo root)")
     parser.add_argument("--new", type=Path, default=REPO, help="the code measured (this tree)")
     parser.add_argument("--runs", type=int, default=20, help="starts per tree")
+    parser.add_argument("--ssh", action="store_true",
+                        help="start it with the SSH transport's remote command (`python -S "
+                             "-c`, the code cache checked) instead of `python -S -m`")
     args = parser.parse_args()
     trees = {"baseline": args.baseline.resolve(), "new": args.new.resolve()}
     for name, tree in trees.items():
@@ -115,11 +139,12 @@ def main() -> int:
     samples: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
     try:
         for name in trees:  # warm-up: .pyc files, page cache
-            start_once(copies[name], work / f"warm-{name}")
+            start_once(copies[name], work / f"warm-{name}", args.ssh)
         for index in range(args.runs):
             order = list(trees) if index % 2 == 0 else list(reversed(trees))
             for name in order:
-                samples[name].append(start_once(copies[name], work / f"{name}-{index}"))
+                samples[name].append(start_once(copies[name], work / f"{name}-{index}",
+                                                args.ssh))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(f"agent start, {args.runs} runs each, alternating ({sys.executable}, "

@@ -38,10 +38,9 @@ launcher side.
 
 from __future__ import annotations
 
-import json
 import os
-import signal
 import sys
+from collections.abc import Callable
 
 STACKS_SIGNAL_DEFAULT = "SIGUSR1"
 STANDBY_FLAG = "--standby"  # launcher.standby.FLAG (the agent imports this module at start)
@@ -58,6 +57,12 @@ def stacks_signal(value: str | None) -> int | None:
     text = (value or "").strip() or STACKS_SIGNAL_DEFAULT
     if text.lower() in _STACKS_OFF:
         return None
+    if text == STACKS_SIGNAL_DEFAULT:  # every task's start: signal.py's enums cost ~1 ms
+        from _signal import SIGUSR1  # its C half, loaded with the interpreter
+
+        return SIGUSR1
+    import signal
+
     if text.isdigit():
         number = int(text)
         try:
@@ -107,7 +112,8 @@ def _write_error(exc: BaseException) -> None:
     path = os.environ.get("MGPU_ERROR_FILE")
     if not path:
         return
-    import traceback  # only on the way out: keep the start of every task light
+    import json  # only on the way out: keep the start of every task light
+    import traceback
 
     frames = traceback.extract_tb(exc.__traceback__)
     # Hide this module's own frames: the user's code starts below runpy.
@@ -147,34 +153,94 @@ def _keras_era(frames) -> dict[str, bool]:
     return {key: True for key, value in facts.items() if value}
 
 
-def install_hooks() -> None:
-    from launcher.runtime import (
-        calls,
-        guards,
-        hooks,
-        keras_compat,
-        keras_jax,
-        position,
-        restores,
-        saves,
-        steps,
-    )
+# The modules each runtime module's hooks watch (its `HOOKS`' keys, in their
+# order; tests/test_runtime_unit.py checks them): the hooks are registered
+# by name (`hooks.Deferred`), and a runtime module is imported only when one of
+# them is. A script that never imports TensorFlow or Keras loads none of them
+# (~12 ms of CPU per task start, once per host on a fan-out).
+_KERAS = ("keras", "tf_keras")
+_KERAS_TF = (*_KERAS, "tensorflow")
+_KERAS3_CALLBACKS = ("keras.src.callbacks.backup_and_restore",
+                     "keras.src.callbacks.model_checkpoint")
+WATCHED: dict[str, tuple[str, ...]] = {
+    "keras_compat": ("keras.src.backend.tensorflow.trainer",
+                     "keras.src.backend.tensorflow.optimizer", *_KERAS3_CALLBACKS,
+                     "tf_keras.src.engine.training"),
+    "keras_jax": ("jax.distributed", *_KERAS3_CALLBACKS),
+    "guards": ("tensorflow.python.distribute.mirrored_strategy",
+               "tensorflow.python.distribute.one_device_strategy",
+               "tensorflow.python.distribute.collective_all_reduce_strategy",
+               "tensorflow.python.training.server_lib"),
+    "steps": _KERAS,
+    "saves": _KERAS_TF,
+    "restores": _KERAS_TF,
+    "position": _KERAS_TF,
+    "calls": ("tensorflow",),
+}
+_COLLECTIVE = WATCHED["guards"][2]  # guards.COLLECTIVE
+_KERAS_DISTRIBUTION = "keras_distribution"  # launcher.strategy's (its enum: not at every start)
 
-    for name, hook in keras_compat.HOOKS.items():
-        hooks.when_imported(name, hook)
-    if keras_jax.active():  # Keras 3 on JAX: coordinator timeouts, chief-only writes
-        for name, hook in keras_jax.HOOKS.items():
-            hooks.when_imported(name, hook)
-    for name, hook in guards.HOOKS.items():
-        if name == guards.COLLECTIVE and not guards.several_workers():
-            continue  # the heartbeat matters only between several workers
-        hooks.when_imported(name, hook)
-    # The step counter's reports carry the saves timed since the last one, and
-    # `fit`'s first epoch tells where a restarted task resumed (runtime.steps).
+
+def _watch(source: str, when: Callable[[], bool] | None = None,
+           only: tuple[str, ...] = ()) -> None:
+    """Register `source`'s hooks (those on `only` under `when`, the rest always)."""
+    from launcher.runtime import hooks
+
+    for name in WATCHED[source]:
+        condition = when if not only or name in only else None
+        hooks.when_imported(name, hooks.Deferred(f"launcher.runtime.{source}", name, condition))
+
+
+def _several_workers() -> Callable[[], bool]:
+    """`guards.several_workers()` of TF_CONFIG as it is now, asked when a hook
+    runs (TensorFlow imported: json is loaded by then)."""
+    tf_config, known = os.environ.get("TF_CONFIG"), []
+
+    def several() -> bool:
+        if not known:
+            from launcher.runtime import guards
+
+            known.append(guards.several_workers(tf_config or ""))
+        return known[0]
+
+    return several
+
+
+def _wire_steps(steps) -> None:
+    """The step counter's reports carry the saves timed since the last one, and
+    `fit`'s first epoch tells where a restarted task resumed (runtime.steps):
+    wired whenever the counter is loaded, by a hook or by anyone else."""
+    from launcher.runtime import restores, saves
+
     steps.saves_pending, steps.first_epoch = saves.pending, restores.first_epoch
-    if steps.enabled():  # steps and steps/s from any script (the optimizer's counter)
-        for name, hook in steps.HOOKS.items():
-            hooks.when_imported(name, hook)
+
+
+def _counting_steps() -> bool:
+    """`steps.enabled()`, without loading it where its default holds."""
+    if not os.environ.get("MGPU_PROGRESS_FD"):
+        return False
+    if not os.environ.get("MGPU_STEPS_EVERY_S", "").strip():
+        return True  # steps.EVERY_S_DEFAULT (> 0)
+    from launcher.runtime import steps
+
+    return steps.enabled()
+
+
+def install_hooks() -> None:
+    from launcher.runtime import hooks
+
+    _watch("keras_compat")
+    if os.environ.get("MGPU_STRATEGY") == _KERAS_DISTRIBUTION:
+        from launcher.runtime import keras_jax
+
+        if keras_jax.active():  # Keras 3 on JAX: coordinator timeouts, chief-only writes
+            _watch("keras_jax")
+    several = _several_workers()
+    # The heartbeat matters only between several workers.
+    _watch("guards", when=several, only=(_COLLECTIVE,))
+    hooks.when_imported("launcher.runtime.steps", _wire_steps)
+    if _counting_steps():  # steps and steps/s from any script (the optimizer's counter)
+        _watch("steps")
     # `checkpoint: {memory: true}`: saves to host memory (inside saves'). Its
     # modules (hashlib, shutil, copy: ~12 ms of CPU) only then: every task starts
     # through here, once per host on a fan-out. The variable is memtier.ENV_DIR.
@@ -187,12 +253,11 @@ def install_hooks() -> None:
         for name, hook in memtier.HOOKS.items():
             hooks.when_imported(name, hook)
     if os.environ.get("MGPU_PROGRESS_FD"):  # checkpoint saves and restores: progress, resume
-        for name, hook in [*saves.HOOKS.items(), *restores.HOOKS.items()]:
-            hooks.when_imported(name, hook)
-    if os.environ.get("MGPU_PROGRESS_FD") and guards.several_workers():
+        _watch("saves")
+        _watch("restores")
         # Phase, epoch and a custom loop's distributed calls (workers out of step).
-        for name, hook in [*position.HOOKS.items(), *calls.HOOKS.items()]:
-            hooks.when_imported(name, hook)
+        _watch("position", when=several)
+        _watch("calls", when=several)
 
 
 def main() -> None:
@@ -212,12 +277,11 @@ def main() -> None:
 
         trace.start_watching()
     import atexit
-    import runpy  # here: the agent imports this module for stacks_signal
 
     over = ProgramOver()
     atexit.register(over)  # first registered: called last
     try:
-        runpy.run_path(script, run_name="__main__")
+        run_script(script)
     except SystemExit as exc:
         over.clean = exc.code in (None, 0)
         if over.clean:
@@ -233,6 +297,45 @@ def main() -> None:
         raise
     over.clean = True
     over.returned()
+
+
+def run_script(script: str) -> None:
+    """`runpy.run_path(script, run_name="__main__")`, for a source file by its
+    own steps but for `pkgutil`, whose import (with `typing`) is ~4 ms of CPU
+    of every task's start: no importer for the path (not a folder or a zip),
+    not compiled (.pyc): the source compiled under the name given and run by
+    runpy in a fresh `__main__`, as run_path does. Anything else: run_path."""
+    import io
+    import runpy  # here: the agent imports this module for stacks_signal
+    from importlib.util import MAGIC_NUMBER
+
+    run_code = getattr(runpy, "_run_module_code", None)
+    if run_code is None or _importer(script) is not None:
+        runpy.run_path(script, run_name="__main__")
+        return
+    with io.open_code(os.path.abspath(script)) as handle:
+        source = handle.read()
+    if source[:len(MAGIC_NUMBER)] == MAGIC_NUMBER:
+        runpy.run_path(script, run_name="__main__")
+        return
+    run_code(compile(source, script, "exec"), None, "__main__", pkg_name="", script_name=script)
+
+
+def _importer(path: str):
+    """`pkgutil.get_importer(path)`: the path hook that takes `path`, if any."""
+    path = os.fsdecode(path)
+    try:
+        return sys.path_importer_cache[path]
+    except KeyError:
+        pass
+    for hook in sys.path_hooks:
+        try:
+            importer = hook(path)
+        except ImportError:
+            continue
+        sys.path_importer_cache.setdefault(path, importer)
+        return importer
+    return None
 
 
 class ProgramOver:

@@ -31,7 +31,6 @@ import fcntl
 import json
 import os
 import re
-import shutil
 import time
 
 KEEP_RUNS = 20
@@ -91,6 +90,8 @@ def prune(root: str, current: str | None = None, keep: int = KEEP_RUNS,
     for used, name, path in folders[max(keep, 0):]:
         if name == current_name or now - used < min_idle_s or in_use(path):
             continue
+        import shutil  # here: every agent imports this module (~2 ms of its start)
+
         shutil.rmtree(path, ignore_errors=True)
         removed.append(name)
     return removed

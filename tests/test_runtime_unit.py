@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 import types
 from pathlib import Path
@@ -118,3 +120,62 @@ def test_save_model_saves_the_template_not_the_parallel_wrapper(tmp_path: Path, 
     reloaded = keras.saving.load_model(path)
     assert [layer.name for layer in reloaded.layers] == ["d1", "d2"]
     assert not any(hasattr(layer, "layers") for layer in reloaded.layers)  # nothing nested
+
+
+def test_the_bootstrap_watches_what_each_runtime_module_hooks():
+    # The bootstrap registers the hooks by the module names they watch and
+    # imports a runtime module only when one of them is (hooks.Deferred).
+    import importlib
+
+    from launcher import bootstrap
+    from launcher.runtime import steps
+    from launcher.strategy import Strategy
+
+    for source, watched in bootstrap.WATCHED.items():
+        module = importlib.import_module(f"launcher.runtime.{source}")
+        assert tuple(module.HOOKS) == watched, source
+    assert bootstrap.WATCHED["guards"][2] == guards.COLLECTIVE
+    assert bootstrap._KERAS_DISTRIBUTION == Strategy.KERAS_DISTRIBUTION
+    assert steps.EVERY_S_DEFAULT > 0  # _counting_steps' shortcut
+
+
+def test_a_deferred_hook_runs_the_real_one_and_only_warns_when_it_breaks(capfd):
+    seen = []
+    module = types.ModuleType("mgpu_probe_deferred")
+    module.HOOKS = {"x": lambda watched: seen.append(watched.__name__)}
+    sys.modules["mgpu_probe_deferred"] = module
+    try:
+        hooks._run_all([hooks.Deferred("mgpu_probe_deferred", "x")])(module)
+        hooks._run_all([hooks.Deferred("mgpu_probe_deferred", "missing")])(module)
+    finally:
+        del sys.modules["mgpu_probe_deferred"]
+    assert seen == ["mgpu_probe_deferred"]
+    assert "mgpu_probe_deferred.HOOKS['missing'] skipped" in capfd.readouterr().err
+
+
+def test_a_task_that_imports_neither_tensorflow_nor_keras_loads_no_hook_module(tmp_path):
+    # Every task starts through the bootstrap, once per host on a fan-out: a
+    # plain script pays for none of the runtime's hook modules, and loading the
+    # step counter still wires it to the saves and restores (whoever loads it).
+    script = tmp_path / "plain.py"
+    script.write_text(
+        "import sys\n"
+        "hooked = ('keras_compat', 'keras_jax', 'guards', 'steps', 'saves', 'restores',\n"
+        "          'position', 'calls', 'memtier')\n"
+        "print(sorted(m for m in hooked if 'launcher.runtime.' + m in sys.modules))\n"
+        "print(sorted(m for m in ('typing', 'pkgutil', 'json', 'signal', 'launcher.strategy')\n"
+        "             if m in sys.modules))\n"
+        "from launcher.runtime import restores, saves, steps\n"
+        "print(steps.saves_pending is saves.pending, steps.first_epoch is restores.first_epoch)\n")
+    read, write = os.pipe()
+    repo = str(Path(__file__).resolve().parent.parent)
+    env = {**os.environ, "PYTHONPATH": repo, "MGPU_PROGRESS_FD": str(write),
+           "TF_CONFIG": json.dumps({"cluster": {"worker": ["a:1", "b:1"]},
+                                    "task": {"type": "worker", "index": 1}})}
+    out = subprocess.run([sys.executable, "-m", "launcher.bootstrap", str(script)], env=env,
+                         cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                         pass_fds=(write,))
+    os.close(write)
+    os.close(read)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["[]", "[]", "True True"]

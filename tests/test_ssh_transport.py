@@ -388,7 +388,8 @@ def test_the_agent_command_runs_no_code_from_a_cache_others_could_write(tmp_path
     for path in (bundle / "launcher" / "__init__.py", bundle / "launcher" / "agent" / "__init__.py",
                  agent):
         path.write_text(
-            "import os, sys\nprint('agent', __name__, sys.argv[1:], os.environ['PYTHONPATH'])\n"
+            "import os, sys\n\n\ndef run():\n"
+            "    print('agent', sys.argv[1:], os.environ['PYTHONPATH'])\n"
             if path == agent else "")
         path.chmod(0o600)
     command = agent_command(sys.executable, cache, "h", "~/r", 2.0)
@@ -399,7 +400,7 @@ def test_the_agent_command_runs_no_code_from_a_cache_others_could_write(tmp_path
 
     ran = run()
     assert ran.returncode == 0, ran.stderr
-    assert ran.stdout.split()[:3] == ["agent", "__main__", "['--host',"], ran.stdout
+    assert ran.stdout.split()[:2] == ["agent", "['--host',"], ran.stdout  # its run()
     assert ran.stdout.rstrip().endswith(str(bundle))  # the tasks' PYTHONPATH
     agent.chmod(0o620)  # group-writable: someone else could plant code there
     refused = run()

@@ -35,10 +35,8 @@ Standard library only.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -71,8 +69,32 @@ def low_priority(idle: bool = False) -> None:
 
 def job_folder(run_dir: str, host: str, shm: str = SHM) -> str:
     """One per job and host (simulated hosts share a machine)."""
-    digest = hashlib.sha1(f"{os.path.abspath(run_dir)}\0{host}".encode()).hexdigest()[:12]
+    digest = _sha1(f"{os.path.abspath(run_dir)}\0{host}".encode())[:12]
     return os.path.join(shm, f"{PREFIX}{os.getuid()}-{digest}")
+
+
+def _sha1(data: bytes) -> str:
+    """hashlib.sha1's hex digest. Every agent names its job's folder at its
+    start, memory tier or not: hashlib's OpenSSL module costs ~2.5 ms of CPU
+    there, Python's own SHA-1 module ~1 ms (where the build has it)."""
+    try:
+        from _sha1 import sha1
+    except ImportError:
+        from hashlib import sha1
+    return sha1(data).hexdigest()
+
+
+def _shutil():
+    """shutil (with bz2, lzma: ~2 ms of every agent's start), once a copy or a
+    removal needs it; the memory tier is off in most jobs."""
+    import shutil
+
+    return shutil
+
+
+def rmtree(path: str) -> None:
+    """`shutil.rmtree(path, ignore_errors=True)`."""
+    _shutil().rmtree(path, ignore_errors=True)
 
 
 class MemoryCopies:
@@ -188,7 +210,8 @@ class MemoryCopies:
         if not self.drain(timeout_s):
             self.log(f"memory tier: copies still under way after {self.drain_s:.0f} s were "
                      "given up (the checkpoint directories keep the previous checkpoint)")
-        shutil.rmtree(self.root, ignore_errors=True)
+        if os.path.lexists(self.root):  # none in a job without the memory tier
+            _shutil().rmtree(self.root, ignore_errors=True)
 
     def _run(self) -> None:
         low_priority()  # niced, not idle: the copy must progress under busy training
@@ -254,7 +277,7 @@ def copy_slot(slot: str, record: dict, copied: dict[tuple[str, str], tuple[int, 
     """Copy one slot to its directory: aside then renamed, the names last."""
     target, kind = record["target"], record.get("kind")
     if kind == "drop":  # Keras removed its backup at the end of fit
-        shutil.rmtree(target, ignore_errors=True)
+        _shutil().rmtree(target, ignore_errors=True)
         return
     os.makedirs(target, exist_ok=True)
     sweep_parts(target)
@@ -282,16 +305,16 @@ def put(source: str, folder: str, name: str) -> None:
     aside = os.path.join(folder, f".{name}{_PART}")
     final = os.path.join(folder, name)
     if os.path.isdir(source):
-        shutil.rmtree(aside, ignore_errors=True)
-        shutil.copytree(source, aside)
+        _shutil().rmtree(aside, ignore_errors=True)
+        _shutil().copytree(source, aside)
         if os.path.isdir(final):
             old = final + _PART + "-old"
             os.replace(final, old)
             os.replace(aside, final)
-            shutil.rmtree(old, ignore_errors=True)
+            _shutil().rmtree(old, ignore_errors=True)
             return
     else:
-        shutil.copyfile(source, aside)
+        _shutil().copyfile(source, aside)
         with open(aside, "rb+") as handle:
             os.fsync(handle.fileno())
     os.replace(aside, final)
@@ -318,7 +341,7 @@ def sweep_parts(folder: str) -> None:
     for name in os.listdir(folder):
         if _PART in name:
             path = os.path.join(folder, name)
-            shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else os.unlink(path)
+            _shutil().rmtree(path, ignore_errors=True) if os.path.isdir(path) else os.unlink(path)
 
 
 def state_names(folder: str) -> set[str]:
@@ -352,7 +375,7 @@ def _size(size: float) -> str:
 
 def free_gb(folder: str) -> float:
     try:
-        return shutil.disk_usage(folder).free / 1e9
+        return _shutil().disk_usage(folder).free / 1e9
     except OSError:
         return 0.0
 
@@ -381,7 +404,7 @@ def sweep(shm: str = SHM) -> list[str]:
             pid = 0
         if pid and _alive(pid) or not pid and time.time() - os.stat(path).st_mtime < 60:
             continue  # a live agent's (or one being made)
-        shutil.rmtree(path, ignore_errors=True)
+        _shutil().rmtree(path, ignore_errors=True)
         removed.append(name)
     return removed
 

@@ -39,11 +39,9 @@ Standard library only.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
-import shutil
 import threading
 
 from launcher.agent import memcopy
@@ -81,6 +79,8 @@ class _Incoming:
         self.held_by = str(message.get("from_host") or "")
         self.keep = max(1, int(message.get("keep") or 2))
         self.index, self.written, self.next = 0, 0, 0
+        import hashlib  # here: every agent imports this module at its start
+
         self.hashes = {name: hashlib.sha256() for name, _ in self.files}
         self.fd: int | None = None
         os.makedirs(folder, mode=0o700, exist_ok=True)  # made at `peer_expect`, perhaps
@@ -225,6 +225,8 @@ class PeerCopies:
         files = [[n, os.path.getsize(os.path.join(slot, n))] for n in names]
         record.update(origin=record.get("origin") or self.host, files=names)
         self.emit("peer_begin", xfer=xfer, slot=slot, manifest=record, files=files)
+        import hashlib
+
         sums, n = {}, 0
         for name in names:
             digest = hashlib.sha256()
@@ -300,7 +302,7 @@ class PeerCopies:
         slot = os.path.join(store, f"s-{max(numbers, default=0) + 1:08d}")
         os.replace(incoming.folder, slot)
         for old in sorted(n for n in os.listdir(store) if n[2:].isdigit())[:-incoming.keep]:
-            shutil.rmtree(os.path.join(store, old), ignore_errors=True)
+            memcopy.rmtree(os.path.join(store, old))
         self.emit("peer_stored", xfer=xfer, ok=True, slot=slot)
         self.emit("memory_held", **held(slot, record, self.host))
 
@@ -308,7 +310,7 @@ class PeerCopies:
         incoming = self._incoming.pop(xfer, None)
         if incoming is not None:
             incoming.close()
-        shutil.rmtree(os.path.join(self.memory.root, f".in-{xfer}"), ignore_errors=True)
+        memcopy.rmtree(os.path.join(self.memory.root, f".in-{xfer}"))
 
     # --- publishing -------------------------------------------------------------
 

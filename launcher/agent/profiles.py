@@ -17,7 +17,6 @@ Standard library only; of the launcher, imports the agent's files.
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import re
@@ -99,6 +98,8 @@ class Profiles:
             if size > MAX_FILE_BYTES:
                 return 0, f"the trace file has {size} bytes (more than {MAX_FILE_BYTES}): " \
                           f"left on the host at {real}"
+            import base64  # here: every agent imports this module at its start
+
             with open(real, "rb") as handle:
                 offset = 0
                 while chunk := handle.read(PART_BYTES):

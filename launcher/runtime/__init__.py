@@ -19,12 +19,8 @@ Shipped to hosts with the agent. Must not import the launcher side.
 
 from __future__ import annotations
 
-import json
 import os
 import time
-
-from ..strategy import DEFAULT as DEFAULT_STRATEGY
-from ..strategy import Strategy
 
 # Input sharding lives in its own module, loaded on first use (`__getattr__`
 # below): the bootstrap imports this package in every task, so it stays light.
@@ -76,7 +72,11 @@ __all__ = [
 def tf_config() -> dict:
     """The parsed `TF_CONFIG` of this task ({} when run without a cluster)."""
     raw = os.environ.get("TF_CONFIG", "")
-    return json.loads(raw) if raw.strip() else {}
+    if not raw.strip():
+        return {}
+    import json  # here, as below: every task's start imports this package (~1.5 ms)
+
+    return json.loads(raw)
 
 
 def task_type() -> str:
@@ -147,6 +147,11 @@ def _make_strategy(collective_timeout_s: float | None, cpu_devices: int | None):
     from . import strategies
 
     cpus = strategies.cpu_devices_wanted(cpu_devices)
+    # launcher.strategy where used, as below: every task's start imports this
+    # package, and the enum module may not be loaded there yet.
+    from ..strategy import DEFAULT as DEFAULT_STRATEGY
+    from ..strategy import Strategy
+
     job_strategy = os.environ.get("MGPU_STRATEGY", DEFAULT_STRATEGY)
     if job_strategy == Strategy.PARAMETER_SERVER and tf_config():
         resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
@@ -232,6 +237,8 @@ def write_progress(record: dict) -> None:
     from . import position  # where this task is: the launcher compares (job/lockstep.py)
 
     record = {**position.fields(), **record}
+    import json
+
     try:
         os.write(int(fd), (json.dumps(record) + "\n").encode())
     except (OSError, ValueError):
@@ -357,6 +364,8 @@ def callbacks(save_freq: str | int | None = None, progress_every_s: float = 0.5,
         **options,
     )
     # The PS coordinator cannot run batch-level callbacks (Keras refuses them).
+    from ..strategy import Strategy
+
     batch_level = os.environ.get("MGPU_STRATEGY") != Strategy.PARAMETER_SERVER
     saves = _save_freq(save_freq)
     return [backup, _progress_callback(keras, progress_every_s, batch_level,
@@ -374,6 +383,9 @@ def _preemption_save_possible(keras) -> bool:
     """
     if not keras.__name__.startswith("tf_keras") or num_workers() < 2:
         return False
+    from ..strategy import DEFAULT as DEFAULT_STRATEGY
+    from ..strategy import Strategy
+
     if os.environ.get("MGPU_STRATEGY", DEFAULT_STRATEGY) != Strategy.MULTI_WORKER_MIRRORED:
         return False
     try:

@@ -250,10 +250,12 @@ HOOKS = {MIRRORED: on_mirrored, ONE_DEVICE: on_one_device, COLLECTIVE: on_collec
          SERVER_LIB: on_server_lib}
 
 
-def several_workers() -> bool:
-    """TF_CONFIG names more than one chief/worker (the MWMS case)."""
+def several_workers(tf_config: str | None = None) -> bool:
+    """TF_CONFIG (this text, else the environment's) names more than one
+    chief/worker (the MWMS case); False when it is not JSON."""
     try:
-        cluster = json.loads(os.environ.get("TF_CONFIG") or "{}").get("cluster", {})
+        raw = os.environ.get("TF_CONFIG") if tf_config is None else tf_config
+        cluster = json.loads(raw or "{}").get("cluster", {})
     except ValueError:
         return False
     return len(cluster.get("chief", [])) + len(cluster.get("worker", [])) > 1

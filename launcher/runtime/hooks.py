@@ -43,7 +43,7 @@ class PostImportFinder:
     """Finds nothing itself: wraps the loader the other finders return."""
 
     def __init__(self) -> None:
-        self.hooks: dict[str, list[Hook]] = {}
+        self.hooks: dict[str, list[Hook | Deferred]] = {}
         self._busy = threading.local()
 
     def find_spec(self, fullname, path, target=None):
@@ -67,15 +67,43 @@ class PostImportFinder:
         return spec
 
 
-def _run_all(hooks: list[Hook]) -> Hook:
+class Deferred:
+    """The hook `HOOKS[key]` of the runtime module `source`, imported only when
+    it is to run: a task whose script never imports what the hook watches never
+    loads `source` (the bootstrap registers these; ~12 ms of every task's start).
+    With `when`, only if `when()` says so then (else nothing is imported)."""
+
+    def __init__(self, source: str, key: str, when: Callable[[], bool] | None = None) -> None:
+        self.source, self.key, self.when = source, key, when
+        self.__qualname__ = f"{source}.HOOKS[{key!r}]"  # named so in a warning until resolved
+
+    def resolve(self) -> Hook | None:
+        if self.when is not None and not self.when():
+            return None
+        __import__(self.source)
+        return sys.modules[self.source].HOOKS[self.key]
+
+
+def _call(hook: Hook | Deferred, module: ModuleType) -> None:
+    resolved = hook.resolve() if isinstance(hook, Deferred) else hook
+    if resolved is not None:
+        resolved(module)
+
+
+def _run_all(hooks: list[Hook | Deferred]) -> Hook:
     def run(module: ModuleType) -> None:
         for hook in hooks:
+            name = getattr(hook, "__qualname__", repr(hook))
             try:
+                if isinstance(hook, Deferred):
+                    hook = hook.resolve()
+                    if hook is None:
+                        continue
+                    name = getattr(hook, "__qualname__", repr(hook))
                 hook(module)
             except Exception as exc:  # noqa: BLE001 - never break the script's import
                 # A hook adjusts private TensorFlow/Keras code that may have
                 # moved; the script then runs as the library ships it.
-                name = getattr(hook, "__qualname__", repr(hook))
                 print(f"mgpu-launch: warning: {name} skipped on {module.__name__} "
                       f"({type(exc).__name__}: {str(exc)[:160]})", file=sys.stderr, flush=True)
 
@@ -85,12 +113,12 @@ def _run_all(hooks: list[Hook]) -> Hook:
 _finder: PostImportFinder | None = None
 
 
-def when_imported(name: str, hook: Hook) -> None:
+def when_imported(name: str, hook: Hook | Deferred) -> None:
     """Run `hook(module)` once `name` is imported (at once if it already is)."""
     global _finder
     module = sys.modules.get(name)
     if module is not None:
-        hook(module)
+        _call(hook, module)
         return
     if _finder is None:
         _finder = PostImportFinder()

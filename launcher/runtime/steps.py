@@ -192,17 +192,9 @@ def track_trainer(model) -> None:
         _trainers.append(weakref.ref(model))
 
 
-def name_this_thread(name: str) -> None:
-    """Give the calling thread its name in the OS too (/proc/.../comm, 15 bytes):
-    the straggler radar leaves the launcher's own `mgpu-*` threads out."""
-    try:
-        with open(f"/proc/self/task/{threading.get_native_id()}/comm", "w") as handle:
-            handle.write(name[:15])
-    except OSError:
-        pass  # not Linux: nothing reads it there
-
-
 def _watch(period_s: float) -> None:
+    from .threadname import name_this_thread
+
     name_this_thread("mgpu-steps")
     while not _stop.wait(period_s):
         if not report_step():

@@ -16,7 +16,7 @@ waiting for input, the rest is compute) and the summary goes back through the
 progress channel as one record `{"profile": {...}}`, which the agent takes out
 of the progress stream (launcher/agent/profiles.py) and sends on with the file.
 
-Light at import time (every task imports it at start: json, os, threading);
+Light at import time (every task imports it at start: os, threading);
 TensorFlow, the summariser and its protos are imported when a trace is asked
 for (they are loaded in a training process by then).
 Must not import the launcher side.
@@ -24,7 +24,6 @@ Must not import the launcher side.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import threading
@@ -81,6 +80,8 @@ def _newest_xplane(logdir: str) -> str | None:
 
 def take_request(path: str) -> dict | None:
     """The request at `path`, removed; None if there is none or it is malformed."""
+    import json
+
     try:
         with open(path, encoding="utf-8") as handle:
             request = json.load(handle)
@@ -110,7 +111,7 @@ def answer(request: dict) -> None:
 
 
 def _watch(path: str) -> None:
-    from launcher.runtime.steps import name_this_thread
+    from launcher.runtime.threadname import name_this_thread
 
     name_this_thread("mgpu-profile")
     while True:

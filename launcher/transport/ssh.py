@@ -78,8 +78,8 @@ for d,ds,fs in os.walk(c,onerror=lambda e:bad.append(str(e))):
 if bad:
     sys.stderr.write("not yours alone: "+" ".join(bad[:3])+"\\n");sys.exit(%(unsafe)d)
 os.environ["PYTHONPATH"]=c;sys.path.insert(0,c);sys.argv[:2]=[c+"/"+%(agent_main)s]
-import runpy
-runpy.run_module("launcher.agent",run_name="__main__",alter_sys=True)
+from launcher.agent.__main__ import run
+run()
 """
 
 
