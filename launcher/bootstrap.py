@@ -23,7 +23,9 @@ Owns what must happen in the task process before and around the user's code:
 - a task with TensorFlow loaded that dies of an uncaught exception exits
   without the interpreter's module teardown (`exit_quickly`: threads joined,
   atexit handlers run, open files flushed, as at a normal exit), ~1 s sooner:
-  its peers' next generation waits for its exit;
+  its peers' next generation waits for its exit; in a multi-process JAX
+  task without JAX's exit barrier, where its peers wait for it
+  (`_leave_jax_cluster`);
 - a program that ended cleanly says so (`ProgramOver`, after every exit
   handler): the launcher need not wait for the interpreter's teardown;
 - Python stacks on demand: `faulthandler` dumps every thread's stack into
@@ -291,7 +293,9 @@ def main() -> None:
         raise
     except BaseException as exc:
         _write_error(exc)
-        if os.environ.get("MGPU_ERROR_FILE") and "tensorflow" in sys.modules:
+        in_jax_cluster = _leave_jax_cluster()
+        if os.environ.get("MGPU_ERROR_FILE") and ("tensorflow" in sys.modules
+                                                   or in_jax_cluster):
             sys.excepthook(type(exc), exc, exc.__traceback__)
             exit_quickly(1)
         raise
@@ -389,6 +393,26 @@ def _flush_open_files() -> None:
                 obj.flush()
         except Exception:  # noqa: BLE001, S110 - a broken stream: as at a normal exit
             pass
+
+
+def _leave_jax_cluster() -> bool:
+    """In a multi-process JAX task, drop JAX's exit handler; True if there was one.
+
+    JAX shuts its distributed client down at exit through a barrier that
+    every process must reach: a process dying of an error waited there for
+    peers that wait in a collective for it, until the launcher's hang timeout
+    blamed one of them. Without it the process exits; its peers' collectives
+    fail on the closed connection and the error is named where it happened."""
+    distributed = sys.modules.get("jax._src.distributed")
+    if getattr(getattr(distributed, "global_state", None), "client", None) is None:
+        return False
+    clean_up = getattr(sys.modules.get("jax._src.api"), "clean_up", None)
+    if clean_up is None:
+        return False
+    import atexit
+
+    atexit.unregister(clean_up)
+    return True
 
 
 def exit_quickly(code: int) -> None:

@@ -19,7 +19,7 @@ import pytest
 from launcher.runtime import keras_jax
 from launcher.spec.config import ConfigError, parse_config
 from launcher.spec.plan import build_plan
-from tests.conftest import EXAMPLES, read_events, read_summary, run_cli
+from tests.conftest import EXAMPLES, SCRIPTS, read_events, read_summary, run_cli
 from tests.sshcluster import sim_cluster, write_yaml
 from tests.test_faults import jobs, launch  # noqa: F401 - `jobs` is a fixture
 
@@ -192,6 +192,27 @@ def test_kill_9_of_process_1_restarts_and_resumes_from_the_checkpoint(workdir: P
     assert first and int(first[0]) == 1  # generation 0 did start from the first
     assert_same_weights_everywhere(job.output)
     job.assert_nothing_left()
+
+
+@pytest.mark.e2e
+def test_an_error_in_one_process_is_named_at_once_not_as_a_hang_of_its_peer(workdir: Path):
+    """JAX's exit handler waits in a barrier for every process, while the peer
+    waits in a collective for the failed one: before, the job failed after
+    `hang_timeout_s`, blamed on the peer. Now the failed process leaves at once."""
+    (workdir / "cluster.yaml").write_text(
+        "strategy: keras_distribution\nkeras: jax\ntransport: local\n"
+        "hosts:\n  - {address: 127.0.0.1, name: host0}\n  - {address: 127.0.0.1, name: host1}\n"
+        "ports: {base: auto}\nrestart: {max_restarts: 0, hang_timeout_s: 200}\n"
+        "env: {RAISE_AT_STEP: '10'}\n")
+    run_dir = workdir / "run"
+    done = run_cli(["--no-live", "--run-dir", str(run_dir), str(workdir / "cluster.yaml"),
+                    str(SCRIPTS / "tutorial_keras_jax_backup.py"), str(workdir / "backup")],
+                   cwd=workdir, timeout=180)  # under the hang timeout: a hang fails here
+    assert done.returncode != 0
+    summary = read_summary(run_dir)
+    assert summary["failures"][0]["task"] == "host0/worker0", summary["failures"]
+    assert "ValueError: bad data at step 10" in done.stdout
+    assert "root cause: host0/worker0" in done.stdout and "made no progress" not in done.stdout
 
 
 @pytest.mark.e2e

@@ -7,7 +7,8 @@ training on its share of the arrays, and `model.fit(..., callbacks=
 [BackupAndRestore(backup_dir=argv[1])])` with the script's own directory.
 4 epochs of 20 steps in order (`shuffle=False`: an uninterrupted run's weights
 are the reference), 0.02 s a step. KILL_AT_STEP=S: in the first generation,
-process 1 kills itself (SIGKILL) right after step S. Prints `STEPS_DONE
+process 1 kills itself (SIGKILL) right after step S; RAISE_AT_STEP=S: process 0
+raises a ValueError there (an error in the script). Prints `STEPS_DONE
 <optimizer steps>` and `WEIGHTS <checksum>` at the end.
 """
 
@@ -42,6 +43,9 @@ class StepTime(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         time.sleep(0.02)
+        if process == 0 and int(self.model.optimizer.iterations) == int(
+                os.environ.get("RAISE_AT_STEP") or -1):
+            raise ValueError(f"bad data at step {int(self.model.optimizer.iterations)}")
         at = os.environ.get("KILL_AT_STEP")
         if at and process == 1 and os.environ.get("MGPU_GENERATION") == "0" \
                 and int(self.model.optimizer.iterations) == int(at):
