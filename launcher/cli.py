@@ -229,9 +229,11 @@ def _reach_early(loaded: LoadedConfig, verbose: bool) -> SSHTransport | None:
 
     if not verbose:  # -v: paramiko's tracebacks
         quiet_paramiko_logs()
-    transport: SSHTransport = make_transport(config)  # type: ignore[assignment]
-    transport.warm(host_targets(config, "python3", loaded.base_dir))
-    return transport
+    # SSH's own method, not the Transport protocol's: no other transport has
+    # connections to open ahead.
+    ssh: SSHTransport = make_transport(config)  # type: ignore[assignment]
+    ssh.warm(host_targets(config, "python3", loaded.base_dir))
+    return ssh
 
 
 if __name__ == "__main__":
