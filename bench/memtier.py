@@ -116,6 +116,15 @@ def crash_to_step(run_dir: Path) -> dict[str, float]:
 
 COST_RUNS = {"off": "memory: false", "on": "memory: true",
              "on, no peer copy": "memory: true}\nenv: {MGPU_MEMORY_PEER: 0"}
+# TEMPORARY ablations (issue 34): the tier on, the launcher's (and so the agents')
+# environment with these knobs (launcher/agent/peercopy.py, branch-only)
+ABLATE = {"on-nohash": {"MGPU_X_PEER_HASH": "none"},
+          "on-nohash-sink": {"MGPU_X_PEER_HASH": "none", "MGPU_X_PEER_SINK": "1"},
+          "on-nosend": {"MGPU_X_PEER_NOSEND": "1"},
+          "on-bigpipe": {"MGPU_X_PIPE": "1"},
+          "on-25MBps": {"MGPU_X_PEER_MBPS": "25"},
+          "on-relaysink": {"MGPU_X_RELAY_SINK": "1"},
+          "on-1MiB": {"MGPU_X_PEER_CHUNK": str(2**20)}}
 EVERY = 3  # a save every 3 epochs: the epoch after it overlaps its copies, the third not
 
 
@@ -124,10 +133,11 @@ def cost_run(work: Path, shared: Path, name: str, width: int, epochs: int) -> di
     (beside its copies) and in those before the next (quiet); the copies' lag."""
     tag = f"{name.replace(' ', '').replace(',', '-')}-{len(list(work.glob('run-*')))}"
     ckpt, run_dir, config = shared / f"ckpt-{tag}", work / f"run-{tag}", work / f"{tag}.yaml"
-    config.write_text(f"transport: local\ncheckpoint: {{dir: {ckpt}, {COST_RUNS[name]}}}\n"
+    config.write_text(f"transport: local\ncheckpoint: {{dir: {ckpt}, "
+                      f"{COST_RUNS.get(name, 'memory: true')}}}\n"
                       "hosts:\n  - {address: 127.0.0.1}\n  - {address: 127.0.0.1}\n")
     env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "2",
-           "SAVE_EVERY": str(EVERY)}
+           "SAVE_EVERY": str(EVERY), **ABLATE.get(name, {})}
     done = subprocess.run([sys.executable, "-m", "launcher", "--run-dir", str(run_dir),
                            str(config), str(SCRIPT), str(ckpt), str(width), str(epochs)],
                           env=env, capture_output=True, text=True, timeout=600)
@@ -151,7 +161,10 @@ def cost_run(work: Path, shared: Path, name: str, width: int, epochs: int) -> di
 
 def cost(work: Path, shared: Path, args: argparse.Namespace) -> None:
     """--cost: off, on, on without the peer copy, alternating (module docstring)."""
-    order, runs = list(COST_RUNS), []
+    order, runs = args.runs.split(";"), []
+    unknown = [n for n in order if n not in COST_RUNS and n not in ABLATE]
+    if order[0] != "off" or unknown:
+        sys.exit(f"--runs: 'off' first, then of {list(COST_RUNS) + list(ABLATE)}")
     sequence = ["off"] + [n for rnd in range(args.rounds)
                           for n in (order[1:] if rnd % 2 == 0 else order[:0:-1]) + ["off"]]
     for name in sequence:
@@ -160,7 +173,8 @@ def cost(work: Path, shared: Path, args: argparse.Namespace) -> None:
         print(f"{r['name']:17} beside copies {1000 * r['beside']:5.0f} ms, quiet "
               f"{1000 * r['quiet']:5.0f} ms: {r['beside'] / r['quiet']:.3f} (epochs 1..: "
               f"{' '.join(f'{1000 * s:.0f}' for s in r['epochs'])}); copy lag: directory "
-              f"<= {r['lag']:.1f} s, peer <= {r['peer']:.1f} s", flush=True)
+              f"<= {r['lag']:.1f} s, peer <= {r['peer']:.1f} s; load {os.getloadavg()[0]:.1f}",
+              flush=True)
     print(f"weights ~{args.width * 4 * 1026 / 1e6:.0f} MB, shared directory at {args.mbps:g} "
           f"MB/s, 2 workers, a save every {EVERY} epochs of 10 steps, {len(runs)} runs")
     paired = {n: [r["beside"] / r["quiet"] for r in runs if r["name"] == n] for n in order}
@@ -169,9 +183,9 @@ def cost(work: Path, shared: Path, args: argparse.Namespace) -> None:
               f"{statistics.mean(paired[name]):.3f} ({' '.join(f'{x:.3f}' for x in paired[name])})")
     beside = {n: statistics.mean(r["beside"] for r in runs if r["name"] == n) for n in order}
     offs = [r["beside"] for r in runs if r["name"] == "off"]
-    print(f"beside copies, on / off: {beside['on'] / beside['off']:.3f}, no peer / off: "
-          f"{beside[order[2]] / beside['off']:.3f}; off runs apart by "
-          f"{100 * (max(offs) - min(offs)) / beside['off']:.1f}%")
+    print("beside copies, / off: " + ", ".join(f"{n} {beside[n] / beside['off']:.3f}"
+                                                for n in order[1:])
+          + f"; off runs apart by {100 * (max(offs) - min(offs)) / beside['off']:.1f}%")
 
 
 def main() -> None:
@@ -181,6 +195,9 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=None, help="3; with --cost 10")
     parser.add_argument("--cost", action="store_true", help="step time only, alternating")
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--runs", default=";".join(COST_RUNS),
+                        help="with --cost: the kinds of run, 'off' first, separated by ';' "
+                        "(default: %(default)s)")
     parser.add_argument("--keep", help="a folder to keep the run directories in")
     args = parser.parse_args()
     args.epochs = args.epochs or (10 if args.cost else 3)
