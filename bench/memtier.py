@@ -35,9 +35,11 @@ meanwhile (beside / quiet: ~1 with the tier off). Runs alternate: off, then
 (`env: {MGPU_MEMORY_PEER: 0}`), off (the two on runs swapped in every other
 round). Prints each run's figures and the copies' lag behind the save, then
 beside / quiet per kind, and on / off of the epochs beside copies against how
-far the two off runs lie apart. About 5 minutes with one round:
+far the two off runs lie apart, and the load average after each run.
+`--runs 'off;on'` leaves out the other kinds (a run is ~80 s). About 5
+minutes with one round:
 
-    uptime; .venv/bin/python bench/memtier.py --cost [--rounds 1] [--epochs 10]
+    uptime; .venv/bin/python bench/memtier.py --cost [--rounds 1] [--epochs 10] [--runs ...]
 """
 
 from __future__ import annotations
@@ -116,15 +118,6 @@ def crash_to_step(run_dir: Path) -> dict[str, float]:
 
 COST_RUNS = {"off": "memory: false", "on": "memory: true",
              "on, no peer copy": "memory: true}\nenv: {MGPU_MEMORY_PEER: 0"}
-# TEMPORARY ablations (issue 34): the tier on, the launcher's (and so the agents')
-# environment with these knobs (launcher/agent/peercopy.py, branch-only)
-ABLATE = {"on-nohash": {"MGPU_X_PEER_HASH": "none"},
-          "on-nohash-sink": {"MGPU_X_PEER_HASH": "none", "MGPU_X_PEER_SINK": "1"},
-          "on-nosend": {"MGPU_X_PEER_NOSEND": "1"},
-          "on-bigpipe": {"MGPU_X_PIPE": "1"},
-          "on-25MBps": {"MGPU_X_PEER_MBPS": "25"},
-          "on-relaysink": {"MGPU_X_RELAY_SINK": "1"},
-          "on-1MiB": {"MGPU_X_PEER_CHUNK": str(2**20)}}
 EVERY = 3  # a save every 3 epochs: the epoch after it overlaps its copies, the third not
 
 
@@ -133,11 +126,10 @@ def cost_run(work: Path, shared: Path, name: str, width: int, epochs: int) -> di
     (beside its copies) and in those before the next (quiet); the copies' lag."""
     tag = f"{name.replace(' ', '').replace(',', '-')}-{len(list(work.glob('run-*')))}"
     ckpt, run_dir, config = shared / f"ckpt-{tag}", work / f"run-{tag}", work / f"{tag}.yaml"
-    config.write_text(f"transport: local\ncheckpoint: {{dir: {ckpt}, "
-                      f"{COST_RUNS.get(name, 'memory: true')}}}\n"
+    config.write_text(f"transport: local\ncheckpoint: {{dir: {ckpt}, {COST_RUNS[name]}}}\n"
                       "hosts:\n  - {address: 127.0.0.1}\n  - {address: 127.0.0.1}\n")
     env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "2",
-           "SAVE_EVERY": str(EVERY), **ABLATE.get(name, {})}
+           "SAVE_EVERY": str(EVERY)}
     done = subprocess.run([sys.executable, "-m", "launcher", "--run-dir", str(run_dir),
                            str(config), str(SCRIPT), str(ckpt), str(width), str(epochs)],
                           env=env, capture_output=True, text=True, timeout=600)
@@ -162,9 +154,8 @@ def cost_run(work: Path, shared: Path, name: str, width: int, epochs: int) -> di
 def cost(work: Path, shared: Path, args: argparse.Namespace) -> None:
     """--cost: off, on, on without the peer copy, alternating (module docstring)."""
     order, runs = args.runs.split(";"), []
-    unknown = [n for n in order if n not in COST_RUNS and n not in ABLATE]
-    if order[0] != "off" or unknown:
-        sys.exit(f"--runs: 'off' first, then of {list(COST_RUNS) + list(ABLATE)}")
+    if order[0] != "off" or any(n not in COST_RUNS for n in order):
+        sys.exit(f"--runs: 'off' first, then any of {list(COST_RUNS)}, separated by ';'")
     sequence = ["off"] + [n for rnd in range(args.rounds)
                           for n in (order[1:] if rnd % 2 == 0 else order[:0:-1]) + ["off"]]
     for name in sequence:

@@ -47,31 +47,12 @@ import threading
 from launcher.agent import memcopy
 from launcher.agent.protocol import Emitter
 
-# raw bytes a chunk (a frame: at most protocol.MAX_FRAME_BYTES)
-CHUNK = int(os.environ.get("MGPU_X_PEER_CHUNK", 512 * 1024))
+CHUNK = 512 * 1024  # raw bytes a chunk (a frame: at most protocol.MAX_FRAME_BYTES)
 WINDOW = 8  # chunks in flight (4 MiB): what the launcher may hold of one copy
 ACK_WAIT_S = 60.0  # a receiver that stops acknowledging: the copy is given up
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 PEER = "peer-"
 _HELD = ("key", "kind", "pointer", "step", "time", "copy", "origin")
-# TEMPORARY ablation knobs (issue 34 bench only; removed before merge)
-_X_HASH = os.environ.get("MGPU_X_PEER_HASH", "sha256")
-_X_SINK = os.environ.get("MGPU_X_PEER_SINK") == "1"
-_X_NOSEND = os.environ.get("MGPU_X_PEER_NOSEND") == "1"
-_X_MBPS = float(os.environ.get("MGPU_X_PEER_MBPS") or 0)
-
-
-class _NoHash:
-    def update(self, data: bytes) -> None:
-        pass
-
-    def hexdigest(self) -> str:
-        return ""
-
-
-def _hasher():  # noqa: ANN202
-    import hashlib
-    return _NoHash() if _X_HASH == "none" else hashlib.sha256()
 
 
 def _plain(value: object) -> str:
@@ -100,8 +81,7 @@ class _Incoming:
         self.index, self.written, self.next = 0, 0, 0
         import hashlib  # here: every agent imports this module at its start
 
-        self.hashes = {name: _hasher() for name, _ in self.files}
-        del hashlib
+        self.hashes = {name: hashlib.sha256() for name, _ in self.files}
         self.fd: int | None = None
         os.makedirs(folder, mode=0o700, exist_ok=True)  # made at `peer_expect`, perhaps
         for name in os.listdir(folder):  # what an earlier try left
@@ -120,8 +100,7 @@ class _Incoming:
         if self.fd is None:
             self.fd = os.open(os.path.join(self.folder, name),
                               os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        if not _X_SINK:
-            os.write(self.fd, data)
+        os.write(self.fd, data)
         self.hashes[name].update(data)
         self.written += len(data)
         self.next += 1
@@ -136,7 +115,7 @@ class _Incoming:
         self.close()
         for name, size in self.files:
             path = os.path.join(self.folder, name)
-            if not _X_SINK and (os.path.getsize(path) if os.path.exists(path) else -1) != size:
+            if (os.path.getsize(path) if os.path.exists(path) else -1) != size:
                 if size or os.path.exists(path):
                     raise ValueError(f"{name}: size differs")
                 open(path, "wb").close()  # an empty file sends no chunk
@@ -246,21 +225,14 @@ class PeerCopies:
         files = [[n, os.path.getsize(os.path.join(slot, n))] for n in names]
         record.update(origin=record.get("origin") or self.host, files=names)
         self.emit("peer_begin", xfer=xfer, slot=slot, manifest=record, files=files)
+        import hashlib
 
         sums, n = {}, 0
-        import time
-        began = time.monotonic()
         for name in names:
-            digest = _hasher()
+            digest = hashlib.sha256()
             with open(os.path.join(slot, name), "rb") as handle:
                 while data := handle.read(CHUNK):
                     digest.update(data)
-                    if _X_NOSEND:
-                        continue
-                    if _X_MBPS:
-                        ahead = began + n * CHUNK / (_X_MBPS * 1e6) - time.monotonic()
-                        if ahead > 0:
-                            time.sleep(ahead)
                     self._wait_window(xfer, n)
                     self._chunk(xfer, n, name, data)
                     n += 1

@@ -184,10 +184,7 @@ class PeerRelay:
         info = self._xfers[xfer]
         command = {k: v for k, v in body.items() if k not in ("ev", "t", "raw")}
         command["op"] = body["ev"]
-        if command["op"] == "peer_chunk" and os.environ.get("MGPU_X_RELAY_SINK") == "1":
-            sent = self._send(info["source"], {"op": "peer_ack", "xfer": xfer,
-                                               "n": body.get("n")})  # TEMPORARY ablation
-        elif command["op"] != "peer_chunk":
+        if command["op"] != "peer_chunk":
             sent = self._send(info["dest"], command)
         elif isinstance(body.get("raw"), bytes):
             link = self._alive(info["dest"])
