@@ -35,9 +35,11 @@ meanwhile (beside / quiet: ~1 with the tier off). Runs alternate: off, then
 (`env: {MGPU_MEMORY_PEER: 0}`), off (the two on runs swapped in every other
 round). Prints each run's figures and the copies' lag behind the save, then
 beside / quiet per kind, and on / off of the epochs beside copies against how
-far the two off runs lie apart. About 5 minutes with one round:
+far the two off runs lie apart, and the load average after each run.
+`--runs 'off;on'` leaves out the other kinds (a run is ~80 s). About 5
+minutes with one round:
 
-    uptime; .venv/bin/python bench/memtier.py --cost [--rounds 1] [--epochs 10]
+    uptime; .venv/bin/python bench/memtier.py --cost [--rounds 1] [--epochs 10] [--runs ...]
 """
 
 from __future__ import annotations
@@ -151,7 +153,9 @@ def cost_run(work: Path, shared: Path, name: str, width: int, epochs: int) -> di
 
 def cost(work: Path, shared: Path, args: argparse.Namespace) -> None:
     """--cost: off, on, on without the peer copy, alternating (module docstring)."""
-    order, runs = list(COST_RUNS), []
+    order, runs = args.runs.split(";"), []
+    if order[0] != "off" or any(n not in COST_RUNS for n in order):
+        sys.exit(f"--runs: 'off' first, then any of {list(COST_RUNS)}, separated by ';'")
     sequence = ["off"] + [n for rnd in range(args.rounds)
                           for n in (order[1:] if rnd % 2 == 0 else order[:0:-1]) + ["off"]]
     for name in sequence:
@@ -160,7 +164,8 @@ def cost(work: Path, shared: Path, args: argparse.Namespace) -> None:
         print(f"{r['name']:17} beside copies {1000 * r['beside']:5.0f} ms, quiet "
               f"{1000 * r['quiet']:5.0f} ms: {r['beside'] / r['quiet']:.3f} (epochs 1..: "
               f"{' '.join(f'{1000 * s:.0f}' for s in r['epochs'])}); copy lag: directory "
-              f"<= {r['lag']:.1f} s, peer <= {r['peer']:.1f} s", flush=True)
+              f"<= {r['lag']:.1f} s, peer <= {r['peer']:.1f} s; load {os.getloadavg()[0]:.1f}",
+              flush=True)
     print(f"weights ~{args.width * 4 * 1026 / 1e6:.0f} MB, shared directory at {args.mbps:g} "
           f"MB/s, 2 workers, a save every {EVERY} epochs of 10 steps, {len(runs)} runs")
     paired = {n: [r["beside"] / r["quiet"] for r in runs if r["name"] == n] for n in order}
@@ -169,9 +174,9 @@ def cost(work: Path, shared: Path, args: argparse.Namespace) -> None:
               f"{statistics.mean(paired[name]):.3f} ({' '.join(f'{x:.3f}' for x in paired[name])})")
     beside = {n: statistics.mean(r["beside"] for r in runs if r["name"] == n) for n in order}
     offs = [r["beside"] for r in runs if r["name"] == "off"]
-    print(f"beside copies, on / off: {beside['on'] / beside['off']:.3f}, no peer / off: "
-          f"{beside[order[2]] / beside['off']:.3f}; off runs apart by "
-          f"{100 * (max(offs) - min(offs)) / beside['off']:.1f}%")
+    print("beside copies, / off: " + ", ".join(f"{n} {beside[n] / beside['off']:.3f}"
+                                                for n in order[1:])
+          + f"; off runs apart by {100 * (max(offs) - min(offs)) / beside['off']:.1f}%")
 
 
 def main() -> None:
@@ -181,6 +186,9 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=None, help="3; with --cost 10")
     parser.add_argument("--cost", action="store_true", help="step time only, alternating")
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--runs", default=";".join(COST_RUNS),
+                        help="with --cost: the kinds of run, 'off' first, separated by ';' "
+                        "(default: %(default)s)")
     parser.add_argument("--keep", help="a folder to keep the run directories in")
     args = parser.parse_args()
     args.epochs = args.epochs or (10 if args.cost else 3)
