@@ -1,8 +1,9 @@
 """The command line: parse arguments, read files and environment, print, exit.
 
-Owns every exit code and every top-level message. The only module that turns
-outcomes (RunResult) and faults (ConfigError, TransportError, ...) into text
-and exit codes:
+Owns every exit code and every top-level message; with
+launcher/commands/run.py (the run command once its cluster is read), the only
+module that turns outcomes (RunResult) and faults (ConfigError,
+TransportError, ...) into text and exit codes:
 
     0 the job finished   1 the job failed   2 bad configuration or usage
     130 interrupted (SIGINT)   143 terminated (SIGTERM)
@@ -13,40 +14,36 @@ everything and the exit code is the job's. `--detach` (launcher/commands/control
 runs the same command in the background.
 
 The launch itself (hosts, agents, plan, supervisor, summary) is
-launcher/job/launch.py's: this module parses arguments, calls it, prints what
-comes back and owns the signals while it runs.
+launcher/job/launch.py's: this module parses arguments, reads the cluster file
+and hands the run to launcher/commands/run.py, which calls it, prints what
+comes back and owns the signals while it runs. On SSH hosts the connections
+are opened first (`SSHTransport.warm`), and the job's modules imported while
+the hosts answer: their ~0.1 s of imports no longer come before the first
+connect (docs/benchmarks.md, "The launcher's start and end").
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import os
-import signal
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from . import __version__
-from .commands import control, exits, loading, prereqs, usage
-from .commands.signals import stops_asked
-from .commands.usage import say, shown
-from .job.classify import signal_name
-from .job.launch import Launch, LaunchRefused, Outcome
-from .job.sequence import EarlyEnd, run_launch
-from .job.states import Failure, RunResult
-from .spec import planview, rundir
+from .commands import control, exits, loading, usage
+from .commands.usage import say, silence_fds
 from .spec.addresses import AddressError
 from .spec.allocation import SlurmError
 from .spec.config import ConfigError, LoadedConfig
-from .spec.plan import Plan, PlanError
+from .spec.plan import PlanError, host_targets
 from .spec.transports import traits as transport_traits
-from .transport.factory import make_transport, quiet_paramiko_logs
-from .views import narrate, outlets
-from .views.live import format_duration
-from .views.printer import Printer
+
+if TYPE_CHECKING:
+    from .transport.ssh import SSHTransport
 
 # Subcommand -> module with `main(argv) -> int`, imported only when used.
 SUBCOMMANDS = {
@@ -164,9 +161,6 @@ def _main(argv: list[str]) -> int:
     except AddressError as exc:
         say(f"mgpu-launch: {exc}")
         return exits.USAGE
-    except (LaunchRefused, outlets.OutletError) as exc:  # e.g. ports or checkpoint dir taken
-        say(f"mgpu-launch: {exc}")
-        return exits.USAGE
 
 
 def _load(args: argparse.Namespace) -> tuple[LoadedConfig, list[str]]:
@@ -201,263 +195,45 @@ def _run(argv: list[str]) -> int:
         raise UsageError("--json goes with --dry-run")
     if args.task and not args.dry_run:
         raise UsageError("--task goes with --dry-run")
+    if args.max_restarts is not None and args.max_restarts < 0:
+        raise UsageError("--max-restarts needs a number >= 0")
     loaded, command = _load(args)
-    config = loaded.config
-    local = transport_traits(config.transport).simulated
-    run_dir = Path(args.run_dir) if args.run_dir else _default_run_dir(config.name)
+    run_dir = Path(args.run_dir) if args.run_dir else _default_run_dir(loaded.config.name)
     run_dir = run_dir.resolve()
     if not args.dry_run and not control.run_dir_free(run_dir):
         raise UsageError(f"run directory {run_dir} is not empty: give a new --run-dir "
                          "(each run keeps its own logs, events and summary)")
-    # Every host's TF address as far as known before any agent answered (spares too).
-    launch = Launch(loaded, command, run_dir, str(Path.cwd()))
-    if args.dry_run:
-        return _dry_run(launch.plan(0), args, config.ports.base == "auto")
-    if local:  # simulated hosts run the tasks with this machine's Python
-        missing = prereqs.local_problem(launch.pythons, Path(command[0]), config.strategy)
-        if missing:
-            say(f"mgpu-launch: {missing}")
-            return exits.USAGE
-    # A detached run claims the checkpoint directory in its own process.
-    prepared = launch.prepare(claim=not args.detach)
-    if prepared.moved is not None:
-        say(f"mgpu-launch: {narrate.checkpoint_moved(prepared.moved)}")
-    first_plan = prepared.plan
-    if args.max_restarts is not None and args.max_restarts < 0:
-        raise UsageError("--max-restarts needs a number >= 0")
-    views = outlets.make_outlets(loaded, run_dir, args.metrics_port)  # a busy port: exit 2
-    if args.detach:  # the background launcher makes its own
-        views.close()
-        return control.detach(argv, args.rest, run_dir, config.name, views.metrics_port,
-                              views.said)
-    return _launch(launch, first_plan, args, views)
-
-
-def _dry_run(plan: Plan, args: argparse.Namespace, ports_auto: bool) -> int:
-    if args.task:
-        try:
-            task = planview.find_task(plan, args.task)
-        except planview.NoSuchTask as exc:
-            raise UsageError(str(exc)) from None
-        print(json.dumps(planview.one_task_json(task), indent=2) if args.json
-              else planview.one_task(task))
-        return exits.OK
-    if args.json:
-        print(planview.dumps(planview.plan_json(plan)))
-        return exits.OK
-    if ports_auto:
-        print("# ports.base is auto: these ports are free now; a launch picks again")
-    if plan.unresolved:
-        print("# <address of IF on HOST>: that interface's IPv4 address, read by the "
-              "host's agent when the job starts")
-    print(planview.render_plan(plan))
-    return exits.OK
-
-
-def _launch(launch: Launch, first_plan: Plan, args: argparse.Namespace,
-            views: outlets.Outlets) -> int:
-    config = launch.loaded.config
-    printer = Printer([t.label for t in first_plan.tasks], quiet=args.quiet,
-                      verbose=args.verbose, live=None if args.live else False,
-                      on_terminal_lost=_stdout_gone)
-    previous_hangup = _watch_terminal(printer)
-    simulated = transport_traits(config.transport).simulated
-    if transport_traits(config.transport).ssh and not args.verbose:  # -v: paramiko's tracebacks
-        quiet_paramiko_logs()
-    transport = make_transport(config)
-    printer.notice(
-        f"job {config.name!r}: {len(first_plan.tasks)} tasks on {len(first_plan.hosts)} "
-        f"{'simulated ' if simulated else ''}hosts, "
-        f"strategy {config.strategy}"
-    )  # the run directory is named once it exists: a launch that fails first writes none
-    for line in filter(None, [planview.memory_line(first_plan), *views.said]):
-        printer.notice(line)
-    with stops_asked() as stop:  # until the summary is written
-        ended = run_launch(launch, first_plan, transport, printer, stop,
-                           max_restarts=args.max_restarts, views=views.views,
-                           started=lambda _job: printer.notice(f"run dir {launch.run_dir}"))
-        if isinstance(ended, Outcome) and ended.unwritten is not None:
-            say(f"mgpu-launch: cannot write {launch.run_dir / rundir.SUMMARY} "
-                f"({ended.unwritten}); it is:\n"
-                + json.dumps(ended.summary, indent=2, default=str))
-    if isinstance(ended, EarlyEnd):
-        views.close()
-        return _done(printer, previous_hangup, _early_end(ended, printer, launch.run_dir))
-    if ended.drops:  # said once, with the counts
-        printer.notice(ended.drops)
-    _print_outcome(printer, ended.result, launch.run_dir)
-    if ended.stop is not None:
-        printer.notice(ended.stop["said"])
-    return _done(printer, previous_hangup, exit_code(ended.result))
-
-
-def _early_end(ended: EarlyEnd, printer: Printer, run_dir: Path) -> int:
-    """A launch that ended before its job started: a host not reached or not fit
-    is exit 2, a stop meanwhile 128 + the signal (recorded for a detached launcher)."""
-    if ended.why == "interrupted":
-        signum = ended.signum or signal.SIGINT
-        say("mgpu-launch: interrupted")
-        control.record_early_end(run_dir, "interrupted", "stopped while reaching the hosts",
-                                 interrupted_by=signum)
-        return exits.by_signal(signum)
-    for line in ended.notices:
-        printer.notice(line)
-    say("mgpu-launch: " + "\nmgpu-launch: ".join(ended.reasons))
-    first = ended.reasons[0]
-    control.record_early_end(run_dir, "failed",
-                             first.splitlines()[0] if ended.why == "refused" else first)
-    return exits.USAGE
-
-
-# ---------------------------------------------------------------- the terminal
-
-
-def silence_fds(*fds: int) -> None:
-    """Point `fds` at /dev/null: a pipe or terminal that is gone takes no more
-    writes, and Python's flush of stdout at exit has nothing to complain about
-    ("Exception ignored ... BrokenPipeError")."""
+    early = None if args.dry_run or args.detach else _reach_early(loaded, args.verbose)
     try:
-        null = os.open(os.devnull, os.O_WRONLY)
-    except OSError:
-        return
-    try:
-        for fd in fds:
+        from .commands import run  # the job's modules, imported while the hosts answer
+
+        if args.dry_run:
+            from .spec.planview import NoSuchTask
+
             try:
-                os.dup2(null, fd)
-            except OSError:
-                pass
+                return run.dry_run(loaded, command, run_dir, args)
+            except NoSuchTask as exc:
+                raise UsageError(str(exc)) from None
+        return run.run(loaded, command, run_dir, args, argv, early)
     finally:
-        os.close(null)
+        if early is not None:  # whatever the connect did not take (a launch that ended first)
+            early.abort()
 
 
-def _gone_fds(tty_gone: bool) -> list[int]:
-    """stdout, and stderr when it went the same way (the same pipe, or the
-    terminal that hung up)."""
-    fds = [1]
-    try:
-        if os.path.sameopenfile(1, 2) or (tty_gone and os.isatty(2)):
-            fds.append(2)
-    except OSError:
-        pass
-    return fds
+def _reach_early(loaded: LoadedConfig, verbose: bool) -> SSHTransport | None:
+    """SSH hosts: the run's transport, its connections opening already."""
+    config = loaded.config
+    if not transport_traits(config.transport).ssh:
+        return None
+    from .transport.factory import make_transport, quiet_paramiko_logs
 
-
-def _stdout_gone(reason: str) -> None:
-    """The printer found the terminal gone (called once, from its writer thread)."""
-    silence_fds(*_gone_fds(tty_gone=reason == "EIO"))
-
-
-def _watch_terminal(printer: Printer):
-    """SIGHUP (the SSH session to the login node dropped, the terminal closed)
-    and SIGPIPE do not end the job: the terminal is given up, the job runs on
-    and everything still goes to the run directory. Returns the previous
-    SIGHUP handler."""
-    def hangup(_signum, _frame) -> None:
-        printer.terminal_gone("SIGHUP")
-        silence_fds(*_gone_fds(tty_gone=True))
-
-    signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # a closed pipe: EPIPE, seen by the printer
-    return signal.signal(signal.SIGHUP, hangup)
-
-
-def _done(printer: Printer, previous_hangup, code: int) -> int:
-    """The last of a run: let the terminal take the last lines (bounded)."""
-    printer.finish()
-    signal.signal(signal.SIGHUP, previous_hangup)
-    return code
-
-
-def exit_code(result: RunResult) -> int:
-    if result.status == "succeeded":
-        return exits.OK
-    if result.status == "interrupted":
-        return exits.by_signal(result.interrupted_by or signal.SIGINT)
-    return exits.FAILED
-
-
-def _print_outcome(printer: Printer, result: RunResult, run_dir: Path) -> None:
-    """The end of a run in a few lines: how it went, each task, why it failed,
-    where to look next."""
-    restarts = (f"{result.restarts} restart{'s' if result.restarts != 1 else ''}"
-                if result.restarts else "no restarts")
-    status = result.status
-    if result.interrupted_by:
-        status += f" by {signal_name(result.interrupted_by)}"
-    printer.notice(f"job {status} in {format_duration(result.wall_s)} ({restarts})")
-    if result.status == "interrupted" and result.message:
-        printer.notice(f"  {result.message}")
-    for line in _task_summary(result.tasks):
-        printer.notice(f"  {line}")
-    cause = result.root_cause
-    earlier = [f for f in result.failures if f is not cause]
-    if earlier:
-        printer.notice("restarted after:")
-        for failure in earlier:
-            printer.notice(f"  {failure.describe()}")
-    where = shown(run_dir)
-    if cause is not None:
-        printer.notice(f"root cause: {cause.describe()}")
-        if cause.stack:
-            printer.notice("where it was stuck (innermost frame first; all threads in "
-                           f"{where / rundir.STACKS}/):")
-            for frame in cause.stack:
-                printer.notice(f"  {frame}")
-        _print_last_words(printer, cause)
-        printer.notice(f"its log: {where / rundir.LOGS / (cause.task.replace('/', '-') + '.log')}")
-    printer.notice(f"logs: {where / rundir.LOGS}/   summary: {where / rundir.SUMMARY}")
-    task = cause.task if cause is not None else "[TASK]"
-    printer.notice(f"more: mgpu-launch status {where}   mgpu-launch logs {where} {task}")
-
-
-def _print_last_words(printer: Printer, cause: Failure) -> None:
-    """The root cause's last output lines and, when it raised, its traceback
-    once (the output's copy of it is left out)."""
-    lines = list(cause.last_lines)
-    error = cause.error or {}
-    if error.get("traceback"):
-        starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent")]
-        lines = lines[:starts[-1]] if starts else []  # the rest is the traceback below
-    if lines:
-        printer.notice("its last lines:")
-        for line in lines[-10:]:
-            printer.notice(f"  {line}")
-    if error.get("traceback"):
-        printer.notice("traceback (most recent call last):\n" + error["traceback"].rstrip())
-        if error.get("type"):
-            printer.notice(f"{error['type']}: {error.get('message', '')}")
-
-
-# Beyond this many tasks the summary counts states and lists only the odd ones.
-SUMMARY_TASKS = 8
-
-
-def _task_summary(tasks: dict[str, dict]) -> list[str]:
-    """One line per task: final state, exit, last step and loss."""
-    shown = list(tasks.items())
-    lines = []
-    if len(shown) > SUMMARY_TASKS:
-        counts: dict[str, int] = {}
-        for _, task in shown:
-            counts[task["state"]] = counts.get(task["state"], 0) + 1
-        lines.append(f"{len(shown)} tasks: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
-        common = max(counts, key=lambda s: counts[s])
-        shown = [(label, t) for label, t in shown if t["state"] != common][:SUMMARY_TASKS]
-    width = max((len(label) for label, _ in shown), default=0)
-    for label, task in shown:
-        parts = [f"{label:<{width}}", f"{task['state']:<9}"]
-        if task["state"] in ("stopped", "succeeded"):
-            pass  # how the launcher stopped it, or a clean exit: nothing to say
-        elif task.get("signal"):
-            parts.append(f"signal {task['signal']} ({signal_name(task['signal'])})")
-        elif task.get("exit_code") not in (None, 0):
-            parts.append(f"exit code {task['exit_code']}")
-        progress = task.get("last_progress") or {}
-        if isinstance(progress.get("step"), int | float):
-            parts.append(f"step {int(progress['step'])}")
-        if isinstance(progress.get("loss"), int | float):
-            parts.append(f"loss {progress['loss']:.4g}")
-        lines.append("  ".join(parts).rstrip())
-    return lines
+    if not verbose:  # -v: paramiko's tracebacks
+        quiet_paramiko_logs()
+    # SSH's own method, not the Transport protocol's: no other transport has
+    # connections to open ahead.
+    ssh: SSHTransport = make_transport(config)  # type: ignore[assignment]
+    ssh.warm(host_targets(config, "python3", loaded.base_dir))
+    return ssh
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.cli import _print_outcome
+from launcher.commands.run import _print_outcome
 from launcher.job import events as ev
 from launcher.job.states import Failure, RunResult
 from launcher.job.story import Beside, TaskRow

@@ -28,6 +28,7 @@ from launcher.transport import TransportError
 from launcher.transport._paramiko import paramiko
 from launcher.transport.shipping import bundle_id
 from launcher.transport.ssh import SSHTransport, agent_command
+from launcher.transport.ssh_connect import Connector
 from launcher.transport.ssh_endpoint import Refused, SSHConfigs, merge_endpoint, parse_jump
 from tests.conftest import read_events, run_cli, start_cli, wait_for
 from tests.sshcluster import (
@@ -356,6 +357,70 @@ def test_transport_error_names_the_host_and_keeps_the_others_closed(cluster, tmp
     with pytest.raises(TransportError) as caught:
         SSHTransport().connect(targets, str(tmp_path / "run"), queue.Queue())
     assert [p.host for p in caught.value.problems] == ["host0"]
+
+
+def test_a_launch_refused_after_its_connections_opened_says_only_the_refusal(
+        cluster, tmp_path, marker_dir):
+    # The run command opens the connections as soon as the cluster file is
+    # read (SSHTransport.warm); a refusal found after that is said as before,
+    # exit 2, and a host that cannot be reached is not named: the launch
+    # never got to it. A run directory in use is refused before any connection.
+    config = cluster.config_dict()
+    config["hosts"].append({"address": "127.0.0.250", "name": "ghost"})
+    yaml_path = write_yaml(tmp_path / "cluster.yaml", config)
+    script = write_script(tmp_path, "marker.py", MARKER)
+    run_dir = tmp_path / "run"
+    done = run_cli(["--run-dir", str(run_dir), "--metrics-port", "70000", str(yaml_path),
+                    str(script), str(marker_dir)], cwd=tmp_path)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.strip() == ("mgpu-launch: --metrics-port 70000: give a port from 1 "
+                                   "to 65535 (or 0 for any free port)"), done.stderr
+    assert not run_dir.exists()
+    run_dir.mkdir()
+    (run_dir / "notes.txt").write_text("an earlier run's")
+    done = run_cli(["--run-dir", str(run_dir), str(yaml_path), str(script), str(marker_dir)],
+                   cwd=tmp_path)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"run directory {run_dir} is not empty" in done.stderr
+    assert "ghost" not in done.stderr
+    assert list(marker_dir.iterdir()) == []
+
+
+def test_connections_opened_early_are_taken_by_the_connect_or_closed(cluster, tmp_path):
+    opened: list[tuple[str, paramiko.Transport]] = []
+
+    class Counting(Connector):
+        def open(self, host: HostTarget):
+            transport, ep = super().open(host)
+            opened.append((host.name, transport))
+            return transport, ep
+
+    targets = _targets(cluster)
+    ssh = SSHTransport(connector=Counting())
+    ssh.warm(targets)
+    links = ssh.connect(targets, str(tmp_path / "run"), queue.Queue())
+    assert set(links) == {"host0", "host1"}
+    assert sorted(name for name, _ in opened) == ["host0", "host1"]  # once each: taken
+    for link in links.values():
+        link.close()
+    ssh.close()
+    # Opened and never taken (a launch that ended before its connect): closed.
+    opened.clear()
+    ssh = SSHTransport(connector=Counting())
+    ssh.warm(targets)
+    wait_for(lambda: len(opened) == 2, timeout=30, what="both connections open")
+    ssh.abort()
+    wait_for(lambda: not any(t.is_active() for _, t in opened), timeout=10,
+             what="the connections closed")
+    # A connection that fails early is the connect's problem, for its host.
+    ghost = dataclasses.replace(targets[1], name="ghost", address="127.0.0.250")
+    ssh = SSHTransport()
+    ssh.warm([targets[0], ghost])
+    with pytest.raises(TransportError) as caught:
+        ssh.connect([targets[0], ghost], str(tmp_path / "run2"), queue.Queue())
+    assert [p.host for p in caught.value.problems] == ["ghost"]
+    assert "connection refused by 127.0.0.250" in caught.value.problems[0].reason
+    ssh.close()
 
 
 # --------------------------------------------------------------------- pure pieces

@@ -12,6 +12,9 @@ grace, SIGKILL) and writes summary.json (status interrupted), and waits for
 that summary. It signals only a process that is the run's launcher: the pid
 must belong to an mgpu-launch process started before the run's launch.
 
+The run command imports this module before it reaches the hosts: the job's
+modules (events, states, records) are imported where used, not at its top.
+
 Must not import: supervisor, transport, cli.
 """
 
@@ -28,9 +31,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..job import events
-from ..job.states import RunResult
-from ..job.stops import HOW_TO_SAVE
 from ..spec.rundir import (
     CONFIG,
     EVENTS,
@@ -40,7 +40,6 @@ from ..spec.rundir import (
     SUMMARY,
     RunRecorder,
 )
-from ..views.records import read_events, read_launcher_pid
 from . import exits, usage
 from .usage import say
 
@@ -142,6 +141,9 @@ def record_early_end(run_dir: Path, status: str, message: str,
     foreground one says that on the terminal, with exit code 2)."""
     if status != "interrupted" and not is_detached_child(run_dir):
         return
+    from ..job import events
+    from ..job.states import RunResult
+
     try:
         recorder = RunRecorder(run_dir)
         events.write(recorder, events.JobDone(status=status, message=message))
@@ -160,6 +162,8 @@ def launcher_of(run_dir: Path) -> dict[str, Any] | None:
     """`launcher_pid`, `launcher_host` and `t` (when it started, at the latest)
     from the first launch event, else from launcher.pid (a detached launcher
     still reaching its hosts)."""
+    from ..views.records import read_events, read_launcher_pid
+
     launch = next((e for e in read_events(run_dir / EVENTS)
                    if e.get("event") == "launch"), None)
     if launch is not None and isinstance(launch.get("launcher_pid"), int):
@@ -219,6 +223,8 @@ def _outcome(summary: dict[str, Any]) -> str:
 def _stop_requested(run_dir: Path) -> float | None:
     """When a stop was asked for already (a `stop`, or Ctrl-C/SIGTERM seen by
     the launcher), else None."""
+    from ..views.records import read_events
+
     try:
         return (run_dir / STOP_MARK).stat().st_mtime
     except OSError:
@@ -271,6 +277,8 @@ def stop(run_dir: Path, timeout_s: float | None = None) -> int:
             "summary.json (killed, or its machine rebooted): nothing to stop; its agents "
             "stopped the tasks when it died")
         return exits.NOT_STOPPED
+    from ..job.stops import HOW_TO_SAVE
+
     grace = _grace_s(run_dir)
     timeout_s = grace + STOP_MARGIN_S if timeout_s is None else timeout_s
     if _stop_requested(run_dir) is None and _claim_stop(run_dir):

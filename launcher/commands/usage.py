@@ -4,13 +4,15 @@ argparse prints the usage block, then the error on its last line: on a
 terminal the one line that says what was wrong scrolls past a page of usage.
 `Parser` prints `PROG: error: WHAT` first, then the usage, and exits 2 as
 argparse does. `parser_for` builds a command's parser from its usage text;
-`say` prints a command's own messages, `shown` a path in them. Standard library
+`say` prints a command's own messages, `shown` a path in them, `silence_fds`
+stops writes to a terminal or pipe that is gone. Standard library
 only; every command's module may import it.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import NoReturn, TextIO
@@ -57,3 +59,21 @@ def shown(path: Path) -> Path:
         return path.relative_to(Path.cwd())
     except ValueError:
         return path
+
+
+def silence_fds(*fds: int) -> None:
+    """Point `fds` at /dev/null: a pipe or terminal that is gone takes no more
+    writes, and Python's flush of stdout at exit has nothing to complain about
+    ("Exception ignored ... BrokenPipeError")."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+    except OSError:
+        return
+    try:
+        for fd in fds:
+            try:
+                os.dup2(null, fd)
+            except OSError:
+                pass
+    finally:
+        os.close(null)

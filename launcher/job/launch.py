@@ -43,6 +43,7 @@ from ..spec.plan import Plan, PlanError, default_checkpoint_dir
 from ..spec.rundir import EVENTS, RunRecorder
 from ..spec.transports import traits
 from ..transport import Transport
+from ..transport.link import close_links
 from ..transport.ports import busy_ports
 from . import checkpoints, stops, story
 from . import events as ev
@@ -281,8 +282,7 @@ class Job:
                     view.tell(event)
             self.screen.tell(failed)  # its words: launcher/views/narrate.py
         finally:
-            for link in self.supervisor.links.values():
-                link.close()
+            close_links(self.supervisor.links.values())
             self.connected.transport.close()
             self.screen.close()
         return result

@@ -26,6 +26,7 @@ from ..spec.plan import HostTarget, Plan, build_plan, host_targets, ports_needed
 from ..spec.transports import traits
 from ..transport import AgentLink, AgentMessage, Transport
 from ..transport.inbox import Inbox
+from ..transport.link import close_links
 from ..transport.ports import busy_ports, free_ports
 from ..transport.resolve import tf_addresses
 
@@ -191,6 +192,5 @@ class Connected:
 
     def close(self) -> None:
         """Every link, then the transport (agents stop their tasks when their stdin closes)."""
-        for link in self.links.values():
-            link.close()
+        close_links(self.links.values())
         self.transport.close()

@@ -27,7 +27,7 @@ import json
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -244,14 +244,30 @@ class AgentLink:
         except Exception:  # noqa: BLE001, S110 - already broken: nothing to tell
             pass
 
-    def close(self) -> None:
-        """Close the agent's stdin after what is queued: it stops its tasks and
-        exits. Waits at most CLOSE_WAIT_S: a stalled pipe is left to the
-        transport's `on_close`, which ends the connection or the agent."""
+    def begin_close(self) -> None:
+        """`close` without the wait: the writer sends what is queued, then the
+        EOF, on its own (`close_links` starts every link's at once)."""
         self.closed = True
         with self._wake:
             self._closing = True
             self._wake.notify()
+
+    def close(self) -> None:
+        """Close the agent's stdin after what is queued: it stops its tasks and
+        exits. Waits at most CLOSE_WAIT_S: a stalled pipe is left to the
+        transport's `on_close`, which ends the connection or the agent."""
+        self.begin_close()
         if not self._in_write:  # a write in progress may never end: do not wait for it
             self._writer.join(timeout=CLOSE_WAIT_S)
         self._on_close()
+
+
+def close_links(links: Iterable[AgentLink]) -> None:
+    """Close every link, their EOFs sent at once: one by one, each close waits
+    for its writer's EOF to go out over a connection shared by ~130 threads
+    (at 32 SSH hosts ~75 ms in all, after the last task had exited)."""
+    links = list(links)
+    for link in links:
+        link.begin_close()
+    for link in links:
+        link.close()

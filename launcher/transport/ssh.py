@@ -38,7 +38,7 @@ from ._paramiko import paramiko
 from .child import DEFAULT_LEASE_S
 from .link import AgentLink, AgentMessage
 from .shipping import AGENT_MAIN, USE_MARKER, bundle_files, bundle_id, stale_bundles
-from .ssh_connect import Connector
+from .ssh_connect import Connector, Opening
 from .ssh_endpoint import Endpoint, Refused
 
 MAX_PARALLEL = 64  # threads mostly wait on the network; bounded so 500 hosts stay sane
@@ -262,6 +262,7 @@ class SSHTransport:
         self._sessions: list[_Session] = []
         self._lock = threading.Lock()
         self._closed = False
+        self._warm: dict[str, Opening] = {}  # host -> its connection opened early (`warm`)
         # Called with each host's link as soon as its hello is in, while other
         # hosts may still be starting (job/reach.py: the firewall rules go then).
         self.on_link: Callable[[AgentLink], None] | None = None
@@ -316,10 +317,37 @@ class SSHTransport:
                 problems.append(HostProblem(host.name, f"{type(outcome).__name__}: {outcome}"))
         return links, problems
 
+    def warm(self, hosts: Sequence[HostTarget]) -> None:
+        """Open every host's connection now, each in a daemon thread, for the
+        connect to take (`_start_host`): the run command calls it as soon as
+        the cluster file is read, so the handshakes go on while the launcher
+        imports the job's modules and plans (~0.2 s of one core). What fails
+        here is told by the connect, for its host, as it would have been.
+        `abort` and `close` end the connections not taken."""
+        gate = threading.Semaphore(max(1, min(self._max_parallel, len(hosts))))
+        for host in hosts:
+            opening = Opening(host)
+            with self._lock:
+                if self._closed:
+                    return
+                self._warm[host.name] = opening
+            threading.Thread(target=opening.run, args=(self._connector, gate), daemon=True,
+                             name=f"ssh-warm-{host.name}").start()
+
+    def _open(self, host: HostTarget) -> tuple[paramiko.Transport, Endpoint]:
+        """`host`'s connection: the one `warm` opened (once), else a new one."""
+        with self._lock:
+            opening = self._warm.pop(host.name, None)
+        if opening is not None and opening.host == host:
+            return opening.result()
+        if opening is not None:  # another target of that name (not a launch's own)
+            opening.cancel()
+        return self._connector.open(host)
+
     def _start_host(self, host: HostTarget, run_dir: str,
                     events: queue.Queue[AgentMessage]) -> AgentLink:
         try:
-            transport, ep = self._connector.open(host)
+            transport, ep = self._open(host)
         except Refused as exc:
             raise HostProblem(host.name, str(exc)) from None
         session = _Session(host, ep, transport)
@@ -482,6 +510,9 @@ class SSHTransport:
         with self._lock:
             self._closed = True
             sessions, self._sessions = self._sessions, []
+            warm, self._warm = list(self._warm.values()), {}
+        for opening in warm:
+            opening.cancel()
         for session in sessions:
             session.close()
 
@@ -489,6 +520,9 @@ class SSHTransport:
         with self._lock:
             self._closed = True
             sessions, self._sessions = self._sessions, []
+            warm, self._warm = list(self._warm.values()), {}
+        for opening in warm:
+            opening.cancel()
         self._close_sessions(sessions)
         self._connector.close()
 

@@ -1,0 +1,284 @@
+"""The run command once its cluster is read: the launch in the foreground
+(or started in the background, `--detach`), or the plan printed (`--dry-run`).
+
+The cli (launcher/cli.py) parses the arguments, reads the cluster file and, on
+SSH hosts, starts opening the connections; it imports this module after that,
+so the job's modules (the launch, its events and states, the printer) load
+while the hosts answer. From here on as before: the launch
+(launcher/job/sequence.py) is called, what comes back is printed and turned
+into the exit code, and the signals are this module's while it runs.
+
+The terminal never decides the job's fate: SIGHUP and a closed stdout (EPIPE)
+only make the printer stop writing; the job runs on, the run directory gets
+everything and the exit code is the job's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..job.classify import signal_name
+from ..job.launch import Launch, LaunchRefused, Outcome
+from ..job.sequence import EarlyEnd, run_launch
+from ..job.states import Failure, RunResult
+from ..spec import planview, rundir
+from ..spec.config import LoadedConfig
+from ..spec.plan import Plan
+from ..spec.transports import traits as transport_traits
+from ..transport import Transport
+from ..transport.factory import make_transport
+from ..views import narrate, outlets
+from ..views.live import format_duration
+from ..views.printer import Printer
+from . import control, exits, prereqs
+from .signals import stops_asked
+from .usage import say, shown, silence_fds
+
+
+def dry_run(loaded: LoadedConfig, command: list[str], run_dir: Path,
+            args: argparse.Namespace) -> int:
+    """`--dry-run`: the plan printed, nothing started (`--task` naming no
+    task raises planview.NoSuchTask)."""
+    plan = Launch(loaded, command, run_dir, str(Path.cwd())).plan(0)
+    ports_auto = loaded.config.ports.base == "auto"
+    if args.task:
+        task = planview.find_task(plan, args.task)
+        print(json.dumps(planview.one_task_json(task), indent=2) if args.json
+              else planview.one_task(task))
+        return exits.OK
+    if args.json:
+        print(planview.dumps(planview.plan_json(plan)))
+        return exits.OK
+    if ports_auto:
+        print("# ports.base is auto: these ports are free now; a launch picks again")
+    if plan.unresolved:
+        print("# <address of IF on HOST>: that interface's IPv4 address, read by the "
+              "host's agent when the job starts")
+    print(planview.render_plan(plan))
+    return exits.OK
+
+
+def run(loaded: LoadedConfig, command: list[str], run_dir: Path, args: argparse.Namespace,
+        argv: Sequence[str], transport: Transport | None = None) -> int:
+    """The run command from its loaded cluster on: the launch in the foreground
+    (or, `--detach`, started in the background); `transport`: the one whose
+    connections the cli opened already (SSH), else made here."""
+    try:
+        return _run(loaded, command, run_dir, args, argv, transport)
+    except (LaunchRefused, outlets.OutletError) as exc:  # e.g. ports or checkpoint dir taken
+        say(f"mgpu-launch: {exc}")
+        return exits.USAGE
+
+
+def _run(loaded: LoadedConfig, command: list[str], run_dir: Path, args: argparse.Namespace,
+         argv: Sequence[str], transport: Transport | None) -> int:
+    config = loaded.config
+    # Every host's TF address as far as known before any agent answered (spares too).
+    launch = Launch(loaded, command, run_dir, str(Path.cwd()))
+    if transport_traits(config.transport).simulated:  # the tasks run with this Python
+        missing = prereqs.local_problem(launch.pythons, Path(command[0]), config.strategy)
+        if missing:
+            say(f"mgpu-launch: {missing}")
+            return exits.USAGE
+    # A detached run claims the checkpoint directory in its own process.
+    prepared = launch.prepare(claim=not args.detach)
+    if prepared.moved is not None:
+        say(f"mgpu-launch: {narrate.checkpoint_moved(prepared.moved)}")
+    views = outlets.make_outlets(loaded, run_dir, args.metrics_port)  # a busy port: exit 2
+    if args.detach:  # the background launcher makes its own
+        views.close()
+        return control.detach(argv, args.rest, run_dir, config.name, views.metrics_port,
+                              views.said)
+    return _launch(launch, prepared.plan, args, views, transport)
+
+
+def _launch(launch: Launch, first_plan: Plan, args: argparse.Namespace,
+            views: outlets.Outlets, transport: Transport | None) -> int:
+    config = launch.loaded.config
+    printer = Printer([t.label for t in first_plan.tasks], quiet=args.quiet,
+                      verbose=args.verbose, live=None if args.live else False,
+                      on_terminal_lost=_stdout_gone)
+    previous_hangup = _watch_terminal(printer)
+    simulated = transport_traits(config.transport).simulated
+    if transport is None:
+        transport = make_transport(config)
+    printer.notice(
+        f"job {config.name!r}: {len(first_plan.tasks)} tasks on {len(first_plan.hosts)} "
+        f"{'simulated ' if simulated else ''}hosts, "
+        f"strategy {config.strategy}"
+    )  # the run directory is named once it exists: a launch that fails first writes none
+    for line in filter(None, [planview.memory_line(first_plan), *views.said]):
+        printer.notice(line)
+    with stops_asked() as stop:  # until the summary is written
+        ended = run_launch(launch, first_plan, transport, printer, stop,
+                           max_restarts=args.max_restarts, views=views.views,
+                           started=lambda _job: printer.notice(f"run dir {launch.run_dir}"))
+        if isinstance(ended, Outcome) and ended.unwritten is not None:
+            say(f"mgpu-launch: cannot write {launch.run_dir / rundir.SUMMARY} "
+                f"({ended.unwritten}); it is:\n"
+                + json.dumps(ended.summary, indent=2, default=str))
+    if isinstance(ended, EarlyEnd):
+        views.close()
+        return _done(printer, previous_hangup, _early_end(ended, printer, launch.run_dir))
+    if ended.drops:  # said once, with the counts
+        printer.notice(ended.drops)
+    _print_outcome(printer, ended.result, launch.run_dir)
+    if ended.stop is not None:
+        printer.notice(ended.stop["said"])
+    return _done(printer, previous_hangup, exit_code(ended.result))
+
+
+def _early_end(ended: EarlyEnd, printer: Printer, run_dir: Path) -> int:
+    """A launch that ended before its job started: a host not reached or not fit
+    is exit 2, a stop meanwhile 128 + the signal (recorded for a detached launcher)."""
+    if ended.why == "interrupted":
+        signum = ended.signum or signal.SIGINT
+        say("mgpu-launch: interrupted")
+        control.record_early_end(run_dir, "interrupted", "stopped while reaching the hosts",
+                                 interrupted_by=signum)
+        return exits.by_signal(signum)
+    for line in ended.notices:
+        printer.notice(line)
+    say("mgpu-launch: " + "\nmgpu-launch: ".join(ended.reasons))
+    first = ended.reasons[0]
+    control.record_early_end(run_dir, "failed",
+                             first.splitlines()[0] if ended.why == "refused" else first)
+    return exits.USAGE
+
+
+# ---------------------------------------------------------------- the terminal
+
+
+def _gone_fds(tty_gone: bool) -> list[int]:
+    """stdout, and stderr when it went the same way (the same pipe, or the
+    terminal that hung up)."""
+    fds = [1]
+    try:
+        if os.path.sameopenfile(1, 2) or (tty_gone and os.isatty(2)):
+            fds.append(2)
+    except OSError:
+        pass
+    return fds
+
+
+def _stdout_gone(reason: str) -> None:
+    """The printer found the terminal gone (called once, from its writer thread)."""
+    silence_fds(*_gone_fds(tty_gone=reason == "EIO"))
+
+
+def _watch_terminal(printer: Printer):
+    """SIGHUP (the SSH session to the login node dropped, the terminal closed)
+    and SIGPIPE do not end the job: the terminal is given up, the job runs on
+    and everything still goes to the run directory. Returns the previous
+    SIGHUP handler."""
+    def hangup(_signum, _frame) -> None:
+        printer.terminal_gone("SIGHUP")
+        silence_fds(*_gone_fds(tty_gone=True))
+
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # a closed pipe: EPIPE, seen by the printer
+    return signal.signal(signal.SIGHUP, hangup)
+
+
+def _done(printer: Printer, previous_hangup, code: int) -> int:
+    """The last of a run: let the terminal take the last lines (bounded)."""
+    printer.finish()
+    signal.signal(signal.SIGHUP, previous_hangup)
+    return code
+
+
+def exit_code(result: RunResult) -> int:
+    if result.status == "succeeded":
+        return exits.OK
+    if result.status == "interrupted":
+        return exits.by_signal(result.interrupted_by or signal.SIGINT)
+    return exits.FAILED
+
+
+def _print_outcome(printer: Printer, result: RunResult, run_dir: Path) -> None:
+    """The end of a run in a few lines: how it went, each task, why it failed,
+    where to look next."""
+    restarts = (f"{result.restarts} restart{'s' if result.restarts != 1 else ''}"
+                if result.restarts else "no restarts")
+    status = result.status
+    if result.interrupted_by:
+        status += f" by {signal_name(result.interrupted_by)}"
+    printer.notice(f"job {status} in {format_duration(result.wall_s)} ({restarts})")
+    if result.status == "interrupted" and result.message:
+        printer.notice(f"  {result.message}")
+    for line in _task_summary(result.tasks):
+        printer.notice(f"  {line}")
+    cause = result.root_cause
+    earlier = [f for f in result.failures if f is not cause]
+    if earlier:
+        printer.notice("restarted after:")
+        for failure in earlier:
+            printer.notice(f"  {failure.describe()}")
+    where = shown(run_dir)
+    if cause is not None:
+        printer.notice(f"root cause: {cause.describe()}")
+        if cause.stack:
+            printer.notice("where it was stuck (innermost frame first; all threads in "
+                           f"{where / rundir.STACKS}/):")
+            for frame in cause.stack:
+                printer.notice(f"  {frame}")
+        _print_last_words(printer, cause)
+        printer.notice(f"its log: {where / rundir.LOGS / (cause.task.replace('/', '-') + '.log')}")
+    printer.notice(f"logs: {where / rundir.LOGS}/   summary: {where / rundir.SUMMARY}")
+    task = cause.task if cause is not None else "[TASK]"
+    printer.notice(f"more: mgpu-launch status {where}   mgpu-launch logs {where} {task}")
+
+
+def _print_last_words(printer: Printer, cause: Failure) -> None:
+    """The root cause's last output lines and, when it raised, its traceback
+    once (the output's copy of it is left out)."""
+    lines = list(cause.last_lines)
+    error = cause.error or {}
+    if error.get("traceback"):
+        starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent")]
+        lines = lines[:starts[-1]] if starts else []  # the rest is the traceback below
+    if lines:
+        printer.notice("its last lines:")
+        for line in lines[-10:]:
+            printer.notice(f"  {line}")
+    if error.get("traceback"):
+        printer.notice("traceback (most recent call last):\n" + error["traceback"].rstrip())
+        if error.get("type"):
+            printer.notice(f"{error['type']}: {error.get('message', '')}")
+
+
+# Beyond this many tasks the summary counts states and lists only the odd ones.
+SUMMARY_TASKS = 8
+
+
+def _task_summary(tasks: dict[str, dict]) -> list[str]:
+    """One line per task: final state, exit, last step and loss."""
+    shown = list(tasks.items())
+    lines = []
+    if len(shown) > SUMMARY_TASKS:
+        counts: dict[str, int] = {}
+        for _, task in shown:
+            counts[task["state"]] = counts.get(task["state"], 0) + 1
+        lines.append(f"{len(shown)} tasks: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
+        common = max(counts, key=lambda s: counts[s])
+        shown = [(label, t) for label, t in shown if t["state"] != common][:SUMMARY_TASKS]
+    width = max((len(label) for label, _ in shown), default=0)
+    for label, task in shown:
+        parts = [f"{label:<{width}}", f"{task['state']:<9}"]
+        if task["state"] in ("stopped", "succeeded"):
+            pass  # how the launcher stopped it, or a clean exit: nothing to say
+        elif task.get("signal"):
+            parts.append(f"signal {task['signal']} ({signal_name(task['signal'])})")
+        elif task.get("exit_code") not in (None, 0):
+            parts.append(f"exit code {task['exit_code']}")
+        progress = task.get("last_progress") or {}
+        if isinstance(progress.get("step"), int | float):
+            parts.append(f"step {int(progress['step'])}")
+        if isinstance(progress.get("loss"), int | float):
+            parts.append(f"loss {progress['loss']:.4g}")
+        lines.append("  ".join(parts).rstrip())
+    return lines
