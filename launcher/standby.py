@@ -104,13 +104,36 @@ def script_env_writes(path: str) -> list[EnvWrite]:
     in its file (not only at its top: a `main()` may import TensorFlow too)."""
     import ast  # see the module docstring
 
-    try:
-        with open(path, "rb") as handle:
-            tree = ast.parse(handle.read(), filename=path)
-    except (OSError, SyntaxError, ValueError):
-        return []  # a warm start fails the very same way a cold one does
+    tree = _parsed_if_it_names_the_environment(path)
+    if tree is None:
+        return []  # none; or unreadable: a warm start fails the very same way a cold one does
     return [(name, node.lineno, value, kind) for node in ast.walk(tree)
             for name, value, kind in _env_writes(node)]
+
+
+# Every write `_env_writes` finds names one of these: a script whose text has
+# none of them (and no non-ASCII byte, which NFKC could fold into one) writes no
+# variable, and is not parsed: `ast` and the parse cost ~3 ms of a task's first
+# start on its host (bench/fanout.py: at 32 hosts, after every host answered).
+_ENVIRONMENT_NAMES = (b"environ", b"putenv", b"unsetenv")
+
+
+def _parsed_if_it_names_the_environment(path: str) -> ast.Module | None:
+    """The script's syntax tree, or None: unreadable, not Python, or naming
+    nothing that writes the environment."""
+    try:
+        with open(path, "rb") as handle:
+            source = handle.read()
+    except OSError:
+        return None
+    if source.isascii() and not any(name in source for name in _ENVIRONMENT_NAMES):
+        return None
+    import ast
+
+    try:
+        return ast.parse(source, filename=path)
+    except (SyntaxError, ValueError):
+        return None
 
 
 # Read before any line of a script runs (interpreter, C library, dynamic loader):
@@ -129,10 +152,8 @@ def leading_presets(path: str) -> list[Preset]:
     call: nothing of the script, nor of any package, can have read them yet."""
     import ast  # see the module docstring
 
-    try:
-        with open(path, "rb") as handle:
-            tree = ast.parse(handle.read(), filename=path)
-    except (OSError, SyntaxError, ValueError):
+    tree = _parsed_if_it_names_the_environment(path)
+    if tree is None:
         return []
     presets: list[Preset] = []
     for node in tree.body:

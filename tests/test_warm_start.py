@@ -128,6 +128,12 @@ def test_the_import_time_rule_and_the_script_check(tmp_path):
         "import os\ndef main():\n    os.environ.update(CUDA_VISIBLE_DEVICES='0')\n", env)
     assert "computes" in problem("import os\nfor k in 'AB':\n    os.environ[k] = '1'\n", env)
     assert "LD_PRELOAD" in problem("from os import putenv\nputenv('LD_PRELOAD', 'x')\n", env)
+    assert "LD_PRELOAD" in problem("import os as o\no.unsetenv('LD_PRELOAD')\n", env)
+    # A script that names nothing of the environment is not parsed (its first start
+    # is ~3 ms cheaper); one whose non-ASCII name folds into `environ` still is.
+    assert problem("print('hello')\n", {}) == ""
+    assert "CUDA_VISIBLE_DEVICES" in problem(
+        "import os\nos.\uff45nviron['CUDA_VISIBLE_DEVICES'] = '0'\n", env)
 
     # Leading defaults: taken ahead by the standby, so such a script stays warm.
     def presets(source: str) -> list:
