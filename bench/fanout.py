@@ -35,6 +35,13 @@ bench moves itself (and so the simulated hosts it starts) into a cgroup of
 its own and prints that total per launch, for both tools, counted until the
 launch's last process (a detached firewall removal) is gone.
 
+It also prints the idle core-seconds of the machine while each tool ran: with
+the CPU about equal, the wall-time difference is what one leaves unused. Each
+simulated host's login runs `pyenv rehash` (root's ~/.bashrc, below), which
+takes a lock shared by all of them: a login that finds it taken sleeps 0.1 s and
+tries again. pdsh runs the tasks of the hosts already logged in during those
+waits; a launch waits for every host's hello before its first task.
+
 Why the second target is out of reach here: each simulated host's sshd runs
 the remote command through root's bash, which sources ~/.bashrc for any
 command sshd runs (Debian builds bash with SSH_SOURCE_BASHRC); this machine's
@@ -163,6 +170,14 @@ class CgroupCPU:
             self.path.rmdir()
 
 
+def idle_cores_s() -> float:
+    """The machine's idle (and I/O wait) time so far, all cores: in a CPU-bound
+    fan-out, what one tool leaves unused that the other fills."""
+    with open("/proc/stat") as handle:
+        fields = handle.readline().split()
+    return (int(fields[4]) + int(fields[5])) / os.sysconf("SC_CLK_TCK")
+
+
 def children_cpu() -> float:
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
@@ -250,12 +265,13 @@ def measure(cluster: SimCluster, count: int, repeat: int, firewall: bool, work: 
 
     samples: dict[str, list[float]] = {}
     for _ in range(repeat):
-        before = children_cpu()
+        before, idle_before = children_cpu(), idle_cores_s()
         (ran, total), cpu_all = counted(lambda: run_launcher(yaml_path, script, work))
-        middle = children_cpu()
+        middle, idle_middle = children_cpu(), idle_cores_s()
         pdsh, pdsh_all = counted(lambda: run_pdsh(cluster, count, script))
         taken = {"ran": ran, "whole": total, "pdsh": pdsh, "cpu": middle - before,
                  "cpu_pdsh": children_cpu() - middle, "all": cpu_all, "all_pdsh": pdsh_all,
+                 "idle": idle_middle - idle_before, "idle_pdsh": idle_cores_s() - idle_middle,
                  "bare": run_bare_ssh(yaml_path)}
         if firewall:
             (_, taken["open"]), taken["all_open"] = counted(
@@ -299,6 +315,9 @@ def report(rows: dict[int, dict[str, float]], repeat: int) -> None:
                      if "all_base" in r else "")
             print(f"N={count}: CPU of all processes per launch: mgpu-launch {r['all']:.2f}s, "
                   f"pdsh {r['all_pdsh']:.2f}s: {r['all'] / r['all_pdsh']:.2f}x{opened}{based}")
+    for count, r in rows.items():
+        print(f"N={count}: idle core-seconds while each ran ({os.cpu_count()} cores): "
+              f"mgpu-launch {r['idle']:.2f}s, pdsh {r['idle_pdsh']:.2f}s")
     for count, r in rows.items():
         if "base" in r:
             print(f"N={count}: command {r['whole']:.2f}s, baseline tree {r['base']:.2f}s")
