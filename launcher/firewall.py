@@ -27,7 +27,8 @@ The table's name comes from the job's run directory and the host: two jobs
 installed is recorded in `RUN_DIR/firewall.json`: the agent removes it when its
 tasks end, the next agent of the run directory what a killed one left.
 Rendering is pure; `probe`, `apply`, `remove`, `reap` run `nft`/`iptables` (an
-injectable runner). Shipped with the agent: standard library only (and nftlink).
+injectable runner). Shipped with the agent: standard library only (and nftlink;
+fwregistry: what the agents installed on this machine, for `sweep`).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterable, Sequence
 
-from launcher import nftlink
+from launcher import fwregistry, nftlink
 
 MODES = ("auto", "cluster", "open")
 RECORD = "firewall.json"
@@ -323,14 +324,9 @@ _run_in_turn: Runner = functools.partial(_run, in_turn=True)  # removals (see _n
 
 
 def _nft_lock() -> int | None:
-    """An fd of the ruleset's lock file (per user and network namespace), or None:
-    racing `nft` removals restart (32 at once: 1.2-1.4 s of CPU, in turn 0.26 s)."""
-    name = "nft-" + ("".join(c for c in _here()["netns"] if c.isdigit()) or "0") + ".lock"
-    try:
-        os.makedirs(registry(), mode=0o700, exist_ok=True)
-        return os.open(os.path.join(registry(), name), os.O_RDWR | os.O_CREAT, 0o600)
-    except OSError:
-        return None
+    """An fd of the ruleset's lock file (per user, machine and network namespace),
+    or None: racing `nft` removals restart (32 at once: 1.2-1.4 s of CPU, in turn 0.26 s)."""
+    return fwregistry.lock_file()
 
 
 def _locked(fd: int) -> bool:
@@ -371,7 +367,7 @@ def apply(seal: Seal, backend: str, run_dir: str, run: Runner = _run) -> str:
         remove(old, run)  # an earlier generation's jumps name other ports
     record = {"backend": backend, **seal.to_json()}
     _write_record(run_dir, record)  # first: a kill leaves it, for the next agent
-    _register(seal.table, run_dir, record)  # and for any agent, if no next one comes
+    fwregistry.register(seal.table, run_dir, record)  # for any agent, if no next one comes
     uid = os.getuid()  # the job's user: the agent's, whose children the tasks are
     if backend == "nft":
         try:  # over netlink: `nft` would first read every table on the host (nftlink)
@@ -449,78 +445,21 @@ def reap(run_dir: str, run: Runner = _run_in_turn, wait: bool = True) -> str:
     if record is None:
         return ""
     removed = remove(record, run, wait)
-    for path in (os.path.join(run_dir, RECORD),
-                 os.path.join(registry(), f"{record.get('table')}.json")):
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
+    try:
+        os.unlink(os.path.join(run_dir, RECORD))
+    except OSError:
+        pass
+    fwregistry.unregister(record.get("table"))
     return removed
 
 
 # ---------------------------------------------------------------- the sweep
-#
-# A killed agent's rules are removed by the next agent of its run directory;
-# when none comes (the launcher gave up on the host, or died with it), any later
-# agent of the user on the same machine and network namespace removes them:
-# each installation is also registered in ~/.mgpu-launch/firewall/ with
-# its agent's pid and start time, and `sweep` removes those whose agent is gone.
-
-
-def registry() -> str:
-    return os.path.join(os.path.expanduser("~"), ".mgpu-launch", "firewall")
-
-
-def _start_time(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return int(handle.read().rsplit(")", 1)[1].split()[19])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _here() -> dict[str, str]:
-    """This machine and network namespace (simulated hosts share a home folder)."""
-    try:
-        netns = os.readlink("/proc/self/ns/net")
-    except OSError:
-        netns = ""
-    return {"node": os.uname().nodename, "netns": netns}
-
-
-def _register(table: str, run_dir: str, record: dict) -> None:
-    entry = {**_here(), "pid": os.getpid(), "start": _start_time(os.getpid()),
-             "run_dir": run_dir, "record": record}
-    try:
-        os.makedirs(registry(), mode=0o700, exist_ok=True)
-        path = os.path.join(registry(), f"{table}.json")
-        fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            json.dump(entry, handle)
-        os.replace(path + ".tmp", path)
-    except OSError:
-        pass  # the run directory's record still serves the next agent of the run
 
 
 def sweep(run: Runner = _run_in_turn) -> list[str]:
-    """Remove the rules of agents here that are gone; what was removed."""
-    try:
-        names = [n for n in os.listdir(registry()) if n.endswith(".json")]
-    except OSError:
-        return []
-    here, removed = _here(), []
-    for name in names:
-        path = os.path.join(registry(), name)
-        try:
-            with open(path, "rb") as handle:
-                entry = json.loads(handle.read(1 << 20))
-            pid, record = entry["pid"], entry["record"]
-            mine = all(entry.get(k) == v for k, v in here.items())
-        except (OSError, ValueError, KeyError, TypeError, RecursionError):
-            continue
-        if not mine or not isinstance(pid, int) or not isinstance(record, dict) or (
-                _start_time(pid) is not None and _start_time(pid) == entry.get("start")):
-            continue  # another machine's or namespace's, or its agent still runs
+    """Remove the rules of agents here that are gone (fwregistry); what was removed."""
+    removed = []
+    for path, pid, record in fwregistry.gone():
         what = remove(record, run)
         if what:
             removed.append(f"{what}, agent pid {pid}")

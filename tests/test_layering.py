@@ -83,10 +83,14 @@ RULES = (
          reason="launcher/netif.py is shipped with the agent, which reports the host's "
          "interfaces in its hello: it runs with `python -S` on every host"),
     Rule("firewall rules are standard library", ("launcher.firewall",),
-         allowed=("launcher", "launcher.nftlink"), allowed_names=frozenset({"nftlink"}),
+         allowed=("launcher", "launcher.nftlink", "launcher.fwregistry"),
+         allowed_names=frozenset({"nftlink", "fwregistry"}),
          reason="launcher/firewall.py is shipped with the agent, which installs the job's "
          "firewall rules on each host: it runs with `python -S` on every host; nftlink "
-         "sends its nftables table over netlink"),
+         "sends its nftables table over netlink, fwregistry keeps its machine's entries"),
+    Rule("the firewall's registry is standard library", ("launcher.fwregistry",), allowed=(),
+         reason="launcher/fwregistry.py is shipped with the agent (the tables installed on "
+         "this machine, for the sweep): it runs with `python -S` on every host"),
     Rule("nftables over netlink is standard library", ("launcher.nftlink",), allowed=(),
          reason="launcher/nftlink.py is shipped with the agent (firewall's nftables "
          "transactions): it runs with `python -S` on every host"),
@@ -235,8 +239,8 @@ FLOORS = (
     Floor("shipped", ("launcher", "launcher.agent", "launcher.bootstrap", "launcher.podstart",
                       "launcher.standby",
                       "launcher.runtime", "launcher.netif", "launcher.firewall",
-                      "launcher.nftlink", "launcher.hostruns", "launcher.proctree",
-                      "launcher.outlines", "launcher.strategy"),
+                      "launcher.nftlink", "launcher.fwregistry", "launcher.hostruns",
+                      "launcher.proctree", "launcher.outlines", "launcher.strategy"),
           "what runs on the hosts (agent, bootstrap, runtime and their standard-library "
           "helpers)"),
     Floor("spec", ("launcher.spec",),
