@@ -40,9 +40,10 @@ def folder() -> str:
 
 def lock_file() -> int | None:
     """An fd of this machine's and namespace's lock file for `nft` removals, or None."""
+    here = folder()
     try:
-        os.makedirs(folder(), mode=0o700, exist_ok=True)
-        return os.open(os.path.join(folder(), "nft.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        os.makedirs(here, mode=0o700, exist_ok=True)
+        return os.open(os.path.join(here, "nft.lock"), os.O_RDWR | os.O_CREAT, 0o600)
     except OSError:
         return None
 
@@ -51,9 +52,10 @@ def register(table: str, run_dir: str, record: dict) -> None:
     """Record an installation of this agent (best effort)."""
     entry = {**_here(), "pid": os.getpid(), "start": _start_time(os.getpid()),
              "run_dir": run_dir, "record": record}
+    here = folder()
     try:
-        os.makedirs(folder(), mode=0o700, exist_ok=True)
-        path = os.path.join(folder(), f"{table}.json")
+        os.makedirs(here, mode=0o700, exist_ok=True)
+        path = os.path.join(here, f"{table}.json")
         fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as handle:
             json.dump(entry, handle)
