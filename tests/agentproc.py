@@ -8,10 +8,12 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from launcher.agent.protocol import MAX_FRAME_BYTES, frame_size, read_frame
 from tests.conftest import wait_for
 
 REPO = Path(__file__).resolve().parent.parent
@@ -25,15 +27,18 @@ def agent_env() -> dict[str, str]:
 
 class AgentProc:
     def __init__(self, run_dir: Path, *, lease_s: float = 0.0, eof_grace_s: float = 0.5,
-                 host: str = "h1", prefix: Sequence[str] = ()) -> None:
+                 host: str = "h1", prefix: Sequence[str] = (),
+                 on_message: Callable[[dict[str, Any]], None] | None = None,
+                 new_session: bool = True) -> None:
         self.run_dir = run_dir
         self.proc = subprocess.Popen(
             [*prefix, sys.executable, "-S", "-m", "launcher.agent", "--host", host,
              "--run-dir", str(run_dir), "--eof-grace", str(eof_grace_s),
              "--lease", str(lease_s)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            env=agent_env(), start_new_session=True)
-        self.messages: list[dict[str, Any]] = []
+            env=agent_env(), start_new_session=new_session)
+        self.messages: list[dict[str, Any]] = []  # each with "_at": when it was read
+        self.on_message = on_message  # on the reader's thread, as each comes
         # Cleared, the test reads nothing: the agent's writes block, as behind
         # a launcher slow to read (a full SSH window).
         self.reading = threading.Event()
@@ -42,10 +47,19 @@ class AgentProc:
         self._reader.start()
 
     def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
+        """Lines, and frames (a header line, then its raw bytes, kept as `raw`)."""
+        stdout = self.proc.stdout
+        assert stdout is not None
+        for line in stdout:
             self.reading.wait()
-            self.messages.append(json.loads(line))
+            message = json.loads(line)
+            size = frame_size(line)
+            if size is not None:
+                message["raw"] = read_frame(stdout, size, MAX_FRAME_BYTES)
+            message["_at"] = time.monotonic()
+            self.messages.append(message)
+            if self.on_message is not None:
+                self.on_message(message)
 
     def send(self, message: dict[str, Any] | bytes) -> None:
         assert self.proc.stdin is not None

@@ -71,6 +71,7 @@ class Agent:
                                    notice=lambda text: emit("log", text=text, notice=True))
         self.memory.report = lambda task, generation, data: emit(
             "progress", task=task, generation=generation, data=data)  # a copy's cost
+        self.memory.before_low_thread = emit.start_handoff
         self.tasks.memory = self.memory
         self.memory.peers = PeerCopies(self.memory, host, emit)  # a copy in another host's
         self.commands = Commands(self.tasks, Stacks(emit), emit, self.profiles)
@@ -154,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         read_commands(agent.commands, agent.lines, sys.stdin.buffer, agent.lease.heard)
     finally:
         agent.shutdown()
+        emit.drain_handoff(2.0)  # the copies' last events, before the last word
         emit("bye")
         if lock_fd is not None:
             os.close(lock_fd)

@@ -55,14 +55,25 @@ TOUCH_S = 1.0
 LAG_NOTICE_S = 60.0  # a copy this far behind its save is said (once)
 
 
-def low_priority(idle: bool = False) -> None:
+def low_priority(batch: bool = False) -> None:
     """The calling thread runs on what the training leaves: niced to 19, and with
-    `idle` at SCHED_IDLE (Linux: both are per thread). Nowhere else: unchanged."""
+    `batch` at SCHED_BATCH (no preempting the training when it wakes; Linux: both
+    are per thread). Nowhere else: unchanged.
+
+    Not SCHED_IDLE: a thread of the agent's Python process holds the GIL (and,
+    before protocol.Emitter's handoff, the lock of the agent's events) when it is
+    taken off the CPU; at SCHED_IDLE on a host whose cores the training keeps
+    busy it then waits seconds for its next turn, and every other thread of the
+    agent (heartbeats, the tasks' output) with it: tests/test_agent_busy_host.py
+    saw the heartbeats 4-10 s apart (the launcher gives up on an agent silent
+    for 10 s). Niced, its turns come often enough that they keep their second.
+    Its events go through the Emitter's handoff, started before the thread
+    (MemoryCopies.before_low_thread)."""
     tid = threading.get_native_id()
     try:
         os.setpriority(os.PRIO_PROCESS, tid, 19)
-        if idle:
-            os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+        if batch:
+            os.sched_setscheduler(tid, os.SCHED_BATCH, os.sched_param(0))
     except (AttributeError, OSError):
         pass
 
@@ -122,6 +133,10 @@ class MemoryCopies:
         self._when: dict[str, Callable[[], bool]] = {}  # slot -> copy it only if this says so
         self.peer = True  # a second copy in another host's memory (MGPU_MEMORY_PEER)
         self._lag_said = False
+        # Called before a thread of the copies starts (from a thread of normal
+        # priority): the agent's Emitter.start_handoff, so that a copier at low
+        # priority never holds the lock of the agent's events.
+        self.before_low_thread: Callable[[], None] = lambda: None
 
     def ensure_root(self) -> None:
         """The job's folder on this host, 0700, with this agent's pid (sweep)."""
@@ -187,6 +202,7 @@ class MemoryCopies:
             if owner is not None:
                 self._owner[path] = owner
             if self._thread is None:
+                self.before_low_thread()
                 self._thread = threading.Thread(target=self._run, daemon=True)
                 self._thread.start()
                 threading.Thread(target=self._touch, daemon=True).start()

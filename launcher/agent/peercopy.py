@@ -23,9 +23,11 @@ host: the next in the plan's host order). On this host's side:
   (memcopy.copy_slot: aside, then renamed) when the directory names an older
   checkpoint, so every worker restores the same, newest one.
 
-Both sides run on threads at SCHED_IDLE (memcopy.low_priority): the second
-copy takes only the CPU the training leaves (a busy host's copy waits; the
-shared directory's copy, niced but not idle, is what outlives the host). A
+Both sides run on threads niced to 19 at SCHED_BATCH (memcopy.low_priority:
+not SCHED_IDLE, which held the agent's other threads behind it): the second
+copy takes what the training leaves, with a small share on a host the
+training keeps busy; its events go out through the Emitter's handoff
+(protocol.py), never holding the lock of the agent's other events. A
 chunk travels as a frame (protocol.py: a header line, then its raw bytes; the
 launcher forwards the bytes as they came); hashed once, while read, and again
 as written at the receiver. A job on one host (MGPU_MEMORY_PEER=0) sends none.
@@ -179,6 +181,7 @@ class PeerCopies:
             with self._cond:
                 self._inbox.append((op, xfer, message))
                 if self._receiver is None:
+                    self.memory.before_low_thread()
                     self._receiver = threading.Thread(target=self._receive_loop, daemon=True)
                     self._receiver.start()
                 self._cond.notify_all()
@@ -198,12 +201,13 @@ class PeerCopies:
                 self._queue = [q for q in self._queue if not q[2]]
             self._queue.append((xfer, slot, supersede))
             if self._thread is None:
+                self.memory.before_low_thread()
                 self._thread = threading.Thread(target=self._run, daemon=True)
                 self._thread.start()
             self._cond.notify_all()
 
     def _run(self) -> None:
-        memcopy.low_priority(idle=True)
+        memcopy.low_priority(batch=True)
         while True:
             with self._cond:
                 while not self._queue:
@@ -256,7 +260,7 @@ class PeerCopies:
     # --- receiving --------------------------------------------------------------
 
     def _receive_loop(self) -> None:
-        memcopy.low_priority(idle=True)
+        memcopy.low_priority(batch=True)
         while True:
             with self._cond:
                 while not self._inbox:

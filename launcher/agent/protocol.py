@@ -28,7 +28,9 @@ Standard library only; imports nothing of the launcher.
 
 from __future__ import annotations
 
+import collections
 import json
+import os
 import re
 import threading
 import time
@@ -42,14 +44,40 @@ MAX_PROGRESS_LINE = 2**16
 MAX_ERROR_FILE = 2**16
 TASK_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")  # a plain file name: no / or ..
 CHUNK = 2**16
+HANDOFF_EVENTS = 2  # a low-priority thread's events queued for the writer (Emitter)
 
 
 class Emitter:
-    """Writes events to the supervisor; one lock so lines never interleave."""
+    """Writes events to the supervisor; one lock so lines never interleave.
+
+    A thread niced below the agent's main thread (the memory tier's copiers,
+    memcopy.low_priority) does not take that lock: once `start_handoff` has
+    run, its events are made on its own thread (their CPU at its priority),
+    queued, and written by a writer thread of normal priority. Taking the lock
+    itself, such a thread held every other event (the heartbeats, the tasks'
+    output, the answers to commands) behind its 512 KiB frames: niced, it took
+    the lock back before a woken heartbeat thread ran, for a whole copy (25 s
+    of no heartbeat in tests/test_agent_busy_host.py); at SCHED_IDLE, taken off
+    the CPU while holding it, for seconds at a time. The launcher gives up on
+    an agent silent for 10 s (restart.heartbeat_timeout_s).
+    """
 
     def __init__(self, stream) -> None:
         self._stream = stream
         self._lock = threading.Lock()
+        self._handoff: _Handoff | None = None
+
+    def start_handoff(self) -> None:
+        """The writer of the low-priority threads' events; call it from a thread
+        of normal priority (a new thread takes its creator's), before such a
+        thread starts. Once is enough."""
+        with self._lock:
+            if self._handoff is None:
+                self._handoff = _Handoff(self._write)
+
+    def drain_handoff(self, timeout_s: float) -> bool:
+        """Wait until the events handed off so far are written (False: timed out)."""
+        return self._handoff is None or self._handoff.drain(timeout_s)
 
     def __call__(self, event: str, **fields: object) -> None:
         fields["ev"] = event
@@ -64,6 +92,12 @@ class Emitter:
 
     def line(self, data: bytes, payload: bytes = b"") -> None:
         """One event's line, already made (a JSON object and its newline)."""
+        if self._handoff is not None and _lowered():
+            self._handoff.put(data, payload)
+        else:
+            self._write(data, payload)
+
+    def _write(self, data: bytes, payload: bytes) -> None:
         with self._lock:
             try:
                 self._stream.write(data)
@@ -72,6 +106,50 @@ class Emitter:
                 self._stream.flush()
             except (BrokenPipeError, ValueError, OSError):
                 pass  # the supervisor is gone; stdin EOF will stop us
+
+
+def _lowered() -> bool:
+    """The calling thread runs niced below its process's main thread (Linux:
+    the nice value is per thread; the main thread's id is the pid)."""
+    try:
+        return (os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+                > os.getpriority(os.PRIO_PROCESS, os.getpid()))
+    except (AttributeError, OSError):
+        return False
+
+
+class _Handoff:
+    """Events queued by low-priority threads, written in order by a thread of
+    normal priority; at most HANDOFF_EVENTS wait (a frame is 512 KiB), then
+    the caller waits."""
+
+    def __init__(self, write) -> None:
+        self._write = write
+        self._cond = threading.Condition()
+        self._events: collections.deque[tuple[bytes, bytes]] = collections.deque()
+        threading.Thread(target=self._run, daemon=True, name="emit-handoff").start()
+
+    def put(self, data: bytes, payload: bytes) -> None:
+        with self._cond:
+            while len(self._events) >= HANDOFF_EVENTS:
+                self._cond.wait()
+            self._events.append((data, payload))
+            self._cond.notify_all()
+
+    def drain(self, timeout_s: float) -> bool:
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._events, timeout_s)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._events:
+                    self._cond.wait()
+                data, payload = self._events[0]
+            self._write(data, payload)
+            with self._cond:
+                self._events.popleft()  # only now: `drain` waits for the write
+                self._cond.notify_all()
 
 
 class BadCommand(ValueError):
