@@ -16,10 +16,12 @@ runs the same command in the background.
 The launch itself (hosts, agents, plan, supervisor, summary) is
 launcher/job/launch.py's: this module parses arguments, reads the cluster file
 and hands the run to launcher/commands/run.py, which calls it, prints what
-comes back and owns the signals while it runs. On SSH hosts the connections
-are opened first (`SSHTransport.warm`), and the job's modules imported while
-the hosts answer: their ~0.1 s of imports no longer come before the first
-connect (docs/benchmarks.md, "The launcher's start and end").
+comes back and owns the signals while it runs. On SSH hosts the agents are
+started first (`SSHTransport.warm` with the run directory: each host's
+connection, login and agent), and the job's modules imported while the hosts
+answer: their ~0.1 s of imports no longer come before the first connect, nor
+the launch's plan before the hosts' logins (docs/benchmarks.md, "The
+launcher's start and end").
 """
 
 from __future__ import annotations
@@ -203,7 +205,7 @@ def _run(argv: list[str]) -> int:
     if not args.dry_run and not control.run_dir_free(run_dir):
         raise UsageError(f"run directory {run_dir} is not empty: give a new --run-dir "
                          "(each run keeps its own logs, events and summary)")
-    early = None if args.dry_run or args.detach else _reach_early(loaded, args.verbose)
+    early = None if args.dry_run or args.detach else _reach_early(loaded, run_dir, args.verbose)
     try:
         from .commands import run  # the job's modules, imported while the hosts answer
 
@@ -220,8 +222,9 @@ def _run(argv: list[str]) -> int:
             early.abort()
 
 
-def _reach_early(loaded: LoadedConfig, verbose: bool) -> SSHTransport | None:
-    """SSH hosts: the run's transport, its connections opening already."""
+def _reach_early(loaded: LoadedConfig, run_dir: Path, verbose: bool) -> SSHTransport | None:
+    """SSH hosts: the run's transport, its agents starting already (the connect
+    takes them; what is not taken, the caller aborts)."""
     config = loaded.config
     if not transport_traits(config.transport).ssh:
         return None
@@ -232,7 +235,7 @@ def _reach_early(loaded: LoadedConfig, verbose: bool) -> SSHTransport | None:
     # SSH's own method, not the Transport protocol's: no other transport has
     # connections to open ahead.
     ssh: SSHTransport = make_transport(config)  # type: ignore[assignment]
-    ssh.warm(host_targets(config, "python3", loaded.base_dir))
+    ssh.warm(host_targets(config, "python3", loaded.base_dir), str(run_dir))
     return ssh
 
 

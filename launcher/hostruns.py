@@ -18,6 +18,10 @@ prunes them when it starts (in the background: the job does not wait):
   no process recorded in its `pids/` is alive, and nothing in it changed for
   `MIN_IDLE_S` (an hour: a job between two generations, or an agent starting).
 
+An agent that was asked no task (a launch refused after its agents started,
+a spare host never used) removes its own host folder as it ends, and the run's
+folder once it is empty (`remove_unused`): nothing of a job is in them.
+
 Only folders named as the launcher names them are touched, and only under
 `~/.mgpu-launch/runs`. Simulated hosts (`--local`) keep their folders inside
 the run directory, which is the user's to delete.
@@ -55,6 +59,37 @@ def hold_lock(host_dir: str) -> int | None:
     except OSError:
         pass
     return fd
+
+
+def remove_unused(host_dir: str, lock_fd: int) -> bool:
+    """The agent's end when no task was asked of it (a launch refused after its
+    agents started, cli.py; a spare never used): its host folder holds nothing
+    of a job and goes, with the run's folder once no other host's is in it.
+    Kept when another agent of the run holds the lock too (a reconnection), or
+    when it is not a run folder under `~/.mgpu-launch/runs` (a simulated
+    host's is in the run directory, the user's). True when removed."""
+    run = os.path.dirname(os.path.abspath(host_dir))
+    if runs_root(host_dir) is None or not RUN_FOLDER.fullmatch(os.path.basename(run)):
+        return False
+    try:
+        fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # from shared: nobody else's
+        for folder, dirs, files in os.walk(host_dir, topdown=False):
+            for name in files:
+                os.unlink(os.path.join(folder, name))
+            for name in dirs:
+                path = os.path.join(folder, name)
+                if os.path.islink(path):
+                    os.unlink(path)
+                else:
+                    os.rmdir(path)
+        os.rmdir(host_dir)
+    except OSError:
+        return False
+    try:
+        os.rmdir(run)  # the last host's folder gone: the run's too
+    except OSError:
+        pass
+    return True
 
 
 def runs_root(host_dir: str) -> str | None:

@@ -53,8 +53,36 @@ def test_the_agent_keeps_the_recent_and_the_busy_run_folders(tmp_path, monkeypat
     finally:
         agent.close()
         os.close(lock)
-    # Once its agent is gone and nothing changed for an hour, it may go as well.
-    assert not hostruns.in_use(root / "new-0000000f")
+    # Its agent ran no task (nothing of a job in it): gone with the agent.
+    assert not (root / "new-0000000f").exists()
+
+
+def test_an_agent_asked_no_task_leaves_no_run_folder_behind(tmp_path):
+    """A launch refused after its agents started (cli.py starts them while it
+    plans), or a spare host never used: nothing of a job, nothing left. A
+    folder an agent ran a task in stays (its pid records, TF_CONFIG, errors),
+    and so does one another agent of the run still holds (a reconnection)."""
+    root = tmp_path / "home" / ".mgpu-launch" / "runs"
+    refused = [AgentProc(root / "refused-0000000a" / h) for h in ("h1", "h2")]
+    ran = AgentProc(root / "ran-0000000b" / "h1")
+    first, second = (AgentProc(root / "twice-0000000c" / "h1") for _ in range(2))
+    try:
+        for agent in (*refused, ran, first, second):
+            agent.hello()
+        ran.start_task("worker0", ["python3", "-c", "pass"])
+        ran.wait_event("exited", task="worker0")
+        refused[0].close()
+        assert sorted(p.name for p in (root / "refused-0000000a").iterdir()) == ["h2"]
+        refused[1].close()
+        ran.close()
+        first.close()  # the other agent of that folder still holds its lock
+        assert (root / "twice-0000000c" / "h1" / hostruns.LOCK_NAME).exists()
+        second.close()
+    finally:
+        for agent in (*refused, ran, first, second):
+            agent.close()
+    assert sorted(p.name for p in root.iterdir()) == [hostruns.STAMP_NAME, "ran-0000000b"]
+    assert (root / "ran-0000000b" / "h1" / "pids").is_dir()
 
 
 def test_a_simulated_hosts_folder_is_never_pruned(tmp_path):

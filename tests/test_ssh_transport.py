@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -22,9 +23,9 @@ import psutil
 import pytest
 
 from launcher.spec.config import load_config
-from launcher.spec.plan import HostTarget, host_targets
+from launcher.spec.plan import HostTarget, host_run_dir, host_targets
 from launcher.tools.sshsim import generate_key
-from launcher.transport import TransportError
+from launcher.transport import HostProblem, TransportError
 from launcher.transport._paramiko import paramiko
 from launcher.transport.shipping import bundle_id
 from launcher.transport.ssh import SSHTransport, agent_command
@@ -262,6 +263,22 @@ def test_killing_a_hosts_ssh_session_kills_its_tasks(cluster, tmp_path):
 # --------------------------------------------------------------------- API-level checks
 
 
+def agent_pids(run_dir: str) -> list[int]:
+    """The agents started for the run in `run_dir` (the simulated hosts' are
+    this machine's processes), by their command line."""
+    prefix = host_run_dir(run_dir, "ssh", "")
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+        except OSError:
+            continue
+        if "launcher.agent" in argv and "--run-dir" in argv and \
+                argv[argv.index("--run-dir") + 1].startswith(prefix):
+            found.append(int(pid))
+    return found
+
+
 def _targets(cluster) -> tuple[HostTarget, ...]:
     return host_targets(load_config(cluster.yaml_path).config, "python3")
 
@@ -397,6 +414,11 @@ def test_a_launch_refused_after_its_connections_opened_says_only_the_refusal(
     assert done.stderr.strip() == ("mgpu-launch: --metrics-port 70000: give a port from 1 "
                                    "to 65535 (or 0 for any free port)"), done.stderr
     assert not run_dir.exists()
+    # The hosts' agents had started meanwhile (SSHTransport.warm): they end
+    # with the launch, and leave no run folder on their hosts.
+    wait_for(lambda: not agent_pids(str(run_dir)), timeout=30, what="the agents' end")
+    remote = Path(os.path.expanduser(host_run_dir(str(run_dir), "ssh", "host0"))).parent
+    assert not remote.exists(), sorted(remote.rglob("*"))
     run_dir.mkdir()
     (run_dir / "notes.txt").write_text("an earlier run's")
     done = run_cli(["--run-dir", str(run_dir), str(yaml_path), str(script), str(marker_dir)],
@@ -425,6 +447,25 @@ def test_connections_opened_early_are_taken_by_the_connect_or_closed(cluster, tm
     for link in links.values():
         link.close()
     ssh.close()
+    # With the run's folder (the run command's), the agents start too, and the
+    # connect takes them: one connection and one agent per host. They were kept
+    # past their lease (1 s here) until taken: the transport pinged them.
+    opened.clear()
+    ssh = SSHTransport(connector=Counting(), lease_s=1.0)
+    early_dir = str(tmp_path / "run-early")
+    ssh.warm(targets, early_dir)
+    started = wait_for(lambda: len(agent_pids(early_dir)) == 2 and agent_pids(early_dir),
+                       timeout=30, what="both agents started before the connect")
+    watched_until = time.monotonic() + 3.0  # three leases
+    wait_for(lambda: sorted(agent_pids(early_dir)) != sorted(started)
+             or time.monotonic() > watched_until, timeout=10, what="three leases")
+    assert sorted(agent_pids(early_dir)) == sorted(started), "an agent's lease ran out"
+    links = ssh.connect(targets, early_dir, queue.Queue())
+    assert sorted(name for name, _ in opened) == ["host0", "host1"]
+    assert sorted(link.hello["pid"] for link in links.values()) == sorted(started)
+    for link in links.values():
+        link.close()
+    ssh.close()
     # Opened and never taken (a launch that ended before its connect): closed.
     opened.clear()
     ssh = SSHTransport(connector=Counting())
@@ -433,6 +474,17 @@ def test_connections_opened_early_are_taken_by_the_connect_or_closed(cluster, tm
     ssh.abort()
     wait_for(lambda: not any(t.is_active() for _, t in opened), timeout=10,
              what="the connections closed")
+    # Agents started and never taken (a launch refused meanwhile): they end,
+    # and leave no run folder on their hosts (an agent asked no task).
+    ssh = SSHTransport()
+    refused_dir = str(tmp_path / "run-refused")
+    ssh.warm(targets, refused_dir)
+    remote = Path(os.path.expanduser(host_run_dir(refused_dir, "ssh", "host0"))).parent
+    wait_for(lambda: len(list(remote.glob("*/.agent.lock"))) == 2, timeout=30,
+             what="both agents started, each in its host folder")
+    ssh.abort()
+    wait_for(lambda: not agent_pids(refused_dir), timeout=30, what="the agents' end")
+    assert not remote.exists(), sorted(remote.rglob("*"))
     # A connection that fails early is the connect's problem, for its host.
     ghost = dataclasses.replace(targets[1], name="ghost", address="127.0.0.250")
     ssh = SSHTransport()
@@ -635,3 +687,29 @@ def test_a_host_whose_sftp_home_is_not_the_shells_home_still_runs(tmp_path_facto
         assert not (shell_home / ".cache").exists()
         again = run_marker(sim, tmp_path, sim.config_dict(), marker_dir)  # uploaded already
         assert again.returncode == 0, again.stdout + again.stderr
+
+
+def test_an_early_agent_is_kept_until_taken_and_its_failure_told_at_the_take(monkeypatch):
+    from launcher.transport import ssh_early
+
+    monkeypatch.setattr(ssh_early, "KEEP_LEASE_EVERY_S", 0.01)
+    host = HostTarget("h", "127.0.0.9", "python3", (), None, 22, None, "k", "strict", None, 5.0)
+    pings: list[str] = []
+    early = ssh_early.EarlyAgent(host, "/runs/r")
+    thread = threading.Thread(target=early.run, args=(
+        lambda: "started", threading.Semaphore(1), pings.append))
+    thread.start()
+    wait_for(lambda: len(pings) >= 3, timeout=10, what="the lease kept")
+    assert early.take() == "started"
+    thread.join(timeout=10)  # it pings no more: from now on the link writes alone
+    assert not thread.is_alive() and set(pings) == {"started"}
+    told = len(pings)
+
+    failing = ssh_early.EarlyAgent(host, "/runs/r")
+
+    def refuse() -> str:
+        raise HostProblem("h", "no hello")
+    failing.run(refuse, threading.Semaphore(1), pings.append)  # returns: nothing to keep
+    with pytest.raises(HostProblem, match="no hello"):
+        failing.take()
+    assert len(pings) == told

@@ -41,7 +41,13 @@ from launcher.agent.spawn import Spawner
 from launcher.agent.stacks import Stacks
 from launcher.agent.standbys import Standbys
 from launcher.agent.tasks import Tasks
-from launcher.hostruns import KEEP_RUNS, hold_lock, prune_now_and_then, runs_root
+from launcher.hostruns import (
+    KEEP_RUNS,
+    hold_lock,
+    prune_now_and_then,
+    remove_unused,
+    runs_root,
+)
 from launcher.netif import ipv4_interfaces
 
 HEARTBEAT_EVERY_S = 1.0
@@ -158,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
         emit.drain_handoff(2.0)  # the copies' last events, before the last word
         emit("bye")
         if lock_fd is not None:
+            if not agent.tasks.asked:  # e.g. a launch refused after its agents started
+                remove_unused(agent.run_dir, lock_fd)
             os.close(lock_fd)
     return 0
 

@@ -148,8 +148,10 @@ class Tasks:
         self.tasks: dict[str, RunningTask] = {}
         self.on_profile = None  # (task, record): a trace's answer (main wires profiles.py)
         self.memory = None  # the memory tier's copies (memcopy.MemoryCopies, wired by main)
+        self.asked = False  # a `start` came: the host folder may hold the job's files
 
     def start(self, message: dict) -> None:
+        self.asked = True
         raw_name = message.get("task")
         if not isinstance(raw_name, str):
             raise BadCommand(f"task must be a string, not {type(raw_name).__name__}")

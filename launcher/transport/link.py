@@ -51,7 +51,7 @@ _LOG_TEXT_MAX = 2000
 _RESERVED_EVENTS = frozenset({"agent_lost"})
 # The events that come with bytes (a frame): a piece of a checkpoint file.
 FRAME_EVENTS = frozenset({"peer_chunk"})
-_PING = b'{"op":"ping"}\n'
+PING = b'{"op":"ping"}\n'
 
 
 @dataclass(frozen=True)
@@ -218,7 +218,7 @@ class AgentLink:
                     continue
                 left = idle_since + self._ping_every_s - time.monotonic()
                 if left <= 0:
-                    return _PING
+                    return PING
                 self._wake.wait(left)
             return self._pending.popleft() if self._pending else None
 

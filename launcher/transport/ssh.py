@@ -15,6 +15,7 @@ Must not import: supervisor, cli.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import json
 import posixpath
@@ -26,6 +27,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from ..spec.config import ClusterConfig
 from ..spec.plan import HostTarget, host_run_dir
@@ -36,9 +38,10 @@ from ._paramiko import paramiko
 # The lease matters most here: behind a partition no EOF ever reaches an
 # agent, and sshd may keep the session for hours.
 from .child import DEFAULT_LEASE_S
-from .link import AgentLink, AgentMessage
+from .link import PING, AgentLink, AgentMessage
 from .shipping import AGENT_MAIN, USE_MARKER, bundle_files, bundle_id, stale_bundles
 from .ssh_connect import Connector, Opening
+from .ssh_early import EarlyAgent
 from .ssh_endpoint import Endpoint, Refused
 
 MAX_PARALLEL = 64  # threads mostly wait on the network; bounded so 500 hosts stay sane
@@ -263,6 +266,7 @@ class SSHTransport:
         self._lock = threading.Lock()
         self._closed = False
         self._warm: dict[str, Opening] = {}  # host -> its connection opened early (`warm`)
+        self._early: dict[str, EarlyAgent] = {}  # host -> its agent started early (`warm`)
         # Called with each host's link as soon as its hello is in, while other
         # hosts may still be starting (job/reach.py: the firewall rules go then).
         self.on_link: Callable[[AgentLink], None] | None = None
@@ -317,21 +321,29 @@ class SSHTransport:
                 problems.append(HostProblem(host.name, f"{type(outcome).__name__}: {outcome}"))
         return links, problems
 
-    def warm(self, hosts: Sequence[HostTarget]) -> None:
+    def warm(self, hosts: Sequence[HostTarget], run_dir: str | None = None) -> None:
         """Open every host's connection now, each in a daemon thread, for the
         connect to take (`_start_host`): the run command calls it as soon as
         the cluster file is read, so the handshakes go on while the launcher
-        imports the job's modules and plans (~0.2 s of one core). What fails
-        here is told by the connect, for its host, as it would have been.
-        `abort` and `close` end the connections not taken."""
+        imports the job's modules and plans (~0.2 s of one core). With
+        `run_dir` (the run's), each thread goes on to start the host's agent
+        and read its hello: the hosts' logins (their rc files) and agents start
+        then too, not once the launcher is ready. What fails here is told by
+        the connect, for its host, as it would have been. `abort` and `close`
+        end the connections not taken."""
         gate = threading.Semaphore(max(1, min(self._max_parallel, len(hosts))))
         for host in hosts:
-            opening = Opening(host)
+            job: Opening | EarlyAgent
             with self._lock:
                 if self._closed:
                     return
-                self._warm[host.name] = opening
-            threading.Thread(target=opening.run, args=(self._connector, gate), daemon=True,
+                if run_dir is None:
+                    job = self._warm[host.name] = Opening(host)
+                    args: tuple = (self._connector, gate)
+                else:
+                    job = self._early[host.name] = EarlyAgent(host, run_dir)
+                    args = (functools.partial(self._reach_agent, host, run_dir), gate, _ping)
+            threading.Thread(target=job.run, args=args, daemon=True,
                              name=f"ssh-warm-{host.name}").start()
 
     def _open(self, host: HostTarget) -> tuple[paramiko.Transport, Endpoint]:
@@ -346,6 +358,19 @@ class SSHTransport:
 
     def _start_host(self, host: HostTarget, run_dir: str,
                     events: queue.Queue[AgentMessage]) -> AgentLink:
+        with self._lock:
+            early = self._early.pop(host.name, None)
+        if early is not None and (early.host, early.run_dir) == (host, run_dir):
+            session, stdout, hello = early.take()
+        else:
+            if early is not None:  # another target of that name (not a launch's own)
+                early.cancel()
+            session, stdout, hello = self._reach_agent(host, run_dir)
+        return self._link_agent(session, stdout, hello, events)
+
+    def _reach_agent(self, host: HostTarget, run_dir: str) -> tuple[_Session, Any, dict]:
+        """`host`'s agent for the run in `run_dir`, started: its session, its
+        stdout and its hello (checked); HostProblem naming the host else."""
         try:
             transport, ep = self._open(host)
         except Refused as exc:
@@ -357,17 +382,17 @@ class SSHTransport:
                 raise HostProblem(host.name, "the launcher is stopping")
             self._sessions.append(session)
         try:
-            return self._start_agent(session, run_dir, events)
+            stdout, hello = self._start_agent(session, run_dir)
+            return session, stdout, hello
         except Refused as exc:
             session.close()
             raise HostProblem(host.name, str(exc)) from None
         except (paramiko.SSHException, OSError, EOFError) as exc:
             session.close()
-            raise HostProblem(host.name, f"SSH session on {ep.hostname}:{ep.port} failed: "
-                              f"{exc or type(exc).__name__}") from None
+            raise HostProblem(host.name, f"SSH session on {session.ep.hostname}:"
+                              f"{session.ep.port} failed: {exc or type(exc).__name__}") from None
 
-    def _start_agent(self, session: _Session, run_dir: str,
-                     events: queue.Queue[AgentMessage]) -> AgentLink:
+    def _start_agent(self, session: _Session, run_dir: str) -> tuple[Any, dict]:
         host = session.host
         where = where_of(session)
         version = bundle_id()
@@ -396,7 +421,13 @@ class SSHTransport:
         else:  # pragma: no cover - the loop always breaks or raises
             raise Refused("agent did not start")
         self._check_hello(hello, host, where)
+        return stdout, hello
+
+    def _link_agent(self, session: _Session, stdout, hello: dict,
+                    events: queue.Queue[AgentMessage]) -> AgentLink:
+        host = session.host
         channel = session.channel
+        assert channel is not None
         channel.settimeout(None)
         def on_close() -> None:
             # The agent stops its tasks on EOF within its grace; then let the
@@ -510,7 +541,8 @@ class SSHTransport:
         with self._lock:
             self._closed = True
             sessions, self._sessions = self._sessions, []
-            warm, self._warm = list(self._warm.values()), {}
+            warm, self._warm = [*self._warm.values(), *self._early.values()], {}
+            self._early = {}
         for opening in warm:
             opening.cancel()
         for session in sessions:
@@ -520,7 +552,8 @@ class SSHTransport:
         with self._lock:
             self._closed = True
             sessions, self._sessions = self._sessions, []
-            warm, self._warm = list(self._warm.values()), {}
+            warm, self._warm = [*self._warm.values(), *self._early.values()], {}
+            self._early = {}
         for opening in warm:
             opening.cancel()
         self._close_sessions(sessions)
@@ -539,6 +572,13 @@ class SSHTransport:
             session.close()
         with self._lock:
             self._sessions = [s for s in self._sessions if s not in sessions]
+
+
+def _ping(started: tuple[_Session, Any, dict]) -> None:
+    """Keep an early agent's lease (`--lease`) until its link pings it."""
+    channel = started[0].channel
+    if channel is not None:
+        channel.sendall(PING)
 
 
 def where_of(session: _Session) -> str:
