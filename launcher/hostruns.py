@@ -65,15 +65,20 @@ def remove_unused(host_dir: str, lock_fd: int) -> bool:
     """The agent's end when no task was asked of it (a launch refused after its
     agents started, cli.py; a spare never used): its host folder holds nothing
     of a job and goes, with the run's folder once no other host's is in it.
-    Kept when another agent of the run holds the lock too (a reconnection), or
-    when it is not a run folder under `~/.mgpu-launch/runs` (a simulated
-    host's is in the run directory, the user's). True when removed."""
+    Kept when it holds any file but the lock (an earlier agent's of the run:
+    a host reached again whose new agent got no task before the job ended),
+    when another agent of the run holds the lock too, or when it is not a run
+    folder under `~/.mgpu-launch/runs` (a simulated host's is in the run
+    directory, the user's). True when removed."""
     run = os.path.dirname(os.path.abspath(host_dir))
     if runs_root(host_dir) is None or not RUN_FOLDER.fullmatch(os.path.basename(run)):
         return False
     try:
         fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # from shared: nobody else's
-        for folder, dirs, files in os.walk(host_dir, topdown=False):
+        tree = list(os.walk(host_dir, topdown=False))
+        if any(files != ([LOCK_NAME] if folder == host_dir else []) for folder, _, files in tree):
+            return False  # something of a job: not ours to judge
+        for folder, dirs, files in tree:
             for name in files:
                 os.unlink(os.path.join(folder, name))
             for name in dirs:

@@ -83,6 +83,15 @@ def test_an_agent_asked_no_task_leaves_no_run_folder_behind(tmp_path):
             agent.close()
     assert sorted(p.name for p in root.iterdir()) == [hostruns.STAMP_NAME, "ran-0000000b"]
     assert (root / "ran-0000000b" / "h1" / "pids").is_dir()
+    # The host reached again (a new agent in that folder) and the job over before
+    # it got a task: the first agent's files stay.
+    kept = sorted(p.relative_to(root) for p in (root / "ran-0000000b").rglob("*"))
+    again = AgentProc(root / "ran-0000000b" / "h1")
+    try:
+        again.hello()
+    finally:
+        again.close()
+    assert sorted(p.relative_to(root) for p in (root / "ran-0000000b").rglob("*")) == kept
 
 
 def test_a_simulated_hosts_folder_is_never_pruned(tmp_path):

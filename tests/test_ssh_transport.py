@@ -429,7 +429,8 @@ def test_a_launch_refused_after_its_connections_opened_says_only_the_refusal(
     assert list(marker_dir.iterdir()) == []
 
 
-def test_connections_opened_early_are_taken_by_the_connect_or_closed(cluster, tmp_path):
+def test_connections_opened_early_are_taken_by_the_connect_or_closed(cluster, tmp_path,
+                                                                     monkeypatch):
     opened: list[tuple[str, paramiko.Transport]] = []
 
     class Counting(Connector):
@@ -449,7 +450,11 @@ def test_connections_opened_early_are_taken_by_the_connect_or_closed(cluster, tm
     ssh.close()
     # With the run's folder (the run command's), the agents start too, and the
     # connect takes them: one connection and one agent per host. They were kept
-    # past their lease (1 s here) until taken: the transport pinged them.
+    # past their lease (1 s here) until taken: the transport pinged them (every
+    # 0.2 s here: at 1 s against a lease of 1 s the margin would be too thin).
+    from launcher.transport import ssh_early
+
+    monkeypatch.setattr(ssh_early, "KEEP_LEASE_EVERY_S", 0.2)
     opened.clear()
     ssh = SSHTransport(connector=Counting(), lease_s=1.0)
     early_dir = str(tmp_path / "run-early")

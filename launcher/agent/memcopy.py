@@ -41,6 +41,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from launcher.agent.protocol import lowered_thread
+
 SHM = "/dev/shm"  # noqa: S108 - host memory, one 0700 folder per job
 PREFIX = "mgpu-launch-"
 OWNER = "agent.pid"
@@ -69,6 +71,7 @@ def low_priority(batch: bool = False) -> None:
     for 10 s). Niced, its turns come often enough that they keep their second.
     Its events go through the Emitter's handoff, started before the thread
     (MemoryCopies.before_low_thread)."""
+    lowered_thread()
     tid = threading.get_native_id()
     try:
         os.setpriority(os.PRIO_PROCESS, tid, 19)
@@ -272,9 +275,15 @@ class MemoryCopies:
             return  # its directory names that save, or a newer one, already
         began = time.monotonic()
         copy_slot(slot, record, self._copied)
-        took = time.monotonic() - began
-        with open(os.path.join(slot, COPIED), "w", encoding="ascii"):
-            pass  # the task's end waits for this (runtime/memtier.py)
+        try:
+            self._report(slot, record, time.monotonic() - began)
+        finally:  # after its report: the task's end waits for this (runtime/memtier.py),
+            # and the agent's `exited` follows the events handed off before it
+            with open(os.path.join(slot, COPIED), "w", encoding="ascii"):
+                pass
+
+    def _report(self, slot: str, record: dict, took: float) -> None:
+        """A copy's cost, as its task's progress; its lag said once when long."""
         with self._cond:
             task, generation = self._owner.pop(slot, ("", 0))
         if task and self.report is not None and record.get("kind") != "drop":

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import collections
 import json
-import os
 import re
 import threading
 import time
@@ -50,8 +49,8 @@ HANDOFF_EVENTS = 2  # a low-priority thread's events queued for the writer (Emit
 class Emitter:
     """Writes events to the supervisor; one lock so lines never interleave.
 
-    A thread niced below the agent's main thread (the memory tier's copiers,
-    memcopy.low_priority) does not take that lock: once `start_handoff` has
+    A thread at a lowered priority (the memory tier's copiers,
+    memcopy.low_priority: `lowered_thread`) does not take that lock: once `start_handoff` has
     run, its events are made on its own thread (their CPU at its priority),
     queued, and written by a writer thread of normal priority. Taking the lock
     itself, such a thread held every other event (the heartbeats, the tasks'
@@ -76,7 +75,9 @@ class Emitter:
                 self._handoff = _Handoff(self._write)
 
     def drain_handoff(self, timeout_s: float) -> bool:
-        """Wait until the events handed off so far are written (False: timed out)."""
+        """Wait until the events handed off so far are written (False: timed out).
+        They come in order per thread, not with the other threads' events: the
+        agent drains before a task's `exited` and before its `bye`."""
         return self._handoff is None or self._handoff.drain(timeout_s)
 
     def __call__(self, event: str, **fields: object) -> None:
@@ -108,14 +109,17 @@ class Emitter:
                 pass  # the supervisor is gone; stdin EOF will stop us
 
 
+_LOWERED = threading.local()
+
+
+def lowered_thread() -> None:
+    """The calling thread runs at a lowered CPU priority from now on
+    (memcopy.low_priority): its events go through the Emitter's handoff."""
+    _LOWERED.on = True
+
+
 def _lowered() -> bool:
-    """The calling thread runs niced below its process's main thread (Linux:
-    the nice value is per thread; the main thread's id is the pid)."""
-    try:
-        return (os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-                > os.getpriority(os.PRIO_PROCESS, os.getpid()))
-    except (AttributeError, OSError):
-        return False
+    return getattr(_LOWERED, "on", False)
 
 
 class _Handoff:

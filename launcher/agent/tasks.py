@@ -345,6 +345,9 @@ class Tasks:
         for reader in [*task.readers, task.progress_reader]:
             if reader is not None:
                 reader.join(timeout=DRAIN_MAX_S + DRAIN_S)
+        drain = getattr(self.emit, "drain_handoff", None)  # its copies' reports too
+        if drain is not None:
+            drain(DRAIN_S)
         self.emit(
             "exited",
             task=task.name,

@@ -364,7 +364,7 @@ class SSHTransport:
             session, stdout, hello = early.take()
         else:
             if early is not None:  # another target of that name (not a launch's own)
-                early.cancel()
+                early.cancel(discard=lambda started: started[0].close())
             session, stdout, hello = self._reach_agent(host, run_dir)
         return self._link_agent(session, stdout, hello, events)
 

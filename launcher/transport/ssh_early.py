@@ -30,6 +30,7 @@ class EarlyAgent:
         self._outcome: Any = None  # what the start gave, or raised
         self._done = False
         self._taken = False
+        self._discard: Callable[[Any], None] | None = None  # cancelled: what to do with it
 
     def run(self, start: Callable[[], Any], gate: threading.Semaphore,
             ping: Callable[[Any], None]) -> None:
@@ -42,6 +43,9 @@ class EarlyAgent:
             self._outcome, self._done = outcome, True
             self._cond.notify_all()
             if isinstance(outcome, BaseException):
+                return
+            if self._taken and self._discard is not None:  # cancelled while it started
+                self._discard(outcome)
                 return
             # Pinged under the lock: `take` waits for a ping under way, so the
             # link's own writes never mix with one.
@@ -62,9 +66,14 @@ class EarlyAgent:
             raise outcome
         return outcome
 
-    def cancel(self) -> None:
-        """Nobody will take it: stop keeping its lease (the transport closes
-        the session it registered)."""
+    def cancel(self, discard: Callable[[Any], None] | None = None) -> None:
+        """Nobody will take it: stop keeping its lease, and `discard` what was
+        started (now, or once started); without it the transport's close or
+        abort ends the session it registered."""
         with self._cond:
-            self._taken = True
+            self._taken, self._discard = True, discard
             self._cond.notify_all()
+            outcome = self._outcome if self._done else None
+        if discard is not None and outcome is not None and \
+                not isinstance(outcome, BaseException):
+            discard(outcome)
