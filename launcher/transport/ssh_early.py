@@ -18,8 +18,9 @@ from collections.abc import Callable
 from typing import Any
 
 from ..spec.plan import HostTarget
+from .link import PING_EVERY_S
 
-KEEP_LEASE_EVERY_S = 1.0  # as the link pings (link.PING_EVERY_S)
+KEEP_LEASE_EVERY_S = PING_EVERY_S  # as the link pings, once it has the agent
 
 
 class EarlyAgent:
