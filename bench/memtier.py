@@ -142,13 +142,15 @@ def cost_run(work: Path, shared: Path, name: str, width: int, epochs: int) -> di
     lags = [e.get("memory_copy_lag_s", e.get("memory_copy_s")) for e in events
             if e["event"] == "progress" and "memory_copy_s" in e]
     peer = [e["seconds"] for e in events if e["event"] == "memory_copy" and not e.get("error")]
+    covered = [e for e in events if e["event"] == "memory_copy" and e.get("covered_by")]
     # Not the epoch after the first save: TensorFlow's own (with the tier off and a
     # fast directory it runs ~1.7x slower too); epoch 0 compiles.
     beside = [s for e, s in steps.items() if e % EVERY == 1 and e > 1]
     quiet = [s for e, s in steps.items() if e % EVERY == 0 and e > 0]
     return {"name": name, "beside": statistics.mean(beside), "quiet": statistics.mean(quiet),
             "epochs": [steps[e] for e in sorted(steps)][1:],
-            "lag": max(lags, default=0.0), "peer": max(peer, default=0.0)}
+            "lag": max(lags, default=0.0), "peer": max(peer, default=0.0),
+            "covered": f"{len(covered)} of {len(peer)}"}
 
 
 def cost(work: Path, shared: Path, args: argparse.Namespace) -> None:
@@ -164,7 +166,8 @@ def cost(work: Path, shared: Path, args: argparse.Namespace) -> None:
         print(f"{r['name']:17} beside copies {1000 * r['beside']:5.0f} ms, quiet "
               f"{1000 * r['quiet']:5.0f} ms: {r['beside'] / r['quiet']:.3f} (epochs 1..: "
               f"{' '.join(f'{1000 * s:.0f}' for s in r['epochs'])}); copy lag: directory "
-              f"<= {r['lag']:.1f} s, peer <= {r['peer']:.1f} s; load {os.getloadavg()[0]:.1f}",
+              f"<= {r['lag']:.1f} s, peer <= {r['peer']:.1f} s ({r['covered']} covered by a "
+              f"worker's own save); load {os.getloadavg()[0]:.1f}",
               flush=True)
     print(f"weights ~{args.width * 4 * 1026 / 1e6:.0f} MB, shared directory at {args.mbps:g} "
           f"MB/s, 2 workers, a save every {EVERY} epochs of 10 steps, {len(runs)} runs")

@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO))
 
 from launcher.agent import memcopy  # noqa: E402
 from launcher.agent.commands import Commands, Lines, read_commands  # noqa: E402
-from launcher.agent.peercopy import CHUNK, PeerCopies  # noqa: E402
+from launcher.agent.peercopy import CHUNK, PeerCopies, _Work  # noqa: E402
 from launcher.agent.protocol import Emitter  # noqa: E402
 from launcher.job import events as ev  # noqa: E402
 from launcher.job.peerrelay import PeerRelay  # noqa: E402
@@ -101,14 +101,14 @@ def one_run(mb: int, tmp: Path, seq: int) -> tuple[dict[str, float], int]:
     for link in links.values():
         link.start_reading()
     told: list[ev.Event] = []
-    relay = PeerRelay(lambda: links, told.append)
+    relay = PeerRelay(lambda: links, told.append, hold_s=0)  # sent at once, as a placement
     relay.use_plan(HOSTS, 2)
     env = {"MGPU_MEMORY_COPIES": "2"}
     agents["host0"].memory.task_env("worker0", env)
     slot = make_slot(Path(env["MGPU_MEMORY_DIR"]), 1, "ckpt-1", mb * 10**6, ["ckpt-1"])
     chunks = -(-mb * 10**6 // CHUNK) + 2
     before = {t: cpu(t) for t in threading.enumerate()}
-    agents["host0"].peers._enqueue("host0-1", str(slot), supersede=False)
+    agents["host0"].peers._enqueue(_Work(str(slot), "host0-1", routine=False))
     deadline = time.monotonic() + 600
     while not any(isinstance(e, ev.MemoryCopy) for e in told):
         if time.monotonic() > deadline:

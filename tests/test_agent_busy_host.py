@@ -49,6 +49,9 @@ def test_a_copy_beside_busy_training_does_not_hold_back_the_agents_heartbeats(tm
     agent: AgentProc | None = None
 
     def acknowledge(message: dict) -> None:  # the launcher's relay and the receiver, at once
+        if message.get("ev") == "peer_begin":  # the relay's go
+            assert agent is not None
+            agent.send({"op": "peer_ack", "xfer": message["xfer"], "n": -1})
         if message.get("ev") == "peer_chunk":
             assert agent is not None
             agent.send({"op": "peer_ack", "xfer": message["xfer"], "n": message["n"]})

@@ -1,11 +1,12 @@
 """The memory tier after the loss of a whole host, for real: TF's custom-loop
 tutorial (its own CheckpointManager, tests/scripts/tutorial_ctl_big.py) on two
-simulated SSH hosts with `checkpoint: {memory: true}`. Each chief save is
-copied to host1's memory through the launcher; then host0 (the chief's) dies
-the way a machine does (`SimCluster.kill_host`: its memory copies go with its
-agent, swept by the next one). When its sshd is back the launcher places
-host1's copy of the newest save in host0's memory; the chief restores from
-it, checksummed, worker1 from its own memory; the final weights equal an
+simulated SSH hosts with `checkpoint: {memory: true}`. Each chief save's
+second copy is worker1's own save of it in host1's memory (the same bytes,
+checked: nothing is sent); then host0 (the chief's) dies the way a machine
+does (`SimCluster.kill_host`: its memory copies go with its agent, swept by
+the next one). When its sshd is back the launcher places host1's save of the
+newest checkpoint in host0's memory, through the launcher; the chief restores
+from it, checksummed, worker1 from its own memory; the final weights equal an
 uninterrupted run's with the same seed."""
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ def test_a_lost_hosts_restart_restores_from_the_copy_in_another_hosts_memory(
     try:
         wait_for(lambda: job.said("HOLDING") and job.events(
             "memory_copy", host="host1", checkpoint="ckpt-2"), timeout=150,
-            what="epoch 1's save (ckpt-2) in host1's memory, the chief holding")
+            what="epoch 1's save (ckpt-2) held in host1's memory, the chief holding")
         job.look()
         killed = cluster.kill_host(0)
         job.wait_event("host_lost", timeout=30, host="host0")
@@ -100,16 +101,18 @@ def test_a_lost_hosts_restart_restores_from_the_copy_in_another_hosts_memory(
 
 
 def check_restore(job: MemoryJob) -> None:
-    """ckpt-2 copied to host1's memory, then placed back on host0 from there,
-    each chunk a frame through the launcher (raw bytes over the SSH channels);
-    each worker restored it, the chief from that copy, worker1 from its own memory."""
-    [routine] = job.events("memory_copy", host="host1", checkpoint="ckpt-2")
-    assert "error" not in routine and routine["bytes"] > 100_000, routine
+    """ckpt-2 held in host1's memory as worker1's own save (the chief's, byte
+    for byte: not sent), then placed on host0 from there, each chunk a frame
+    through the launcher (raw bytes over the SSH channels); each worker
+    restored it, the chief from that copy, worker1 from its own memory."""
+    routine = job.events("memory_copy", placed=False)
+    assert [(e["checkpoint"], e["host"], e.get("covered_by"), e["bytes"]) for e in routine] \
+        == [(f"ckpt-{n}", "host1", "worker1", 0) for n in (1, 2, 3)], routine
     [placed] = job.events("memory_copy", placed=True)
     assert (placed["host"], placed["source"], placed["origin"], placed["checkpoint"]) == (
-        "host0", "host1", "host0", "ckpt-2"), placed
+        "host0", "host1", "host1", "ckpt-2"), placed
     assert "error" not in placed and placed["bytes"] > 100_000, placed
-    assert "memory tier: ckpt-2 of host0 placed in host0's memory from host1's" in job.output
+    assert "memory tier: ckpt-2 of host1 placed in host0's memory from host1's" in job.output
     told = {e["task"]: (e["resumed"], e.get("resumed_from"), e.get("resumed_host"))
             for e in job.events("progress", generation=1) if "resumed" in e}
     assert told == {"worker0": (20, "peer", "host1"), "worker1": (20, "memory", "host1")}, told

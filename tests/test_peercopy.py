@@ -2,9 +2,11 @@
 launcher/job/peerrelay.py), wired as the launcher wires them but in one
 process: two hosts' agents' parts talk through the relay. A chief's save
 reaches the neighbour's memory whole, checksummed and private; a copy altered
-there fails its check; before a restart a host that lost its memory gets the
-newest save placed back, and a directory left behind gets it published; a
-restore reads whichever is complete first, the placed copy or the directory."""
+there fails its check; a worker's own save on another host that is the
+chief's byte for byte is its second copy (nothing sent), one that differs is
+not; before a restart a host that lost its memory gets the newest save placed
+back, and a directory left behind gets it published; a restore reads
+whichever is complete first, the placed copy or the directory."""
 
 from __future__ import annotations
 
@@ -69,6 +71,9 @@ def through_the_wire(head: bytes, payload: bytes) -> dict:
     return message
 
 
+HOLD = 0.3
+
+
 class Hosts:
     """Agents' memory parts per host, the relay between them, one pump."""
 
@@ -76,7 +81,8 @@ class Hosts:
         self.tmp, self.wire = tmp, queue.Queue()
         self.told: list[ev.Event] = []
         self.links = {h: Link(h, self.wire) for h in names}
-        self.relay = PeerRelay(lambda: self.links, self.told.append)
+        # A chief's save waits HOLD (not 10 s) for a worker's save to cover it.
+        self.relay = PeerRelay(lambda: self.links, self.told.append, hold_s=HOLD)
         self.relay.use_plan(names, 2)
         self.peers = {h: self.agent(h) for h in names}
 
@@ -97,9 +103,11 @@ class Hosts:
 
     def step(self, timeout: float) -> bool:
         """One message delivered (an event to the relay, a command to its
-        agent); False (the relay's `pump`: no stop) either way."""
+        agent; the relay's clock looked at, as the supervisor's loop does);
+        False (the relay's `pump`: no stop) either way."""
+        self.relay.tick()
         try:
-            kind, host, body = self.wire.get(timeout=timeout)
+            kind, host, body = self.wire.get(timeout=min(timeout, HOLD / 3))
         except queue.Empty:
             return False
         if kind == "ev":
@@ -109,13 +117,14 @@ class Hosts:
         return False
 
 
-def chief_slot(hosts: Hosts, host: str, seq: int, size: int, target: Path) -> Path:
+def chief_slot(hosts: Hosts, host: str, seq: int, size: int, target: Path,
+               task: str = "worker0") -> Path:
     env = {"MGPU_MEMORY_COPIES": "2"}
-    hosts.peers[host].memory.task_env("worker0", env)
+    hosts.peers[host].memory.task_env(task, env)
     slot = make_slot(Path(env["MGPU_MEMORY_DIR"]), seq, f"ckpt-{seq}", size, [f"ckpt-{seq}"])
     (slot / "ckpt-0.index").write_bytes(b"an older checkpoint the manager keeps")
     record = memslots.manifest(str(slot)) | {"target": str(target), "step": seq * 10,
-                                             "time": float(seq)}
+                                             "time": float(seq), "copy": task == "worker0"}
     record["files"] = memslots.ordered([*record["files"], "ckpt-0.index"])
     memslots.seal(str(slot), record)
     return slot
@@ -183,6 +192,80 @@ def test_a_job_on_one_host_sends_no_copy_to_another(tmp_path: Path):
     said = [hosts.wire.get_nowait()[2]["ev"] for _ in range(hosts.wire.qsize())]
     assert said == ["memory_held"], said  # the launcher knows it; nothing is sent
     assert hosts.peers["host0"]._thread is None
+
+
+def worker_slot(hosts: Hosts, host: str, chief: Path, target: Path, change: bool) -> Path:
+    """worker1's own save of the chief's step on `host`: the same checkpoint
+    files (one byte changed with `change`), its own state file (the manager
+    writes its own timestamps there)."""
+    slot = chief_slot(hosts, host, int(chief.name[2:]), 10, target, task="worker1")
+    for source in chief.iterdir():
+        if source.name not in ("checkpoint", "manifest.json"):
+            shutil.copyfile(source, slot / source.name)
+    (slot / "checkpoint").write_text((chief / "checkpoint").read_text()
+                                     + "last_preserved_timestamp: 1764300000.5\n")
+    if change:
+        data = next(slot.glob("*.data-*"))
+        raw = bytearray(data.read_bytes())
+        raw[-1] ^= 1
+        data.write_bytes(bytes(raw))
+    return slot
+
+
+def test_a_workers_own_save_on_another_host_is_the_chiefs_second_copy(tmp_path: Path):
+    hosts = Hosts(tmp_path, ["host0", "host1"])
+    shared = tmp_path / "shared"
+    chief = chief_slot(hosts, "host0", 1, 3_000_000, shared)
+    worker = worker_slot(hosts, "host1", chief, shared, change=False)
+    hosts.peers["host0"].memory.saved(str(chief))  # the chief's first: its offer waits
+    hosts.peers["host1"].memory.saved(str(worker))
+    hosts.pump(lambda: any(isinstance(e, ev.MemoryCopy) for e in hosts.told)
+               and hosts.wire.empty())
+    [told] = [e for e in hosts.told if isinstance(e, ev.MemoryCopy)]
+    assert (told.host, told.source, told.checkpoint, told.covered_by, told.bytes,
+            told.error) == ("host1", "host0", "ckpt-1", "worker1", 0, None), told
+    # Not a byte of it sent; host1 holds no copy beside its own save.
+    assert hosts.peers["host0"].emit.lines == hosts.links["host1"].lines == 0
+    assert not (Path(hosts.peers["host1"].memory.root) / "peer-host0").exists()
+    assert hosts.relay.held["host1"][str(worker)]["covers"]
+    # host0 dies before its copy to the directory ended: host1's save is the newest
+    # the job holds; it is published there and placed in host0's new memory.
+    hosts.peers["host0"].memory.drain(5)
+    (shared / "checkpoint").write_text('model_checkpoint_path: "ckpt-0"\n')
+    hosts.relay.forget("host0")
+    shutil.rmtree(hosts.peers["host0"].memory.root)
+    hosts.peers["host0"] = hosts.agent("host0")
+    hosts.relay.prepare(["host0", "host1"], lambda: hosts.step(0.1))
+    hosts.pump(lambda: any(isinstance(e, ev.MemoryCopy) and e.placed for e in hosts.told)
+               and hosts.wire.empty())
+    [placed] = [e for e in hosts.told if isinstance(e, ev.MemoryCopy) and e.placed]
+    assert (placed.host, placed.source, placed.checkpoint, placed.error) == (
+        "host0", "host1", "ckpt-1", None), placed
+    found = memslots.matching(memslots.settled_roots(
+        str(Path(hosts.peers["host0"].memory.root) / "worker0"), 1), "k", "manager",
+        "ckpt-1", {})
+    assert found and memslots.manifest(found)["held_by"] == "host1", found
+    hosts.peers["host1"].memory.drain(5)
+    assert 'model_checkpoint_path: "ckpt-1"' in (shared / "checkpoint").read_text()
+    for name in ("ckpt-1.index", "ckpt-1.data-00000-of-00001"):
+        assert (shared / name).read_bytes() == (worker / name).read_bytes()
+
+
+def test_a_workers_save_that_differs_from_the_chiefs_is_no_copy_of_it(tmp_path: Path):
+    hosts = Hosts(tmp_path, ["host0", "host1"])
+    chief = chief_slot(hosts, "host0", 1, 3_000_000, tmp_path / "shared")
+    worker = worker_slot(hosts, "host1", chief, tmp_path / "shared", change=True)
+    hosts.peers["host1"].memory.saved(str(worker))
+    hosts.peers["host0"].memory.saved(str(chief))
+    hosts.pump(lambda: any(isinstance(e, ev.MemoryCopy) for e in hosts.told)
+               and hosts.wire.empty())
+    [told] = [e for e in hosts.told if isinstance(e, ev.MemoryCopy)]
+    assert (told.host, told.covered_by, told.error) == ("host1", None, None), told
+    assert told.bytes > 3_000_000 and hosts.links["host1"].lines == 8
+    [copy] = memslots.slots(str(Path(hosts.peers["host1"].memory.root) / "peer-host0"))
+    assert (Path(copy[1]) / "ckpt-1.data-00000-of-00001").read_bytes() == (
+        chief / "ckpt-1.data-00000-of-00001").read_bytes()
+    assert not hosts.relay.held["host1"][str(worker)].get("covers")
 
 
 def test_before_a_restart_a_host_that_lost_its_memory_gets_the_newest_save(tmp_path: Path):

@@ -336,7 +336,7 @@ class MemoryCopy(Event):
     """The memory tier: a save copied into another host's memory (job/peerrelay.py)."""
 
     kind = "memory_copy"
-    optional = ("error",)
+    optional = ("error", "covered_by")
     host: str  # where the copy is now
     source: str = ""  # the host it came from
     origin: str = ""  # the host that saved it
@@ -345,6 +345,8 @@ class MemoryCopy(Event):
     seconds: float = 0.0
     placed: bool = False  # placed back for a restart (else: the save's second copy)
     error: str | None = None  # why it failed
+    # not sent: the task on `host` whose own save is this one byte for byte (a worker's)
+    covered_by: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -7,8 +7,18 @@ the one path every transport gives, SSH, --local and Slurm alike: agent A ->
 launcher -> agent B over the agents' own channels. This module is the
 launcher's part:
 
+- **A worker's own save is the second copy.** Under MultiWorkerMirroredStrategy
+  every worker saves the same weights (its own `workertemp_<n>` save, kept in
+  its memory: runtime/memtier.py). A chief's save that another live host
+  already holds byte for byte (the same checkpoint, step and directory; each
+  file's size and crc32 equal: `fingerprint` in `memory_held`) is not sent:
+  that host's save covers it (`covers`; `memory_copy` says `covered_by`).
+  A chief's offer (`peer_begin`) waits for the other hosts' saves of it at
+  most HOLD_S, and not at all once a save of that directory came uncovered
+  (a script whose workers save something else, or nothing).
 - **Relay.** A copy's chunks (`peer_begin`, `peer_chunk`, `peer_end`) go on
-  to the next host in the plan's host order; the receiver's `peer_ack` goes
+  to the next host in the plan's host order (once the launcher said go to the
+  sender: `peer_ack` with n -1); the receiver's `peer_ack` goes
   back to the sender, which keeps at most peercopy.WINDOW chunks (4 MiB) not
   yet acknowledged: the launcher holds that much per copy at most.
 - **What each host holds.** Every slot a host gains is said (`memory_held`:
@@ -41,6 +51,7 @@ from ..transport import AgentLink, AgentMessage
 from . import events as ev
 
 PREPARE_S = 120.0  # at most, before a restart, for copies placed and published
+HOLD_S = 10.0  # at most, a chief's save waits for another host's save to cover it
 KINDS = frozenset({"memory_held", "peer_begin", "peer_chunk", "peer_end", "peer_ack",
                    "peer_stored", "peer_done"})
 _FORWARD = {"peer_begin", "peer_chunk", "peer_end"}  # source -> destination
@@ -55,6 +66,18 @@ def _newness(info: dict[str, Any]) -> tuple[float, float]:
     step = info.get("step")
     return (float(step) if isinstance(step, int | float) else -1.0,
             float(info.get("time") or 0.0))
+
+
+def _same_save(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Two held slots are one checkpoint: the same save of the same directory,
+    each file's size and crc32 equal (the pointer files apart)."""
+    return bool(a.get("fingerprint")) and a.get("fingerprint") == b.get("fingerprint") and all(
+        a.get(k) == b.get(k) for k in ("key", "kind", "pointer", "step", "target"))
+
+
+def _chiefs(info: dict[str, Any], host: str) -> bool:
+    """A chief's own save, on its own host (not a copy of one)."""
+    return bool(info.get("copy")) and info.get("origin") in (None, host)
 
 
 def checkpoint_name(kind: object, pointer: object) -> str:
@@ -73,10 +96,14 @@ class PeerRelay:
 
     def __init__(self, links: Callable[[], dict[str, AgentLink]],
                  tell: Callable[[ev.Event], None],
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, hold_s: float = HOLD_S) -> None:
         self._links = links
         self._tell = tell
         self._clock = clock
+        self._hold_s = hold_s
+        # directory key -> whether the other hosts' own saves covered its last
+        # chief save (absent: not known yet); False: its offers go at once
+        self._covering: dict[str, bool] = {}
         self.held: dict[str, dict[str, dict[str, Any]]] = {}  # host -> slot -> what it holds
         self._xfers: dict[str, dict[str, Any]] = {}  # xfer -> source, dest, placed, ...
         self._answers: dict[str, dict[str, Any]] = {}  # placements and publishes answered
@@ -140,7 +167,7 @@ class PeerRelay:
         elif event == "peer_begin" and xfer not in self._xfers:
             dest = self.neighbour(host)
             self._xfers[xfer] = {"source": host, "dest": dest, "placed": False,
-                                 "began": self._clock()}
+                                 "began": self._clock(), "forwarded": False}
             self._begin(xfer, body)
         elif event == "peer_begin":
             self._begin(xfer, body)
@@ -160,11 +187,45 @@ class PeerRelay:
             return
         slots = self.held.setdefault(host, {})
         slots[slot] = {k: body.get(k) for k in ("key", "kind", "pointer", "step", "time",
-                                                "copy", "origin")}
+                                                "copy", "origin", "target", "fingerprint")}
         # The agent keeps memory_copies slots per folder: so does this picture.
         folder = [s for s in slots if os.path.dirname(s) == os.path.dirname(slot)]
         for old in sorted(folder, key=lambda s: _newness(slots[s]))[:-self._keep]:
             slots.pop(old, None)
+        if slot in slots:
+            self._compare(host, slot)
+
+    def _compare(self, host: str, slot: str) -> None:
+        """A slot said: a worker's save that is a chief's on another host covers
+        it (its offer, waiting or under way, ends); one that differs lets the
+        offers of its directory go without waiting."""
+        info = self.held[host][slot]
+        for other, slots in list(self.held.items()):
+            for other_slot, other_info in slots.items():
+                if other == host or _save(other_info) != _save(info) \
+                        or _chiefs(info, host) == _chiefs(other_info, other):
+                    continue
+                worker = (other, other_slot) if _chiefs(info, host) else (host, slot)
+                if _same_save(info, other_info):
+                    self.held[worker[0]][worker[1]]["covers"] = True
+                    self._covering[str(info.get("key"))] = True
+                elif info.get("fingerprint") and other_info.get("fingerprint"):
+                    self._covering[str(info.get("key"))] = False
+        for xfer, offer in list(self._xfers.items()):
+            if not offer["placed"] and "slot" in offer:
+                self._decide(xfer)
+
+    def _cover(self, offer: dict[str, Any]) -> tuple[str, str] | None:
+        """A live host other than the offer's source holding its save, verified."""
+        mine = self.held.get(offer["source"], {}).get(offer["slot"])
+        if mine is None:
+            return None
+        for host, slots in self.held.items():
+            if host != offer["source"] and self._alive(host):
+                for slot, info in slots.items():
+                    if info.get("covers") and _same_save(info, mine):
+                        return host, slot
+        return None
 
     def _begin(self, xfer: str, body: dict[str, Any]) -> None:
         info = self._xfers[xfer]
@@ -172,13 +233,62 @@ class PeerRelay:
         files = body.get("files") if isinstance(body.get("files"), list) else []
         info.update(manifest=manifest, bytes=sum(int(f[1]) for f in files
                                                  if isinstance(f, list) and len(f) == 2
-                                                 and isinstance(f[1], int)))
+                                                 and isinstance(f[1], int)),
+                    body=body, slot=str(body.get("slot") or ""))
         if info["dest"] is None:
             self._cancel(xfer)
             return
-        self._forward(xfer, {**body, "from_host": info["source"], "keep": self._keep})
+        if info["placed"]:
+            self._go(xfer)
+            return
+        info["hold_until"] = self._clock() + self._hold_s
+        self._decide(xfer)
 
-    def _forward(self, xfer: str, body: dict[str, Any]) -> None:
+    def _decide(self, xfer: str) -> None:
+        """A chief's offer: covered (it ends, under way or not), sent, or left
+        waiting for a worker's save."""
+        info = self._xfers[xfer]
+        cover = self._cover(info)
+        if cover is not None:
+            self._covered(xfer, cover)
+        elif not info["forwarded"] and (
+                self._covering.get(str(info["manifest"].get("key"))) is False
+                or self._clock() >= info["hold_until"]):
+            self._go(xfer)
+
+    def tick(self) -> None:
+        """Offers that waited HOLD_S for a worker's save go (told every ~0.5 s)."""
+        for xfer, info in list(self._xfers.items()):
+            if not info["forwarded"] and "hold_until" in info \
+                    and self._clock() >= info["hold_until"]:
+                self._covering[str(info["manifest"].get("key"))] = False
+                self._go(xfer)
+
+    def _go(self, xfer: str) -> None:
+        """The copy begins at the destination, then the source is told to send."""
+        info = self._xfers[xfer]
+        info["forwarded"] = True
+        if self._forward(xfer, {**info.pop("body"), "from_host": info["source"],
+                                "keep": self._keep}):
+            self._send(info["source"], {"op": "peer_ack", "xfer": xfer, "n": -1})
+
+    def _covered(self, xfer: str, cover: tuple[str, str]) -> None:
+        """Another host holds the save already: the copy is not made (what of it
+        reached the destination is dropped)."""
+        info = self._xfers.pop(xfer)
+        host, slot = cover
+        why = f"{host} holds the same save"
+        self._send(info["source"], {"op": "peer_ack", "xfer": xfer, "cancel": True, "why": why})
+        if info["forwarded"]:
+            self._send(info["dest"], {"op": "peer_end", "xfer": xfer, "error": why})
+        manifest = info.get("manifest") or {}
+        self._tell(ev.MemoryCopy(
+            host=host, source=info["source"], origin=str(manifest.get("origin") or info["source"]),
+            checkpoint=checkpoint_name(manifest.get("kind"), manifest.get("pointer")),
+            seconds=round(self._clock() - info["began"], 3),
+            covered_by=os.path.basename(os.path.dirname(slot))))
+
+    def _forward(self, xfer: str, body: dict[str, Any]) -> bool:
         """On to the destination; a chunk's bytes (a frame, transport/link.py)
         as they came, after a header made of its few other fields."""
         info = self._xfers[xfer]
@@ -193,6 +303,7 @@ class PeerRelay:
             sent = False
         if not sent:
             self._cancel(xfer)
+        return sent
 
     def _send(self, host: str | None, command: dict[str, Any]) -> bool:
         link = self._alive(host) if host else None
@@ -209,7 +320,8 @@ class PeerRelay:
         info = self._xfers.pop(xfer, None)
         if info is None:
             return
-        if not ok:  # the receiver drops what it has (a restore waiting for it goes on)
+        if not ok and info.get("forwarded", True):  # the receiver drops what it has (a
+            # restore waiting for it goes on)
             self._send(info["dest"], {"op": "peer_end", "xfer": xfer, "error": error})
         if info["dest"] is None and not info["placed"]:
             return  # one host: nowhere to copy, nothing to say
@@ -254,7 +366,7 @@ class PeerRelay:
     def _place(self, holder: tuple[str, str], host: str) -> None:
         xfer = f"L{next(self._ids)}"
         self._xfers[xfer] = {"source": holder[0], "dest": host, "placed": True,
-                             "began": self._clock()}
+                             "began": self._clock(), "forwarded": True}
         if not self._send(host, {"op": "peer_expect", "xfer": xfer}) or not self._send(
                 holder[0], {"op": "peer_send", "xfer": xfer, "slot": holder[1]}):
             self._finish(xfer, ok=False, error="a host does not answer")
@@ -267,20 +379,24 @@ class PeerRelay:
 
     def _newest(self) -> dict[str, list[tuple[str, str]]]:
         """Per directory key: (host, slot) of each live holder of its newest
-        complete save of the chief (own slots first)."""
+        complete save of the chief, or of a worker's save that covers one (the
+        chief's own slots first)."""
         best: dict[str, tuple[tuple[float, float], SaveId]] = {}
         for host, slots in self.held.items():
             if not self._alive(host):
                 continue
             for info in slots.values():
                 key = str(info.get("key"))
-                if info.get("copy") and (key not in best or _newness(info) > best[key][0]):
+                if (info.get("copy") or info.get("covers")) \
+                        and (key not in best or _newness(info) > best[key][0]):
                     best[key] = (_newness(info), _save(info))
         holders: dict[str, list[tuple[str, str]]] = {}
         for key, (_when, save) in best.items():
             # The chief's own save first, then its copies on other hosts (the bytes
-            # the directory gets); a worker's scratch save of the same step last.
-            found = [(not info.get("copy"), info.get("origin") != host, host, slot)
+            # the directory gets), a worker's save that covers it; other workers'
+            # saves of the same step last.
+            found = [(not info.get("copy"), info.get("origin") != host, not info.get("covers"),
+                      host, slot)
                      for host, slots in self.held.items() if self._alive(host)
                      for slot, info in slots.items() if _save(info) == save]
             holders[key] = [(host, slot) for *_rank, host, slot in sorted(found)]

@@ -314,6 +314,7 @@ class Supervisor:
                 self._story.write_due()  # progress held back, now due
                 self.profiler.poll(gen, self._links)  # traces asked by `mgpu-launch profile`
                 self._radar.tick(gen, self._links)  # and the straggler radar's, rarely
+                self._peers.tick()  # the memory tier's offers waiting for a worker's save
                 self._voice.refresh(self.snapshot())
             if self._decide(gen):
                 break
