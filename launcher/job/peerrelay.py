@@ -104,6 +104,7 @@ class PeerRelay:
         # directory key -> whether the other hosts' own saves covered its last
         # chief save (absent: not known yet); False: its offers go at once
         self._covering: dict[str, bool] = {}
+        self._chief_saves: dict[SaveId, tuple[str, str]] = {}  # the chief's own, held: where
         self.held: dict[str, dict[str, dict[str, Any]]] = {}  # host -> slot -> what it holds
         self._xfers: dict[str, dict[str, Any]] = {}  # xfer -> source, dest, placed, ...
         self._answers: dict[str, dict[str, Any]] = {}  # placements and publishes answered
@@ -197,34 +198,43 @@ class PeerRelay:
 
     def _compare(self, host: str, slot: str) -> None:
         """A slot said: a worker's save that is a chief's on another host covers
-        it (its offer, waiting or under way, ends); one that differs lets the
-        offers of its directory go without waiting."""
-        info = self.held[host][slot]
-        for other, slots in list(self.held.items()):
-            for other_slot, other_info in slots.items():
-                if other == host or _save(other_info) != _save(info) \
-                        or _chiefs(info, host) == _chiefs(other_info, other):
-                    continue
-                worker = (other, other_slot) if _chiefs(info, host) else (host, slot)
-                if _same_save(info, other_info):
-                    self.held[worker[0]][worker[1]]["covers"] = True
-                    self._covering[str(info.get("key"))] = True
-                elif info.get("fingerprint") and other_info.get("fingerprint"):
-                    self._covering[str(info.get("key"))] = False
+        it (the chief's offer, waiting or under way, ends); one that differs lets
+        the offers of its directory go without waiting. Each slot is compared
+        with the chief's save of its step only: a few per save, at any scale."""
+        info, save = self.held[host][slot], _save(self.held[host][slot])
+        if _chiefs(info, host):
+            self._chief_saves[save] = (host, slot)
+            for gone in [s for s, (h, sl) in self._chief_saves.items()
+                         if sl not in self.held.get(h, {})]:
+                del self._chief_saves[gone]  # pruned: as many as the chief's slots
+            workers = [(h, s) for h, slots in self.held.items() if h != host
+                       for s, i in slots.items() if not i.get("copy") and _save(i) == save]
+        elif not info.get("copy") and save in self._chief_saves:
+            workers = [(host, slot)]
+        else:
+            return
+        chief_host, chief_slot = self._chief_saves[save]
+        chief = self.held.get(chief_host, {}).get(chief_slot)
+        for worker_host, worker_slot in workers:
+            worker = self.held[worker_host][worker_slot]
+            if chief is None or worker_host == chief_host:
+                continue
+            if _same_save(chief, worker):
+                worker["covers"] = True
+                chief.setdefault("covered_by", []).append((worker_host, worker_slot))
+                self._covering[save[0]] = True
+            elif chief.get("fingerprint") and worker.get("fingerprint"):
+                self._covering[save[0]] = False
         for xfer, offer in list(self._xfers.items()):
             if not offer["placed"] and "slot" in offer:
                 self._decide(xfer)
 
     def _cover(self, offer: dict[str, Any]) -> tuple[str, str] | None:
         """A live host other than the offer's source holding its save, verified."""
-        mine = self.held.get(offer["source"], {}).get(offer["slot"])
-        if mine is None:
-            return None
-        for host, slots in self.held.items():
-            if host != offer["source"] and self._alive(host):
-                for slot, info in slots.items():
-                    if info.get("covers") and _same_save(info, mine):
-                        return host, slot
+        mine = self.held.get(offer["source"], {}).get(offer["slot"]) or {}
+        for host, slot in mine.get("covered_by", ()):
+            if self._alive(host) and slot in self.held.get(host, {}):
+                return host, slot
         return None
 
     def _begin(self, xfer: str, body: dict[str, Any]) -> None:
