@@ -11,8 +11,9 @@ one host) with one process killed with SIGKILL at step 47 resumes at step 45,
 from memory, trains the batches its epoch had left, and ends on an
 uninterrupted run's weights. While they train, the agents'
 copies run on what the training leaves (`ps -L -o ni,cls`): the copy to the
-directory niced, the copy to another host's memory niced at SCHED_BATCH on both ends,
-and none of it on a job of one host."""
+directory niced, the work for another host's memory (each save's fingerprint,
+and a copy sent or received) niced at SCHED_BATCH on both hosts, and none of
+it on a job of one host."""
 
 from __future__ import annotations
 

@@ -2,7 +2,10 @@
 TensorFlow workers of TF's custom-loop tutorial save into host memory while a
 throttled FUSE mount (tests/slowfs.py, 20 MB/s) stands in for a busy shared
 filesystem; a worker is killed with SIGKILL after a save, the restart restores
-from memory, and the final weights equal an uninterrupted run's."""
+from memory, and the final weights equal an uninterrupted run's. Each worker's
+checkpoint holds a variable of its own (WORKER_STATE), so worker1's save is
+not the chief's: each save of the chief is copied through the launcher into
+host1's memory."""
 
 from __future__ import annotations
 
@@ -65,7 +68,8 @@ def memory_run(workdir: Path, shared: Path) -> str:
     run_dir = workdir / "run"
     result = run_cli(["--run-dir", str(run_dir),
                       str(config(workdir / "memory.yaml", ckpt, memory=True)),
-                      SCRIPT, str(ckpt), "256", "3"], cwd=workdir, timeout=150, KILL_AT="1")
+                      SCRIPT, str(ckpt), "256", "3"], cwd=workdir, timeout=150, KILL_AT="1",
+                     WORKER_STATE="1")
     assert result.returncode == 0, explain(result)
     (workdir / "memory.out").write_text(result.stdout)
     assert "checkpoints saved in memory" in result.stdout, explain(result)
@@ -78,6 +82,12 @@ def memory_run(workdir: Path, shared: Path) -> str:
     assert resumed["step"] == 20 and resumed["copy"]["from"] == "memory", resumed
     assert "resumed at step 20 (from memory on" in result.stdout, explain(result)
     assert read_summary(run_dir)["restarts"] == 1
+    # worker1's saves differ from the chief's (its own variable): each of the chief's
+    # went to host1's memory through the launcher, none was taken as covered.
+    copies = [e for e in events if e["event"] == "memory_copy"]
+    assert len(copies) >= 3 and all(
+        e["host"] == "host1" and e["bytes"] > 1_000_000 and not e.get("covered_by")
+        and not e.get("error") for e in copies), copies
     # The shared directory holds complete checkpoints only, the last one named.
     names = sorted(os.listdir(ckpt))
     assert not [n for n in names if "mgpu-part" in n], names

@@ -7,7 +7,9 @@ a save at each epoch's end). Knows nothing of mgpu-launch.
 KILL_AT=E: in the first generation, worker 1 kills itself (SIGKILL) right
 after the save of epoch E. HOLD_AT=E: in the first generation, the chief
 prints `HOLDING` after the save of epoch E and trains no more (a test then
-takes its whole host away). Prints `SAVE <epoch> <seconds>` (how long each save
+takes its whole host away). WORKER_STATE=1: each worker's checkpoint also
+holds a variable of its own (its index), so the workers' saves differ from
+the chief's. Prints `SAVE <epoch> <seconds>` (how long each save
 blocked the loop; SAVE_EVERY=N: every N epochs only, from the first, and the
 last), `STEPS <epoch> <seconds a step>`, `RESTORE <seconds>` (the managers made and the
 restore) and, on the chief at the end, `FINAL <sha256 of the weights>`.
@@ -50,7 +52,9 @@ checkpoint_dir = sys.argv[1]
 write_dir = checkpoint_dir if is_chief else os.path.join(checkpoint_dir,
                                                          f"workertemp_{task.get('index')}")
 began = time.monotonic()
-checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
+mine = {"worker_index": tf.Variable(float(task.get("index", 0)))} \
+    if os.environ.get("WORKER_STATE") else {}
+checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, **mine)
 manager = tf.train.CheckpointManager(checkpoint, directory=checkpoint_dir, max_to_keep=2)
 write_manager = manager if is_chief else tf.train.CheckpointManager(
     checkpoint, directory=write_dir, max_to_keep=1)
