@@ -110,9 +110,9 @@ def check_restore(job: MemoryJob) -> None:
         == [(f"ckpt-{n}", "host1", "worker1", 0) for n in (1, 2, 3)], routine
     [placed] = job.events("memory_copy", placed=True)
     assert (placed["host"], placed["source"], placed["origin"], placed["checkpoint"]) == (
-        "host0", "host1", "host1", "ckpt-2"), placed
+        "host0", "host1", "host0", "ckpt-2"), placed
     assert "error" not in placed and placed["bytes"] > 100_000, placed
-    assert "memory tier: ckpt-2 of host1 placed in host0's memory from host1's" in job.output
+    assert "memory tier: ckpt-2 of host0 placed in host0's memory from host1's" in job.output
     told = {e["task"]: (e["resumed"], e.get("resumed_from"), e.get("resumed_host"))
             for e in job.events("progress", generation=1) if "resumed" in e}
     assert told == {"worker0": (20, "peer", "host1"), "worker1": (20, "memory", "host1")}, told

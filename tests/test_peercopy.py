@@ -77,12 +77,12 @@ HOLD = 0.3
 class Hosts:
     """Agents' memory parts per host, the relay between them, one pump."""
 
-    def __init__(self, tmp: Path, names: list[str]) -> None:
+    def __init__(self, tmp: Path, names: list[str], hold_s: float = HOLD) -> None:
         self.tmp, self.wire = tmp, queue.Queue()
         self.told: list[ev.Event] = []
         self.links = {h: Link(h, self.wire) for h in names}
-        # A chief's save waits HOLD (not 10 s) for a worker's save to cover it.
-        self.relay = PeerRelay(lambda: self.links, self.told.append, hold_s=HOLD)
+        # A chief's save waits `hold_s` (not 10 s) for a worker's save to cover it.
+        self.relay = PeerRelay(lambda: self.links, self.told.append, hold_s=hold_s)
         self.relay.use_plan(names, 2)
         self.peers = {h: self.agent(h) for h in names}
 
@@ -213,10 +213,13 @@ def worker_slot(hosts: Hosts, host: str, chief: Path, target: Path, change: bool
 
 
 def test_a_workers_own_save_on_another_host_is_the_chiefs_second_copy(tmp_path: Path):
-    hosts = Hosts(tmp_path, ["host0", "host1"])
+    hosts = Hosts(tmp_path, ["host0", "host1"], hold_s=60)  # the offer waits for the worker
     shared = tmp_path / "shared"
     chief = chief_slot(hosts, "host0", 1, 3_000_000, shared)
     worker = worker_slot(hosts, "host1", chief, shared, change=False)
+    (worker / "checkpoint").write_text('model_checkpoint_path: "ckpt-1"\n'  # keeps one
+                                       'all_model_checkpoint_paths: "ckpt-1"\n'
+                                       "all_model_checkpoint_timestamps: 1764300000.5\n")
     hosts.peers["host0"].memory.saved(str(chief))  # the chief's first: its offer waits
     hosts.peers["host1"].memory.saved(str(worker))
     hosts.pump(lambda: any(isinstance(e, ev.MemoryCopy) for e in hosts.told)
@@ -231,7 +234,16 @@ def test_a_workers_own_save_on_another_host_is_the_chiefs_second_copy(tmp_path: 
     # host0 dies before its copy to the directory ended: host1's save is the newest
     # the job holds; it is published there and placed in host0's new memory.
     hosts.peers["host0"].memory.drain(5)
-    (shared / "checkpoint").write_text('model_checkpoint_path: "ckpt-0"\n')
+    # What the directory holds then: the chief's older checkpoints (its manager
+    # keeps two; worker1's one), its copy of ckpt-1 not there yet.
+    for name in [*(shared / n for n in os.listdir(shared))]:
+        name.unlink()
+    for name in ("ckpt-0.index", "ckpt-0.data-00000-of-00001"):
+        (shared / name).write_bytes(b"the chief's older checkpoint")
+    (shared / "checkpoint").write_text('model_checkpoint_path: "ckpt-0"\n'
+                                       'all_model_checkpoint_paths: "ckpt-0"\n'
+                                       "all_model_checkpoint_timestamps: 1764299000.0\n"
+                                       "last_preserved_timestamp: 1764298000.0\n")
     hosts.relay.forget("host0")
     shutil.rmtree(hosts.peers["host0"].memory.root)
     hosts.peers["host0"] = hosts.agent("host0")
@@ -239,16 +251,27 @@ def test_a_workers_own_save_on_another_host_is_the_chiefs_second_copy(tmp_path: 
     hosts.pump(lambda: any(isinstance(e, ev.MemoryCopy) and e.placed for e in hosts.told)
                and hosts.wire.empty())
     [placed] = [e for e in hosts.told if isinstance(e, ev.MemoryCopy) and e.placed]
-    assert (placed.host, placed.source, placed.checkpoint, placed.error) == (
-        "host0", "host1", "ckpt-1", None), placed
+    assert (placed.host, placed.source, placed.origin, placed.checkpoint, placed.error) == (
+        "host0", "host1", "host0", "ckpt-1", None), placed
     found = memslots.matching(memslots.settled_roots(
         str(Path(hosts.peers["host0"].memory.root) / "worker0"), 1), "k", "manager",
         "ckpt-1", {})
-    assert found and memslots.manifest(found)["held_by"] == "host1", found
+    # Held on host0 as a copy of the chief's save: a later restart counts it.
+    record = memslots.manifest(found) if found else {}
+    assert (record.get("held_by"), record.get("copy"), record.get("origin")) == (
+        "host1", True, "host0"), record
     hosts.peers["host1"].memory.drain(5)
-    assert 'model_checkpoint_path: "ckpt-1"' in (shared / "checkpoint").read_text()
     for name in ("ckpt-1.index", "ckpt-1.data-00000-of-00001"):
         assert (shared / name).read_bytes() == (worker / name).read_bytes()
+    # The directory names it, and still lists (and holds) the chief's older one.
+    assert (shared / "checkpoint").read_text() == (
+        'model_checkpoint_path: "ckpt-1"\n'
+        'all_model_checkpoint_paths: "ckpt-0"\nall_model_checkpoint_paths: "ckpt-1"\n'
+        "all_model_checkpoint_timestamps: 1764299000.0\n"
+        "all_model_checkpoint_timestamps: 1764300000.5\n"
+        "last_preserved_timestamp: 1764298000.0\n")
+    assert (shared / "ckpt-0.data-00000-of-00001").read_bytes() == (
+        b"the chief's older checkpoint") and (shared / "ckpt-0.index").exists()
 
 
 def test_a_workers_save_that_differs_from_the_chiefs_is_no_copy_of_it(tmp_path: Path):
@@ -266,6 +289,17 @@ def test_a_workers_save_that_differs_from_the_chiefs_is_no_copy_of_it(tmp_path: 
     assert (Path(copy[1]) / "ckpt-1.data-00000-of-00001").read_bytes() == (
         chief / "ckpt-1.data-00000-of-00001").read_bytes()
     assert not hosts.relay.held["host1"][str(worker)].get("covers")
+
+
+def test_an_offer_whose_destination_is_lost_lets_its_sender_go_on(tmp_path: Path):
+    hosts = Hosts(tmp_path, ["host0", "host1"], hold_s=60)
+    sender = hosts.peers["host0"]
+    sender.memory.saved(str(chief_slot(hosts, "host0", 1, 200_000, tmp_path / "shared")))
+    hosts.pump(lambda: sender._sending is not None and hosts.wire.empty())  # waiting
+    hosts.relay.forget("host1")  # its host lost while the offer waited for a worker's save
+    hosts.pump(lambda: sender._sending is None)  # told: not ACK_WAIT_S later
+    [told] = [e for e in hosts.told if isinstance(e, ev.MemoryCopy)]
+    assert told.error == "host host1 lost", told
 
 
 def test_before_a_restart_a_host_that_lost_its_memory_gets_the_newest_save(tmp_path: Path):

@@ -299,8 +299,13 @@ class MemoryCopies:
 
 
 def copy_slot(slot: str, record: dict, copied: dict[tuple[str, str], tuple[int, int]]) -> None:
-    """Copy one slot to its directory: aside then renamed, the names last."""
+    """Copy one slot to its directory: aside then renamed, the names last. A
+    worker's save published as the chief's (job/peerrelay.py: its chief's host
+    lost) brings its own manager's state file, which may keep fewer
+    checkpoints: the directory's state gets the save added instead, and keeps
+    what it listed (the chief's manager prunes at its next save)."""
     target, kind = record["target"], record.get("kind")
+    workers = kind == "manager" and (not record.get("copy") or record.get("worker_state"))
     if kind == "drop":  # Keras removed its backup at the end of fit
         _shutil().rmtree(target, ignore_errors=True)
         return
@@ -308,7 +313,7 @@ def copy_slot(slot: str, record: dict, copied: dict[tuple[str, str], tuple[int, 
     sweep_parts(target)
     before = state_names(target) if kind == "manager" else set()
     for name in record.get("files") or ():
-        if os.sep in name or name.startswith("."):
+        if os.sep in name or name.startswith(".") or (workers and name == "checkpoint"):
             continue
         source = os.path.join(slot, name)
         stat = os.stat(source)
@@ -318,7 +323,10 @@ def copy_slot(slot: str, record: dict, copied: dict[tuple[str, str], tuple[int, 
             continue  # a hard link of a file copied before (an older checkpoint kept)
         put(source, target, name)
         copied[(target, name)] = ident
-    if kind == "manager":
+    if workers:
+        write_aside(target, "checkpoint", merged_state(
+            target, os.path.join(slot, "checkpoint"), str(record.get("pointer") or "")))
+    elif kind == "manager":
         for gone in before - state_names(target):
             for name in os.listdir(target):
                 if name.startswith(gone + "."):
@@ -343,6 +351,49 @@ def put(source: str, folder: str, name: str) -> None:
         with open(aside, "rb+") as handle:
             os.fsync(handle.fileno())
     os.replace(aside, final)
+
+
+def write_aside(folder: str, name: str, text: str) -> None:
+    """`text` as `folder/name`: written aside, flushed, then renamed."""
+    aside = os.path.join(folder, f".{name}{_PART}")
+    with open(aside, "w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(aside, os.path.join(folder, name))
+
+
+def _state_fields(path: str) -> list[tuple[str, str]]:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            lines = handle.read().splitlines()
+    except OSError:
+        return []
+    return [(f.strip(), v.strip()) for f, _, v in (line.partition(":") for line in lines)]
+
+
+def merged_state(target: str, theirs: str, pointer: str) -> str:
+    """The directory's `checkpoint` state with `pointer` added as the newest
+    (its timestamp as the state file `theirs` gave it)."""
+    mine, other = _state_fields(os.path.join(target, "checkpoint")), _state_fields(theirs)
+    new = f'"{pointer}"'
+    their_paths = [v for f, v in other if f == "all_model_checkpoint_paths"]
+    their_stamps = [v for f, v in other if f == "all_model_checkpoint_timestamps"]
+    stamp = their_stamps[their_paths.index(new)] if new in their_paths and \
+        len(their_stamps) == len(their_paths) else repr(time.time())
+    listed = [(v, s) for v, s in zip([v for f, v in mine if f == "all_model_checkpoint_paths"],
+                                     [v for f, v in mine if f == "all_model_checkpoint_timestamps"]
+                                     + [""] * len(mine), strict=False)
+              if os.path.basename(v.strip('"')) != pointer]
+    listed.append((new, stamp))
+    kept = [(f, v) for f, v in mine if f == "last_preserved_timestamp"] or \
+        [(f, v) for f, v in other if f == "last_preserved_timestamp"]
+    lines = [f"model_checkpoint_path: {new}"]
+    lines += [f"all_model_checkpoint_paths: {v}" for v, _ in listed]
+    if all(s for _, s in listed):
+        lines += [f"all_model_checkpoint_timestamps: {s}" for _, s in listed]
+    lines += [f"{f}: {v}" for f, v in kept]
+    return "\n".join(lines) + "\n"
 
 
 def mark(target: str) -> None:

@@ -121,6 +121,7 @@ class _Work:
     xfer: str | None
     record: dict | None = None  # said first (memory_held) when given
     routine: bool = True  # a save's own copy (superseded by a newer one), not a placement
+    as_copy_of: str = ""  # a worker's save placed as a copy of the chief's on that host
 
 
 class _Incoming:
@@ -196,6 +197,8 @@ class PeerCopies:
         self._sending: str | None = None  # the copy under way (its answers are kept)
         self._incoming: dict[str, _Incoming] = {}
         self._count = 0
+        self._chief_here = False  # the chief's saves are made here: workers' need no fingerprint
+        self._saves_said: list[tuple] = []  # the saves whose first slot was said with one
         self._thread: threading.Thread | None = None
         self._inbox: list[tuple[str, str, dict]] = []  # received: (op, xfer, message)
         self._receiver: threading.Thread | None = None
@@ -213,7 +216,21 @@ class PeerCopies:
         if record.get("copy"):
             self._count += 1
             xfer = f"{self.host}-{self._count}"
+            self._chief_here = True
+        elif self._chief_here or not self._first_of_save(record):
+            # A worker's save beside the chief's, or a second worker's here: it
+            # never stands for the chief's (one per other host is enough).
+            self.emit("memory_held", **held(slot, record, self.host))
+            return
         self._enqueue(_Work(slot, xfer, record))
+
+    def _first_of_save(self, record: dict) -> bool:
+        """The first slot of this save said here (the last few saves kept)."""
+        save = (record.get("key"), record.get("kind"), record.get("pointer"), record.get("step"))
+        if save in self._saves_said:
+            return False
+        self._saves_said = [*self._saves_said[-7:], save]
+        return True
 
     def handle(self, op: str, message: dict) -> None:
         """A `peer_*` command from the launcher."""
@@ -229,7 +246,8 @@ class PeerCopies:
                 self._cond.notify_all()
         elif op == "peer_send":
             try:
-                self._enqueue(_Work(self._own_slot(message.get("slot")), xfer, routine=False))
+                self._enqueue(_Work(self._own_slot(message.get("slot")), xfer, routine=False,
+                                    as_copy_of=str(message.get("as_copy_of") or "")))
             except ValueError as exc:  # the receiver says so, and the launcher waits no more
                 self.emit("peer_end", xfer=xfer, error=str(exc))
         elif op == "peer_publish":
@@ -283,7 +301,7 @@ class PeerCopies:
             with self._cond:
                 self._sending = work.xfer
             try:
-                self._send(work.xfer, work.slot)
+                self._send(work.xfer, work.slot, work.as_copy_of)
             except (OSError, ValueError, TimeoutError) as exc:
                 self.emit("peer_end", xfer=work.xfer, error=f"{type(exc).__name__}: {exc}")
             finally:
@@ -299,13 +317,16 @@ class PeerCopies:
             sums = None
         self.emit("memory_held", **held(slot, record, self.host), fingerprint=sums)
 
-    def _send(self, xfer: str, slot: str) -> None:
+    def _send(self, xfer: str, slot: str, as_copy_of: str = "") -> None:
         record = memcopy.read_manifest(slot)
         if record is None:
             raise FileNotFoundError(slot)
         names = sent_names(record)
         files = [[n, os.path.getsize(os.path.join(slot, n))] for n in names]
         record.update(origin=record.get("origin") or self.host, files=names)
+        if as_copy_of:  # a worker's save, the same bytes: held as a copy of the chief's,
+            # its state file its own manager's (memcopy.copy_slot merges it)
+            record.update(copy=True, origin=as_copy_of, worker_state=True)
         self.emit("peer_begin", xfer=xfer, slot=slot, manifest=record, files=files)
         self._wait_window(xfer, -1)  # the launcher's go: no other host holds it yet
         import hashlib

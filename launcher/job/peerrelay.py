@@ -215,12 +215,14 @@ class PeerRelay:
             return
         chief_host, chief_slot = self._chief_saves[save]
         chief = self.held.get(chief_host, {}).get(chief_slot)
+        if chief is None or _save(chief) != save:  # pruned, or its path taken again
+            return
         for worker_host, worker_slot in workers:
             worker = self.held[worker_host][worker_slot]
-            if chief is None or worker_host == chief_host:
+            if worker_host == chief_host:
                 continue
             if _same_save(chief, worker):
-                worker["covers"] = True
+                worker["covers"] = chief_host  # the chief's host: what a copy of it says
                 chief.setdefault("covered_by", []).append((worker_host, worker_slot))
                 self._covering[save[0]] = True
             elif chief.get("fingerprint") and worker.get("fingerprint"):
@@ -330,9 +332,12 @@ class PeerRelay:
         info = self._xfers.pop(xfer, None)
         if info is None:
             return
-        if not ok and info.get("forwarded", True):  # the receiver drops what it has (a
-            # restore waiting for it goes on)
-            self._send(info["dest"], {"op": "peer_end", "xfer": xfer, "error": error})
+        if not ok:  # the sender stops (it would wait ACK_WAIT_S), the receiver drops
+            # what it has (a restore waiting for it goes on)
+            self._send(info["source"], {"op": "peer_ack", "xfer": xfer, "cancel": True,
+                                        "why": error})
+            if info.get("forwarded", True):
+                self._send(info["dest"], {"op": "peer_end", "xfer": xfer, "error": error})
         if info["dest"] is None and not info["placed"]:
             return  # one host: nowhere to copy, nothing to say
         manifest = info.get("manifest") or {}
@@ -377,8 +382,12 @@ class PeerRelay:
         xfer = f"L{next(self._ids)}"
         self._xfers[xfer] = {"source": holder[0], "dest": host, "placed": True,
                              "began": self._clock(), "forwarded": True}
+        send: dict[str, Any] = {"op": "peer_send", "xfer": xfer, "slot": holder[1]}
+        covers = self.held.get(holder[0], {}).get(holder[1], {}).get("covers")
+        if isinstance(covers, str):  # a worker's save: placed as a copy of the chief's
+            send["as_copy_of"] = covers
         if not self._send(host, {"op": "peer_expect", "xfer": xfer}) or not self._send(
-                holder[0], {"op": "peer_send", "xfer": xfer, "slot": holder[1]}):
+                holder[0], send):
             self._finish(xfer, ok=False, error="a host does not answer")
 
     def _ask(self, host: str, command: dict[str, Any]) -> str:
