@@ -256,6 +256,7 @@ class Supervisor:
         while self._clock() < deadline:
             if self._stop_pending():
                 return True
+            self._peers.tick()  # an offer waiting for a worker's save, during a backoff too
             message = self._next_message(min(POLL_S, max(0.0, deadline - self._clock())))
             if message is not None and message.event == "output":
                 self._output.line(None, message)
