@@ -17,11 +17,6 @@ Owns what must happen in the task process before and around the user's code:
   for the launcher to compare when the workers fall out of step
   (`runtime.position`, `runtime.calls`); report every checkpoint save
   (`runtime.saves`) and where a restarted task resumed (`runtime.restores`);
-- held starts (`MGPU_HOLD=1`: generation 0's tasks started at their host's
-  hello, while other hosts still log in): everything above is set up, then
-  the script waits for the launcher's `go` (a byte on stdin, which then reads
-  /dev/null as before); stdin's end without it (the launch ended first) exits
-  before any of the user's code ran;
 - warm starts: `python -m launcher.bootstrap --standby` imports TensorFlow,
   waits for its task on stdin and then goes on exactly as above
   (`launcher.standby`);
@@ -50,7 +45,6 @@ import sys
 from collections.abc import Callable
 
 STACKS_SIGNAL_DEFAULT = "SIGUSR1"
-HOLD_ENV = "MGPU_HOLD"  # a held start (launcher/agent/tasks.py): wait for the `go`
 STANDBY_FLAG = "--standby"  # launcher.standby.FLAG (the agent imports this module at start)
 _STACKS_OFF = frozenset({"off", "none", "no", "false", "0"})
 # Signals the launcher needs for itself (stop, continue), that cannot be
@@ -286,7 +280,6 @@ def main() -> None:
         trace.start_watching()
     import atexit
 
-    wait_for_go()
     over = ProgramOver()
     atexit.register(over)  # first registered: called last
     try:
@@ -308,23 +301,6 @@ def main() -> None:
         raise
     over.clean = True
     over.returned()
-
-
-def wait_for_go() -> None:
-    """A held start: the launcher's `go` (b"g" on stdin), then stdin as an
-    unheld task has it (/dev/null). Its end without one: nothing of the
-    user's ran, nothing to say."""
-    if os.environ.pop(HOLD_ENV, None) != "1":
-        return
-    try:
-        word = os.read(0, 1)
-    except OSError:
-        word = b""
-    if word != b"g":
-        os._exit(0)
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.close(null)
 
 
 def run_script(script: str) -> None:

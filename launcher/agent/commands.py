@@ -98,8 +98,6 @@ class Commands:
             return  # reading it renewed the lease
         if op == "start":
             self.tasks.start(message)
-        elif op == "go":  # held tasks (started at this host's hello) run their scripts
-            self.tasks.go(names(message.get("tasks")))
         elif op == "seal":
             # The rules ahead of the start, while the other hosts still start
             # their agents; the start's own `firewall` then finds them in place.

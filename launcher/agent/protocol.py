@@ -208,8 +208,7 @@ def str_list(message: dict, key: str) -> list[str]:
 
 
 def start_spec(message: dict) -> dict:
-    """A `start` command's argv, cwd, env, tf_config, standby and held, checked
-    (`held`: the task's interpreter starts, the script waits for a `go`)."""
+    """A `start` command's argv, cwd, env, tf_config and standby, checked."""
     env = message.get("env", {})
     if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
         raise BadCommand("env must be an object of strings")
@@ -220,8 +219,7 @@ def start_spec(message: dict) -> dict:
     if standby not in ("auto", "off"):
         raise BadCommand(f"standby must be 'auto' or 'off', not {str(standby)[:40]!r}")
     return {"argv": str_list(message, "argv"), "cwd": opt_str(message, "cwd") or None,
-            "env": env, "tf_config": tf_config, "standby": standby,
-            "held": message.get("held") is True}
+            "env": env, "tf_config": tf_config, "standby": standby}
 
 
 def skip_line(stream, on_chunk=lambda: None) -> int:

@@ -50,7 +50,6 @@ from launcher.agent.seal import Seal
 from launcher.agent.spawn import TOKEN_VAR, Spawner
 from launcher.agent.stacks import stacks_setup
 from launcher.agent.standbys import Standbys, Want
-from launcher.bootstrap import HOLD_ENV
 from launcher.outlines import LineSplitter
 from launcher.proctree import TaskTree
 
@@ -70,20 +69,6 @@ READ_POLL_MS = 250
 # processes start: 32 simulated hosts paid ~19 ms of agent CPU each for a
 # trivial task. A training task is seen from its second heartbeat on.
 FIRST_FIGURES_S = 2.0
-
-
-def _release(task: RunningTask, word: bytes) -> None:
-    """A held task's stdin: `word` written (b"g": go) and closed."""
-    if task.hold_fd is None:
-        return
-    try:
-        if word:
-            os.write(task.hold_fd, word)
-    except OSError:  # it died meanwhile
-        pass
-    finally:
-        os.close(task.hold_fd)
-        task.hold_fd = None
 
 
 class RunningTask:
@@ -108,7 +93,6 @@ class RunningTask:
         self._ps = None
         self.born = time.monotonic()
         self.reaped_at: float | None = None  # monotonic; its output is drained from then on
-        self.hold_fd: int | None = None  # a held start: its stdin's write end, for the `go`
 
     @property
     def ps(self):
@@ -200,9 +184,7 @@ class Tasks:
         """Hand the task to its standby, or start it cold; then watch it."""
         if self.memory is not None:
             self._copies_done()
-        # A held start (at the host's hello: job/reach.py) is cold, its script
-        # waiting for the launcher's `go` (launcher/bootstrap.py).
-        standby = None if spec["held"] else self.standbys.take(name)
+        standby = self.standbys.take(name)
         try:
             env = self._task_env(name, generation, spec)
             why_cold = self.standbys.why_cold(name, spec, env, standby)
@@ -216,11 +198,10 @@ class Tasks:
                     self.standbys.drop(standby)
                     standby = None
                 stacks = stacks_setup(self.run_dir, name, generation, env)
-                proc, tree, progress_read, hold_fd = self._start_cold(spec, env)
+                proc, tree, progress_read = self._start_cold(spec, env)
             else:
                 assert standby is not None
                 proc, progress_read, tree = standby.proc, standby.progress_read, standby.tree
-                hold_fd = None
         except (OSError, ValueError, subprocess.SubprocessError) as exc:
             if standby is not None:
                 self.standbys.drop(standby)
@@ -230,7 +211,6 @@ class Tasks:
         mark_used()
         task = RunningTask(name, generation, proc, env["MGPU_ERROR_FILE"], tree)
         task.stacks_file, task.stacks_signum, task.stacks_problem = stacks
-        task.hold_fd = hold_fd
         task.pid_file = self.records.write(task.name, task.generation, proc.pid, env[TOKEN_VAR])
         with self.lock:
             self.tasks[name] = task
@@ -252,38 +232,21 @@ class Tasks:
         for reader in readers:  # their last `memory_saved` lines read: marked
             reader.join(timeout=DRAIN_S)
 
-    def _start_cold(self, spec: dict, env: dict[str, str]
-                    ) -> tuple[subprocess.Popen, TaskTree, int, int | None]:
-        """A new interpreter for the task, with its own token and progress pipe;
-        held: its stdin a pipe whose write end (returned) says `go`."""
+    def _start_cold(self, spec: dict,
+                    env: dict[str, str]) -> tuple[subprocess.Popen, TaskTree, int]:
+        """A new interpreter for the task, with its own token and progress pipe."""
         env[TOKEN_VAR] = os.urandom(8).hex()
         progress_read, progress_write = os.pipe()
         env["MGPU_PROGRESS_FD"] = str(progress_write)
-        hold_read, hold_write = os.pipe() if spec["held"] else (subprocess.DEVNULL, None)
-        if spec["held"]:
-            env[HOLD_ENV] = "1"
         try:
             proc, tree = self.spawner.popen(spec["argv"], spec["cwd"], env,
-                                            hold_read, progress_write)
+                                            subprocess.DEVNULL, progress_write)
         except BaseException:
             os.close(progress_read)
-            if hold_write is not None:
-                os.close(hold_write)
             raise
         finally:
             os.close(progress_write)  # the task holds the only write end now
-            if hold_write is not None:
-                os.close(hold_read)
-            env.pop(HOLD_ENV, None)  # not for its standby (its next start is not held)
-        return proc, tree, progress_read, hold_write
-
-    def go(self, names: list[str] | None) -> None:
-        """Held tasks (`names`; None: all) run their scripts now: one byte on their stdin."""
-        with self.lock:
-            held = [t for t in self.tasks.values()
-                    if t.hold_fd is not None and (names is None or t.name in names)]
-            for task in held:
-                _release(task, b"g")
+        return proc, tree, progress_read
 
     def _task_env(self, name: str, generation: int, spec: dict) -> dict[str, str]:
         """The task's environment but for its token, progress fd and stacks file;
@@ -363,8 +326,6 @@ class Tasks:
 
     def _wait(self, task: RunningTask) -> None:
         code = task.proc.wait()
-        with self.lock:
-            _release(task, b"")  # gone before its `go`
         exited_at = time.time()  # before draining: the root cause is the earliest exit
         if code != 0 and task.standby is not None:
             task.standby.now()  # a restart is likely to follow

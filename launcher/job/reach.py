@@ -181,8 +181,7 @@ def _at_hello(transport: Transport, first: Plan, loaded: LoadedConfig,
         if firewall.preflight(tf_ports, {link.host: link.hello})[0]:
             return
         for task in first.tasks:
-            if task.host == link.host and link.send(
-                    start_command(first, task, warm_standby, held=True)):
+            if task.host == link.host and link.send(start_command(first, task, warm_standby)):
                 with lock:
                     prestarted[task.name] = link.link_id
 

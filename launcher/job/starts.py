@@ -12,10 +12,8 @@ from typing import Any
 from ..spec.plan import Plan, Task
 
 
-def start_command(plan: Plan, task: Task, warm_standby: str,
-                  held: bool = False) -> dict[str, Any]:
-    """The `start` command of `task` in `plan`'s generation; `held`: its
-    script waits for a `go` (launcher/bootstrap.py)."""
+def start_command(plan: Plan, task: Task, warm_standby: str) -> dict[str, Any]:
+    """The `start` command of `task` in `plan`'s generation."""
     seal = plan.firewall.get(task.host)
     return {
         "op": "start",
@@ -28,5 +26,4 @@ def start_command(plan: Plan, task: Task, warm_standby: str,
         "standby": warm_standby,
         # The host's firewall rules for the job's ports (launcher.firewall).
         "firewall": seal.to_json() if seal else None,
-        "held": held,
     }

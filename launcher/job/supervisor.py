@@ -384,12 +384,9 @@ class Supervisor:
         link = self._links.get(task.host)
         if link is not None and gen.plan.generation == 0 \
                 and self._prestarted.pop(task.name, None) == link.link_id:
-            # Started at its host's hello with this very command, held before its
-            # script (job/reach.py): it runs now.
-            sent = link.send({"op": "go", "tasks": [task.name]})
-        else:
-            sent = link is not None and link.send(
-                start_command(gen.plan, task, self._policy.warm_standby))
+            return  # started at its host's hello, with this very command (job/reach.py)
+        sent = link is not None and link.send(
+            start_command(gen.plan, task, self._policy.warm_standby))
         if not sent:
             self._host_lost(gen, task.host, "agent connection is closed")
 
