@@ -105,7 +105,6 @@ class Launch:
                  launch_cwd: str | None = None) -> None:
         self.run_dir = run_dir
         self.reach = Reach(loaded, command, str(run_dir), launch_cwd)
-        self._first_state: list[checkpoints.State | None] = []  # `connect`'s, for generation 0
 
     @property
     def loaded(self) -> LoadedConfig:
@@ -169,12 +168,8 @@ class Launch:
                                 "or `ports: {base: auto}`")
 
     def connect(self, transport: Transport, first: Plan) -> Connected:
-        """Every host's agent and hello; generation 0 re-planned with them (its
-        tasks may start at their host's hello: reach.py). Raises TransportError
-        or AddressError (nothing left connected)."""
-        # What the checkpoint directory held before any task ran (the judgment
-        # of generation 0's progress), taken before a task can start.
-        self._first_state = [checkpoints.checkpoint_state(first.checkpoint_dir)]
+        """Every host's agent and hello; generation 0 re-planned with them.
+        Raises TransportError or AddressError (nothing left connected)."""
         return self.reach.connect(transport, first)
 
     def preflight(self, connected: Connected) -> tuple[list[str], list[str]]:
@@ -199,13 +194,11 @@ class Launch:
                    for h in config.hosts],
             links=connected.links, events=connected.events, recorder=recorder, voice=screen,
             policy=policy, reconnect=connected.reconnect,
-            checkpoint_probe=lambda: (self._first_state.pop() if self._first_state else
-                                      checkpoints.checkpoint_state(first.checkpoint_dir)),
+            checkpoint_probe=lambda: checkpoints.checkpoint_state(first.checkpoint_dir),
             launcher_info={"launcher_pid": os.getpid(), "launcher_host": socket.gethostname(),
                            "command": tuple(self.reach.command),
                            "hosts": host_facts(connected.hellos())},
             listeners=views,
-            prestarted=connected.prestarted,
         )
         return Job(self, connected, supervisor, recorder, screen, views)
 

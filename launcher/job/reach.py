@@ -16,12 +16,10 @@ from __future__ import annotations
 import os
 import queue
 import sys
-import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from .. import firewall
 from ..spec.addresses import AddressError, TFAddress, with_interfaces
 from ..spec.config import LoadedConfig
 from ..spec.plan import HostTarget, Plan, build_plan, host_targets, ports_needed
@@ -31,7 +29,6 @@ from ..transport.inbox import Inbox
 from ..transport.link import close_links
 from ..transport.ports import busy_ports, free_ports
 from ..transport.resolve import tf_addresses
-from .starts import start_command
 
 
 class Addresses:
@@ -73,8 +70,6 @@ class Reach:
         self.default_python = sys.executable if self.local else "python3"
         self.targets = host_targets(loaded.config, self.default_python, loaded.base_dir)
         self.addresses = addresses or Addresses.resolve(loaded, self.targets)
-        # Generation 0's tasks started at their host's hello (`connect`): task -> link id.
-        self.prestarted: dict[str, int] = {}
 
     @classmethod
     def each(cls, loaded: LoadedConfig, command: Sequence[str], run_dir: str
@@ -109,14 +104,13 @@ class Reach:
         better known now), or TransportError naming each host that failed.
         Raises AddressError (the agents closed) when a named interface is missing."""
         events = Inbox()  # task output bounded: a flood never hides an exit
-        self.prestarted.clear()
-        early = _at_hello(transport, first, self.loaded, self.prestarted)
+        early = _seal_early(transport, first)
         try:
             links = transport.connect(self.targets, self.run_dir, events)
         finally:
             if early:
                 transport.on_link = None  # type: ignore[attr-defined]
-        connected = Connected(self, transport, links, events, first, dict(self.prestarted))
+        connected = Connected(self, transport, links, events, first)
         try:
             self.addresses.hear(connected.hellos())
         except AddressError:
@@ -151,41 +145,22 @@ class Reach:
         return self.plan(0, ports=[t.port for t in first.tasks if t.port])
 
 
-def _at_hello(transport: Transport, first: Plan, loaded: LoadedConfig,
-              prestarted: dict[str, int]) -> bool:
+def _seal_early(transport: Transport, first: Plan) -> bool:
     """Have each host's agent install the job's firewall rules as soon as its
-    hello is in (a `seal`: at 32 simulated hosts the installs held the last
-    task's start ~0.3-1.5 s), then start its tasks of generation 0 (recorded
-    in `prestarted`: task -> link id; the supervisor does not start them
-    again). Only where the transport offers it (SSH) and generation 0's plan
-    is final (no address of a named interface still to hear): the start
-    carries the same rules and is the very command the supervisor would send.
-
-    A host whose own firewall check refuses starts nothing (the launch will be
-    refused). Should another host then fail to answer, or refuse, the launch
-    ends and closes every link: each agent stops the tasks it started (they
-    waited for their peers at TensorFlow's rendezvous), and the refusal says
-    where they ran. Until then a launch of many hosts runs each host's tasks
-    while the others still log in, as pdsh does, instead of all of them after
-    the last hello (docs/benchmarks.md, "The tasks started at their host's hello")."""
-    if first.unresolved or not hasattr(transport, "on_link"):
+    hello is in (a `seal`), not at the start after every host's hello: at 32
+    simulated hosts the installs held the last task's start ~0.3-1.5 s. Only
+    where the transport offers it (SSH) and the plan's rules are final (no
+    address of a named interface still to hear); the start carries the same
+    rules, found in place."""
+    if not first.firewall or first.unresolved or not hasattr(transport, "on_link"):
         return False
-    tf_ports = loaded.config.security.tf_ports
-    warm_standby = loaded.config.restart.warm_standby
-    lock = threading.Lock()
 
-    def at_hello(link: AgentLink) -> None:
+    def seal(link: AgentLink) -> None:
         rules = first.firewall.get(link.host)
         if rules is not None:
             link.send({"op": "seal", "firewall": rules.to_json()})
-        if firewall.preflight(tf_ports, {link.host: link.hello})[0]:
-            return
-        for task in first.tasks:
-            if task.host == link.host and link.send(start_command(first, task, warm_standby)):
-                with lock:
-                    prestarted[task.name] = link.link_id
 
-    transport.on_link = at_hello  # type: ignore[attr-defined]
+    transport.on_link = seal  # type: ignore[attr-defined]
     return True
 
 
@@ -199,7 +174,6 @@ class Connected:
     links: dict[str, AgentLink]
     events: queue.Queue[AgentMessage] | Inbox
     plan: Plan
-    prestarted: dict[str, int] = field(default_factory=dict)  # task -> link id (`_at_hello`)
 
     def hellos(self) -> dict[str, dict[str, Any] | None]:
         return {name: link.hello for name, link in self.links.items()}

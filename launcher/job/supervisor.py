@@ -50,7 +50,6 @@ from .protocol import BadMessage, check_message
 from .radar import Radar
 from .recovery import Budget, HostInfo, NotEnoughHosts, decide_restart
 from .restarts import End, JobSoFar, count_restart, keras_switched
-from .starts import start_command
 from .states import (
     IllegalTransition,
     RunResult,
@@ -91,11 +90,8 @@ class Supervisor:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         listeners: Sequence[ev.Listener] = (),
-        prestarted: dict[str, int] | None = None,
     ) -> None:
         self._make_plan = make_plan
-        # Generation 0's tasks started at their host's hello: task -> the link it went on.
-        self._prestarted = dict(prestarted or {})
         self._hosts = list(hosts)
         self._links = links
         self._events = events
@@ -382,11 +378,18 @@ class Supervisor:
                                                 host=task.host))
         record.started_at = record.last_activity = self._clock()
         link = self._links.get(task.host)
-        if link is not None and gen.plan.generation == 0 \
-                and self._prestarted.pop(task.name, None) == link.link_id:
-            return  # started at its host's hello, with this very command (job/reach.py)
-        sent = link is not None and link.send(
-            start_command(gen.plan, task, self._policy.warm_standby))
+        sent = link is not None and link.send({
+            "op": "start",
+            "task": task.name,
+            "generation": gen.plan.generation,
+            "argv": list(task.argv),
+            "cwd": task.cwd,
+            "env": dict(task.env),
+            "tf_config": task.tf_config_json(),
+            "standby": self._policy.warm_standby,
+            # The host's firewall rules for the job's ports (launcher.firewall).
+            "firewall": seal.to_json() if (seal := gen.plan.firewall.get(task.host)) else None,
+        })
         if not sent:
             self._host_lost(gen, task.host, "agent connection is closed")
 
