@@ -196,19 +196,21 @@ def test_a_job_on_one_host_sends_no_copy_to_another(tmp_path: Path):
 
 def worker_slot(hosts: Hosts, host: str, chief: Path, target: Path, change: bool) -> Path:
     """worker1's own save of the chief's step on `host`: the same checkpoint
-    files (one byte changed with `change`), its own state file (the manager
-    writes its own timestamps there)."""
+    files (with `change`, a tensor of its own: a byte of the data file and of
+    the index, which holds each tensor's crc32c), its own state file (the
+    manager writes its own timestamps there)."""
     slot = chief_slot(hosts, host, int(chief.name[2:]), 10, target, task="worker1")
     for source in chief.iterdir():
         if source.name not in ("checkpoint", "manifest.json"):
             shutil.copyfile(source, slot / source.name)
     (slot / "checkpoint").write_text((chief / "checkpoint").read_text()
                                      + "last_preserved_timestamp: 1764300000.5\n")
-    if change:
-        data = next(slot.glob("*.data-*"))
-        raw = bytearray(data.read_bytes())
-        raw[-1] ^= 1
-        data.write_bytes(bytes(raw))
+    if change:  # a tensor of its own: its bytes, and its crc32c in the index
+        seq = int(chief.name[2:])
+        for changed in (slot / f"ckpt-{seq}.data-00000-of-00001", slot / f"ckpt-{seq}.index"):
+            raw = bytearray(changed.read_bytes())
+            raw[-1] ^= 1
+            changed.write_bytes(bytes(raw))
     return slot
 
 
