@@ -381,9 +381,11 @@ def merged_state(target: str, theirs: str, pointer: str) -> str:
     their_stamps = [v for f, v in other if f == "all_model_checkpoint_timestamps"]
     stamp = their_stamps[their_paths.index(new)] if new in their_paths and \
         len(their_stamps) == len(their_paths) else repr(time.time())
-    listed = [(v, s) for v, s in zip([v for f, v in mine if f == "all_model_checkpoint_paths"],
-                                     [v for f, v in mine if f == "all_model_checkpoint_timestamps"]
-                                     + [""] * len(mine), strict=False)
+    paths = [v for f, v in mine if f == "all_model_checkpoint_paths"]
+    stamps = [v for f, v in mine if f == "all_model_checkpoint_timestamps"]
+    if len(stamps) != len(paths):  # none, or not one per path: written without
+        stamps = [""] * len(paths)
+    listed = [(v, s) for v, s in zip(paths, stamps, strict=True)
               if os.path.basename(v.strip('"')) != pointer]
     listed.append((new, stamp))
     kept = [(f, v) for f, v in mine if f == "last_preserved_timestamp"] or \
@@ -422,17 +424,9 @@ def sweep_parts(folder: str) -> None:
 
 def state_names(folder: str) -> set[str]:
     """The checkpoints a TensorFlow `checkpoint` state file lists (basenames)."""
-    try:
-        with open(os.path.join(folder, "checkpoint"), encoding="utf-8") as handle:
-            lines = handle.read().splitlines()
-    except OSError:
-        return set()
-    names = set()
-    for line in lines:
-        field, _, value = line.partition(":")
-        if field.strip() in ("model_checkpoint_path", "all_model_checkpoint_paths"):
-            names.add(os.path.basename(value.strip().strip('"')))
-    return names
+    return {os.path.basename(value.strip('"'))
+            for field, value in _state_fields(os.path.join(folder, "checkpoint"))
+            if field in ("model_checkpoint_path", "all_model_checkpoint_paths")}
 
 
 def save_bytes(slot: str, record: dict) -> int:

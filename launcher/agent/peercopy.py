@@ -103,9 +103,9 @@ def fingerprint(slot: str, record: dict) -> dict[str, list[int]]:
     buffer = bytearray(2**20)
     view = memoryview(buffer)
     sums: dict[str, list[int]] = {}
-    indexed = record.get("kind") == "manager" and any(
-        n.endswith(".index") for n in sent_names(record))
-    for name in sent_names(record):
+    names = sent_names(record)
+    indexed = record.get("kind") == "manager" and any(n.endswith(".index") for n in names)
+    for name in names:
         if name in POINTERS:
             continue
         if indexed and not name.endswith(".index"):

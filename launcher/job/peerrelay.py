@@ -227,9 +227,7 @@ class PeerRelay:
                 self._covering[save[0]] = True
             elif chief.get("fingerprint") and worker.get("fingerprint"):
                 self._covering[save[0]] = False
-        for xfer, offer in list(self._xfers.items()):
-            if not offer["placed"] and "slot" in offer:
-                self._decide(xfer)
+        self.tick()
 
     def _cover(self, offer: dict[str, Any]) -> tuple[str, str] | None:
         """A live host other than the offer's source holding its save, verified."""
@@ -258,23 +256,24 @@ class PeerRelay:
 
     def _decide(self, xfer: str) -> None:
         """A chief's offer: covered (it ends, under way or not), sent, or left
-        waiting for a worker's save."""
+        waiting for a worker's save (HOLD_S at most: then its directory's next
+        offers go at once, until a cover is seen again)."""
         info = self._xfers[xfer]
+        key = str(info["manifest"].get("key"))
         cover = self._cover(info)
         if cover is not None:
             self._covered(xfer, cover)
-        elif not info["forwarded"] and (
-                self._covering.get(str(info["manifest"].get("key"))) is False
-                or self._clock() >= info["hold_until"]):
+        elif not info["forwarded"] and self._clock() >= info["hold_until"]:
+            self._covering[key] = False
+            self._go(xfer)
+        elif not info["forwarded"] and self._covering.get(key) is False:
             self._go(xfer)
 
     def tick(self) -> None:
-        """Offers that waited HOLD_S for a worker's save go (told every ~0.5 s)."""
+        """Each chief's offer decided again (told every ~0.5 s, and as slots are said)."""
         for xfer, info in list(self._xfers.items()):
-            if not info["forwarded"] and "hold_until" in info \
-                    and self._clock() >= info["hold_until"]:
-                self._covering[str(info["manifest"].get("key"))] = False
-                self._go(xfer)
+            if not info["placed"] and "hold_until" in info and xfer in self._xfers:
+                self._decide(xfer)
 
     def _go(self, xfer: str) -> None:
         """The copy begins at the destination, then the source is told to send."""
@@ -289,10 +288,7 @@ class PeerRelay:
         reached the destination is dropped)."""
         info = self._xfers.pop(xfer)
         host, slot = cover
-        why = f"{host} holds the same save"
-        self._send(info["source"], {"op": "peer_ack", "xfer": xfer, "cancel": True, "why": why})
-        if info["forwarded"]:
-            self._send(info["dest"], {"op": "peer_end", "xfer": xfer, "error": why})
+        self._end_both(xfer, info, f"{host} holds the same save")
         manifest = info.get("manifest") or {}
         self._tell(ev.MemoryCopy(
             host=host, source=info["source"], origin=str(manifest.get("origin") or info["source"]),
@@ -332,12 +328,8 @@ class PeerRelay:
         info = self._xfers.pop(xfer, None)
         if info is None:
             return
-        if not ok:  # the sender stops (it would wait ACK_WAIT_S), the receiver drops
-            # what it has (a restore waiting for it goes on)
-            self._send(info["source"], {"op": "peer_ack", "xfer": xfer, "cancel": True,
-                                        "why": error})
-            if info.get("forwarded", True):
-                self._send(info["dest"], {"op": "peer_end", "xfer": xfer, "error": error})
+        if not ok:
+            self._end_both(xfer, info, error)
         if info["dest"] is None and not info["placed"]:
             return  # one host: nowhere to copy, nothing to say
         manifest = info.get("manifest") or {}
@@ -395,6 +387,14 @@ class PeerRelay:
         if not self._send(host, {**command, "xfer": xfer}):
             self._answers[xfer] = {"ok": False, "done": f"host {host} does not answer"}
         return xfer
+
+    def _end_both(self, xfer: str, info: dict[str, Any], why: str) -> None:
+        """A copy ended early: the sender stops (it would wait ACK_WAIT_S), the
+        receiver, if it heard of it, drops what it has (a restore waiting for
+        it goes on)."""
+        self._send(info["source"], {"op": "peer_ack", "xfer": xfer, "cancel": True, "why": why})
+        if info.get("forwarded", True):
+            self._send(info["dest"], {"op": "peer_end", "xfer": xfer, "error": why})
 
     def _newest(self) -> dict[str, list[tuple[str, str]]]:
         """Per directory key: (host, slot) of each live holder of its newest
