@@ -96,3 +96,26 @@ def test_site_dirs_are_the_folders_site_main_would_add(tmp_path):
         done = subprocess.run([str(python), "-S", "-c", probe], capture_output=True, text=True,
                               env=env, timeout=60)
         assert done.stdout.startswith("True "), (python, done.stdout, done.stderr)
+
+
+# Standard-library modules that cost milliseconds to import (dataclasses pulls
+# inspect, ast, dis and tokenize: ~12 ms of CPU), which every host's agent would
+# pay at every launch: the agent's parts must not need them to start.
+HEAVY = {"dataclasses", "inspect", "typing", "ast", "dis", "tokenize", "argparse",
+         "logging", "hashlib", "shutil", "tempfile", "importlib.metadata", "email",
+         "ipaddress", "pathlib", "uuid", "random", "base64", "zlib", "datetime"}
+
+
+def test_the_agents_start_imports_no_heavy_module(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    env["PYTHONPATH"] = str(REPO)
+    done = subprocess.run(
+        [sys.executable, "-S", "-X", "importtime", "-m", "launcher.agent", "--host", "h1",
+         "--run-dir", str(tmp_path / "run"), "--eof-grace", "0"],
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert any(json.loads(line).get("ev") == "hello" for line in done.stdout.splitlines())
+    imported = {line.rsplit("|", 1)[1].strip() for line in done.stderr.splitlines()
+                if line.startswith("import time:")}
+    assert "launcher.agent.peercopy" in imported and "subprocess" in imported
+    assert not HEAVY & imported, f"the agent's start imports {sorted(HEAVY & imported)}"
