@@ -3,6 +3,8 @@
 The agent runs without `site` (a fan-out pays every millisecond of its start
 once per host) yet must still report the packages the host's interpreter has,
 and must not fail a host whose TensorFlow only a `.pth` file puts on the path.
+Neither the agent's start nor a task's (the bootstrap around the script) may
+import a heavy standard-library module: `-X importtime` lists what they load.
 """
 
 from __future__ import annotations
@@ -119,3 +121,47 @@ def test_the_agents_start_imports_no_heavy_module(tmp_path):
                 if line.startswith("import time:")}
     assert "launcher.agent.peercopy" in imported and "subprocess" in imported
     assert not HEAVY & imported, f"the agent's start imports {sorted(HEAVY & imported)}"
+
+
+def _imports(argv: list[str], env: dict[str, str], cwd: Path, pass_fds=()) -> set[str]:
+    done = subprocess.run([sys.executable, "-X", "importtime", *argv], env=env, cwd=cwd,
+                          capture_output=True, text=True, timeout=60, pass_fds=pass_fds)
+    assert done.returncode == 0, done.stderr
+    assert "ran 1" in done.stdout
+    return {line.rsplit("|", 1)[1].strip() for line in done.stderr.splitlines()
+            if line.startswith("import time:")}
+
+
+def test_a_tasks_start_imports_no_heavy_module_beyond_the_bare_scripts(tmp_path):
+    """The bootstrap around a trivial script, with the environment an agent gives
+    a worker of a 2-worker job, against the script alone (pdsh's task): what it
+    adds must be light (its hooks load when what they watch is imported)."""
+    script = tmp_path / "trivial.py"
+    script.write_text("import sys\nprint('ran', len(sys.argv))\n")
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PYTHON", "MGPU_", "TF_", "KERAS"))}
+    bare = _imports([str(script)], env, tmp_path)
+    progress_read, progress_write = os.pipe()
+    cluster = {"worker": ["10.0.0.1:2222", "10.0.0.2:2222"]}
+    env.update({
+        "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1",
+        "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": 1}}),
+        "MGPU_NUM_WORKERS": "2", "MGPU_TASK_TYPE": "worker", "MGPU_TASK_INDEX": "1",
+        "MGPU_STRATEGY": "multi_worker_mirrored", "MGPU_KERAS": "auto",
+        "MGPU_SAVE_FREQ": "epoch", "MGPU_TF_HEARTBEAT_S": "15",
+        "MGPU_CHECKPOINT_DIR": str(tmp_path / "ckpt"), "MGPU_RUN_DIR": str(tmp_path),
+        "MGPU_STACKS_FILE": str(tmp_path / "stacks.txt"),
+        "MGPU_ERROR_FILE": str(tmp_path / "error.json"),
+        "MGPU_PROFILE_REQUEST": str(tmp_path / "profile.request"),
+        "MGPU_TASK_TOKEN": "0123456789abcdef", "MGPU_PROGRESS_FD": str(progress_write),
+    })
+    try:
+        task = _imports(["-m", "launcher.bootstrap", str(script)], env, tmp_path,
+                        pass_fds=(progress_write,))
+    finally:
+        os.close(progress_read)
+        os.close(progress_write)
+    added = task - bare
+    assert "launcher.runtime.hooks" in added
+    assert not (HEAVY | {"json", "signal", "enum", "re"}) & added, \
+        f"a task's start imports {sorted((HEAVY | {'json', 'signal', 'enum', 're'}) & added)}"
