@@ -89,9 +89,11 @@ def gone() -> list[Entry]:
             mine = all(entry.get(k) == v for k, v in here.items())
         except (OSError, ValueError, KeyError, TypeError, RecursionError):
             continue
-        if not mine or not isinstance(pid, int) or not isinstance(record, dict) or (
-                _start_time(pid) is not None and _start_time(pid) == entry.get("start")):
-            continue  # another machine's or namespace's, or its agent still runs
+        if not mine or not isinstance(pid, int) or not isinstance(record, dict):
+            continue  # another machine's or namespace's
+        started = _start_time(pid)
+        if started is not None and started == entry.get("start"):
+            continue  # its agent still runs
         found.append((path, pid, record))
     return found
 
