@@ -3,10 +3,11 @@ launcher/job/peerrelay.py), wired as the launcher wires them but in one
 process: two hosts' agents' parts talk through the relay. A chief's save
 reaches the neighbour's memory whole, checksummed and private; a copy altered
 there fails its check; a worker's own save on another host that is the
-chief's byte for byte is its second copy (nothing sent), one that differs is
-not; before a restart a host that lost its memory gets the newest save placed
-back, and a directory left behind gets it published; a restore reads
-whichever is complete first, the placed copy or the directory."""
+chief's byte for byte is its second copy (nothing sent; said while the copy is
+under way, the copy ends at both ends), one that differs is not; before a
+restart a host that lost its memory gets the newest save placed back, and a
+directory left behind gets it published; a restore reads whichever is
+complete first, the placed copy or the directory."""
 
 from __future__ import annotations
 
@@ -293,12 +294,43 @@ def test_a_workers_save_that_differs_from_the_chiefs_is_no_copy_of_it(tmp_path: 
     assert not hosts.relay.held["host1"][str(worker)].get("covers")
 
 
+def test_a_worker_save_said_after_the_go_ends_the_copy_under_way(tmp_path: Path):
+    hosts = Hosts(tmp_path, ["host0", "host1"], hold_s=0)  # the offer goes at once
+    shared = tmp_path / "shared"
+    # Large enough (60 chunks) that the worker's fingerprint (its index only)
+    # is said while the copy is under way.
+    chief = chief_slot(hosts, "host0", 1, 30_000_000, shared)
+    worker = worker_slot(hosts, "host1", chief, shared, change=False)
+    sender = hosts.peers["host0"]
+    sender.memory.saved(str(chief))
+    hosts.pump(lambda: hosts.links["host1"].lines >= 1)  # its first chunk reached host1
+    hosts.peers["host1"].memory.saved(str(worker))  # the same save, said late
+    receiver = hosts.peers["host1"]
+    root = Path(receiver.memory.root)
+    # Ended at both ends: the sender free, what reached host1 dropped (its
+    # receiving thread told to).
+    hosts.pump(lambda: any(isinstance(e, ev.MemoryCopy) for e in hosts.told)
+               and sender._sending is None and hosts.wire.empty() and not receiver._inbox
+               and not receiver._incoming and not list(root.glob(".in-*")), limit=300)
+    [told] = [e for e in hosts.told if isinstance(e, ev.MemoryCopy)]
+    assert (told.host, told.source, told.covered_by, told.bytes, told.error) == (
+        "host1", "host0", "worker1", 0, None), told
+    assert hosts.links["host1"].lines >= 1  # it was under way: host1 had chunks of it
+    # What of it reached host1 is dropped; host1 holds its own save, as the copy.
+    assert memslots.slots(str(root / "peer-host0")) == []
+    assert hosts.relay.held["host1"][str(worker)]["covers"]
+
+
 def test_an_offer_whose_destination_is_lost_lets_its_sender_go_on(tmp_path: Path):
     hosts = Hosts(tmp_path, ["host0", "host1"], hold_s=60)
     sender = hosts.peers["host0"]
     sender.memory.saved(str(chief_slot(hosts, "host0", 1, 200_000, tmp_path / "shared")))
-    hosts.pump(lambda: sender._sending is not None and hosts.wire.empty())  # waiting
-    hosts.relay.forget("host1")  # its host lost while the offer waited for a worker's save
+    # Waiting at the relay (its sender sets `_sending` before it offers: the
+    # offer must have reached the relay before host1 is lost).
+    hosts.pump(lambda: sender._sending is not None and hosts.relay._xfers
+               and hosts.wire.empty())
+    hosts.links["host1"].closed = True  # its host lost while the offer waited for a worker's save
+    hosts.relay.forget("host1")
     hosts.pump(lambda: sender._sending is None)  # told: not ACK_WAIT_S later
     [told] = [e for e in hosts.told if isinstance(e, ev.MemoryCopy)]
     assert told.error == "host host1 lost", told
