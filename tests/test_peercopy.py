@@ -35,8 +35,10 @@ class Link:
     def __init__(self, host: str, wire: queue.Queue) -> None:
         self.host, self.wire, self.closed, self.link_id = host, wire, False, 0
         self.lines = 0
+        self.ops: list[str] = []  # every command sent, in order
 
     def send(self, command: dict) -> bool:
+        self.ops.append(str(command.get("op")))
         self.wire.put(("op", self.host, command))
         return True
 
@@ -108,14 +110,28 @@ class Hosts:
         False (the relay's `pump`: no stop) either way."""
         self.relay.tick()
         try:
-            kind, host, body = self.wire.get(timeout=min(timeout, HOLD / 3))
+            item = self.wire.get(timeout=min(timeout, HOLD / 3))
         except queue.Empty:
             return False
+        self.deliver(item)
+        return False
+
+    def deliver(self, item: tuple[str, str, dict]) -> None:
+        kind, host, body = item
         if kind == "ev":
             self.relay.consumed(AgentMessage(host, body))
         else:
             self.peers[host].handle(body["op"], body)
-        return False
+
+    def deliver_first(self, match) -> None:
+        """The first message that `match`es, as soon as it is on the wire,
+        delivered ahead of those queued before it (which then follow in order)."""
+        ahead = []
+        while not match(item := self.wire.get(timeout=10)):
+            ahead.append(item)
+        self.deliver(item)
+        for item in ahead:
+            self.deliver(item)
 
 
 def chief_slot(hosts: Hosts, host: str, seq: int, size: int, target: Path,
@@ -319,6 +335,27 @@ def test_a_worker_save_said_after_the_go_ends_the_copy_under_way(tmp_path: Path)
     # What of it reached host1 is dropped; host1 holds its own save, as the copy.
     assert memslots.slots(str(root / "peer-host0")) == []
     assert hosts.relay.held["host1"][str(worker)]["covers"]
+
+
+def test_a_copy_whose_bytes_all_went_is_let_finish_when_a_worker_save_covers_it(
+        tmp_path: Path):
+    hosts = Hosts(tmp_path, ["host0", "host1"], hold_s=0)
+    shared = tmp_path / "shared"
+    chief = chief_slot(hosts, "host0", 1, 3_000_000, shared)
+    worker = worker_slot(hosts, "host1", chief, shared, change=False)
+    hosts.peers["host0"].memory.saved(str(chief))
+    hosts.pump(lambda: "peer_end" in hosts.links["host1"].ops)  # the source's last word went
+    hosts.peers["host1"].memory.saved(str(worker))
+    # The worker's save reaches the relay before host1 has stored the copy.
+    hosts.deliver_first(lambda item: item[2].get("ev") == "memory_held" and item[1] == "host1")
+    hosts.pump(lambda: any(isinstance(e, ev.MemoryCopy) for e in hosts.told)
+               and hosts.wire.empty())
+    [told] = [e for e in hosts.told if isinstance(e, ev.MemoryCopy)]
+    assert (told.host, told.covered_by, told.error) == ("host1", None, None), told
+    assert told.bytes > 3_000_000
+    [copy] = memslots.slots(str(Path(hosts.peers["host1"].memory.root) / "peer-host0"))
+    assert (Path(copy[1]) / "ckpt-1.data-00000-of-00001").read_bytes() == (
+        chief / "ckpt-1.data-00000-of-00001").read_bytes()
 
 
 def test_an_offer_whose_destination_is_lost_lets_its_sender_go_on(tmp_path: Path):

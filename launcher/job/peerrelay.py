@@ -261,7 +261,7 @@ class PeerRelay:
         info = self._xfers[xfer]
         key = str(info["manifest"].get("key"))
         cover = self._cover(info)
-        if cover is not None:
+        if cover is not None and not info.get("sent_all"):  # its bytes all went: it ends
             self._covered(xfer, cover)
         elif not info["forwarded"] and self._clock() >= info["hold_until"]:
             self._covering[key] = False
@@ -302,6 +302,7 @@ class PeerRelay:
         info = self._xfers[xfer]
         command = {k: v for k, v in body.items() if k not in ("ev", "t", "raw")}
         command["op"] = body["ev"]
+        info["sent_all"] = command["op"] == "peer_end"  # the source's last word on it
         if command["op"] != "peer_chunk":
             sent = self._send(info["dest"], command)
         elif isinstance(body.get("raw"), bytes):
