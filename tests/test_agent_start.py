@@ -26,13 +26,14 @@ def site_packages(python: Path) -> Path:
     return Path(done.stdout.strip())
 
 
-def agent_hello(python: Path, tmp_path: Path,
-                *args: str) -> tuple[dict, subprocess.CompletedProcess]:
-    """Start the agent as the transports do, close its stdin at once, return its hello."""
+def agent_hello(python: Path, tmp_path: Path, *args: str,
+                flags: tuple[str, ...] = ()) -> tuple[dict, subprocess.CompletedProcess]:
+    """Start the agent as the transports do (with the interpreter's `flags`
+    too), close its stdin at once, return its hello."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
     env["PYTHONPATH"] = str(REPO)
     done = subprocess.run(
-        [str(python), "-S", "-m", "launcher.agent", "--host", "h1",
+        [str(python), "-S", *flags, "-m", "launcher.agent", "--host", "h1",
          "--run-dir", str(tmp_path / "run"), "--eof-grace", "0", *args],
         stdin=subprocess.DEVNULL, capture_output=True, text=True, env=env, timeout=60)
     lines = [json.loads(line) for line in done.stdout.splitlines()]
@@ -108,19 +109,18 @@ HEAVY = {"dataclasses", "inspect", "typing", "ast", "dis", "tokenize", "argparse
          "ipaddress", "pathlib", "uuid", "random", "base64", "zlib", "datetime"}
 
 
+def imported(stderr: str) -> set[str]:
+    """The modules `python -X importtime` listed."""
+    return {line.rsplit("|", 1)[1].strip() for line in stderr.splitlines()
+            if line.startswith("import time:")}
+
+
 def test_the_agents_start_imports_no_heavy_module(tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
-    env["PYTHONPATH"] = str(REPO)
-    done = subprocess.run(
-        [sys.executable, "-S", "-X", "importtime", "-m", "launcher.agent", "--host", "h1",
-         "--run-dir", str(tmp_path / "run"), "--eof-grace", "0"],
-        stdin=subprocess.DEVNULL, capture_output=True, text=True, env=env, timeout=60)
-    assert done.returncode == 0, done.stderr
-    assert any(json.loads(line).get("ev") == "hello" for line in done.stdout.splitlines())
-    imported = {line.rsplit("|", 1)[1].strip() for line in done.stderr.splitlines()
-                if line.startswith("import time:")}
-    assert "launcher.agent.peercopy" in imported and "subprocess" in imported
-    assert not HEAVY & imported, f"the agent's start imports {sorted(HEAVY & imported)}"
+    hello, done = agent_hello(Path(sys.executable), tmp_path, flags=("-X", "importtime"))
+    assert done.returncode == 0 and hello, done.stderr
+    modules = imported(done.stderr)
+    assert "launcher.agent.peercopy" in modules and "subprocess" in modules
+    assert not HEAVY & modules, f"the agent's start imports {sorted(HEAVY & modules)}"
 
 
 def _imports(argv: list[str], env: dict[str, str], cwd: Path, pass_fds=()) -> set[str]:
@@ -128,8 +128,7 @@ def _imports(argv: list[str], env: dict[str, str], cwd: Path, pass_fds=()) -> se
                           capture_output=True, text=True, timeout=60, pass_fds=pass_fds)
     assert done.returncode == 0, done.stderr
     assert "ran 1" in done.stdout
-    return {line.rsplit("|", 1)[1].strip() for line in done.stderr.splitlines()
-            if line.startswith("import time:")}
+    return imported(done.stderr)
 
 
 def test_a_tasks_start_imports_no_heavy_module_beyond_the_bare_scripts(tmp_path):
@@ -163,5 +162,5 @@ def test_a_tasks_start_imports_no_heavy_module_beyond_the_bare_scripts(tmp_path)
         os.close(progress_write)
     added = task - bare
     assert "launcher.runtime.hooks" in added
-    assert not (HEAVY | {"json", "signal", "enum", "re"}) & added, \
-        f"a task's start imports {sorted((HEAVY | {'json', 'signal', 'enum', 're'}) & added)}"
+    heavy = added & (HEAVY | {"json", "signal", "enum", "re"})
+    assert not heavy, f"a task's start imports {sorted(heavy)}"
