@@ -113,9 +113,95 @@ def script_env_writes(path: str) -> list[EnvWrite]:
 
 # Every write `_env_writes` finds names one of these: a script whose text has
 # none of them (and no non-ASCII byte, which NFKC could fold into one) writes no
-# variable, and is not parsed: `ast` and the parse cost ~3 ms of a task's first
+# variable, and is not parsed: `ast` and the parse cost ~3-4 ms of a task's first
 # start on its host (bench/fanout.py: at 32 hosts, after every host answered).
-_ENVIRONMENT_NAMES = (b"environ", b"putenv", b"unsetenv")
+# Nor is one that only reads `environ` (`os.environ.get(...)`, TensorFlow's
+# tutorials' `json.loads(os.environ["TF_CONFIG"])`): `_may_write_environment`.
+_CALLED_WRITERS = (b"putenv", b"unsetenv")
+_WRITER_METHODS = frozenset({b"setdefault", b"__setitem__", b"pop", b"__delitem__",
+                             b"popitem", b"clear", b"update"})  # as in `_env_writes`
+_AUGMENTED = (b"**=", b"//=", b">>=", b"<<=", b"+=", b"-=", b"*=", b"/=", b"%=", b"&=",
+              b"^=", b"|=", b"@=")
+_SPACE, _NAME = frozenset(b" \t\r\n\f"), frozenset(b"abcdefghijklmnopqrstuvwxyz"
+                                                  b"ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
+
+
+def _may_write_environment(source: bytes) -> bool:
+    """Whether `_env_writes` may find a write in this ASCII source; False only
+    when sure it finds none: no `putenv`, `unsetenv` nor `del`, and every
+    `environ` in it followed by neither a writer method (`.update`, ...) nor a
+    subscript that an assignment's `=`, `:` or augmented operator follows.
+    Brackets, strings and comments are skipped as the tokenizer does; anything
+    it cannot follow (a triple-quoted string, a line break in a string) counts
+    as a write. Parentheses around the target (`(os.environ)["X"] = ...`) too."""
+    import re  # loaded already in the agent (json); not at its top: the bootstrap imports this
+
+    if any(name in source for name in _CALLED_WRITERS) or re.search(rb"\bdel\b", source):
+        return True
+    for found in re.finditer(rb"(?<!\w)environ(?!\w)", source):
+        at = _skip(source, found.end(), closers=True)
+        if source[at:at + 1] == b".":
+            start = _skip(source, at + 1, closers=False)
+            end = start
+            while end < len(source) and source[end] in _NAME:
+                end += 1
+            if source[start:end] in _WRITER_METHODS or start == end:
+                return True
+        elif source[at:at + 1] == b"[":
+            end = _past_brackets(source, at)
+            if end is None:
+                return True
+            at = _skip(source, end, closers=True)
+            follows = source[at:at + 3]
+            if (follows[:1] == b"=" and follows[1:2] != b"=") or follows[:1] == b":" \
+                    or follows.startswith(_AUGMENTED):
+                return True
+    return False
+
+
+def _skip(source: bytes, at: int, closers: bool) -> int:
+    """Past spaces, line breaks, continuations, comments (and with `closers`,
+    closing parentheses) from `at`."""
+    while at < len(source):
+        byte = source[at]
+        if byte in _SPACE or byte == 0x5C or (byte == 0x29 and closers):  # "\\" ")"
+            at += 1  # a space, a line's continuation, a closing parenthesis
+        elif byte == 0x23:  # "#": a comment, to its line's end
+            end = source.find(b"\n", at)
+            at = len(source) if end < 0 else end
+        else:
+            break
+    return at
+
+
+def _past_brackets(source: bytes, at: int) -> int | None:
+    """The index after the `]` that closes the `[` at `at`; None when unsure."""
+    depth = 0
+    while at < len(source):
+        byte = source[at]
+        if byte in b"([{":
+            depth += 1
+        elif byte in b")]}":
+            depth -= 1
+            if depth == 0:
+                return at + 1 if byte == 0x5D else None  # "]"
+        elif byte in b"'\"":
+            if source[at:at + 3] == bytes([byte]) * 3:
+                return None  # a triple-quoted string: not followed here
+            at += 1
+            while at < len(source) and source[at] != byte:
+                if source[at] == 0x0A:  # "\n" inside a one-line string
+                    return None
+                at += 2 if source[at] == 0x5C else 1  # "\\" escapes the next byte
+            if at >= len(source):
+                return None
+        elif byte == 0x23:  # "#"
+            end = source.find(b"\n", at)
+            if end < 0:
+                return None
+            at = end
+        at += 1
+    return None
 
 
 def _parsed_if_it_names_the_environment(path: str) -> ast.Module | None:
@@ -126,7 +212,7 @@ def _parsed_if_it_names_the_environment(path: str) -> ast.Module | None:
             source = handle.read()
     except OSError:
         return None
-    if source.isascii() and not any(name in source for name in _ENVIRONMENT_NAMES):
+    if source.isascii() and not _may_write_environment(source):
         return None
     import ast
 
