@@ -102,11 +102,11 @@ EnvWrite = tuple[str | None, int, str | None, str]
 def script_env_writes(path: str) -> list[EnvWrite]:
     """Every write to an environment variable that `path` may make, anywhere
     in its file (not only at its top: a `main()` may import TensorFlow too)."""
-    import ast  # see the module docstring
-
     tree = _parsed_if_it_names_the_environment(path)
     if tree is None:
         return []  # none; or unreadable: a warm start fails the very same way a cold one does
+    import ast  # see the module docstring: only once a script is parsed
+
     return [(name, node.lineno, value, kind) for node in ast.walk(tree)
             for name, value, kind in _env_writes(node)]
 
@@ -236,11 +236,11 @@ def leading_presets(path: str) -> list[Preset]:
     """The constant `os.environ.setdefault` calls at the top of `path`, before
     any statement but a docstring, a standard-library import or another such
     call: nothing of the script, nor of any package, can have read them yet."""
-    import ast  # see the module docstring
-
     tree = _parsed_if_it_names_the_environment(path)
     if tree is None:
         return []
+    import ast  # see the module docstring: only once a script is parsed
+
     presets: list[Preset] = []
     for node in tree.body:
         if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):

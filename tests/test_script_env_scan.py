@@ -6,12 +6,16 @@ as the parse (`_env_writes`), whatever its layout."""
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from launcher import standby
+
+REPO = Path(__file__).resolve().parent.parent
 
 READS = [
     "import os\nprint('ran on', os.environ.get('MGPU_HOST', os.uname().nodename))\n",
@@ -94,3 +98,21 @@ def test_no_write_the_parse_finds_is_missed_across_the_standard_library():
         if found:
             assert standby._may_write_environment(source), path
     assert checked > 50
+
+
+def test_the_agent_imports_no_ast_for_a_script_that_only_reads(tmp_path):
+    """As on a host: `python -S`, the standby module, a first start's two
+    questions; `ast` (~3-8 ms of CPU to import) stays out."""
+    script = tmp_path / "train.py"
+    script.write_text(READS[1])
+    probe = ("import sys; from launcher import standby; "
+             f"standby.script_env_writes({str(script)!r}); "
+             f"standby.leading_presets({str(script)!r}); print('ast' in sys.modules)")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-S", "-c", probe], capture_output=True, text=True,
+                          env=env, timeout=60, check=True)
+    assert done.stdout.strip() == "False"
+    script.write_text(WRITES[0])
+    done = subprocess.run([sys.executable, "-S", "-c", probe], capture_output=True, text=True,
+                          env=env, timeout=60, check=True)
+    assert done.stdout.strip() == "True"  # the probe sees an import when there is one
