@@ -8,14 +8,13 @@ exit 130, as Ctrl-C later does, instead of with a KeyboardInterrupt traceback
 
 import sys
 
-from .commands import interrupts, preconnect
+from .commands import interrupts
 from .commands.exits import INTERRUPTED  # standard library only, imports nothing
 
 
 def main() -> int:
     interrupts.install()  # a Ctrl-C while modules load is never lost
     try:
-        preconnect.start(sys.argv[1:])  # the hosts' sshds start their sessions meanwhile
         from .cli import main as cli_main
 
         code = cli_main()

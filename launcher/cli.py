@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import __version__
-from .commands import control, exits, loading, preconnect, usage
+from .commands import control, exits, loading, usage
 from .commands.usage import say, silence_fds
 from .spec.addresses import AddressError
 from .spec.allocation import SlurmError
@@ -206,7 +206,6 @@ def _run(argv: list[str]) -> int:
         raise UsageError(f"run directory {run_dir} is not empty: give a new --run-dir "
                          "(each run keeps its own logs, events and summary)")
     early = None if args.dry_run or args.detach else _reach_early(loaded, run_dir, args.verbose)
-    preconnect.close_all()  # whatever the early reach did not take
     try:
         from .commands import run  # the job's modules, imported while the hosts answer
 
@@ -236,9 +235,7 @@ def _reach_early(loaded: LoadedConfig, run_dir: Path, verbose: bool) -> SSHTrans
     # SSH's own method, not the Transport protocol's: no other transport has
     # connections to open ahead.
     ssh: SSHTransport = make_transport(config)  # type: ignore[assignment]
-    targets = host_targets(config, "python3", loaded.base_dir)
-    ssh.adopt(preconnect.take(), targets)  # opened while the modules loaded (__main__)
-    ssh.warm(targets, str(run_dir))
+    ssh.warm(host_targets(config, "python3", loaded.base_dir), str(run_dir))
     return ssh
 
 

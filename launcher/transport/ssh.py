@@ -321,11 +321,6 @@ class SSHTransport:
                 problems.append(HostProblem(host.name, f"{type(outcome).__name__}: {outcome}"))
         return links, problems
 
-    def adopt(self, sockets: dict, hosts: Sequence[HostTarget]) -> None:
-        """TCP connections opened before the cluster file was read
-        (launcher.commands.preconnect): the connector takes those it can use."""
-        self._connector.adopt(sockets, hosts)
-
     def warm(self, hosts: Sequence[HostTarget], run_dir: str | None = None) -> None:
         """Open every host's connection now, each in a daemon thread, for the
         connect to take (`_start_host`): the run command calls it as soon as

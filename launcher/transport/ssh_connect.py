@@ -16,10 +16,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import getpass
-import select
 import socket
 import threading
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..spec.plan import HostTarget
@@ -61,26 +59,6 @@ class Connector:
         self._lock = threading.Lock()
         self._handshaking: dict[paramiko.Transport, socket.socket | paramiko.Channel] = {}
         self._aborted = False
-        self._preopened: dict[tuple[str, int], socket.socket] = {}  # opened early (adopt)
-
-    def adopt(self, sockets: dict[tuple[str, int], socket.socket],
-              hosts: Sequence[HostTarget]) -> None:
-        """TCP connections opened before the cluster file was read
-        (launcher.commands.preconnect), by (address, port): kept for the hosts this
-        connector reaches directly at that very address and port; the rest
-        closed now."""
-        direct = set()
-        for host in hosts:
-            with contextlib.suppress(Refused):  # a bad ssh config: the connect says so
-                ep = self.endpoint(host)
-                if not ep.proxy_jump:
-                    direct.add((ep.hostname, ep.port))
-        with self._lock:
-            for key, sock in sockets.items():
-                if key in direct and key not in self._preopened and not self._aborted:
-                    self._preopened[key] = sock
-                else:
-                    sock.close()
 
     def endpoint(self, host: HostTarget) -> Endpoint:
         options = self.configs.lookup(host.ssh_config_file, host.address)
@@ -148,7 +126,7 @@ class Connector:
     def _open(self, ep: Endpoint, sock: paramiko.Channel | None) -> paramiko.Transport:
         where = f"{ep.hostname}:{ep.port}"
         if sock is None:
-            sock = self._take_preopened(ep) or _tcp_connect(ep)
+            sock = _tcp_connect(ep)
         transport = paramiko.Transport(sock)
         with self._lock:
             if self._aborted:
@@ -183,25 +161,6 @@ class Connector:
             with self._lock:
                 self._handshaking.pop(transport, None)
 
-    def _take_preopened(self, ep: Endpoint) -> socket.socket | None:
-        """The early connection to this endpoint once it is up; None where
-        there is none or it failed (a new connect then says why)."""
-        with self._lock:
-            sock = self._preopened.pop((ep.hostname, ep.port), None)
-        if sock is None:
-            return None
-        poller = select.poll()
-        poller.register(sock, select.POLLOUT)
-        if not poller.poll(ep.timeout_s * 1000):
-            sock.close()
-            raise Refused(_no_answer(ep))
-        if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
-            sock.close()
-            return None
-        sock.settimeout(ep.timeout_s)  # as socket.create_connection leaves it
-        _tune(sock)
-        return sock
-
     def abort(self) -> None:
         """End every handshake in progress now (Ctrl-C must not wait for a hung
         sshd to time out); connections opened later are refused. For good: the
@@ -210,9 +169,6 @@ class Connector:
         with self._lock:
             self._aborted = True
             pending = list(self._handshaking.items())
-            early, self._preopened = list(self._preopened.values()), {}
-        for sock in early:  # early connections no host took
-            sock.close()
         for transport, sock in pending:
             # paramiko's close() does nothing before start_client has begun:
             # shutting the socket down ends a handshake at any point.
@@ -298,19 +254,11 @@ def _tcp_connect(ep: Endpoint) -> socket.socket:
         raise Refused(f"connection refused by {where}: is sshd running there, and is the "
                       "port right (`port:` in the YAML)?") from None
     except TimeoutError:
-        raise Refused(_no_answer(ep)) from None
+        raise Refused(f"no answer from {where} within {ep.timeout_s:g} s "
+                      "(connect_timeout_s): host down or firewalled?") from None
     except OSError as exc:
         raise Refused(f"cannot connect to {where}: {exc.strerror or exc}") from None
-    _tune(sock)
-    return sock
-
-
-def _no_answer(ep: Endpoint) -> str:
-    return (f"no answer from {ep.hostname}:{ep.port} within {ep.timeout_s:g} s "
-            "(connect_timeout_s): host down or firewalled?")
-
-
-def _tune(sock: socket.socket) -> None:
     # Small JSON lines both ways: Nagle would hold each one back (52 -> 10 ms auth).
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    return sock
