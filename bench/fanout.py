@@ -252,7 +252,9 @@ def measure(cluster: SimCluster, count: int, repeat: int, firewall: bool, work: 
             script: Path, meter: CgroupCPU | None,
             baseline: Path | None = None) -> dict[str, float]:
     """Medians over `repeat` interleaved rounds at `count` hosts (both tools
-    see the same load)."""
+    see the same load), each round's order turned by one place: with `repeat`
+    a multiple of the runs per round (3, one more with `--firewall`, one more
+    with `--baseline`), every run is measured in every place equally often."""
     yaml_path = cluster_yaml(cluster, count, work / f"cluster-{count}.yaml")
     open_path = cluster_yaml(cluster, count, work / f"open-{count}.yaml", "open")
     run_launcher(yaml_path, script, work)  # warm-up: uploads the agent bundle
@@ -263,24 +265,39 @@ def measure(cluster: SimCluster, count: int, repeat: int, firewall: bool, work: 
     def counted(run):  # (its result, the CPU of all it started; nan without a cgroup)
         return meter.spent(run) if meter else (run(), float("nan"))
 
-    samples: dict[str, list[float]] = {}
-    for _ in range(repeat):
+    def launch() -> dict[str, float]:
         before, idle_before = children_cpu(), idle_cores_s()
         (ran, total), cpu_all = counted(lambda: run_launcher(yaml_path, script, work))
-        middle, idle_middle = children_cpu(), idle_cores_s()
-        pdsh, pdsh_all = counted(lambda: run_pdsh(cluster, count, script))
-        taken = {"ran": ran, "whole": total, "pdsh": pdsh, "cpu": middle - before,
-                 "cpu_pdsh": children_cpu() - middle, "all": cpu_all, "all_pdsh": pdsh_all,
-                 "idle": idle_middle - idle_before, "idle_pdsh": idle_cores_s() - idle_middle,
-                 "bare": run_bare_ssh(yaml_path)}
-        if firewall:
-            (_, taken["open"]), taken["all_open"] = counted(
-                lambda: run_launcher(open_path, script, work))
-        if baseline:
-            (_, taken["base"]), taken["all_base"] = counted(
-                lambda: run_launcher(yaml_path, script, work, baseline))
-        for key, value in taken.items():
-            samples.setdefault(key, []).append(value)
+        return {"ran": ran, "whole": total, "cpu": children_cpu() - before, "all": cpu_all,
+                "idle": idle_cores_s() - idle_before}
+
+    def pdsh() -> dict[str, float]:
+        before, idle_before = children_cpu(), idle_cores_s()
+        took, cpu_all = counted(lambda: run_pdsh(cluster, count, script))
+        return {"pdsh": took, "cpu_pdsh": children_cpu() - before, "all_pdsh": cpu_all,
+                "idle_pdsh": idle_cores_s() - idle_before}
+
+    def launch_open() -> dict[str, float]:
+        (_, total), cpu_all = counted(lambda: run_launcher(open_path, script, work))
+        return {"open": total, "all_open": cpu_all}
+
+    def launch_baseline() -> dict[str, float]:
+        (_, total), cpu_all = counted(lambda: run_launcher(yaml_path, script, work, baseline))
+        return {"base": total, "all_base": cpu_all}
+
+    runs = [launch, pdsh, lambda: {"bare": run_bare_ssh(yaml_path)}]
+    runs += [launch_open] if firewall else []
+    runs += [launch_baseline] if baseline else []
+    samples: dict[str, list[float]] = {}
+    for round_no in range(repeat):
+        # Each round starts one place further on: a run's time depends on the
+        # one before it (in a fixed order, the same launcher tree measured in the
+        # first place took 0.13-0.36 s longer than in the last, four runs of
+        # four), so every run takes every place in turn.
+        at = round_no % len(runs)
+        for run in runs[at:] + runs[:at]:
+            for key, value in run().items():
+                samples.setdefault(key, []).append(value)
     return {key: statistics.median(values) for key, values in samples.items()}
 
 
