@@ -20,6 +20,13 @@ agent installs an nftables table before its task and removes it as it exits):
 the difference is the firewall's share. Every per-host step added to a launch
 gets such a measurement before it lands.
 
+Each round runs them all in turn, its order turned by one place from the
+round before: a run's time depends on the run before it (in a fixed order,
+the same launcher tree took 0.13-0.36 s longer in the round's first place than
+in its last, four runs of four; docs/benchmarks.md), so with `--repeat` a
+multiple of the runs per round (3; 4 with `--firewall` or `--baseline`, 5 with
+both) every run takes every place equally often.
+
 Prints the median of a few runs each and the ratios, plus the CPU time each
 client spent (the launcher process vs pdsh and its ssh processes). Simulated
 hosts share this machine's cores with the client, so at N=32 the hosts' own
