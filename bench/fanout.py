@@ -297,11 +297,7 @@ def measure(cluster: SimCluster, count: int, repeat: int, firewall: bool, work: 
     runs += [launch_baseline] if baseline else []
     samples: dict[str, list[float]] = {}
     for round_no in range(repeat):
-        # Each round starts one place further on: a run's time depends on the
-        # one before it (in a fixed order, the same launcher tree measured in the
-        # first place took 0.13-0.36 s longer than in the last, four runs of
-        # four), so every run takes every place in turn.
-        at = round_no % len(runs)
+        at = round_no % len(runs)  # one place further on each round (the docstring)
         for run in runs[at:] + runs[:at]:
             for key, value in run().items():
                 samples.setdefault(key, []).append(value)
