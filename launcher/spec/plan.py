@@ -10,10 +10,7 @@ Must not import: transport, supervisor, cli.
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import json
-import os
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -23,12 +20,11 @@ from typing import Any
 
 from ..firewall import Seal, allowed, seal_for
 from ..strategy import COLLECTIVE, Strategy
-from . import rundir
 from .addresses import TFAddress, choose
 from .config import ClusterConfig, LoadedConfig, effective_roles
 from .hosts import HostSpec
+from .target import HostTarget, host_run_dir
 from .taskenv import keras_distribution_env, shared_env
-from .transports import traits
 
 # Order of roles in TF_CONFIG and in the task list: the chief first.
 ROLE_ORDER = ("chief", "worker", "ps", "evaluator")
@@ -57,23 +53,6 @@ def _lifetime(strategy: str, role: str) -> str:
 
 class PlanError(Exception):
     """The config is valid YAML but cannot be turned into a runnable plan."""
-
-
-@dataclass(frozen=True)
-class HostTarget:
-    """One machine (or simulated machine) and how to reach it."""
-
-    name: str
-    address: str
-    python: str
-    gpus: tuple[int, ...]
-    ssh_user: str | None
-    ssh_port: int
-    identity_file: str | None
-    known_hosts: str
-    host_key_policy: str
-    ssh_config_file: str | None
-    connect_timeout_s: float
 
 
 def task_label(host: str, name: str) -> str:
@@ -198,27 +177,6 @@ def _host_target(config: ClusterConfig, host: HostSpec, default_python: str,
         ssh_config_file=path(host.config_file, ssh.config_file),
         connect_timeout_s=pick(host.connect_timeout_s, ssh.connect_timeout_s),
     )
-
-
-def host_run_dir(run_dir: str, transport: str, host: str) -> str:
-    """Where the agent of `host` keeps its files (TF_CONFIG, error reports).
-
-    Simulated hosts share this machine, so they live inside the run directory;
-    a real host gets a private folder under its user's home (the agent expands
-    the leading `~`), since the launcher's run directory is not on that host.
-    """
-    if traits(transport).simulated:
-        return str(Path(run_dir) / rundir.HOSTS / host)
-    # The run directory's name, and a digest of its full path: two jobs whose run
-    # directories share a name (`--run-dir exp1` in two projects) must not share
-    # pidfiles, or one job's agent would reap the other's tasks.
-    return f"{_remote_runs_dir(run_dir)}/{host}"
-
-
-@functools.lru_cache(maxsize=16)  # once per plan, not once per host
-def _remote_runs_dir(run_dir: str) -> str:
-    digest = hashlib.sha256(os.path.abspath(run_dir).encode()).hexdigest()[:8]
-    return f"~/.mgpu-launch/runs/{Path(run_dir).name}-{digest}"
 
 
 def default_active_hosts(config: ClusterConfig) -> list[str]:

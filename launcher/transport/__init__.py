@@ -15,7 +15,7 @@ import queue
 from collections.abc import Sequence
 from typing import Protocol
 
-from ..spec.plan import HostTarget
+from ..spec.target import HostTarget
 from .link import AgentLink, AgentMessage
 
 

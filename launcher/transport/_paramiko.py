@@ -6,6 +6,7 @@ does not support (docs/ssh.md). An ssh config
 that uses it is refused with a clear message (`ssh_endpoint.SSHConfigs`).
 """
 
+import logging
 import sys
 
 _blocked = "invoke" not in sys.modules
@@ -17,4 +18,12 @@ import paramiko  # noqa: E402
 if _blocked:  # paramiko has seen what it needed; the rest of the process may import it
     del sys.modules["invoke"]
 
-__all__ = ["paramiko"]
+__all__ = ["paramiko", "quiet_paramiko_logs"]
+
+
+def quiet_paramiko_logs() -> None:
+    """paramiko logs tracebacks of what the launcher reports itself in words
+    (a dropped connection, an aborted handshake): a run says them once, as
+    words (`-v` keeps paramiko's own)."""
+    logging.getLogger("paramiko").addHandler(logging.NullHandler())
+    logging.getLogger("paramiko").propagate = False

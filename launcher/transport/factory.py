@@ -12,7 +12,6 @@ Must not import: supervisor, cli.
 from __future__ import annotations
 
 import importlib
-import logging
 
 from ..spec.config import ClusterConfig
 from ..spec.transports import traits
@@ -23,15 +22,19 @@ def make_transport(config: ClusterConfig, *, checking: bool = False) -> Transpor
     """The transport of `config.transport`. A run's agents hold a lease of the
     heartbeat timeout (they stop their tasks when the launcher falls silent);
     `checking`: for `mgpu-launch check`."""
-    lease: dict[str, float] = {} if checking else {"lease_s": config.restart.heartbeat_timeout_s}
+    lease = {} if checking else run_lease(config)
     module = importlib.import_module(f"{__package__}.{traits(config.transport).module}")
     transport: Transport = module.from_config(config, checking=checking, lease=lease)
     return transport
 
 
+def run_lease(config: ClusterConfig) -> dict[str, float]:
+    """A run's agents' lease, as `make_transport` hands it to the transport."""
+    return {"lease_s": config.restart.heartbeat_timeout_s}
+
+
 def quiet_paramiko_logs() -> None:
-    """paramiko logs tracebacks of what the launcher reports itself in words
-    (a dropped connection, an aborted handshake): a run says them once, as
-    words (`-v` keeps paramiko's own)."""
-    logging.getLogger("paramiko").addHandler(logging.NullHandler())
-    logging.getLogger("paramiko").propagate = False
+    """launcher/transport/_paramiko.py's (imported only where a command reaches SSH hosts)."""
+    from ._paramiko import quiet_paramiko_logs as quiet
+
+    quiet()

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..spec.config import ClusterConfig
-from ..spec.plan import HostTarget, host_run_dir
+from ..spec.target import HostTarget, host_run_dir
 from ..spec.transports import TransportName
 from . import HostProblem, every_host
 from .child import DEFAULT_LEASE_S, agent_argv, kill_if_running, start_child_agent

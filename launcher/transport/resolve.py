@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..spec.addresses import AddressError, TFAddress, choose, host_name, with_interfaces
 from ..spec.config import LoadedConfig
-from ..spec.plan import HostTarget
+from ..spec.target import HostTarget
 from ..spec.transports import traits
 
 if TYPE_CHECKING:  # paramiko is imported only for SSH hosts that need it

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from ..spec.allocation import allocation_ended, read_allocation
 from ..spec.config import ClusterConfig
-from ..spec.plan import HostTarget, host_run_dir
+from ..spec.target import HostTarget, host_run_dir
 from ..spec.transports import TransportName
 from . import HostProblem, every_host
 from .child import DEFAULT_LEASE_S, agent_argv, start_child_agent

@@ -27,10 +27,9 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..spec.config import ClusterConfig
-from ..spec.plan import HostTarget, host_run_dir
+from ..spec.target import HostTarget, host_run_dir
 from ..spec.transports import TransportName
 from . import HostProblem, TransportError
 from ._paramiko import paramiko
@@ -43,6 +42,9 @@ from .shipping import AGENT_MAIN, USE_MARKER, bundle_files, bundle_id, stale_bun
 from .ssh_connect import Connector, Opening
 from .ssh_early import EarlyAgent
 from .ssh_endpoint import Endpoint, Refused
+
+if TYPE_CHECKING:
+    from ..spec.config import ClusterConfig
 
 MAX_PARALLEL = 64  # threads mostly wait on the network; bounded so 500 hosts stay sane
 # An agent heartbeats every second: one silent this long is on a dead host or
@@ -243,7 +245,7 @@ class _Session:
         self.transport.close()
 
 
-def from_config(config: ClusterConfig, *, checking: bool,
+def from_config(config: ClusterConfig | None, *, checking: bool,
                 lease: dict[str, float]) -> SSHTransport:
     """`transport: ssh` (transport/factory.py); `check` also reaches hosts without TensorFlow."""
     return SSHTransport(require_tensorflow=not checking, **lease)

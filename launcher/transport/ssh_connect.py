@@ -20,7 +20,7 @@ import socket
 import threading
 from dataclasses import dataclass, field
 
-from ..spec.plan import HostTarget
+from ..spec.target import HostTarget
 from ._paramiko import paramiko
 from .ssh_auth import Identities, authenticate
 from .ssh_endpoint import Endpoint, Refused, SSHConfigs, merge_endpoint, parse_jump

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from ..spec.plan import HostTarget
+from ..spec.target import HostTarget
 from .link import PING_EVERY_S
 
 KEEP_LEASE_EVERY_S = PING_EVERY_S  # as the link pings, once it has the agent

@@ -18,7 +18,7 @@ import shlex
 import threading
 from dataclasses import dataclass
 
-from ..spec.plan import HostTarget
+from ..spec.target import HostTarget
 from ._paramiko import paramiko
 
 
