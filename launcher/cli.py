@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import __version__
-from .commands import control, exits, loading, usage
+from .commands import control, exits, loading, prereach, usage
 from .commands.usage import say, silence_fds
 from .spec.addresses import AddressError
 from .spec.allocation import SlurmError
@@ -186,9 +186,13 @@ def _no_cluster_file(script: str, option: str) -> None:
                          "train.py`)")
 
 
-def _default_run_dir(name: str) -> Path:
+def _default_run_dir(loaded: LoadedConfig) -> Path:
+    # The one `prereach` started this file's hosts for (it has the command's start time).
+    early = prereach.run_dir_for(loaded.source, loaded.config.name)
+    if early is not None:
+        return Path(early)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    return Path("runs") / f"{name}-{stamp}-{os.getpid()}"
+    return Path("runs") / f"{loaded.config.name}-{stamp}-{os.getpid()}"
 
 
 def _run(argv: list[str]) -> int:
@@ -200,7 +204,7 @@ def _run(argv: list[str]) -> int:
     if args.max_restarts is not None and args.max_restarts < 0:
         raise UsageError("--max-restarts needs a number >= 0")
     loaded, command = _load(args)
-    run_dir = Path(args.run_dir) if args.run_dir else _default_run_dir(loaded.config.name)
+    run_dir = Path(args.run_dir) if args.run_dir else _default_run_dir(loaded)
     run_dir = run_dir.resolve()
     if not args.dry_run and not control.run_dir_free(run_dir):
         raise UsageError(f"run directory {run_dir} is not empty: give a new --run-dir "
@@ -228,14 +232,20 @@ def _reach_early(loaded: LoadedConfig, run_dir: Path, verbose: bool) -> SSHTrans
     config = loaded.config
     if not transport_traits(config.transport).ssh:
         return None
-    from .transport.factory import make_transport, quiet_paramiko_logs
+    from .transport.factory import make_transport, quiet_paramiko_logs, run_lease
 
-    if not verbose:  # -v: paramiko's tracebacks
-        quiet_paramiko_logs()
-    # SSH's own method, not the Transport protocol's: no other transport has
-    # connections to open ahead.
-    ssh: SSHTransport = make_transport(config)  # type: ignore[assignment]
-    ssh.warm(host_targets(config, "python3", loaded.base_dir), str(run_dir))
+    targets = host_targets(config, "python3", loaded.base_dir)
+    lease = run_lease(config)
+    # Started before the file was read, from the record of its last run (prereach).
+    ssh = prereach.take(loaded.source, config.name, targets, lease, str(run_dir))
+    if ssh is None:
+        if not verbose:  # -v: paramiko's tracebacks
+            quiet_paramiko_logs()
+        # SSH's own method, not the Transport protocol's: no other transport has
+        # connections to open ahead.
+        ssh = make_transport(config)  # type: ignore[assignment]
+        ssh.warm(targets, str(run_dir))
+    prereach.remember(loaded.source, config.name, targets, lease)
     return ssh
 
 

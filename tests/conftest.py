@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -159,3 +160,6 @@ def pytest_configure(config) -> None:
     starts: the Ctrl-C tests would send a signal nobody hears. With Python's
     own handler here, the processes the tests start get the default."""
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    # The launchers the tests start record how they reached their hosts in the
+    # user's cache (launcher/commands/prereach.py): in the suite's own, not root's.
+    os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="mgpu-suite-cache-")
