@@ -91,6 +91,7 @@ def test_a_second_run_of_the_same_file_reaches_its_hosts_before_reading_it(
     record = json.loads(records[0].read_text())
     assert [t["address"] for t in record["targets"]] == [h.address for h in cluster.hosts]
 
+    (tmp_path / "second").mkdir()  # an empty --run-dir is a new run's too
     second, seen = launch(cluster, tmp_path, yaml_path, "--quiet", name="second")
     assert second.returncode == 0, second.stdout + second.stderr
     assert seen == {"pydantic": False}  # the hosts reached ahead

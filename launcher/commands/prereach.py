@@ -15,7 +15,7 @@ file is still refused with its own error; the hosts it names were reached
 with the values it gave the last time it was valid.
 
 Only a plain run: `[options] CLUSTER.yaml SCRIPT [args]`, its options among
-`-q`, `-v`, `--no-live`, `--run-dir DIR` (a folder that does not exist yet),
+`-q`, `-v`, `--no-live`, `--run-dir DIR` (a folder not there yet, or empty),
 `--max-restarts N`, `--metrics-port PORT`; anything else (`--local`,
 `--slurm`, `--dry-run`, `--detach`, a subcommand) starts nothing here.
 
@@ -87,8 +87,8 @@ def start(argv: Sequence[str]) -> None:
     name, targets, lease = record
     if run_dir_arg is not None:
         run_dir = os.path.realpath(run_dir_arg)  # as the run command's Path.resolve()
-        if os.path.lexists(run_dir):  # the run command decides whether it may be used
-            return
+        if os.path.lexists(run_dir) and not _empty_folder(run_dir):
+            return  # the run command says whether it may be used
     else:
         run_dir = default_run_dir(name)
     from ..transport._paramiko import quiet_paramiko_logs
@@ -186,6 +186,13 @@ def _plain_run(argv: Sequence[str]) -> tuple[str, str | None, bool] | None:
     if len(rest) < 2 or not rest[0].endswith((".yaml", ".yml")):
         return None
     return rest[0], run_dir, verbose
+
+
+def _empty_folder(path: str) -> bool:
+    try:
+        return os.path.isdir(path) and not os.listdir(path)
+    except OSError:
+        return False
 
 
 def _record_path(source: str) -> Path:
