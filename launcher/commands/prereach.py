@@ -96,9 +96,10 @@ def start(argv: Sequence[str]) -> None:
 
     if not verbose:
         quiet_paramiko_logs()
-    transport = from_config(None, checking=False, lease=lease)
-    transport.warm(targets, run_dir)
-    _early = _Early(transport, source, name, run_dir, targets, lease)
+    # SSH's own method, not the Transport protocol's (as in cli._reach_early).
+    ssh = from_config(None, checking=False, lease=lease)
+    ssh.warm(targets, run_dir)
+    _early = _Early(ssh, source, name, run_dir, targets, lease)
 
 
 def default_run_dir(name: str, now: float | None = None) -> str:
