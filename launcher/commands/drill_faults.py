@@ -103,6 +103,7 @@ class Heard:
         observed.recovered_t = self.history.first_step(gen + 1)
         observed.resumed_from_step = self.history.resumed_at(gen + 1)
         observed.behind = self.behind_said(gen + 1)
+        observed.unknown = self.history.unknown.get(gen + 1, "")
 
     def behind_said(self, gen: int) -> str:
         """A task of `gen` that resumed behind the last save, in words ("": none)."""
@@ -190,10 +191,18 @@ class Injector:
     def _settle(self, first: bool) -> int:
         """Wait for the current generation to train and save: each fault comes
         right after the first save it sees (the bootstrap times each save, and
-        the interval is read from the saves' steps: drill_report.report)."""
+        the interval is read from the saves' steps: drill_report.report). A
+        generation that resumed from a save has one already: its fault comes at
+        its first step, while the training has most of its steps left (a fault
+        after `fit` ended finds its backup deleted, which proves nothing)."""
         heard = self.heard
         self._wait(lambda: heard.history.first_step(heard.generation), RECOVER_WAIT_S)
         gen = heard.generation
+        with heard.cond:
+            resumed = heard.history.resumed_at(gen)
+            saved = heard.last_checkpoint(upto=gen - 1)
+        if gen > 0 and resumed and saved is not None and resumed >= saved:
+            return gen
         self._wait(lambda: heard.saves_in(gen) >= 1, self.checkpoint_wait_s)
         return heard.generation
 

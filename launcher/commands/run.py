@@ -26,6 +26,7 @@ from ..job.classify import signal_name
 from ..job.launch import Launch, LaunchRefused, Outcome
 from ..job.sequence import EarlyEnd, run_launch
 from ..job.states import Failure, RunResult
+from ..job.story import step_of
 from ..spec import planview, rundir
 from ..spec.config import LoadedConfig
 from ..spec.plan import Plan
@@ -275,9 +276,10 @@ def _task_summary(tasks: dict[str, dict]) -> list[str]:
             parts.append(f"signal {task['signal']} ({signal_name(task['signal'])})")
         elif task.get("exit_code") not in (None, 0):
             parts.append(f"exit code {task['exit_code']}")
+        step = step_of(task.get("last_progress") or {})
+        if isinstance(step, int | float):
+            parts.append(f"step {int(step)}")
         progress = task.get("last_progress") or {}
-        if isinstance(progress.get("step"), int | float):
-            parts.append(f"step {int(progress['step'])}")
         if isinstance(progress.get("loss"), int | float):
             parts.append(f"loss {progress['loss']:.4g}")
         lines.append("  ".join(parts).rstrip())

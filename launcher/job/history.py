@@ -61,6 +61,8 @@ class History:
     counted_first: dict[int, tuple[float, int]] = field(default_factory=dict)
     counted_moved: dict[int, float] = field(default_factory=dict)  # the optimizer's count
     furthest_step: dict[int, int] = field(default_factory=dict)
+    # generation: why its resume point cannot be read (runtime/restores.py)
+    unknown: dict[int, str] = field(default_factory=dict)
     exits: dict[tuple[int, str], Exit] = field(default_factory=dict)
     saves: list[Save] = field(default_factory=list)
     saves_reported: bool = False  # any task reported a save
@@ -86,6 +88,8 @@ class History:
             self._save(event.task, int(m["saved"]), gen, t, bool(m.get("chief")))
         if isinstance(m.get("resumed"), int) and gen > 0:  # read at the restore
             self.resumed.setdefault(gen, int(m["resumed"]))
+        if isinstance(m.get("resumed_unknown"), str) and gen > 0:
+            self.unknown.setdefault(gen, m["resumed_unknown"])
         step = m.get("step")
         if not isinstance(step, int | float):
             return

@@ -22,7 +22,19 @@ and the last save completed before it (`saved_step`).
 Saves: every completed save a task reports (`saved`, `saved_dir`:
 runtime/saves.py) is remembered, the chief's before any other's. A task that
 resumes behind the last save of an earlier generation (a backup directory
-local to each host, a stale copy) is said once per job: `behind`.
+local to each host, a stale copy) is said once per job: `behind`, judged on
+each task's own resume point only (its later step reports are no resume
+points), and only where both steps are known.
+
+The job's step: `runtime.callbacks()` counts a generation's steps from 0 and
+says once where it started (`start_step`); every other report names the
+optimizer's count or the script's own. `job_step` makes each report's step the
+job's (absolute), once, where it enters: every view reads that one number.
+
+Progress: a generation moved the training only when its newest save passed the
+best save of the generations before it (`moved_past`); a save made after a
+restart from step 0 that does not pass it is no progress. Where a save's step
+cannot be read the question is open (None) and the caller keeps its evidence.
 
 Pure bookkeeping over progress records; no I/O. Owned by the supervisor thread.
 """
@@ -47,6 +59,10 @@ class Resumes:
         self._generation = 0
         self._told_behind = False
         self._first: int | None = None  # where generation 0 resumed, when it restored
+        self._judged: set[str] = set()  # tasks whose resume point this generation was judged
+        self._bases: dict[str, int] = {}  # task: its runtime.callbacks() start, this generation
+        self._best_now: int | None = None  # the newest save's step in this generation
+        self._unknown: str = ""  # why this generation's steps cannot be compared ("": they can)
 
     def starting(self, generation: int, checkpoint: State | None) -> None:
         """Generation `generation` starts; `checkpoint`: the series on disk now."""
@@ -54,6 +70,28 @@ class Resumes:
         self._checkpoint = checkpoint
         self._saved_before = self.last_save
         self._generation = generation
+        self._judged, self._bases, self._best_now, self._unknown = set(), {}, None, ""
+
+    def job_step(self, generation: int, task: str, data: dict[str, Any]) -> int | None:
+        """The job's (absolute) step of `task`'s report, or None (no step in it)."""
+        step = data.get("step")
+        if not _count(step) or generation != self._generation:
+            return None
+        if data.get("counted"):  # the optimizer's count: already the job's
+            return int(step)
+        start = data.get("start_step")
+        if data.get("start_epoch") and _count(start):  # where runtime.callbacks() began
+            self._bases[task] = int(start) - int(step)
+        return int(step) + self._bases.get(task, 0)
+
+    def moved_past(self) -> bool | None:
+        """Did this generation's newest save pass the best save before it?
+        None: it cannot be told (no save with a step, or steps counted anew
+        after a restore whose step could not be read)."""
+        if self._best_now is None or self._unknown:
+            return None
+        before = self._saved_before
+        return before is None or self._best_now > before["step"]
 
     def on_save(self, task: str, data: dict[str, Any]) -> None:
         """A task reported a completed save (`saved`: its step, `saved_dir`)."""
@@ -63,6 +101,8 @@ class Resumes:
         # The chief's saves are the ones restored from (the others' may go to
         # scratch folders, or complete where the chief's did not): once the chief
         # reported one, only its saves count.
+        if self._best_now is None or int(step) > self._best_now:
+            self._best_now = int(step)
         last = self.last_save
         key = (bool(data.get("chief")), int(step))
         if last is None or key > (last["chief"], last["step"]):
@@ -72,6 +112,11 @@ class Resumes:
     def told(self, generation: int, task: str, data: dict[str, Any]) -> list[ev.Event]:
         """The events a progress report of `task` makes: `resumed` (the
         generation's first resume point), `resume_behind` (once per job)."""
+        if data.get("resumed_unknown"):  # a restore whose step could not be read
+            self._unknown = str(data["resumed_unknown"])
+        deleted = data.get("deleted")  # the script deleted its backup (fit ended)
+        if isinstance(deleted, str) and self.last_save and self.last_save["dir"] == deleted:
+            self.last_save = {**self.last_save, "deleted": True}
         self.on_save(task, data)
         out: list[ev.Event] = []
         entry = self.on_progress(generation, data, task)
@@ -123,14 +168,24 @@ class Resumes:
         behind the last save completed before this generation."""
         saved = self._saved_before
         if self._told_behind or generation != self._generation or generation == 0 \
-                or saved is None:
+                or saved is None or saved.get("deleted") or task in self._judged:
+            return None
+        if data.get("resumed_unknown"):  # restored, at a step that cannot be read
+            self._judged.add(task)
             return None
         step = _resume_step(data)
-        if step is None or step >= saved["step"]:
+        if step is None:
+            return None
+        self._judged.add(task)  # its later reports are steps trained, not resume points
+        if step >= saved["step"]:
             return None
         self._told_behind = True
         return {"task": task, "step": step, "saved_step": saved["step"], "dir": saved["dir"],
                 "by": saved["task"]}
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _resume_step(data: dict[str, Any]) -> int | None:

@@ -425,7 +425,7 @@ def _on_task(view: TaskView, event: ev.Event) -> None:
     if isinstance(event, ev.TaskStarted):
         view.pid, view.started_t, view.start = event.pid, event.t, event.start
     elif isinstance(event, ev.Progress):
-        view.last_step = event.metrics.get("step", view.last_step)
+        view.last_step = step_of(event.metrics, view.last_step)
         view.last_progress = view.reported = dict(event.metrics)
         view.last_progress_t = event.t
         _mark(view, event)
@@ -448,8 +448,14 @@ def _on_task(view: TaskView, event: ev.Event) -> None:
     view.state = apply(state, event, host=view.host, lifetime=view.lifetime).value
 
 
+def step_of(metrics: dict[str, Any], default: Any = None) -> Any:
+    """A progress report's step, the job's (absolute, `job_step`: job/resumes.py)
+    where the launcher read it; a run directory from before it has `step` only."""
+    return metrics.get("job_step", metrics.get("step", default))
+
+
 def _mark(view: TaskView, event: ev.Progress) -> None:
-    step = event.metrics.get("step")
+    step = step_of(event.metrics)
     if not _number(step):
         return
     if view.marks and step < view.marks[-1][1]:  # a restart resumed earlier: start again

@@ -199,10 +199,13 @@ class Supervisor:
         job.failures.append(gen.failure)
         if gen.resumed_past and job.last_counted:  # the restart before it did move the training
             job.budget = job.budget.refund()
-        # Progress is the training moving: a checkpoint the runtime reported
-        # saving, or a checkpoint series that moved on disk (not file times).
-        advanced = gen.advanced or checkpoints.advanced(checkpoint_before,
-                                                        self._checkpoint_probe())
+        # Progress is the training moving: a save past the best before it
+        # (job/resumes.py); where its step is unknown, a checkpoint the runtime
+        # reported saving, or a checkpoint series that moved on disk (not file times).
+        advanced = self._resumes.moved_past()
+        if advanced is None:
+            advanced = gen.advanced or checkpoints.advanced(checkpoint_before,
+                                                            self._checkpoint_probe())
         decision = decide_restart(job.budget, advanced,
                                   preempted=traits(gen.failure.kind).preempted,
                                   repeated=repeated_failure(job.failures),
@@ -501,9 +504,12 @@ class Supervisor:
         if gen.phase in (Phase.STARTING, Phase.FORMING):
             gen.enter(Phase.TRAINING)
         self._act(gen, self._watch.position(gen, record, data))  # where it is (job/lockstep.py)
+        job_step = self._resumes.job_step(gen.plan.generation, record.task.name, data)
+        if job_step is not None:  # the job's step, read once here for every view
+            data = {**data, "job_step": job_step}
         if "step" in data:  # a save, a resume point or a position alone is no step report
             record.last_progress, gen.stepped = data, True
-        elif "at" in data and not {"saved", "resumed"} & data.keys():
+        elif "at" in data and not {"saved", "resumed", "resumed_unknown", "deleted"} & data.keys():
             return  # a position alone: nothing to show or count
         for told in self._resumes.told(gen.plan.generation, record.task.name, data):
             gen.resumed_past |= isinstance(told, ev.Resumed) and told.past is not None

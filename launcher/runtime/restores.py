@@ -11,8 +11,11 @@ resumed. Reported once per process, as `resumed` (the step), `resumed_epoch` (Ke
   weights, the optimizer and the epoch; that hook notes the backup directory;
 - a custom loop: `tf.train.Checkpoint.restore` / `read` and
   `tf.train.CheckpointManager.restore_or_initialize`, once they return: the
-  step count of the optimizer the checkpoint holds (else the highest counter
-  the step watcher tracks). A restore that finds nothing resumes at 0.
+  step count of the optimizer the checkpoint holds. A restore that finds
+  nothing resumes at 0. A checkpoint that holds no optimizer (TF's custom-loop
+  tutorial saves the model alone) restores at a step that cannot be read:
+  `resumed_unknown` says why, never a guessed step (the launcher then says
+  "unknown" where it would judge a resume).
 
 A restore inside a backup's own `on_train_begin` is the backup's: told by the
 epoch that follows. The cost: a few attribute reads per restore, once.
@@ -102,17 +105,46 @@ def _backup_restored(callback, args, kwargs, result) -> None:
 
 def _checkpoint_restored(checkpoint, args, kwargs, result) -> None:
     path = args[1] if len(args) > 1 else kwargs.get("save_path")
-    tell(_step_in(checkpoint), directory=os.path.dirname(os.fspath(path)) if path else None)
+    _restored(checkpoint, bool(path), os.path.dirname(os.fspath(path)) if path else None)
 
 
 def _manager_restored(manager, args, kwargs, result) -> None:
-    tell(_step_in(getattr(manager, "_checkpoint", None)),
-         directory=getattr(manager, "_mgpu_target", None) or getattr(manager, "directory", None))
+    # restore_or_initialize returns the path it restored, None when it initialized
+    _restored(getattr(manager, "_checkpoint", None), result is not None,
+              getattr(manager, "_mgpu_target", None) or getattr(manager, "directory", None))
+
+
+UNKNOWN_STEP = ("the checkpoint holds no optimizer, so the step it was saved at cannot "
+                "be read (add it: tf.train.Checkpoint(model=..., optimizer=...))")
+
+
+def _restored(checkpoint, found: bool, directory: str | None) -> None:
+    """A custom loop's restore returned: `found` a checkpoint or initialized."""
+    step = _step_in(checkpoint)
+    if step is None and found:
+        tell_unknown(UNKNOWN_STEP, directory)
+        return
+    from . import steps
+
+    tell(step if step is not None else steps.current_step(), directory=directory)
+
+
+def tell_unknown(why: str, directory: str | None) -> None:
+    """Report a restore whose step cannot be read (once; as `tell`)."""
+    global _told
+    if _told:
+        return
+    _told = True
+    from launcher import runtime
+
+    runtime.write_progress({"resumed_unknown": why, "time": time.time(),
+                            **({"resumed_dir": runtime.short_path(directory)}
+                               if directory else {})})
 
 
 def _step_in(checkpoint) -> int | None:
     """The highest step count among the optimizers a checkpoint holds (directly,
-    or as a model's), else the highest the step watcher tracks."""
+    or as a model's); None when it holds none."""
     from . import steps
 
     counts = []
@@ -122,16 +154,38 @@ def _step_in(checkpoint) -> int | None:
                 count = steps.read_iterations(optimizer)
                 if count is not None:
                     counts.append(count)
-    if counts:
-        return max(counts)
-    return steps.current_step()
+    return max(counts) if counts else None
+
+
+def _backup_ended(callback, args, kwargs, result) -> None:
+    """`fit` ended: BackupAndRestore deletes its backup then (both Kerases), so a
+    restart after it (a failure in the script's code after `fit`) finds nothing
+    to restore. Said (`deleted`: the directory) when no file is left in it
+    (tf_keras removes its `chief` folder and keeps the directory; the other
+    workers' `workertemp_N` scratch folders are theirs to remove)."""
+    directory = getattr(callback, "backup_dir", None)
+    if directory and not _holds_files(os.fspath(directory)):
+        from launcher import runtime
+
+        runtime.write_progress({"deleted": runtime.short_path(os.path.abspath(
+            os.fspath(directory))), "time": time.time()})
+
+
+def _holds_files(directory: str) -> bool:
+    for _, folders, files in os.walk(directory):
+        if files:
+            return True
+        folders[:] = [f for f in folders if not f.startswith("workertemp")]
+    return False
 
 
 def on_keras(module: ModuleType) -> None:
-    """`keras` (Keras 3) or `tf_keras`: the backup's restore, noted for the epoch."""
+    """`keras` (Keras 3) or `tf_keras`: the backup's restore, noted for the epoch,
+    and its deletion when `fit` ends."""
     backup = getattr(module.callbacks, "BackupAndRestore", None)
     if backup is not None:
         _wrap(backup, "on_train_begin", _backup_restored)
+        _wrap(backup, "on_train_end", _backup_ended)
 
 
 def on_tensorflow(module: ModuleType) -> None:

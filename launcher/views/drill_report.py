@@ -45,6 +45,7 @@ class Observed:
     resumed_from_step: int | None = None
     ended: str = ""  # the job ended instead of recovering: how
     behind: str = ""  # a task resumed behind the last save (a directory not shared)
+    unknown: str = ""  # why the step it resumed at cannot be read: no verdict on it
     # preempt only
     grace_s: float = 0.0
     term_exit_t: float | None = None  # the victim's exit after SIGTERM
@@ -56,7 +57,7 @@ class Observed:
 @dataclass
 class Verdict:
     fault: str
-    verdict: str  # pass | fail
+    verdict: str  # pass | fail | cannot_tell (a fact it rests on could not be read)
     reason: str
     detected_s: float | None = None
     recovered_s: float | None = None
@@ -80,6 +81,8 @@ def _since(t: float | None, t0: float | None) -> float | None:
 def judge(o: Observed) -> Verdict:
     """The verdict on one observed fault, with its reason in the script's terms."""
     lost = None
+    if o.unknown:  # the step counted after such a restore is no resume point
+        o.resumed_from_step = None
     if o.step_at_fault is not None and o.resumed_from_step is not None:
         lost = max(0, o.step_at_fault - o.resumed_from_step)
     verdict = Verdict(o.fault, "fail", "", _since(o.detected_t, o.t0),
@@ -99,6 +102,9 @@ def _verdict(o: Observed, lost: int | None) -> tuple[str, str]:
     if o.recovered_t is None or o.resumed_from_step is None:
         why = o.ended or "no step of a new generation was seen"
         return "fail", f"the job did not resume after the {o.fault}: {why}"
+    if o.unknown:
+        return "cannot_tell", (f"the job resumed after the {o.fault}, but from which step "
+                               f"cannot be told: {o.unknown}")
     resumed, checkpoint = o.resumed_from_step, o.last_checkpoint_step
     if checkpoint is None:
         return "fail", (f"no checkpoint was saved before the {o.fault} (none reported by the "
@@ -310,7 +316,7 @@ def render(data: dict[str, Any]) -> str:
     """The readable table of a drill.json, then the checkpoint interval advice."""
     head = ("fault", "verdict", "detected", "recovered", "resumed", "checkpoint", "lost")
     rows = [head] + [
-        (f["fault"], f["verdict"].upper(), _num(f["detected_s"], " s"),
+        (f["fault"], f["verdict"].replace("_", " ").upper(), _num(f["detected_s"], " s"),
          _num(f["recovered_s"], " s"), _num(f["resumed_from_step"]),
          _num(f["last_checkpoint_step"]), _num(f["lost_steps"]))
         for f in data["faults"]]

@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 
 from ..job.events import version as ev_version
-from ..job.story import Story, TaskView, fold, split_name
+from ..job.story import Story, TaskView, fold, split_name, step_of
 from ..spec.rundir import CONFIG, EVENTS, LAUNCHER_OUT, LAUNCHER_PID, LOGS, SUMMARY, log_file_name
 from . import narrate
 
@@ -303,7 +303,7 @@ def _final_states(story: Story, summary: dict[str, Any] | None) -> None:
         view.exit_code, view.signal = final.get("exit_code"), final.get("signal")
         view.pid = final.get("pid")
         view.last_progress = final.get("last_progress") or {}
-        view.last_step = view.last_progress.get("step")
+        view.last_step = step_of(view.last_progress)
 
 
 # ------------------------------------------------------------------- status
