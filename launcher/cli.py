@@ -42,6 +42,7 @@ from .spec.addresses import AddressError
 from .spec.allocation import SlurmError
 from .spec.config import ConfigError, LoadedConfig
 from .spec.plan import PlanError, host_targets
+from .spec.rundir import why_unwritable
 from .spec.transports import traits as transport_traits
 
 if TYPE_CHECKING:
@@ -206,6 +207,11 @@ def _run(argv: list[str]) -> int:
     loaded, command = _load(args)
     run_dir = Path(args.run_dir) if args.run_dir else _default_run_dir(loaded)
     run_dir = run_dir.resolve()
+    unwritable = None if args.dry_run else why_unwritable(run_dir)
+    if unwritable is not None:  # before any host is reached: one line, nothing made
+        say(f"mgpu-launch: cannot write the run directory {run_dir}: {unwritable}; "
+            "choose another --run-dir")
+        return exits.USAGE
     if not args.dry_run and not control.run_dir_free(run_dir):
         raise UsageError(f"run directory {run_dir} is not empty: give a new --run-dir "
                          "(each run keeps its own logs, events and summary)")

@@ -120,3 +120,25 @@ def test_ctrl_c_that_lands_in_a_string_exec_while_loading_still_exits_130(tmp_pa
                    PYTHONPATH=f"{tmp_path}:{Path(__file__).resolve().parents[1]}")
     assert done.returncode == 130, done.stderr
     assert done.stderr.strip() == "mgpu-launch: interrupted", done.stderr
+
+
+@pytest.mark.parametrize("form", ["local", "cluster file"])
+def test_a_run_directory_that_cannot_be_written_is_said_in_one_line(tmp_path: Path, form):
+    # Under a regular file (the tests run as root: no permission bit stops them),
+    # for the simulated hosts of --local and for a cluster file: one line, exit 2,
+    # no host started, nothing made (not the run directory, nor the checkpoints' lock).
+    (tmp_path / "train.py").write_text("print('ran')\n")
+    (tmp_path / "notes").write_text("a file, not a folder\n")
+    (tmp_path / "cluster.yaml").write_text(
+        "name: unwritable\ntransport: local\nhosts:\n  - {address: 127.0.0.1, name: host0}\n"
+        "  - {address: 127.0.0.1, name: host1}\n")
+    cluster = ["--local", "2"] if form == "local" else ["cluster.yaml"]
+    before = sorted(tmp_path.rglob("*"))
+    for run_dir in ("notes/run", "notes"):
+        done = run_cli(["--run-dir", run_dir, *cluster, "train.py"], cwd=tmp_path, timeout=120)
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert done.stderr == (
+            f"mgpu-launch: cannot write the run directory {tmp_path / run_dir}: "
+            f"{tmp_path / 'notes'} is not a directory; choose another --run-dir\n"), done.stderr
+        assert done.stdout == ""
+        assert sorted(tmp_path.rglob("*")) == before

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import __version__
+from ..spec.rundir import why_unwritable
 
 if TYPE_CHECKING:
     from ..spec.target import HostTarget
@@ -91,6 +92,8 @@ def start(argv: Sequence[str]) -> None:
             return  # the run command says whether it may be used
     else:
         run_dir = default_run_dir(name)
+    if why_unwritable(Path(run_dir)) is not None:
+        return  # the run command refuses it, before any host
     from ..transport._paramiko import quiet_paramiko_logs
     from ..transport.ssh import from_config
 
