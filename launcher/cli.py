@@ -196,8 +196,30 @@ def _default_run_dir(loaded: LoadedConfig) -> Path:
     return Path("runs") / f"{loaded.config.name}-{stamp}-{os.getpid()}"
 
 
+def _options_first(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """`CLUSTER.yaml --no-live SCRIPT ARGS` as `--no-live CLUSTER.yaml SCRIPT ARGS`:
+    the launcher's options between the cluster file and the script are its own
+    (argparse would run the first as the script); whatever follows the script
+    is the script's. With an option the launcher does not know there, argv as
+    given (loading refuses a script that starts with `-`)."""
+    args = parser.parse_args(argv)
+    rest = args.rest
+    if args.local is not None or args.slurm or len(rest) < 2 or rest[0] == "--" \
+            or not rest[1].startswith("-"):
+        return argv
+    head, cluster, tail = argv[:len(argv) - len(rest)], rest[0], rest[1:]
+    if tail[0] == "--":  # `CLUSTER.yaml -- SCRIPT`: what follows is the script
+        return [*head, cluster, *tail[1:]]
+    known, unknown = parser.parse_known_args(tail)
+    if unknown:
+        return argv
+    return [*head, *tail[:len(tail) - len(known.rest)], cluster, *known.rest]
+
+
 def _run(argv: list[str]) -> int:
-    args = _run_parser().parse_args(argv)
+    parser = _run_parser()
+    argv = _options_first(parser, argv)
+    args = parser.parse_args(argv)
     if args.json and not args.dry_run:
         raise UsageError("--json goes with --dry-run")
     if args.task and not args.dry_run:

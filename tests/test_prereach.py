@@ -193,6 +193,14 @@ def test_a_run_directory_that_cannot_be_written_reaches_no_host(cluster, tmp_pat
     (["c.yaml"], None),
     (["--run-dir"], None),
     (["--run", "r", "c.yaml", "t.py"], None),  # argparse's abbreviation: not ours to guess
+    # The run command's options between the file and the script are its own;
+    # after the script, the script's.
+    (["c.yaml", "--no-live", "-v", "--run-dir", "r", "t.py", "--run-dir", "s"],
+     ("c.yaml", "r", True)),
+    (["--run-dir", "r", "c.yaml", "--run-dir=s", "t.py"], ("c.yaml", "s", False)),
+    (["c.yaml", "--dry-run", "t.py"], None),
+    (["c.yaml", "--local", "2", "t.py"], None),
+    (["c.yaml", "--no-live"], None),
 ])
 def test_only_a_plain_run_is_reached_ahead(argv, expected):
     assert prereach._plain_run(argv) == expected

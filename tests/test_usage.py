@@ -142,3 +142,30 @@ def test_a_run_directory_that_cannot_be_written_is_said_in_one_line(tmp_path: Pa
             f"{tmp_path / 'notes'} is not a directory; choose another --run-dir\n"), done.stderr
         assert done.stdout == ""
         assert sorted(tmp_path.rglob("*")) == before
+
+
+def test_the_launchers_options_between_the_cluster_file_and_the_script_are_its_own(
+        tmp_path: Path):
+    # `mgpu-launch cluster.yaml --no-live train.py` ran "--no-live" as the script.
+    # Between the cluster file and the script the options are the launcher's;
+    # after the script, the script's, untouched; one the launcher does not
+    # know there is refused with where options go.
+    (tmp_path / "args.py").write_text("import sys\nprint('args', sys.argv[1:])\n")
+    (tmp_path / "cluster.yaml").write_text(
+        "name: options\ntransport: local\nhosts:\n  - {address: 127.0.0.1, name: host0}\n"
+        "  - {address: 127.0.0.1, name: host1}\n")
+    done = run_cli(["cluster.yaml", "--no-live", "--run-dir", "run", "args.py",
+                    "--epochs", "3", "--run-dir", "elsewhere"], cwd=tmp_path, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"run dir {tmp_path / 'run'}" in done.stdout, done.stdout
+    ran = [line for line in done.stdout.splitlines() if " | args " in line]
+    assert sorted(ran) == [f"host{i}/worker{i} | args ['--epochs', '3', '--run-dir', 'elsewhere']"
+                           for i in (0, 1)], done.stdout
+    assert (tmp_path / "run" / "summary.json").exists()
+    assert not (tmp_path / "elsewhere").exists()
+
+    done = run_cli(["cluster.yaml", "--no-such-option", "args.py"], cwd=tmp_path, timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.splitlines()[0] == (
+        "mgpu-launch: --no-such-option is not a training script: this command's options go "
+        "before the cluster file (cluster.yaml), the script's own arguments after the script")
