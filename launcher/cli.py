@@ -81,7 +81,7 @@ other commands:
   mgpu-launch profile RUN_DIR [--seconds S]    trace every task of a running job at once:
                                                step time, collectives, input, compute
                                                (--allow-restart: MWMS, which TF may crash)
-  mgpu-launch export --to slurm|tfjob CLUSTER.yaml SCRIPT [ARGS...]
+  mgpu-launch export --to slurm|trainjob|tfjob CLUSTER.yaml SCRIPT [ARGS...]
   mgpu-launch simulate N [--dir DIR] [--detach] | simulate stop --dir DIR
   mgpu-launch drill CLUSTER.yaml|--local N SCRIPT  inject faults: does the script resume?
 

@@ -169,3 +169,15 @@ def test_the_launchers_options_between_the_cluster_file_and_the_script_are_its_o
     assert done.stderr.splitlines()[0] == (
         "mgpu-launch: --no-such-option is not a training script: this command's options go "
         "before the cluster file (cluster.yaml), the script's own arguments after the script")
+
+
+def test_help_lists_every_export_target(tmp_path: Path):
+    # `--help` said `export --to slurm|tfjob`: trainjob, the v2 path, was missing.
+    from launcher.commands.export import _parser
+
+    choices = next(a.choices for a in _parser()._actions if "--to" in a.option_strings)
+    done = run_cli(["--help"], cwd=tmp_path, timeout=60)
+    assert done.returncode == 0, done.stderr
+    (line,) = [line for line in done.stdout.splitlines() if "mgpu-launch export --to" in line]
+    listed = line.split("--to ", 1)[1].split()[0].split("|")
+    assert sorted(listed) == sorted(choices), line
