@@ -56,7 +56,12 @@ def why_unwritable(run_dir: Path) -> str | None:
     made: list[Path] = []
     try:
         for folder in trial:
-            folder.mkdir(mode=0o700)
+            try:
+                folder.mkdir(mode=0o700)
+            except FileExistsError:
+                if folder.is_dir():
+                    continue  # made meanwhile, by someone else: theirs to keep
+                raise
             made.append(folder)
     except OSError as exc:
         return f"{exc.strerror or exc} ({folder.parent})"
