@@ -42,6 +42,7 @@ from .spec.addresses import AddressError
 from .spec.allocation import SlurmError
 from .spec.config import ConfigError, LoadedConfig
 from .spec.plan import PlanError, host_targets
+from .spec.rundir import why_unwritable
 from .spec.transports import traits as transport_traits
 
 if TYPE_CHECKING:
@@ -80,7 +81,7 @@ other commands:
   mgpu-launch profile RUN_DIR [--seconds S]    trace every task of a running job at once:
                                                step time, collectives, input, compute
                                                (--allow-restart: MWMS, which TF may crash)
-  mgpu-launch export --to slurm|tfjob CLUSTER.yaml SCRIPT [ARGS...]
+  mgpu-launch export --to slurm|trainjob|tfjob CLUSTER.yaml SCRIPT [ARGS...]
   mgpu-launch simulate N [--dir DIR] [--detach] | simulate stop --dir DIR
   mgpu-launch drill CLUSTER.yaml|--local N SCRIPT  inject faults: does the script resume?
 
@@ -195,8 +196,30 @@ def _default_run_dir(loaded: LoadedConfig) -> Path:
     return Path("runs") / f"{loaded.config.name}-{stamp}-{os.getpid()}"
 
 
+def _options_first(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """`CLUSTER.yaml --no-live SCRIPT ARGS` as `--no-live CLUSTER.yaml SCRIPT ARGS`:
+    the launcher's options between the cluster file and the script are its own
+    (argparse would run the first as the script); whatever follows the script
+    is the script's. With an option the launcher does not know there, argv as
+    given (loading refuses a script that starts with `-`)."""
+    args = parser.parse_args(argv)
+    rest = args.rest
+    if args.local is not None or args.slurm or len(rest) < 2 or rest[0] == "--" \
+            or not rest[1].startswith("-"):
+        return argv
+    head, cluster, tail = argv[:len(argv) - len(rest)], rest[0], rest[1:]
+    if tail[0] == "--":  # `CLUSTER.yaml -- SCRIPT`: what follows is the script
+        return [*head, cluster, *tail[1:]]
+    known, unknown = parser.parse_known_args(tail)
+    if unknown:
+        return argv
+    return [*head, *tail[:len(tail) - len(known.rest)], cluster, *known.rest]
+
+
 def _run(argv: list[str]) -> int:
-    args = _run_parser().parse_args(argv)
+    parser = _run_parser()
+    argv = _options_first(parser, argv)
+    args = parser.parse_args(argv)
     if args.json and not args.dry_run:
         raise UsageError("--json goes with --dry-run")
     if args.task and not args.dry_run:
@@ -206,6 +229,11 @@ def _run(argv: list[str]) -> int:
     loaded, command = _load(args)
     run_dir = Path(args.run_dir) if args.run_dir else _default_run_dir(loaded)
     run_dir = run_dir.resolve()
+    unwritable = None if args.dry_run else why_unwritable(run_dir)
+    if unwritable is not None:  # before any host is reached: one line, nothing made
+        say(f"mgpu-launch: cannot write the run directory {run_dir}: {unwritable}; "
+            "choose another --run-dir")
+        return exits.USAGE
     if not args.dry_run and not control.run_dir_free(run_dir):
         raise UsageError(f"run directory {run_dir} is not empty: give a new --run-dir "
                          "(each run keeps its own logs, events and summary)")

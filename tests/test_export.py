@@ -357,3 +357,29 @@ def test_the_network_policy_check_catches_a_broken_policy():
     assert any("metadata.name" in e for e in errors)
     assert any("spec.podSelectors: not a field of V1NetworkPolicySpec" in e for e in errors)
     assert any("endPort needs a numeric port" in e for e in errors)
+
+
+@pytest.mark.parametrize("to", ["trainjob", "tfjob"])
+def test_a_script_path_of_this_machine_is_warned_about(tmp_path: Path, to: str):
+    # The pods run the script's path in their image: an absolute path that exists
+    # here is there only if the image was made with it. Warned on stderr; stdout
+    # is the manifest still. The image's own path and a relative one: no word.
+    cluster = _write(tmp_path, "cluster.yaml", TWO_BY_TWO.replace("roles: {worker: 2}", ""))
+    script = tmp_path / "train.py"
+    script.write_text("print('trained')\n")
+    done = run_cli(["export", "--to", to, "--pvc", "shared", "--image", "team/train:1",
+                    str(cluster), str(script), "--epochs", "3"], cwd=tmp_path, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines() == [
+        f"mgpu-launch export: warning: the pods run {script}, a path on this machine: it is "
+        "there only if the image (team/train:1) holds the script at that path; copy it into "
+        "the image and give its path in the image (absolute, or relative to the pods' working "
+        "directory: an absolute `workdir:`, else the image's WORKDIR)"], done.stderr
+    manifests = list(yaml.safe_load_all(done.stdout))
+    assert manifests[0]["kind"] in ("TFJob", "TrainingRuntime")
+    assert str(script) in done.stdout
+    for given in ("/app/train.py", "train.py"):
+        done = run_cli(["export", "--to", to, "--pvc", "shared", str(cluster), given],
+                       cwd=tmp_path, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert done.stderr == "", done.stderr

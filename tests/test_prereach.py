@@ -160,6 +160,24 @@ def test_a_record_writable_by_others_or_a_link_is_not_read(cluster, tmp_path, ca
     assert launch(cluster, tmp_path, yaml_path, name="link")[1] == {"pydantic": True}
 
 
+def test_a_run_directory_that_cannot_be_written_reaches_no_host(cluster, tmp_path, cache):
+    # Refused in one line before any host is reached, even with a record that
+    # would reach them ahead: the hook sees no connection at all.
+    yaml_path = cluster.write_yaml(tmp_path / "cluster.yaml")
+    assert launch(cluster, tmp_path, yaml_path, name="first")[0].returncode == 0
+    (tmp_path / "notes").write_text("a file, not a folder\n")
+    seen = tmp_path / "seen-unwritable.json"
+    done = subprocess.run(
+        [PYTHON, str(tmp_path / "hooked.py"), str(seen), str(cluster.hosts[0].port),
+         "--run-dir", "notes/run", str(yaml_path), str(tmp_path / "marker.py"), "unused"],
+        cwd=tmp_path, env=cli_env(XDG_CACHE_HOME=os.environ["XDG_CACHE_HOME"]),
+        capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr == (f"mgpu-launch: cannot write the run directory {tmp_path}/notes/run: "
+                           f"{tmp_path}/notes is not a directory; choose another --run-dir\n")
+    assert not seen.exists()
+
+
 # ------------------------------------------------------------------ pure parts
 
 
@@ -175,6 +193,14 @@ def test_a_record_writable_by_others_or_a_link_is_not_read(cluster, tmp_path, ca
     (["c.yaml"], None),
     (["--run-dir"], None),
     (["--run", "r", "c.yaml", "t.py"], None),  # argparse's abbreviation: not ours to guess
+    # The run command's options between the file and the script are its own;
+    # after the script, the script's.
+    (["c.yaml", "--no-live", "-v", "--run-dir", "r", "t.py", "--run-dir", "s"],
+     ("c.yaml", "r", True)),
+    (["--run-dir", "r", "c.yaml", "--run-dir=s", "t.py"], ("c.yaml", "s", False)),
+    (["c.yaml", "--dry-run", "t.py"], None),
+    (["c.yaml", "--local", "2", "t.py"], None),
+    (["c.yaml", "--no-live"], None),
 ])
 def test_only_a_plain_run_is_reached_ahead(argv, expected):
     assert prereach._plain_run(argv) == expected

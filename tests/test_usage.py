@@ -120,3 +120,64 @@ def test_ctrl_c_that_lands_in_a_string_exec_while_loading_still_exits_130(tmp_pa
                    PYTHONPATH=f"{tmp_path}:{Path(__file__).resolve().parents[1]}")
     assert done.returncode == 130, done.stderr
     assert done.stderr.strip() == "mgpu-launch: interrupted", done.stderr
+
+
+@pytest.mark.parametrize("form", ["local", "cluster file"])
+def test_a_run_directory_that_cannot_be_written_is_said_in_one_line(tmp_path: Path, form):
+    # Under a regular file (the tests run as root: no permission bit stops them),
+    # for the simulated hosts of --local and for a cluster file: one line, exit 2,
+    # no host started, nothing made (not the run directory, nor the checkpoints' lock).
+    (tmp_path / "train.py").write_text("print('ran')\n")
+    (tmp_path / "notes").write_text("a file, not a folder\n")
+    (tmp_path / "cluster.yaml").write_text(
+        "name: unwritable\ntransport: local\nhosts:\n  - {address: 127.0.0.1, name: host0}\n"
+        "  - {address: 127.0.0.1, name: host1}\n")
+    cluster = ["--local", "2"] if form == "local" else ["cluster.yaml"]
+    before = sorted(tmp_path.rglob("*"))
+    for run_dir in ("notes/run", "notes"):
+        done = run_cli(["--run-dir", run_dir, *cluster, "train.py"], cwd=tmp_path, timeout=120)
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert done.stderr == (
+            f"mgpu-launch: cannot write the run directory {tmp_path / run_dir}: "
+            f"{tmp_path / 'notes'} is not a directory; choose another --run-dir\n"), done.stderr
+        assert done.stdout == ""
+        assert sorted(tmp_path.rglob("*")) == before
+
+
+def test_the_launchers_options_between_the_cluster_file_and_the_script_are_its_own(
+        tmp_path: Path):
+    # `mgpu-launch cluster.yaml --no-live train.py` ran "--no-live" as the script.
+    # Between the cluster file and the script the options are the launcher's;
+    # after the script, the script's, untouched; one the launcher does not
+    # know there is refused with where options go.
+    (tmp_path / "args.py").write_text("import sys\nprint('args', sys.argv[1:])\n")
+    (tmp_path / "cluster.yaml").write_text(
+        "name: options\ntransport: local\nhosts:\n  - {address: 127.0.0.1, name: host0}\n"
+        "  - {address: 127.0.0.1, name: host1}\n")
+    done = run_cli(["cluster.yaml", "--no-live", "--run-dir", "run", "args.py",
+                    "--epochs", "3", "--run-dir", "elsewhere"], cwd=tmp_path, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"run dir {tmp_path / 'run'}" in done.stdout, done.stdout
+    ran = [line for line in done.stdout.splitlines() if " | args " in line]
+    assert sorted(ran) == [f"host{i}/worker{i} | args ['--epochs', '3', '--run-dir', 'elsewhere']"
+                           for i in (0, 1)], done.stdout
+    assert (tmp_path / "run" / "summary.json").exists()
+    assert not (tmp_path / "elsewhere").exists()
+
+    done = run_cli(["cluster.yaml", "--no-such-option", "args.py"], cwd=tmp_path, timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.splitlines()[0] == (
+        "mgpu-launch: --no-such-option is not a training script: this command's options go "
+        "before the cluster file (cluster.yaml), the script's own arguments after the script")
+
+
+def test_help_lists_every_export_target(tmp_path: Path):
+    # `--help` said `export --to slurm|tfjob`: trainjob, the v2 path, was missing.
+    from launcher.commands.export import _parser
+
+    choices = next(a.choices for a in _parser()._actions if "--to" in a.option_strings)
+    done = run_cli(["--help"], cwd=tmp_path, timeout=60)
+    assert done.returncode == 0, done.stderr
+    (line,) = [line for line in done.stdout.splitlines() if "mgpu-launch export --to" in line]
+    listed = line.split("--to ", 1)[1].split()[0].split("|")
+    assert sorted(listed) == sorted(choices), line

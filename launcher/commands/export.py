@@ -83,6 +83,18 @@ def _tfjob_notes(manifest: dict[str, Any]) -> None:
               "pods and a restarted pod starts over", file=sys.stderr)
 
 
+def _script_note(command: Sequence[str], image: str) -> str | None:
+    """A script given by an absolute path that exists on this machine: the pods
+    run that path in their image, where it is only if it was put there."""
+    script = Path(command[0])
+    if not script.is_absolute() or not script.exists():
+        return None
+    return (f"warning: the pods run {script}, a path on this machine: it is there only if "
+            f"the image ({image}) holds the script at that path; copy it into the image and "
+            "give its path in the image (absolute, or relative to the pods' working "
+            "directory: an absolute `workdir:`, else the image's WORKDIR)")
+
+
 def main(argv: Sequence[str]) -> int:
     """`argv[0]` is `export` (as dispatched by the CLI)."""
     args = _parser().parse_args(list(argv)[1:])
@@ -119,6 +131,9 @@ def main(argv: Sequence[str]) -> int:
     except (PlanError, ExportError) as exc:
         print(f"mgpu-launch export: {exc}", file=sys.stderr)
         return exits.USAGE
+    note = None if args.to == "slurm" else _script_note(command, args.image)
+    if note is not None:
+        print(f"mgpu-launch export: {note}", file=sys.stderr)
     if args.output:
         # Private: the YAML's `env` may hold tokens.
         fd = os.open(args.output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

@@ -66,6 +66,14 @@ def cluster_and_script(rest: Sequence[str], local: int | None, slurm: bool, *,
         raise ArgumentError(expected)
     else:
         loaded, command = load_cluster(rest[0], None, False), rest[1:]
+        if command[0] == "--":  # `CLUSTER.yaml -- SCRIPT`
+            command = command[1:]
+        if not command:
+            raise ArgumentError(expected)
+        if command[0].startswith("-"):
+            raise ArgumentError(
+                f"{command[0]} is not a training script: this command's options go before "
+                f"the cluster file ({rest[0]}), the script's own arguments after the script")
     if traits(loaded.config.transport).simulated:
         command = list(resolve_script(command, Path.cwd()))
         if not Path(command[0]).exists():

@@ -14,7 +14,7 @@ after any refused launch) and the hosts are reached as without it. A bad
 file is still refused with its own error; the hosts it names were reached
 with the values it gave the last time it was valid.
 
-Only a plain run: `[options] CLUSTER.yaml SCRIPT [args]`, its options among
+Only a plain run: `[options] CLUSTER.yaml [options] SCRIPT [args]`, its options among
 `-q`, `-v`, `--no-live`, `--run-dir DIR` (a folder not there yet, or empty),
 `--max-restarts N`, `--metrics-port PORT`; anything else (`--local`,
 `--slurm`, `--dry-run`, `--detach`, a subcommand) starts nothing here.
@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import __version__
+from ..spec.rundir import why_unwritable
 
 if TYPE_CHECKING:
     from ..spec.target import HostTarget
@@ -91,6 +92,8 @@ def start(argv: Sequence[str]) -> None:
             return  # the run command says whether it may be used
     else:
         run_dir = default_run_dir(name)
+    if why_unwritable(Path(run_dir)) is not None:
+        return  # the run command refuses it, before any host
     from ..transport._paramiko import quiet_paramiko_logs
     from ..transport.ssh import from_config
 
@@ -165,12 +168,27 @@ def remember(source: Path | None, name: str, targets: tuple[HostTarget, ...],
 
 def _plain_run(argv: Sequence[str]) -> tuple[str, str | None, bool] | None:
     """(cluster file, --run-dir or None, -v given) of `[options] CLUSTER.yaml
-    SCRIPT ...`; None for any other command line."""
-    run_dir, verbose, index = None, False, 0
+    [options] SCRIPT ...` (the run command takes its options between the file
+    and the script too: cli._options_first); None for any other command line."""
+    seen: dict[str, Any] = {"run_dir": None, "verbose": False}
+    index = _options(argv, 0, seen)
+    if index is None or index >= len(argv) or not argv[index].endswith((".yaml", ".yml")):
+        return None
+    cluster = argv[index]
+    index = _options(argv, index + 1, seen)
+    if index is None or index >= len(argv):
+        return None
+    return cluster, seen["run_dir"], seen["verbose"]
+
+
+def _options(argv: Sequence[str], index: int, seen: dict[str, Any]) -> int | None:
+    """The index past the options of a plain run from `index` on, noting
+    `--run-dir` (the last one wins, as in argparse) and `-v` in `seen`; None
+    at an option a plain run does not have."""
     while index < len(argv) and argv[index].startswith("-"):
         option, equals, value = argv[index].partition("=")
         if option in _FLAGS and not equals:
-            verbose = verbose or option in ("-v", "--verbose")
+            seen["verbose"] = seen["verbose"] or option in ("-v", "--verbose")
             index += 1
             continue
         if option not in _WITH_VALUE:
@@ -182,11 +200,8 @@ def _plain_run(argv: Sequence[str]) -> tuple[str, str | None, bool] | None:
             index += 1
         index += 1
         if option == "--run-dir":
-            run_dir = value
-    rest = argv[index:]
-    if len(rest) < 2 or not rest[0].endswith((".yaml", ".yml")):
-        return None
-    return rest[0], run_dir, verbose
+            seen["run_dir"] = value
+    return index
 
 
 def _empty_folder(path: str) -> bool:

@@ -8,6 +8,7 @@ readable by the user only: logs can contain anything a training script prints.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -35,6 +36,40 @@ STOP_MARK = "stop.requested"  # made by the first `mgpu-launch stop`
 def log_file_name(host: str, name: str) -> str:
     """`host0-worker0.log`: a task's log file in the run directory's `logs/`."""
     return f"{host}-{name}.log"
+
+
+def why_unwritable(run_dir: Path) -> str | None:
+    """Why a run could not write `run_dir` (None: it could), found by doing what
+    the run would: its missing folders made (or, when it exists, a folder made
+    in it), then removed again, so that a refused run leaves nothing behind.
+    Standard library only: `prereach` asks it too, before the modules load."""
+    missing: list[Path] = []
+    current = Path(run_dir)
+    while not current.is_dir():
+        if os.path.lexists(current):
+            return f"{current} is not a directory"
+        missing.append(current)
+        if current.parent == current:
+            break
+        current = current.parent
+    trial = missing[::-1] or [Path(run_dir) / f".mgpu-launch-probe-{os.getpid()}"]
+    made: list[Path] = []
+    try:
+        for folder in trial:
+            try:
+                folder.mkdir(mode=0o700)
+            except FileExistsError:
+                if folder.is_dir():
+                    continue  # made meanwhile, by someone else: theirs to keep
+                raise
+            made.append(folder)
+    except OSError as exc:
+        return f"{exc.strerror or exc} ({folder.parent})"
+    finally:
+        for folder in reversed(made):
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+    return None
 
 
 def _private_open(path: Path, mode: str) -> IO[str]:
