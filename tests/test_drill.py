@@ -134,6 +134,23 @@ def test_a_script_that_saves_but_never_restores_fails(workdir: Path):
 
 
 @pytest.mark.e2e
+def test_a_preemption_that_ends_in_sigkill_is_said_as_the_drills_preemption(workdir: Path):
+    """The drill's SIGTERM, then its SIGKILL when the grace is over: a preemption
+    from the drill, not "by a user, or the kernel's OOM killer" (issue 53 item 5)."""
+    code, data, output = run_drill(workdir, ["--local", "2", "--faults", "preempt", STEPS,
+                                             "--ignore-sigterm"])
+    assert code == 0, output[-3000:]
+    assert by_fault(data)["preempt"]["verdict"] == "pass", data
+    said = re.search(r"failure: host1/worker1 \(host host1, generation 0\) preempted \(SIGTERM "
+                     r"from the drill, then SIGKILL after (\d+\.\d) s\)", output)
+    assert said and 3.0 <= float(said[1]) < 10, output[-3000:]  # --local's grace_s: 3 s
+    assert "oom" not in output.lower()
+    status = run_cli(["status", str(workdir / "drill")], cwd=workdir, timeout=60)
+    assert "preempted (SIGTERM from the drill, then SIGKILL after" in status.stdout, \
+        status.stdout
+
+
+@pytest.mark.e2e
 def test_a_sigterm_save_that_outlasts_the_grace_fails_naming_the_time(workdir: Path):
     # restart.grace_s is 3 s under --local; the script's save on SIGTERM takes 5 s.
     code, data, output = run_drill(workdir, ["--local", "2", "--faults", "preempt", STEPS,

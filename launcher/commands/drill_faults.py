@@ -262,7 +262,8 @@ class Injector:
         return link is not None and link.send(message)
 
     def _signal(self, host: str, task: str, signum: int) -> bool:
-        return self._send(host, {"op": "signal", "task": task, "signum": int(signum)})
+        return self._send(host, {"op": "signal", "task": task, "signum": int(signum),
+                                 "by": "the drill"})  # said with its exit (job/classify.py)
 
     def _inject(self, fault: str, task: str, host: str,
                 victims: list[tuple[str, str, int | None]]) -> bool:
