@@ -94,6 +94,9 @@ def test_a_tutorial_shaped_script_with_its_own_backup_passes_every_fault(workdir
     assert data["checkpoint_cost_s"] is not None and data["recommended_interval_s"], data
     assert data["current_interval_s"] > 0, data  # 40 steps between saves, at its rate
     assert "no save was timed" not in output
+    # Its tf.keras is Keras 3 here: no save_on_sigterm advised, which it has not (issue 53 item 5).
+    assert "Keras 3 has no save on SIGTERM" in faults["preempt"]["reason"], faults["preempt"]
+    assert "save_on_sigterm=True" not in faults["preempt"]["reason"]
 
 
 @pytest.mark.e2e
@@ -131,6 +134,23 @@ def test_a_script_that_saves_but_never_restores_fails(workdir: Path):
     assert kill["reason"] == NOTHING_RESTORED
     assert kill["lost_steps"] >= kill["last_checkpoint_step"] > 0, kill
     assert NOTHING_RESTORED in output
+
+
+@pytest.mark.e2e
+def test_a_preemption_that_ends_in_sigkill_is_said_as_the_drills_preemption(workdir: Path):
+    """The drill's SIGTERM, then its SIGKILL when the grace is over: a preemption
+    from the drill, not "by a user, or the kernel's OOM killer" (issue 53 item 5)."""
+    code, data, output = run_drill(workdir, ["--local", "2", "--faults", "preempt", STEPS,
+                                             "--ignore-sigterm"])
+    assert code == 0, output[-3000:]
+    assert by_fault(data)["preempt"]["verdict"] == "pass", data
+    said = re.search(r"failure: host1/worker1 \(host host1, generation 0\) preempted \(SIGTERM "
+                     r"from the drill, then SIGKILL after (\d+\.\d) s\)", output)
+    assert said and 3.0 <= float(said[1]) < 10, output[-3000:]  # --local's grace_s: 3 s
+    assert "oom" not in output.lower()
+    status = run_cli(["status", str(workdir / "drill")], cwd=workdir, timeout=60)
+    assert "preempted (SIGTERM from the drill, then SIGKILL after" in status.stdout, \
+        status.stdout
 
 
 @pytest.mark.e2e
@@ -231,6 +251,34 @@ def test_each_verdict_is_said_in_the_scripts_terms():
     assert spared.verdict == "pass" and "would have spared the 10 step(s)" in spared.reason
     gone = judge(observed(recovered_t=None, resumed_from_step=None, ended="the job failed"))
     assert gone.verdict == "fail" and "did not resume" in gone.reason
+
+
+def test_the_advice_to_save_on_sigterm_fits_what_the_script_saves_with():
+    """runtime.callbacks(save_on_sigterm=True) is tf_keras's, under
+    MultiWorkerMirroredStrategy (docs/runtime.md): never advised to a Keras 3
+    script, which gets what works there (issue 53 item 5)."""
+    def advice(**kw) -> str:
+        verdict = judge(observed(fault="preempt", grace_s=3, **kw))
+        assert verdict.verdict == "pass", verdict
+        return verdict.reason.split(" — ")[-1]  # after "did not save on SIGTERM: ..."
+
+    mwms = "multi_worker_mirrored"
+    assert advice(saved_with="keras3", strategy=mwms) == (
+        "Keras 3 has no save on SIGTERM (runtime.callbacks' save_on_sigterm is tf_keras's): "
+        "save more often instead: BackupAndRestore(save_freq=STEPS)")
+    assert advice(saved_with="keras3", saved_by_runtime=True, strategy=mwms).endswith(
+        "save more often instead: runtime.callbacks(save_freq=STEPS)")
+    assert advice(saved_with="tf_keras", saved_by_runtime=True, strategy=mwms) == (
+        "turn it on with runtime.callbacks(save_on_sigterm=True), or save in a SIGTERM "
+        "handler and exit 42")
+    assert advice(saved_with="tf_keras", strategy=mwms).startswith(
+        "tf_keras saves on SIGTERM with runtime.callbacks(save_on_sigterm=True) in place of "
+        "its own BackupAndRestore")
+    assert advice(saved_with="tf_keras", strategy="parameter_server").startswith(
+        "tf_keras saves on SIGTERM under MultiWorkerMirroredStrategy only")
+    assert advice(saved_with="tensorflow", strategy=mwms) == \
+        "save in a SIGTERM handler (its CheckpointManager's save) and exit 42"
+    assert "save_on_sigterm=True" in advice()  # not known: both ways, with their conditions
 
 
 def test_checkpoint_cost_interval_and_young_daly():

@@ -95,6 +95,25 @@ def test_the_story_is_worded_in_one_place():
         ("notice", "generation 2 resumed at epoch 3 (step 30)")
 
 
+def test_a_restart_says_each_budget_by_what_it_counts():
+    """`--max-restarts 1` is the budget of restarts without progress; 100 is
+    restart.max_total_restarts, all of them (issue 53 item 5)."""
+    budgets = {"max_restarts": 1, "max_total_restarts": 100, "backoff_s": 1.0}
+    free = ev.Restart(generation=3, restarts=3, counted=False, progress=True, spent=0,
+                      total=3, **budgets)
+    assert narrate.line(free) == ("notice", "restarting as generation 3 in 1 s (restart 3: the "
+                                  "checkpoint advanced, not counted against the 1 allowed "
+                                  "without progress; at most 100 in all); workers resume from "
+                                  "the last checkpoint")
+    counted = ev.Restart(generation=4, restarts=4, counted=True, spent=1, total=4, **budgets)
+    assert "(restart 4: 1 of the 1 allowed without progress; at most 100 in all)" \
+        in narrate.line(counted)[1]
+    preempted = ev.Restart(generation=5, restarts=5, counted=False, preempted=True, spent=1,
+                           total=5, **budgets)
+    assert "(restart 5: preempted, not counted against the 1 allowed without progress; " \
+        "at most 100 in all)" in narrate.line(preempted)[1]
+
+
 def test_the_replay_and_the_supervisor_share_one_state_machine():
     """Each move `apply` makes from a live state is one TRANSITIONS allows."""
     ids = {"generation": 0, "task": "worker0", "host": "host0"}

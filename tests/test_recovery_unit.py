@@ -6,7 +6,9 @@ import signal
 
 import pytest
 
-from launcher.job.classify import OutputWatcher, classify_exit
+from launcher.job.classify import OutputWatcher, classify_exit, exit_kind, exit_words
+from launcher.job.failkinds import say
+from launcher.job.protocol import check_message
 from launcher.job.recovery import (
     MAX_FREE_RESTARTS_IN_A_ROW,
     Budget,
@@ -179,6 +181,30 @@ def test_max_restarts_zero_never_restarts():
 ])
 def test_classify_exit(code, signum, error, lines, expected):
     assert expected in classify_exit(code, signum, error, lines)
+
+
+DRILL_TERM = {"signal": signal.SIGTERM, "t": 100.0, "by": "the drill"}
+DRILL_KILL = {"signal": signal.SIGKILL, "t": 103.2, "by": "the drill"}
+
+
+@pytest.mark.parametrize(("code", "signum", "signalled", "expected"), [
+    (None, signal.SIGKILL, [DRILL_TERM, DRILL_KILL],
+     "preempted (SIGTERM from the drill, then SIGKILL after 3.2 s)"),
+    (None, signal.SIGTERM, [DRILL_TERM], "preempted (SIGTERM from the drill)"),
+    (None, signal.SIGKILL, [DRILL_KILL], "killed (SIGKILL from the drill)"),
+    (137, None, [DRILL_KILL], "killed (SIGKILL from the drill)"),
+    # a SIGKILL nobody asked its agent for: the kernel's OOM killer, or a user
+    (None, signal.SIGKILL, [DRILL_TERM], "killed (SIGKILL: by a user, or the kernel's"),
+    (42, None, [DRILL_TERM], "preempted: saved a checkpoint and asked to be restarted"),
+])
+def test_a_signal_the_launcher_sent_is_said_as_whose(code, signum, signalled, expected):
+    """The drill's kill and preemption (issue 53 item 5), from the exit report's
+    `signalled` as the launcher's protocol check leaves it."""
+    exited = check_message({"ev": "exited", "task": "worker1", "generation": 0, "code": code,
+                            "signal": signum, "signalled": signalled, "t": 104.0})
+    how, facts = exit_words(code, signum, None, [], exited["signalled"])
+    assert say(exit_kind(code, signum), how, facts) == expected or \
+        say(exit_kind(code, signum), how, facts).startswith(expected)
 
 
 def test_a_python_error_is_not_mistaken_for_a_peer_failure():

@@ -73,6 +73,16 @@ def test_a_recorded_run_of_the_old_format(tmp_path: Path, capsys):
     assert "http://" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")
 
 
+def test_the_job_row_names_the_generation_it_restarts_as(tmp_path: Path):
+    """A restart's span on the job's row (issue 53 item 5): no "generation -1"."""
+    run = tmp_path / "run"
+    shutil.copytree(RUN_V1, run)  # a worker failed in generation 0, restarted as 1
+    report = rep.build(run)
+    restart = next(s for s in report.spans if s.state == "restarting")
+    assert restart.title.startswith("job: restarting as generation 1, "), restart.title
+    assert "generation -1" not in render(report)
+
+
 def test_goodput_stragglers_and_the_cluster_when_recorded(tmp_path: Path):
     run = _fixture_run(tmp_path)
     page = render(rep.build(run))

@@ -58,6 +58,9 @@ def test_a_checkpoint_that_advances_every_generation_keeps_restarts_free(workdir
     restarts = [e for e in read_events(run_dir) if e["event"] == "restart"]
     assert [e["counted"] for e in restarts] == [False, False, False]
     assert "saved step 4" in done.stdout  # each generation resumed where the last one saved
+    # Each budget as it was set, in what it counts (issue 53 item 5).
+    assert "(restart 3: the checkpoint advanced, not counted against the 1 allowed without " \
+        "progress; at most 3 in all)" in done.stdout, done.stdout[-3000:]
 
 
 def test_a_worker_that_never_joins_is_named_at_the_start_timeout_with_its_stack(

@@ -42,6 +42,9 @@ def test_a_fit_with_its_own_backup_reports_its_saves_and_where_it_resumed(
     saves = [(r["saved"], r["saved_dir"]) for r in first if "saved" in r]
     backup = str(tmp_path / "backup")
     assert saves[:2] == [(16, backup), (32, backup)], first  # each epoch's backup, completed
+    # What saved, for the drill's advice: the script's own callback, not the runtime's.
+    assert {(r.get("saved_with"), r.get("saved_by_runtime")) for r in first if "saved" in r} \
+        == {("tf_keras" if keras == "tf_keras" else "keras3", None)}, first
     assert [r["resumed"] for r in first if "resumed" in r] == [0]
     again = run_task(tmp_path, keras, 1, KERAS_BACKEND=backend)
     [resumed] = [r for r in again if "resumed" in r]
@@ -87,3 +90,19 @@ def test_only_a_save_that_completed_is_reported_with_its_step_and_directory(monk
         records = [json.loads(line) for line in channel]
     assert [(r["saved"], r["saved_dir"], r["checkpoint"]) for r in records] == [
         (7, str(tmp_path / "ckpt"), 1)], records
+
+
+def test_the_runtimes_own_backup_says_so_in_its_saves(monkeypatch, tmp_path):
+    """What the drill's advice follows (issue 53 item 5): runtime.callbacks()'
+    BackupAndRestore is marked as the runtime's, and says which Keras it is."""
+    monkeypatch.setenv("MGPU_CHECKPOINT_DIR", str(tmp_path))
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    import keras
+
+    from launcher import runtime
+    from launcher.runtime import saves
+
+    backup = runtime.callbacks(model=keras.Sequential())[0]
+    assert getattr(backup, saves.RUNTIME_MARK) is True
+    assert saves.saved_with(backup) == "keras3"
+    assert not getattr(keras.callbacks.BackupAndRestore(str(tmp_path)), saves.RUNTIME_MARK, False)

@@ -106,7 +106,8 @@ class Commands:
         elif op == "signal":
             name = task_name(message.get("task"))
             signum = integer(message, "signum", low=1, high=signal.NSIG - 1)
-            self.tasks.signal(name, signum)
+            by = message.get("by")  # who asked (the drill), said with the task's exit
+            self.tasks.signal(name, signum, by[:40] if isinstance(by, str) else "")
         elif op == "stop":
             self.tasks.stop(names(message.get("tasks")), seconds(message, "grace_s", 3.0))
         elif op == "exec_check":

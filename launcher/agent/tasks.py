@@ -54,6 +54,7 @@ from launcher.outlines import LineSplitter
 from launcher.proctree import TaskTree
 
 TAIL_LINES = 30
+MAX_SIGNALLED = 8  # signals a task's exit report lists (a SIGTERM, then a SIGKILL: two)
 # After a task exits (and what was left of its tree was killed), its output is
 # read to the end before the exit is reported: the launcher ends a job on its
 # last exit and would lose lines reported after it. The end is EOF, or DRAIN_S
@@ -85,6 +86,8 @@ class RunningTask:
         self.progress_reader: threading.Thread | None = None
         self.stopping = False  # the agent sent SIGTERM
         self.killed = False  # the agent sent SIGKILL
+        # The signals a `signal` op sent it (signal, time, who asked): told with its exit.
+        self.signalled: list[dict] = []
         self.stacks_file: str | None = None
         self.stacks_signum: int | None = None
         self.stacks_problem = ""  # why there are no stacks for this task, if so
@@ -355,14 +358,17 @@ class Tasks:
             code=code if code >= 0 else None,
             signal=-code if code < 0 else None,
             stopping=_stopped_by_us(task, code),
+            signalled=task.signalled,
             tail=list(task.tail),
             error=read_json(task.error_file, MAX_ERROR_FILE),
             t=exited_at,
         )
 
-    def signal(self, name: str, signum: int) -> None:
+    def signal(self, name: str, signum: int, by: str = "") -> None:
         task = self.tasks.get(name)
         if task is not None and task.alive():
+            if len(task.signalled) < MAX_SIGNALLED:
+                task.signalled.append({"signal": signum, "t": time.time(), "by": by})
             task.signal_tree(signum)
 
     def running(self, names: list[str] | None) -> list[RunningTask]:

@@ -58,6 +58,9 @@ class Heard:
         self.clock = clock
         self.model = model.Story(history=History(keep_reports=True))  # each report kept
         self.disk_saves: list[tuple[float, int, int]] = []  # (t, step, generation)
+        # What made the script's last save (runtime/saves.py): keras3, tf_keras,
+        # tensorflow...; and whether it was runtime.callbacks()' own.
+        self.saver: tuple[str, bool] = ("", False)
 
     @property
     def generation(self) -> int:
@@ -80,6 +83,9 @@ class Heard:
     def tell(self, event: ev.Event) -> None:
         with self.cond:
             self.model.tell(event, self.clock())
+            if isinstance(event, ev.Progress) and event.metrics.get("saved_with"):
+                self.saver = (str(event.metrics["saved_with"]),
+                              bool(event.metrics.get("saved_by_runtime")))
             self.cond.notify_all()
 
     # ------------------------------------------------------------- reading
@@ -210,7 +216,8 @@ class Injector:
     def _one(self, fault: str, first: bool) -> Observed:
         heard = self.heard
         gen = self._settle(first)
-        observed = Observed(fault, generation=gen, grace_s=self.grace_s)
+        observed = Observed(fault, generation=gen, grace_s=self.grace_s,
+                            strategy=str(self.job.connected.plan.strategy))
         with heard.cond:
             victims = heard.victims(gen)
             if heard.ended is not None:
@@ -229,6 +236,7 @@ class Injector:
             observed.step_at_fault = heard.history.furthest(gen)
             observed.last_checkpoint_step = heard.last_checkpoint()
             observed.steps_per_s = _rate(heard.history.series({}))
+            observed.saved_with, observed.saved_by_runtime = heard.saver  # the advice follows
         if not self._inject(fault, task, host, victims):
             observed.not_injected = f"{host}'s agent could not be reached to inject the {fault}"
             return observed
@@ -271,7 +279,8 @@ class Injector:
         return link is not None and link.send(message)
 
     def _signal(self, host: str, task: str, signum: int) -> bool:
-        return self._send(host, {"op": "signal", "task": task, "signum": int(signum)})
+        return self._send(host, {"op": "signal", "task": task, "signum": int(signum),
+                                 "by": "the drill"})  # said with its exit (job/classify.py)
 
     def _inject(self, fault: str, task: str, host: str,
                 victims: list[tuple[str, str, int | None]]) -> bool:

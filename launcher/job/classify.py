@@ -125,10 +125,16 @@ def classify_exit(exit_code: int | None, signum: int | None, error: dict | None,
 
 
 def exit_words(exit_code: int | None, signum: int | None, error: dict | None,
-               last_lines: list[str] | tuple[str, ...]) -> tuple[str, dict[str, Any]]:
+               last_lines: list[str] | tuple[str, ...],
+               signalled: list[dict] | tuple[dict, ...] = ()) -> tuple[str, dict[str, Any]]:
     """Which words of its kind say why a task ended (job/failkinds.py), most
-    specific first, and the facts that fill them in."""
+    specific first, and the facts that fill them in. `signalled`: the signals
+    its agent sent it when asked (`signal`, `t`, `by`: the drill's faults)."""
     text = "\n".join(last_lines)
+    sent = _sent_by(signalled, signum if signum is not None else
+                    signal.SIGKILL if exit_code == 137 else None)
+    if sent is not None:
+        return sent
     if signum == signal.SIGKILL or exit_code == 137:
         return "sigkill", {}
     if signum is not None:
@@ -146,6 +152,25 @@ def exit_words(exit_code: int | None, signum: int | None, error: dict | None,
         return "exception", {"type": error_type, "message": str(error.get("message", ""))[:200],
                              "hint": hint}
     return "code", {"exit_code": exit_code, "hint": hint}
+
+
+def _sent_by(signalled: list[dict] | tuple[dict, ...],
+             died_of: int | None) -> tuple[str, dict[str, Any]] | None:
+    """A death by a signal someone asked the agent to send (the drill's kill or
+    preemption), said as that: not "by a user, or the OOM killer"."""
+    fatal = next((s for s in reversed(signalled) if s.get("signal") == died_of and s.get("by")),
+                 None)
+    if fatal is None:
+        return None
+    term = next((s for s in signalled if s.get("signal") == signal.SIGTERM), None)
+    if died_of == signal.SIGTERM:
+        return "preempted_term", {"by": fatal["by"]}
+    if died_of != signal.SIGKILL:
+        return None
+    if term is None:
+        return "killed_by", {"by": fatal["by"]}
+    after = (fatal.get("t") or 0.0) - (term.get("t") or 0.0)
+    return "preempted_kill", {"by": term.get("by") or fatal["by"], "after_s": max(0.0, after)}
 
 
 # A mistake in the script itself fails the same way on every try, on every

@@ -68,6 +68,10 @@ _EXITED = {
     "sigkill": "killed (SIGKILL: by a user, or the kernel's out-of-memory killer — "
                "check `dmesg` for oom-kill)",
     "signal": "killed by signal {signal} ({name})",
+    # a signal its agent sent when asked (`by`: the drill's faults)
+    "killed_by": "killed (SIGKILL from {by})",
+    "preempted_term": "preempted (SIGTERM from {by})",
+    "preempted_kill": "preempted (SIGTERM from {by}, then SIGKILL after {after_s:.1f} s)",
     "restart_me": "preempted: saved a checkpoint and asked to be restarted (exit 42)",
     "deadline": "collective timed out (DeadlineExceeded): a peer stopped taking part",
     "unavailable": "gRPC UNAVAILABLE: lost a peer (it died, hung, or the network dropped)",

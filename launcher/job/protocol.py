@@ -118,6 +118,12 @@ def _exited(message: dict, clean: dict) -> None:
     if clean["code"] is None and clean["signal"] is None:
         raise BadMessage("exited: neither a code nor a signal")
     clean["stopping"] = message.get("stopping") is True
+    # The signals the agent sent it when asked (the drill's faults): whose, when.
+    signalled = message.get("signalled") or []
+    clean["signalled"] = [
+        {"signal": s["signal"], "t": _time(s.get("t")), "by": _text(s.get("by") or "", 40)}
+        for s in (signalled if isinstance(signalled, list) else [])[:8]
+        if isinstance(s, dict) and isinstance(s.get("signal"), int)]
     tail = message.get("tail") or []
     if not isinstance(tail, list):
         raise BadMessage("exited: tail is not a list")

@@ -131,7 +131,8 @@ def _with(event: ev.Progress, held: _Held, own: bool = True) -> ev.Progress:
 
 
 def _saved(metrics: dict[str, Any]) -> dict[str, Any] | None:
-    return {k: metrics[k] for k in ("saved", "saved_dir", "chief") if k in metrics} \
+    return {k: metrics[k] for k in ("saved", "saved_dir", "saved_with", "saved_by_runtime",
+                                    "chief") if k in metrics} \
         if "saved" in metrics else None
 
 

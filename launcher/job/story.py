@@ -211,7 +211,7 @@ class Story:
         if self.launch is None and event.command is not None:
             self.launch = event
         self.stragglers.clear()
-        self.timeline.switch(-1, JOB_ROW, None, event.t or 0.0)
+        self.timeline.switch(event.generation, JOB_ROW, None, event.t or 0.0)  # restarted
         for placed in event.tasks:
             if not isinstance(placed, ev.Placed):
                 continue
@@ -233,7 +233,7 @@ class Story:
         self.restarts = event.restarts or self.restarts + 1
         failed = self.failures.get(event.generation - 1)
         if failed is not None:  # the job's row: from the fault to the next launch
-            self.timeline.switch(-1, JOB_ROW, "restarting", failed.t or 0.0)
+            self.timeline.switch(event.generation, JOB_ROW, "restarting", failed.t or 0.0)
 
     def _failure(self, event: ev.FailureDetected) -> None:
         if event.generation not in self.failures:

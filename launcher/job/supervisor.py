@@ -531,7 +531,8 @@ class Supervisor:
             generation=gen.plan.generation, task=record.task.name, host=record.task.host,
             exit_code=record.exit_code, signal=record.signal, stopped_by_launcher=stopping))
         tail = tuple(body.get("tail") or ())
-        how, facts = exit_words(record.exit_code, record.signal, body.get("error"), tail)
+        how, facts = exit_words(record.exit_code, record.signal, body.get("error"), tail,
+                                body.get("signalled") or ())
         found = Found(record, exit_kind(record.exit_code, record.signal), how, facts,
                       last_lines=tail, t=body.get("t"), error=body.get("error"))
         if stopped:

@@ -21,7 +21,7 @@ JOB_ROW = "job"  # the job's own row: the restarts between generations
 class Span:
     """One activity of one task (or of the job's row) from `start` to `end` (Unix time)."""
 
-    generation: int  # -1: the job's row
+    generation: int  # the job's row: the generation it restarts as
     task: str  # the task's name, or JOB_ROW
     host: str
     activity: str  # starting | joining | training | stopping | failed | restarting

@@ -254,13 +254,20 @@ def report_checkpoint(step: int, **metrics: float) -> None:
     report_progress(step, checkpoint=1, **metrics)
 
 
-def report_saved(step: int | None, directory: str) -> None:
+def report_saved(step: int | None, directory: str, saved_with: str = "",
+                 by_runtime: bool = False) -> None:
     """A checkpoint save completed (the bootstrap's save hooks, runtime.saves):
-    its step and directory, and progress. A report of its own, at once: the
-    save's time goes with it, and a task killed right after still proved it."""
+    its step and directory, and progress; what saved it (`saved_with`: keras3,
+    tf_keras, tensorflow...; `by_runtime`: the callback of `callbacks()`). A
+    report of its own, at once: the save's time goes with it, and a task
+    killed right after still proved it."""
     if not os.environ.get("MGPU_PROGRESS_FD"):
         return
     record: dict = {"checkpoint": 1, "saved_dir": short_path(directory), "time": time.time()}
+    if saved_with:
+        record["saved_with"] = saved_with
+    if by_runtime:
+        record["saved_by_runtime"] = 1
     if step is not None:
         record["saved"] = int(step)
         if not steps_reported_by_script():  # a step of the optimizer's count (runtime.steps)
@@ -363,6 +370,7 @@ def callbacks(save_freq: str | int | None = None, progress_every_s: float = 0.5,
         backup_dir=os.path.join(checkpoint_dir(), "backup"), save_freq=_save_freq(save_freq),
         **options,
     )
+    backup._mgpu_runtime = True  # its saves say so (runtime.saves.RUNTIME_MARK): the drill's advice
     # The PS coordinator cannot run batch-level callbacks (Keras refuses them).
     from ..strategy import Strategy
 

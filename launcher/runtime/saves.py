@@ -9,8 +9,9 @@ Post-import hooks wrap the methods that save a checkpoint:
 
 Each save that returns (not one that raised, nor an asynchronous write still
 under way) is reported to the launcher at once: `saved` (the optimizer's step
-count at the save), `saved_dir` (the directory, wherever the script keeps it)
-and `checkpoint` (progress: the restart after it is free of `max_restarts`).
+count at the save), `saved_dir` (the directory, wherever the script keeps it), `saved_with`
+(the Keras or TensorFlow saver; `saved_by_runtime` for `runtime.callbacks()`'
+own) and `checkpoint` (progress: the restart after it is free of `max_restarts`).
 
 Each save's duration is added up here and sent with the next step report as
 `save_s` (`runtime.write_progress`): the launcher counts that time as
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -110,7 +112,21 @@ def _completed(saver: object, where: Where, args: tuple, kwargs: dict) -> None:
         return
     from launcher import runtime
 
-    runtime.report_saved(step, os.path.abspath(str(directory)))
+    runtime.report_saved(step, os.path.abspath(str(directory)), saved_with=saved_with(saver),
+                         by_runtime=bool(getattr(saver, RUNTIME_MARK, False)))
+
+
+RUNTIME_MARK = "_mgpu_runtime"  # set on the BackupAndRestore of runtime.callbacks()
+
+
+def saved_with(saver: object) -> str:
+    """What made a save: keras3, keras2 (a Keras 2 `keras`), tf_keras, tensorflow
+    (a tf.train saver), or "" (none of these): the drill's advice follows it."""
+    root = type(saver).__module__.partition(".")[0]
+    if root == "keras":
+        version = str(getattr(sys.modules.get("keras"), "__version__", ""))
+        return "keras2" if version.startswith("2") else "keras3"
+    return root if root in ("tf_keras", "tensorflow") else ""
 
 
 def _backup_dir(saver, args, kwargs) -> str | None:

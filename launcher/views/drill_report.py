@@ -23,6 +23,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..strategy import Strategy
+
 FAULTS = ("kill", "preempt", "hang", "host")
 DEFAULT_MTBF_HOURS = 1000.0  # per host; docs/drill.md says where it comes from
 SAVE_HINT = "use BackupAndRestore or runtime.callbacks()"
@@ -52,6 +54,12 @@ class Observed:
     term_saved: bool = False  # it exited 42: saved, restart me
     still_saving_s: float | None = None  # neither trained nor exited for this long
     steps_per_s: float | None = None
+    # What saved the script's checkpoints (runtime/saves.py: keras3, keras2,
+    # tf_keras, tensorflow; "": unknown), runtime.callbacks()' own or not, and
+    # the job's strategy: how to save on SIGTERM depends on them.
+    saved_with: str = ""
+    saved_by_runtime: bool = False
+    strategy: str = ""
 
 
 @dataclass
@@ -150,9 +158,30 @@ def _sigterm_note(o: Observed, lost: int | None) -> str:
         seconds = (f" (~{lost / o.steps_per_s:.1f} s)"
                    if o.steps_per_s and lost / o.steps_per_s >= 0.1 else "")
         spared = f": a save then would have spared the {lost} step(s) trained again{seconds}"
-    return ("the script did not save on SIGTERM" + spared + " — turn it on with "
-            "runtime.callbacks(save_on_sigterm=True) (tf_keras under "
-            "MultiWorkerMirroredStrategy), or save in a SIGTERM handler and exit 42")
+    return "the script did not save on SIGTERM" + spared + " — " + _how_to_save_on_sigterm(o)
+
+
+def _how_to_save_on_sigterm(o: Observed) -> str:
+    """What saves on SIGTERM for what the script saves with (runtime.callbacks'
+    `save_on_sigterm` is TensorFlow's PreemptionCheckpointHandler: tf_keras
+    under MultiWorkerMirroredStrategy only, docs/runtime.md)."""
+    callback = "runtime.callbacks" if o.saved_by_runtime else "BackupAndRestore"
+    more_often = f"save more often instead: {callback}(save_freq=STEPS)"
+    if o.saved_with == "keras3":
+        return ("Keras 3 has no save on SIGTERM (runtime.callbacks' "
+                f"save_on_sigterm is tf_keras's): {more_often}")
+    if o.saved_with == "tf_keras" and o.strategy not in ("", Strategy.MULTI_WORKER_MIRRORED):
+        return (f"tf_keras saves on SIGTERM under MultiWorkerMirroredStrategy only, not "
+                f"{o.strategy}: {more_often}")
+    if o.saved_with == "tf_keras":
+        return ("turn it on with runtime.callbacks(save_on_sigterm=True)" if o.saved_by_runtime
+                else "tf_keras saves on SIGTERM with runtime.callbacks(save_on_sigterm=True) "
+                "in place of its own BackupAndRestore") + \
+            ", or save in a SIGTERM handler and exit 42"
+    if o.saved_with == "tensorflow":
+        return "save in a SIGTERM handler (its CheckpointManager's save) and exit 42"
+    return ("under tf_keras and MultiWorkerMirroredStrategy runtime.callbacks("
+            "save_on_sigterm=True) does it; or save in a SIGTERM handler and exit 42")
 
 
 # ------------------------------------------------------------- checkpoint cost

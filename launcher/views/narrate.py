@@ -42,12 +42,14 @@ def _root_cause(event: ev.RootCause) -> str:
 
 
 def _restart(event: ev.Restart) -> str:
-    why = "the checkpoint advanced: not counted" if not event.counted else \
-        f"{event.spent} of {event.max_restarts} allowed without progress"
-    if event.preempted and not event.counted:
-        why = "preempted: not counted"
-    return (f"restarting as generation {event.generation} in {event.backoff_s:g} s ({why}; "
-            f"restart {event.total} of at most {event.max_total_restarts}); workers resume "
+    """Each budget in what it counts: `restart.max_restarts` the restarts
+    without progress, `restart.max_total_restarts` all of them."""
+    allowed = f"the {event.max_restarts} allowed without progress"
+    why = f"{event.spent} of {allowed}" if event.counted else \
+        f"{'preempted' if event.preempted else 'the checkpoint advanced'}, not counted " \
+        f"against {allowed}"
+    return (f"restarting as generation {event.generation} in {event.backoff_s:g} s (restart "
+            f"{event.total}: {why}; at most {event.max_total_restarts} in all); workers resume "
             "from the last checkpoint")
 
 

@@ -116,8 +116,10 @@ def _timeline(report: Report, story: Story) -> None:
         if span.task not in row:
             continue
         where = f" on {span.host}" if span.host else ""
-        title = f"{span.task}{where}, generation {span.generation}: {span.activity}, " \
-                f"{span.start - t0:.1f}-{span.end - t0:.1f} s"
+        what = (f"{span.task}: {span.activity} as generation {span.generation}"
+                if span.task == JOB_ROW else
+                f"{span.task}{where}, generation {span.generation}: {span.activity}")
+        title = f"{what}, {span.start - t0:.1f}-{span.end - t0:.1f} s"
         report.spans.append(Span(row=row[span.task], start=span.start - t0,
                                  end=span.end - t0, state=span.activity, title=title))
 
