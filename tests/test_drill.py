@@ -26,7 +26,7 @@ from launcher.views.drill_report import (
     report,
     young_daly,
 )
-from tests.conftest import PYTHON, SCRIPTS, cli_env, run_cli
+from tests.conftest import EXAMPLES, PYTHON, SCRIPTS, cli_env, run_cli
 from tests.slurmcluster import slurm_cluster, unavailable
 from tests.sshcluster import sim_cluster, write_yaml
 
@@ -74,6 +74,24 @@ def test_a_script_that_resumes_passes_every_fault(workdir: Path):
     assert 1 < data["steps_per_s"] < 25, data
     assert data["current_interval_s"] > 0 and data["recommended_interval_s"] > 60, data
     assert "PASS" in output and "recommended interval" in output
+
+
+@pytest.mark.e2e
+def test_the_bundled_example_passes_every_fault(workdir: Path):
+    """README's drill of examples/digits/train.py (issue 53): each fault's
+    verdict rests on the task's own resume point, not its later step counts
+    (a kill said "worker1 resumed at step 1, behind the last save (step 22)"),
+    and a fault after a resume comes while training is left (a hang after
+    fit() ended found its backup deleted: "restarted from step 0")."""
+    code, data, output = run_drill(workdir, ["--local", "2", str(EXAMPLES / "digits" /
+                                                                 "train.py")], timeout=400)
+    assert code == 0, output[-3000:]
+    faults = by_fault(data)
+    assert list(faults) == ["kill", "preempt", "hang"], faults
+    for fault in faults.values():
+        assert fault["verdict"] == "pass", fault
+        assert fault["resumed_from_step"] >= fault["last_checkpoint_step"] > 0, fault
+    assert "behind the last save" not in output, output[-3000:]
 
 
 TUTORIAL = str(SCRIPTS / "tutorial_backup.py")  # its own backup dir, no runtime calls
@@ -251,6 +269,18 @@ def test_each_verdict_is_said_in_the_scripts_terms():
     assert spared.verdict == "pass" and "would have spared the 10 step(s)" in spared.reason
     gone = judge(observed(recovered_t=None, resumed_from_step=None, ended="the job failed"))
     assert gone.verdict == "fail" and "did not resume" in gone.reason
+
+
+def test_a_resume_whose_step_cannot_be_read_is_no_verdict():
+    """TF's custom-loop tutorial saves the model without its optimizer: where
+    it resumed cannot be read, and the drill says so (issue 53 item 3)."""
+    why = "the checkpoint holds no optimizer, so the step it was saved at cannot be read"
+    verdict = judge(observed(resumed_from_step=0, unknown=why))
+    assert verdict.verdict == "cannot_tell", verdict
+    assert verdict.resumed_from_step is None and verdict.lost_steps is None, verdict
+    assert why in verdict.reason
+    table = render(report([verdict], [], hosts=2, mtbf_hours=1000.0))
+    assert "CANNOT TELL" in table and "PASS" not in table and "FAIL" not in table, table
 
 
 def test_the_advice_to_save_on_sigterm_fits_what_the_script_saves_with():

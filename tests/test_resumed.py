@@ -81,3 +81,51 @@ def test_saves_resumes_past_the_previous_one_and_a_resume_behind_the_last_save()
     # A counted restart given back: the budget as if it had been free.
     spent = Budget(max_restarts=1).after(counts=True)
     assert spent.exhausted and not spent.refund().exhausted
+
+
+def test_a_tasks_later_steps_are_no_resume_points_and_steps_are_the_jobs():
+    """The drill's kill of the bundled example (issue 53): runtime.callbacks()
+    says it started at 22, then counts this generation's steps from 1. Step 1
+    is no resume "behind the last save (22)"; every view reads 22, 23, ..."""
+    resumes = Resumes()
+    resumes.starting(0, None)
+    resumes.told(0, "worker0", {"saved": 22, "saved_dir": "/ckpt", "chief": 1,
+                                "checkpoint": 1})
+    resumes.starting(1, None)
+    start = {"step": 0, "epoch": 1.0, "start_epoch": 1.0, "start_step": 22.0}
+    for task in ("worker1", "worker0"):
+        assert resumes.job_step(1, task, start) == 22
+        told = resumes.told(1, task, start)
+        assert not [e for e in told if e.kind == "resume_behind"], told
+    for step in (1, 5, 22):
+        for task in ("worker1", "worker0"):
+            assert resumes.job_step(1, task, {"step": step, "epoch": 1.0}) == 22 + step
+            told = resumes.told(1, task, {"step": step, "epoch": 1.0})
+            assert not [e for e in told if e.kind == "resume_behind"], (step, told)
+    # the optimizer's count is the job's already
+    assert resumes.job_step(1, "worker0", {"step": 30, "counted": 1}) == 30
+
+
+def test_progress_is_a_save_past_the_best_before_and_unknown_is_said():
+    """A save after a restart from step 0 that does not pass the best save
+    before it is no progress (chief-only evaluate, its backup deleted by fit);
+    a save past it is; where steps cannot be compared, None (issue 53 item 2)."""
+    resumes = Resumes()
+    resumes.starting(0, None)
+    assert resumes.moved_past() is None  # nothing saved yet: cannot be told
+    resumes.told(0, "worker0", {"saved": 40, "saved_dir": "/b", "chief": 1})
+    assert resumes.moved_past() is True  # the first save of the job
+    resumes.told(0, "worker0", {"deleted": "/b"})  # fit ended: its backup deleted
+    resumes.starting(1, None)
+    told = resumes.told(1, "worker1", {"step": 0, "start_epoch": 1.0, "start_step": 0.0})
+    assert not [e for e in told if e.kind == "resume_behind"], "the save was deleted"
+    for step in (20, 40):
+        resumes.told(1, "worker0", {"saved": step, "saved_dir": "/b", "chief": 1})
+    assert resumes.moved_past() is False  # trained again up to 40: no progress
+    resumes.starting(2, None)
+    resumes.told(2, "worker0", {"saved": 60, "saved_dir": "/b", "chief": 1})
+    assert resumes.moved_past() is True
+    resumes.starting(3, None)
+    resumes.told(3, "worker0", {"resumed_unknown": "the checkpoint holds no optimizer"})
+    resumes.told(3, "worker0", {"saved": 2, "saved_dir": "/b", "chief": 1})
+    assert resumes.moved_past() is None  # steps counted anew: cannot be compared

@@ -106,3 +106,34 @@ def test_the_runtimes_own_backup_says_so_in_its_saves(monkeypatch, tmp_path):
     assert getattr(backup, saves.RUNTIME_MARK) is True
     assert saves.saved_with(backup) == "keras3"
     assert not getattr(keras.callbacks.BackupAndRestore(str(tmp_path)), saves.RUNTIME_MARK, False)
+
+
+def run_ctl(tmp_path: Path, generation: int) -> list[dict]:
+    """tests/scripts/ctl_model_only.py's progress records, as the launcher reads them."""
+    read_fd, write_fd = os.pipe()
+    env = dict(os.environ, MGPU_PROGRESS_FD=str(write_fd), MGPU_GENERATION=str(generation),
+               PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.Popen([sys.executable, "-m", "launcher.bootstrap",
+                             str(SCRIPTS / "ctl_model_only.py"), str(tmp_path / "ckpt")],
+                            env=env, cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, pass_fds=(write_fd,))
+    os.close(write_fd)
+    with os.fdopen(read_fd) as channel:
+        records = [json.loads(line) for line in channel]
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and "SAVED" in output, output[-3000:]
+    return records
+
+
+@pytest.mark.e2e
+def test_a_restore_of_a_checkpoint_without_its_optimizer_says_its_step_is_unknown(tmp_path):
+    """TF's custom-loop tutorial saves the model alone: the step it resumed at
+    cannot be read, and is said so, never guessed as 0 (issue 53 item 3)."""
+    first = run_ctl(tmp_path, 0)
+    assert not [r for r in first if "resumed_unknown" in r], first  # nothing to restore
+    again = run_ctl(tmp_path, 1)
+    unknown = [r for r in again if "resumed_unknown" in r]
+    assert len(unknown) == 1, again
+    assert "holds no optimizer" in unknown[0]["resumed_unknown"]
+    assert unknown[0]["resumed_dir"] == str(tmp_path / "ckpt")
+    assert not [r for r in again if "resumed" in r], again  # no guessed step

@@ -90,3 +90,25 @@ def test_a_custom_loops_call_on_the_chief_only_is_named(workdir: Path):
     named_in_every_view(output, summary, run_dir, workdir, "h0/worker0",
                         "is in strategy.reduce() (its distributed call 13, 1st of its kind), "
                         "worker1 in train_step (its call 11)")
+
+
+def test_chief_only_evaluate_after_a_fit_that_deletes_its_backup_stops_soon(workdir: Path):
+    """TF's MWMS fit tutorial with its own BackupAndRestore, then evaluate() on
+    the chief only (issue 53 item 2): fit() deletes its backup when it ends, so
+    every restart trains from 0 and saves again up to the same step. That is no
+    progress: the job stops after at most 2 restarts, naming evaluate() on the
+    chief, with no false "resumed behind the last save" warning."""
+    config = workdir / "cluster.yaml"
+    config.write_text(CLUSTER.replace("max_restarts: 0", "max_restarts: 3"))
+    run_dir = workdir / "run"
+    result = run_cli(["--run-dir", str(run_dir), "--no-live", str(config),
+                      str(SCRIPTS / "chief_eval_backup.py"), str(workdir / "backup")],
+                     cwd=workdir, timeout=300)
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output[-3000:]
+    summary = read_summary(run_dir)
+    assert summary["restarts"] <= 2, output[-3000:]
+    assert summary["stopped_by"] == "deterministic", summary
+    cause = summary["root_cause"]
+    assert cause["task"] == "h0/worker0" and "evaluate()" in cause["description"], cause
+    assert "behind the last save" not in output, output[-3000:]

@@ -107,12 +107,12 @@ def _verdict(o: Observed, lost: int | None) -> tuple[str, str]:
     preempt = _preempt_failure(o)
     if preempt:
         return "fail", preempt
+    if o.unknown and o.recovered_t is not None:
+        return "cannot_tell", (f"the job resumed after the {o.fault}, but from which step "
+                               f"cannot be told: {o.unknown}")
     if o.recovered_t is None or o.resumed_from_step is None:
         why = o.ended or "no step of a new generation was seen"
         return "fail", f"the job did not resume after the {o.fault}: {why}"
-    if o.unknown:
-        return "cannot_tell", (f"the job resumed after the {o.fault}, but from which step "
-                               f"cannot be told: {o.unknown}")
     resumed, checkpoint = o.resumed_from_step, o.last_checkpoint_step
     if checkpoint is None:
         return "fail", (f"no checkpoint was saved before the {o.fault} (none reported by the "
