@@ -24,6 +24,7 @@ from typing import Any
 
 import yaml
 
+from ..job.events import fields_of
 from ..job.events import version as ev_version
 from ..job.story import Story, TaskView, fold, split_name, step_of
 from ..spec.rundir import CONFIG, EVENTS, LAUNCHER_OUT, LAUNCHER_PID, LOGS, SUMMARY, log_file_name
@@ -53,6 +54,7 @@ class RunView:
     goodput: dict[str, Any] | None = None  # where the time went (job/goodput.py)
     stragglers: tuple[str, ...] = ()  # the straggler radar's lines (docs/stragglers.md)
     resume_behind: tuple[str, ...] = ()  # a task resumed behind the last save (job/resumes.py)
+    resumed: tuple[str, ...] = ()  # where each restarted generation resumed, in words
     metrics_url: str | None = None  # where its metrics are served (a metrics_served event)
     story: Story | None = None  # the events folded (launcher/job/story.py)
     events: list[dict[str, Any]] | None = None  # events.jsonl's lines, as read
@@ -79,6 +81,8 @@ class RunView:
             **({"goodput": self.goodput} if self.goodput is not None else {}),
             **({"metrics_url": self.metrics_url} if self.metrics_url else {}),
             "logs_dir": str(self.run_dir / LOGS),
+            # where each restarted generation resumed (summary.json's `resumed` too)
+            "resumed": [fields_of(e) for e in self.story.resumes] if self.story else [],
             "tasks": [
                 {
                     "task": t.label, "host": t.host, "role": t.role, "index": t.index,
@@ -212,6 +216,7 @@ def load_run(run_dir: str | os.PathLike,
         last_event_t=events[-1].get("t") if events else None,
         goodput=_goodput_of(summary, story, events, status, now),
         stragglers=_said(story.straggler_events), resume_behind=_said(story.resume_behind),
+        resumed=_said(story.resumes),
         metrics_url=story.metrics_url, story=story, events=events, summary=summary,
     )
 
@@ -346,8 +351,8 @@ def render_status(view: RunView, now: float | None = None) -> str:
         lines += ["", goodput_line(view.goodput)]
     if view.stragglers:
         lines += ["", *view.stragglers]
-    if view.resume_behind:
-        lines += ["", *view.resume_behind]
+    if view.resumed or view.resume_behind:
+        lines += ["", *view.resumed, *view.resume_behind]
     lines += ["", f"logs:       {view.run_dir / LOGS}"]
     if (view.run_dir / LAUNCHER_OUT).exists():  # a detached run: the launcher's own lines
         lines.append(f"launcher:   {view.run_dir / LAUNCHER_OUT}")

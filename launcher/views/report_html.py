@@ -110,6 +110,12 @@ def _timeline(report: Report) -> str:
 
 
 def _faults(report: Report) -> str:
+    resumed = "".join(f"<li>{esc(line)}</li>" for line in report.view.resumed)
+    resumed = f"<h3>Resumed</h3><ul>{resumed}</ul>" if resumed else ""
+    return _fault_list(report) + resumed
+
+
+def _fault_list(report: Report) -> str:
     if not report.faults:
         return "<p>no fault</p>"
     items = []
