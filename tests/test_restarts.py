@@ -63,6 +63,33 @@ def test_a_checkpoint_that_advances_every_generation_keeps_restarts_free(workdir
         "progress; at most 3 in all)" in done.stdout, done.stdout[-3000:]
 
 
+def test_a_best_only_checkpoint_that_never_improves_does_not_make_a_kill_loop_free(
+        workdir: Path):
+    # Issue 51 item 3: ModelCheckpoint(save_best_only=True) whose metric never
+    # beats the best of an earlier run writes nothing; worker 1 is killed
+    # (SIGKILL) after the second epoch's checkpoint call in every generation.
+    # No save, no progress: a crash loop, stopped under max_restarts.
+    config = cluster(workdir / "c.yaml", 2,
+                     "{max_restarts: 1, max_total_restarts: 3, backoff_s: 0}")
+    run_dir = workdir / "run"
+    best = workdir / "best"
+    done = run_cli(["--run-dir", str(run_dir), "--no-live", str(config),
+                    str(SCRIPTS / "best_only_fit.py"), str(best), "tf_keras", "never", "weights"],
+                   cwd=workdir, timeout=240, KILL_AFTER_EPOCH="1")
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = read_summary(run_dir)
+    assert summary["stopped_by"] == "max_restarts" and "crash loop" in summary["message"], summary
+    assert summary["restarts"] == 1, summary
+    events = read_events(run_dir)
+    assert [e["counted"] for e in events if e["event"] == "restart"] == [True]
+    # Both generations called the checkpoint at two epochs' ends; none wrote or was a save.
+    killed = [e for e in events if e["event"] == "task_exited" and e["task"] == "worker1"]
+    assert len(killed) == 2 and all(e.get("signal") in (9, "SIGKILL") for e in killed), killed
+    assert done.stdout.count("CHECKED 1") >= 2, done.stdout[-3000:]
+    assert not [e for e in events if e["event"] == "progress" and "saved" in e]
+    assert not best.exists() or not list(best.iterdir())
+
+
 def test_a_worker_that_never_joins_is_named_at_the_start_timeout_with_its_stack(
         workdir: Path):
     config = cluster(workdir / "c.yaml", 2, "{max_restarts: 0, start_timeout_s: 12}")

@@ -18,19 +18,28 @@ from tests.conftest import REPO, SCRIPTS
 
 def run_task(tmp_path: Path, keras: str, generation: int, **env: str) -> list[dict]:
     """The script's progress records, as the launcher would read them."""
+    records, _ = run_script(tmp_path, ["backup_fit_any_keras.py", str(tmp_path / "backup"),
+                                       keras], generation, 3 if env.get("CRASH_AT") else 0, **env)
+    return records
+
+
+def run_script(tmp_path: Path, argv: list[str], generation: int, code: int = 0,
+               **env: str) -> tuple[list[dict], str]:
+    """Run tests/scripts/ARGV[0] as the agent starts a task: its progress
+    records, as the launcher would read them, and its output."""
     read_fd, write_fd = os.pipe()
     env = dict(os.environ, MGPU_PROGRESS_FD=str(write_fd), MGPU_GENERATION=str(generation),
                PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2", **env)
-    proc = subprocess.Popen([sys.executable, "-m", "launcher.bootstrap",
-                             str(SCRIPTS / "backup_fit_any_keras.py"), str(tmp_path / "backup"),
-                             keras], env=env, cwd=tmp_path, stdout=subprocess.PIPE,
+    env.pop("TF_CONFIG", None)
+    proc = subprocess.Popen([sys.executable, "-m", "launcher.bootstrap", str(SCRIPTS / argv[0]),
+                             *argv[1:]], env=env, cwd=tmp_path, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, pass_fds=(write_fd,))
     os.close(write_fd)
     with os.fdopen(read_fd) as channel:
         records = [json.loads(line) for line in channel]
     output, _ = proc.communicate(timeout=120)
-    assert proc.returncode == (3 if env.get("CRASH_AT") else 0), output[-3000:]
-    return records
+    assert proc.returncode == code, output[-3000:]
+    return records, output
 
 
 @pytest.mark.parametrize("keras,backend", [("tf_keras", "tensorflow"), ("keras", "jax")])
@@ -52,6 +61,29 @@ def test_a_fit_with_its_own_backup_reports_its_saves_and_where_it_resumed(
     assert (resumed["resumed"], resumed["resumed_epoch"]) == (32, 2), again
     assert resumed["resumed_dir"] == backup
     assert max(r.get("step", 0) for r in again) == 64, again
+
+
+@pytest.mark.parametrize("keras,when,what", [
+    ("tf_keras", "once", "weights"), ("tf_keras", "never", "model"),
+    ("keras", "once", "model"), ("keras", "never", "weights")])
+def test_a_best_only_model_checkpoint_reports_only_the_epochs_it_wrote(
+        tmp_path: Path, keras: str, when: str, what: str):
+    # ModelCheckpoint(save_best_only=True) on a metric stuck at 1.0: called at
+    # each of the 3 epochs' ends, it writes at the first (nothing to beat) or,
+    # with the best of an earlier run to beat, never. A call that wrote
+    # nothing is no save: it must not make a crash loop's restarts free.
+    folder = tmp_path / "best"
+    records, output = run_script(tmp_path, ["best_only_fit.py", str(folder), keras, when, what],
+                                 0)
+    assert "CHECKED 2" in output and "TRAINED" in output, output[-3000:]
+    saves = [(r["saved"], r["saved_dir"], r["checkpoint"]) for r in records if "saved" in r]
+    written = sorted(p.name for p in folder.iterdir()) if folder.exists() else []
+    if when == "once":
+        assert saves == [(8, str(folder), 1)], records  # the first epoch's 8 steps
+        assert written == ["best.weights.h5" if what == "weights" else "best.keras"]
+    else:
+        assert saves == [] and written == [], (records, written)
+        assert not [r for r in records if r.get("checkpoint")], records
 
 
 def test_only_a_save_that_completed_is_reported_with_its_step_and_directory(monkeypatch,

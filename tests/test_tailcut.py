@@ -68,10 +68,15 @@ def test_a_task_idle_at_the_final_step_is_cut_and_a_final_save_is_not(workdir: P
     (workdir / "job.py").write_text(SCRIPT)
     (workdir / "held").mkdir()
     (workdir / "held" / "job.py").write_text(HELD_IN_TEARDOWN)
+    # worker1's exit handler holds it 60 s: cut past restart.exit_handlers_s, and said.
+    lines = ["name: tail", "transport: local", "ports: {base: auto}", "hosts:",
+             *[f"  - {{address: 127.0.0.1, name: host{i}}}" for i in range(3)],
+             "restart: {exit_handlers_s: 8}"]
+    (workdir / "c.yaml").write_text("\n".join(lines) + "\n")
     held = start_cli(["--no-live", "--local", "2", "--run-dir", "run", "job.py"],
                      cwd=workdir / "held")
     started = time.monotonic()
-    result = run_cli(["--no-live", "--local", "3", "--run-dir", "run", "job.py"], cwd=workdir,
+    result = run_cli(["--no-live", "--run-dir", "run", "c.yaml", "job.py"], cwd=workdir,
                      timeout=120)
     took = time.monotonic() - started
     assert result.returncode == 0, result.stdout + result.stderr
@@ -80,7 +85,8 @@ def test_a_task_idle_at_the_final_step_is_cut_and_a_final_save_is_not(workdir: P
     events = read_events(run)
     exited = {e["task"]: e for e in events if e["event"] == "task_exited"}
     [cut] = [e for e in events if e["event"] == "tail_cut"]
-    assert cut["tasks"] == ["host1/worker1"] and cut["step"] == 5 and cut["idle_s"] >= 5
+    assert cut["tasks"] == ["host1/worker1"] and cut["step"] == 5 and cut["idle_s"] >= 8
+    assert cut["handlers_cut"] == ["host1/worker1"] and cut["handlers_s"] == 8
     # The chief saved to the end, by itself, before anything was cut.
     assert exited["worker0"]["exit_code"] == 0 and exited["worker0"]["t"] < cut["t"]
     assert (workdir / "model.bin").read_bytes().endswith(b"complete")
@@ -88,7 +94,8 @@ def test_a_task_idle_at_the_final_step_is_cut_and_a_final_save_is_not(workdir: P
     assert exited["worker1"]["stopped_by_launcher"] and exited["worker1"]["t"] > cut["t"]
     summary = read_summary(run)
     assert summary["status"] == "succeeded" and summary["restarts"] == 0
-    assert "host1/worker1 sat idle" in result.stdout and "at the final step 5" in result.stdout
+    assert "warning: host1/worker1: exit handlers cut, unfinished" in result.stdout
+    assert "at the final step 5" in result.stdout
 
     # Programs over, interpreters held in their teardown: cut OVER_S later, not 60 s.
     out, _ = held.communicate(timeout=60)
@@ -102,6 +109,44 @@ def test_a_task_idle_at_the_final_step_is_cut_and_a_final_save_is_not(workdir: P
     assert {t["state"] for t in summary["tasks"].values()} == {"succeeded"}
     assert (workdir / "held" / "result.txt").read_text() == "trained"  # flushed before
     assert "program over, still exiting" in out
+
+
+# The chief uploads its model from an exit handler (atexit), waiting on the
+# network (idle, silent) for longer than finished_idle_s after its peer exited.
+UPLOAD_AT_EXIT = """\
+import atexit, os, sys, time
+from pathlib import Path
+from launcher import runtime
+
+for step in range(1, 6):
+    runtime.report_progress(step, loss=1.0 / step)
+    time.sleep(0.1)
+if os.environ["MGPU_TASK_INDEX"] != "0":
+    sys.exit(0)
+
+
+def upload():
+    time.sleep(8)
+    Path("uploaded.txt").write_text("model uploaded")
+
+
+atexit.register(upload)
+"""
+
+
+def test_the_chiefs_exit_handler_upload_is_not_cut(workdir: Path):
+    # Issue 51 item 3: its script returned, but its exit handlers are the user's.
+    (workdir / "job.py").write_text(UPLOAD_AT_EXIT)
+    result = run_cli(["--no-live", "--local", "2", "--run-dir", "run", "job.py"], cwd=workdir,
+                     timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    summary = read_summary(workdir / "run")
+    assert summary["status"] == "succeeded", summary
+    assert (workdir / "uploaded.txt").read_text() == "model uploaded"
+    events = read_events(workdir / "run")
+    assert not [e for e in events if e["event"] == "tail_cut" and e["why"] == "idle"], events
+    [chief] = [e for e in events if e["event"] == "task_exited" and e["task"] == "worker0"]
+    assert chief["exit_code"] == 0 and not chief.get("stopped_by_launcher"), chief
 
 
 # ------------------------------------------------------------- the rule alone
@@ -134,10 +179,12 @@ class _Clock:
         return self.now
 
 
-def _cutter(clock: _Clock):
+def _cutter(clock: _Clock, handlers_s: float = 5.0):
+    """finished_idle_s 5 s; tasks in their exit handlers bounded at `handlers_s`
+    (by default the same 5 s, so the other rules are seen alone)."""
     from launcher.job.tailcut import TailCut
 
-    return _Cutter(TailCut(5.0, clock))
+    return _Cutter(TailCut(5.0, clock, handlers_s))
 
 
 class _Cutter:
@@ -267,3 +314,37 @@ def test_a_task_idle_inside_its_script_is_never_cut():
     assert not _watch(cut, gen, clock, 4.5)
     assert _watch(cut, gen, clock, 1)
     assert told[0].tasks == ("h0/worker0",) and told[0].why == "idle"
+
+
+def test_exit_handlers_are_cut_only_past_their_bound_and_the_cut_names_them():
+    """Issue 51 item 3: a task whose script returned is in its exit handlers (the
+    chief's atexit upload, waiting on the network: idle) until the bootstrap says
+    `over`. At the default bound (restart.exit_handlers_s, 60 s) it is not cut at
+    finished_idle_s; past it, it is, and the cut names it; 0 never cuts it."""
+    from launcher.views.narrate import _tail_cut
+
+    clock = _Clock()
+    gen = _generation({"worker0": 100, "worker1": 100})
+    gen.records["worker1"].state = TaskState.SUCCEEDED
+    cut, told, _ = _cutter(clock, handlers_s=60.0)
+    assert not _watch(cut, gen, clock, 59) and not told
+    assert _watch(cut, gen, clock, 1.5)
+    [event] = told
+    assert event.tasks == event.handlers_cut == ("h0/worker0",) and event.handlers_s == 60
+    line = _tail_cut(event)
+    assert line.startswith("warning: h0/worker0: exit handlers cut, unfinished"), line
+    assert "restart.exit_handlers_s: 60" in line and "may be incomplete" in line
+
+    # Its exit handlers done (`over`), only the teardown left: cut within seconds.
+    clock, gen = _Clock(), _generation({"worker0": 100, "worker1": 100})
+    gen.records["worker1"].state = TaskState.SUCCEEDED
+    gen.records["worker0"].over_at = clock.now
+    cut, told, _ = _cutter(clock, handlers_s=60.0)
+    assert _watch(cut, gen, clock, 6)
+    assert told[0].tasks == ("h0/worker0",) and told[0].handlers_cut is None
+    assert "exit handlers" not in _tail_cut(told[0])
+
+    clock, gen = _Clock(), _generation({"worker0": 100, "worker1": 100})
+    gen.records["worker1"].state = TaskState.SUCCEEDED
+    cut, told, _ = _cutter(clock, handlers_s=0.0)  # 0: exit handlers are never cut
+    assert not _watch(cut, gen, clock, 300) and not told

@@ -449,12 +449,17 @@ class TailCut(Event):
     peer exited 0 (launcher/job/tailcut.py): the generation ends as finished."""
 
     kind = "tail_cut"
+    optional = ("handlers_cut", "handlers_s")
     generation: int
     tasks: tuple[str, ...] = ()  # host/task of those stopped
     peer: str = ""  # host/task of the one that exited 0
     step: int = 0  # the final step, reported by all
     idle_s: float = 0.0  # how long they sat idle after the peer's exit (or wound down)
     why: str = "idle"  # idle: at the final step; over: their programs ended cleanly
+    # Of `tasks`, those stopped in their exit handlers (idle past
+    # restart.exit_handlers_s, `handlers_s`): what those did may be unfinished.
+    handlers_cut: tuple[str, ...] | None = None
+    handlers_s: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -13,14 +13,17 @@ teardown of a finished job) and the job succeeds when it knows the job is done:
   they get `OVER_GRACE_S`, then SIGKILL.
 - `idle`: one job task has exited 0 (a synchronous job's tasks train the same
   steps), and every other one still running has reported that same final step,
-  its script's own code has returned (`{"returned": 1}`, from the bootstrap: it
-  is in its exit handlers, TensorFlow's among them) and it has since sat still
-  for `restart.finished_idle_s`: no output line, no progress report, under
-  `IDLE_CPU` percent of a core at every look (its agent measures the task's
-  process tree each second). They get `grace_s`. A task idle inside its script
-  is never cut: on a host starved of CPU a task at work can look idle, and
-  what its script does after training (a final write, a printed result) is
-  the user's.
+  its script's own code has returned (`{"returned": 1}`, from the bootstrap)
+  and it has since sat still for `restart.finished_idle_s`: no output line, no
+  progress report, under `IDLE_CPU` percent of a core at every look (its agent
+  measures the task's process tree each second). They get `grace_s`. A task
+  idle inside its script is never cut: on a host starved of CPU a task at work
+  can look idle, and what its script does after training (a final write, a
+  printed result) is the user's. Nor are its exit handlers (`atexit`: the
+  chief's upload of the model, waiting on the network, is idle too): a task
+  that returned but has not said `over` is cut only once it has sat still
+  `restart.exit_handlers_s` (60 s; 0: never), and the cut names it
+  (`handlers_cut`, said as a warning: what they did may be unfinished).
 
 A final save is work (it writes, it uses the CPU) and is not cut, nor is a task
 whose position (runtime/position.py) says it is inside a save (even one blocked
@@ -38,6 +41,7 @@ down with `grace_s(cut, plan)`). Called from the supervisor thread only
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from ..spec.plan import Plan
@@ -60,8 +64,10 @@ OVER_GRACE_S = 0.5  # SIGTERM, then SIGKILL: nothing of the program is left to s
 class TailCut:
     """Watches a generation's end; `check` is called every half second."""
 
-    def __init__(self, idle_s: float, clock: Callable[[], float]) -> None:
+    def __init__(self, idle_s: float, clock: Callable[[], float],
+                 handlers_s: float = 60.0) -> None:
         self.idle_s = idle_s  # 0: never cut
+        self.handlers_s = handlers_s  # a task in its exit handlers; 0: never cut
         self._clock = clock
         self._generation: int | None = None
         self._done_at: float | None = None  # when a task was first seen exited 0
@@ -96,12 +102,21 @@ class TailCut:
         if any(_step(r) is None or _step(r) < final or r.returned_at is None
                or _at_work(gen, r) for r in left):
             return None
+        handlers = [r for r in left if r.over_at is None]  # its exit handlers not done
+        if handlers and self.handlers_s <= 0:
+            return None
         quiet = [now - max(self._done_at, r.returned_at or 0.0,
                            now if r.last_activity is None else r.last_activity,
                            self._busy.get(r.task.name, now)) for r in left]
-        if min(quiet) < self.idle_s:
+        wait = [self.idle_s if r.over_at is not None else max(self.idle_s, self.handlers_s)
+                for r in left]
+        if any(q < w for q, w in zip(quiet, wait, strict=True)):
             return None
-        return _cut(gen, done[0], left, final, min(quiet))
+        cut = _cut(gen, done[0], left, final, min(quiet))
+        if handlers:  # said: what they did (an upload, a write) may be unfinished
+            cut = replace(cut, handlers_cut=tuple(r.task.label for r in handlers),
+                          handlers_s=self.handlers_s)
+        return cut
 
     def _all_over(self, gen: Generation, jobs: list[TaskRecord], done: list[TaskRecord],
                   left: list[TaskRecord], now: float) -> ev.TailCut | None:

@@ -37,7 +37,8 @@ class Watch:
                  clock: Callable[[], float],
                  tell: Callable[[ev.Event], None] = lambda event: None) -> None:
         # A finished job's end, cut when a task sits idle (job/tailcut.py).
-        self._tail = TailCut(getattr(policy, "finished_idle_s", 0.0), clock)
+        self._tail = TailCut(getattr(policy, "finished_idle_s", 0.0), clock,
+                             getattr(policy, "exit_handlers_s", 60.0))
         self._policy = policy
         self._tell = tell
         self._links = links

@@ -13,6 +13,13 @@ count at the save), `saved_dir` (the directory, wherever the script keeps it), `
 (the Keras or TensorFlow saver; `saved_by_runtime` for `runtime.callbacks()`'
 own) and `checkpoint` (progress: the restart after it is free of `max_restarts`).
 
+Only a save that wrote is one. `ModelCheckpoint._save_model` is called at
+every epoch (or `save_freq`) and decides there whether to write: with
+`save_best_only=True` a metric that did not improve writes nothing (nor does
+tf_keras' `period` between its saves). Its call is reported only when a
+write ran inside it and returned: `Model.save` / `save_weights` (both Kerases,
+`writes` marks them) or a wrapped TensorFlow save.
+
 Each save's duration is added up here and sent with the next step report as
 `save_s` (`runtime.write_progress`): the launcher counts that time as
 checkpointing, not training. A save inside a save (tf_keras' backup calls its
@@ -34,6 +41,7 @@ from collections.abc import Callable
 from types import ModuleType
 
 _MARK = "_mgpu_times_saves"
+_WRITE_MARK = "_mgpu_marks_writes"
 
 _lock = threading.Lock()
 _pending_s = 0.0  # saved since the last report
@@ -63,9 +71,12 @@ def pending() -> bool:
 Where = Callable[[object, tuple, dict], "str | None"]
 
 
-def timed(cls: type, name: str, where: Where | None = None) -> None:
+def timed(cls: type, name: str, where: Where | None = None, *,
+          decides: bool = False) -> None:
     """Wrap `cls.<name>` (a method that saves) to time it (once); with `where`,
-    a save that returned is reported (`completed`) with its directory."""
+    a save that returned is reported (`completed`) with its directory. With
+    `decides` (the method may write nothing: ModelCheckpoint's), only a call
+    inside which a write returned (`writes`, or a nested timed save) is."""
     original = cls.__dict__.get(name)
     if original is None or getattr(original, _MARK, False):
         return
@@ -73,8 +84,10 @@ def timed(cls: type, name: str, where: Where | None = None) -> None:
     @functools.wraps(original)
     def save(*args, **kwargs):
         if getattr(_inside, "saving", False):
-            return original(*args, **kwargs)
-        _inside.saving = True
+            result = original(*args, **kwargs)
+            _inside.wrote = True
+            return result
+        _inside.saving, _inside.wrote = True, False
         began = time.monotonic()
         done = False
         try:
@@ -84,11 +97,32 @@ def timed(cls: type, name: str, where: Where | None = None) -> None:
         finally:
             _inside.saving = False
             note(time.monotonic() - began)
-            if done and where is not None and not _asynchronous(args, kwargs):
+            if done and where is not None and not _asynchronous(args, kwargs) \
+                    and (_inside.wrote or not decides):
                 _completed(args[0] if args else None, where, args, kwargs)
 
     setattr(save, _MARK, True)
     setattr(cls, name, save)
+
+
+def writes(cls: type, name: str) -> None:
+    """Wrap `cls.<name>` (a write a checkpoint callback makes: `Model.save`,
+    `save_weights`) to mark, inside a timed save, that it wrote. Outside one
+    it is not a save the launcher counts (a model saved at the start would
+    make every restart of a crash loop free) and is neither timed nor told."""
+    original = cls.__dict__.get(name)
+    if original is None or getattr(original, _WRITE_MARK, False):
+        return
+
+    @functools.wraps(original)
+    def write(*args, **kwargs):
+        result = original(*args, **kwargs)
+        if getattr(_inside, "saving", False):
+            _inside.wrote = True
+        return result
+
+    setattr(write, _WRITE_MARK, True)
+    setattr(cls, name, write)
 
 
 def _asynchronous(args: tuple, kwargs: dict) -> bool:
@@ -156,7 +190,9 @@ def on_keras(module: ModuleType) -> None:
             ("ModelCheckpoint", ("_save_model",), _filepath_dir)):
         cls = getattr(callbacks, cls_name, None)
         for method in methods if cls is not None else ():
-            timed(cls, method, where)
+            timed(cls, method, where, decides=cls_name == "ModelCheckpoint")
+    for method in ("save", "save_weights"):  # what ModelCheckpoint writes with
+        writes(module.Model, method)
 
 
 def on_tensorflow(module: ModuleType) -> None:

@@ -102,6 +102,10 @@ class RestartPolicy(_Strict):
     # stopped, the job succeeds (launcher/job/tailcut.py); 0: wait for every
     # exit (also for a task whose program is over but whose interpreter lingers).
     finished_idle_s: float = Field(default=5.0, ge=0)
+    # A task at that final step whose script returned but whose exit handlers
+    # (atexit: an upload) have not finished is cut only after sitting idle this
+    # long, and the cut says so; 0: exit handlers are never cut.
+    exit_handlers_s: float = Field(default=60.0, ge=0)
     on_host_loss: Literal["wait", "shrink"] = "wait"
     min_workers: int = Field(default=1, ge=1)
     # With on_host_loss: wait, how long to wait for a lost host to come back.

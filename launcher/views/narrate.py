@@ -158,6 +158,13 @@ def _tail_cut(event: ev.TailCut) -> str:
         return (f"{', '.join(event.tasks)}: program over, still exiting {event.idle_s:g} s "
                 f"later: the job is done, stopping {them} (TensorFlow's teardown would wait "
                 "out a peer's heartbeat)")
+    if event.handlers_cut:  # their exit handlers (atexit) had not finished: said plainly
+        return (f"warning: {', '.join(event.handlers_cut)}: exit handlers cut, unfinished "
+                f"after {event.idle_s:g} s idle (restart.exit_handlers_s: "
+                f"{event.handlers_s or 0:g}) at the final step {event.step} after "
+                f"{event.peer} finished: stopping {', '.join(event.tasks)}; the job is "
+                "done, but what the "
+                "exit handlers do (an upload, a final write) may be incomplete")
     return (f"{', '.join(event.tasks)} sat idle {event.idle_s:g} s at the final step "
             f"{event.step} after {event.peer} finished: the job is done, stopping {them} "
             "(TensorFlow would wait out its peer's heartbeat)")
