@@ -73,3 +73,28 @@ def test_a_tensorflow_worker_shows_one_line_of_start_up_noise(workdir: Path):
     assert 0 < said <= len(in_log)
     assert "run/logs/host0-worker0.log" in folds[0]
     assert any(line.endswith("| hello from 7") for line in task_lines), task_lines
+
+
+def test_the_surviving_peers_cascade_is_one_line_after_the_root_cause(workdir: Path):
+    """After a worker fails, its peer's traceback is a consequence: folded to
+    one line at its exit, after the failure is said; the log keeps it all
+    (issue 53 item 5)."""
+    run_dir = workdir / "run"
+    result = run_cli(["--local", "2", "--max-restarts", "0", "--no-live", "--run-dir",
+                      str(run_dir), str(SCRIPTS / "peer_cascade.py"), str(workdir / "ready")],
+                     cwd=workdir, timeout=120)
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output[-3000:]
+    assert "host0/worker0 | worker0 is up" in output  # before the failure: shown
+    assert "host1/worker1 | worker1 fails now" in output  # the failed task's own: shown
+    assert "cascade line" not in output and "Traceback" not in output, output[-3000:]
+    fold = re.search(r"^host0/worker0 \| … (\d+) lines after host1/worker1 failed "
+                     r"\(its peers' cascade\) in (\S+)$", output, re.M)
+    assert fold is not None and int(fold.group(1)) >= 31, output[-3000:]
+    assert output.index("failure: host1/worker1") < fold.start(), output[-3000:]
+    log = (run_dir / "logs" / "host0-worker0.log").read_text()
+    assert "Traceback" in log and "cascade line 29" in log
+    verbose = run_cli(["--local", "2", "--max-restarts", "0", "--no-live", "-v", "--run-dir",
+                       str(workdir / "run2"), str(SCRIPTS / "peer_cascade.py"),
+                       str(workdir / "ready2")], cwd=workdir, timeout=120)
+    assert "cascade line 29" in verbose.stdout + verbose.stderr  # --verbose shows all

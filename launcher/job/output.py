@@ -19,6 +19,7 @@ from ..strategy import COLLECTIVE
 from ..transport import AgentMessage
 from . import events as ev
 from .blame import culprit
+from .cascade import CascadeFolder
 from .failkinds import Kind, traits
 from .findings import Found, root_cause
 from .generation import Generation
@@ -51,6 +52,7 @@ class TaskOutput:
         self._clock = clock
         self._tell = tell
         self._noise = NoiseFolder(enabled=not voice.verbose)  # TF start-up: one line a task
+        self._cascade = CascadeFolder(enabled=not voice.verbose)  # after a peer failed
 
     def log_path(self, host: str, name: str | None) -> str:
         """A task's log file as the user may type it (relative when under the cwd)."""
@@ -60,8 +62,9 @@ class TaskOutput:
 
     def flush(self, record: TaskRecord) -> None:
         """The task exited: what the noise folder held back is shown now."""
-        for shown in self._noise.flush(record.task.label,
-                                       self.log_path(record.task.host, record.task.name)):
+        log = self.log_path(record.task.host, record.task.name)
+        for shown in [*self._noise.flush(record.task.label, log),
+                      *self._cascade.flush(record.task.label, log)]:
             self._voice.task_line(record.task.label, shown)
 
     def line(self, gen: Generation | None, message: AgentMessage) -> Found | None:
@@ -70,8 +73,11 @@ class TaskOutput:
         name, text = body.get("task"), body.get("text", "")
         record = gen.records.get(name) if gen and name else None
         label = record.task.label if record else task_label(message.host, name)
-        for shown in self._noise.show(label, text, self.log_path(message.host, name)):
-            self._voice.task_line(label, shown)
+        failed = gen.failure.task if gen is not None and gen.failure is not None \
+            and record is not None and body.get("generation") == gen.plan.generation else None
+        if not self._cascade.holds(label, failed):
+            for shown in self._noise.show(label, text, self.log_path(message.host, name)):
+                self._voice.task_line(label, shown)
         self._recorder.log_line(log_file_name(message.host, name), text)
         if record is None or gen is None or body.get("generation") != gen.plan.generation:
             return None
