@@ -94,6 +94,24 @@ def test_the_bundled_example_passes_every_fault(workdir: Path):
     assert "behind the last save" not in output, output[-3000:]
 
 
+@pytest.mark.e2e
+def test_tfs_custom_loop_tutorial_is_no_verdict_where_its_step_cannot_be_read(
+        workdir: Path):
+    """TF's custom-loop tutorial saves its model, not its optimizer: where a
+    restart resumed cannot be read. The drill says "cannot tell" and what to
+    add, not "a directory not shared" (it is shared) nor a PASS resting on a
+    guessed step 0 (issue 53 item 3)."""
+    code, data, output = run_drill(workdir, [
+        "--local", "2", "--faults", "kill", str(SCRIPTS / "tutorial_ctl_model_only.py"),
+        str(workdir / "ckpt"), "30"], timeout=400)
+    [kill] = data["faults"]
+    assert kill["verdict"] == "cannot_tell", (kill, output[-3000:])
+    assert "holds no optimizer" in kill["reason"] and "optimizer=" in kill["reason"], kill
+    assert kill["resumed_from_step"] is None, kill
+    assert "not shared" not in output and "CANNOT TELL" in output, output[-3000:]
+    assert code == 1  # nothing proved: not a pass
+
+
 TUTORIAL = str(SCRIPTS / "tutorial_backup.py")  # its own backup dir, no runtime calls
 
 
