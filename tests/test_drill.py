@@ -110,6 +110,10 @@ def test_tfs_custom_loop_tutorial_is_no_verdict_where_its_step_cannot_be_read(
     assert kill["resumed_from_step"] is None, kill
     assert "not shared" not in output and "CANNOT TELL" in output, output[-3000:]
     assert code == 1  # nothing proved: not a pass
+    said = "generation 1 restored a checkpoint, at a step that cannot be told: the checkpoint"
+    assert said in output, output[-3000:]
+    status = run_cli(["status", str(workdir / "drill")], cwd=workdir, timeout=60)
+    assert said in status.stdout, status.stdout
 
 
 TUTORIAL = str(SCRIPTS / "tutorial_backup.py")  # its own backup dir, no runtime calls

@@ -319,7 +319,7 @@ class Restart(Event):
 @dataclass(frozen=True, kw_only=True)
 class Resumed(Event):
     kind = "resumed"
-    optional = ("epoch", "step", "checkpoint", "saved_step", "past", "copy")
+    optional = ("epoch", "step", "checkpoint", "saved_step", "past", "copy", "unknown")
     generation: int
     epoch: int | None = None
     step: int | None = None
@@ -329,6 +329,7 @@ class Resumed(Event):
     # With the memory tier: the copy restored, {from: memory|peer|shared, host, path, task}
     # (the first task to report; each task's own is in its progress lines).
     copy: dict[str, Any] | None = None
+    unknown: str | None = None  # why the step it resumed at cannot be read (no step)
 
 
 @dataclass(frozen=True, kw_only=True)

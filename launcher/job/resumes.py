@@ -138,10 +138,13 @@ class Resumes:
         if generation != self._waiting:
             return None
         step = _resume_step(data)
-        if step is None and not data.get("start_epoch"):
+        unknown = data.get("resumed_unknown")
+        if step is None and not data.get("start_epoch") and not isinstance(unknown, str):
             return None
         self._waiting = None
         entry: dict[str, Any] = {"generation": generation}
+        if isinstance(unknown, str):  # restored, at a step that cannot be read: none said
+            entry["unknown"] = unknown
         epoch = data.get("resumed_epoch") if "resumed" in data else (
             data.get("epoch") if data.get("start_epoch") else None)
         if isinstance(epoch, int | float):

@@ -77,8 +77,10 @@ class ProgressSampler:
         last = self._written.get(key)
         gap = self._gap(event.generation, now)
         metrics = event.metrics
-        # A resume point always; an epoch's end or a save while the generation is young.
-        marks = metrics.get("start_epoch") or "resumed" in metrics or (gap == self.floor_s and (
+        # A resume point always (or one that cannot be read, a deleted backup); an
+        # epoch's end or a save while the generation is young.
+        marks = metrics.get("start_epoch") or {"resumed", "resumed_unknown", "deleted"} \
+            & metrics.keys() or (gap == self.floor_s and (
             metrics.get("epoch_end") or metrics.get("checkpoint")))
         if last is None or now - last >= gap or marks:
             self._written[key] = now

@@ -79,6 +79,9 @@ def _reaped(event: ev.Reaped) -> str:
 
 
 def _resumed(event: ev.Resumed) -> str:
+    if event.unknown:
+        return (f"generation {event.generation} restored a checkpoint, at a step that cannot "
+                f"be told: {event.unknown}")
     where = []
     if event.epoch is not None:
         where.append(f"epoch {event.epoch}")

@@ -82,7 +82,8 @@ class RunView:
             **({"metrics_url": self.metrics_url} if self.metrics_url else {}),
             "logs_dir": str(self.run_dir / LOGS),
             # where each restarted generation resumed (summary.json's `resumed` too)
-            "resumed": [fields_of(e) for e in self.story.resumes] if self.story else [],
+            **({"resumed": [fields_of(e) for e in self.story.resumes]}
+               if self.story and self.story.resumes else {}),
             "tasks": [
                 {
                     "task": t.label, "host": t.host, "role": t.role, "index": t.index,
