@@ -142,12 +142,12 @@ def record_early_end(run_dir: Path, status: str, message: str,
     if status != "interrupted" and not is_detached_child(run_dir):
         return
     from ..job import events
-    from ..job.states import RunResult
+    from ..job.states import JobStatus, RunResult
 
     try:
         recorder = RunRecorder(run_dir)
         events.write(recorder, events.JobDone(status=status, message=message))
-        recorder.write_summary(RunResult(status=status, restarts=0, wall_s=0.0,
+        recorder.write_summary(RunResult(status=JobStatus(status), restarts=0, wall_s=0.0,
                                          root_cause=None, tasks={}, message=message,
                                          interrupted_by=interrupted_by).to_json())
         recorder.close()

@@ -25,7 +25,7 @@ from pathlib import Path
 from ..job.classify import signal_name
 from ..job.launch import Launch, LaunchRefused, Outcome
 from ..job.sequence import EarlyEnd, run_launch
-from ..job.states import Failure, RunResult
+from ..job.states import Failure, JobStatus, RunResult
 from ..job.story import step_of
 from ..spec import planview, rundir
 from ..spec.config import LoadedConfig
@@ -193,9 +193,9 @@ def _done(printer: Printer, previous_hangup, code: int) -> int:
 
 
 def exit_code(result: RunResult) -> int:
-    if result.status == "succeeded":
+    if result.status == JobStatus.SUCCEEDED:
         return exits.OK
-    if result.status == "interrupted":
+    if result.status == JobStatus.INTERRUPTED:
         return exits.by_signal(result.interrupted_by or signal.SIGINT)
     return exits.FAILED
 
@@ -209,7 +209,7 @@ def _print_outcome(printer: Printer, result: RunResult, run_dir: Path) -> None:
     if result.interrupted_by:
         status += f" by {signal_name(result.interrupted_by)}"
     printer.notice(f"job {status} in {format_duration(result.wall_s)} ({restarts})")
-    if result.status == "interrupted" and result.message:
+    if result.status == JobStatus.INTERRUPTED and result.message:
         printer.notice(f"  {result.message}")
     for line in _task_summary(result.tasks):
         printer.notice(f"  {line}")

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import events as ev
+from .reports import ProgressReport
 
 PARTS = ("training", "startup", "recovery", "redone", "checkpointing",
          "waiting_for_hosts", "other")
@@ -155,25 +156,21 @@ class _Waits:
 
 def _on_progress(gen: _Gen, event: ev.Progress, t: float,
                  bases: dict[tuple[int, str], int]) -> None:
-    metrics = event.metrics
-    save_s = _number(metrics.get("save_s"))
-    if save_s and save_s > 0:
-        gen.saves.append((t - save_s, t))
-    resumed = _number(metrics.get("resumed"))  # read where the restore happened
-    if resumed is not None and event.generation > 0 and gen.resume is None:
-        gen.resume = int(resumed)
-    step = _number(metrics.get("step"))
-    if step is None:
+    r = ProgressReport.read(event.metrics)
+    if r.save_s and r.save_s > 0:
+        gen.saves.append((t - r.save_s, t))
+    if r.resumed is not None and event.generation > 0 and gen.resume is None:
+        gen.resume = r.resumed  # read where the restore happened
+    if r.own_step is None:
         return
     key = (event.generation, event.task)
-    if metrics.get("start_epoch"):  # where a restarted fit resumed: no step trained yet
-        start_step = _number(metrics.get("start_step"))
-        if start_step is not None and not metrics.get("counted"):
-            bases[key] = int(start_step - step)
-            gen.resume = int(start_step)
+    if r.start:  # where a restarted fit resumed: no step trained yet
+        if r.start_step is not None and not r.counted:
+            bases[key] = r.start_step - r.own_step
+            gen.resume = r.start_step
         return
-    step = int(step) + (0 if metrics.get("counted") else bases.get(key, 0))
-    if gen.resume is None and event.generation > 0 and metrics.get("counted"):
+    step = r.own_step + (0 if r.counted else bases.get(key, 0))
+    if gen.resume is None and event.generation > 0 and r.counted:
         gen.resume = step  # the restored count, read as (or before) training went on
     if gen.resume is not None and step <= gen.resume:
         return  # no step trained in this generation yet
@@ -189,12 +186,6 @@ def _on_progress(gen: _Gen, event: ev.Progress, t: float,
         gen.last = (t, step)
     else:
         gen.last = (t, gen.last[1])
-
-
-def _number(value: Any) -> float | None:
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
-    return None
 
 
 def _account(start: float, end: float, done: bool, gens: dict[int, _Gen],

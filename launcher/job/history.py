@@ -24,6 +24,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from . import events as ev
+from .reports import ProgressReport
 
 Point = tuple[float, int, bool]  # (t, absolute step, a checkpoint was saved by then)
 POINTS_KEPT = 4096
@@ -79,38 +80,37 @@ class History:
                 finished=event.exit_code == 0 and not event.stopped_by_launcher)
 
     def _progress(self, event: ev.Progress, t: float) -> None:
-        m, gen = event.metrics, event.generation
-        if _number(m.get("save_s")):
-            self.save_seconds.append(float(m["save_s"]))
-        if isinstance(m.get("saved"), int) and not isinstance(m.get("saved"), bool):
+        r, gen = ProgressReport.read(event.metrics), event.generation
+        if r.save_s is not None:
+            self.save_seconds.append(r.save_s)
+        if r.saved is not None:
             # A completed save the bootstrap saw, wherever the script keeps it
             # (runtime/saves.py): its step is the optimizer's count.
-            self._save(event.task, int(m["saved"]), gen, t, bool(m.get("chief")))
-        if isinstance(m.get("resumed"), int) and gen > 0:  # read at the restore
-            self.resumed.setdefault(gen, int(m["resumed"]))
-        if isinstance(m.get("resumed_unknown"), str) and gen > 0:
-            self.unknown.setdefault(gen, m["resumed_unknown"])
-        step = m.get("step")
-        if not isinstance(step, int | float):
+            self._save(event.task, r.saved, gen, t, r.chief)
+        if r.resumed is not None and gen > 0:  # read at the restore
+            self.resumed.setdefault(gen, r.resumed)
+        if r.resume_unknown is not None and gen > 0:
+            self.unknown.setdefault(gen, r.resume_unknown)
+        step = r.own_step
+        if step is None:
             return
-        if m.get("start_epoch"):  # runtime.callbacks() after a restore, before a step
-            self.offset[gen] = int(m.get("start_step") or 0)
+        if r.start:  # runtime.callbacks() after a restore, before a step
+            self.offset[gen] = r.start_step or 0
             self.resumed.setdefault(gen, self.offset[gen])
             return
-        if m.get("counted"):
-            first = self.counted_first.setdefault(gen, (t, self.resumed.get(gen, int(step))))
-            if int(step) > first[1]:
+        if r.counted:
+            first = self.counted_first.setdefault(gen, (t, self.resumed.get(gen, step)))
+            if step > first[1]:
                 self.counted_moved.setdefault(gen, t)
-            self._point(gen, event.task, (t, int(step), "saved" in m))
+            self._point(gen, event.task, (t, step, r.saved is not None))
             return
-        absolute = int(step) + self.offset.get(gen, 0)
+        absolute = step + self.offset.get(gen, 0)
         if gen > 0 and gen not in self.resumed:  # the first step done after the restore
             self.resumed[gen] = max(0, absolute - 1)
         self.first_step_t.setdefault(gen, t)
-        saved = bool(m.get("checkpoint"))
-        if saved and "saved" not in m:  # the script's own word (runtime.callbacks())
+        if r.checkpoint and r.saved is None:  # the script's own word (runtime.callbacks())
             self._save(event.task, absolute, gen, t, False)
-        self._point(gen, event.task, (t, absolute, saved))
+        self._point(gen, event.task, (t, absolute, r.checkpoint))
 
     def _point(self, gen: int, task: str, point: Point) -> None:
         latest = self.latest_t.get((gen, task))
@@ -176,7 +176,3 @@ class History:
             if rank(kept) > rank(best.get(gen, [])):
                 best[gen] = kept
         return [best[g] for g in sorted(best)]
-
-
-def _number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)

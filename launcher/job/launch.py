@@ -50,7 +50,7 @@ from . import events as ev
 from .output import Voice
 from .reach import Connected, Reach
 from .recovery import HostInfo
-from .states import RunResult
+from .states import JobStatus, RunResult
 from .supervisor import Supervisor
 
 
@@ -273,8 +273,9 @@ class Job:
             failed = ev.LauncherFailed(error_type=type(exc).__name__, error=str(exc),
                                        plan=isinstance(exc, PlanError))  # e.g. hosts lost
             why = str(exc) if failed.plan else f"{failed.error_type}: {failed.error}"
-            result = RunResult(status="failed", restarts=0, wall_s=time.monotonic() - started,
-                               root_cause=None, tasks={}, message=why)
+            result = RunResult(status=JobStatus.FAILED, restarts=0,
+                               wall_s=time.monotonic() - started, root_cause=None, tasks={},
+                               message=why)
             done = ev.JobDone(status="failed", wall_s=round(result.wall_s, 3), message=why)
             for event in (failed, done):  # the story still ends (status, report, notify)
                 ev.write(self.recorder, event)

@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from .reports import ProgressReport
 from .states import Failure
 
 TRAIN, EVALUATE, PREDICT, SAVE, OUTSIDE = "train", "evaluate", "predict", "save", "outside"
@@ -105,9 +106,9 @@ def read(data: dict[str, Any], before: Position) -> Position:
     ended = data.get("at_ended")
     if isinstance(ended, list) and len(ended) == 2 and all(_int(v) is not None for v in ended):
         changes["ended"] = (int(ended[0]), int(ended[1]))
-    steps = [s for s in (_int(data.get("step")), changes.get("phase_step"), before.step)
-             if s is not None]
-    if "phase_step" in changes or _int(data.get("step")) is not None:
+    own = ProgressReport.read(data).own_step  # the step as the task counted it
+    steps = [s for s in (own, changes.get("phase_step"), before.step) if s is not None]
+    if "phase_step" in changes or own is not None:
         changes["step"] = max(steps)
     return replace(before, **changes) if changes else before
 

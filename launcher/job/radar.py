@@ -26,6 +26,7 @@ from . import events as ev
 from .failkinds import Kind
 from .findings import Found
 from .generation import Generation
+from .reports import ProgressReport
 from .states import TaskRecord
 from .stragglers import Detector, Finding
 
@@ -97,11 +98,10 @@ class Radar:
         return None
 
     def progress(self, gen: Generation, data: dict[str, Any]) -> Found | None:
-        detector = self._for(gen)
-        step = data.get("step")
-        if detector is not None and isinstance(step, int | float) and not isinstance(step, bool):
-            detector.progress(self._clock(), int(step))
-        if self._replace is not None and (data.get("checkpoint") or (data.get("save_s") and (
+        detector, report = self._for(gen), ProgressReport.read(data)
+        if detector is not None and report.step is not None:
+            detector.progress(self._clock(), report.step)
+        if self._replace is not None and (report.checkpoint or (report.save_s and (
                 checkpoints.advanced(self._replace[1], self._probe())))):
             return self._set_aside(gen)  # a save reported, or one timed and seen on disk
         return None

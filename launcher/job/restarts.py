@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 from . import events as ev
 from .recovery import BACKOFF_RESET_S, Budget, backoff_delay
-from .states import Failure
+from .states import Failure, JobStatus
 
 
 class Backoff(Protocol):  # what of the restart policy a restart reads
@@ -40,7 +40,7 @@ class JobSoFar:
 class End:
     """How the job ended (RunResult's status, message, stopped_by)."""
 
-    status: str
+    status: JobStatus
     message: str = ""
     stopped_by: str = ""
 

@@ -41,10 +41,12 @@ Pure bookkeeping over progress records; no I/O. Owned by the supervisor thread.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from . import events as ev
 from .checkpoints import State
+from .reports import ProgressReport
 
 
 class Resumes:
@@ -72,17 +74,23 @@ class Resumes:
         self._generation = generation
         self._judged, self._bases, self._best_now, self._unknown = set(), {}, None, ""
 
-    def job_step(self, generation: int, task: str, data: dict[str, Any]) -> int | None:
+    def with_job_step(self, generation: int, task: str, data: dict[str, Any]
+                      ) -> dict[str, Any]:
+        """`data` with the job's step (`job_step`) where it has a step."""
+        step = self.job_step(generation, task, data)
+        return data if step is None else {**data, "job_step": step}
+
+    def job_step(self, generation: int, task: str, data: Mapping[str, Any]) -> int | None:
         """The job's (absolute) step of `task`'s report, or None (no step in it)."""
-        step = data.get("step")
-        if not _count(step) or generation != self._generation:
+        report = ProgressReport.read(data)
+        step = report.own_step
+        if step is None or generation != self._generation:
             return None
-        if data.get("counted"):  # the optimizer's count: already the job's
-            return int(step)
-        start = data.get("start_step")
-        if data.get("start_epoch") and _count(start):  # where runtime.callbacks() began
-            self._bases[task] = int(start) - int(step)
-        return int(step) + self._bases.get(task, 0)
+        if report.counted:  # the optimizer's count: already the job's
+            return step
+        if report.start and report.start_step is not None:  # where runtime.callbacks() began
+            self._bases[task] = report.start_step - step
+        return step + self._bases.get(task, 0)
 
     def moved_past(self) -> bool | None:
         """Did this generation's newest save pass the best save before it?
@@ -93,71 +101,71 @@ class Resumes:
         before = self._saved_before
         return before is None or self._best_now > before["step"]
 
-    def on_save(self, task: str, data: dict[str, Any]) -> None:
+    def on_save(self, task: str, report: ProgressReport | Mapping[str, Any]) -> None:
         """A task reported a completed save (`saved`: its step, `saved_dir`)."""
-        step = data.get("saved")
-        if not isinstance(step, int | float) or isinstance(step, bool):
+        report = _read(report)
+        step = report.saved
+        if step is None:
             return
+        if self._best_now is None or step > self._best_now:
+            self._best_now = step
         # The chief's saves are the ones restored from (the others' may go to
         # scratch folders, or complete where the chief's did not): once the chief
         # reported one, only its saves count.
-        if self._best_now is None or int(step) > self._best_now:
-            self._best_now = int(step)
         last = self.last_save
-        key = (bool(data.get("chief")), int(step))
-        if last is None or key > (last["chief"], last["step"]):
-            self.last_save = {"step": int(step), "dir": str(data.get("saved_dir") or ""),
-                              "task": task, "chief": bool(data.get("chief"))}
+        if last is None or (report.chief, step) > (last["chief"], last["step"]):
+            self.last_save = {"step": step, "dir": report.saved_dir or "", "task": task,
+                              "chief": report.chief}
 
-    def told(self, generation: int, task: str, data: dict[str, Any]) -> list[ev.Event]:
+    def told(self, generation: int, task: str, data: Mapping[str, Any]) -> list[ev.Event]:
         """The events a progress report of `task` makes: `resumed` (the
         generation's first resume point), `resume_behind` (once per job)."""
-        if data.get("resumed_unknown"):  # a restore whose step could not be read
-            self._unknown = str(data["resumed_unknown"])
-        deleted = data.get("deleted")  # the script deleted its backup (fit ended)
-        if isinstance(deleted, str) and self.last_save and self.last_save["dir"] == deleted:
-            self.last_save = {**self.last_save, "deleted": True}
-        self.on_save(task, data)
+        report = ProgressReport.read(data)
+        if report.resume_unknown:  # a restore whose step could not be read
+            self._unknown = report.resume_unknown
+        last = self.last_save  # the script deleted its backup (fit ended)
+        if report.deleted is not None and last and last["dir"] == report.deleted:
+            self.last_save = {**last, "deleted": True}
+        self.on_save(task, report)
         out: list[ev.Event] = []
-        entry = self.on_progress(generation, data, task)
+        entry = self.on_progress(generation, report, task)
         if entry is not None:
             out.append(ev.Resumed(**entry))
-        behind = self.behind(generation, task, data)
+        behind = self.behind(generation, task, report)
         if behind is not None:
             out.append(ev.ResumeBehind(generation=generation, task=behind["task"],
                                        step=behind["step"], saved_step=behind["saved_step"],
                                        directory=behind["dir"], by=behind["by"]))
         return out
 
-    def on_progress(self, generation: int, data: dict[str, Any], task: str = ""
-                    ) -> dict[str, Any] | None:
+    def on_progress(self, generation: int, report: ProgressReport | Mapping[str, Any],
+                    task: str = "") -> dict[str, Any] | None:
         """The resume entry, for the first resume report of a restarted generation
         (`task`: whose report it is, named in the memory tier's `copy`)."""
-        if generation == 0 and self._first is None and isinstance(data.get("resumed"), int):
-            self._first = data["resumed"]  # a new launch that restored an earlier run's
+        report = _read(report)
+        if generation == 0 and self._first is None and report.resumed is not None:
+            self._first = report.resumed  # a new launch that restored an earlier run's
         if generation != self._waiting:
             return None
-        step = _resume_step(data)
-        unknown = data.get("resumed_unknown")
-        if step is None and not data.get("start_epoch") and not isinstance(unknown, str):
+        step = report.resume_point
+        if step is None and not report.start and report.resume_unknown is None:
             return None
         self._waiting = None
         entry: dict[str, Any] = {"generation": generation}
-        if isinstance(unknown, str):  # restored, at a step that cannot be read: none said
-            entry["unknown"] = unknown
-        epoch = data.get("resumed_epoch") if "resumed" in data else (
-            data.get("epoch") if data.get("start_epoch") else None)
-        if isinstance(epoch, int | float):
+        if report.resume_unknown is not None:  # restored, at a step that cannot be read
+            entry["unknown"] = report.resume_unknown
+        epoch = report.resumed_epoch if report.resumed is not None else (
+            report.epoch if report.start else None)
+        if epoch is not None:
             entry["epoch"] = int(epoch)
         if step is not None:
             entry["step"] = step
         if self._checkpoint:
             entry["checkpoint"] = {path: list(position)
                                    for path, position in sorted(self._checkpoint.items())}
-        if isinstance(data.get("resumed_from"), str):  # the memory tier's (runtime/memtier.py)
-            entry["copy"] = {"from": data["resumed_from"],
-                             "host": str(data.get("resumed_host") or ""),
-                             "path": str(data.get("resumed_copy") or ""), "task": task}
+        if report.resumed_from is not None:  # the memory tier's (runtime/memtier.py)
+            entry["copy"] = {"from": report.resumed_from, "host": report.resumed_host or "",
+                             "path": report.resumed_copy or "", "task": task}
         if self._saved_before is not None:
             entry["saved_step"] = self._saved_before["step"]
         previous = self.entries[-1].get("step") if self.entries else (self._first or 0)
@@ -166,17 +174,19 @@ class Resumes:
         self.entries.append(entry)
         return entry
 
-    def behind(self, generation: int, task: str, data: dict[str, Any]) -> dict[str, Any] | None:
+    def behind(self, generation: int, task: str, report: ProgressReport | Mapping[str, Any]
+               ) -> dict[str, Any] | None:
         """{task, step, saved_step, dir, by}, once per job, when `task` resumed
         behind the last save completed before this generation."""
+        report = _read(report)
         saved = self._saved_before
         if self._told_behind or generation != self._generation or generation == 0 \
                 or saved is None or saved.get("deleted") or task in self._judged:
             return None
-        if data.get("resumed_unknown"):  # restored, at a step that cannot be read
+        if report.resume_unknown is not None:  # restored, at a step that cannot be read
             self._judged.add(task)
             return None
-        step = _resume_step(data)
+        step = report.resume_point
         if step is None:
             return None
         self._judged.add(task)  # its later reports are steps trained, not resume points
@@ -187,18 +197,5 @@ class Resumes:
                 "by": saved["task"]}
 
 
-def _count(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def _resume_step(data: dict[str, Any]) -> int | None:
-    """The step a progress report names as a resume point (None: not one)."""
-    for key in ("resumed", "start_step"):
-        value = data.get(key)
-        if isinstance(value, int | float) and not isinstance(value, bool) \
-                and (key == "resumed" or data.get("start_epoch")):
-            return int(value)
-    if data.get("counted") or data.get("start_epoch") or "saved" in data:
-        return None  # the optimizer's count seconds into training; a fit with no step read
-    step = data.get("step")
-    return int(step) if isinstance(step, int | float) and not isinstance(step, bool) else None
+def _read(report: ProgressReport | Mapping[str, Any]) -> ProgressReport:
+    return report if isinstance(report, ProgressReport) else ProgressReport.read(report)

@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from . import events as ev
+from .reports import ProgressReport
 
 WHOLE_S = 120.0
 FLOOR_S = 0.05
@@ -76,12 +77,12 @@ class ProgressSampler:
         key = (event.generation, event.task)
         last = self._written.get(key)
         gap = self._gap(event.generation, now)
-        metrics = event.metrics
+        said = ProgressReport.read(event.metrics)
         # A resume point always (or one that cannot be read, a deleted backup); an
         # epoch's end or a save while the generation is young.
-        marks = metrics.get("start_epoch") or {"resumed", "resumed_unknown", "deleted"} \
-            & metrics.keys() or (gap == self.floor_s and (
-            metrics.get("epoch_end") or metrics.get("checkpoint")))
+        marks = said.start or said.resumed is not None or said.resume_unknown is not None \
+            or said.deleted is not None or (gap == self.floor_s and (
+                said.epoch_end or said.checkpoint))
         if last is None or now - last >= gap or marks:
             self._written[key] = now
             held = self._held.pop(key, None)
@@ -117,8 +118,9 @@ class ProgressSampler:
 
 def _carried(held: _Held | None, metrics: dict[str, Any]) -> tuple[float, bool]:
     """(save_s, checkpoint) of the reports held so far, with `metrics`'."""
-    save_s = (held.save_s if held else 0.0) + _seconds(metrics.get("save_s"))
-    return save_s, (held.checkpoint if held else False) or bool(metrics.get("checkpoint"))
+    said = ProgressReport.read(metrics)
+    save_s = (held.save_s if held else 0.0) + (said.save_s or 0.0)
+    return save_s, (held.checkpoint if held else False) or said.checkpoint
 
 
 def _with(event: ev.Progress, held: _Held, own: bool = True) -> ev.Progress:
@@ -136,7 +138,3 @@ def _saved(metrics: dict[str, Any]) -> dict[str, Any] | None:
     return {k: metrics[k] for k in ("saved", "saved_dir", "saved_with", "saved_by_runtime",
                                     "chief") if k in metrics} \
         if "saved" in metrics else None
-
-
-def _seconds(value: Any) -> float:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0

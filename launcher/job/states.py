@@ -18,6 +18,14 @@ from . import failkinds
 from .classify import OutputWatcher
 
 
+class JobStatus(enum.StrEnum):
+    """How a job ended (summary.json's `status`; a str, so JSON and text read it as is)."""
+
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+
+
 class TaskState(enum.Enum):
     """Lifecycle of one task within one generation; `TRANSITIONS` lists the legal moves.
 
@@ -196,7 +204,7 @@ class Failure:
 
 @dataclass(frozen=True)
 class RunResult:
-    status: str  # succeeded | failed | interrupted
+    status: JobStatus
     restarts: int
     wall_s: float
     root_cause: Failure | None

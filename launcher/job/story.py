@@ -37,6 +37,7 @@ from ..spec.plan import task_label
 from . import events as ev
 from .goodput import Ledger
 from .history import History
+from .reports import ProgressReport
 from .states import TaskState, apply, reason_of, sentence
 from .timeline import JOB_ROW, Timeline, activity
 
@@ -392,7 +393,7 @@ class Story:
 
     def _row(self, view: TaskView, now: float) -> TaskRow:
         over = view.state in OVER
-        loss = view.last_progress.get("loss")
+        loss = ProgressReport.read(view.last_progress).loss
         since = view.last_progress_t or view.started_t
         straggler = self.stragglers.get(view.name)
         return TaskRow(
@@ -449,9 +450,9 @@ def _on_task(view: TaskView, event: ev.Event) -> None:
 
 
 def step_of(metrics: dict[str, Any], default: Any = None) -> Any:
-    """A progress report's step, the job's (absolute, `job_step`: job/resumes.py)
-    where the launcher read it; a run directory from before it has `step` only."""
-    return metrics.get("job_step", metrics.get("step", default))
+    """A progress report's step, the job's (job/reports.py), or `default`."""
+    step = ProgressReport.read(metrics).step
+    return default if step is None else step
 
 
 def _mark(view: TaskView, event: ev.Progress) -> None:

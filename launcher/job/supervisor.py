@@ -49,9 +49,11 @@ from .profiling import Profiler
 from .protocol import BadMessage, check_message
 from .radar import Radar
 from .recovery import Budget, HostInfo, NotEnoughHosts, decide_restart
+from .reports import ProgressReport
 from .restarts import End, JobSoFar, count_restart, keras_switched
 from .states import (
     IllegalTransition,
+    JobStatus,
     RunResult,
     TaskRecord,
     TaskState,
@@ -165,12 +167,12 @@ class Supervisor:
             restarts=job.restarts,
             wall_s=self._clock() - started,
             # The failure that ended the job; earlier generations' are in `failures`.
-            root_cause=failures[-1] if failures and status == "failed" else None,
+            root_cause=failures[-1] if failures and status == JobStatus.FAILED else None,
             tasks=job.tasks,
-            interrupted_by=self._stop_signal if status == "interrupted" else None,
+            interrupted_by=self._stop_signal if status == JobStatus.INTERRUPTED else None,
             failures=tuple(failures),
             message=message,
-            stopped_by=end.stopped_by if status == "failed" else "",
+            stopped_by=end.stopped_by if status == JobStatus.FAILED else "",
             keras_switched=self._keras_switch,
             resumed=tuple(self._resumes.entries),
             stragglers=tuple(self._radar.named),
@@ -193,9 +195,9 @@ class Supervisor:
                                     "start": self._starts.get(r.task.name)}
                      for r in gen.records.values()}
         if gen.interrupted:
-            return End("interrupted")
+            return End(JobStatus.INTERRUPTED)
         if gen.failure is None:
-            return End("succeeded")
+            return End(JobStatus.SUCCEEDED)
         job.failures.append(gen.failure)
         if gen.resumed_past and job.last_counted:  # the restart before it did move the training
             job.budget = job.budget.refund()
@@ -211,16 +213,16 @@ class Supervisor:
                                   repeated=repeated_failure(job.failures),
                                   mistake=script_mistake(gen.failure.error))
         if not decision.restart:
-            return End("failed", decision.message, decision.stopped_by)
+            return End(JobStatus.FAILED, decision.message, decision.stopped_by)
         job.budget = decision.budget
         try:
             active = self._waiter.hosts_for_next(gen, job.active)
         except NotEnoughHosts as exc:
-            return End("failed", str(exc), "min_workers")
+            return End(JobStatus.FAILED, str(exc), "min_workers")
         if active is None:
             if self._stop_signal:
-                return End("interrupted")
-            return End("failed", "a lost host did not come back in time", "host_wait")
+                return End(JobStatus.INTERRUPTED)
+            return End(JobStatus.FAILED, "a lost host did not come back in time", "host_wait")
         job.active = active
         return self._restart(job, gen, advanced, decision.counts)
 
@@ -236,7 +238,7 @@ class Supervisor:
                                 preempted=traits(gen.failure.kind).preempted)
         gen.enter(Phase.BACKOFF)
         self._story.tell(restart)
-        return End("interrupted") if self._wait(restart.backoff_s) else None
+        return End(JobStatus.INTERRUPTED) if self._wait(restart.backoff_s) else None
 
     def _place_copies(self, plan: Plan) -> None:
         """The memory tier: before a restart, the newest save each host of the
@@ -487,14 +489,15 @@ class Supervisor:
         record.last_activity = self._clock()
         ids = {"generation": gen.plan.generation, "task": record.task.name,
                "host": record.task.host}
-        if data.get("returned"):  # its script's code ended cleanly (job/tailcut.py)
+        said = ProgressReport.read(data)  # what it means, read once (job/reports.py)
+        if said.returned:  # its script's code ended cleanly (job/tailcut.py)
             record.returned_at = record.last_activity
             return None
-        if data.get("over"):  # the program ended cleanly (job/tailcut.py), not told to stop
+        if said.over:  # the program ended cleanly (job/tailcut.py), not told to stop
             record.over_at = record.last_activity if gen.phase.running else None
             return self._story.tell(ev.ProgramOver(**ids))
-        if data.get("cluster") in ("joining", "joined"):
-            record.cluster = data["cluster"]
+        if said.cluster is not None:
+            record.cluster = said.cluster
             if gen.forming_since is None:
                 gen.forming_since = self._clock()
             if gen.phase is Phase.STARTING:
@@ -504,17 +507,15 @@ class Supervisor:
         if gen.phase in (Phase.STARTING, Phase.FORMING):
             gen.enter(Phase.TRAINING)
         self._act(gen, self._watch.position(gen, record, data))  # where it is (job/lockstep.py)
-        job_step = self._resumes.job_step(gen.plan.generation, record.task.name, data)
-        if job_step is not None:  # the job's step, read once here for every view
-            data = {**data, "job_step": job_step}
-        if "step" in data:  # a save, a resume point or a position alone is no step report
+        data = self._resumes.with_job_step(gen.plan.generation, record.task.name, data)
+        if said.has_step:  # a save, a resume point or a position alone is no step report
             record.last_progress, gen.stepped = data, True
-        elif "at" in data and not {"saved", "resumed", "resumed_unknown", "deleted"} & data.keys():
+        elif said.position_only:
             return  # a position alone: nothing to show or count
         for told in self._resumes.told(gen.plan.generation, record.task.name, data):
             gen.resumed_past |= isinstance(told, ev.Resumed) and told.past is not None
             self._story.tell(told)  # a resume point, or a resume behind the last save
-        if data.get("checkpoint"):  # the runtime saw a checkpoint saved: training moved
+        if said.checkpoint:  # the runtime saw a checkpoint saved: training moved
             gen.advanced = True
         self._act(gen, self._radar.progress(gen, data))
         self._story.tell(ev.Progress(**ids, metrics=dict(data)))

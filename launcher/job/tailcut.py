@@ -49,6 +49,7 @@ from . import events as ev
 from .generation import Generation
 from .lockstep import EVALUATE, PREDICT, SAVE
 from .phases import Phase
+from .reports import ProgressReport
 from .states import TaskRecord, TaskState
 
 # A task using less than this much of one core is idle (a save, a data
@@ -145,8 +146,7 @@ def grace_s(cut: ev.TailCut, plan: Plan) -> float:
 
 
 def _step(record: TaskRecord) -> int | None:
-    step = record.last_progress.get("step")
-    return step if isinstance(step, int) and not isinstance(step, bool) else None
+    return ProgressReport.read(record.last_progress).step
 
 
 def _at_work(gen: Generation, record: TaskRecord) -> bool:

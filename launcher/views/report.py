@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..job import events as ev
+from ..job.reports import ProgressReport
 from ..job.story import Story, failure_json, fold, steps_per_s
 from ..job.timeline import JOB_ROW
 from ..spec.plan import task_label
@@ -159,13 +160,14 @@ def _rates(events: Sequence[ev.Event], t0: float,
         if not isinstance(event, ev.Progress) or event.t is None:
             continue
         key = (event.task, event.generation)
-        step, rate = event.metrics.get("step"), event.metrics.get("steps_per_s")
+        said = ProgressReport.read(event.metrics)
+        step, rate = said.step, said.steps_per_s
         points = pieces.setdefault(key, [])
-        if _number(rate):
+        if rate is not None:
             if not points or event.t - t0 - points[-1][0] >= min_gap_s:
                 points.append((event.t - t0, float(rate)))
             continue
-        if not _number(step):
+        if step is None:
             continue
         before = last.get(key)
         if before is None or step < before[1]:  # the first report, or steps counted anew
