@@ -86,8 +86,7 @@ class Launch(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class TaskStarting(TaskEvent):
-    """The launcher sent the task's start to its host's agent (`task_started`:
-    the agent's answer)."""
+    """The task's start sent to its host's agent (`task_started`: the answer)."""
 
     kind = "task_starting"
 
@@ -280,9 +279,8 @@ class AgentLog(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class JobPhase(Event):
-    """The job's phase moved (`Generation.tell_phase`, launcher/job/phases.py's
-    `job_phase`): starting, running (every task of the generation started),
-    failing, stopping, waiting_for_host, restarting. Its end is `job_done`."""
+    """The job's phase moved (`Generation.tell_phase`, job/phases.py): starting, running
+    (every task started), failing, stopping, waiting_for_host, restarting; then `job_done`."""
 
     kind = "job_phase"
     generation: int
@@ -291,8 +289,7 @@ class JobPhase(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class LauncherFailed(Event):
-    """The launcher's own fault ended the job (an exception in its supervisor,
-    or a next generation that could not be planned: `plan`); `job_done` follows."""
+    """The launcher's own fault (an exception, or no next plan: `plan`) ended the job."""
 
     kind = "launcher_failed"
     error_type: str = ""  # the exception's class name
@@ -360,6 +357,17 @@ class ResumeBehind(Event):
     saved_step: int = 0
     directory: str = ""
     by: str = ""  # the task that saved it
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointPassedOver(Event):
+    kind = "checkpoint_passed_over"  # a restore took an older one (runtime/readable.py)
+    generation: int
+    task: str
+    checkpoint: str = ""  # the one passed over (told once per checkpoint)
+    why: str = ""  # what is wrong with it, in words
+    kept_in: str = ""  # the folder its files were moved to
+    restored: str = ""  # the checkpoint restored instead
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -480,17 +488,16 @@ KINDS: dict[str, type[Event]] = {cls.kind: cls for cls in (
     Launch, TaskStarting, TaskStarted, StartFailed, Cluster, Progress, TaskExited, TaskRestarted,
     TaskUnconfirmed, FailureDetected, RootCause, StacksRequested, Stacks, StopRequested,
     TeardownBegun, TeardownDone, HostLost, HostWait, HostBack, HostsChosen, Reaped,
-    BadMessage, AgentLog, Restart, Resumed, ResumeBehind, KerasSwitched, JobDone, TerminalLost,
-    NotifyFailed, MetricsServed, ProgramOver, TailCut, Health, Straggler, JobPhase,
-    LauncherFailed, MemoryCopy)}
+    BadMessage, AgentLog, Restart, Resumed, ResumeBehind, CheckpointPassedOver,
+    KerasSwitched, JobDone, TerminalLost, NotifyFailed, MetricsServed, ProgramOver, TailCut,
+    Health, Straggler, JobPhase, LauncherFailed, MemoryCopy)}
 
 # Keys of a progress line that are not metrics.
 _PROGRESS_RESERVED = frozenset({"t", "event", "v", "generation", "task", "host"})
 
 
 class Listener(Protocol):
-    """A view of the story: told every event as it happens (from the
-    supervisor thread; it must not block)."""
+    """A view of the story, told every event as it happens (supervisor thread: no blocking)."""
 
     def tell(self, event: Event) -> None: ...
 

@@ -509,7 +509,7 @@ class Supervisor:
             data = {**data, "job_step": job_step}
         if "step" in data:  # a save, a resume point or a position alone is no step report
             record.last_progress, gen.stepped = data, True
-        elif "at" in data and not {"saved", "resumed", "resumed_unknown", "deleted"} & data.keys():
+        elif "at" in data and not resumes.TOLD & data.keys():
             return  # a position alone: nothing to show or count
         for told in self._resumes.told(gen.plan.generation, record.task.name, data):
             gen.resumed_past |= isinstance(told, ev.Resumed) and told.past is not None

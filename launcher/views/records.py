@@ -53,6 +53,7 @@ class RunView:
     goodput: dict[str, Any] | None = None  # where the time went (job/goodput.py)
     stragglers: tuple[str, ...] = ()  # the straggler radar's lines (docs/stragglers.md)
     resume_behind: tuple[str, ...] = ()  # a task resumed behind the last save (job/resumes.py)
+    passed_over: tuple[str, ...] = ()  # checkpoints a restore could not read (runtime/readable)
     metrics_url: str | None = None  # where its metrics are served (a metrics_served event)
     story: Story | None = None  # the events folded (launcher/job/story.py)
     events: list[dict[str, Any]] | None = None  # events.jsonl's lines, as read
@@ -212,6 +213,7 @@ def load_run(run_dir: str | os.PathLike,
         last_event_t=events[-1].get("t") if events else None,
         goodput=_goodput_of(summary, story, events, status, now),
         stragglers=_said(story.straggler_events), resume_behind=_said(story.resume_behind),
+        passed_over=_said(story.passed_over),
         metrics_url=story.metrics_url, story=story, events=events, summary=summary,
     )
 
@@ -348,6 +350,8 @@ def render_status(view: RunView, now: float | None = None) -> str:
         lines += ["", *view.stragglers]
     if view.resume_behind:
         lines += ["", *view.resume_behind]
+    if view.passed_over:
+        lines += ["", *view.passed_over]
     lines += ["", f"logs:       {view.run_dir / LOGS}"]
     if (view.run_dir / LAUNCHER_OUT).exists():  # a detached run: the launcher's own lines
         lines.append(f"launcher:   {view.run_dir / LAUNCHER_OUT}")
