@@ -16,7 +16,8 @@ Owns what must happen in the task process before and around the user's code:
   and keep the task's phase and epoch, and a custom loop's distributed calls,
   for the launcher to compare when the workers fall out of step
   (`runtime.position`, `runtime.calls`); report every checkpoint save
-  (`runtime.saves`) and where a restarted task resumed (`runtime.restores`);
+  (`runtime.saves`) and where a restarted task resumed (`runtime.restores`),
+  passing over a checkpoint that cannot be read (`runtime.readable`);
 - warm starts: `python -m launcher.bootstrap --standby` imports TensorFlow,
   waits for its task on stdin and then goes on exactly as above
   (`launcher.standby`);
@@ -176,6 +177,7 @@ WATCHED: dict[str, tuple[str, ...]] = {
     "steps": _KERAS,
     "saves": _KERAS_TF,
     "restores": _KERAS_TF,
+    "readable": ("tensorflow",),
     "position": _KERAS_TF,
     "calls": ("tensorflow",),
 }
@@ -257,6 +259,7 @@ def install_hooks() -> None:
     if os.environ.get("MGPU_PROGRESS_FD"):  # checkpoint saves and restores: progress, resume
         _watch("saves")
         _watch("restores")
+        _watch("readable")  # a damaged checkpoint passed over for the newest that reads
         # Phase, epoch and a custom loop's distributed calls (workers out of step).
         _watch("position", when=several)
         _watch("calls", when=several)

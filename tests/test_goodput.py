@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from launcher.job import goodput, story
+from launcher.job import eventlines, goodput, story
 
 
 def launch(t: float, generation: int = 0) -> dict:
@@ -159,13 +159,12 @@ def test_a_save_is_timed_once_and_rides_on_the_next_step_report(monkeypatch):
 
 
 def test_a_view_told_the_events_keeps_the_same_ledger_as_the_file_gives():
-    from launcher.job import events as ev
 
     records = [launch(0), progress(10, 1), progress(20, 11), event(21, "job_done",
                                                                   status="succeeded", wall_s=22)]
     book = goodput.Ledger()
     for record in records:  # told events carry no time: the view stamps it
-        told = ev.from_record({k: v for k, v in record.items() if k != "t"})
+        told = eventlines.from_record({k: v for k, v in record.items() if k != "t"})
         book.add(told, t=record["t"])
     assert book.result() == goodput.from_records(records)
 

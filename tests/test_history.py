@@ -34,7 +34,7 @@ def test_steps_resume_points_and_saves_as_the_drill_reads_them():
     ]
     told = story.Story(history=history.History(keep_reports=True))  # as the drill keeps it
     for line in lines:
-        told.tell(story.ev.from_record(line))
+        told.tell(story.eventlines.from_record(line))
     told = told.history
     assert [(s.step, s.generation, s.by_saver) for s in told.saves] == [(10, 0, True)]
     assert told.saves_reported and told.save_seconds == [0.4]
@@ -54,7 +54,7 @@ def test_steps_resume_points_and_saves_as_the_drill_reads_them():
 def test_a_long_run_keeps_a_bounded_history():
     kept, live = story.Story(history=history.History(keep_reports=True)), story.Story()
     for step in range(history.POINTS_KEPT + 10):
-        event = story.ev.from_record(_progress(float(step), 0, "worker0", step=step))
+        event = story.eventlines.from_record(_progress(float(step), 0, "worker0", step=step))
         kept.tell(event)
         live.tell(event)
     points = kept.history.points[(0, "worker0")]

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from launcher.job import eventlines
 from launcher.job import events as ev
 from launcher.spec.config import ConfigError, parse_config
 from launcher.views.metrics import JobMetrics
@@ -86,7 +87,7 @@ def test_goodput_parts_and_stragglers():
     _started(metrics)
     metrics.set_goodput({"training": 54.0, "startup": 6.0}, wall_s=60.0, productive_s=54.0)
     # A straggler event read back from events.jsonl (typed or not: by its kind and fields).
-    metrics.tell(ev.from_record({"t": 1.0, "event": "straggler", "v": 2, "generation": 0,
+    metrics.tell(eventlines.from_record({"t": 1.0, "event": "straggler", "v": 2, "generation": 0,
                                  "task": "worker1", "host": "h1", "slowdown": 1.8,
                                  "evidence": {"input_s": 0.4}}))
     got = samples(metrics.text())
@@ -99,7 +100,7 @@ def test_goodput_parts_and_stragglers():
     metrics.tell(ev.Launch(generation=1, tasks=(ev.Placed(task="worker0", host="h0"),)))
     assert samples(metrics.text())[("mgpu_stragglers", (("job", "demo"),))] == 0
     # The ledger told as an event, as summary.json holds it.
-    metrics.tell(ev.from_record({"event": "goodput", "goodput": {
+    metrics.tell(eventlines.from_record({"event": "goodput", "goodput": {
         "wall_s": 100.0, "productive_s": 80.0, "parts": {"training": 80.0, "recovery": 20.0}}}))
     got = samples(metrics.text())
     assert got[("mgpu_goodput_seconds", (("job", "demo"), ("part", "recovery")))] == 20

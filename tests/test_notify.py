@@ -12,6 +12,7 @@ import os
 import time
 from pathlib import Path
 
+from launcher.job import eventlines
 from launcher.job import events as ev
 from launcher.spec.outlets import NotifySettings
 from launcher.views import notify
@@ -75,7 +76,7 @@ def test_only_chosen_events_notify_and_a_pile_up_is_dropped_and_counted(tmp_path
                                    events=["straggler", "stopped"])
     notifier.tell(ev.Restart(generation=1))
     for _ in range(10):
-        notifier.tell(ev.from_record({"event": "straggler", "task": "worker1", "host": "h1",
+        notifier.tell(eventlines.from_record({"event": "straggler", "task": "worker1", "host": "h1",
                                       "slowdown": 2.0, "evidence": {}}))
     notifier.close()
     runs = out.read_text().split()

@@ -129,3 +129,28 @@ def test_progress_is_a_save_past_the_best_before_and_unknown_is_said():
     resumes.told(3, "worker0", {"resumed_unknown": "the checkpoint holds no optimizer"})
     resumes.told(3, "worker0", {"saved": 2, "saved_dir": "/b", "chief": 1})
     assert resumes.moved_past() is None  # steps counted anew: cannot be compared
+
+
+def test_a_checkpoint_passed_over_is_said_once_and_its_resume_is_not_behind():
+    from launcher.job.events import CheckpointPassedOver
+
+    resumes = Resumes()
+    resumes.starting(0, None)
+    for step in (20, 40, 60):
+        resumes.on_save("worker0", {"saved": step, "saved_dir": "/c", "chief": 1})
+    resumes.starting(1, None)
+    over = {"passed_over": "/c/ckpt-3", "passed_over_why": "its data file is shorter",
+            "passed_over_to": "/c/damaged/ckpt-3-x", "passed_over_for": "/c/ckpt-2"}
+    [said] = resumes.told(1, "worker0", over)
+    assert said == CheckpointPassedOver(generation=1, task="worker0", checkpoint="/c/ckpt-3",
+                                        why="its data file is shorter",
+                                        kept_in="/c/damaged/ckpt-3-x", restored="/c/ckpt-2")
+    assert "passed over checkpoint /c/ckpt-3" in line(said)[1]
+    assert resumes.told(1, "worker1", over) == []  # the same checkpoint, by a peer: said once
+    [resumed] = resumes.told(1, "worker0", {"resumed": 40})
+    assert isinstance(resumed, Resumed)
+    assert resumes.told(1, "worker1", {"resumed": 40}) == []  # behind step 60 by design
+    # Progress: a save past where it resumed (60, the unreadable save, is gone).
+    assert resumes.moved_past() is None
+    resumes.on_save("worker0", {"saved": 60, "saved_dir": "/c", "chief": 1})
+    assert resumes.moved_past() is True

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from launcher.agent import health
+from launcher.job import eventlines
 from launcher.job import events as ev
 from launcher.job.protocol import check_message
 from launcher.job.stragglers import Detector, describe
@@ -309,7 +310,7 @@ def test_the_straggler_event_in_words_and_as_a_line():
         "CPU 180 ms/step (peers 70), on CPU 25 ms/step (peers 27)")
     record = ev.to_record(event, 5.0)
     assert {"task", "host", "slowdown", "evidence"} <= set(record)
-    assert ev.from_record(json.loads(json.dumps(record))) == event
+    assert eventlines.from_record(json.loads(json.dumps(record))) == event
 
 
 # ------------------------------------------------------------ the cluster file

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from launcher.commands import status
-from launcher.job import goodput
+from launcher.job import eventlines, goodput
 from launcher.views import report, status_watch
 from launcher.views.report_html import render
 
@@ -233,7 +233,6 @@ def test_one_story_with_a_kill_a_restart_a_straggler_and_a_stop_is_the_same_ever
     """One recorded event stream through every view: `status` (text, --json,
     --watch), the metrics, the live table, the report, the terminal's words and
     summary.json (written as the launch writes it: the story's rendering)."""
-    from launcher.job import events as ev
     from launcher.job import story
     from launcher.views import live, narrate
     from launcher.views.metrics import JobMetrics
@@ -248,7 +247,7 @@ def test_one_story_with_a_kill_a_restart_a_straggler_and_a_stop_is_the_same_ever
     metrics = JobMetrics("agree", clock=lambda: t0 + 51.7)
     phases = []  # the metrics' job state after each `job_phase` the launcher told
     for line in lines:
-        metrics.tell(ev.from_record({"v": 2, **line}))
+        metrics.tell(eventlines.from_record({"v": 2, **line}))
         if line["event"] == "job_phase":
             phases.append(_job_state(metrics))
     scraped = _scraped(metrics)
@@ -278,7 +277,7 @@ def test_one_story_with_a_kill_a_restart_a_straggler_and_a_stop_is_the_same_ever
 
     # The failure, in one sentence everywhere.
     sentence = "host1/worker1 (host host1, generation 0) was killed by signal 9 (SIGKILL)"
-    failure = ev.from_record(next(line for line in lines
+    failure = eventlines.from_record(next(line for line in lines
                                   if line["event"] == "failure_detected"))
     assert narrate.line(failure) == ("notice", f"failure: {sentence}")
     assert [f["description"] for f in seen["json"]["failures"]] == [sentence]
@@ -322,7 +321,7 @@ def test_one_story_with_a_kill_a_restart_a_straggler_and_a_stop_is_the_same_ever
 
     heard = Heard(clock=lambda: t0 + 1000)  # recorded events keep their own time
     for line in lines:
-        heard.tell(ev.from_record({"v": 2, **line}))
+        heard.tell(eventlines.from_record({"v": 2, **line}))
     assert heard.detected(0) == pytest.approx(t0 + 21.1)  # the failure told
     assert heard.history.first_step(1) == pytest.approx(t0 + 28)  # generation 1's step 9
     assert heard.history.resumed_at(1) == summary["resumed"][0]["step"] == 8
@@ -353,7 +352,6 @@ def test_the_same_story_cut_as_generation_1_starts_is_the_same_everywhere(
     the launcher's own table (a printer told the events, with the supervisor's
     own figures beside) and the metrics say both tasks are starting (from the
     fold: no view asks the supervisor), in the job's phase `starting`."""
-    from launcher.job import events as ev
     from launcher.job.story import Beside
     from launcher.views.metrics import JobMetrics
     from launcher.views.printer import Printer
@@ -369,8 +367,8 @@ def test_the_same_story_cut_as_generation_1_starts_is_the_same_everywhere(
     printer = Printer([t["host"] + "/" + t["task"] for t in TASKS], stream=out, colour=False,
                       live=True, size=lambda: (200, 40))
     for line in head:
-        metrics.tell(ev.from_record({"v": 2, **line}))
-        printer.tell(ev.from_record({"v": 2, **line}))
+        metrics.tell(eventlines.from_record({"v": 2, **line}))
+        printer.tell(eventlines.from_record({"v": 2, **line}))
     printer.refresh([Beside(label=f"{t['host']}/{t['task']}", generation=1, cpu_percent=12.0,
                             rss_mb=300.0, silent_s=0.1) for t in TASKS])
     assert printer.flush(timeout=10)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .failkinds import Kind, say
+from .recovery import NO_READABLE_CHECKPOINT
 
 # Exit code a task uses to say "restart me" (TensorFlow's preemption handling
 # and our runtime exit with it after saving a checkpoint on SIGTERM).
@@ -203,10 +204,14 @@ def script_mistake(error: dict | None) -> str:
     CUDA library not loadable at that moment); a repeat of it is caught by
     the same-failure-twice rule instead. Nor a SyntaxError with frames
     (`eval`, `compile` or an imported module: data or files that may change).
+    Not the script's but no more mendable: a restore that found no checkpoint
+    of its directory readable (runtime/readable.py's NoReadableCheckpoint).
     """
     if not isinstance(error, dict):
         return ""
     kind, message = str(error.get("type", "")), str(error.get("message", ""))[:300]
+    if kind == "NoReadableCheckpoint":  # runtime/readable.py: not the script's, nor mendable
+        return f"{NO_READABLE_CHECKPOINT}: {str(error.get('message', ''))[:600]}"
     files = _FRAME_FILE.findall(str(error.get("traceback") or ""))
     if kind in _SYNTAX and not files:
         return f"{kind} in the script: {message}"

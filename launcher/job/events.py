@@ -4,7 +4,8 @@ The supervisor decides and tells; it formats no text for people. Each thing
 that happens is one of the frozen records below, handed to the run
 directory's recorder (one JSON line of `events.jsonl`) and to the views that
 listen (`Listener`: the printer turns an event into its line,
-launcher/views/narrate.py). `status` reads the lines back with `from_record`.
+launcher/views/narrate.py). `status` reads the lines back with
+`eventlines.from_record` (job/eventlines.py).
 
 The JSON line of an event is `{"t": ..., "event": <kind>, "v": 2, <fields>}`:
 its fields in the order declared here, under the names `events.jsonl` always
@@ -86,8 +87,7 @@ class Launch(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class TaskStarting(TaskEvent):
-    """The launcher sent the task's start to its host's agent (`task_started`:
-    the agent's answer)."""
+    """The task's start sent to its host's agent (`task_started`: the answer)."""
 
     kind = "task_starting"
 
@@ -280,9 +280,8 @@ class AgentLog(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class JobPhase(Event):
-    """The job's phase moved (`Generation.tell_phase`, launcher/job/phases.py's
-    `job_phase`): starting, running (every task of the generation started),
-    failing, stopping, waiting_for_host, restarting. Its end is `job_done`."""
+    """The job's phase moved (`Generation.tell_phase`, job/phases.py): starting, running
+    (every task started), failing, stopping, waiting_for_host, restarting; then `job_done`."""
 
     kind = "job_phase"
     generation: int
@@ -291,8 +290,7 @@ class JobPhase(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class LauncherFailed(Event):
-    """The launcher's own fault ended the job (an exception in its supervisor,
-    or a next generation that could not be planned: `plan`); `job_done` follows."""
+    """The launcher's own fault (an exception, or no next plan: `plan`) ended the job."""
 
     kind = "launcher_failed"
     error_type: str = ""  # the exception's class name
@@ -361,6 +359,17 @@ class ResumeBehind(Event):
     saved_step: int = 0
     directory: str = ""
     by: str = ""  # the task that saved it
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointPassedOver(Event):
+    kind = "checkpoint_passed_over"  # a restore took an older one (runtime/readable.py)
+    generation: int
+    task: str
+    checkpoint: str = ""  # the one passed over (told once per checkpoint)
+    why: str = ""  # what is wrong with it, in words
+    kept_in: str = ""  # the folder its files were moved to
+    restored: str = ""  # the checkpoint restored instead
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -486,17 +495,16 @@ KINDS: dict[str, type[Event]] = {cls.kind: cls for cls in (
     Launch, TaskStarting, TaskStarted, StartFailed, Cluster, Progress, TaskExited, TaskRestarted,
     TaskUnconfirmed, FailureDetected, RootCause, StacksRequested, Stacks, StopRequested,
     TeardownBegun, TeardownDone, HostLost, HostWait, HostBack, HostsChosen, Reaped,
-    BadMessage, AgentLog, Restart, Resumed, ResumeBehind, KerasSwitched, JobDone, TerminalLost,
-    NotifyFailed, MetricsServed, ProgramOver, TailCut, Health, Straggler, JobPhase,
-    LauncherFailed, MemoryCopy)}
+    BadMessage, AgentLog, Restart, Resumed, ResumeBehind, CheckpointPassedOver,
+    KerasSwitched, JobDone, TerminalLost, NotifyFailed, MetricsServed, ProgramOver, TailCut,
+    Health, Straggler, JobPhase, LauncherFailed, MemoryCopy)}
 
 # Keys of a progress line that are not metrics.
 _PROGRESS_RESERVED = frozenset({"t", "event", "v", "generation", "task", "host"})
 
 
 class Listener(Protocol):
-    """A view of the story: told every event as it happens (from the
-    supervisor thread; it must not block)."""
+    """A view of the story, told every event as it happens (supervisor thread: no blocking)."""
 
     def tell(self, event: Event) -> None: ...
 
@@ -544,56 +552,3 @@ def write(recorder: RunRecorder, event: Event, at: float | None = None) -> None:
     `at`: the time it happened, for a line written late: job/samples.py)."""
     if event.recorded:
         recorder.event(event.kind, **fields_of(event), **({"t": at} if at is not None else {}))
-
-
-# ------------------------------------------------------------------ reading
-
-
-def version(record: dict[str, Any]) -> int:
-    """The schema version of a line: 1 when it has none (written before `v`)."""
-    v = record.get("v")
-    return v if isinstance(v, int) and not isinstance(v, bool) else 1
-
-
-def from_record(record: dict[str, Any]) -> Event:
-    """A line of events.jsonl read back; never raises on a line of another
-    version (unknown kind: `Unknown`; unknown keys: `extra`; a value of the
-    wrong type is kept as it is)."""
-    t = record.get("t")
-    t = t if isinstance(t, int | float) and not isinstance(t, bool) else None
-    name = str(record.get("event", ""))
-    cls = KINDS.get(name)
-    rest = {k: v for k, v in record.items() if k not in ("t", "event", "v")}
-    if cls is None:
-        return Unknown(t=t, name=name, extra=rest)
-    by_key = {f.metadata.get("key", f.name): f for f in dataclasses.fields(cls)
-              if f.name not in ("t", "extra")}
-    values: dict[str, Any] = {}
-    extra: dict[str, Any] = {}
-    for key, value in rest.items():
-        f = by_key.get(key)
-        if f is None or f.name == "metrics":
-            extra[key] = value
-        else:
-            values[f.name] = _typed(f.name, value)
-    if cls is Progress:
-        values["metrics"], extra = extra, {}
-    for f in dataclasses.fields(cls):  # required keys a line lacks: a neutral value
-        if f.name not in values and f.default is dataclasses.MISSING \
-                and f.default_factory is dataclasses.MISSING and f.name not in ("t", "extra"):
-            values[f.name] = 0 if f.name == "generation" else ""
-    return cls(t=t, extra=extra, **values)
-
-
-def _typed(name: str, value: Any) -> Any:
-    if name == "tasks" and isinstance(value, list):
-        return tuple(_placed(v) if isinstance(v, dict) else str(v) for v in value)
-    if isinstance(value, list):
-        return tuple(value)
-    return value
-
-
-def _placed(entry: dict[str, Any]) -> Placed:
-    known = {f.name for f in dataclasses.fields(Placed)}
-    return Placed(**{"task": "", "host": "",
-                     **{k: v for k, v in entry.items() if k in known}})

@@ -2,7 +2,7 @@
 
 `ledger(events, now)` (or a `Ledger` fed one event at a time) is a pure
 function of the run's story (the events of
-`events.jsonl`, read back with `events.from_record`): the same answer for
+`events.jsonl`, read back with `eventlines.from_record`): the same answer for
 `summary.json` (written when the run ends) and for `mgpu-launch status` of a
 running job (`now`: the moment asked). Its parts, in seconds, add up to
 `wall_s`:
@@ -39,6 +39,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import eventlines
 from . import events as ev
 from .reports import ProgressReport
 
@@ -299,4 +300,4 @@ def _overlay(spans: list[tuple[float, float, str]], cover: list[tuple[float, flo
 def from_records(records: Iterable[dict[str, Any]], now: float | None = None
                  ) -> dict[str, Any] | None:
     """The ledger of the lines of events.jsonl (dicts, as read)."""
-    return ledger((ev.from_record(r) for r in records), now)
+    return ledger((eventlines.from_record(r) for r in records), now)

@@ -78,6 +78,9 @@ STOPPED_BY_MAX_RESTARTS = "max_restarts"
 STOPPED_BY_MAX_TOTAL = "max_total_restarts"
 STOPPED_BY_DETERMINISTIC = "deterministic"
 STOPPED_BY_PREEMPTION_LOOP = "preemption_loop"
+# What a failure whose restore found no checkpoint it could read is said as
+# (classify.script_mistake; runtime/readable.py's NoReadableCheckpoint).
+NO_READABLE_CHECKPOINT = "no readable checkpoint is left"
 
 
 @dataclass(frozen=True)
@@ -139,16 +142,19 @@ def decide_restart(budget: Budget, advanced: bool, preempted: bool,
     try would only fail the same way. `max_restarts: 0` means never restart,
     not even after a preemption. `mistake`: set (to what is wrong) when the
     failure is a mistake in the script itself (classify.script_mistake: a
-    syntax error, a failed import of its own, the script missing): it would
+    syntax error, a failed import of its own, the script missing), or a
+    restore that found no readable checkpoint (NO_READABLE_CHECKPOINT): it would
     fail the same way on every try, so the first occurrence ends the job.
     """
     counts = restart_counts(advanced, preempted)
     if budget.max_restarts == 0:
         return RestartDecision(False, counts, budget, "", STOPPED_BY_NO_RESTARTS)
     if mistake and not preempted:
+        fix = ("no restart would find one: put a readable checkpoint there, or move these "
+               "aside to start from step 0" if mistake.startswith(NO_READABLE_CHECKPOINT) else
+               "a mistake in the script fails the same way on every try: fix it and launch again")
         return RestartDecision(False, counts, budget, (
-            f"gave up at the first failure, not restarted: {mistake}; a mistake in the "
-            "script fails the same way on every try: fix it and launch again"),
+            f"gave up at the first failure, not restarted: {mistake}; {fix}"),
             STOPPED_BY_DETERMINISTIC)
     if repeated and not advanced and not preempted:
         return RestartDecision(False, counts, budget, (

@@ -49,6 +49,12 @@ class ProgressReport:
     resumed_from: str | None = None
     resumed_host: str | None = None
     resumed_copy: str | None = None
+    # A checkpoint that could not be read, passed over (runtime/readable.py): its
+    # path, why, where its files are kept, and the one restored instead.
+    passed_over: str | None = None
+    passed_over_why: str | None = None
+    passed_over_to: str | None = None
+    passed_over_for: str | None = None
     loss: float | None = None
     steps_per_s: float | None = None
     # The program's life (launcher/bootstrap.py): its script returned, the program
@@ -77,7 +83,12 @@ class ProgressReport:
             deleted=_text(metrics.get("deleted")),
             resumed_from=_text(metrics.get("resumed_from")),
             resumed_host=_text(metrics.get("resumed_host")),
-            resumed_copy=_text(metrics.get("resumed_copy")), loss=_number(metrics.get("loss")),
+            resumed_copy=_text(metrics.get("resumed_copy")),
+            passed_over=_text(metrics.get("passed_over")),
+            passed_over_why=_text(metrics.get("passed_over_why")),
+            passed_over_to=_text(metrics.get("passed_over_to")),
+            passed_over_for=_text(metrics.get("passed_over_for")),
+            loss=_number(metrics.get("loss")),
             steps_per_s=_number(metrics.get("steps_per_s")),
             returned=bool(metrics.get("returned")), over=bool(metrics.get("over")),
             cluster=cluster if cluster in ("joining", "joined") else None,
@@ -92,7 +103,8 @@ class ProgressReport:
         """Where the task is, and nothing else to show or count (no step, no
         save, no resume point, no deleted backup)."""
         return self.position and not self.has_step and self.saved is None \
-            and self.resumed is None and self.resume_unknown is None and self.deleted is None
+            and self.resumed is None and self.resume_unknown is None and self.deleted is None \
+            and self.passed_over is None
 
     @property
     def resume_point(self) -> int | None:

@@ -26,6 +26,11 @@ local to each host, a stale copy) is said once per job: `behind`, judged on
 each task's own resume point only (its later step reports are no resume
 points), and only where both steps are known.
 
+A checkpoint a restore passed over (`passed_over`: it cannot be read,
+runtime/readable.py) is said once per checkpoint (`checkpoint_passed_over`);
+the generation then resumes behind the last save by design: not said as a
+resume behind, and its progress is a save past where it resumed.
+
 The job's step: `runtime.callbacks()` counts a generation's steps from 0 and
 says once where it started (`start_step`); every other report names the
 optimizer's count or the script's own. `job_step` makes each report's step the
@@ -65,6 +70,8 @@ class Resumes:
         self._bases: dict[str, int] = {}  # task: its runtime.callbacks() start, this generation
         self._best_now: int | None = None  # the newest save's step in this generation
         self._unknown: str = ""  # why this generation's steps cannot be compared ("": they can)
+        self._passed: set[str] = set()  # the checkpoints passed over (unreadable), told
+        self._passed_now = False  # this generation's restore passed one over
 
     def starting(self, generation: int, checkpoint: State | None) -> None:
         """Generation `generation` starts; `checkpoint`: the series on disk now."""
@@ -73,6 +80,7 @@ class Resumes:
         self._saved_before = self.last_save
         self._generation = generation
         self._judged, self._bases, self._best_now, self._unknown = set(), {}, None, ""
+        self._passed_now = False
 
     def with_job_step(self, generation: int, task: str, data: dict[str, Any]
                       ) -> dict[str, Any]:
@@ -99,6 +107,10 @@ class Resumes:
         if self._best_now is None or self._unknown:
             return None
         before = self._saved_before
+        if self._passed_now:  # the save before is unreadable: past where it resumed
+            here = self.entries[-1] if self.entries else {}
+            before = {"step": here.get("step", 0)} if here.get("generation") == \
+                self._generation and isinstance(here.get("step"), int) else None
         return before is None or self._best_now > before["step"]
 
     def on_save(self, task: str, report: ProgressReport | Mapping[str, Any]) -> None:
@@ -127,7 +139,7 @@ class Resumes:
         if report.deleted is not None and last and last["dir"] == report.deleted:
             self.last_save = {**last, "deleted": True}
         self.on_save(task, report)
-        out: list[ev.Event] = []
+        out: list[ev.Event] = self._passed_over(generation, task, report)
         entry = self.on_progress(generation, report, task)
         if entry is not None:
             out.append(ev.Resumed(**entry))
@@ -137,6 +149,21 @@ class Resumes:
                                        step=behind["step"], saved_step=behind["saved_step"],
                                        directory=behind["dir"], by=behind["by"]))
         return out
+
+    def _passed_over(self, generation: int, task: str, report: ProgressReport
+                     ) -> list[ev.Event]:
+        """`checkpoint_passed_over`, once per checkpoint, for a report of one."""
+        checkpoint = report.passed_over
+        if checkpoint is None:
+            return []
+        self._passed_now |= generation == self._generation
+        if checkpoint in self._passed:
+            return []
+        self._passed.add(checkpoint)
+        return [ev.CheckpointPassedOver(
+            generation=generation, task=task, checkpoint=checkpoint,
+            why=report.passed_over_why or "", kept_in=report.passed_over_to or "",
+            restored=report.passed_over_for or "")]
 
     def on_progress(self, generation: int, report: ProgressReport | Mapping[str, Any],
                     task: str = "") -> dict[str, Any] | None:
@@ -183,8 +210,8 @@ class Resumes:
         if self._told_behind or generation != self._generation or generation == 0 \
                 or saved is None or saved.get("deleted") or task in self._judged:
             return None
-        if report.resume_unknown is not None:  # restored, at a step that cannot be read
-            self._judged.add(task)
+        if report.resume_unknown is not None or self._passed_now:  # a step unknown, or
+            self._judged.add(task)  # saves passed over as unreadable: behind them by design
             return None
         step = report.resume_point
         if step is None:

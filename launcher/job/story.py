@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from ..spec.plan import task_label
+from . import eventlines
 from . import events as ev
 from .goodput import Ledger
 from .history import History
@@ -167,6 +168,7 @@ class Story:
     untimed: set[int] = field(default_factory=set)  # causes told without `at`: t is when told
     resumes: list[ev.Resumed] = field(default_factory=list)
     resume_behind: list[ev.ResumeBehind] = field(default_factory=list)
+    passed_over: list[ev.CheckpointPassedOver] = field(default_factory=list)  # unreadable
     stragglers: dict[str, Straggler] = field(default_factory=dict)  # by task, this generation
     straggler_events: list[ev.Event] = field(default_factory=list)  # every one, in order
     out_of_step: list[ev.OutOfStepAhead] = field(default_factory=list)
@@ -415,6 +417,7 @@ _TELLERS: dict[type, Any] = {
     ev.MetricsServed: Story._metrics, ev.Straggler: Story._straggler,
     ev.Resumed: lambda s, e: s.resumes.append(e),
     ev.ResumeBehind: lambda s, e: s.resume_behind.append(e),
+    ev.CheckpointPassedOver: lambda s, e: s.passed_over.append(e),
     ev.OutOfStepAhead: lambda s, e: s.out_of_step.append(e),
     ev.TailCut: lambda s, e: s.tail_cuts.append(e),
     ev.KerasSwitched: lambda s, e: setattr(s, "keras_switched", e),
@@ -477,7 +480,7 @@ def fold(records: Iterable[dict[str, Any]]) -> Story:
     """The lines of events.jsonl (dicts, as read), folded whole."""
     story = Story()
     for record in records:
-        story.tell(ev.from_record(record))
+        story.tell(eventlines.from_record(record))
     return story
 
 

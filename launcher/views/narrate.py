@@ -109,6 +109,13 @@ def _resume_behind(event: ev.ResumeBehind) -> str:
             "local to each host")
 
 
+def _passed_over(event: ev.CheckpointPassedOver) -> str:
+    kept = f"; its files are kept in {event.kept_in}" if event.kept_in else ""
+    return (f"warning: {event.task} passed over checkpoint {event.checkpoint}: it cannot be "
+            f"read ({event.why or 'damaged'}); restored {event.restored or 'an older one'} "
+            f"instead{kept}")
+
+
 def _keras(event: ev.KerasSwitched) -> str:
     return (f"{event.task} failed of tf_keras (Keras 2) code under Keras 3: generation "
             f"{event.generation} runs under tf_keras (TF_USE_LEGACY_KERAS=1); set "
@@ -189,6 +196,7 @@ _TELLERS = {
     ev.Reaped: _reaped,
     ev.Resumed: _resumed,
     ev.ResumeBehind: _resume_behind,
+    ev.CheckpointPassedOver: _passed_over,
     ev.KerasSwitched: _keras,
     ev.JobDone: lambda e: e.message or None,
     ev.BadMessage: lambda e: f"agent {e.host}: ignored a malformed message: {e.reason}",

@@ -24,8 +24,8 @@ from typing import Any
 
 import yaml
 
+from ..job.eventlines import version as ev_version
 from ..job.events import fields_of
-from ..job.events import version as ev_version
 from ..job.story import Story, TaskView, fold, split_name, step_of
 from ..spec.rundir import CONFIG, EVENTS, LAUNCHER_OUT, LAUNCHER_PID, LOGS, SUMMARY, log_file_name
 from . import narrate
@@ -55,6 +55,7 @@ class RunView:
     stragglers: tuple[str, ...] = ()  # the straggler radar's lines (docs/stragglers.md)
     resume_behind: tuple[str, ...] = ()  # a task resumed behind the last save (job/resumes.py)
     resumed: tuple[str, ...] = ()  # where each restarted generation resumed, in words
+    passed_over: tuple[str, ...] = ()  # checkpoints a restore could not read (runtime/readable)
     metrics_url: str | None = None  # where its metrics are served (a metrics_served event)
     story: Story | None = None  # the events folded (launcher/job/story.py)
     events: list[dict[str, Any]] | None = None  # events.jsonl's lines, as read
@@ -217,7 +218,7 @@ def load_run(run_dir: str | os.PathLike,
         last_event_t=events[-1].get("t") if events else None,
         goodput=_goodput_of(summary, story, events, status, now),
         stragglers=_said(story.straggler_events), resume_behind=_said(story.resume_behind),
-        resumed=_said(story.resumes),
+        resumed=_said(story.resumes), passed_over=_said(story.passed_over),
         metrics_url=story.metrics_url, story=story, events=events, summary=summary,
     )
 
@@ -354,6 +355,8 @@ def render_status(view: RunView, now: float | None = None) -> str:
         lines += ["", *view.stragglers]
     if view.resumed or view.resume_behind:
         lines += ["", *view.resumed, *view.resume_behind]
+    if view.passed_over:
+        lines += ["", *view.passed_over]
     lines += ["", f"logs:       {view.run_dir / LOGS}"]
     if (view.run_dir / LAUNCHER_OUT).exists():  # a detached run: the launcher's own lines
         lines.append(f"launcher:   {view.run_dir / LAUNCHER_OUT}")

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..job import eventlines
 from ..job import events as ev
 from ..job.reports import ProgressReport
 from ..job.story import Story, failure_json, fold, steps_per_s
@@ -75,7 +76,7 @@ def build(run_dir: str | os.PathLike, now: float | None = None) -> Report:
     run_dir = Path(run_dir)
     view = load_run(run_dir, now=now)
     records, summary = view.events or [], view.summary
-    events = [ev.from_record(r) for r in records]
+    events = [eventlines.from_record(r) for r in records]
     times = [e.t for e in events if e.t is not None]
     t0 = min(times) if times else (view.started_t or time.time())
     ended = next((e.t for e in reversed(events) if isinstance(e, ev.JobDone) and e.t), None)
@@ -194,7 +195,7 @@ def _stragglers(story: Story, records: Sequence[dict[str, Any]],
                 summary: dict[str, Any] | None) -> list[dict[str, Any]] | None:
     """The stragglers the story names; None: not recorded (events written before
     the radar existed, or a summary written without them)."""
-    if not any(ev.version(r) >= 2 for r in records) or \
+    if not any(eventlines.version(r) >= 2 for r in records) or \
             (summary is not None and not isinstance(summary.get("stragglers"), list)):
         return None
     return story.named()

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
-from ..job import events as ev
+from ..job import eventlines
 from ..job.story import Story, TaskRow, records
 from ..spec.rundir import EVENTS, SUMMARY
 from . import narrate
@@ -138,7 +138,7 @@ def _feed(state: Story, records: list[dict[str, Any]]) -> list[str]:
     """The records folded into the story; the notices they make, in words."""
     notices = []
     for record in records:
-        event = ev.from_record(record)
+        event = eventlines.from_record(record)
         state.tell(event)
         said = narrate.line(event)
         if said is not None and said[0] == "notice":

@@ -1,0 +1,75 @@
+"""The shape of TF's "Custom training loop with Keras and MultiWorkerMirroredStrategy"
+tutorial, with its own `tf.train.CheckpointManager` (`max_to_keep=3`) and
+`checkpoint.restore(manager.latest_checkpoint)`; knows nothing of mgpu-launch.
+
+The chief saves into the checkpoint directory (argv[1]), the other workers into
+a temporary one deleted at once, as the tutorial does. 6 epochs of 20 steps at
+0.05 s a step, a save at each epoch's end; prints `RESTORED step` after the
+restore and `EPOCH n` as each epoch starts.
+"""
+
+import json
+import os
+import shutil
+import sys
+import time
+
+import numpy as np
+import tensorflow as tf
+
+tf_config = json.loads(os.environ.get("TF_CONFIG") or "{}")
+task = tf_config.get("task", {})
+is_chief = task.get("type", "worker") == "worker" and task.get("index", 0) == 0
+strategy = tf.distribute.MultiWorkerMirroredStrategy()
+global_batch_size = 16 * strategy.num_replicas_in_sync
+steps_per_epoch = 20
+
+x = np.random.default_rng(0).random((64, 8)).astype("float32")
+y = (x.sum(axis=1) > 4).astype("int64")
+dataset = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(global_batch_size)
+dist_dataset = strategy.experimental_distribute_dataset(dataset)
+
+with strategy.scope():
+    model = tf.keras.Sequential([tf.keras.layers.Input((8,)),
+                                 tf.keras.layers.Dense(16, activation="relu"),
+                                 tf.keras.layers.Dense(2)])
+    optimizer = tf.keras.optimizers.SGD(learning_rate=0.01)
+
+checkpoint_dir = sys.argv[1] if len(sys.argv) > 1 else "/tmp/ckpt"
+write_dir = checkpoint_dir if is_chief else os.path.join(checkpoint_dir,
+                                                         f"workertemp_{task.get('index')}")
+checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
+manager = tf.train.CheckpointManager(checkpoint, directory=checkpoint_dir, max_to_keep=3)
+write_manager = manager if is_chief else tf.train.CheckpointManager(
+    checkpoint, directory=write_dir, max_to_keep=1)
+checkpoint.restore(manager.latest_checkpoint)  # the tutorial: None (nothing) at first
+print(f"RESTORED {int(optimizer.iterations.numpy())}", flush=True)
+
+
+@tf.function
+def train_step(iterator):
+    def step_fn(inputs):
+        x, y = inputs
+        with tf.GradientTape() as tape:
+            logits = model(x, training=True)
+            per_example = tf.keras.losses.sparse_categorical_crossentropy(
+                y, logits, from_logits=True)
+            loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch_size)
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+        return loss
+
+    return strategy.reduce(tf.distribute.ReduceOp.SUM,
+                           strategy.run(step_fn, args=(next(iterator),)), axis=None)
+
+
+iterator = iter(dist_dataset)
+while int(optimizer.iterations.numpy()) < 6 * steps_per_epoch:
+    print(f"EPOCH {int(optimizer.iterations.numpy()) // steps_per_epoch}", flush=True)
+    for _ in range(steps_per_epoch):
+        train_step(iterator)
+        time.sleep(0.05)
+    write_manager.save()
+    if not is_chief:
+        shutil.rmtree(write_dir, ignore_errors=True)
+print("TRAINED", flush=True)
