@@ -21,12 +21,13 @@ import os
 import signal
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from ..job.classify import signal_name
 from ..job.launch import Launch, LaunchRefused, Outcome
 from ..job.sequence import EarlyEnd, run_launch
 from ..job.states import Failure, JobStatus, RunResult
-from ..job.story import step_of
+from ..job.story import restarts_words, step_of
 from ..spec import planview, rundir
 from ..spec.config import LoadedConfig
 from ..spec.plan import Plan
@@ -128,7 +129,7 @@ def _launch(launch: Launch, first_plan: Plan, args: argparse.Namespace,
         return _done(printer, previous_hangup, _early_end(ended, printer, launch.run_dir))
     if ended.drops:  # said once, with the counts
         printer.notice(ended.drops)
-    _print_outcome(printer, ended.result, launch.run_dir)
+    _print_outcome(printer, ended.result, launch.run_dir, ended.summary.get("failures") or [])
     if ended.stop is not None:
         printer.notice(ended.stop["said"])
     return _done(printer, previous_hangup, exit_code(ended.result))
@@ -200,11 +201,12 @@ def exit_code(result: RunResult) -> int:
     return exits.FAILED
 
 
-def _print_outcome(printer: Printer, result: RunResult, run_dir: Path) -> None:
+def _print_outcome(printer: Printer, result: RunResult, run_dir: Path,
+                   failures: Sequence[dict[str, Any]] = ()) -> None:
     """The end of a run in a few lines: how it went, each task, why it failed,
-    where to look next."""
-    restarts = (f"{result.restarts} restart{'s' if result.restarts != 1 else ''}"
-                if result.restarts else "no restarts")
+    where to look next (`failures`: summary.json's, with the workers restarted
+    alone, which the result does not hold)."""
+    restarts = restarts_words(result.restarts, failures)
     status = result.status
     if result.interrupted_by:
         status += f" by {signal_name(result.interrupted_by)}"
@@ -219,6 +221,11 @@ def _print_outcome(printer: Printer, result: RunResult, run_dir: Path) -> None:
         printer.notice("restarted after:")
         for failure in earlier:
             printer.notice(f"  {failure.describe()}")
+    alone = [f for f in failures if f.get("restarted_alone")]
+    if alone:
+        printer.notice("workers restarted alone (the job went on):")
+        for failure in alone:
+            printer.notice(f"  {failure.get('description')}")
     where = shown(run_dir)
     if cause is not None:
         printer.notice(f"root cause: {cause.describe()}")

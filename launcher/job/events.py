@@ -130,12 +130,17 @@ class TaskExited(TaskEvent):
 
 @dataclass(frozen=True, kw_only=True)
 class TaskRestarted(TaskEvent):
-    """A ParameterServerStrategy worker restarted alone."""
+    """A ParameterServerStrategy worker restarted alone: a failure the job survives."""
 
     kind = "task_restarted"
+    optional = ("at", "last_lines", "error")
     exit_code: int | None = None
     signal: int | None = None
     reason: str = ""
+    failure: str = dataclasses.field(default="", metadata={"key": "kind"})
+    at: float | None = None  # when it happened, as its host saw it (t: when told)
+    last_lines: tuple[str, ...] | None = None
+    error: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -70,6 +70,14 @@ def failure_detected(failure: Failure) -> ev.FailureDetected:
                               failure=failure.kind, reason=failure.reason, **_details(failure))
 
 
+def restarted_alone(failure: Failure) -> ev.TaskRestarted:
+    """The event of a ParameterServerStrategy worker's failure that the job
+    survives (its worker restarted alone), with what the views show of it."""
+    return ev.TaskRestarted(generation=failure.generation,
+                            task=failure.task.partition("/")[2], host=failure.host,
+                            failure=failure.kind, reason=failure.reason, **_details(failure))
+
+
 def _details(failure: Failure) -> dict[str, Any]:
     """What status, the report and summary.json show of a failure beside its words."""
     return {"exit_code": failure.exit_code, "signal": failure.signal, "at": failure.t,

@@ -111,6 +111,7 @@ class TaskView:
     lifetime: str = "job"  # "service": a task the launcher stops (ps)
     over: bool = False  # its program ended cleanly while the job ran (program_over)
     start: str | None = None  # cold | warm (a standby took it: launcher/standby.py)
+    restarted_alone: int = 0  # times restarted alone in its generation (ParameterServerStrategy)
     # What its timeline span says (job/timeline.py): its cluster (joining, joined),
     # a report told in this generation, its generation's failure its own, its end told.
     cluster: str = ""
@@ -167,6 +168,7 @@ class Story:
     settled: set[int] = field(default_factory=set)  # generations failing, stopping or torn down
     untimed: set[int] = field(default_factory=set)  # causes told without `at`: t is when told
     resumes: list[ev.Resumed] = field(default_factory=list)
+    alone: list[ev.TaskRestarted] = field(default_factory=list)  # PS workers restarted alone
     resume_behind: list[ev.ResumeBehind] = field(default_factory=list)
     passed_over: list[ev.CheckpointPassedOver] = field(default_factory=list)  # unreadable
     stragglers: dict[str, Straggler] = field(default_factory=dict)  # by task, this generation
@@ -336,13 +338,16 @@ class Story:
 
     def failure_list(self) -> list[dict[str, Any]]:
         """Each generation's root cause (its first failure, unless a later
-        `root_cause` named another task), as summary.json lists it."""
-        return [dict(cause) for _, cause in sorted(self.causes.items())]
+        `root_cause` named another task) and each worker restarted alone
+        (`restarted_alone`), in time by generation, as summary.json lists them."""
+        alone = [failure_json(event) for event in self.alone]
+        return sorted([*(dict(cause) for cause in self.causes.values()), *alone],
+                      key=lambda f: (f["generation"], _seconds(f["t"]) or 0.0))
 
     def root_cause(self) -> dict[str, Any] | None:
         """The failure that ended a failed job (summary.json's `root_cause`)."""
         failed = self.ended is not None and self.ended.status == "failed"
-        return self.failure_list()[-1] if failed and self.causes else None
+        return dict(self.causes[max(self.causes)]) if failed and self.causes else None
 
     def summary(self) -> dict[str, Any]:
         """summary.json of a finished job (its keys as states.RunResult.to_json
@@ -416,6 +421,7 @@ _TELLERS: dict[type, Any] = {
     ev.TeardownBegun: lambda s, e: s.settled.add(e.generation),
     ev.MetricsServed: Story._metrics, ev.Straggler: Story._straggler,
     ev.Resumed: lambda s, e: s.resumes.append(e),
+    ev.TaskRestarted: lambda s, e: s.alone.append(e),
     ev.ResumeBehind: lambda s, e: s.resume_behind.append(e),
     ev.CheckpointPassedOver: lambda s, e: s.passed_over.append(e),
     ev.OutOfStepAhead: lambda s, e: s.out_of_step.append(e),
@@ -438,6 +444,7 @@ def _on_task(view: TaskView, event: ev.Event) -> None:
         view.exit_code, view.signal = event.exit_code, event.signal
     elif isinstance(event, ev.TaskRestarted):  # a parameter-server worker, restarted alone
         view.exit_code, view.signal = None, None
+        view.restarted_alone += 1
         view.failed, view.trained, view.cluster, view.gone = False, False, "", False
     elif isinstance(event, ev.Cluster):
         view.cluster = "joining" if event.state == "joining" else "joined"
@@ -496,16 +503,37 @@ def records(lines: Iterable[str]) -> Iterator[dict[str, Any]]:
             yield record
 
 
-def failure_json(event: ev.FailureDetected | ev.RootCause) -> dict[str, Any]:
+RESTARTED_ALONE = "restarted alone (ParameterServerStrategy reschedules its work)"
+
+
+def failure_json(event: ev.FailureDetected | ev.RootCause | ev.TaskRestarted
+                 ) -> dict[str, Any]:
     """A failure as summary.json lists it (states.Failure.to_json), from its
-    `failure_detected` (or `root_cause`) event."""
+    `failure_detected` (or `root_cause`) event; a worker restarted alone (its
+    `task_restarted`) is one too, marked `restarted_alone`."""
     task = task_label(event.host, event.task)
     what = reason_of(event.failure, event.exit_code, event.signal, event.reason)
+    alone = isinstance(event, ev.TaskRestarted)
     return {"task": task, "host": event.host, "generation": event.generation,
             "t": event.at if event.at is not None else event.t, "kind": event.failure,
             "exit_code": event.exit_code, "signal": event.signal,
-            "description": sentence(task, event.host, event.generation, what),
-            "last_lines": list(event.last_lines or ()), "error": event.error, "stack": []}
+            "description": sentence(task, event.host, event.generation, what)
+            + (f"; {RESTARTED_ALONE}" if alone else ""),
+            "last_lines": list(event.last_lines or ()), "error": event.error, "stack": [],
+            **({"restarted_alone": True} if alone else {})}
+
+
+def restarts_words(restarts: int, failures: Sequence[Mapping[str, Any]]) -> str:
+    """`1 restart`, `no restarts`, `1 worker restarted alone`, `2 restarts; 1
+    worker restarted alone 3 times`: the job's restarts, then its workers
+    restarted alone (`failures` as summary.json lists them), in one phrase."""
+    alone = [f for f in failures if f.get("restarted_alone")]
+    said = [f"{restarts} restart{'s' if restarts != 1 else ''}"] if restarts else []
+    if alone:
+        workers = len({f.get("task") for f in alone})
+        said.append(f"{workers} worker{'s' if workers != 1 else ''} restarted alone"
+                    + (f" {len(alone)} times" if len(alone) != workers else ""))
+    return "; ".join(said) or "no restarts"
 
 
 def split_name(task: str) -> tuple[str, int]:

@@ -39,7 +39,7 @@ from . import events as ev
 from .blame import repeated_failure
 from .classify import OutputWatcher, exit_kind, exit_words, script_mistake
 from .failkinds import Kind, traits
-from .findings import Failures, Finding, Found, HostSilent
+from .findings import Failures, Finding, Found, HostSilent, restarted_alone
 from .generation import Generation
 from .hostwait import HostWaiter
 from .output import TaskOutput, Voice
@@ -545,9 +545,7 @@ class Supervisor:
         if record.state is TaskState.SUCCEEDED:  # a job task done, or a service that may end
             return
         if self._worker_restarts_alone(gen, record):
-            self._story.happen(gen, ev.TaskRestarted(
-                generation=gen.plan.generation, task=record.task.name, host=record.task.host,
-                exit_code=record.exit_code, signal=record.signal, reason=found.reason))
+            self._story.happen(gen, restarted_alone(self._failures.of(gen, found)))
             self._start(gen, record.task)
             return
         self._failures.fail(gen, found)

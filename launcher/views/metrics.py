@@ -95,6 +95,15 @@ class JobMetrics:
                    [self.job], state.generation)
         yield _one(CounterMetricFamily("mgpu_job_restarts", "Restarts of the whole job so far",
                                        labels=["job"]), [self.job], state.restarts)
+        alone = CounterMetricFamily("mgpu_task_restarts_alone", "Failures of each "
+                                    "ParameterServerStrategy worker that the job survived: "
+                                    "the worker restarted alone", labels=list(TASK_LABELS))
+        counts: dict[tuple[str, str], int] = {}
+        for event in state.alone:
+            counts[(event.task, event.host)] = counts.get((event.task, event.host), 0) + 1
+        for (task, host), count in sorted(counts.items()):
+            alone.add_metric([self.job, task, host], count)
+        yield alone
 
     def _task_families(self) -> Iterator[Metric]:
         state = self._state

@@ -69,8 +69,8 @@ def _stacks_requested(event: ev.StacksRequested) -> str:
 
 
 def _task_restarted(event: ev.TaskRestarted) -> str:
-    return (f"{event.label} {event.reason}; ParameterServerStrategy reschedules its work: "
-            "restarting that worker alone")
+    return ("failure: " + sentence(event.label, event.host, event.generation, event.reason)
+            + "; ParameterServerStrategy reschedules its work: restarting that worker alone")
 
 
 def _reaped(event: ev.Reaped) -> str:

@@ -43,7 +43,7 @@ def notification(event: ev.Event) -> str | None:
     """The notification an event is (failed, restarted, ...), or None."""
     if isinstance(event, ev.JobDone):
         return _JOB_END.get(event.status, "failed")
-    if isinstance(event, ev.Restart):
+    if isinstance(event, ev.Restart | ev.TaskRestarted):  # the job, or a PS worker alone
         return "restarted"
     if kind_of(event) == "straggler":
         return "straggler"

@@ -26,7 +26,7 @@ import yaml
 
 from ..job.eventlines import version as ev_version
 from ..job.events import fields_of
-from ..job.story import Story, TaskView, fold, split_name, step_of
+from ..job.story import Story, TaskView, fold, restarts_words, split_name, step_of
 from ..spec.rundir import CONFIG, EVENTS, LAUNCHER_OUT, LAUNCHER_PID, LOGS, SUMMARY, log_file_name
 from . import narrate
 
@@ -91,6 +91,7 @@ class RunView:
                     "generation": t.generation, "state": t.state, "address": t.address,
                     "port": t.port, "pid": t.pid, "exit_code": t.exit_code, "signal": t.signal,
                     "last_step": t.last_step, "last_progress": t.last_progress,
+                    "restarted_alone": t.restarted_alone,
                     "log": str(t.log_path) if t.log_path else None,
                 }
                 for t in self.tasks
@@ -204,7 +205,8 @@ def load_run(run_dir: str | os.PathLike,
         end = _end_of(story, summary)
         status, detail = _finished(end)
         restarts, wall_s = int(end.get("restarts") or 0), end.get("wall_s")
-        root_cause = failures[-1] if status == "failed" and failures else None
+        causes = [f for f in failures if not f.get("restarted_alone")]
+        root_cause = causes[-1] if status == "failed" and causes else None
         _final_states(story, summary)
     else:
         launcher = story.first_launch or detached
@@ -280,9 +282,13 @@ def _filled(story: Story, written: Any) -> list[dict[str, Any]]:
     """The failures the events tell; summary.json's fill in what they lack (the
     time on the host, the last lines, the traceback: an older events.jsonl did
     not say them; a generation whose failure no event told)."""
-    by_generation = {f.get("generation"): f for f in written or [] if isinstance(f, dict)}
+    by_generation = {f.get("generation"): f for f in written or []
+                     if isinstance(f, dict) and not f.get("restarted_alone")}
     out = []
     for failure in story.failure_list():
+        if failure.get("restarted_alone"):  # told whole by its task_restarted event
+            out.append(failure)
+            continue
         kept = by_generation.pop(failure["generation"], None)
         if kept is not None and kept.get("task") == failure["task"]:
             told = {k: v for k, v in failure.items() if v not in (None, [])}
@@ -319,6 +325,8 @@ def _final_states(story: Story, summary: dict[str, Any] | None) -> None:
 def render_status(view: RunView, now: float | None = None) -> str:
     now = time.time() if now is None else now
     restarts = f"{view.restarts} restart{'s' if view.restarts != 1 else ''}"
+    if any(f.get("restarted_alone") for f in view.failures):
+        restarts = restarts_words(view.restarts, view.failures)
     lines = [
         f"run:        {view.run_dir}",
         f"job:        {view.name or '?'} (strategy {view.strategy or '?'}, "
@@ -382,11 +390,14 @@ def _causes(view: RunView) -> list[str]:
             lines.append("its last lines:")
             lines += [f"  {line}" for line in cause["last_lines"][-10:]]
     others = [f for f in view.failures if f is not cause and f != cause]
+    alone = [f for f in others if f.get("restarted_alone")]
+    others = [f for f in others if f not in alone]
     # A failure of an earlier generation caused a restart; one of the last did not (yet).
     restarted = [f for f in others if _generation(f) < view.generation]
     last = [f for f in others if f not in restarted]
     for title, listed in (("failures that caused a restart:", restarted),
-                          (f"failures of generation {view.generation}:", last)):
+                          (f"failures of generation {view.generation}:", last),
+                          ("workers restarted alone (the job went on):", alone)):
         if listed:
             lines += ["", title, *(f"  {f.get('description') or f.get('task')}" for f in listed)]
     return lines

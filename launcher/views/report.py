@@ -44,6 +44,7 @@ class Fault:
     kind: str
     description: str
     blamed_later: bool = False  # a `root_cause` event named this task after the first failure
+    restarted_alone: bool = False  # a ParameterServerStrategy worker: the job went on
 
 
 @dataclass
@@ -132,17 +133,27 @@ def _timeline(report: Report, story: Story) -> None:
 def _faults(report: Report, story: Story) -> list[Fault]:
     """The first failure of each generation, blamed on its root cause: a later
     `root_cause` event wins over the first failure (a hang blamed on its peer),
-    said as `status` says it."""
-    described = {f.get("generation"): f for f in report.view.failures}
+    said as `status` says it; and each worker restarted alone, in time."""
+    described = {f.get("generation"): f for f in report.view.failures
+                 if not f.get("restarted_alone")}
     faults = []
-    for number, (failure, cause) in enumerate(story.faults(), start=1):
+    for failure, cause in story.faults():
         generation = failure.generation
         label = task_label(cause.host, cause.task)
         text = (described.get(generation) or failure_json(cause)).get("description") or label
-        faults.append(Fault(number=number, generation=generation, task=label,
+        faults.append(Fault(number=0, generation=generation, task=label,
                             name=cause.task, t=(failure.t or report.t0) - report.t0,
                             kind=cause.failure, description=str(text),
                             blamed_later=isinstance(cause, ev.RootCause)))
+    for alone in story.alone:
+        faults.append(Fault(number=0, generation=alone.generation,
+                            task=task_label(alone.host, alone.task), name=alone.task,
+                            t=(alone.t or report.t0) - report.t0, kind=alone.failure,
+                            description=failure_json(alone)["description"],
+                            restarted_alone=True))
+    faults.sort(key=lambda f: (f.generation, f.t))
+    for number, fault in enumerate(faults, start=1):
+        fault.number = number
     return faults
 
 

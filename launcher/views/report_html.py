@@ -121,8 +121,9 @@ def _fault_list(report: Report) -> str:
     items = []
     for fault in report.faults:
         blame = " (blamed after the first failure)" if fault.blamed_later else ""
+        what = "restarted alone" if fault.restarted_alone else "root cause"
         items.append(f'<li><span class="fault">{fault.number}</span> at {fault.t:.1f} s, '
-                     f"generation {fault.generation}, {esc(fault.kind)}: root cause "
+                     f"generation {fault.generation}, {esc(fault.kind)}: {what} "
                      f"<b>{esc(fault.task)}</b>{esc(blame)}: {esc(fault.description)}</li>")
     return "<h3>Faults</h3><ol>" + "".join(items) + "</ol>" + _root_cause(report)
 
