@@ -321,7 +321,7 @@ class Story:
                 self.timeline.switch(generation, view.name, "failed", t)
             self.timeline.switch(generation, view.name, activity(
                 view.state, gone=view.gone, failed=view.failed, stepped=view.trained,
-                cluster=view.cluster), t)
+                cluster=view.cluster, service=view.lifetime == "service"), t)
 
     # ------------------------------------------------------------- reading
 

@@ -24,17 +24,20 @@ class Span:
     generation: int  # the job's row: the generation it restarts as
     task: str  # the task's name, or JOB_ROW
     host: str
-    activity: str  # starting | joining | training | stopping | failed | restarting
+    activity: str  # starting | joining | training | serving | stopping | failed | restarting
     start: float
     end: float
 
 
-def activity(state: str, *, gone: bool, failed: bool, stepped: bool, cluster: str) -> str | None:
+def activity(state: str, *, gone: bool, failed: bool, stepped: bool, cluster: str,
+             service: bool = False) -> str | None:
     """What a task is doing, as the timeline says it (None: over, no span).
 
     `gone`: its exit (or its loss, or its start's failure) was told; `failed`:
     its generation's failure is its, or its host was lost; `stepped`: it
-    reported a step; `cluster`: joining | joined (MultiWorkerMirroredStrategy)."""
+    reported a step; `cluster`: joining | joined (MultiWorkerMirroredStrategy);
+    `service`: a task the launcher stops (a ParameterServerStrategy worker or
+    ps, a TF1 ps: they serve, never report a step), serving once it runs."""
     if gone:
         return None
     if failed:
@@ -43,6 +46,8 @@ def activity(state: str, *, gone: bool, failed: bool, stepped: bool, cluster: st
         return "stopping"
     if stepped or cluster == "joined":
         return "training"
+    if service and state == "running":
+        return "serving"
     return "joining" if cluster == "joining" else "starting"
 
 

@@ -1,7 +1,7 @@
 """`mgpu-launch report RUN_DIR [-o FILE]`: a run told in one self-contained HTML file.
 
 Owns reading a run directory (finished or still going) into a `Report`: each
-task's timeline by generation (starting, joining, training, stopping, failed;
+task's timeline by generation (starting, joining, training, serving, stopping, failed;
 the job's restarts between generations), each fault with its root cause,
 steps/s per task over time, the goodput, the stragglers, the cluster (hosts,
 roles, versions) and the command. `report_html` draws it; `svg` draws the charts.

@@ -47,7 +47,7 @@ def render(report: Report) -> str:
     """The whole page."""
     view = report.view
     title = f"{view.name or 'run'}: {view.status}"
-    body = [_header(report), _timeline(report), _rates(report), _goodput(report),
+    body = [_header(report), _timeline(report), _tasks(report), _rates(report), _goodput(report),
             _stragglers(report), _cluster(report),
             f'<p class="none">written by mgpu-launch {esc(__version__)} at '
             f'{esc(_when(None))}</p>']
@@ -126,6 +126,18 @@ def _fault_list(report: Report) -> str:
                      f"generation {fault.generation}, {esc(fault.kind)}: {what} "
                      f"<b>{esc(fault.task)}</b>{esc(blame)}: {esc(fault.description)}</li>")
     return "<h3>Faults</h3><ol>" + "".join(items) + "</ol>" + _root_cause(report)
+
+
+def _tasks(report: Report) -> str:
+    """Each task of the last generation as `status` shows it: its state (a
+    finished job's final one), exit, last step, restarts alone."""
+    tasks = report.view.tasks
+    if not tasks:
+        return ""
+    rows = [(t.label, t.role, t.generation, t.state, t.exit_text() or None, t.last_step,
+             t.restarted_alone or None) for t in tasks]
+    return "<h3>Tasks</h3>" + _table(("task", "role", "generation", "state", "exit",
+                                      "last step", "restarted alone"), rows)
 
 
 def _root_cause(report: Report) -> str:

@@ -23,6 +23,7 @@ STATE_COLORS = {
     "starting": "#9aa5b1",
     "joining": "#e0b341",
     "training": "#3c9a5f",
+    "serving": "#2f6fd1",
     "stopping": "#e58a3a",
     "failed": "#d64545",
     "restarting": "#7a6fd0",
