@@ -23,6 +23,7 @@ from .cascade import CascadeFolder
 from .failkinds import Kind, traits
 from .findings import Found, root_cause
 from .generation import Generation
+from .grpcfold import GrpcFolder, Restarting
 from .noise import NoiseFolder
 from .states import TaskRecord
 from .story import Beside
@@ -53,6 +54,9 @@ class TaskOutput:
         self._tell = tell
         self._noise = NoiseFolder(enabled=not voice.verbose)  # TF start-up: one line a task
         self._cascade = CascadeFolder(enabled=not voice.verbose)  # after a peer failed
+        # gRPC errors about a PS worker restarting alone: one line a task and restart
+        self._grpc = GrpcFolder(enabled=not voice.verbose)
+        self._seen: dict[tuple[int, str], int] = {}  # (generation, worker): restarts seen
 
     def log_path(self, host: str, name: str | None) -> str:
         """A task's log file as the user may type it (relative when under the cwd)."""
@@ -64,7 +68,8 @@ class TaskOutput:
         """The task exited: what the noise folder held back is shown now."""
         log = self.log_path(record.task.host, record.task.name)
         for shown in [*self._noise.flush(record.task.label, log),
-                      *self._cascade.flush(record.task.label, log)]:
+                      *self._cascade.flush(record.task.label, log),
+                      *self._grpc.flush(record.task.label, log)]:
             self._voice.task_line(record.task.label, shown)
 
     def line(self, gen: Generation | None, message: AgentMessage) -> Found | None:
@@ -75,9 +80,12 @@ class TaskOutput:
         label = record.task.label if record else task_label(message.host, name)
         failed = gen.failure.task if gen is not None and gen.failure is not None \
             and record is not None and body.get("generation") == gen.plan.generation else None
+        if gen is not None:
+            self._restarts(gen, record, text)
         if not self._cascade.holds(label, failed):
             for shown in self._noise.show(label, text, self.log_path(message.host, name)):
-                self._voice.task_line(label, shown)
+                for kept in self._grpc.show(label, shown):
+                    self._voice.task_line(label, kept)
         self._recorder.log_line(log_file_name(message.host, name), text)
         if record is None or gen is None or body.get("generation") != gen.plan.generation:
             return None
@@ -90,6 +98,22 @@ class TaskOutput:
             record.watcher.feed(text)
             self.blame(gen, record)
         return None
+
+    def _restarts(self, gen: Generation, record: TaskRecord | None, text: str) -> None:
+        """The workers restarted alone (ParameterServerStrategy), told to the gRPC
+        folder as they restart and as they serve again (the fold lines owed then)."""
+        for name, count in gen.single_restarts.items():
+            if self._seen.get((gen.plan.generation, name), 0) < count and name in gen.records:
+                self._seen[(gen.plan.generation, name)] = count
+                task = gen.records[name].task
+                self._grpc.restarting(name, Restarting(task.label, task.index, task.address,
+                                                       task.port))
+        if record is not None and self._grpc.waits_for(record.task.name):
+            logs = {r.task.label: self.log_path(r.task.host, r.task.name)
+                    for r in gen.records.values()}
+            for label, line in self._grpc.back(record.task.name, text,
+                                               lambda told: logs.get(told, "its log")):
+                self._voice.task_line(label, line)
 
     def _watch(self, gen: Generation, record: TaskRecord, text: str) -> Found | None:
         """A collective abort in a task's output fails the group now, seconds
