@@ -454,8 +454,12 @@ def test_parameter_server_job_survives_a_killed_task(workdir: Path, jobs, victim
     assert re.search(r"host0/chief0 +\| DONE step=40", job.output), job.output[-3000:]
     if victim == "worker0":
         # The coordinator reschedules the dead worker's closures; the launcher
-        # starts that worker alone again, on the same address.
-        assert summary["restarts"] == 0 and summary["failures"] == []
+        # starts that worker alone again, on the same address: a failure on the
+        # record, no restart of the job (issue 57 item 3).
+        assert summary["restarts"] == 0 and summary["root_cause"] is None
+        assert [(f["task"], f.get("restarted_alone")) for f in summary["failures"]] == [
+            ("host1/worker0", True)]
+        assert re.search(r"job succeeded in [^(]+ \(1 worker restarted alone\)", job.output)
         again = job.events("task_restarted", generation=0)
         assert [e["task"] for e in again] == ["worker0"]
         assert len(job.events("task_started", task="worker0")) == 2
@@ -467,4 +471,9 @@ def test_parameter_server_job_survives_a_killed_task(workdir: Path, jobs, victim
             "chief0", "worker0", "ps0"}
         resumed = re.search(r"host0/chief0 +\| RESUME gen=1 step=(\d+)", job.output)
         assert resumed and int(resumed.group(1)) >= 10, job.output[-3000:]
+        # Its checkpoint holds no optimizer: where it resumed is said, as unknown.
+        [point] = summary["resumed"]
+        assert point["generation"] == 1 and "holds no optimizer" in point["unknown"], point
+        assert "generation 1 restored a checkpoint, at a step that cannot be told" \
+            in job.output
     job.assert_nothing_left()
