@@ -123,11 +123,21 @@ def test_progress_is_a_save_past_the_best_before_and_unknown_is_said():
         resumes.told(1, "worker0", {"saved": step, "saved_dir": "/b", "chief": 1})
     assert resumes.moved_past() is False  # trained again up to 40: no progress
     resumes.starting(2, None)
+    resumes.told(2, "worker0", {"resumed": 40, "resumed_epoch": 1})
     resumes.told(2, "worker0", {"saved": 60, "saved_dir": "/b", "chief": 1})
     assert resumes.moved_past() is True
+    # Weights restored without their optimizer (an .h5 and initial_epoch): a later
+    # epoch at optimizer step 0: the saves' steps are counted anew, not compared.
     resumes.starting(3, None)
-    resumes.told(3, "worker0", {"resumed_unknown": "the checkpoint holds no optimizer"})
-    resumes.told(3, "worker0", {"saved": 2, "saved_dir": "/b", "chief": 1})
+    resumes.told(3, "worker0", {"resumed": 0, "resumed_epoch": 2})
+    resumes.told(3, "worker0", {"saved": 20, "saved_dir": "/b", "chief": 1})
+    assert resumes.moved_past() is None
+    resumes.starting(4, None)  # no resume point heard: cannot be told either
+    resumes.told(4, "worker0", {"saved": 80, "saved_dir": "/b", "chief": 1})
+    assert resumes.moved_past() is None
+    resumes.starting(5, None)
+    resumes.told(5, "worker0", {"resumed_unknown": "the checkpoint holds no optimizer"})
+    resumes.told(5, "worker0", {"saved": 2, "saved_dir": "/b", "chief": 1})
     assert resumes.moved_past() is None  # steps counted anew: cannot be compared
 
 
@@ -153,4 +163,25 @@ def test_a_checkpoint_passed_over_is_said_once_and_its_resume_is_not_behind():
     # Progress: a save past where it resumed (60, the unreadable save, is gone).
     assert resumes.moved_past() is None
     resumes.on_save("worker0", {"saved": 60, "saved_dir": "/c", "chief": 1})
+    assert resumes.moved_past() is True
+
+
+def test_a_save_passed_over_as_unreadable_is_no_longer_the_best():
+    """Generation 0 saves 400 and 500; 500 is torn and passed over, generation 1
+    resumes at 400 and saves 450; generation 2 resumes at 450: not "behind the
+    last save (500)", and its save at 480 is progress (the review of issue 51)."""
+    resumes = Resumes()
+    resumes.starting(0, None)
+    for step in (400, 500):
+        resumes.told(0, "worker0", {"saved": step, "saved_dir": "/c", "chief": 1})
+    resumes.starting(1, None)
+    resumes.told(1, "worker0", {"passed_over": "/c/ckpt-5", "passed_over_why": "torn",
+                                "passed_over_for": "/c/ckpt-4"})
+    resumes.told(1, "worker0", {"resumed": 400})
+    resumes.told(1, "worker0", {"saved": 450, "saved_dir": "/c", "chief": 1})
+    assert resumes.moved_past() is True
+    resumes.starting(2, None)
+    told = resumes.told(2, "worker0", {"resumed": 450})
+    assert not [e for e in told if e.kind == "resume_behind"], told
+    resumes.told(2, "worker0", {"saved": 480, "saved_dir": "/c", "chief": 1})
     assert resumes.moved_past() is True

@@ -72,6 +72,7 @@ class Resumes:
         self._unknown: str = ""  # why this generation's steps cannot be compared ("": they can)
         self._passed: set[str] = set()  # the checkpoints passed over (unreadable), told
         self._passed_now = False  # this generation's restore passed one over
+        self._resumed_known = True  # where this generation resumed is known (generation 0)
 
     def starting(self, generation: int, checkpoint: State | None) -> None:
         """Generation `generation` starts; `checkpoint`: the series on disk now."""
@@ -81,6 +82,7 @@ class Resumes:
         self._generation = generation
         self._judged, self._bases, self._best_now, self._unknown = set(), {}, None, ""
         self._passed_now = False
+        self._resumed_known = generation == 0  # where this generation resumed is known
 
     def with_job_step(self, generation: int, task: str, data: dict[str, Any]
                       ) -> dict[str, Any]:
@@ -104,7 +106,7 @@ class Resumes:
         """Did this generation's newest save pass the best save before it?
         None: it cannot be told (no save with a step, or steps counted anew
         after a restore whose step could not be read)."""
-        if self._best_now is None or self._unknown:
+        if self._best_now is None or self._unknown or not self._resumed_known:
             return None
         before = self._saved_before
         if self._passed_now:  # the save before is unreadable: past where it resumed
@@ -156,7 +158,8 @@ class Resumes:
         checkpoint = report.passed_over
         if checkpoint is None:
             return []
-        self._passed_now |= generation == self._generation
+        if generation == self._generation:  # the save before it is no restore point:
+            self._passed_now, self.last_save = True, None  # the next save is the best
         if checkpoint in self._passed:
             return []
         self._passed.add(checkpoint)
@@ -187,6 +190,10 @@ class Resumes:
             entry["epoch"] = int(epoch)
         if step is not None:
             entry["step"] = step
+        # Steps counted anew (an epoch past the first restored at optimizer step 0:
+        # weights without their optimizer) cannot be compared with the saves before.
+        self._resumed_known = step is not None and report.resume_unknown is None \
+            and not (step == 0 and (epoch or 0) > 0)
         if self._checkpoint:
             entry["checkpoint"] = {path: list(position)
                                    for path, position in sorted(self._checkpoint.items())}

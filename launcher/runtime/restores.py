@@ -33,6 +33,7 @@ from types import ModuleType
 
 _MARK = "_mgpu_reads_restores"
 _told = False  # this process reported where it resumed
+_told_unknown = False  # ... or that a restore's step cannot be read
 _backup_dir: str | None = None  # the last BackupAndRestore that restored
 _inside = threading.local()
 # With the memory tier: the copy a restore read (memtier.py): `resumed_from`
@@ -120,21 +121,25 @@ UNKNOWN_STEP = ("the checkpoint holds no optimizer, so the step it was saved at 
 
 def _restored(checkpoint, found: bool, directory: str | None) -> None:
     """A custom loop's restore returned: `found` a checkpoint or initialized."""
-    step = _step_in(checkpoint)
-    if step is None and found:
+    held, step = _step_in(checkpoint)
+    if not held and found:
         tell_unknown(UNKNOWN_STEP, directory)
         return
     from . import steps
 
+    # An optimizer whose count is not made yet (restored when it is: tf_keras'
+    # legacy optimizers before their first step): the step watcher's count.
     tell(step if step is not None else steps.current_step(), directory=directory)
 
 
 def tell_unknown(why: str, directory: str | None) -> None:
-    """Report a restore whose step cannot be read (once; as `tell`)."""
-    global _told
-    if _told:
+    """Report a restore whose step cannot be read (once; a later restore that has
+    a step still tells it: a backbone warm-started from a model-only checkpoint,
+    then the training checkpoint restored)."""
+    global _told_unknown
+    if _told or _told_unknown:
         return
-    _told = True
+    _told_unknown = True
     from launcher import runtime
 
     runtime.write_progress({"resumed_unknown": why, "time": time.time(),
@@ -142,19 +147,49 @@ def tell_unknown(why: str, directory: str | None) -> None:
                                if directory else {})})
 
 
-def _step_in(checkpoint) -> int | None:
-    """The highest step count among the optimizers a checkpoint holds (directly,
-    or as a model's); None when it holds none."""
+def _step_in(checkpoint) -> tuple[bool, int | None]:
+    """(does the checkpoint hold an optimizer, the highest step count among them).
+    Optimizers are looked for among what it tracks, a few levels down (a model's,
+    a list's as in `optimizers=[...]`, a dict's, a module's), by what they are,
+    not by name."""
     from . import steps
 
-    counts = []
-    for value in list(vars(checkpoint).values()) if checkpoint is not None else ():
-        for optimizer in (value, getattr(value, "optimizer", None)):
-            if optimizer is not None and hasattr(optimizer, "_iterations"):
-                count = steps.read_iterations(optimizer)
-                if count is not None:
-                    counts.append(count)
-    return max(counts) if counts else None
+    held, counts = False, []
+    for optimizer in _optimizers(checkpoint):
+        held = True
+        count = steps.read_iterations(optimizer)
+        if count is not None:
+            counts.append(count)
+    return held, (max(counts) if counts else None)
+
+
+def _optimizers(root, depth: int = 4):
+    """The optimizers among what `root` tracks (TensorFlow's trackable children,
+    else its attributes), `depth` levels down at most."""
+    seen: set[int] = set()
+    level = [root] if root is not None else []
+    for _ in range(depth + 1):
+        below = []
+        for value in level:
+            if id(value) in seen:
+                continue
+            seen.add(id(value))
+            if hasattr(value, "_iterations") and hasattr(value, "apply_gradients"):
+                yield value
+                continue
+            below.extend(_children(value))
+        level = below
+
+
+def _children(value) -> list:
+    if isinstance(value, dict):
+        return list(value.values())
+    if isinstance(value, list | tuple):
+        return list(value)
+    try:
+        return list(value._trackable_children().values())
+    except Exception:  # noqa: BLE001 - not a trackable: its attributes, if any
+        return list(getattr(value, "__dict__", {}).values())[:64]
 
 
 def _backup_ended(callback, args, kwargs, result) -> None:
@@ -164,7 +199,9 @@ def _backup_ended(callback, args, kwargs, result) -> None:
     (tf_keras removes its `chief` folder and keeps the directory; the other
     workers' `workertemp_N` scratch folders are theirs to remove)."""
     directory = getattr(callback, "backup_dir", None)
-    if directory and not _holds_files(os.fspath(directory)):
+    if not directory or "://" in os.fspath(directory):  # gs://...: not for os.walk
+        return
+    if not _holds_files(os.fspath(directory)):
         from launcher import runtime
 
         runtime.write_progress({"deleted": runtime.short_path(os.path.abspath(
