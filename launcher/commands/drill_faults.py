@@ -26,6 +26,8 @@ from ..job import events as ev
 from ..job import story as model
 from ..job.history import Exit, History
 from ..job.launch import Job
+from ..job.lockstep import Position
+from ..job.lockstep import read as read_position
 from ..views.drill_report import Observed, Point
 
 POLL_S = 0.1
@@ -58,6 +60,7 @@ class Heard:
         self.clock = clock
         self.model = model.Story(history=History(keep_reports=True))  # each report kept
         self.disk_saves: list[tuple[float, int, int]] = []  # (t, step, generation)
+        self.positions: dict[int, Position] = {}  # generation: where its workers are
         # What made the script's last save (runtime/saves.py): keras3, tf_keras,
         # tensorflow...; and whether it was runtime.callbacks()' own.
         self.saver: tuple[str, bool] = ("", False)
@@ -86,7 +89,18 @@ class Heard:
             if isinstance(event, ev.Progress) and event.metrics.get("saved_with"):
                 self.saver = (str(event.metrics["saved_with"]),
                               bool(event.metrics.get("saved_by_runtime")))
+            if isinstance(event, ev.Progress):
+                gen = event.generation
+                self.positions[gen] = read_position(event.metrics,
+                                                    self.positions.get(gen, Position()))
             self.cond.notify_all()
+
+    def in_last_epoch(self, gen: int) -> bool:
+        """Generation `gen`'s `fit` is in its last epoch (as far as known): no
+        save at an epoch's end will come before its training ends."""
+        at = self.positions.get(gen)
+        return at is not None and at.epochs > 0 and at.epoch is not None \
+            and at.epoch >= at.epochs - 1
 
     # ------------------------------------------------------------- reading
     def detected(self, gen: int) -> float | None:
@@ -198,16 +212,19 @@ class Injector:
         """Wait for the current generation to train and save: each fault comes
         right after the first save it sees (the bootstrap times each save, and
         the interval is read from the saves' steps: drill_report.report). A
-        generation that resumed from a save has one already: its fault comes at
-        its first step, while the training has most of its steps left (a fault
-        after `fit` ended finds its backup deleted, which proves nothing)."""
+        generation that resumed from a save into its last epoch has one already:
+        its fault comes at its first step, while the training has steps left (a
+        fault after `fit` ended finds its backup deleted, which proves nothing).
+        Elsewhere each fault follows a save of its generation, so a restart the
+        drill caused is progress and spends none of the user's max_restarts."""
         heard = self.heard
         self._wait(lambda: heard.history.first_step(heard.generation), RECOVER_WAIT_S)
         gen = heard.generation
         with heard.cond:
             resumed = heard.history.resumed_at(gen)
             saved = heard.last_checkpoint(upto=gen - 1)
-        if gen > 0 and resumed and saved is not None and resumed >= saved:
+            last = heard.in_last_epoch(gen)
+        if gen > 0 and resumed and saved is not None and resumed >= saved and last:
             return gen
         self._wait(lambda: heard.saves_in(gen) >= 1, self.checkpoint_wait_s)
         return heard.generation

@@ -85,6 +85,26 @@ def abort_out_of_step(gen: Generation, weak: bool = True) -> Failure | None:
     return better
 
 
+def lost_peer_out_of_step(gen: Generation, failure: Failure) -> Failure | None:
+    """A task that failed on a lost peer (gRPC UNAVAILABLE...) while a peer had
+    finished cleanly: the workers' positions may name the real cause, as a
+    collective abort's do (an evaluate() on the chief alone, its peer done). Under
+    load TensorFlow's error comes before the quiet that would have named it."""
+    if not failure.secondary or not any(
+            r.state is TaskState.SUCCEEDED for r in gen.records.values()
+            if r.task.role in ("chief", "worker") and r.task.lifetime == "job"):
+        return None
+    found = out_of_step(gen, aborted=True, weak=True)
+    if found is None:
+        return None
+    record, finding = found
+    return Failure(task=record.task.label, host=record.task.host,
+                   generation=gen.plan.generation, t=failure.t, kind=Kind.OUT_OF_STEP,
+                   reason=say(Kind.OUT_OF_STEP, "aborted",
+                              {"cause": finding.reason, "reporter": failure.task}),
+                   last_lines=failure.last_lines)
+
+
 def repeated_failure(failures: list[Failure]) -> str:
     """The last failure's description when it repeats the one before it: the
     same exception type raised at the same innermost frame. "" otherwise."""

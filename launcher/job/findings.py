@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import events as ev
+from .blame import lost_peer_out_of_step
 from .failkinds import Kind, say
 from .generation import Generation
 from .states import Failure, TaskRecord
@@ -104,7 +105,8 @@ class Failures:
         """A failure of `found.record`. Its state moved by the event that told of
         it (an exit, a start failure, its host lost); a hung or aborting task is
         still running: it stays so until the teardown confirms its exit."""
-        self.consider(gen, self.of(gen, found))  # the phase moves to FAILING
+        failure = self.of(gen, found)  # a lost peer's: maybe the workers out of step
+        self.consider(gen, lost_peer_out_of_step(gen, failure) or failure)  # now FAILING
 
     def consider(self, gen: Generation, failure: Failure) -> None:
         """`failure` is a candidate root cause (one seen during the teardown, too):
