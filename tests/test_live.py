@@ -108,7 +108,7 @@ def live_printer(out: io.StringIO, colour: bool = False, **kwargs) -> Printer:
 
 
 def test_the_launchers_table_draws_the_runs_model_with_the_supervisors_figures_beside():
-    """State (from `task_starting` on), step (kept across a report without one),
+    """State (from `task_starting` on), step and loss (kept across a report without a step),
     loss and slowdown are the model's (launcher/job/story.py, told the events);
     CPU, memory and silence the supervisor's own."""
     out = Terminal()
@@ -119,12 +119,12 @@ def test_the_launchers_table_draws_the_runs_model_with_the_supervisors_figures_b
     tell(printer, "worker0", ev.TaskStarting)  # sent; no answer yet
     tell(printer, "worker1", ev.TaskStarting, ev.TaskStarted)
     printer.tell(ev.Progress(**ids, metrics={"step": 41, "loss": 0.5}))
-    printer.tell(ev.Progress(**ids, metrics={"saved": 41}))  # a save report: no step
+    printer.tell(ev.Progress(**ids, metrics={"saved": 41}))  # a save report: no step, no loss
     printer.tell(ev.Straggler(**ids, slowdown=1.5))
     printer.refresh([beside("worker0", cpu_percent=None), beside("worker1", cpu_percent=55.0)])
     assert printer.flush(timeout=10)
     table = out.screen()
-    assert any(re.search(r"host1\s+worker1\s+running \(straggler 1.5x\)\s+41\s+-\s+-\s+55%",
+    assert any(re.search(r"host1\s+worker1\s+running \(straggler 1.5x\)\s+41\s+-\s+0.5\s+55%",
                          line) for line in table), table
     assert any(re.search(r"host0\s+worker0\s+starting\s+-", line) for line in table), table
     printer.finish()

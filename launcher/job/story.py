@@ -436,7 +436,9 @@ def _on_task(view: TaskView, event: ev.Event) -> None:
         view.pid, view.started_t, view.start = event.pid, event.t, event.start
     elif isinstance(event, ev.Progress):
         view.last_step = step_of(event.metrics, view.last_step)
-        view.last_progress = view.reported = dict(event.metrics)
+        if ProgressReport.read(event.metrics).has_step or not view.reported:
+            # a step's report; a save, a resume or a deleted backup alone is no step's
+            view.last_progress = view.reported = dict(event.metrics)
         view.last_progress_t = event.t
         _mark(view, event)
         view.trained = True
