@@ -19,11 +19,13 @@ PROBE = str(SCRIPTS / "ckpt_probe.py")
 DATA = ".data-00000-of-00001"
 
 
-def start(tmp_path: Path, *args: str) -> tuple[subprocess.Popen, int]:
+def start(tmp_path: Path, *args: str, tf_config: str = "") -> tuple[subprocess.Popen, int]:
     read_fd, write_fd = os.pipe()
     env = dict(os.environ, MGPU_PROGRESS_FD=str(write_fd), MGPU_GENERATION="1",
                PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2")
     env.pop("TF_CONFIG", None)
+    if tf_config:
+        env["TF_CONFIG"] = tf_config
     proc = subprocess.Popen([sys.executable, "-m", "launcher.bootstrap", PROBE, *args],
                             env=env, cwd=tmp_path, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, pass_fds=(write_fd,))
@@ -126,12 +128,25 @@ def test_with_no_readable_checkpoint_left_it_stops_saying_so_and_moves_nothing(t
     assert not passed_over(records)
 
 
-def test_two_workers_restoring_at_once_agree_on_the_checkpoint(tmp_path):
+def test_two_workers_restoring_at_once_agree_and_only_the_chief_moves_files(tmp_path):
     directory = saved(tmp_path, 4)
     tear(directory / f"ckpt-4{DATA}")
     os.remove(directory / f"ckpt-3{DATA}")
-    started = [start(tmp_path, "manager", str(directory)) for _ in range(2)]
-    results = [finish(*each) for each in started]
+    cluster = {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}  # worker 0: the chief
+    started, early = {}, []
+    for i in (1, 0):  # worker 1 first: it sees the damaged state and waits for the chief
+        started[i] = start(tmp_path, "manager", str(directory), tf_config=json.dumps(
+            {"cluster": cluster, "task": {"type": "worker", "index": i}}))
+        for line in iter(started[i][0].stdout.readline, "") if i == 1 else ():
+            early.append(line)  # to its wait (or its end, had it moved the files itself)
+            if "for the chief to pass it over" in line:
+                break
+    results = [finish(*started[i]) for i in (0, 1)]
+    code, output, records, restored = results[1]
+    output = "".join(early) + output
+    restored = restored or next(json.loads(line.split(" ", 1)[1]) for line in early
+                                if line.startswith("RESTORED "))
+    results[1] = (code, output, records, restored)
     assert all(code == 0 for code, *_ in results), [out[-2000:] for _, out, *_ in results]
     assert [r[3]["step"] for r in results] == [20, 20], results
     kept = sorted(p.name for p in (directory / "damaged").iterdir())
@@ -139,6 +154,9 @@ def test_two_workers_restoring_at_once_agree_on_the_checkpoint(tmp_path):
     assert sorted(os.listdir(directory / "damaged" / kept[1])) == ["ckpt-4.data-00000-of-00001",
                                                                    "ckpt-4.index"]
     assert 'model_checkpoint_path: "ckpt-2"' in state(directory)
+    # Said by the chief, which moved them; worker 1 followed the state it rewrote.
+    assert [name for name, _ in passed_over(results[0][2])] == ["ckpt-4", "ckpt-3"]
+    assert not passed_over(results[1][2]), results[1][1][-2000:]
 
 
 def test_an_error_that_is_not_the_checkpoints_changes_nothing():

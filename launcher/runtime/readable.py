@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import functools
 import glob
+import json
 import os
 import sys
 import threading
@@ -50,6 +51,11 @@ from types import ModuleType
 
 _MARK = "_mgpu_passes_damaged"
 DAMAGED = "damaged"  # the folder beside, for the checkpoints passed over
+RECHECKS, RECHECK_S = 2, 0.5  # a file missing: looked at again, this often, this long apart
+FOLLOW_S = 60.0  # at most, a worker waits for the chief's new state (MGPU_READABLE_FOLLOW_S)
+RECENT_S = 600.0  # a damaged/ folder this recent was a peer's move (not an earlier run's)
+_DATA_MISSING, _INDEX_MISSING = "its data file is missing", "its index file is missing"
+_MISSING = (_DATA_MISSING, _INDEX_MISSING)
 _verified: dict[tuple, str] = {}  # (prefix, its files' sizes and times): "" reads, else why
 _inside = threading.local()
 
@@ -74,12 +80,13 @@ def _stamp(prefix: str) -> tuple:
     return (prefix, *out)
 
 
-def damage(prefix: str) -> str | None:
+def damage(prefix: str, fresh: bool = False) -> str | None:
     """Why the checkpoint `prefix` cannot be read, in words, when its bytes say it
     is damaged; "" when it reads; None when it cannot be told (an error that is
-    not the checkpoint's: the restore then goes on as asked)."""
+    not the checkpoint's: the restore then goes on as asked). `fresh`: read
+    again, whatever an earlier read of the same files said."""
     key = _stamp(prefix)
-    if key in _verified:
+    if key in _verified and not fresh:
         return _verified[key]
     import tensorflow as tf
 
@@ -104,9 +111,9 @@ def _words(exc: Exception, prefix: str) -> str | None:
     if "Checksum does not match" in text:
         return "a tensor's checksum does not match (its data file is corrupt)"
     if "No such file or directory" in text and data in text:
-        return "its data file is missing"
+        return _DATA_MISSING
     if "Failed to find any matching files" in text:
-        return "its index file is missing"
+        return _INDEX_MISSING
     if "sstable" in text or ("corrupt" in text and ".index" in text) \
             or "Bad table" in text or "corrupted compressed block" in text:
         return "its index cannot be read (corrupt or cut short)"
@@ -137,8 +144,9 @@ def _full(directory: str, path: str) -> str:
 def choose(prefix: object) -> object:
     """The checkpoint to restore in place of `prefix`: itself when it reads (or
     when it cannot be told), else the newest older one of its directory's state
-    file that reads, the damaged ones moved aside and reported. Raises
-    NoReadableCheckpoint when the state file lists none that reads."""
+    file that reads, the damaged ones passed over (moved aside and reported by
+    the mover: see `_pass_over`). Raises NoReadableCheckpoint when the state
+    file lists none that reads."""
     if not isinstance(prefix, str | os.PathLike) or "://" in os.fspath(prefix):
         return prefix
     path = os.path.normpath(os.path.abspath(os.fspath(prefix)))
@@ -147,7 +155,16 @@ def choose(prefix: object) -> object:
         return prefix
     directory = os.path.dirname(path)
     state = _state(directory)
-    listed = [_full(directory, p) for p in state.all_model_checkpoint_paths] if state else []
+    listed = _listed(directory, state)
+    if path in listed and why in _MISSING:
+        # A file missing may be a stale (NFS) lookup or a peer's move under way:
+        # looked at again, and the state read again, before it counts.
+        why, state = _recheck(path)
+        if not why:
+            return prefix
+        listed = _listed(directory, state)
+        if path not in listed:  # the state moved on (a peer passed it over): followed
+            return choose(_full(directory, state.model_checkpoint_path)) if state else prefix
     if path in listed:
         older, passed = listed[:listed.index(path)], [(path, why)]
     elif _moved_by_a_peer(directory, path):  # a peer passed it over (and said so)
@@ -159,9 +176,12 @@ def choose(prefix: object) -> object:
         if reason is None:
             return prefix  # cannot be told: as asked
         if not reason:
-            if passed:
-                _pass_over(directory, state, passed, candidate)
-            return candidate
+            if not passed:
+                return candidate
+            if _mover():
+                _pass_over(directory, passed, candidate)
+                return candidate
+            return _follow(directory, passed, candidate)
         passed.append((candidate, reason))
     said = "; ".join(f"{os.path.basename(p)}: {w}" for p, w in passed or [(path, why)])
     raise NoReadableCheckpoint(
@@ -169,49 +189,183 @@ def choose(prefix: object) -> object:
         "are")
 
 
+def _listed(directory: str, state) -> list[str]:
+    return [_full(directory, p) for p in state.all_model_checkpoint_paths] if state else []
+
+
+def _recheck(path: str) -> tuple[str | None, object]:
+    """(why `path` cannot be read, the directory's state), after up to RECHECKS
+    waits of RECHECK_S, each with the directory listed again (a stale negative
+    lookup refreshed) and the checkpoint read again: done once it reads or the
+    state no longer lists it."""
+    directory, why, state = os.path.dirname(path), None, None
+    for _ in range(RECHECKS):
+        time.sleep(RECHECK_S)
+        try:
+            os.listdir(directory)
+        except OSError:
+            pass
+        why, state = damage(path, fresh=True), _state(directory)
+        if not why or path not in _listed(directory, state):
+            break
+    return why, state
+
+
+def _mover() -> bool:
+    """Only the chief (TF_CONFIG's `chief`, else worker 0; a script alone)
+    moves damaged files and rewrites the state file: the others read only."""
+    try:
+        config = json.loads(os.environ.get("TF_CONFIG") or "{}")
+    except ValueError:
+        return True
+    task = config.get("task") or {}
+    if not config or not task:
+        return True
+    kind, index = task.get("type"), int(task.get("index", 0) or 0)
+    return kind == "chief" or (kind == "worker" and index == 0
+                               and not (config.get("cluster") or {}).get("chief"))
+
+
+def _follow(directory: str, passed: list[tuple[str, str]], chosen: str) -> str:
+    """A worker that is not the mover restores what the mover's decision left
+    in the state file: it waits (at most FOLLOW_S) for the state to stop
+    listing the damaged checkpoints, then restores the state's newest when it
+    reads; else `chosen` (the same, read from the same files), read only."""
+    damaged = {p for p, _ in passed}
+    bound = _seconds("MGPU_READABLE_FOLLOW_S", FOLLOW_S)
+    began, said = time.monotonic(), False
+    while True:
+        state = _state(directory)
+        if state is not None and not damaged & {*_listed(directory, state),
+                                                _full(directory, state.model_checkpoint_path)}:
+            newest = _full(directory, state.model_checkpoint_path)
+            return newest if newest == chosen or damage(newest) == "" else chosen
+        if time.monotonic() - began >= bound:
+            break
+        if not said:
+            said = True
+            print(f"mgpu-launch: {', '.join(p for p, _ in passed)} cannot be read: waiting "
+                  f"(at most {bound:g} s) for the chief to pass it over", file=sys.stderr,
+                  flush=True)
+        time.sleep(0.2)
+    _report(passed, {}, chosen, f"the chief did not pass it over within {bound:g} s: "
+            "restored read only, its files left as they are")
+    return chosen
+
+
+def _seconds(name: str, default: float) -> float:
+    try:
+        return max(0.0, float(os.environ.get(name, "") or default))
+    except ValueError:
+        return default
+
+
 def _moved_by_a_peer(directory: str, path: str) -> bool:
-    """A peer moved (some of) the files of `path` aside."""
+    """A peer moved (some of) the files of `path` aside, recently (a folder of
+    the same name left by an earlier generation does not count)."""
     name = glob.escape(os.path.basename(path))
-    return bool(glob.glob(os.path.join(glob.escape(os.path.join(directory, DAMAGED)),
-                                       name + "-*", name + ".*")))
+    since = time.time() - RECENT_S
+    for found in glob.glob(os.path.join(glob.escape(os.path.join(directory, DAMAGED)),
+                                        name + "-*", name + ".*")):
+        try:
+            info = os.stat(found)
+        except OSError:
+            continue
+        if max(info.st_ctime, info.st_mtime) >= since:  # a rename sets its ctime
+            return True
+    return False
 
 
-def _pass_over(directory: str, state, passed: list[tuple[str, str]], chosen: str) -> None:
-    """Report each damaged checkpoint, move its files aside and rewrite the state
-    file without it. Idempotent: a peer doing the same at the same time moves
-    what is left, and writes the same state. In this order: the report (before
-    a peer can read the new state and resume behind the last save), the data
-    files, the state file, the index (`tf.train.latest_checkpoint`, a peer's,
-    takes a listed checkpoint without its index for no checkpoint at all)."""
-    stamps = dict(zip([_full(directory, p) for p in state.all_model_checkpoint_paths],
-                      state.all_model_checkpoint_timestamps, strict=False)) if state else {}
-    moved = {}
+def _kept_in(directory: str, path: str, stamps: dict[str, float]) -> str:
+    """A new folder `damaged/<name>-<time it was saved>` for the files of
+    `path`; with a suffix (pid, time) where that name is taken: never over
+    files kept before."""
+    when = stamps.get(path)
+    label = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(when)) if when else "unlisted"
+    base = os.path.join(directory, DAMAGED, f"{os.path.basename(path)}-{label}")
+    os.makedirs(os.path.dirname(base), exist_ok=True)
+    for folder in (base, f"{base}-{os.getpid()}-{time.time_ns()}"):
+        try:
+            os.mkdir(folder)
+            return folder
+        except FileExistsError:
+            continue
+    raise FileExistsError(base)
+
+
+def _pass_over(directory: str, passed: list[tuple[str, str]], chosen: str) -> None:
+    """Report each damaged checkpoint, move its files aside and rewrite the
+    state file without it (the mover only). In this order: the data files, the
+    new state written aside, the report (before a peer can read the new state
+    and resume behind the last save), the state renamed into place, the index
+    (`tf.train.latest_checkpoint`, a peer's, takes a listed checkpoint without
+    its index for no checkpoint at all). A write that fails (a full disk) is
+    said and changes nothing more: `chosen` is restored all the same, which
+    needs no write."""
+    state = _state(directory)
+    stamps = dict(zip(_listed(directory, state), state.all_model_checkpoint_timestamps,
+                      strict=False)) if state else {}
+    moved: dict[str, str] = {}
+    failed = []
     for path, _ in passed:
-        when = stamps.get(path)
-        label = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(when)) if when else "unlisted"
-        moved[path] = os.path.join(directory, DAMAGED, f"{os.path.basename(path)}-{label}")
-    _report(passed, moved, chosen)
+        try:
+            moved[path] = _kept_in(directory, path, stamps)
+            _move([n for n in _files(path) if not n.endswith(".index")], moved[path])
+        except OSError as exc:
+            failed.append(f"its files could not be moved aside ({_brief(exc)})")
+    aside = None
+    try:
+        aside = _write_state(directory, {p for p, _ in passed}, chosen)
+    except OSError as exc:
+        failed.append(f"the state file could not be rewritten ({_brief(exc)})")
+    _report(passed, moved, chosen, "; ".join(failed))
+    if aside is not None:
+        try:
+            os.replace(aside, os.path.join(directory, "checkpoint"))
+            aside = None
+        except OSError as exc:
+            _warn(f"the state file of {directory} could not be rewritten ({_brief(exc)})")
+        finally:
+            _unlink(aside)
     for path, _ in passed:
-        os.makedirs(moved[path], exist_ok=True)
-        _move([n for n in _files(path) if not n.endswith(".index")], moved[path])
-    if state is not None:
-        _rewrite_state(directory, state, set(moved), chosen)
-    for path, _ in passed:
-        _move([n for n in _files(path) if n.endswith(".index")], moved[path])
+        if path in moved:
+            try:
+                _move([n for n in _files(path) if n.endswith(".index")], moved[path])
+            except OSError as exc:
+                _warn(f"the index of {path} could not be moved aside ({_brief(exc)})")
 
 
-def _report(passed: list[tuple[str, str]], moved: dict[str, str], chosen: str) -> None:
+def _brief(exc: OSError) -> str:
+    return f"{type(exc).__name__}: {exc.strerror or exc}"[:80]
+
+
+def _warn(text: str) -> None:
+    print(f"mgpu-launch: warning: {text}", file=sys.stderr, flush=True)
+
+
+def _unlink(name: str | None) -> None:
+    if name is not None:
+        try:
+            os.unlink(name)
+        except OSError:
+            pass
+
+
+def _report(passed: list[tuple[str, str]], moved: dict[str, str], chosen: str,
+            note: str = "") -> None:
     from launcher import runtime
 
     for path, why in passed:
         runtime.write_progress({"passed_over": runtime.short_path(path),
-                                "passed_over_why": why[:200],
-                                "passed_over_to": runtime.short_path(moved[path]),
+                                "passed_over_why": (why + (f"; {note}" if note else ""))[:200],
+                                "passed_over_to": runtime.short_path(moved.get(path, "")),
                                 "passed_over_for": runtime.short_path(chosen),
                                 "time": time.time()})
+    kept = (f"; its files are kept in {', '.join(sorted(set(moved.values())))}"
+            if moved else "")
     print(f"mgpu-launch: checkpoint {', '.join(p for p, _ in passed)} cannot be read "
-          f"({passed[0][1]}): restoring {chosen} instead; its files are kept in "
-          f"{', '.join(sorted(set(moved.values())))}", file=sys.stderr, flush=True)
+          f"({passed[0][1]}): restoring {chosen} instead{kept}"
+          + (f"; {note}" if note else ""), file=sys.stderr, flush=True)
 
 
 def _move(names: list[str], folder: str) -> None:
@@ -219,15 +373,24 @@ def _move(names: list[str], folder: str) -> None:
         try:
             os.rename(name, os.path.join(folder, os.path.basename(name)))
         except FileNotFoundError:
-            pass  # a peer moved it first
+            pass  # moved meanwhile
 
 
-def _rewrite_state(directory: str, state, damaged: set[str], chosen: str) -> None:
+def _write_state(directory: str, damaged: set[str], chosen: str) -> str | None:
+    """The directory's state file as it is now (read again: a save made since
+    stays listed) without the `damaged` checkpoints, written aside and synced;
+    its name, to be renamed into place (None: nothing to change)."""
     from google.protobuf import text_format
 
+    state = _state(directory)
+    if state is None:
+        return None
     paths = list(state.all_model_checkpoint_paths)
     stamps = list(state.all_model_checkpoint_timestamps)
     keep = [i for i, p in enumerate(paths) if _full(directory, p) not in damaged]
+    newest_damaged = _full(directory, state.model_checkpoint_path) in damaged
+    if len(keep) == len(paths) and not newest_damaged:
+        return None
     new = type(state)()
     new.CopyFrom(state)
     del new.all_model_checkpoint_paths[:]
@@ -235,14 +398,18 @@ def _rewrite_state(directory: str, state, damaged: set[str], chosen: str) -> Non
     new.all_model_checkpoint_paths.extend(paths[i] for i in keep)
     if len(stamps) == len(paths):
         new.all_model_checkpoint_timestamps.extend(stamps[i] for i in keep)
-    if _full(directory, state.model_checkpoint_path) in damaged:
-        written = next((paths[i] for i in keep if _full(directory, paths[i]) == chosen), chosen)
-        new.model_checkpoint_path = written
-    target = os.path.join(directory, "checkpoint")
-    aside = f"{target}.mgpu-{os.getpid()}-{threading.get_ident()}"
-    with open(aside, "w", encoding="utf-8") as handle:
-        handle.write(text_format.MessageToString(new))
-    os.replace(aside, target)
+    if newest_damaged:
+        new.model_checkpoint_path = paths[keep[-1]] if keep else chosen
+    aside = f"{os.path.join(directory, 'checkpoint')}.mgpu-{os.getpid()}-{threading.get_ident()}"
+    try:
+        with open(aside, "w", encoding="utf-8") as handle:
+            handle.write(text_format.MessageToString(new))
+            handle.flush()
+            os.fsync(handle.fileno())  # a host crash leaves the old state, never an empty one
+    except OSError:
+        _unlink(aside)
+        raise
+    return aside
 
 
 def _restore(original):
@@ -263,6 +430,10 @@ def _manager_init(original):
     def init(self, checkpoint, directory, *args, **kwargs):
         try:
             folder = os.fspath(directory)
+            if os.environ.get("MGPU_MEMORY_DIR") and "://" not in folder:
+                from . import memslots  # the memory tier's copy under way: in place first
+
+                memslots.wait_for_copy(memslots.shared_of(folder))
             state = _state(folder) if "://" not in folder else None
             if state is not None:
                 choose(_full(folder, state.model_checkpoint_path))
@@ -275,7 +446,23 @@ def _manager_init(original):
     return init
 
 
-def _wrap(cls: type, name: str, make) -> None:
+def _latest(original):
+    """`tf.train.latest_checkpoint`: TensorFlow reads the state file, then looks
+    for the index of the checkpoint it names; where the chief moved that index
+    aside meanwhile (after renaming a new state into place) it finds none, and
+    says there is no checkpoint at all: the state is read again."""
+    def latest(checkpoint_dir, latest_filename=None):
+        found = original(checkpoint_dir, latest_filename)
+        if found is None and latest_filename is None:
+            folder = os.fspath(checkpoint_dir)
+            if "://" not in folder and os.path.isdir(os.path.join(folder, DAMAGED)):
+                found = original(checkpoint_dir, latest_filename)
+        return found
+
+    return latest
+
+
+def _wrap(cls: object, name: str, make) -> None:
     original = cls.__dict__.get(name)
     if original is None or getattr(original, _MARK, False):
         return
@@ -288,6 +475,7 @@ def on_tensorflow(module: ModuleType) -> None:
     for name in ("restore", "read"):
         _wrap(module.train.Checkpoint, name, _restore)
     _wrap(module.train.CheckpointManager, "__init__", _manager_init)
+    _wrap(module.train, "latest_checkpoint", _latest)
 
 
 HOOKS = {"tensorflow": on_tensorflow}
