@@ -8,10 +8,12 @@ Post-import hooks wrap the methods that save a checkpoint:
   tf_keras' BackupAndRestore underneath), `tf.train.Checkpoint.save` and `write`.
 
 Each save that returns (not one that raised, nor an asynchronous write still
-under way) is reported to the launcher at once: `saved` (the optimizer's step
-count at the save), `saved_dir` (the directory, wherever the script keeps it), `saved_with`
-(the Keras or TensorFlow saver; `saved_by_runtime` for `runtime.callbacks()`'
-own) and `checkpoint` (progress: the restart after it is free of `max_restarts`).
+under way) and whose weights are all finite (runtime/sentinel.py: one that is
+not is reported as `saved_nonfinite`, never as a save) is reported to the
+launcher at once: `saved` (the optimizer's step count at the save), `saved_dir`
+(the directory, wherever the script keeps it), `saved_with` (the Keras or
+TensorFlow saver; `saved_by_runtime` for `runtime.callbacks()`' own) and
+`checkpoint` (progress: the restart after it is free of `max_restarts`).
 
 Only a save that wrote is one. `ModelCheckpoint._save_model` is called at
 every epoch (or `save_freq`) and decides there whether to write: with
@@ -146,6 +148,13 @@ def _completed(saver: object, where: Where, args: tuple, kwargs: dict) -> None:
         return
     from launcher import runtime
 
+    from . import sentinel
+
+    if not sentinel.save_is_finite(saver):  # no progress, no resume point: said as such
+        runtime.write_progress({"saved_nonfinite": step if step is not None else -1,
+                                "saved_dir": runtime.short_path(os.path.abspath(str(directory))),
+                                "time": time.time()})
+        return
     runtime.report_saved(step, os.path.abspath(str(directory)), saved_with=saved_with(saver),
                          by_runtime=bool(getattr(saver, RUNTIME_MARK, False)))
 

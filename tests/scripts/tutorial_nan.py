@@ -1,0 +1,50 @@
+"""A tutorial-shaped Keras `fit` whose input holds one bad batch; knows nothing of mgpu-launch.
+
+Its own `BackupAndRestore(backup_dir=argv[1])` (a save each epoch), no runtime
+calls, `tf.keras` as the default Keras resolves it (`keras: tf_keras` or
+`keras3` in the cluster file picks). 6 epochs of 40 steps of a small
+regression (mean squared error). Worker 1's input (each worker reads its own:
+sharding off) holds values of 1e30 in its 100th batch (POISON_AT_STEP=N moves
+it, 0: none; POISON_WORKER=I poisons worker I's instead): that step's loss is
+inf, its gradient reaches every worker's weights at the all-reduce and every
+later step is NaN. Prints `WEIGHTS_FINITE <True|False>` at the end.
+"""
+
+import json
+import os
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+tf_config = json.loads(os.environ.get("TF_CONFIG") or "{}")
+num_workers = len(tf_config.get("cluster", {}).get("worker", [])) or 1
+worker = tf_config.get("task", {}).get("index", 0)
+strategy = tf.distribute.MultiWorkerMirroredStrategy()
+
+STEPS, EPOCHS = 40, 6
+poison_at = int(os.environ.get("POISON_AT_STEP", "100"))
+poisoned = int(os.environ.get("POISON_WORKER", "1"))
+rng = np.random.default_rng(worker)
+x = rng.normal(size=(STEPS * EPOCHS, 16 * num_workers, 8)).astype("float32")
+y = x.sum(axis=-1, keepdims=True) * 0.5
+if worker == poisoned and poison_at > 0:
+    x[poison_at - 1] = 1e30  # one bad batch: the poison_at-th step of the run
+dataset = tf.data.Dataset.from_tensor_slices((x, y))  # each element one (global) batch
+options = tf.data.Options()
+options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+dataset = dataset.with_options(options)
+
+with strategy.scope():
+    model = tf.keras.Sequential([
+        tf.keras.layers.Input(shape=(8,)),
+        tf.keras.layers.Dense(8, activation="relu"),
+        tf.keras.layers.Dense(1),
+    ])
+    model.compile(optimizer=tf.keras.optimizers.SGD(0.01), loss="mse")
+
+backup_dir = sys.argv[1] if len(sys.argv) > 1 else "/tmp/backup"
+model.fit(dataset, epochs=EPOCHS, steps_per_epoch=STEPS, verbose=0,
+          callbacks=[tf.keras.callbacks.BackupAndRestore(backup_dir=backup_dir)])
+finite = all(bool(np.isfinite(w).all()) for w in model.get_weights())
+print("WEIGHTS_FINITE", finite, flush=True)
