@@ -15,10 +15,10 @@ kinds and keys, fewer of them. A reader keeps what it does not know: an
 unknown kind reads as `Unknown`, unknown keys land in `extra`.
 
 The base records are job/eventbase.py's; the training's own kinds (where a
-generation resumed, a resume behind the last save, the memory tier's copies)
-are job/training_events.py's; `KINDS` lists every kind. A few events are
-told, not written (`recorded = False`): an agent's own diagnostics, which
-may be many and say nothing of the job's state.
+generation resumed, a resume behind the last save, the memory tier's copies,
+a loss or a save gone non-finite) are job/training_events.py's; `KINDS` lists
+every kind. A few events are told, not written (`recorded = False`): an
+agent's own diagnostics, which may be many and say nothing of the job's state.
 
 Pure values; no I/O but through the recorder handed to `write`. Must not
 import views, commands or cli.
@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 from ..spec.rundir import EVENTS_SCHEMA, RunRecorder
 from .eventbase import Event, TaskEvent
-from .training_events import MemoryCopy, ResumeBehind, Resumed
+from .training_events import MemoryCopy, Nonfinite, NonfiniteSave, ResumeBehind, Resumed
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -435,7 +435,7 @@ KINDS: dict[str, type[Event]] = {cls.kind: cls for cls in (
     TeardownBegun, TeardownDone, HostLost, HostWait, HostBack, HostsChosen, Reaped,
     BadMessage, AgentLog, Restart, Resumed, ResumeBehind, CheckpointPassedOver,
     KerasSwitched, JobDone, TerminalLost, NotifyFailed, MetricsServed, ProgramOver, TailCut,
-    Health, Straggler, JobPhase, LauncherFailed, MemoryCopy)}
+    Health, Straggler, JobPhase, LauncherFailed, MemoryCopy, Nonfinite, NonfiniteSave)}
 
 # Keys of a progress line that are not metrics.
 _PROGRESS_RESERVED = frozenset({"t", "event", "v", "generation", "task", "host"})

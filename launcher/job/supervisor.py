@@ -51,14 +51,8 @@ from .radar import Radar
 from .recovery import Budget, HostInfo, NotEnoughHosts, decide_restart
 from .reports import ProgressReport
 from .restarts import End, JobSoFar, count_restart, keras_switched
-from .states import (
-    IllegalTransition,
-    JobStatus,
-    RunResult,
-    TaskRecord,
-    TaskState,
-    final_state,
-)
+from .sentinel import Sentinel
+from .states import IllegalTransition, JobStatus, RunResult, TaskRecord, TaskState, final_state
 from .story import Beside
 from .tailcut import grace_s as tail_grace
 from .teardown import Teardown
@@ -114,6 +108,7 @@ class Supervisor:
         self._starts: dict[str, str] = {}  # task -> "warm" / "cold", this generation
         self._keras_switch: dict[str, Any] | None = None  # keras_fallback: once per job
         self._resumes = resumes.Resumes()  # where each restarted generation resumed
+        self._sentinel = Sentinel(story.tell)  # a loss or a save gone non-finite
         self._teardown = Teardown(links, recorder, clock, story.tell, story.happen)
         # The memory tier's copies on other hosts, relayed and placed (job/peerrelay.py).
         self._peers = PeerRelay(lambda: self._links, story.tell, clock)
@@ -507,6 +502,7 @@ class Supervisor:
         if gen.phase in (Phase.STARTING, Phase.FORMING):
             gen.enter(Phase.TRAINING)
         self._act(gen, self._watch.position(gen, record, data))  # where it is (job/lockstep.py)
+        self._sentinel.hear(ids, said)  # a loss or a save gone non-finite (job/sentinel.py)
         data = self._resumes.with_job_step(gen.plan.generation, record.task.name, data)
         if said.has_step:  # a save, a resume point or a position alone is no step report
             record.last_progress, gen.stepped = data, True

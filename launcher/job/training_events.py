@@ -1,5 +1,6 @@
 """The training's own events: where a restarted generation resumed, a resume
-behind the last save, the memory tier's copies. Every kind is listed
+behind the last save, the memory tier's copies, and a loss or a save gone
+non-finite (the NaN sentinel: launcher/job/sentinel.py). Every kind is listed
 in launcher/job/events.py's `KINDS`, which reads and writes their lines.
 
 Pure values. Must not import views, commands or cli.
@@ -10,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .eventbase import Event
+from .eventbase import Event, TaskEvent
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,3 +59,29 @@ class ResumeBehind(Event):
     saved_step: int = 0
     directory: str = ""
     by: str = ""  # the task that saved it
+
+
+@dataclass(frozen=True, kw_only=True)
+class Nonfinite(TaskEvent):
+    """A task's training loss went non-finite (inf or NaN) at a step, as its
+    bootstrap saw it (runtime/sentinel.py); the first of each generation (the
+    task heard first: Keras' logged loss is reduced across the workers).
+    `epoch` and `batch` as Keras' callbacks number them, from 0."""
+
+    kind = "nonfinite"
+    optional = ("step",)
+    step: int | None = None  # the optimizer's step that went bad (None: not read)
+    epoch: int = 0
+    batch: int = 0
+    loss: str = ""  # the epoch's running mean then: "inf" or "nan"
+
+
+@dataclass(frozen=True, kw_only=True)
+class NonfiniteSave(TaskEvent):
+    """A save of non-finite weights: not a save (no progress, no resume point);
+    the first of each generation."""
+
+    kind = "nonfinite_save"
+    optional = ("step",)
+    step: int | None = None
+    directory: str = ""

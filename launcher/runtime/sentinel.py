@@ -13,8 +13,10 @@ backups and ends "succeeded". So, in each task of the launcher:
   step that went bad (the mean stays bad from there on). It is reported at
   once to the launcher (`nonfinite`: [the optimizer's step, the epoch, the
   batch], epoch and batch as Keras' callbacks number them, from 0;
-  `nonfinite_loss`: the mean, "nan" or "inf"), once per process:
-  the worker where it first appears reports it within one step.
+  `nonfinite_loss`: the mean, "nan" or "inf"), once per process, within one
+  step. Keras logs the mean already reduced across the workers (its metrics
+  are read across replicas): every worker of a MultiWorkerMirroredStrategy
+  job sees the bad step at once, whichever worker's batch it was.
   The read costs no wait on the device: tf_keras hands the callback the
   step's tensors (`_supports_tf_logs`) and the callback reads step k's mean
   at step k+1's end (or at the epoch's end, before any callback saves), when

@@ -116,6 +116,22 @@ def _passed_over(event: ev.CheckpointPassedOver) -> str:
             f"instead{kept}")
 
 
+def _nonfinite(event: ev.Nonfinite) -> str:
+    """Epoch and batch counted from 1 here, as Keras' progress bar counts them."""
+    step = f"step {event.step}" if event.step is not None else "a step"
+    return (f"warning: {event.label}'s loss went {event.loss or 'non-finite'} at {step} "
+            f"(epoch {event.epoch + 1}, batch {event.batch + 1} of it; generation "
+            f"{event.generation}): its weights and its peers' are NaN from there on; saves "
+            "of non-finite weights are not counted as saves")
+
+
+def _nonfinite_save(event: ev.NonfiniteSave) -> str:
+    at = f" of step {event.step}" if event.step is not None else ""
+    return (f"warning: {event.label} saved non-finite weights{at} in "
+            f"{event.directory or 'its checkpoint directory'}: not counted as a save "
+            "(no progress, no resume point)")
+
+
 def _keras(event: ev.KerasSwitched) -> str:
     return (f"{event.task} failed of tf_keras (Keras 2) code under Keras 3: generation "
             f"{event.generation} runs under tf_keras (TF_USE_LEGACY_KERAS=1); set "
@@ -197,6 +213,8 @@ _TELLERS = {
     ev.Resumed: _resumed,
     ev.ResumeBehind: _resume_behind,
     ev.CheckpointPassedOver: _passed_over,
+    ev.Nonfinite: _nonfinite,
+    ev.NonfiniteSave: _nonfinite_save,
     ev.KerasSwitched: _keras,
     ev.JobDone: lambda e: e.message or None,
     ev.BadMessage: lambda e: f"agent {e.host}: ignored a malformed message: {e.reason}",

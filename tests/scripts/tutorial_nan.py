@@ -3,11 +3,11 @@
 Its own `BackupAndRestore(backup_dir=argv[1])` (a save each epoch), no runtime
 calls, `tf.keras` as the default Keras resolves it (`keras: tf_keras` or
 `keras3` in the cluster file picks). 6 epochs of 40 steps of a small
-regression (mean squared error). Worker 1's input (each worker reads its own:
-sharding off) holds values of 1e30 in its 100th batch (POISON_AT_STEP=N moves
-it, 0: none; POISON_WORKER=I poisons worker I's instead): that step's loss is
-inf, its gradient reaches every worker's weights at the all-reduce and every
-later step is NaN. Prints `WEIGHTS_FINITE <True|False>` at the end.
+regression (mean squared error). Worker 1's copy of the input holds values of
+1e30 in its 100th batch (POISON_AT_STEP=N moves it, 0: none; POISON_WORKER=I
+poisons worker I's instead): at step 100, that worker's loss is inf, its
+gradient reaches every worker's weights at the all-reduce and every later step
+is NaN. Prints `WEIGHTS_FINITE <True|False>` at the end.
 """
 
 import json
@@ -25,15 +25,14 @@ strategy = tf.distribute.MultiWorkerMirroredStrategy()
 STEPS, EPOCHS = 40, 6
 poison_at = int(os.environ.get("POISON_AT_STEP", "100"))
 poisoned = int(os.environ.get("POISON_WORKER", "1"))
-rng = np.random.default_rng(worker)
-x = rng.normal(size=(STEPS * EPOCHS, 16 * num_workers, 8)).astype("float32")
+rng = np.random.default_rng(0)
+batch = 16 * num_workers  # the global batch: 16 a worker
+x = rng.normal(size=(STEPS * EPOCHS * batch, 8)).astype("float32")
 y = x.sum(axis=-1, keepdims=True) * 0.5
-if worker == poisoned and poison_at > 0:
-    x[poison_at - 1] = 1e30  # one bad batch: the poison_at-th step of the run
-dataset = tf.data.Dataset.from_tensor_slices((x, y))  # each element one (global) batch
-options = tf.data.Options()
-options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-dataset = dataset.with_options(options)
+if worker == poisoned and poison_at > 0:  # one bad batch: the poison_at-th step of the run
+    x[(poison_at - 1) * batch:poison_at * batch] = 1e30
+# Sharded by data, as TensorFlow shards it: step k gets worker w's half of batch k - 1.
+dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch)
 
 with strategy.scope():
     model = tf.keras.Sequential([
