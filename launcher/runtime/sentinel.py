@@ -26,7 +26,12 @@ backups and ends "succeeded". So, in each task of the launcher:
   Keras saver's model's trainable weights, a `tf.train.Checkpoint`'s
   variables, all finite (one numpy read of each; docs/benchmarks.md, "The
   NaN sentinel"). A save of non-finite weights is reported as such
-  (`saved_nonfinite`), never as a save: it is no progress and no resume point.
+  (`saved_nonfinite`), never as a save: it is no progress and no resume point;
+  a Keras callback's or a `CheckpointManager`'s is not made at all, so the
+  directory's newest save stays the last good one (runtime/saves.py).
+
+The launcher stops a generation whose loss went bad and restarts it from
+that last good save (launcher/job/sentinel.py).
 
 `sentinel: off` in the cluster file (MGPU_SENTINEL=off) turns both off.
 A custom loop's loss is the script's: `runtime.report_progress(step, loss=...)`.

@@ -7,7 +7,12 @@ regression (mean squared error). Worker 1's copy of the input holds values of
 1e30 in its 100th batch (POISON_AT_STEP=N moves it, 0: none; POISON_WORKER=I
 poisons worker I's instead): at step 100, that worker's loss is inf, its
 gradient reaches every worker's weights at the all-reduce and every later step
-is NaN. Prints `WEIGHTS_FINITE <True|False>` at the end.
+is NaN. A restart from an earlier save starts the input again from its first
+batch (BackupAndRestore keeps no input position), so the bad batch comes back
+at another step. POISON_BY=step makes it come back at the same step: the
+weights of the first layer are set to 1e30 just before the optimizer's step
+POISON_AT_STEP, on every worker (the bad state of a step, not a batch).
+Prints `WEIGHTS_FINITE <True|False>` at the end.
 """
 
 import json
@@ -29,7 +34,9 @@ rng = np.random.default_rng(0)
 batch = 16 * num_workers  # the global batch: 16 a worker
 x = rng.normal(size=(STEPS * EPOCHS * batch, 8)).astype("float32")
 y = x.sum(axis=-1, keepdims=True) * 0.5
-if worker == poisoned and poison_at > 0:  # one bad batch: the poison_at-th step of the run
+by_step = os.environ.get("POISON_BY") == "step"
+# One bad batch: the poison_at-th step of the run.
+if worker == poisoned and poison_at > 0 and not by_step:
     x[(poison_at - 1) * batch:poison_at * batch] = 1e30
 # Sharded by data, as TensorFlow shards it: step k gets worker w's half of batch k - 1.
 dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch)
@@ -42,8 +49,18 @@ with strategy.scope():
     ])
     model.compile(optimizer=tf.keras.optimizers.SGD(0.01), loss="mse")
 
+
+
+class PoisonAtStep(tf.keras.callbacks.Callback):
+    def on_train_batch_begin(self, batch, logs=None):
+        if int(self.model.optimizer.iterations.numpy()) == poison_at - 1:
+            kernel = self.model.layers[0].kernel
+            kernel.assign(tf.fill(kernel.shape, 1e30))
+
+
 backup_dir = sys.argv[1] if len(sys.argv) > 1 else "/tmp/backup"
 model.fit(dataset, epochs=EPOCHS, steps_per_epoch=STEPS, verbose=0,
-          callbacks=[tf.keras.callbacks.BackupAndRestore(backup_dir=backup_dir)])
+          callbacks=[tf.keras.callbacks.BackupAndRestore(backup_dir=backup_dir),
+                     *([PoisonAtStep()] if by_step else [])])
 finite = all(bool(np.isfinite(w).all()) for w in model.get_weights())
 print("WEIGHTS_FINITE", finite, flush=True)
