@@ -206,7 +206,8 @@ class Supervisor:
         decision = decide_restart(job.budget, advanced,
                                   preempted=traits(gen.failure.kind).preempted,
                                   repeated=repeated_failure(job.failures),
-                                  mistake=script_mistake(gen.failure.error))
+                                  mistake=script_mistake(gen.failure.error),
+                                  **self._sentinel.judged(job.failures))  # free, again
         if not decision.restart:
             return End(JobStatus.FAILED, decision.message, decision.stopped_by)
         job.budget = decision.budget
@@ -502,7 +503,7 @@ class Supervisor:
         if gen.phase in (Phase.STARTING, Phase.FORMING):
             gen.enter(Phase.TRAINING)
         self._act(gen, self._watch.position(gen, record, data))  # where it is (job/lockstep.py)
-        self._sentinel.hear(ids, said)  # a loss or a save gone non-finite (job/sentinel.py)
+        self._act(gen, self._sentinel.hear(gen, record, said))  # gone NaN (job/sentinel.py)
         data = self._resumes.with_job_step(gen.plan.generation, record.task.name, data)
         if said.has_step:  # a save, a resume point or a position alone is no step report
             record.last_progress, gen.stepped = data, True

@@ -45,9 +45,10 @@ def _restart(event: ev.Restart) -> str:
     """Each budget in what it counts: `restart.max_restarts` the restarts
     without progress, `restart.max_total_restarts` all of them."""
     allowed = f"the {event.max_restarts} allowed without progress"
+    free = "preempted" if event.preempted else "the checkpoint advanced" if event.progress \
+        else "the first loss gone non-finite"  # the NaN sentinel's (recovery.decide_restart)
     why = f"{event.spent} of {allowed}" if event.counted else \
-        f"{'preempted' if event.preempted else 'the checkpoint advanced'}, not counted " \
-        f"against {allowed}"
+        f"{free}, not counted against {allowed}"
     return (f"restarting as generation {event.generation} in {event.backoff_s:g} s (restart "
             f"{event.total}: {why}; at most {event.max_total_restarts} in all); workers resume "
             "from the last checkpoint")
