@@ -17,7 +17,8 @@ Owns what must happen in the task process before and around the user's code:
   for the launcher to compare when the workers fall out of step
   (`runtime.position`, `runtime.calls`); report every checkpoint save
   (`runtime.saves`) and where a restarted task resumed (`runtime.restores`),
-  passing over a checkpoint that cannot be read (`runtime.readable`);
+  passing over a checkpoint that cannot be read (`runtime.readable`),
+  and a loss that goes non-finite at its step (`runtime.sentinel`);
 - warm starts: `python -m launcher.bootstrap --standby` imports TensorFlow,
   waits for its task on stdin and then goes on exactly as above
   (`launcher.standby`);
@@ -178,6 +179,7 @@ WATCHED: dict[str, tuple[str, ...]] = {
     "saves": _KERAS_TF,
     "restores": _KERAS_TF,
     "readable": ("tensorflow",),
+    "sentinel": _KERAS,
     "position": _KERAS_TF,
     "calls": ("tensorflow",),
 }
@@ -260,6 +262,7 @@ def install_hooks() -> None:
         _watch("saves")
         _watch("restores")
         _watch("readable")  # a damaged checkpoint passed over for the newest that reads
+        _watch("sentinel")  # a loss gone non-finite, at the step (`sentinel: off`: none)
         # Phase, epoch and a custom loop's distributed calls (workers out of step).
         _watch("position", when=several)
         _watch("calls", when=several)

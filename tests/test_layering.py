@@ -162,7 +162,8 @@ RULES = (
          forbidden=("launcher.job.supervisor", "launcher.transport", "launcher.cli"),
          reason="export translates the cluster file into a Slurm script or a TFJob "
          "without reaching any host"),
-    Rule("the story is values", ("launcher.job.events",),
+    Rule("the story is values", ("launcher.job.events", "launcher.job.eventbase",
+                                 "launcher.job.training_events"),
          forbidden=("launcher.job.supervisor", "launcher.transport", "launcher.views",
                     "launcher.commands", "launcher.cli"),
          reason="every view reads the events; the events know none of them"),

@@ -33,6 +33,10 @@ def test_each_shape_the_runtime_sends_reads_as_what_it_means():
     assert not unknown.position_only  # said, not dropped as a position
     assert ProgressReport.read({"at": "train", "at_step": 3}).position_only
     assert ProgressReport.read({"deleted": "/b", "at": "train"}).deleted == "/b"
+    bad = ProgressReport.read({"nonfinite": [100, 2, 19], "nonfinite_loss": "inf"})
+    assert (bad.nonfinite, bad.nonfinite_loss, bad.has_step) == ((100, 2, 19), "inf", False)
+    refused = ProgressReport.read({"saved_nonfinite": 120, "saved_dir": "/b", "save_skipped": 1})
+    assert (refused.saved_nonfinite, refused.saved, refused.save_skipped) == (120, None, True)
 
 
 def test_a_fact_not_in_the_report_is_unknown_not_zero():
@@ -45,7 +49,8 @@ def test_a_fact_not_in_the_report_is_unknown_not_zero():
 # The keys only job/reports.py reads. Other dicts (an entry of summary.json's
 # `resumed`, the memory tier's slots) may have keys of the same names.
 _KEYS = ("step", "job_step", "saved", "saved_dir", "resumed", "resumed_unknown", "start_epoch",
-         "start_step", "counted", "checkpoint", "save_s", "deleted", "epoch_end", "returned")
+         "start_step", "counted", "checkpoint", "save_s", "deleted", "epoch_end", "returned",
+         "nonfinite", "nonfinite_loss", "saved_nonfinite", "save_skipped")
 _READ = re.compile(r"\b(?:data|metrics|m|last_progress|progress|reported)"
                    r"(?:\.get\(|\[)\"(?:" + "|".join(_KEYS) + r")\"(?!\] = )")
 

@@ -14,8 +14,11 @@ line without it was written before the version existed: version 1, the same
 kinds and keys, fewer of them. A reader keeps what it does not know: an
 unknown kind reads as `Unknown`, unknown keys land in `extra`.
 
-A few events are told, not written (`recorded = False`): an agent's own
-diagnostics, which may be many and say nothing of the job's state.
+The base records are job/eventbase.py's; the training's own kinds (where a
+generation resumed, a resume behind the last save, the memory tier's copies,
+a loss or a save gone non-finite) are job/training_events.py's; `KINDS` lists
+every kind. A few events are told, not written (`recorded = False`): an
+agent's own diagnostics, which may be many and say nothing of the job's state.
 
 Pure values; no I/O but through the recorder handed to `write`. Must not
 import views, commands or cli.
@@ -25,34 +28,11 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import Any, Protocol
 
 from ..spec.rundir import EVENTS_SCHEMA, RunRecorder
-
-
-@dataclass(frozen=True, kw_only=True)
-class Event:
-    """What every event has: when (Unix time, set when written or read back)."""
-
-    kind: ClassVar[str] = ""
-    recorded: ClassVar[bool] = True  # written to events.jsonl
-    # Fields left out of the line when None (they were absent before, too).
-    optional: ClassVar[tuple[str, ...]] = ()
-    t: float | None = field(default=None, compare=False)
-    extra: dict[str, Any] = field(default_factory=dict, compare=False)  # keys not known here
-
-
-@dataclass(frozen=True, kw_only=True)
-class TaskEvent(Event):
-    """An event of one task of one generation."""
-
-    generation: int
-    task: str  # the task's name: worker1
-    host: str
-
-    @property
-    def label(self) -> str:
-        return f"{self.host}/{self.task}"
+from .eventbase import Event, TaskEvent
+from .training_events import MemoryCopy, Nonfinite, NonfiniteSave, ResumeBehind, Resumed
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -320,53 +300,6 @@ class Restart(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
-class Resumed(Event):
-    kind = "resumed"
-    optional = ("epoch", "step", "checkpoint", "saved_step", "past", "copy", "unknown")
-    generation: int
-    epoch: int | None = None
-    step: int | None = None
-    checkpoint: dict[str, Any] | None = None
-    saved_step: int | None = None  # the last save completed before this generation
-    past: int | None = None  # the previous resume point, when this one moved past it
-    # With the memory tier: the copy restored, {from: memory|peer|shared, host, path, task}
-    # (the first task to report; each task's own is in its progress lines).
-    copy: dict[str, Any] | None = None
-    unknown: str | None = None  # why the step it resumed at cannot be read (no step)
-
-
-@dataclass(frozen=True, kw_only=True)
-class MemoryCopy(Event):
-    """The memory tier: a save copied into another host's memory (job/peerrelay.py)."""
-
-    kind = "memory_copy"
-    optional = ("error", "covered_by")
-    host: str  # where the copy is now
-    source: str = ""  # the host it came from
-    origin: str = ""  # the host that saved it
-    checkpoint: str = ""
-    bytes: int = 0
-    seconds: float = 0.0
-    placed: bool = False  # placed back for a restart (else: the save's second copy)
-    error: str | None = None  # why it failed
-    # not sent: the task on `host` whose own save is this one byte for byte (a worker's)
-    covered_by: str | None = None
-
-
-@dataclass(frozen=True, kw_only=True)
-class ResumeBehind(Event):
-    """A task resumed behind the last completed save (told once per job)."""
-
-    kind = "resume_behind"
-    generation: int
-    task: str
-    step: int = 0
-    saved_step: int = 0
-    directory: str = ""
-    by: str = ""  # the task that saved it
-
-
-@dataclass(frozen=True, kw_only=True)
 class CheckpointPassedOver(Event):
     kind = "checkpoint_passed_over"  # a restore took an older one (runtime/readable.py)
     generation: int
@@ -502,7 +435,7 @@ KINDS: dict[str, type[Event]] = {cls.kind: cls for cls in (
     TeardownBegun, TeardownDone, HostLost, HostWait, HostBack, HostsChosen, Reaped,
     BadMessage, AgentLog, Restart, Resumed, ResumeBehind, CheckpointPassedOver,
     KerasSwitched, JobDone, TerminalLost, NotifyFailed, MetricsServed, ProgramOver, TailCut,
-    Health, Straggler, JobPhase, LauncherFailed, MemoryCopy)}
+    Health, Straggler, JobPhase, LauncherFailed, MemoryCopy, Nonfinite, NonfiniteSave)}
 
 # Keys of a progress line that are not metrics.
 _PROGRESS_RESERVED = frozenset({"t", "event", "v", "generation", "task", "host"})

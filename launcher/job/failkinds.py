@@ -26,6 +26,7 @@ class Kind(StrEnum):
     COLLECTIVE_ABORT = "collective_abort"  # TensorFlow aborted its collective ops
     OUT_OF_STEP = "out_of_step"  # live, but elsewhere in the program than its peers
     STRAGGLER = "straggler"  # set aside for a spare (restart.on_straggler: replace)
+    NONFINITE = "nonfinite"  # its loss went inf or NaN (the NaN sentinel: job/sentinel.py)
 
 
 # Exit reasons (the words of `_EXITED`'s "unavailable" and "deadline") that
@@ -55,6 +56,9 @@ class Traits:
     repeats_by_position: bool = False
     # Its start never happened: the task is over (a version-1 run wrote no start_failed event).
     ends_the_start: bool = False
+    # Not the script's bug: its first occurrence in a job is free of max_restarts
+    # (recovery.decide_restart); the same step again stops the job (blame.repeated_failure).
+    free_first: bool = False
     # Its words: the part of the failure's sentence after "TASK (host H,
     # generation G)", by how it was found, filled in from the finding's fields
     # (`say`). "": when an event carries no reason (`{exit_code}`, `{signal}`).
@@ -120,6 +124,11 @@ KINDS: dict[Kind, Traits] = {
         "silent": "{cause} (no progress for {silent_s:.0f} s; "
                   "restart.hang_timeout_s={limit_s:g})",
         "aborted": "{cause} (TensorFlow aborted the collectives: {reporter})"}),
+    # Epoch and batch counted from 1, as Keras' progress bar counts them.
+    Kind.NONFINITE: Traits(free_first=True, words={
+        "loss": "its loss went {loss} at step {step} (epoch {epoch_1}, batch {batch_1} of it): "
+                "stopped before it saves NaN weights; the restart resumes from the last save "
+                "before it (the NaN sentinel; `sentinel: off` turns it off)"}),
     Kind.STRAGGLER: Traits(words={
         "replaced": "replaced by a spare host at a checkpoint: {slowdown:.2g}x slower than "
                     "its peers (restart.on_straggler: replace)"}),

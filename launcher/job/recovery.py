@@ -78,6 +78,7 @@ STOPPED_BY_MAX_RESTARTS = "max_restarts"
 STOPPED_BY_MAX_TOTAL = "max_total_restarts"
 STOPPED_BY_DETERMINISTIC = "deterministic"
 STOPPED_BY_PREEMPTION_LOOP = "preemption_loop"
+STOPPED_BY_NONFINITE = "nonfinite"
 # What a failure whose restore found no checkpoint it could read is said as
 # (classify.script_mistake; runtime/readable.py's NoReadableCheckpoint).
 NO_READABLE_CHECKPOINT = "no readable checkpoint is left"
@@ -132,7 +133,8 @@ class RestartDecision:
 
 
 def decide_restart(budget: Budget, advanced: bool, preempted: bool,
-                   repeated: str = "", mistake: str = "") -> RestartDecision:
+                   repeated: str = "", mistake: str = "", free: bool = False,
+                   again: str = "") -> RestartDecision:
     """Start another generation after a failed one?
 
     `advanced`: the checkpointed training step moved during the failed
@@ -145,10 +147,15 @@ def decide_restart(budget: Budget, advanced: bool, preempted: bool,
     syntax error, a failed import of its own, the script missing), or a
     restore that found no readable checkpoint (NO_READABLE_CHECKPOINT): it would
     fail the same way on every try, so the first occurrence ends the job.
+    `free`: a failure that is not the script's bug, free the first time (the NaN
+    sentinel's first stop in a job); `again`: set (to why) when the same step's
+    loss went non-finite twice in a row (job/sentinel.py): the job ends.
     """
-    counts = restart_counts(advanced, preempted)
+    counts = restart_counts(advanced, preempted) and not free
     if budget.max_restarts == 0:
         return RestartDecision(False, counts, budget, "", STOPPED_BY_NO_RESTARTS)
+    if again:
+        return RestartDecision(False, counts, budget, f"gave up: {again}", STOPPED_BY_NONFINITE)
     if mistake and not preempted:
         fix = ("no restart would find one: put a readable checkpoint there, or move these "
                "aside to start from step 0" if mistake.startswith(NO_READABLE_CHECKPOINT) else

@@ -57,6 +57,13 @@ class ProgressReport:
     passed_over_for: str | None = None
     loss: float | None = None
     steps_per_s: float | None = None
+    # The NaN sentinel (runtime/sentinel.py): the step whose loss went non-finite,
+    # (step, epoch, batch), the step -1 when not read; the mean then ("inf", "nan");
+    # a save of non-finite weights (its step, -1: not read), made or skipped.
+    nonfinite: tuple[int, int, int] | None = None
+    nonfinite_loss: str | None = None
+    saved_nonfinite: int | None = None
+    save_skipped: bool = False
     # The program's life (launcher/bootstrap.py): its script returned, the program
     # ended cleanly, the cluster it is joining or joined; a position (`at`).
     returned: bool = False
@@ -90,6 +97,10 @@ class ProgressReport:
             passed_over_for=_text(metrics.get("passed_over_for")),
             loss=_number(metrics.get("loss")),
             steps_per_s=_number(metrics.get("steps_per_s")),
+            nonfinite=_position(metrics.get("nonfinite")),
+            nonfinite_loss=_text(metrics.get("nonfinite_loss")),
+            saved_nonfinite=_int(metrics.get("saved_nonfinite")),
+            save_skipped=bool(metrics.get("save_skipped")),
             returned=bool(metrics.get("returned")), over=bool(metrics.get("over")),
             cluster=cluster if cluster in ("joining", "joined") else None,
             position="at" in metrics)
@@ -130,6 +141,14 @@ def _number(value: Any) -> float | None:
 def _int(value: Any) -> int | None:
     number = _number(value)
     return None if number is None else int(number)
+
+
+def _position(value: Any) -> tuple[int, int, int] | None:
+    """[step, epoch, batch], as a list of three integers (job/protocol.py keeps them)."""
+    if isinstance(value, list) and len(value) == 3 and all(_int(v) is not None for v in value):
+        step, epoch, batch = (int(v) for v in value)
+        return step, epoch, batch
+    return None
 
 
 def _text(value: Any) -> str | None:

@@ -171,6 +171,7 @@ class Story:
     alone: list[ev.TaskRestarted] = field(default_factory=list)  # PS workers restarted alone
     resume_behind: list[ev.ResumeBehind] = field(default_factory=list)
     passed_over: list[ev.CheckpointPassedOver] = field(default_factory=list)  # unreadable
+    nonfinite: list[ev.Event] = field(default_factory=list)  # a loss, a save gone NaN (sentinel)
     stragglers: dict[str, Straggler] = field(default_factory=dict)  # by task, this generation
     straggler_events: list[ev.Event] = field(default_factory=list)  # every one, in order
     out_of_step: list[ev.OutOfStepAhead] = field(default_factory=list)
@@ -368,6 +369,8 @@ class Story:
             **({"keras_switched": ev.fields_of(switched)} if switched is not None else {}),
             "resumed": [ev.fields_of(e) for e in self.resumes],
             "stragglers": self.named(),
+            **({"nonfinite": [{"event": e.kind, **ev.fields_of(e)} for e in self.nonfinite]}
+               if self.nonfinite else {}),  # the NaN sentinel's (job/sentinel.py)
         }
 
     def named(self) -> list[dict[str, Any]]:
@@ -424,6 +427,8 @@ _TELLERS: dict[type, Any] = {
     ev.TaskRestarted: lambda s, e: s.alone.append(e),
     ev.ResumeBehind: lambda s, e: s.resume_behind.append(e),
     ev.CheckpointPassedOver: lambda s, e: s.passed_over.append(e),
+    ev.Nonfinite: lambda s, e: s.nonfinite.append(e),
+    ev.NonfiniteSave: lambda s, e: s.nonfinite.append(e),
     ev.OutOfStepAhead: lambda s, e: s.out_of_step.append(e),
     ev.TailCut: lambda s, e: s.tail_cuts.append(e),
     ev.KerasSwitched: lambda s, e: setattr(s, "keras_switched", e),

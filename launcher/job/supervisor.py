@@ -51,14 +51,8 @@ from .radar import Radar
 from .recovery import Budget, HostInfo, NotEnoughHosts, decide_restart
 from .reports import ProgressReport
 from .restarts import End, JobSoFar, count_restart, keras_switched
-from .states import (
-    IllegalTransition,
-    JobStatus,
-    RunResult,
-    TaskRecord,
-    TaskState,
-    final_state,
-)
+from .sentinel import Sentinel
+from .states import IllegalTransition, JobStatus, RunResult, TaskRecord, TaskState, final_state
 from .story import Beside
 from .tailcut import grace_s as tail_grace
 from .teardown import Teardown
@@ -114,6 +108,7 @@ class Supervisor:
         self._starts: dict[str, str] = {}  # task -> "warm" / "cold", this generation
         self._keras_switch: dict[str, Any] | None = None  # keras_fallback: once per job
         self._resumes = resumes.Resumes()  # where each restarted generation resumed
+        self._sentinel = Sentinel(story.tell)  # a loss or a save gone non-finite
         self._teardown = Teardown(links, recorder, clock, story.tell, story.happen)
         # The memory tier's copies on other hosts, relayed and placed (job/peerrelay.py).
         self._peers = PeerRelay(lambda: self._links, story.tell, clock)
@@ -211,7 +206,8 @@ class Supervisor:
         decision = decide_restart(job.budget, advanced,
                                   preempted=traits(gen.failure.kind).preempted,
                                   repeated=repeated_failure(job.failures),
-                                  mistake=script_mistake(gen.failure.error))
+                                  mistake=script_mistake(gen.failure.error),
+                                  **self._sentinel.judged(job.failures))  # free, again
         if not decision.restart:
             return End(JobStatus.FAILED, decision.message, decision.stopped_by)
         job.budget = decision.budget
@@ -507,6 +503,7 @@ class Supervisor:
         if gen.phase in (Phase.STARTING, Phase.FORMING):
             gen.enter(Phase.TRAINING)
         self._act(gen, self._watch.position(gen, record, data))  # where it is (job/lockstep.py)
+        self._act(gen, self._sentinel.hear(gen, record, said))  # gone NaN (job/sentinel.py)
         data = self._resumes.with_job_step(gen.plan.generation, record.task.name, data)
         if said.has_step:  # a save, a resume point or a position alone is no step report
             record.last_progress, gen.stepped = data, True

@@ -8,10 +8,13 @@ Post-import hooks wrap the methods that save a checkpoint:
   tf_keras' BackupAndRestore underneath), `tf.train.Checkpoint.save` and `write`.
 
 Each save that returns (not one that raised, nor an asynchronous write still
-under way) is reported to the launcher at once: `saved` (the optimizer's step
-count at the save), `saved_dir` (the directory, wherever the script keeps it), `saved_with`
-(the Keras or TensorFlow saver; `saved_by_runtime` for `runtime.callbacks()`'
-own) and `checkpoint` (progress: the restart after it is free of `max_restarts`).
+under way) and whose weights are all finite (runtime/sentinel.py: one that is
+not is reported as `saved_nonfinite`, never as a save, and is not made at all
+by a Keras callback or a `CheckpointManager`) is reported to the
+launcher at once: `saved` (the optimizer's step count at the save), `saved_dir`
+(the directory, wherever the script keeps it), `saved_with` (the Keras or
+TensorFlow saver; `saved_by_runtime` for `runtime.callbacks()`' own) and
+`checkpoint` (progress: the restart after it is free of `max_restarts`).
 
 Only a save that wrote is one. `ModelCheckpoint._save_model` is called at
 every epoch (or `save_freq`) and decides there whether to write: with
@@ -71,12 +74,19 @@ def pending() -> bool:
 Where = Callable[[object, tuple, dict], "str | None"]
 
 
+# What a save of non-finite weights returns instead of saving (saver -> result).
+Skip = Callable[[object], object]
+
+
 def timed(cls: type, name: str, where: Where | None = None, *,
-          decides: bool = False) -> None:
+          decides: bool = False, skip: Skip | None = None) -> None:
     """Wrap `cls.<name>` (a method that saves) to time it (once); with `where`,
-    a save that returned is reported (`completed`) with its directory. With
-    `decides` (the method may write nothing: ModelCheckpoint's), only a call
-    inside which a write returned (`writes`, or a nested timed save) is."""
+    a save that returned is reported (`completed`) with its directory, once its
+    weights were found finite (runtime/sentinel.py). With `decides` (the method
+    may write nothing: ModelCheckpoint's), only a call inside which a write
+    returned (`writes`, or a nested timed save) is. A save whose weights are
+    not finite is reported as `saved_nonfinite` and, with `skip`, not made at
+    all: the directory's newest save stays the last good one (nothing deleted)."""
     original = cls.__dict__.get(name)
     if original is None or getattr(original, _MARK, False):
         return
@@ -87,6 +97,12 @@ def timed(cls: type, name: str, where: Where | None = None, *,
             result = original(*args, **kwargs)
             _inside.wrote = True
             return result
+        saver = args[0] if args else None
+        finite = where is None or _finite(saver)
+        if not finite:
+            _nonfinite(saver, where, args, kwargs, skipped=skip is not None)
+            if skip is not None:
+                return skip(saver)
         _inside.saving, _inside.wrote = True, False
         began = time.monotonic()
         done = False
@@ -97,9 +113,9 @@ def timed(cls: type, name: str, where: Where | None = None, *,
         finally:
             _inside.saving = False
             note(time.monotonic() - began)
-            if done and where is not None and not _asynchronous(args, kwargs) \
+            if done and finite and where is not None and not _asynchronous(args, kwargs) \
                     and (_inside.wrote or not decides):
-                _completed(args[0] if args else None, where, args, kwargs)
+                _completed(saver, where, args, kwargs)
 
     setattr(save, _MARK, True)
     setattr(cls, name, save)
@@ -150,6 +166,31 @@ def _completed(saver: object, where: Where, args: tuple, kwargs: dict) -> None:
                          by_runtime=bool(getattr(saver, RUNTIME_MARK, False)))
 
 
+def _finite(saver: object) -> bool:
+    from . import sentinel
+
+    return sentinel.save_is_finite(saver)
+
+
+def _nonfinite(saver: object, where: Where, args: tuple, kwargs: dict, skipped: bool) -> None:
+    """A save of non-finite weights: no progress, no resume point, said as such."""
+    from . import steps
+
+    try:
+        directory = where(saver, args, kwargs) or ""
+        step = steps.step_of(getattr(saver, "model", None))
+    except Exception:  # noqa: BLE001 - a layout we do not know: said without them
+        directory, step = "", None
+    from launcher import runtime
+
+    record: dict = {"saved_nonfinite": -1 if step is None else int(step), "time": time.time(),
+                    "saved_dir": runtime.short_path(os.path.abspath(str(directory)))
+                    if directory else ""}
+    if skipped:
+        record["save_skipped"] = 1
+    runtime.write_progress(record)
+
+
 RUNTIME_MARK = "_mgpu_runtime"  # set on the BackupAndRestore of runtime.callbacks()
 
 
@@ -190,13 +231,23 @@ def on_keras(module: ModuleType) -> None:
             ("ModelCheckpoint", ("_save_model",), _filepath_dir)):
         cls = getattr(callbacks, cls_name, None)
         for method in methods if cls is not None else ():
-            timed(cls, method, where, decides=cls_name == "ModelCheckpoint")
+            timed(cls, method, where, decides=cls_name == "ModelCheckpoint", skip=_nothing)
     for method in ("save", "save_weights"):  # what ModelCheckpoint writes with
         writes(module.Model, method)
 
 
+def _nothing(saver: object) -> None:  # a Keras callback's save returns nothing
+    return None
+
+
+def _latest(manager: object) -> object:  # CheckpointManager.save: the last good one's path
+    return getattr(manager, "latest_checkpoint", None)
+
+
 def on_tensorflow(module: ModuleType) -> None:
-    timed(module.train.CheckpointManager, "save", _manager_dir)
+    # Checkpoint.save/write return the path they wrote, which a script may
+    # read: those are said (saved_nonfinite), not skipped.
+    timed(module.train.CheckpointManager, "save", _manager_dir, skip=_latest)
     for method in ("save", "write"):
         timed(module.train.Checkpoint, method, _prefix_dir)
 

@@ -200,8 +200,17 @@ class ClusterConfig(_Strict):
     # Prometheus metrics and notifications (launcher.spec.outlets).
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     notify: NotifySettings | None = None
+    # The NaN sentinel (launcher/runtime/sentinel.py): a Keras loss gone non-finite
+    # is named at its step, a save of non-finite weights is no save; `off`: neither.
+    sentinel: Literal["on", "off"] = "on"
 
     _interface = field_validator("network_interface")(interface_name)
+
+    @field_validator("sentinel", mode="before")
+    @classmethod
+    def _yaml_on_off(cls, value: Any) -> Any:
+        # YAML 1.1 reads a bare `off` as false and `on` as true.
+        return ("on" if value else "off") if isinstance(value, bool) else value
 
     @field_validator("env")
     @classmethod

@@ -93,6 +93,8 @@ def shared_env(config: ClusterConfig, checkpoint_dir: str, generation: int,
         "MGPU_KERAS": config.keras,
         "MGPU_SAVE_FREQ": str(config.checkpoint.save_freq),
     }
+    if config.sentinel == "off":  # runtime/sentinel.py's ENV
+        shared_env["MGPU_SENTINEL"] = "off"
     if config.checkpoint.memory:  # the agent gives each task its folder (agent/memcopy.py)
         shared_env["MGPU_MEMORY_COPIES"] = str(config.checkpoint.memory_copies)
         if config.checkpoint.memory_interval:  # extra saves (runtime/memcadence.py)

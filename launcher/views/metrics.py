@@ -156,6 +156,12 @@ class JobMetrics:
                    [self.job], len(state.stragglers))
         yield _one(CounterMetricFamily("mgpu_straggler_reports", "Straggler reports so far",
                                        labels=["job"]), [self.job], len(state.straggler_events))
+        bad = CounterMetricFamily("mgpu_nonfinite", "Losses (one per generation) and saves "
+                                  "(the first of a generation) gone non-finite so far",
+                                  labels=["job", "what"])
+        for what, kind in (("loss", ev.Nonfinite), ("save", ev.NonfiniteSave)):
+            bad.add_metric([self.job, what], sum(isinstance(e, kind) for e in state.nonfinite))
+        yield bad
 
 
 def _one(family: GaugeMetricFamily | CounterMetricFamily, labels: list[str],

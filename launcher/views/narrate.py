@@ -45,9 +45,10 @@ def _restart(event: ev.Restart) -> str:
     """Each budget in what it counts: `restart.max_restarts` the restarts
     without progress, `restart.max_total_restarts` all of them."""
     allowed = f"the {event.max_restarts} allowed without progress"
+    free = "preempted" if event.preempted else "the checkpoint advanced" if event.progress \
+        else "the first loss gone non-finite"  # the NaN sentinel's (recovery.decide_restart)
     why = f"{event.spent} of {allowed}" if event.counted else \
-        f"{'preempted' if event.preempted else 'the checkpoint advanced'}, not counted " \
-        f"against {allowed}"
+        f"{free}, not counted against {allowed}"
     return (f"restarting as generation {event.generation} in {event.backoff_s:g} s (restart "
             f"{event.total}: {why}; at most {event.max_total_restarts} in all); workers resume "
             "from the last checkpoint")
@@ -114,6 +115,22 @@ def _passed_over(event: ev.CheckpointPassedOver) -> str:
     return (f"warning: {event.task} passed over checkpoint {event.checkpoint}: it cannot be "
             f"read ({event.why or 'damaged'}); restored {event.restored or 'an older one'} "
             f"instead{kept}")
+
+
+def _nonfinite(event: ev.Nonfinite) -> str:
+    """Epoch and batch counted from 1 here, as Keras' progress bar counts them."""
+    step = f"step {event.step}" if event.step is not None else "a step"
+    return (f"warning: {event.label}'s loss went {event.loss or 'non-finite'} at {step} "
+            f"(epoch {event.epoch + 1}, batch {event.batch + 1} of it; generation "
+            f"{event.generation}): its weights and its peers' are NaN from there on; saves "
+            "of non-finite weights are not counted as saves")
+
+
+def _nonfinite_save(event: ev.NonfiniteSave) -> str:
+    at = f" of step {event.step}" if event.step is not None else ""
+    return (f"warning: {event.label} saved non-finite weights{at} in "
+            f"{event.directory or 'its checkpoint directory'}: not counted as a save "
+            "(no progress, no resume point)")
 
 
 def _keras(event: ev.KerasSwitched) -> str:
@@ -197,6 +214,8 @@ _TELLERS = {
     ev.Resumed: _resumed,
     ev.ResumeBehind: _resume_behind,
     ev.CheckpointPassedOver: _passed_over,
+    ev.Nonfinite: _nonfinite,
+    ev.NonfiniteSave: _nonfinite_save,
     ev.KerasSwitched: _keras,
     ev.JobDone: lambda e: e.message or None,
     ev.BadMessage: lambda e: f"agent {e.host}: ignored a malformed message: {e.reason}",

@@ -56,6 +56,7 @@ class RunView:
     resume_behind: tuple[str, ...] = ()  # a task resumed behind the last save (job/resumes.py)
     resumed: tuple[str, ...] = ()  # where each restarted generation resumed, in words
     passed_over: tuple[str, ...] = ()  # checkpoints a restore could not read (runtime/readable)
+    nonfinite: tuple[str, ...] = ()  # a loss or a save gone non-finite (job/sentinel.py)
     metrics_url: str | None = None  # where its metrics are served (a metrics_served event)
     story: Story | None = None  # the events folded (launcher/job/story.py)
     events: list[dict[str, Any]] | None = None  # events.jsonl's lines, as read
@@ -221,6 +222,7 @@ def load_run(run_dir: str | os.PathLike,
         goodput=_goodput_of(summary, story, events, status, now),
         stragglers=_said(story.straggler_events), resume_behind=_said(story.resume_behind),
         resumed=_said(story.resumes), passed_over=_said(story.passed_over),
+        nonfinite=_said(story.nonfinite),
         metrics_url=story.metrics_url, story=story, events=events, summary=summary,
     )
 
@@ -365,6 +367,8 @@ def render_status(view: RunView, now: float | None = None) -> str:
         lines += ["", *view.resumed, *view.resume_behind]
     if view.passed_over:
         lines += ["", *view.passed_over]
+    if view.nonfinite:
+        lines += ["", *view.nonfinite]
     lines += ["", f"logs:       {view.run_dir / LOGS}"]
     if (view.run_dir / LAUNCHER_OUT).exists():  # a detached run: the launcher's own lines
         lines.append(f"launcher:   {view.run_dir / LAUNCHER_OUT}")

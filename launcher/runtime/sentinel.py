@@ -1,0 +1,213 @@
+"""The NaN sentinel, zero code: a loss that goes bad seen at the step, and no
+save of non-finite weights reported as progress (issue 52).
+
+A batch of garbage (a 1e30, a division by zero) makes one step's loss inf or
+NaN; under MultiWorkerMirroredStrategy its gradient reaches every worker's
+weights at the all-reduce, and every later epoch trains NaN, saves NaN
+backups and ends "succeeded". So, in each task of the launcher:
+
+- Keras `fit` (tf_keras and Keras 3): a post-import hook wraps `Model.fit` to
+  add one callback, first of them, that reads the loss Keras logs at each
+  step's end. The logs hold the epoch's running mean m_k: the step's own loss
+  is k·m_k − (k−1)·m_{k−1}, so the first non-finite mean of an epoch names the
+  step that went bad (the mean stays bad from there on). It is reported at
+  once to the launcher (`nonfinite`: [the optimizer's step, the epoch, the
+  batch], epoch and batch as Keras' callbacks number them, from 0;
+  `nonfinite_loss`: the mean, "nan" or "inf"), once per process, within one
+  step. Keras logs the mean already reduced across the workers (its metrics
+  are read across replicas): every worker of a MultiWorkerMirroredStrategy
+  job sees the bad step at once, whichever worker's batch it was.
+  The read costs no wait on the device: tf_keras hands the callback the
+  step's tensors (`_supports_tf_logs`) and the callback reads step k's mean
+  at step k+1's end (or at the epoch's end, before any callback saves), when
+  step k is done; Keras 3 hands it plain numbers, off the training thread
+  where it dispatches callbacks so (`async_safe`).
+- every save the bootstrap reports (runtime/saves.py) is first checked: a
+  Keras saver's model's trainable weights, a `tf.train.Checkpoint`'s
+  variables, all finite (one numpy read of each; docs/benchmarks.md, "The
+  NaN sentinel"). A save of non-finite weights is reported as such
+  (`saved_nonfinite`), never as a save: it is no progress and no resume point;
+  a Keras callback's or a `CheckpointManager`'s is not made at all, so the
+  directory's newest save stays the last good one (runtime/saves.py).
+
+The launcher stops a generation whose loss went bad and restarts it from
+that last good save (launcher/job/sentinel.py).
+
+`sentinel: off` in the cluster file (MGPU_SENTINEL=off) turns both off.
+A custom loop's loss is the script's: `runtime.report_progress(step, loss=...)`.
+
+Standard library only at import time; Keras and TensorFlow are reached
+through the modules the hooks receive and the objects they hand over. Must
+not import the launcher side.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import threading
+import time
+from types import ModuleType
+from typing import Any
+
+_MARK = "_mgpu_watches_loss"
+ENV = "MGPU_SENTINEL"
+_OFF = frozenset({"off", "0", "false", "no"})
+
+_lock = threading.Lock()
+_told = False  # this process reported its non-finite loss already
+
+
+def enabled() -> bool:
+    """On in a task of the launcher unless `sentinel: off` (MGPU_SENTINEL)."""
+    return bool(os.environ.get("MGPU_PROGRESS_FD")) and \
+        os.environ.get(ENV, "").strip().lower() not in _OFF
+
+
+def _number(value: Any) -> float | None:
+    """A logged value as a float (a tensor is read here: one scalar)."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def report(step: int | None, epoch: int, batch: int, loss: float) -> None:
+    """The first non-finite loss of this process, to the launcher at once."""
+    global _told
+    with _lock:
+        if _told:
+            return
+        _told = True
+    from launcher import runtime
+
+    # A short list of integers, as a progress value must be (launcher/job/protocol.py).
+    runtime.write_progress({"nonfinite": [-1 if step is None else int(step), int(epoch),
+                                          int(batch)], "nonfinite_loss": str(loss),
+                            "time": time.time()})
+
+
+def _loss_callback(callbacks_module: ModuleType):
+    """A Keras callback (of the script's Keras) that watches each step's loss."""
+
+    class LossSentinel(callbacks_module.Callback):
+        _supports_tf_logs = True  # tf_keras: the step's tensors, read a step later
+        async_safe = True  # Keras 3: may run off the training thread
+
+        def __init__(self) -> None:
+            super().__init__()
+            self._epoch, self._start, self._first = 0, 0, None
+            self._held: tuple[int, Any] | None = None  # (batch, its logged mean) not read yet
+            self._seen = threading.Lock()
+
+        def on_epoch_begin(self, epoch, logs=None):
+            from . import steps
+
+            with self._seen:
+                self._epoch, self._first, self._held = int(epoch), None, None
+                self._start = steps.step_of(self.model) or 0
+
+        def on_train_batch_begin(self, batch, logs=None):
+            if self._first is None:  # where this epoch began (a resume may start mid-epoch)
+                self._first = int(batch)
+
+        def on_train_batch_end(self, batch, logs=None):
+            mean = (logs or {}).get("loss")
+            with self._seen:
+                held, self._held = self._held, (int(batch), mean)
+            if held is not None:
+                self._check(*held)
+
+        def on_epoch_end(self, epoch, logs=None):  # first of the callbacks: before a save
+            with self._seen:
+                held, self._held = self._held, None
+            if held is not None:
+                self._check(*held)
+
+        def _check(self, batch: int, mean: Any) -> None:
+            value = _number(mean)
+            if value is None or math.isfinite(value):
+                return
+            first = self._first if self._first is not None else 0
+            report(self._start + batch - first + 1, self._epoch, batch, value)
+
+    return LossSentinel
+
+
+def watch_loss_of(model_class, callbacks_module: ModuleType) -> None:
+    """Wrap `model_class.fit` to add the loss sentinel, first of its callbacks (once)."""
+    original = model_class.fit
+    if getattr(original, _MARK, False):
+        return
+    sentinel = _loss_callback(callbacks_module)
+
+    @functools.wraps(original)
+    def fit(self, *args, **kwargs):
+        if len(args) <= 5:  # callbacks is fit's 6th parameter: given by name or not at all
+            kwargs["callbacks"] = [sentinel(), *(kwargs.get("callbacks") or [])]
+        return original(self, *args, **kwargs)
+
+    setattr(fit, _MARK, True)
+    model_class.fit = fit
+
+
+def on_keras(module: ModuleType) -> None:
+    """`keras` (Keras 3, also behind `tf.keras` from TF 2.16) or `tf_keras` imported."""
+    if enabled():
+        watch_loss_of(module.Model, module.callbacks)
+
+
+HOOKS = {"keras": on_keras, "tf_keras": on_keras}
+
+
+# ------------------------------------------------------------- saved weights
+
+
+def saved_variables(saver: object) -> list[Any]:
+    """The variables a save writes that the check reads: a Keras saver's model's
+    trainable weights, a `tf.train.Checkpoint`'s (or its manager's) objects'
+    trainable variables, one level down ([] when none can be found)."""
+    model = getattr(saver, "model", None)
+    if model is not None:
+        return list(getattr(model, "trainable_weights", None) or [])
+    checkpoint = getattr(saver, "_checkpoint", saver)  # a CheckpointManager's
+    children = getattr(checkpoint, "_trackable_children", None)
+    if children is None:
+        return []
+    found: list[Any] = []
+    for child in children().values():
+        if hasattr(child, "numpy") and hasattr(child, "dtype"):  # a variable itself
+            found.append(child)
+            continue
+        for name in ("trainable_weights", "trainable_variables"):
+            values = getattr(child, name, None)
+            if values:
+                found.extend(values)
+                break
+    return found
+
+
+def all_finite(variables: list[Any]) -> bool:
+    """Every floating-point value of `variables` finite (numpy is loaded with
+    TensorFlow and Keras by then)."""
+    import numpy as np
+
+    for variable in variables:
+        try:
+            value = np.asarray(variable.numpy() if hasattr(variable, "numpy") else variable)
+        except Exception:  # noqa: BLE001 - a variable that cannot be read here: not judged
+            continue
+        if value.dtype.kind in "fc" and not np.isfinite(value).all():
+            return False
+    return True
+
+
+def save_is_finite(saver: object) -> bool:
+    """A save's weights all finite (True when off or when none can be read)."""
+    if not enabled():
+        return True
+    try:
+        return all_finite(saved_variables(saver))
+    except Exception:  # noqa: BLE001 - a layout we do not know: the save stands
+        return True

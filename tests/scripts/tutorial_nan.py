@@ -1,0 +1,66 @@
+"""A tutorial-shaped Keras `fit` whose input holds one bad batch; knows nothing of mgpu-launch.
+
+Its own `BackupAndRestore(backup_dir=argv[1])` (a save each epoch), no runtime
+calls, `tf.keras` as the default Keras resolves it (`keras: tf_keras` or
+`keras3` in the cluster file picks). 6 epochs of 40 steps of a small
+regression (mean squared error). Worker 1's copy of the input holds values of
+1e30 in its 100th batch (POISON_AT_STEP=N moves it, 0: none; POISON_WORKER=I
+poisons worker I's instead): at step 100, that worker's loss is inf, its
+gradient reaches every worker's weights at the all-reduce and every later step
+is NaN. A restart from an earlier save starts the input again from its first
+batch (BackupAndRestore keeps no input position), so the bad batch comes back
+at another step. POISON_BY=step makes it come back at the same step: the
+weights of the first layer are set to 1e30 just before the optimizer's step
+POISON_AT_STEP, on every worker (the bad state of a step, not a batch).
+Prints `WEIGHTS_FINITE <True|False>` at the end.
+"""
+
+import json
+import os
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+tf_config = json.loads(os.environ.get("TF_CONFIG") or "{}")
+num_workers = len(tf_config.get("cluster", {}).get("worker", [])) or 1
+worker = tf_config.get("task", {}).get("index", 0)
+strategy = tf.distribute.MultiWorkerMirroredStrategy()
+
+STEPS, EPOCHS = 40, 6
+poison_at = int(os.environ.get("POISON_AT_STEP", "100"))
+poisoned = int(os.environ.get("POISON_WORKER", "1"))
+rng = np.random.default_rng(0)
+batch = 16 * num_workers  # the global batch: 16 a worker
+x = rng.normal(size=(STEPS * EPOCHS * batch, 8)).astype("float32")
+y = x.sum(axis=-1, keepdims=True) * 0.5
+by_step = os.environ.get("POISON_BY") == "step"
+# One bad batch: the poison_at-th step of the run.
+if worker == poisoned and poison_at > 0 and not by_step:
+    x[(poison_at - 1) * batch:poison_at * batch] = 1e30
+# Sharded by data, as TensorFlow shards it: step k gets worker w's half of batch k - 1.
+dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch)
+
+with strategy.scope():
+    model = tf.keras.Sequential([
+        tf.keras.layers.Input(shape=(8,)),
+        tf.keras.layers.Dense(8, activation="relu"),
+        tf.keras.layers.Dense(1),
+    ])
+    model.compile(optimizer=tf.keras.optimizers.SGD(0.01), loss="mse")
+
+
+
+class PoisonAtStep(tf.keras.callbacks.Callback):
+    def on_train_batch_begin(self, batch, logs=None):
+        if int(self.model.optimizer.iterations.numpy()) == poison_at - 1:
+            kernel = self.model.layers[0].kernel
+            kernel.assign(tf.fill(kernel.shape, 1e30))
+
+
+backup_dir = sys.argv[1] if len(sys.argv) > 1 else "/tmp/backup"
+model.fit(dataset, epochs=EPOCHS, steps_per_epoch=STEPS, verbose=0,
+          callbacks=[tf.keras.callbacks.BackupAndRestore(backup_dir=backup_dir),
+                     *([PoisonAtStep()] if by_step else [])])
+finite = all(bool(np.isfinite(w).all()) for w in model.get_weights())
+print("WEIGHTS_FINITE", finite, flush=True)

@@ -1,0 +1,175 @@
+"""The NaN sentinel (issue 52) as users meet it: a tutorial-shaped Keras `fit`
+(its own BackupAndRestore, a save each epoch, no runtime calls) whose input
+holds one batch of 1e30 at step 100 on worker 1, under two simulated hosts.
+
+The loss is named at its step, epoch, batch and task (events.jsonl, the
+terminal, `status`, summary.json); no save after it is made or reported as a
+save; the generation is stopped and the restart resumes from the save before
+the bad step; the same step going bad again stops the job
+(launcher/runtime/sentinel.py, launcher/job/sentinel.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from launcher.job import events as ev
+from launcher.job.recovery import Budget, decide_restart
+from launcher.job.states import Failure
+from launcher.job.story import Story
+from launcher.spec.config import parse_config
+from launcher.spec.taskenv import shared_env
+from launcher.views import narrate
+from launcher.views.metrics import JobMetrics
+from launcher.views.records import load_run, render_status
+from tests.conftest import SCRIPTS, read_summary
+from tests.test_faults import Job, jobs, launch, write_yaml  # noqa: F401 - `jobs` is a fixture
+
+NAN = str(SCRIPTS / "tutorial_nan.py")
+BAD_STEP, STEPS_PER_EPOCH = 100, 40
+
+
+def cluster(workdir: Path, keras: str, extra: str = "") -> Path:
+    """Two simulated hosts; `extra`: more of the cluster file."""
+    return write_yaml(workdir / "cluster.yaml", f"""\
+name: nan
+transport: local
+keras: {keras}
+ports: {{base: auto}}
+hosts:
+  - {{address: 127.0.0.1, name: host0}}
+  - {{address: 127.0.0.1, name: host1}}
+restart: {{backoff_s: 0}}
+{extra}""")
+
+
+def saves(job: Job, generation: int) -> list[int]:
+    """The saves the chief reported in `generation` (their steps)."""
+    return [e["saved"] for e in job.events("progress", generation=generation, task="worker0")
+            if "saved" in e]
+
+
+def nonfinite(job: Job) -> list[tuple[int, int | None, int, int]]:
+    """(generation, step, epoch, batch) of each `nonfinite` event."""
+    found = job.events("nonfinite")
+    # Keras logs the loss already reduced across the workers (its metrics read
+    # in cross-replica context): every worker sees the bad step at once.
+    assert all(e["task"] in ("worker0", "worker1") and e["loss"] in ("inf", "nan")
+               and e["host"] == e["task"].replace("worker", "host") for e in found), found
+    return [(e["generation"], e.get("step"), e["epoch"], e["batch"]) for e in found]
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("keras", ["tf_keras", "keras3"])
+def test_a_loss_gone_bad_is_named_at_its_step_and_rolled_back_to_the_save_before_it(
+        workdir, jobs, keras):  # noqa: F811
+    job = launch(jobs, [str(cluster(workdir, keras)), "--no-live", NAN,
+                        str(workdir / "backup")], workdir)
+    assert job.finish(timeout=400) == 0, job.output[-3000:]
+    # Generation 0 goes bad at step 100 (epoch 3, batch 20); the restart resumes
+    # from step 80, the save before it; the input starts again from its first
+    # batch, so the bad one comes back at step 180; the restart from step 160
+    # trains the last 80 steps on good batches.
+    assert nonfinite(job) == [(0, BAD_STEP, 2, 19), (1, 180, 4, 19)], job.events("nonfinite")
+    assert [f["kind"] for f in job.events("failure_detected")] == ["nonfinite", "nonfinite"]
+    assert [r["step"] for r in job.events("resumed")] == [80, 160], job.events("resumed")
+    assert saves(job, 0) == [40, 80] and saves(job, 1) == [120, 160], job.events("progress")
+    said = [line for line in job.output.splitlines() if f"loss went inf at step {BAD_STEP}"
+            in line]
+    assert any("(epoch 3, batch 20 of it; generation 0)" in line for line in said), said
+    assert any("stopped before it saves NaN weights" in line for line in said), said
+    summary = read_summary(job.run_dir)
+    assert summary["status"] == "succeeded" and summary["restarts"] == 2, summary
+    assert "WEIGHTS_FINITE True" in job.output and "WEIGHTS_FINITE False" not in job.output
+    assert summary["nonfinite"][0]["event"] == "nonfinite", summary["nonfinite"]
+    status = render_status(load_run(job.run_dir))
+    assert f"loss went inf at step {BAD_STEP} (epoch 3, batch 20 of it" in status, status
+
+
+@pytest.mark.e2e
+def test_the_same_step_going_bad_after_its_free_restart_stops_the_job_naming_it(
+        workdir, jobs):  # noqa: F811
+    # Step 30 goes bad before the first save (step 40): its restart is free all
+    # the same, and starts from scratch; step 30 goes bad again: the job stops.
+    config = cluster(workdir, "tf_keras", "env: {POISON_BY: step, POISON_AT_STEP: 30}\n")
+    job = launch(jobs, [str(config), "--no-live", "--max-restarts", "1", NAN,
+                        str(workdir / "backup")], workdir)
+    code = job.finish(timeout=300)
+    assert code != 0, job.output[-3000:]
+    assert [(g, step) for g, step, _, _ in nonfinite(job)] == [(0, 30), (1, 30)]
+    [restart] = job.events("restart")
+    assert restart["counted"] is False and restart["progress"] is False, restart
+    assert "the first loss gone non-finite, not counted" in job.output, job.output[-3000:]
+    summary = read_summary(job.run_dir)
+    assert summary["status"] == "failed" and summary["stopped_by"] == "nonfinite", summary
+    assert "the loss went non-finite at step 30 again" in summary["message"], summary
+    assert "not succeeded" not in job.output and "job succeeded" not in job.output
+
+
+def test_sentinel_off_reaches_every_task_and_turns_the_hooks_off(monkeypatch):
+    loaded = parse_config("transport: local\nsentinel: off\nhosts: [{address: 127.0.0.1}]\n")
+    assert loaded.config.sentinel == "off"
+    assert shared_env(loaded.config, "/ckpt", 0, 1)["MGPU_SENTINEL"] == "off"
+    default = parse_config("transport: local\nhosts: [{address: 127.0.0.1}]\n")
+    assert default.config.sentinel == "on"
+    assert "MGPU_SENTINEL" not in shared_env(default.config, "/ckpt", 0, 1)
+    from launcher.runtime import sentinel
+
+    monkeypatch.setenv("MGPU_PROGRESS_FD", "9")
+    assert sentinel.enabled()
+    monkeypatch.setenv("MGPU_SENTINEL", "off")
+    assert not sentinel.enabled()
+
+
+def test_the_events_are_said_counted_and_listed():
+    bad = ev.Nonfinite(generation=1, task="worker1", host="host1", step=100, epoch=2, batch=19,
+                       loss="inf")
+    save = ev.NonfiniteSave(generation=1, task="worker0", host="host0", step=120,
+                            directory="/ckpt/backup")
+    assert narrate.line(bad) == ("notice", (
+        "warning: host1/worker1's loss went inf at step 100 (epoch 3, batch 20 of it; "
+        "generation 1): its weights and its peers' are NaN from there on; saves of "
+        "non-finite weights are not counted as saves"))
+    assert "saved non-finite weights of step 120 in /ckpt/backup" in narrate.line(save)[1]
+    metrics = JobMetrics("nan", clock=lambda: 0.0)
+    for event in (bad, save):
+        metrics.tell(event)
+    text = metrics.text()
+    assert 'mgpu_nonfinite_total{job="nan",what="loss"} 1.0' in text, text
+    assert 'mgpu_nonfinite_total{job="nan",what="save"} 1.0' in text, text
+    story = Story()
+    story.tell(bad)
+    assert story.summary()["nonfinite"][0] == {"event": "nonfinite", **ev.fields_of(bad)}
+    assert "nonfinite" not in Story().summary()  # absent when nothing went bad
+
+
+def _failure(generation: int, kind: str = "nonfinite") -> Failure:
+    return Failure(task="host0/worker0", host="host0", generation=generation, t=0.0, kind=kind,
+                   reason="x")
+
+
+def test_the_first_stop_is_free_and_the_same_step_again_ends_the_job():
+    from launcher.job.sentinel import Sentinel
+
+    sentinel, told = Sentinel(lambda e: None), []
+    sentinel._steps.update({0: 30, 1: 30})  # generation: its bad step, as heard
+    # A first stop in the job: free, even without progress; a crash is not.
+    assert sentinel.judged([_failure(0)]) == {"free": True}
+    assert sentinel.judged([_failure(0, "exit")]) == {}
+    budget = Budget(max_restarts=1)
+    first = decide_restart(budget, advanced=False, preempted=False, free=True)
+    assert first.restart and not first.counts and first.budget.spent == 0
+    # The same step again, right after: the job stops, naming the step.
+    judged = sentinel.judged([_failure(0), _failure(1)])
+    assert "step 30 again" in judged["again"], judged
+    again = decide_restart(first.budget, advanced=False, preempted=False, **judged)
+    assert not again.restart and again.stopped_by == "nonfinite"
+    assert again.message.startswith("gave up: the loss went non-finite at step 30 again")
+    # Another step (a restart that starts the input again): restarted, and counted.
+    sentinel._steps[1] = 180
+    assert sentinel.judged([_failure(0), _failure(1)]) == {"free": False}
+    told.append(ev.Restart(generation=1, counted=False, progress=False, max_restarts=1))
+    assert "the first loss gone non-finite, not counted against the 1 allowed" in \
+        narrate.line(told[0])[1]
