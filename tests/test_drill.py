@@ -83,8 +83,11 @@ def test_the_bundled_example_passes_every_fault(workdir: Path):
     (a kill said "worker1 resumed at step 1, behind the last save (step 22)"),
     and a fault after a resume comes while training is left (a hang after
     fit() ended found its backup deleted: "restarted from step 0")."""
+    # 12 epochs: a preemption's grace (3 s) trains on, up to ~130 steps on a quiet
+    # machine; one that ends fit is injected again in a job of its own.
     code, data, output = run_drill(workdir, ["--local", "2", str(EXAMPLES / "digits" /
-                                                                 "train.py")], timeout=400)
+                                                                 "train.py"), "--epochs", "12"],
+                                   timeout=400)
     assert code == 0, output[-3000:]
     faults = by_fault(data)
     assert list(faults) == ["kill", "preempt", "hang"], faults

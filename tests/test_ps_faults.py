@@ -95,7 +95,7 @@ def test_a_worker_killed_in_epoch_2_is_a_failure_on_the_record_and_restarted_alo
     assert status["failures"] == [failure] and status["root_cause"] is None
     tasks = {t["task"]: t for t in status["tasks"]}
     assert tasks["h1/worker1"]["restarted_alone"] == 1
-    assert tasks["h1/worker0"]["restarted_alone"] == 0
+    assert tasks["h1/worker0"].get("restarted_alone", 0) == 0  # said only when some
     text = run_cli(["status", str(run)], cwd=workdir).stdout
     assert "generation: 0 (1 worker restarted alone)" in text, text
     assert "workers restarted alone (the job went on):\n  h1/worker1 (host h1" in text, text

@@ -64,6 +64,7 @@ class History:
     furthest_step: dict[int, int] = field(default_factory=dict)
     # generation: why its resume point cannot be read (runtime/restores.py)
     unknown: dict[int, str] = field(default_factory=dict)
+    fit_ended: set[int] = field(default_factory=set)  # generations whose fit ended
     exits: dict[tuple[int, str], Exit] = field(default_factory=dict)
     saves: list[Save] = field(default_factory=list)
     saves_reported: bool = False  # any task reported a save
@@ -91,6 +92,8 @@ class History:
             self.resumed.setdefault(gen, r.resumed)
         if r.resume_unknown is not None and gen > 0:
             self.unknown.setdefault(gen, r.resume_unknown)
+        if r.deleted is not None:  # fit ended (its backup deleted): the training is over
+            self.fit_ended.add(gen)
         step = r.own_step
         if step is None:
             return
@@ -154,8 +157,10 @@ class History:
         return self.furthest_step.get(gen)
 
     def finished_in(self, gen: int, but: str) -> bool:
-        """Did a task of `gen` other than `but` end its training by itself?"""
-        return any(g == gen and task != but and e.finished for (g, task), e in self.exits.items())
+        """Did a task of `gen` other than `but` end its training by itself (or its
+        `fit` end, deleting its backup)?"""
+        return gen in self.fit_ended or any(
+            g == gen and task != but and e.finished for (g, task), e in self.exits.items())
 
     def trained_since(self, gen: int, task: str, t: float) -> bool:
         """Did `task` of `gen` report a step after `t`?"""

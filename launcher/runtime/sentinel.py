@@ -144,12 +144,22 @@ def watch_loss_of(model_class, callbacks_module: ModuleType) -> None:
 
     @functools.wraps(original)
     def fit(self, *args, **kwargs):
-        if len(args) <= 5:  # callbacks is fit's 6th parameter: given by name or not at all
+        # callbacks is fit's 6th parameter: given by name or not at all. Under
+        # ParameterServerStrategy fit refuses batch-level callbacks: not watched.
+        if len(args) <= 5 and not _parameter_server(self):
             kwargs["callbacks"] = [sentinel(), *(kwargs.get("callbacks") or [])]
         return original(self, *args, **kwargs)
 
     setattr(fit, _MARK, True)
     model_class.fit = fit
+
+
+def _parameter_server(model: Any) -> bool:
+    try:
+        strategy = model.distribute_strategy
+    except Exception:  # noqa: BLE001 - no strategy known: the default one
+        return False
+    return "ParameterServer" in type(strategy).__name__
 
 
 def on_keras(module: ModuleType) -> None:

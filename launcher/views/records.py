@@ -92,8 +92,9 @@ class RunView:
                     "generation": t.generation, "state": t.state, "address": t.address,
                     "port": t.port, "pid": t.pid, "exit_code": t.exit_code, "signal": t.signal,
                     "last_step": t.last_step, "last_progress": t.last_progress,
-                    "restarted_alone": t.restarted_alone,
                     "log": str(t.log_path) if t.log_path else None,
+                    # a ParameterServerStrategy worker's restarts alone, when it had any
+                    **({"restarted_alone": t.restarted_alone} if t.restarted_alone else {}),
                 }
                 for t in self.tasks
             ],
