@@ -11,6 +11,7 @@ Standard library only. Must not import the launcher side, TensorFlow or Keras.
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 from collections.abc import Callable
@@ -124,3 +125,14 @@ def when_imported(name: str, hook: Hook | Deferred) -> None:
         _finder = PostImportFinder()
         sys.meta_path.insert(0, _finder)
     _finder.hooks.setdefault(name, []).append(hook)
+
+
+def wrap_method(cls: object, name: str, make: Callable, mark: str) -> None:
+    """Replace `cls.<name>` by `make(original)` once (`mark`: the wrapper's own
+    attribute, so two hooks may each wrap the same method, once each)."""
+    original = cls.__dict__.get(name)
+    if original is None or getattr(original, mark, False):
+        return
+    wrapper = functools.wraps(original)(make(original))
+    setattr(wrapper, mark, True)
+    setattr(cls, name, wrapper)

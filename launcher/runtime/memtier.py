@@ -27,7 +27,6 @@ Standard library only at import time; must not import the launcher side.
 from __future__ import annotations
 
 import copy
-import functools
 import json
 import os
 import shutil
@@ -173,13 +172,10 @@ def _step(model) -> int | None:
         return None
 
 
-def _wrap(cls: type, name: str, make) -> None:
-    original = cls.__dict__.get(name)
-    if original is None or getattr(original, _MARK, False):
-        return
-    wrapper = functools.wraps(original)(make(original))
-    setattr(wrapper, _MARK, True)
-    setattr(cls, name, wrapper)
+def _wrap(cls: object, name: str, make) -> None:
+    from .hooks import wrap_method
+
+    wrap_method(cls, name, make, _MARK)
 
 
 # --- tf.train.CheckpointManager --------------------------------------------

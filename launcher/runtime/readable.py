@@ -40,7 +40,6 @@ Standard library only at import time; must not import the launcher side.
 
 from __future__ import annotations
 
-import functools
 import glob
 import json
 import os
@@ -463,12 +462,9 @@ def _latest(original):
 
 
 def _wrap(cls: object, name: str, make) -> None:
-    original = cls.__dict__.get(name)
-    if original is None or getattr(original, _MARK, False):
-        return
-    wrapper = functools.wraps(original)(make(original))
-    setattr(wrapper, _MARK, True)
-    setattr(cls, name, wrapper)
+    from .hooks import wrap_method
+
+    wrap_method(cls, name, make, _MARK)
 
 
 def on_tensorflow(module: ModuleType) -> None:
