@@ -89,6 +89,21 @@ def test_a_loss_gone_bad_is_named_at_its_step_and_rolled_back_to_the_save_before
 
 
 @pytest.mark.e2e
+def test_a_loss_gone_bad_at_the_end_of_fit_keeps_the_backup_the_restart_resumes_from(
+        workdir, jobs):  # noqa: F811
+    # Step 239 of 240 goes bad: fit ends a step later, before the launcher stops
+    # the generation, and BackupAndRestore deletes its backup when fit ends. The
+    # backup (step 200, the last good save) is kept: the restart resumes there,
+    # its input starts again from its first batch, and the job succeeds.
+    config = cluster(workdir, "keras3", "env: {POISON_AT_STEP: 239}\n")
+    job = launch(jobs, [str(config), "--no-live", NAN, str(workdir / "backup")], workdir)
+    assert job.finish(timeout=300) == 0, job.output[-3000:]
+    assert nonfinite(job) == [(0, 239, 5, 38)], job.events("nonfinite")
+    assert [r["step"] for r in job.events("resumed")] == [200], job.events("resumed")
+    assert read_summary(job.run_dir)["restarts"] == 1
+
+
+@pytest.mark.e2e
 def test_the_same_step_going_bad_after_its_free_restart_stops_the_job_naming_it(
         workdir, jobs):  # noqa: F811
     # Step 30 goes bad before the first save (step 40): its restart is free all

@@ -162,10 +162,31 @@ def _parameter_server(model: Any) -> bool:
     return "ParameterServer" in type(strategy).__name__
 
 
+def keep_backup_after_bad_loss(backup_class) -> None:
+    """`BackupAndRestore` deletes its backup when `fit` ends (both Kerases). A
+    loss gone bad near the end of `fit` can reach that end before the launcher
+    stops the generation: the backup, the last save before the bad step and the
+    restart's resume point, would be gone and the restart would train from
+    scratch. Once this process's loss went bad, the deletion is skipped."""
+    from .hooks import wrap_method
+
+    def make(original):
+        def on_train_end(self, *args, **kwargs):
+            if _told:
+                return None
+            return original(self, *args, **kwargs)
+        return on_train_end
+
+    wrap_method(backup_class, "on_train_end", make, _MARK)
+
+
 def on_keras(module: ModuleType) -> None:
     """`keras` (Keras 3, also behind `tf.keras` from TF 2.16) or `tf_keras` imported."""
     if enabled():
         watch_loss_of(module.Model, module.callbacks)
+        backup = getattr(module.callbacks, "BackupAndRestore", None)
+        if backup is not None:
+            keep_backup_after_bad_loss(backup)
 
 
 HOOKS = {"keras": on_keras, "tf_keras": on_keras}
