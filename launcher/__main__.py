@@ -14,15 +14,11 @@ from .commands.exits import INTERRUPTED  # standard library only, imports nothin
 
 def main() -> int:
     interrupts.install()  # a Ctrl-C while modules load is never lost
-    from .commands import prereach  # standard library only until it starts something
-
     try:
-        _reach_ahead(prereach)
         from .cli import main as cli_main
 
         code = cli_main()
     except KeyboardInterrupt:
-        prereach.drop()
         try:
             print("mgpu-launch: interrupted", file=sys.stderr, flush=True)
         except (OSError, ValueError):
@@ -33,21 +29,8 @@ def main() -> int:
         # A string exec resets the mark; a code object would not.
         exec("")  # noqa: S102
         return INTERRUPTED
-    prereach.drop()  # started, not taken: e.g. a file that is no longer valid
     _exit_without_teardown(code)
     return code  # not reached
-
-
-def _reach_ahead(prereach) -> None:
-    """A run of a cluster file recorded unchanged: its SSH hosts reached now,
-    while the launcher's modules load (launcher/commands/prereach.py). Never
-    in the way of the run itself: whatever goes wrong here, it runs as without."""
-    try:
-        prereach.start(sys.argv[1:])
-    except KeyboardInterrupt:
-        raise
-    except Exception:  # noqa: BLE001 - a launch is never refused for this
-        prereach.drop()
 
 
 def _exit_without_teardown(code: int) -> None:

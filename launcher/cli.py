@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import __version__
-from .commands import control, exits, loading, prereach, usage
+from .commands import control, exits, loading, usage
 from .commands.usage import say, silence_fds
 from .spec.addresses import AddressError
 from .spec.allocation import SlurmError
@@ -188,10 +188,6 @@ def _no_cluster_file(script: str, option: str) -> None:
 
 
 def _default_run_dir(loaded: LoadedConfig) -> Path:
-    # The one `prereach` started this file's hosts for (it has the command's start time).
-    early = prereach.run_dir_for(loaded.source, loaded.config.name)
-    if early is not None:
-        return Path(early)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     return Path("runs") / f"{loaded.config.name}-{stamp}-{os.getpid()}"
 
@@ -260,20 +256,15 @@ def _reach_early(loaded: LoadedConfig, run_dir: Path, verbose: bool) -> SSHTrans
     config = loaded.config
     if not transport_traits(config.transport).ssh:
         return None
-    from .transport.factory import make_transport, quiet_paramiko_logs, run_lease
+    from .transport.factory import make_transport, quiet_paramiko_logs
 
     targets = host_targets(config, "python3", loaded.base_dir)
-    lease = run_lease(config)
-    # Started before the file was read, from the record of its last run (prereach).
-    ssh = prereach.take(loaded.source, config.name, targets, lease, str(run_dir))
-    if ssh is None:
-        if not verbose:  # -v: paramiko's tracebacks
-            quiet_paramiko_logs()
-        # SSH's own method, not the Transport protocol's: no other transport has
-        # connections to open ahead.
-        ssh = make_transport(config)  # type: ignore[assignment]
-        ssh.warm(targets, str(run_dir))
-    prereach.remember(loaded.source, config.name, targets, lease)
+    if not verbose:  # -v: paramiko's tracebacks
+        quiet_paramiko_logs()
+    # SSH's own method, not the Transport protocol's: no other transport has
+    # connections to open ahead.
+    ssh = make_transport(config)  # type: ignore[assignment]
+    ssh.warm(targets, str(run_dir))
     return ssh
 
 

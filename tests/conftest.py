@@ -160,6 +160,6 @@ def pytest_configure(config) -> None:
     starts: the Ctrl-C tests would send a signal nobody hears. With Python's
     own handler here, the processes the tests start get the default."""
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    # The launchers the tests start record how they reached their hosts in the
-    # user's cache (launcher/commands/prereach.py): in the suite's own, not root's.
+    # The launchers the tests start keep their code cache in the user's cache
+    # (docs/ssh.md): in the suite's own, not root's.
     os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="mgpu-suite-cache-")

@@ -41,8 +41,7 @@ def log_file_name(host: str, name: str) -> str:
 def why_unwritable(run_dir: Path) -> str | None:
     """Why a run could not write `run_dir` (None: it could), found by doing what
     the run would: its missing folders made (or, when it exists, a folder made
-    in it), then removed again, so that a refused run leaves nothing behind.
-    Standard library only: `prereach` asks it too, before the modules load."""
+    in it), then removed again, so that a refused run leaves nothing behind."""
     missing: list[Path] = []
     current = Path(run_dir)
     while not current.is_dir():

@@ -3,8 +3,7 @@ the run's files (`host_run_dir`).
 
 Apart from the plan (launcher.spec.plan, which makes them from the cluster
 file) so that the transports import neither the cluster file's models nor
-pydantic: a launch opens its SSH connections before it validates the cluster
-file where it knows the hosts already (launcher/commands/prereach.py).
+pydantic.
 
 Must not import: config, plan, transport, supervisor, cli.
 """
