@@ -263,7 +263,7 @@ def _reach_early(loaded: LoadedConfig, run_dir: Path, verbose: bool) -> SSHTrans
         quiet_paramiko_logs()
     # SSH's own method, not the Transport protocol's: no other transport has
     # connections to open ahead.
-    ssh = make_transport(config)  # type: ignore[assignment]
+    ssh: SSHTransport = make_transport(config)  # type: ignore[assignment]
     ssh.warm(targets, str(run_dir))
     return ssh
 

@@ -2,10 +2,12 @@
 `launcher.transport.Transport` protocol, with the same parameters, and the
 protocol declares every method the launch and `check` call on a transport.
 
-The calls are read from the launcher's source with `ast` (a call on a name
-`transport` outside launcher/transport/), so a new call to a method one
-transport lacks fails here, not on a user's cluster. The transports are every
-`*Transport` class in `launcher/transport/`.
+The calls are read from the launcher's source with `ast`, outside
+launcher/transport/: a call on any name typed `Transport` (a parameter, a
+variable or a field annotated so, whatever it is called) or bound to
+`make_transport(...)`, so a new call to a method one transport lacks fails
+here, not on a user's cluster. The transports are every `*Transport` class in
+`launcher/transport/`.
 """
 
 from __future__ import annotations
@@ -42,20 +44,74 @@ def _transport_classes() -> list[str]:
     return found
 
 
-def _calls_on_transports() -> dict[str, str]:
-    """Method name -> where it is first called on a `transport` by the launcher
-    outside launcher/transport/ (inside, `transport` is also paramiko's)."""
-    calls: dict[str, str] = {}
-    for path in sorted(PACKAGE.rglob("*.py")):
-        if path.parent.name == "transport":
+def _is_protocol(annotation: ast.expr | None) -> bool:
+    """`Transport`, `Transport | None`, `"Transport"`: the protocol (not one
+    transport's class: `SSHTransport.warm` is its own)."""
+    if annotation is None:
+        return False
+    if isinstance(annotation, ast.Constant) and isinstance(annotation.value, str):
+        annotation = ast.parse(annotation.value, mode="eval").body
+    return any(isinstance(node, ast.Name) and node.id == "Transport"
+               for node in ast.walk(annotation))
+
+
+def _transport_names(tree: ast.AST) -> set[str]:
+    """The names (and fields) that hold a transport in `tree`."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.arg) and _is_protocol(node.annotation):
+            names.add(node.arg)
+        elif isinstance(node, ast.AnnAssign) and _is_protocol(node.annotation):
+            target = node.target
+            names.add(target.attr if isinstance(target, ast.Attribute) else target.id)
+        elif (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
+              and isinstance(node.value.func, ast.Name) and node.value.func.id == "make_transport"):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    return names
+
+
+def _calls_on(tree: ast.AST, names: set[str]) -> dict[str, int]:
+    """Method name -> the first line it is called on one of `names` (`x.m()` or `a.x.m()`)."""
+    calls: dict[str, int] = {}
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
             continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                    and isinstance(node.func.value, ast.Name)
-                    and node.func.value.id == "transport"):
-                where = f"{path.relative_to(REPO)}:{node.lineno}"
-                calls.setdefault(node.func.attr, where)
+        receiver = node.func.value
+        name = receiver.id if isinstance(receiver, ast.Name) else \
+            receiver.attr if isinstance(receiver, ast.Attribute) else None
+        if name in names:
+            line = calls.setdefault(node.func.attr, node.lineno)
+            calls[node.func.attr] = min(line, node.lineno)
     return calls
+
+
+def _calls_on_transports() -> dict[str, str]:
+    """Method name -> where it is first called on a transport by the launcher
+    outside launcher/transport/ (inside, `transport` is also paramiko's)."""
+    trees = {path: ast.parse(path.read_text()) for path in sorted(PACKAGE.rglob("*.py"))
+             if path.parent.name != "transport"}
+    names = set().union(*(_transport_names(tree) for tree in trees.values()))
+    calls: dict[str, str] = {}
+    for path, tree in trees.items():
+        for method, line in _calls_on(tree, names).items():
+            calls.setdefault(method, f"{path.relative_to(REPO)}:{line}")
+    return calls
+
+
+def test_the_scan_finds_a_call_whatever_the_variables_name():
+    tree = ast.parse("""
+def launch(link: Transport | None, first):
+    link.frobnicate(first)
+
+class Held:
+    via: "Transport"
+
+def later(held: Held):
+    held.via.reconnect()
+    made = make_transport(config)
+    made.warm_up()
+""")
+    assert set(_calls_on(tree, _transport_names(tree))) == {"frobnicate", "reconnect", "warm_up"}
 
 
 def test_the_protocol_declares_every_method_the_launch_calls():
