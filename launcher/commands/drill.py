@@ -27,7 +27,7 @@ import threading
 import time
 from pathlib import Path
 
-from ..job.launch import Job, Launch, LaunchRefused
+from ..job.launch import Job, LaunchRefused
 from ..job.sequence import EarlyEnd, StopRequest, run_launch
 from ..spec.allocation import SlurmError
 from ..spec.config import ConfigError, LoadedConfig
@@ -35,11 +35,11 @@ from ..spec.plan import PlanError
 from ..spec.transports import traits
 from ..transport.factory import make_transport, quiet_paramiko_logs
 from ..views.drill_report import DEFAULT_MTBF_HOURS, FAULTS, Observed, judge, render, report
-from ..views.narrate import checkpoint_moved
 from ..views.printer import Printer
-from . import control, exits, loading, prereqs, usage
+from . import control, exits, loading, usage
 from .drill_faults import Heard, Injector
 from .drill_memory import MemoryCosts
+from .run import prepare_launch
 from .signals import stops_asked
 from .usage import say
 
@@ -187,18 +187,10 @@ def _one_job(args: argparse.Namespace, loaded: LoadedConfig, command: list[str],
     """One job of the drill, with `faults` injected into it; raises Usage when
     it cannot start (exit 2)."""
     config = loaded.config
-    local = traits(config.transport).simulated
     try:
-        launch = Launch(loaded, command, run_dir, str(Path.cwd()))
-        if local and number == 1:
-            missing = prereqs.local_problem(launch.pythons, Path(command[0]), config.strategy)
-            if missing:
-                raise Usage(missing)
         # The first job claims the checkpoint directory; the claim lasts as long as this process.
-        prepared = launch.prepare(claim=number == 1)
-        if prepared.moved is not None:
-            say(f"mgpu-launch: {checkpoint_moved(prepared.moved)}")
-        first = prepared.plan
+        launch, first = prepare_launch(loaded, command, run_dir, claim=number == 1,
+                                       check_python=number == 1)
     except (LaunchRefused, PlanError) as exc:
         raise Usage(str(exc)) from None
     if traits(config.transport).ssh:

@@ -77,26 +77,35 @@ def run(loaded: LoadedConfig, command: list[str], run_dir: Path, args: argparse.
         return exits.USAGE
 
 
-def _run(loaded: LoadedConfig, command: list[str], run_dir: Path, args: argparse.Namespace,
-         argv: Sequence[str], transport: Transport | None) -> int:
+def prepare_launch(loaded: LoadedConfig, command: list[str], run_dir: Path, *,
+                   claim: bool, check_python: bool = True) -> tuple[Launch, Plan]:
+    """What every launch does before `run_launch` (the run command, each job of
+    the drill): the launch made (every host's TF address as far as known before
+    any agent answered, spares too), simulated hosts' Python checked for what
+    the script needs, the checkpoint directory claimed (`claim`; a detached run
+    claims it in its own process) and a moved checkpoint said. Raises
+    LaunchRefused (said and exit 2 by the caller)."""
     config = loaded.config
-    # Every host's TF address as far as known before any agent answered (spares too).
     launch = Launch(loaded, command, run_dir, str(Path.cwd()))
-    if transport_traits(config.transport).simulated:  # the tasks run with this Python
+    if check_python and transport_traits(config.transport).simulated:  # this Python runs them
         missing = prereqs.local_problem(launch.pythons, Path(command[0]), config.strategy)
         if missing:
-            say(f"mgpu-launch: {missing}")
-            return exits.USAGE
-    # A detached run claims the checkpoint directory in its own process.
-    prepared = launch.prepare(claim=not args.detach)
+            raise LaunchRefused(missing)
+    prepared = launch.prepare(claim=claim)
     if prepared.moved is not None:
         say(f"mgpu-launch: {narrate.checkpoint_moved(prepared.moved)}")
+    return launch, prepared.plan
+
+
+def _run(loaded: LoadedConfig, command: list[str], run_dir: Path, args: argparse.Namespace,
+         argv: Sequence[str], transport: Transport | None) -> int:
+    launch, first_plan = prepare_launch(loaded, command, run_dir, claim=not args.detach)
     views = outlets.make_outlets(loaded, run_dir, args.metrics_port)  # a busy port: exit 2
     if args.detach:  # the background launcher makes its own
         views.close()
-        return control.detach(argv, args.rest, run_dir, config.name, views.metrics_port,
-                              views.said)
-    return _launch(launch, prepared.plan, args, views, transport)
+        return control.detach(argv, args.rest, run_dir, loaded.config.name,
+                              views.metrics_port, views.said)
+    return _launch(launch, first_plan, args, views, transport)
 
 
 def _launch(launch: Launch, first_plan: Plan, args: argparse.Namespace,
