@@ -188,6 +188,9 @@ RULES = (
          forbidden=("launcher.job.supervisor", "launcher.transport", "launcher.cli"),
          reason="`mgpu-launch report` reads a run directory, finished or still going, "
          "without a launcher, and writes one file"),
+    Rule("one root cause's words", ("launcher.views.rootcause",), allowed=(),
+         reason="the terminal's last words, status and the report say a root cause "
+         "from one pure function of the failure's JSON"),
     Rule("charts are pure", ("launcher.views.svg",), allowed=(),
          reason="the report's charts are functions from values to SVG text"),
     Rule("the live view only reads rows", ("launcher.views.live",),

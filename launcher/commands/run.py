@@ -26,7 +26,7 @@ from typing import Any
 from ..job.classify import signal_name
 from ..job.launch import Launch, LaunchRefused, Outcome
 from ..job.sequence import EarlyEnd, run_launch
-from ..job.states import Failure, JobStatus, RunResult
+from ..job.states import JobStatus, RunResult
 from ..job.story import restarts_words, step_of
 from ..spec import planview, rundir
 from ..spec.config import LoadedConfig
@@ -34,7 +34,7 @@ from ..spec.plan import Plan
 from ..spec.transports import traits as transport_traits
 from ..transport import Transport
 from ..transport.factory import make_transport
-from ..views import narrate, outlets
+from ..views import narrate, outlets, rootcause
 from ..views.live import format_duration
 from ..views.printer import Printer
 from . import control, exits, prereqs
@@ -237,35 +237,12 @@ def _print_outcome(printer: Printer, result: RunResult, run_dir: Path,
             printer.notice(f"  {failure.get('description')}")
     where = shown(run_dir)
     if cause is not None:
-        printer.notice(f"root cause: {cause.describe()}")
-        if cause.stack:
-            printer.notice("where it was stuck (innermost frame first; all threads in "
-                           f"{where / rundir.STACKS}/):")
-            for frame in cause.stack:
-                printer.notice(f"  {frame}")
-        _print_last_words(printer, cause)
+        for line in rootcause.lines(cause.to_json(), str(where / rundir.STACKS)):
+            printer.notice(line)
         printer.notice(f"its log: {where / rundir.LOGS / (cause.task.replace('/', '-') + '.log')}")
     printer.notice(f"logs: {where / rundir.LOGS}/   summary: {where / rundir.SUMMARY}")
     task = cause.task if cause is not None else "[TASK]"
     printer.notice(f"more: mgpu-launch status {where}   mgpu-launch logs {where} {task}")
-
-
-def _print_last_words(printer: Printer, cause: Failure) -> None:
-    """The root cause's last output lines and, when it raised, its traceback
-    once (the output's copy of it is left out)."""
-    lines = list(cause.last_lines)
-    error = cause.error or {}
-    if error.get("traceback"):
-        starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent")]
-        lines = lines[:starts[-1]] if starts else []  # the rest is the traceback below
-    if lines:
-        printer.notice("its last lines:")
-        for line in lines[-10:]:
-            printer.notice(f"  {line}")
-    if error.get("traceback"):
-        printer.notice("traceback (most recent call last):\n" + error["traceback"].rstrip())
-        if error.get("type"):
-            printer.notice(f"{error['type']}: {error.get('message', '')}")
 
 
 # Beyond this many tasks the summary counts states and lists only the odd ones.

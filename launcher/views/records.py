@@ -27,8 +27,17 @@ import yaml
 from ..job.eventlines import version as ev_version
 from ..job.events import fields_of
 from ..job.story import Story, TaskView, fold, restarts_words, split_name, step_of
-from ..spec.rundir import CONFIG, EVENTS, LAUNCHER_OUT, LAUNCHER_PID, LOGS, SUMMARY, log_file_name
-from . import narrate
+from ..spec.rundir import (
+    CONFIG,
+    EVENTS,
+    LAUNCHER_OUT,
+    LAUNCHER_PID,
+    LOGS,
+    STACKS,
+    SUMMARY,
+    log_file_name,
+)
+from . import narrate, rootcause
 
 
 class RunDirError(Exception):
@@ -386,14 +395,7 @@ def _causes(view: RunView) -> list[str]:
     lines: list[str] = []
     cause = view.root_cause
     if cause:
-        lines += ["", f"root cause: {cause.get('description') or cause.get('task')}"]
-        error = cause.get("error") or {}
-        if error.get("traceback"):
-            lines.append("traceback (most recent call last):")
-            lines += ["  " + line for line in str(error["traceback"]).rstrip().splitlines()]
-        if cause.get("last_lines"):
-            lines.append("its last lines:")
-            lines += [f"  {line}" for line in cause["last_lines"][-10:]]
+        lines += ["", *rootcause.lines(cause, str(view.run_dir / STACKS))]
     others = [f for f in view.failures if f is not cause and f != cause]
     alone = [f for f in others if f.get("restarted_alone")]
     others = [f for f in others if f not in alone]

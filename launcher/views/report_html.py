@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .. import __version__
+from . import rootcause
 from .report import Report
 from .svg import esc, line_chart, stacked_bar, timeline
 
@@ -141,20 +142,21 @@ def _tasks(report: Report) -> str:
 
 
 def _root_cause(report: Report) -> str:
-    """The job's final root cause (summary.json): its exception and last lines."""
+    """The job's final root cause (summary.json): where it was stuck, its last
+    lines, its exception (views/rootcause.py picks them)."""
     cause = report.view.root_cause
     if not isinstance(cause, dict):
         return ""
-    parts = [f"<h3>Root cause of the job's end</h3><p>{esc(cause.get('description') or '')}</p>"]
-    error = cause.get("error") or {}
-    if isinstance(error, dict) and error.get("traceback"):
+    said = rootcause.words(cause, last=20)
+    parts = [f"<h3>Root cause of the job's end</h3><p>{esc(said.description)}</p>"]
+    if said.stack:
+        parts.append("<p>where it was stuck (innermost frame first):</p><pre>"
+                     + esc("\n".join(said.stack)) + "</pre>")
+    if said.last_lines:
+        parts.append("<p>its last lines:</p><pre>" + esc("\n".join(said.last_lines)) + "</pre>")
+    if said.traceback:
         parts.append("<pre>Traceback (most recent call last):\n"
-                     f"{esc(error['traceback'])}{esc(error.get('type', ''))}: "
-                     f"{esc(error.get('message', ''))}</pre>")
-    lines = cause.get("last_lines") or []
-    if lines:
-        parts.append("<p>its last lines:</p><pre>"
-                     + esc("\n".join(str(line) for line in lines[-20:])) + "</pre>")
+                     f"{esc(said.traceback)}\n{esc(said.exception)}</pre>")
     return "".join(parts)
 
 
