@@ -39,7 +39,7 @@ from . import events as ev
 from .goodput import Ledger
 from .history import History
 from .reports import ProgressReport
-from .states import TaskState, apply, reason_of, sentence
+from .states import Failure, TaskState, apply, reason_of
 from .timeline import JOB_ROW, Timeline, activity
 
 # The job's state as the views say it (the metrics: one of these is 1 at a time).
@@ -518,16 +518,15 @@ def failure_json(event: ev.FailureDetected | ev.RootCause | ev.TaskRestarted
     """A failure as summary.json lists it (states.Failure.to_json), from its
     `failure_detected` (or `root_cause`) event; a worker restarted alone (its
     `task_restarted`) is one too, marked `restarted_alone`."""
-    task = task_label(event.host, event.task)
     what = reason_of(event.failure, event.exit_code, event.signal, event.reason)
     alone = isinstance(event, ev.TaskRestarted)
-    return {"task": task, "host": event.host, "generation": event.generation,
-            "t": event.at if event.at is not None else event.t, "kind": event.failure,
-            "exit_code": event.exit_code, "signal": event.signal,
-            "description": sentence(task, event.host, event.generation, what)
-            + (f"; {RESTARTED_ALONE}" if alone else ""),
-            "last_lines": list(event.last_lines or ()), "error": event.error, "stack": [],
-            **({"restarted_alone": True} if alone else {})}
+    failure = Failure(task=task_label(event.host, event.task), host=event.host,
+                      generation=event.generation,
+                      t=event.at if event.at is not None else event.t, kind=event.failure,
+                      reason=what + (f"; {RESTARTED_ALONE}" if alone else ""),
+                      exit_code=event.exit_code, signal=event.signal,
+                      last_lines=tuple(event.last_lines or ()), error=event.error)
+    return {**failure.to_json(), **({"restarted_alone": True} if alone else {})}
 
 
 def restarts_words(restarts: int, failures: Sequence[Mapping[str, Any]]) -> str:
