@@ -26,6 +26,7 @@ import yaml
 
 from ..job.eventlines import version as ev_version
 from ..job.events import fields_of
+from ..job.goodput import PARTS as GOODPUT_PARTS
 from ..job.story import Story, TaskView, fold, restarts_words, split_name, step_of
 from ..spec.rundir import (
     CONFIG,
@@ -415,10 +416,10 @@ def _generation(failure: dict[str, Any]) -> int | float:
     return generation if isinstance(generation, int) else float("inf")  # not known: the last
 
 
-# The ledger's parts as `status` words them, in this order (training first).
-_PART_WORDS = (("training", "training"), ("startup", "start-up"), ("recovery", "recovery"),
-               ("redone", "re-done"), ("checkpointing", "checkpoints"),
-               ("waiting_for_hosts", "waiting for hosts"), ("other", "other"))
+# The ledger's parts (job/goodput.py PARTS, in its order) as `status` words
+# them; a part not here is said by its name.
+_PART_WORDS = {"startup": "start-up", "redone": "re-done", "checkpointing": "checkpoints",
+               "waiting_for_hosts": "waiting for hosts"}
 
 
 def _goodput_of(summary: dict[str, Any] | None, story: Story, events: list[dict[str, Any]],
@@ -441,8 +442,8 @@ def goodput_line(ledger: dict[str, Any]) -> str:
     wall = float(ledger.get("wall_s") or 0.0)
     parts = ledger.get("parts") or {}
     share = f"{100 * float(ledger.get('productive_s') or 0.0) / wall:.0f} %" if wall else "-"
-    said = [f"{words} {_duration(float(parts.get(key) or 0.0))}" for key, words in _PART_WORDS
-            if key == "training" or float(parts.get(key) or 0.0) >= 0.5]
+    said = [f"{_PART_WORDS.get(key, key)} {_duration(float(parts.get(key) or 0.0))}"
+            for key in GOODPUT_PARTS if key == "training" or float(parts.get(key) or 0.0) >= 0.5]
     return f"goodput {share} ({', '.join(said)})"
 
 

@@ -18,14 +18,16 @@ from collections.abc import Sequence
 from typing import Any
 
 from .. import __version__
+from ..job.goodput import PARTS
 from . import rootcause
 from .report import Report
 from .svg import esc, line_chart, stacked_bar, timeline
 
-# The goodput ledger's parts (summary.json `goodput.parts`), in order, with colours.
-GOODPUT_PARTS = (("training", "#3c9a5f"), ("startup", "#9aa5b1"), ("recovery", "#d64545"),
-                 ("redone", "#e58a3a"), ("checkpointing", "#2f6fd1"),
-                 ("waiting_for_hosts", "#7a6fd0"), ("other", "#c8c8c8"))
+# The colours of the goodput ledger's parts (summary.json `goodput.parts`; the
+# parts and their order: job/goodput.py PARTS); a part not here is grey.
+PART_COLOURS = {"training": "#3c9a5f", "startup": "#9aa5b1", "recovery": "#d64545",
+                "redone": "#e58a3a", "checkpointing": "#2f6fd1",
+                "waiting_for_hosts": "#7a6fd0", "other": "#c8c8c8"}
 NOT_RECORDED = '<p class="none">not recorded{}</p>'
 
 STYLE = """
@@ -176,9 +178,10 @@ def _goodput(report: Report) -> str:
                else " (no task launched yet)")
         return "<h2>Goodput</h2>" + NOT_RECORDED.format(why)
     parts = goodput.get("parts") or {}
-    known = [(name, float(parts.get(name) or 0.0), color) for name, color in GOODPUT_PARTS]
+    known = [(name, float(parts.get(name) or 0.0), PART_COLOURS.get(name, "#bbbbbb"))
+             for name in PARTS]
     known += [(str(name), float(value), "#bbbbbb") for name, value in parts.items()
-              if name not in dict(GOODPUT_PARTS) and isinstance(value, int | float)]
+              if name not in PARTS and isinstance(value, int | float)]
     wall = goodput.get("wall_s")
     wall = float(wall) if isinstance(wall, int | float) and wall > 0 else \
         sum(v for _, v, _ in known) or 1.0
