@@ -6,6 +6,7 @@ import signal
 
 import pytest
 
+from launcher.job.blame import innermost_frame
 from launcher.job.classify import OutputWatcher, classify_exit, exit_kind, exit_words
 from launcher.job.failkinds import say
 from launcher.job.protocol import check_message
@@ -17,7 +18,6 @@ from launcher.job.recovery import (
     backoff_delay,
     choose_hosts,
     decide_restart,
-    innermost_frame,
     restart_counts,
 )
 

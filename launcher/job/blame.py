@@ -5,11 +5,12 @@ Pure functions over the generation's values; the supervisor follows them.
 
 from __future__ import annotations
 
+import re
+
 from ..strategy import framework as strategy_framework
 from .failkinds import Kind, say, traits
 from .generation import Generation
 from .lockstep import Finding, Peer, Position, judge, mismatched
-from .recovery import innermost_frame
 from .states import Failure, TaskRecord, TaskState
 
 
@@ -147,3 +148,20 @@ def innermost_frames(stacks: str, count: int = 5) -> tuple[str, ...]:
             blocks[-1].append(line.strip())
     with_frames = [block for block in blocks if block]
     return tuple(with_frames[-1][:count]) if with_frames else ()
+
+
+def innermost_frame(error: dict | None) -> tuple[str, str, str, str] | None:
+    """(exception type, file, line, function) of a task's uncaught exception,
+    from its error report; None without one. Two failures with the same value
+    raised the same exception at the same place."""
+    if not isinstance(error, dict):
+        return None
+    kind = error.get("type")
+    frames = _FRAME.findall(str(error.get("traceback") or ""))
+    if not isinstance(kind, str) or not frames:
+        return None
+    path, line, function = frames[-1]
+    return kind, path, line, function
+
+
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')

@@ -14,7 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from .failkinds import Kind, say
-from .recovery import NO_READABLE_CHECKPOINT
+
+# A restore found no readable checkpoint (the runtime's words; recovery.py stops on it).
+NO_READABLE_CHECKPOINT = "no readable checkpoint is left"
 
 # Exit code a task uses to say "restart me" (TensorFlow's preemption handling
 # and our runtime exit with it after saving a checkpoint on SIGTERM).

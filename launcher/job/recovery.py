@@ -7,9 +7,10 @@ checkpoint advanced, which hosts are gone) and follows the decision.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from .classify import NO_READABLE_CHECKPOINT
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,6 @@ STOPPED_BY_PREEMPTION_LOOP = "preemption_loop"
 STOPPED_BY_NONFINITE = "nonfinite"
 # What a failure whose restore found no checkpoint it could read is said as
 # (classify.script_mistake; runtime/readable.py's NoReadableCheckpoint).
-NO_READABLE_CHECKPOINT = "no readable checkpoint is left"
 
 
 @dataclass(frozen=True)
@@ -194,18 +194,3 @@ def backoff_delay(attempt: int, base_s: float, cap_s: float) -> float:
     return min(cap_s, base_s * 2 ** min(attempt, 62))
 
 
-def innermost_frame(error: dict | None) -> tuple[str, str, str, str] | None:
-    """(exception type, file, line, function) of a task's uncaught exception,
-    from its error report; None without one. Two failures with the same value
-    raised the same exception at the same place."""
-    if not isinstance(error, dict):
-        return None
-    kind = error.get("type")
-    frames = _FRAME.findall(str(error.get("traceback") or ""))
-    if not isinstance(kind, str) or not frames:
-        return None
-    path, line, function = frames[-1]
-    return kind, path, line, function
-
-
-_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
