@@ -37,9 +37,9 @@ from launcher.agent import memcopy  # noqa: E402
 from launcher.agent.commands import Commands, Lines, read_commands  # noqa: E402
 from launcher.agent.peercopy import CHUNK, PeerCopies, _Work  # noqa: E402
 from launcher.agent.protocol import Emitter  # noqa: E402
-from launcher.job import events as ev  # noqa: E402
-from launcher.job.peerrelay import PeerRelay  # noqa: E402
-from launcher.job.protocol import check_message  # noqa: E402
+from launcher.job.record import events as ev  # noqa: E402
+from launcher.job.run.peerrelay import PeerRelay  # noqa: E402
+from launcher.job.run.protocol import check_message  # noqa: E402
 from launcher.transport.link import AgentLink, AgentMessage  # noqa: E402
 from tests.test_memcopy import make_slot  # noqa: E402
 

@@ -18,7 +18,7 @@ With `--repeat N` every row is run N times, interleaved, and the medians are
 printed. Targets, standbys on: crash recovery <= 0.5 x cold start; a hang
 running again within 15 s of the SIGSTOP. Detection: crash <= 1 s; a task
 stopped for good is a hang after 7 s (the launcher's bound,
-launcher/job/stalls.py: a shorter freeze is no failure). For scale, Ray
+launcher/job/detect/stalls.py: a shorter freeze is no failure). For scale, Ray
 Train's TensorflowTrainer on this machine with the same model: 9.7 s from a
 kill and 25.6 s from a hang to the first step after recovery.
 
@@ -157,7 +157,7 @@ def main() -> None:
                         help="seconds of training before the fault")
     parser.add_argument("--keep", help="keep the run directories in this folder")
     args = parser.parse_args()
-    # A hang is a task stopped past the stall bound (launcher/job/stalls.py, 7 s)
+    # A hang is a task stopped past the stall bound (launcher/job/detect/stalls.py, 7 s)
     # seen by heartbeats a second apart; it must be training again within 15 s.
     detect_targets = {"crash": 1.0, "hang": 8.5}
     ratio_targets = {("crash", "auto"): 0.5, ("hang", "auto"): None}

@@ -125,7 +125,7 @@ def main() -> None:
     parser.add_argument("--victim", default="worker0", choices=("worker0", "worker1"))
     parser.add_argument("--keep", help="keep the run directories in this folder")
     args = parser.parse_args()
-    from launcher.job.stalls import STOPPED_HANG_S
+    from launcher.job.detect.stalls import STOPPED_HANG_S
     from launcher.spec.taskenv import TF_HEARTBEAT_S
 
     print(f"{os.cpu_count()} cores; a task stopped > {STOPPED_HANG_S:g} s is a hang; "

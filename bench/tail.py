@@ -12,7 +12,7 @@ interleaved, and reads each run's events.jsonl, as the launcher saw it:
   and when its program was over (program_over: the rest is its teardown);
 - `tail`: the last step to `job_done`; `wall`: the mgpu-launch command, start to exit;
 - `cut`: whether the launcher ended the job for tasks that sat finished
-  (a `tail_cut` event: launcher/job/tailcut.py).
+  (a `tail_cut` event: launcher/job/detect/tailcut.py).
 
 Prints one line per run, then per script the median and the range of the tail.
 

@@ -141,7 +141,7 @@ _TF_KERAS = ("tf.keras", "tensorflow.keras", "from tensorflow import keras")
 
 
 def _keras_era(frames) -> dict[str, bool]:
-    """Facts for `keras: auto` (launcher/job/keras_fallback.py): the error was
+    """Facts for `keras: auto` (launcher/job/policy/keras_fallback.py): the error was
     raised inside Keras 3's own code, and the script is tf.keras-era code
     (it names `tf.keras`), the signs of tf_keras code running under Keras 3."""
     keras = sys.modules.get("keras")
@@ -355,14 +355,14 @@ class ProgramOver:
     launcher `{"over": 1}` on the progress channel. What is left then is the
     interpreter's teardown, where TensorFlow's coordination service may wait
     out a peer's heartbeat (15 s) before the process exits: the launcher ends a
-    job whose every task is over (launcher/job/tailcut.py)."""
+    job whose every task is over (launcher/job/detect/tailcut.py)."""
 
     clean = False
 
     def returned(self) -> None:
         """The script's own code has ended cleanly (before any exit handler):
         only exit handlers and the teardown are left, so a task idle from here
-        on may be cut (launcher/job/tailcut.py); one idle inside its script never is."""
+        on may be cut (launcher/job/detect/tailcut.py); one idle inside its script never is."""
         _tell(b'{"returned": 1}\n')
 
     def __call__(self) -> None:

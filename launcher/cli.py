@@ -14,7 +14,7 @@ everything and the exit code is the job's. `--detach` (launcher/commands/control
 runs the same command in the background.
 
 The launch itself (hosts, agents, plan, supervisor, summary) is
-launcher/job/launch.py's: this module parses arguments, reads the cluster file
+launcher/job/run/launch.py's: this module parses arguments, reads the cluster file
 and hands the run to launcher/commands/run.py, which calls it, prints what
 comes back and owns the signals while it runs. On SSH hosts the agents are
 started first (`SSHTransport.warm` with the run directory: each host's

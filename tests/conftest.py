@@ -119,7 +119,7 @@ def workdir(tmp_path: Path) -> Path:
 _ALARMS = (
     ("straggler_expected", ('"event": "straggler"',), "the straggler radar named a task"),
     ("stuck_expected", ('"kind": "out_of_step"', '"event": "out_of_step_ahead"'),
-     "workers were judged out of step (job/lockstep.py)"),
+     "workers were judged out of step (job/detect/lockstep.py)"),
 )
 
 

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from launcher.job.recovery import HostInfo
-from launcher.job.supervisor import RestartPolicy, Supervisor
+from launcher.job.policy.recovery import HostInfo
+from launcher.job.run.supervisor import RestartPolicy, Supervisor
 from launcher.spec.config import local_config
 from launcher.spec.plan import Plan, build_plan
 from launcher.spec.rundir import RunRecorder

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from launcher.job.checkpoints import advanced, checkpoint_state
+from launcher.job.detect.checkpoints import advanced, checkpoint_state
 
 
 def test_tensorflow_and_keras3_checkpoints_are_read_and_other_files_ignored(tmp_path: Path):

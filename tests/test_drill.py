@@ -66,7 +66,7 @@ def test_a_script_that_resumes_passes_every_fault(workdir: Path):
         assert fault["verdict"] == "pass", fault
         assert fault["resumed_from_step"] >= fault["last_checkpoint_step"] > 0, fault
         assert fault["recovered_s"] > fault["detected_s"] >= 0, fault
-    assert faults["hang"]["detected_s"] > 7  # a freeze over 7 s is a hang (job/stalls.py)
+    assert faults["hang"]["detected_s"] > 7  # a freeze over 7 s is a hang (job/detect/stalls.py)
     assert "did not save on SIGTERM" in faults["preempt"]["reason"]
     assert "save_on_sigterm=True" in faults["preempt"]["reason"]
     # Each save of drill_steps.py takes 0.1 s, every 5 steps of 0.05 s.

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from launcher.commands.drill_memory import MemoryCosts
-from launcher.job import events as ev
+from launcher.job.record import events as ev
 from launcher.views.drill_report import (
     Observed,
     goodput,

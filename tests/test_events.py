@@ -1,4 +1,4 @@
-"""The typed story of a run (launcher/job/events.py): every kind written as the
+"""The typed story of a run (launcher/job/record/events.py): every kind written as the
 line events.jsonl holds and read back, documented in docs/operations.md; the
 one task state machine (`states.apply`) and the generation's phases."""
 
@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from launcher.job import eventlines
-from launcher.job import events as ev
-from launcher.job.phases import PHASES, IllegalPhase, Phase, move
-from launcher.job.states import TRANSITIONS, TaskState, apply
+from launcher.job.record import eventlines
+from launcher.job.record import events as ev
+from launcher.job.record.phases import PHASES, IllegalPhase, Phase, move
+from launcher.job.record.states import TRANSITIONS, TaskState, apply
 from launcher.spec.rundir import EVENTS_SCHEMA, RunRecorder
 from launcher.views import narrate
 
@@ -147,23 +147,23 @@ def test_a_phase_moves_only_as_the_table_says():
             Phase.TAKING_STACKS, Phase.TEARING_DOWN, Phase.STOPPING}
     assert all(Phase.STOPPING in PHASES[p] for p in live)  # a stop is always heard
     documented = re.findall(r"\b[A-Z_]{5,}\b", move.__module__ and
-                            __import__("launcher.job.phases", fromlist=["x"]).__doc__)
+                            __import__("launcher.job.record.phases", fromlist=["x"]).__doc__)
     assert {p.name for p in Phase} <= set(documented)
 
 
 def test_events_are_written_only_as_typed_records():
     """No module writes an event by name (`recorder.event("kind", ...)`): every
-    kind is a record of job/events.py, written through `events.write`."""
+    kind is a record of job/record/events.py, written through `events.write`."""
     repo = Path(__file__).resolve().parent.parent
     found = []
     for path in sorted((repo / "launcher").rglob("*.py")):
         rel = str(path.relative_to(repo))
-        if rel == "launcher/job/events.py":
+        if rel == "launcher/job/record/events.py":
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
                     and node.func.attr == "event" and node.args \
                     and isinstance(node.args[0], ast.Constant):
                 found.append(f"{rel}:{node.lineno}: {ast.unparse(node)[:80]}")
-    assert not found, "write a typed record of launcher/job/events.py instead:\n" + \
+    assert not found, "write a typed record of launcher/job/record/events.py instead:\n" + \
         "\n".join(found)

@@ -20,9 +20,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from launcher.job import story
-from launcher.job.goodput import PARTS as GOODPUT_PARTS
-from launcher.job.stalls import STOPPED_HANG_S
+from launcher.job.detect.stalls import STOPPED_HANG_S
+from launcher.job.record import story
+from launcher.job.record.goodput import PARTS as GOODPUT_PARTS
 from launcher.views.records import load_run, render_status
 from tests.conftest import (
     SCRIPTS,

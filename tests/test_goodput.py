@@ -1,4 +1,4 @@
-"""The goodput ledger from recorded event lists (launcher/job/goodput.py): pure."""
+"""The goodput ledger from recorded event lists (launcher/job/record/goodput.py): pure."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from launcher.job import eventlines, goodput, story
+from launcher.job.record import eventlines, goodput, story
 
 
 def launch(t: float, generation: int = 0) -> dict:
@@ -173,8 +173,8 @@ def test_the_live_table_title_says_the_goodput_so_far():
     import io
     import time
 
-    from launcher.job import events as ev
-    from launcher.job.story import Beside
+    from launcher.job.record import events as ev
+    from launcher.job.record.story import Beside
     from launcher.views.printer import Printer
 
     now = [100.0]

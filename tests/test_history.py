@@ -1,10 +1,10 @@
-"""The training's history in the run's model (launcher/job/history.py): what
+"""The training's history in the run's model (launcher/job/record/history.py): what
 the drill judges a fault by, folded from events.jsonl's lines as the
 runtime and the bootstrap write them (pure: no job)."""
 
 from __future__ import annotations
 
-from launcher.job import history, story
+from launcher.job.record import history, story
 
 
 def _progress(t: float, generation: int, task: str, **metrics) -> dict:

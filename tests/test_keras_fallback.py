@@ -1,5 +1,5 @@
 """`keras: auto` restarts a tf.keras-era script once under tf_keras
-(launcher/job/keras_fallback.py): for real with TF's custom-loop tutorial, and
+(launcher/job/policy/keras_fallback.py): for real with TF's custom-loop tutorial, and
 the rule itself over plans and failures."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher.job import keras_fallback
-from launcher.job.classify import classify_exit
-from launcher.job.states import Failure
+from launcher.job.policy import keras_fallback
+from launcher.job.record.classify import classify_exit
+from launcher.job.record.states import Failure
 from launcher.spec.config import local_config
 from launcher.spec.plan import build_plan
 from tests.conftest import SCRIPTS, read_events, read_summary, reported_steps, run_cli

@@ -1,5 +1,5 @@
 """Failure kinds and transports are declared once, each in its table
-(launcher/job/failkinds.py, launcher/spec/transports.py): no other module
+(launcher/job/record/failkinds.py, launcher/spec/transports.py): no other module
 compares their names as strings, or sets a failure's kind as one.
 
 Reads the sources with `ast` (nothing is imported): milliseconds. A comparison
@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from launcher.job.failkinds import KINDS, Kind
+from launcher.job.record.failkinds import KINDS, Kind
 from launcher.spec.config import ClusterConfig
 from launcher.spec.transports import NAMES, TRANSPORTS
 
 REPO = Path(__file__).resolve().parent.parent
-TABLES = {"launcher/job/failkinds.py", "launcher/spec/transports.py"}
+TABLES = {"launcher/job/record/failkinds.py", "launcher/spec/transports.py"}
 KIND_NAMES = frozenset(k.value for k in Kind)
 TRANSPORT_NAMES = frozenset(NAMES)
 # What names a failure kind or a transport in an expression.
@@ -109,7 +109,7 @@ def test_every_kinds_words_fill_in_from_their_fields() -> None:
     where it formats one): a typo in a field's name fails here, not mid-run."""
     import string
 
-    from launcher.job.failkinds import say
+    from launcher.job.record.failkinds import say
 
     for kind, traits in KINDS.items():
         for how, template in traits.words.items():

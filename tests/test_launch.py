@@ -1,4 +1,4 @@
-"""One launch (launcher/job/launch.py): its steps before any host is reached,
+"""One launch (launcher/job/run/launch.py): its steps before any host is reached,
 one transport factory for a run and `check`, and one restart-policy type.
 
 Fast unit tests of the pieces; the whole launch is tested for real by the
@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher.job import supervisor
-from launcher.job.launch import Launch, LaunchRefused
-from launcher.job.reach import Connected
+from launcher.job.run import supervisor
+from launcher.job.run.launch import Launch, LaunchRefused
+from launcher.job.run.reach import Connected
 from launcher.spec import config as spec_config
 from launcher.spec.config import load_config, local_config
 from launcher.transport.factory import make_transport
@@ -70,7 +70,7 @@ def test_a_fault_of_the_launcher_itself_is_a_fact_worded_by_the_views(tmp_path: 
     narrate's, as they always were."""
     import json
 
-    from launcher.job import events as ev
+    from launcher.job.record import events as ev
 
     launch = Launch(_local(tmp_path), ["train.py"], tmp_path / "run")
     connected = Connected(launch.reach, LocalTransport(), {}, Inbox(), launch.plan(0))

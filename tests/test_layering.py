@@ -116,7 +116,7 @@ RULES = (
          reason="the transports' names and what each is (simulated? an allocation? SSH?) are "
          "asked by config, plan, the transports, the launch, the operator's commands and the "
          "cli: the table depends on nothing (docs/design.md, \"A new transport\")"),
-    Rule("failure kinds are a table", ("launcher.job.failkinds",), allowed=(),
+    Rule("failure kinds are a table", ("launcher.job.record.failkinds",), allowed=(),
          reason="the failure kinds' names and what each is (secondary? stuck? preempted?) "
          "are asked by the detectors, the supervisor, the teardown, the restart rules and "
          "the views: the table depends on nothing (docs/design.md, \"A new failure kind\")"),
@@ -129,63 +129,64 @@ RULES = (
          reason="the data flows one way, config -> plan -> transport/agent -> supervisor "
          "-> cli; the cluster file's schema depends on nothing else of the launcher"),
     Rule("plan is pure", ("launcher.spec.plan",),
-         forbidden=("launcher.transport", "launcher.job.supervisor", "launcher.cli"),
+         forbidden=("launcher.transport", "launcher.job.run.supervisor", "launcher.cli"),
          reason="build_plan is a pure function of the config (no file, socket or "
          "environment variable): --dry-run prints it and golden tests pin it; hosts and "
          "the run-time loop come after it in the flow"),
     Rule("transport is below the supervisor", ("launcher.transport",),
-         forbidden=("launcher.job.supervisor", "launcher.cli"),
+         forbidden=("launcher.job.run.supervisor", "launcher.cli"),
          reason="transports only hand AgentLinks up; they never decide restart policy, "
          "print final messages or turn errors into exit codes"),
-    Rule("supervisor is below the cli", ("launcher.job.supervisor",),
+    Rule("supervisor is below the cli", ("launcher.job.run.supervisor",),
          forbidden=("launcher.cli",),
          reason="outcomes are values (RunResult): only the cli turns them into text and "
          "exit codes"),
-    Rule("the launch is below the cli", ("launcher.job.launch", "launcher.job.sequence",
-                                         "launcher.job.reach", "launcher.transport.factory"),
+    Rule("the launch is below the cli", ("launcher.job.run.launch", "launcher.job.run.sequence",
+                                         "launcher.job.run.reach", "launcher.transport.factory"),
          forbidden=("launcher.views", "launcher.commands", "launcher.cli"),
          reason="a launch returns values or raises (RunResult, Outcome, LaunchRefused); it "
          "speaks through the Voice it is handed, and only the cli prints, owns the signals "
          "and turns outcomes into exit codes"),
-    Rule("reaching hosts never trains", ("launcher.job.reach",),
-         forbidden=("launcher.job.supervisor", "launcher.job.launch"),
+    Rule("reaching hosts never trains", ("launcher.job.run.reach",),
+         forbidden=("launcher.job.run.supervisor", "launcher.job.run.launch"),
          reason="`check` reaches the hosts through the launch's own steps (addresses, "
          "plan, connect, hellos) and must never start a job"),
     Rule("check's probes are text", ("launcher.commands.check_scripts",), allowed=(),
          reason="the scripts `check` runs on the hosts with their Python: standard "
          "library only, nothing of the launcher side is there"),
-    Rule("check never trains", ("launcher.commands.check", "launcher.job.check_collective"),
-         forbidden=("launcher.job.supervisor",),
+    Rule("check never trains", ("launcher.commands.check", "launcher.job.run.check_collective"),
+         forbidden=("launcher.job.run.supervisor",),
          reason="`mgpu-launch check` talks to the agents directly and never starts a job"),
     Rule("export is offline", ("launcher.tools.export", "launcher.tools.export_trainjob",
                                "launcher.commands.export"),
-         forbidden=("launcher.job.supervisor", "launcher.transport", "launcher.cli"),
+         forbidden=("launcher.job.run.supervisor", "launcher.transport", "launcher.cli"),
          reason="export translates the cluster file into a Slurm script or a TFJob "
          "without reaching any host"),
-    Rule("the story is values", ("launcher.job.events", "launcher.job.eventbase",
-                                 "launcher.job.training_events"),
-         forbidden=("launcher.job.supervisor", "launcher.transport", "launcher.views",
+    Rule("the story is values", ("launcher.job.record.events", "launcher.job.record.eventbase",
+                                 "launcher.job.record.training_events"),
+         forbidden=("launcher.job.run.supervisor", "launcher.transport", "launcher.views",
                     "launcher.commands", "launcher.cli"),
          reason="every view reads the events; the events know none of them"),
-    Rule("the goodput ledger is a function of the story", ("launcher.job.goodput",),
-         forbidden=("launcher.job.supervisor", "launcher.transport", "launcher.views",
+    Rule("the goodput ledger is a function of the story", ("launcher.job.record.goodput",),
+         forbidden=("launcher.job.run.supervisor", "launcher.transport", "launcher.views",
                     "launcher.commands", "launcher.cli"),
          reason="summary.json and status compute the ledger from the same events"),
-    Rule("the run's model is a fold of the story", ("launcher.job.story", "launcher.job.timeline"),
-         forbidden=("launcher.job.supervisor", "launcher.job.launch", "launcher.transport",
-                    "launcher.views", "launcher.commands", "launcher.cli"),
+    Rule("the run's model is a fold of the story",
+         ("launcher.job.record.story", "launcher.job.record.timeline"),
+         forbidden=("launcher.job.run.supervisor", "launcher.job.run.launch",
+                    "launcher.transport", "launcher.views", "launcher.commands", "launcher.cli"),
          reason="every view renders the one model folded from the events; summary.json is "
          "written by the launch (job floor), so the fold sits on that floor, below the views"),
     Rule("words come from events", ("launcher.views.narrate",),
-         forbidden=("launcher.job.supervisor", "launcher.transport", "launcher.cli"),
+         forbidden=("launcher.job.run.supervisor", "launcher.transport", "launcher.cli"),
          reason="a line is an event in words, nothing more"),
     Rule("records are read-only", ("launcher.views.records", "launcher.commands.status",
                                    "launcher.commands.logs"),
-         forbidden=("launcher.job.supervisor", "launcher.transport", "launcher.cli"),
+         forbidden=("launcher.job.run.supervisor", "launcher.transport", "launcher.cli"),
          reason="a run directory is data: `status` and `logs` read it without a launcher"),
     Rule("the report is read-only", ("launcher.views.report", "launcher.views.report_html",
                                      "launcher.commands.report"),
-         forbidden=("launcher.job.supervisor", "launcher.transport", "launcher.cli"),
+         forbidden=("launcher.job.run.supervisor", "launcher.transport", "launcher.cli"),
          reason="`mgpu-launch report` reads a run directory, finished or still going, "
          "without a launcher, and writes one file"),
     Rule("one root cause's words", ("launcher.views.rootcause",), allowed=(),
@@ -194,35 +195,35 @@ RULES = (
     Rule("charts are pure", ("launcher.views.svg",), allowed=(),
          reason="the report's charts are functions from values to SVG text"),
     Rule("the live view only reads rows", ("launcher.views.live",),
-         forbidden=("launcher.job.supervisor", "launcher.cli", "launcher.transport"),
+         forbidden=("launcher.job.run.supervisor", "launcher.cli", "launcher.transport"),
          reason="live.render is pure over TaskRow snapshots; the supervisor drives it"),
     Rule("the printer is below the supervisor", ("launcher.views.printer",),
-         forbidden=("launcher.job.supervisor", "launcher.cli"),
+         forbidden=("launcher.job.run.supervisor", "launcher.cli"),
          reason="the supervisor thread owns the printer, not the other way round"),
     Rule("simulated hosts stand alone", ("launcher.tools.sshsim",),
-         forbidden=("launcher.transport", "launcher.job.supervisor", "launcher.cli"),
+         forbidden=("launcher.transport", "launcher.job.run.supervisor", "launcher.cli"),
          reason="`simulate` is also the SSH tests' fixture: it must not depend on the "
          "transport it is used to test"),
     Rule("views beside the terminal only read the story",
          ("launcher.views.metrics", "launcher.views.notify", "launcher.views.status_watch"),
-         forbidden=("launcher.job.supervisor", "launcher.transport", "launcher.cli"),
+         forbidden=("launcher.job.run.supervisor", "launcher.transport", "launcher.cli"),
          reason="metrics, notifications and `status --watch` are told the events (or read "
          "events.jsonl): they never drive the job, and `--watch` needs no launcher"),
     Rule("drill verdicts are values", ("launcher.views.drill_report",),
-         forbidden=("launcher.job.supervisor", "launcher.transport", "launcher.cli"),
+         forbidden=("launcher.job.run.supervisor", "launcher.transport", "launcher.cli"),
          reason="the drill's verdicts, checkpoint interval and report are pure over what "
          "it observed: tested without a job"),
     Rule("run control is beside the supervisor", ("launcher.commands.control",), optional=True,
-         forbidden=("launcher.job.supervisor", "launcher.transport", "launcher.cli"),
+         forbidden=("launcher.job.run.supervisor", "launcher.transport", "launcher.cli"),
          reason="`--detach` and `stop RUN_DIR` signal a launcher process and read its run "
          "directory; they never drive a job themselves"),
-    Rule("traces are asked beside the supervisor", ("launcher.job.profiling",),
-         forbidden=("launcher.job.supervisor", "launcher.views", "launcher.commands",
+    Rule("traces are asked beside the supervisor", ("launcher.job.run.profiling",),
+         forbidden=("launcher.job.run.supervisor", "launcher.views", "launcher.commands",
                     "launcher.cli"),
          reason="the supervisor drives a capture from its thread (and the straggler radar "
          "may too); a capture asks the agents through the links it is handed"),
     Rule("profile asks through the run directory", ("launcher.commands.profile",),
-         forbidden=("launcher.job.supervisor", "launcher.transport", "launcher.cli"),
+         forbidden=("launcher.job.run.supervisor", "launcher.transport", "launcher.cli"),
          reason="`mgpu-launch profile RUN_DIR` leaves a request in the run directory for the "
          "running launcher and reads its answer there; it never reaches a host itself"),
 )
@@ -475,8 +476,8 @@ def test_a_broken_rule_is_caught_with_its_chain(tmp_path):
         "launcher/spec/plan.py": "from ..job.states import Row\n",
         "launcher/job/states.py": "import json\nfrom launcher.transport.link import AgentLink\n",
         "launcher/transport/__init__.py": "",
-        "launcher/transport/link.py": "def helper():\n    from ..job.supervisor import x\n",
-        "launcher/job/supervisor.py": "",
+        "launcher/transport/link.py": "def helper():\n    from ..job.run.supervisor import x\n",
+        "launcher/job/run/supervisor.py": "",
     })
     rule = next(r for r in RULES if r.name == "plan is pure")
     problems = violations(rule, root)
@@ -543,6 +544,65 @@ def test_an_import_up_a_floor_is_caught(tmp_path):
         "launcher/job/supervisor.py:2: launcher.job.supervisor (job) imports "
         "launcher.views.printer (views, a floor above) (from ..views.printer import Printer)"]
     assert problems["views"] == []  # downward is fine
+
+
+# job/'s rooms in the data's flow (launcher/job/__init__.py; docs/design.md, "The
+# rooms of job/"): a room may import its own modules and the rooms before it.
+ROOMS = ("record", "detect", "policy", "lines", "run")
+
+
+def room_of(module: str) -> int | None:
+    parts = module.split(".")
+    if len(parts) >= 3 and parts[:2] == ["launcher", "job"] and parts[2] in ROOMS:
+        return ROOMS.index(parts[2])
+    return None
+
+
+def room_violations(root: Path = REPO) -> list[str]:
+    """One message per import of a job module that runs to a later room."""
+    found = []
+    for source, edges in import_graph(root).items():
+        here = room_of(source)
+        for edge in edges:
+            there = room_of(edge.target)
+            if here is not None and there is not None and there > here:
+                found.append(f"{edge.path}:{edge.line}: {source} ({ROOMS[here]}) imports "
+                             f"{edge.target} ({ROOMS[there]}, a later room) ({edge.text})")
+    return sorted(set(found))
+
+
+def test_no_job_room_imports_a_later_one():
+    problems = room_violations()
+    assert not problems, ("job/'s rooms follow the flow (" + " -> ".join(ROOMS) + "); "
+                          "move the shared value down or the caller up:\n" + "\n".join(problems))
+
+
+def test_every_job_module_lives_in_a_room_that_says_what_it_holds():
+    job = REPO / "launcher" / "job"
+    loose = sorted(p.name for p in job.glob("*.py") if p.name != "__init__.py")
+    assert not loose, f"put these in a room of launcher/job/ ({', '.join(ROOMS)}): {loose}"
+    rooms = {p.name for p in job.iterdir() if (p / "__init__.py").is_file()}
+    assert rooms == set(ROOMS), rooms
+    for room in ROOMS:
+        said = ast.get_docstring(ast.parse((job / room / "__init__.py").read_text())) or ""
+        assert "import" in said.lower(), f"job/{room}/__init__.py: say what it holds and imports"
+        assert f"`{room}`" in (ast.get_docstring(ast.parse((job / "__init__.py").read_text()))
+                               or ""), f"launcher/job/__init__.py does not name the room {room}"
+
+
+def test_an_import_to_a_later_room_is_caught(tmp_path):
+    root = _fake_repo(tmp_path, {
+        "launcher/__init__.py": "",
+        "launcher/job/__init__.py": "",
+        "launcher/job/record/__init__.py": "",
+        "launcher/job/record/story.py": "from ..run.supervisor import Supervisor\n",
+        "launcher/job/run/__init__.py": "",
+        "launcher/job/run/supervisor.py": "from ..record.story import Story\n",
+    })
+    assert room_violations(root) == [
+        "launcher/job/record/story.py:1: launcher.job.record.story (record) imports "
+        f"{target} (run, a later room) (from ..run.supervisor import Supervisor)"
+        for target in ("launcher.job.run", "launcher.job.run.supervisor")]
 
 
 def test_the_wiring_rule_names_every_part_of_the_agent():

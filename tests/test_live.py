@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 
 from launcher.commands.run import _print_outcome
-from launcher.job import events as ev
-from launcher.job.states import Failure, RunResult
-from launcher.job.story import Beside, TaskRow
+from launcher.job.record import events as ev
+from launcher.job.record.states import Failure, RunResult
+from launcher.job.record.story import Beside, TaskRow
 from launcher.views.live import clean_for_screen, render
 from launcher.views.printer import STATUS_EVERY_S, Printer
 from tests.conftest import PYTHON, cli_env, read_events, start_cli, wait_for
@@ -109,7 +109,7 @@ def live_printer(out: io.StringIO, colour: bool = False, **kwargs) -> Printer:
 
 def test_the_launchers_table_draws_the_runs_model_with_the_supervisors_figures_beside():
     """State (from `task_starting` on), step and loss (kept across a report without a step),
-    loss and slowdown are the model's (launcher/job/story.py, told the events);
+    loss and slowdown are the model's (launcher/job/record/story.py, told the events);
     CPU, memory and silence the supervisor's own."""
     out = Terminal()
     printer = live_printer(out)

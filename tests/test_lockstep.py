@@ -1,10 +1,10 @@
-"""The out-of-step judgment (launcher/job/lockstep.py) on positions recorded
+"""The out-of-step judgment (launcher/job/detect/lockstep.py) on positions recorded
 from real two-worker runs of the scripts in tests/scripts/stuck_*.py (the
 progress fields their tasks reported, as events.jsonl keeps them)."""
 
 from __future__ import annotations
 
-from launcher.job.lockstep import (
+from launcher.job.detect.lockstep import (
     QUIET_S,
     Peer,
     Position,

@@ -1,5 +1,5 @@
-"""When the supervisor calls live workers out of step (launcher/job/watch.py
-with job/lockstep.py), driven by scripted agents on a fake clock: a healthy
+"""When the supervisor calls live workers out of step (launcher/job/detect/watch.py
+with job/detect/lockstep.py), driven by scripted agents on a fake clock: a healthy
 job's long first step, long evaluations and a slow save on the chief alone
 are never called stuck; a chief-only evaluate is named once the job has been
 quiet long enough; a chief-only save that never ends names the hang."""

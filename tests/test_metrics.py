@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from launcher.job import eventlines
-from launcher.job import events as ev
+from launcher.job.record import eventlines
+from launcher.job.record import events as ev
 from launcher.spec.config import ConfigError, parse_config
 from launcher.views.metrics import JobMetrics
 from tests.conftest import PROGRESS_UNTIL_RELEASED, run_cli, start_cli, wait_for

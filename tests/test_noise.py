@@ -1,5 +1,5 @@
 """TensorFlow's start-up noise: one line per task in the terminal, every line
-in the log. Unit tests of launcher.job.noise on lines TF 2.21 printed here,
+in the log. Unit tests of launcher.job.lines.noise on lines TF 2.21 printed here,
 then a real TensorFlow worker through the launcher."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.job.noise import NoiseFolder, is_startup_noise
+from launcher.job.lines.noise import NoiseFolder, is_startup_noise
 from tests.conftest import SCRIPTS, run_cli
 
 NOISE = [

@@ -12,8 +12,8 @@ import os
 import time
 from pathlib import Path
 
-from launcher.job import eventlines
-from launcher.job import events as ev
+from launcher.job.record import eventlines
+from launcher.job.record import events as ev
 from launcher.spec.outlets import NotifySettings
 from launcher.views import notify
 from tests.conftest import read_events, run_cli, wait_for
@@ -94,7 +94,7 @@ def test_a_job_the_launcher_could_not_go_on_with_still_notifies_failed(tmp_path:
     the job still ends with `job_done`, and `failed` is notified."""
     from types import SimpleNamespace as Stub
 
-    from launcher.job.launch import Job
+    from launcher.job.run.launch import Job
     from launcher.spec.rundir import RunRecorder
 
     class Raising:

@@ -1,5 +1,5 @@
 """The memory tier's copies on other hosts (launcher/agent/peercopy.py and
-launcher/job/peerrelay.py), wired as the launcher wires them but in one
+launcher/job/run/peerrelay.py), wired as the launcher wires them but in one
 process: two hosts' agents' parts talk through the relay. A chief's save
 reaches the neighbour's memory whole, checksummed and private; a copy altered
 there fails its check; a worker's own save on another host that is the
@@ -22,8 +22,8 @@ from pathlib import Path
 from launcher.agent import memcopy
 from launcher.agent.peercopy import PeerCopies, newer_than_directory
 from launcher.agent.protocol import MAX_FRAME_BYTES, frame_head, frame_size, read_frame
-from launcher.job import events as ev
-from launcher.job.peerrelay import PeerRelay
+from launcher.job.record import events as ev
+from launcher.job.run.peerrelay import PeerRelay
 from launcher.runtime import memslots, nearest
 from launcher.transport import AgentMessage
 from tests.test_memcopy import make_slot

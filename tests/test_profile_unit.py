@@ -16,9 +16,9 @@ import pytest
 
 from launcher.agent.profiles import REQUEST_ENV as AGENT_REQUEST_ENV
 from launcher.commands.profile import table
-from launcher.job.profiling import Profiler, trace_file
-from launcher.job.protocol import BadMessage, check_message
-from launcher.job.states import TaskState
+from launcher.job.record.states import TaskState
+from launcher.job.run.profiling import Profiler, trace_file
+from launcher.job.run.protocol import BadMessage, check_message
 from launcher.runtime.trace import REQUEST_ENV, take_request
 from launcher.runtime.xplane import _covered, summarise
 

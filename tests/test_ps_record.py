@@ -7,10 +7,10 @@ the worker restarts fold to one line. The real jobs: tests/test_ps_faults.py.
 
 from __future__ import annotations
 
-from launcher.job import events as ev
-from launcher.job import story
-from launcher.job.grpcfold import GrpcFolder, Restarting
-from launcher.job.resumes import Resumes
+from launcher.job.detect.resumes import Resumes
+from launcher.job.lines.grpcfold import GrpcFolder, Restarting
+from launcher.job.record import events as ev
+from launcher.job.record import story
 from launcher.views import narrate
 from launcher.views.metrics import JobMetrics
 from launcher.views.notify import notification

@@ -6,11 +6,8 @@ import signal
 
 import pytest
 
-from launcher.job.blame import innermost_frame
-from launcher.job.classify import OutputWatcher, classify_exit, exit_kind, exit_words
-from launcher.job.failkinds import say
-from launcher.job.protocol import check_message
-from launcher.job.recovery import (
+from launcher.job.detect.blame import innermost_frame
+from launcher.job.policy.recovery import (
     MAX_FREE_RESTARTS_IN_A_ROW,
     Budget,
     HostInfo,
@@ -20,6 +17,9 @@ from launcher.job.recovery import (
     decide_restart,
     restart_counts,
 )
+from launcher.job.record.classify import OutputWatcher, classify_exit, exit_kind, exit_words
+from launcher.job.record.failkinds import say
+from launcher.job.run.protocol import check_message
 
 HOSTS = [HostInfo("a", 1, False), HostInfo("b", 1, False), HostInfo("c", 2, False),
          HostInfo("s1", 1, True), HostInfo("s2", 1, True)]

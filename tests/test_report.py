@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from launcher.commands import report as report_command
-from launcher.job import events as ev
-from launcher.job import story
+from launcher.job.record import events as ev
+from launcher.job.record import story
 from launcher.views import report as rep
 from launcher.views import svg
 from launcher.views.records import load_run

@@ -1,4 +1,4 @@
-"""A progress report is read in one place (launcher/job/reports.py, issue 53
+"""A progress report is read in one place (launcher/job/record/reports.py, issue 53
 item 1): each shape the runtime and the bootstrap send, a fact the report does
 not hold read as unknown (None), never 0; and no other module reads the keys."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from launcher.job.reports import ProgressReport
+from launcher.job.record.reports import ProgressReport
 from tests.conftest import REPO
 
 
@@ -46,7 +46,7 @@ def test_a_fact_not_in_the_report_is_unknown_not_zero():
     assert ProgressReport.read({"step": True, "saved": "x", "loss": "nan"}).step is None
 
 
-# The keys only job/reports.py reads. Other dicts (an entry of summary.json's
+# The keys only job/record/reports.py reads. Other dicts (an entry of summary.json's
 # `resumed`, the memory tier's slots) may have keys of the same names.
 _KEYS = ("step", "job_step", "saved", "saved_dir", "resumed", "resumed_unknown", "start_epoch",
          "start_step", "counted", "checkpoint", "save_s", "deleted", "epoch_end", "returned",
@@ -60,9 +60,9 @@ def test_no_other_module_reads_a_reports_keys():
     for path in sorted((REPO / "launcher").rglob("*.py")):
         relative = path.relative_to(REPO).as_posix()
         if not relative.startswith(("launcher/job/", "launcher/views/", "launcher/commands/")) \
-                or relative == "launcher/job/reports.py":
+                or relative == "launcher/job/record/reports.py":
             continue  # the senders (runtime, bootstrap, agent), and the one reader
         for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
             if _READ.search(line):
                 readers.append(f"{relative}:{number}: {line.strip()}")
-    assert readers == [], "read them through job/reports.py:\n" + "\n".join(readers)
+    assert readers == [], "read them through job/record/reports.py:\n" + "\n".join(readers)

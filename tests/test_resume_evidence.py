@@ -1,6 +1,6 @@
 """The scripts people bring, judged from what they leave behind: their saves in
 their own checkpoint directory and the step their restore left the optimizer
-at (launcher/runtime/saves.py, restores.py; launcher/job/resumes.py).
+at (launcher/runtime/saves.py, restores.py; launcher/job/detect/resumes.py).
 
 The scripts are shaped like TensorFlow's tutorials: their own backup or
 checkpoint directory (not `checkpoint.dir`), no `runtime` calls. The faults are

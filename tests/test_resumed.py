@@ -1,5 +1,5 @@
 """After a restart the launcher says where the new generation resumed
-(launcher/job/resumes.py): a real fit that crashes once, and the bookkeeping."""
+(launcher/job/detect/resumes.py): a real fit that crashes once, and the bookkeeping."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.job.events import Resumed
-from launcher.job.resumes import Resumes
+from launcher.job.detect.resumes import Resumes
+from launcher.job.record.events import Resumed
 from launcher.views.narrate import line
 from tests.conftest import SCRIPTS, read_events, read_summary, run_cli
 from tests.test_strategies import explain
@@ -57,8 +57,8 @@ def test_a_custom_loop_resumes_at_its_reported_step_and_a_first_start_says_nothi
 
 
 def test_saves_resumes_past_the_previous_one_and_a_resume_behind_the_last_save():
-    from launcher.job.events import ResumeBehind
-    from launcher.job.recovery import Budget
+    from launcher.job.policy.recovery import Budget
+    from launcher.job.record.events import ResumeBehind
 
     resumes = Resumes()
     resumes.starting(0, None)
@@ -142,7 +142,7 @@ def test_progress_is_a_save_past_the_best_before_and_unknown_is_said():
 
 
 def test_a_checkpoint_passed_over_is_said_once_and_its_resume_is_not_behind():
-    from launcher.job.events import CheckpointPassedOver
+    from launcher.job.record.events import CheckpointPassedOver
 
     resumes = Resumes()
     resumes.starting(0, None)

@@ -152,7 +152,7 @@ def test_fit_reports_each_epochs_loss_with_the_step(channel, monkeypatch):
 
 
 def test_counted_steps_are_never_taken_for_a_resume_point(channel):
-    from launcher.job.resumes import Resumes
+    from launcher.job.detect.resumes import Resumes
 
     steps.count_steps_of(BaseOptimizer)
     Adam(12)  # seconds into a restarted generation that restored nothing

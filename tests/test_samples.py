@@ -1,9 +1,9 @@
-"""Progress lines of events.jsonl at a bounded rate (launcher/job/samples.py): pure."""
+"""Progress lines of events.jsonl at a bounded rate (launcher/job/run/samples.py): pure."""
 
 from __future__ import annotations
 
-from launcher.job import events as ev
-from launcher.job.samples import EVERY_S, WHOLE_S, ProgressSampler
+from launcher.job.record import events as ev
+from launcher.job.run.samples import EVERY_S, WHOLE_S, ProgressSampler
 
 
 class Clock:

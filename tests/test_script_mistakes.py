@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.job.classify import script_mistake
-from launcher.job.recovery import Budget, decide_restart
+from launcher.job.policy.recovery import Budget, decide_restart
+from launcher.job.record.classify import script_mistake
 from tests.conftest import PYTHON, REPO, read_summary, run_cli
 
 SCRIPTS = {

@@ -6,7 +6,7 @@ The loss is named at its step, epoch, batch and task (events.jsonl, the
 terminal, `status`, summary.json); no save after it is made or reported as a
 save; the generation is stopped and the restart resumes from the save before
 the bad step; the same step going bad again stops the job
-(launcher/runtime/sentinel.py, launcher/job/sentinel.py).
+(launcher/runtime/sentinel.py, launcher/job/detect/sentinel.py).
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from launcher.job import events as ev
-from launcher.job.recovery import Budget, decide_restart
-from launcher.job.states import Failure
-from launcher.job.story import Story
+from launcher.job.policy.recovery import Budget, decide_restart
+from launcher.job.record import events as ev
+from launcher.job.record.states import Failure
+from launcher.job.record.story import Story
 from launcher.spec.config import parse_config
 from launcher.spec.taskenv import shared_env
 from launcher.views import narrate
@@ -166,7 +166,7 @@ def _failure(generation: int, kind: str = "nonfinite") -> Failure:
 
 
 def test_the_first_stop_is_free_and_the_same_step_again_ends_the_job():
-    from launcher.job.sentinel import Sentinel
+    from launcher.job.detect.sentinel import Sentinel
 
     sentinel, told = Sentinel(lambda e: None), []
     sentinel._steps.update({0: 30, 1: 30})  # generation: its bad step, as heard

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.job.stalls import STOPPED_HANG_S, StoppedWatch
+from launcher.job.detect.stalls import STOPPED_HANG_S, StoppedWatch
 from tests.conftest import read_summary, wait_for
 from tests.test_faults import TRAIN, checksums, launch, training_epochs
 from tests.test_faults import jobs as faults_jobs

@@ -1,4 +1,4 @@
-"""The stop a launch is handed (launcher/job/sequence.py): kept until its job
+"""The stop a launch is handed (launcher/job/run/sequence.py): kept until its job
 exists, then handed on once each, in order; an interrupt while hosts are reached."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from launcher.job.sequence import StopRequest
+from launcher.job.run.sequence import StopRequest
 
 
 class _Job:

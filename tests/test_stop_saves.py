@@ -1,5 +1,5 @@
 """A stop says whether the tasks could save, and how to make them
-(launcher/job/stops.py): a real detached tf_keras fit stopped with
+(launcher/job/policy/stops.py): a real detached tf_keras fit stopped with
 `mgpu-launch stop`, and the summary's `stop` entry of each outcome."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.job.states import RunResult
-from launcher.job.stops import entry
+from launcher.job.policy.stops import entry
+from launcher.job.record.states import RunResult
 from tests.conftest import SCRIPTS, read_events, read_summary, run_cli, wait_for
 
 TRAIN = str(SCRIPTS / "fault_train.py")

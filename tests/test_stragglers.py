@@ -1,7 +1,7 @@
 """The straggler radar's pure parts, with recorded samples: the judgement
-(launcher/job/stragglers.py), the host signals the agent reads
+(launcher/job/detect/stragglers.py), the host signals the agent reads
 (launcher/agent/health.py, NVML through recorded answers) and the heartbeat's
-check (launcher/job/protocol.py).
+check (launcher/job/run/protocol.py).
 
 The recorded runs (tests/data/stragglers/) are health samples and step
 reports of tests/scripts/steady_train.py under `--local 2` on this 2-core
@@ -25,10 +25,10 @@ from pathlib import Path
 import pytest
 
 from launcher.agent import health
-from launcher.job import eventlines
-from launcher.job import events as ev
-from launcher.job.protocol import check_message
-from launcher.job.stragglers import Detector, describe
+from launcher.job.detect.stragglers import Detector, describe
+from launcher.job.record import eventlines
+from launcher.job.record import events as ev
+from launcher.job.run.protocol import check_message
 from launcher.spec.config import ConfigError, parse_config
 from launcher.views import narrate
 from tests.fake_agents import harness
@@ -396,7 +396,7 @@ def test_the_supervisor_names_a_straggler_in_events_terminal_and_summary(tmp_pat
 
 
 def test_the_live_table_marks_the_straggler():
-    from launcher.job.story import TaskRow
+    from launcher.job.record.story import TaskRow
     from launcher.views.live import describe_row, render
 
     rows = [TaskRow(label=f"host{i}/worker{i}", host=f"host{i}", task=f"worker{i}",
@@ -522,7 +522,7 @@ def test_the_restart_takes_the_spare_whose_agent_is_there(tmp_path: Path):
 
 
 class FakeProfiler:
-    """job/profiling.py's Profiler as the radar uses it: each capture answers at
+    """job/run/profiling.py's Profiler as the radar uses it: each capture answers at
     once with the recorded per-task summaries (totals over the window, s)."""
 
     def __init__(self, answers: dict[str, dict[str, float]]) -> None:
@@ -538,9 +538,9 @@ class FakeProfiler:
 
 def test_the_radar_traces_rarely_and_names_the_task_its_peers_wait_for(tmp_path: Path,
                                                                           monkeypatch):
-    from launcher.job.generation import Generation
-    from launcher.job.radar import Radar
-    from launcher.job.states import TaskRecord
+    from launcher.job.detect.generation import Generation
+    from launcher.job.detect.radar import Radar
+    from launcher.job.record.states import TaskRecord
     from launcher.spec.config import local_config
     from launcher.spec.plan import build_plan
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from launcher.agent.health import HEALTH_EVERY_S
-from launcher.job.stragglers import AGREE, WARMUP_S
+from launcher.job.detect.stragglers import AGREE, WARMUP_S
 from tests.conftest import SCRIPTS, read_events, read_summary, start_cli, wait_for
 
 pytestmark = pytest.mark.e2e

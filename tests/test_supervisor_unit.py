@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.job.states import IllegalTransition, TaskRecord, TaskState
+from launcher.job.record.states import IllegalTransition, TaskRecord, TaskState
 from tests.fake_agents import harness
 
 SUCCESS = [(5.0, "exit", {"code": 0})]
@@ -370,7 +370,7 @@ def test_the_live_table_is_the_runs_model_in_the_supervisors_states(tmp_path: Pa
     """The launcher's table is the story's rows (its states folded from the
     events, `task_starting` on), the supervisor's own figures beside: at every
     redraw the states are the supervisor's; a loss that is no number is none."""
-    from launcher.job.story import Story
+    from launcher.job.record.story import Story
 
     def script(generation: int, name: str):
         return [(1.0, "progress", {"data": {"step": 5, "loss": "x"}}),
@@ -413,7 +413,7 @@ def test_the_story_told_to_listeners_is_what_status_replays(tmp_path: Path):
     """Every event reaches a listener as it is written, with the generation's
     phase at that moment; status's replay of events.jsonl (the same state
     machine) ends with the tasks in the states the supervisor left them."""
-    from launcher.job.phases import Phase
+    from launcher.job.record.phases import Phase
     from launcher.views.records import load_run
 
     def script(generation: int, name: str):
@@ -447,7 +447,7 @@ def test_the_story_told_to_listeners_is_what_status_replays(tmp_path: Path):
     assert set(replayed.values()) == {"succeeded"}
     # summary.json is the story's rendering: what the supervisor's result says, and
     # the hang's failure with its last lines and its time on the host.
-    from launcher.job import story
+    from launcher.job.record import story
 
     told = story.fold(story.records((tmp_path / "events.jsonl").read_text().splitlines()))
     assert told.summary() == json.loads(json.dumps(result.to_json()))

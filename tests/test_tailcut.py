@@ -1,4 +1,4 @@
-"""A job's end that a task holds back (launcher/job/tailcut.py, issue 38 item 5).
+"""A job's end that a task holds back (launcher/job/detect/tailcut.py, issue 38 item 5).
 
 A real `--local 3` job without TensorFlow: every worker reports the same five
 steps; worker2 then exits 0 at once; worker0, the chief, makes its final save
@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from launcher.job.states import TaskState
+from launcher.job.record.states import TaskState
 from tests.conftest import read_events, read_summary, run_cli, start_cli
 
 SCRIPT = """\
@@ -154,9 +154,9 @@ def test_the_chiefs_exit_handler_upload_is_not_cut(workdir: Path):
 def _generation(steps: dict[str, int | None]):
     from types import SimpleNamespace as Stub
 
-    from launcher.job.generation import Generation
-    from launcher.job.phases import Phase
-    from launcher.job.states import TaskRecord
+    from launcher.job.detect.generation import Generation
+    from launcher.job.record.phases import Phase
+    from launcher.job.record.states import TaskRecord
 
     records = {}
     for name, step in steps.items():
@@ -182,7 +182,7 @@ class _Clock:
 def _cutter(clock: _Clock, handlers_s: float = 5.0):
     """finished_idle_s 5 s; tasks in their exit handlers bounded at `handlers_s`
     (by default the same 5 s, so the other rules are seen alone)."""
-    from launcher.job.tailcut import TailCut
+    from launcher.job.detect.tailcut import TailCut
 
     return _Cutter(TailCut(5.0, clock, handlers_s))
 
@@ -206,8 +206,8 @@ class _Cutter:
         self.cut.idle_s = value
 
     def check(self, gen) -> bool:
-        from launcher.job.phases import Phase
-        from launcher.job.tailcut import grace_s
+        from launcher.job.detect.tailcut import grace_s
+        from launcher.job.record.phases import Phase
 
         found = self.cut.check(gen)
         if found is None:
@@ -291,7 +291,7 @@ def test_a_save_blocked_without_cpu_is_never_cut_as_idle():
 
 def test_an_evaluate_its_departed_peer_never_joined_is_not_a_tail():
     """The chief alone in evaluate() after its peer's fit ended and it exited 0:
-    idle at the final step, but out of step (job/lockstep.py names it), never a
+    idle at the final step, but out of step (job/detect/lockstep.py names it), never a
     finished job's tail to cut as a success."""
     clock = _Clock()
     gen = _generation({"worker0": 40, "worker1": 40})

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from launcher.commands import status
-from launcher.job import eventlines, goodput
+from launcher.job.record import eventlines, goodput
 from launcher.views import report, status_watch
 from launcher.views.report_html import render
 
@@ -233,14 +233,14 @@ def test_one_story_with_a_kill_a_restart_a_straggler_and_a_stop_is_the_same_ever
     """One recorded event stream through every view: `status` (text, --json,
     --watch), the metrics, the live table, the report, the terminal's words and
     summary.json (written as the launch writes it: the story's rendering)."""
-    from launcher.job import story
+    from launcher.job.record import story
     from launcher.views import live, narrate
     from launcher.views.metrics import JobMetrics
 
     t0 = time.time() - 100
     lines = _story_with_a_kill_a_restart_a_straggler_and_a_stop(t0)
     told = story.fold(lines)
-    summary = {**told.summary(), "goodput": told.goodput()}  # as job/launch.py writes it
+    summary = {**told.summary(), "goodput": told.goodput()}  # as job/run/launch.py writes it
     run = tmp_path / "story"
     _write(run, lines, json.loads(json.dumps(summary)))
     seen = _views(run, capsys, monkeypatch)
@@ -352,7 +352,7 @@ def test_the_same_story_cut_as_generation_1_starts_is_the_same_everywhere(
     the launcher's own table (a printer told the events, with the supervisor's
     own figures beside) and the metrics say both tasks are starting (from the
     fold: no view asks the supervisor), in the job's phase `starting`."""
-    from launcher.job.story import Beside
+    from launcher.job.record.story import Beside
     from launcher.views.metrics import JobMetrics
     from launcher.views.printer import Printer
 

@@ -300,7 +300,7 @@ class MemoryCopies:
 
 def copy_slot(slot: str, record: dict, copied: dict[tuple[str, str], tuple[int, int]]) -> None:
     """Copy one slot to its directory: aside then renamed, the names last. A
-    worker's save published as the chief's (job/peerrelay.py: its chief's host
+    worker's save published as the chief's (job/run/peerrelay.py: its chief's host
     lost) brings its own manager's state file, which may keep fewer
     checkpoints: the directory's state gets the save added instead, and keeps
     what it listed (the chief's manager prunes at its next save)."""

@@ -2,7 +2,7 @@
 
 Hosts usually reach each other only on the job's TensorFlow ports, so the
 copy goes the one way every transport gives (SSH, --local, Slurm): through the
-launcher, over the agents' own channels (launcher/job/peerrelay.py picks the
+launcher, over the agents' own channels (launcher/job/run/peerrelay.py picks the
 host: the next in the plan's host order). On this host's side:
 
 - **Said, with a fingerprint.** Each slot gained is said (`memory_held`);
@@ -10,7 +10,7 @@ host: the next in the plan's host order). On this host's side:
   the pointer files left out), so that the launcher can tell a worker's own
   save on another host from the chief's: under MultiWorkerMirroredStrategy
   every worker saves the same weights, and a worker's save that is the
-  chief's byte for byte already is its second copy (job/peerrelay.py).
+  chief's byte for byte already is its second copy (job/run/peerrelay.py).
 - **Sending.** Each completed save that goes to the shared directory (the
   chief's) is offered (`peer_begin`); the launcher answers go (`peer_ack`
   with n -1) or cancels it (another host holds it already). Then it goes in

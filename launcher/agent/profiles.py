@@ -1,7 +1,7 @@
 """Traces of this host's tasks, on request (`profile`).
 
 The launcher asks every task of a job to trace at the same moment
-(launcher/job/profiling.py). For each task named, this part writes a request
+(launcher/job/run/profiling.py). For each task named, this part writes a request
 file (0600, replaced atomically) where the task's runtime looks for it
 (`MGPU_PROFILE_REQUEST`, launcher/runtime/trace.py): the trace's id, its
 length, where to write it, and when to start, `delay_s` from now by this

@@ -7,14 +7,14 @@ between hosts flagged; the planned ports free (each host briefly listens on
 its own); every host able to reach every task's TF_CONFIG address and port;
 the checkpoint directory shared (a nonce written from one host, read on the
 others) and its free space; GPUs visible; then a tiny collective across every
-task on the job's own plan (launcher/job/check_collective.py; `--no-collective`
+task on the job's own plan (launcher/job/run/check_collective.py; `--no-collective`
 skips it). Prints one row per host, one line per task of the collective, the
 problems host by host, and a verdict. Exit 0 only when the run would start, 2
 otherwise.
 
 Small probes run on the hosts as `python -c` through the agent's `exec_check`
 op (standard library only). The hosts are reached by the launch's own steps
-(launcher/job/reach.py: addresses, plan, connect, hellos). Owns only this
+(launcher/job/run/reach.py: addresses, plan, connect, hellos). Owns only this
 report: never starts training.
 
 Must not import: supervisor.
@@ -35,9 +35,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import firewall
-from ..job import check_collective
-from ..job.check_collective import CollectiveReport, task_addresses
-from ..job.reach import Reach
+from ..job.run import check_collective
+from ..job.run.check_collective import CollectiveReport, task_addresses
+from ..job.run.reach import Reach
 from ..spec.allocation import SlurmError
 from ..spec.config import ConfigError, LoadedConfig, keras_backend
 from ..spec.plan import HostTarget, Plan, PlanError

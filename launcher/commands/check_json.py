@@ -25,7 +25,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from ..job.check_collective import CollectiveReport
+from ..job.run.check_collective import CollectiveReport
 
 SCHEMA = 1  # `v`: bumped when a field changes meaning
 

@@ -141,8 +141,8 @@ def record_early_end(run_dir: Path, status: str, message: str,
     foreground one says that on the terminal, with exit code 2)."""
     if status != "interrupted" and not is_detached_child(run_dir):
         return
-    from ..job import events
-    from ..job.states import JobStatus, RunResult
+    from ..job.record import events
+    from ..job.record.states import JobStatus, RunResult
 
     try:
         recorder = RunRecorder(run_dir)
@@ -277,7 +277,7 @@ def stop(run_dir: Path, timeout_s: float | None = None) -> int:
             "summary.json (killed, or its machine rebooted): nothing to stop; its agents "
             "stopped the tasks when it died")
         return exits.NOT_STOPPED
-    from ..job.stops import HOW_TO_SAVE
+    from ..job.policy.stops import HOW_TO_SAVE
 
     grace = _grace_s(run_dir)
     timeout_s = grace + STOP_MARGIN_S if timeout_s is None else timeout_s

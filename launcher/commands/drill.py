@@ -4,7 +4,7 @@
     mgpu-launch drill [OPTIONS] --local N SCRIPT [ARGS...]
     mgpu-launch drill [OPTIONS] --slurm SCRIPT [ARGS...]
 
-Runs the job as a launch does (launcher/job/launch.py), listens to its typed
+Runs the job as a launch does (launcher/job/run/launch.py), listens to its typed
 events and, once it has saved a checkpoint, injects faults one after another
 (launcher/commands/drill_faults.py): a worker killed, a preemption (SIGTERM with
 the configured grace), a hang (SIGSTOP) and, on SSH hosts, a whole host lost.
@@ -27,8 +27,8 @@ import threading
 import time
 from pathlib import Path
 
-from ..job.launch import Job, LaunchRefused
-from ..job.sequence import EarlyEnd, StopRequest, run_launch
+from ..job.run.launch import Job, LaunchRefused
+from ..job.run.sequence import EarlyEnd, StopRequest, run_launch
 from ..spec.allocation import SlurmError
 from ..spec.config import ConfigError, LoadedConfig
 from ..spec.plan import PlanError

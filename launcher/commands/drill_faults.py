@@ -1,7 +1,7 @@
 """A drill's faults: listen to a running job's story, inject one fault after another.
 
-`Heard` is a `Listener` of the job's typed events (launcher/job/events.py):
-it folds them into the run's model (launcher/job/story.py, whose `history`
+`Heard` is a `Listener` of the job's typed events (launcher/job/record/events.py):
+it folds them into the run's model (launcher/job/record/story.py, whose `history`
 keeps each generation's steps, saves, exits and resume point) and wakes the
 injector. `Injector` runs beside the supervisor, in its own thread: once the
 job has saved a checkpoint it injects each fault through the agents, which
@@ -10,7 +10,7 @@ know the tasks' process groups (the `signal` op; for a whole host an
 and waits for the failure to be detected and for the next generation's
 first step. What it saw is an `Observed` per fault (`drill_report` judges).
 
-Steps are absolute (launcher/job/history.py).
+Steps are absolute (launcher/job/record/history.py).
 """
 
 from __future__ import annotations
@@ -21,13 +21,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..job import checkpoints
-from ..job import events as ev
-from ..job import story as model
-from ..job.history import Exit, History
-from ..job.launch import Job
-from ..job.lockstep import Position
-from ..job.lockstep import read as read_position
+from ..job.detect import checkpoints
+from ..job.detect.lockstep import Position
+from ..job.detect.lockstep import read as read_position
+from ..job.record import events as ev
+from ..job.record import story as model
+from ..job.record.history import Exit, History
+from ..job.run.launch import Job
 from ..views.drill_report import Observed, Point
 
 POLL_S = 0.1
@@ -50,7 +50,7 @@ _HOW = {"kill": "SIGKILL", "preempt": "SIGTERM, then the grace", "hang": "SIGSTO
 
 
 class Heard:
-    """What the drill hears of the job: the run's model (launcher/job/story.py),
+    """What the drill hears of the job: the run's model (launcher/job/record/story.py),
     told each event from the supervisor thread under the condition the
     injector waits on, and the saves seen on disk (for a script that reports
     none). A view of the job (`Launch.start(views=)`)."""
@@ -297,7 +297,7 @@ class Injector:
 
     def _signal(self, host: str, task: str, signum: int) -> bool:
         return self._send(host, {"op": "signal", "task": task, "signum": int(signum),
-                                 "by": "the drill"})  # said with its exit (job/classify.py)
+                                 "by": "the drill"})  # said with its exit (job/record/classify.py)
 
     def _inject(self, fault: str, task: str, host: str,
                 victims: list[tuple[str, str, int | None]]) -> bool:

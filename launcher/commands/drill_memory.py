@@ -16,7 +16,7 @@ import math
 import statistics
 from collections.abc import Callable
 
-from ..job import events as ev
+from ..job.record import events as ev
 
 
 class MemoryCosts:

@@ -3,7 +3,7 @@
 Where does each task's step time go: computing, waiting in collectives for its
 peers, or waiting for its input? This command asks the run's launcher (through
 `RUN_DIR/profiles/request.json`, which its supervisor looks for twice a
-second: launcher/job/profiling.py) to have every task trace itself for S
+second: launcher/job/run/profiling.py) to have every task trace itself for S
 seconds, all at the same moment, then waits for the capture's
 `RUN_DIR/profiles/<id>/summary.json` and prints one line per task. The traces
 are under `RUN_DIR/profiles/<id>/`, laid out for TensorBoard's profile plugin
@@ -26,8 +26,8 @@ from typing import Any
 
 import yaml
 
-from ..job.profiling import ANSWER_MARGIN_S, DELAY_S, MAX_SECONDS, PROFILES, REQUEST, SUMMARY
-from ..job.profiling import new_id as new_trace_id
+from ..job.run.profiling import ANSWER_MARGIN_S, DELAY_S, MAX_SECONDS, PROFILES, REQUEST, SUMMARY
+from ..job.run.profiling import new_id as new_trace_id
 from ..spec.rundir import CONFIG
 from ..spec.rundir import SUMMARY as RUN_SUMMARY
 from ..strategy import Strategy

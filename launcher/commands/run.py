@@ -5,7 +5,7 @@ The cli (launcher/cli.py) parses the arguments, reads the cluster file and, on
 SSH hosts, starts opening the connections; it imports this module after that,
 so the job's modules (the launch, its events and states, the printer) load
 while the hosts answer. From here on as before: the launch
-(launcher/job/sequence.py) is called, what comes back is printed and turned
+(launcher/job/run/sequence.py) is called, what comes back is printed and turned
 into the exit code, and the signals are this module's while it runs.
 
 The terminal never decides the job's fate: SIGHUP and a closed stdout (EPIPE)
@@ -23,11 +23,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..job.classify import signal_name
-from ..job.launch import Launch, LaunchRefused, Outcome
-from ..job.sequence import EarlyEnd, run_launch
-from ..job.states import JobStatus, RunResult
-from ..job.story import restarts_words, step_of
+from ..job.record.classify import signal_name
+from ..job.record.states import JobStatus, RunResult
+from ..job.record.story import restarts_words, step_of
+from ..job.run.launch import Launch, LaunchRefused, Outcome
+from ..job.run.sequence import EarlyEnd, run_launch
 from ..spec import planview, rundir
 from ..spec.config import LoadedConfig
 from ..spec.plan import Plan

@@ -2,7 +2,7 @@
 
 The process's signal handlers are its command's: while a launch runs, SIGINT
 (Ctrl-C) and SIGTERM (e.g. `mgpu-launch stop`) only ask it to stop through the
-`StopRequest` it was handed (launcher/job/sequence.py): while the hosts are
+`StopRequest` it was handed (launcher/job/run/sequence.py): while the hosts are
 reached that ends the launch as Ctrl-C does; once the job runs, its supervisor
 stops every task (SIGTERM, grace, SIGKILL) and the summary is still written.
 """
@@ -13,7 +13,7 @@ import contextlib
 import signal
 from collections.abc import Iterator
 
-from ..job.sequence import StopRequest
+from ..job.run.sequence import StopRequest
 from . import interrupts
 
 STOPS = (signal.SIGINT, signal.SIGTERM)

@@ -234,7 +234,7 @@ def write_progress(record: dict) -> None:
         seconds = saves.take()
         if seconds > 0:
             record = {**record, "save_s": round(record.get("save_s", 0.0) + seconds, 4)}
-    from . import position  # where this task is: the launcher compares (job/lockstep.py)
+    from . import position  # where this task is: the launcher compares (job/detect/lockstep.py)
 
     record = {**position.fields(), **record}
     import json
@@ -289,7 +289,7 @@ def report_resumed(step: int, directory: str | None = None) -> None:
 
 
 def short_path(path: str, limit: int = 200) -> str:
-    """A path that fits a progress string (launcher/job/protocol.py keeps 200)."""
+    """A path that fits a progress string (launcher/job/run/protocol.py keeps 200)."""
     return path if len(path) <= limit else "…" + path[-(limit - 1):]
 
 

@@ -12,7 +12,7 @@ collectives:
 
 The count, the last call's name and how often that one was called travel
 with every progress report (`at_calls`, `at_call`, `at_call_n`) and the
-launcher compares them (launcher/job/lockstep.py): one worker in
+launcher compares them (launcher/job/detect/lockstep.py): one worker in
 `strategy.reduce()` while another is in `train_step` is a call made on one
 worker only. The cost per call of a `tf.function`: one attribute read and,
 when distributed, one increment.

@@ -144,7 +144,7 @@ def _publish(slot: str, target: str, kind: str, pointer: str, step: int | None) 
 def _wait_for_copies() -> None:
     """The program ends: the agent's copies of its last saves are in their
     directories first (the job's end would cut them). Told as a save, which the
-    launcher never cuts short (launcher/job/tailcut.py)."""
+    launcher never cuts short (launcher/job/detect/tailcut.py)."""
     from . import position
 
     deadline, said = time.monotonic() + END_WAIT_S, False

@@ -4,7 +4,7 @@ Workers of MultiWorkerMirroredStrategy must call the same collectives in the
 same order. When one of them is somewhere else (its input ran out a step
 early, the chief alone evaluates or saves, EarlyStopping ended one worker's
 `fit`), every process is alive and each waits for the others. The launcher
-names that cause by comparing the tasks' positions (launcher/job/lockstep.py);
+names that cause by comparing the tasks' positions (launcher/job/detect/lockstep.py);
 this module keeps this task's:
 
 - a post-import hook on `keras` and `tf_keras` wraps `Model.fit`, `evaluate`,
@@ -36,7 +36,7 @@ import threading
 from types import ModuleType
 
 _MARK = "_mgpu_keeps_position"
-# The phases, as the launcher reads them (launcher/job/lockstep.py PHASES).
+# The phases, as the launcher reads them (launcher/job/detect/lockstep.py PHASES).
 TRAIN, EVALUATE, PREDICT, SAVE, OUTSIDE = "train", "evaluate", "predict", "save", "outside"
 _METHODS = {"fit": TRAIN, "evaluate": EVALUATE, "predict": PREDICT, "save": SAVE,
             "save_weights": SAVE}

@@ -31,7 +31,7 @@ backups and ends "succeeded". So, in each task of the launcher:
   directory's newest save stays the last good one (runtime/saves.py).
 
 The launcher stops a generation whose loss went bad and restarts it from
-that last good save (launcher/job/sentinel.py).
+that last good save (launcher/job/detect/sentinel.py).
 
 `sentinel: off` in the cluster file (MGPU_SENTINEL=off) turns both off.
 A custom loop's loss is the script's: `runtime.report_progress(step, loss=...)`.
@@ -82,7 +82,7 @@ def report(step: int | None, epoch: int, batch: int, loss: float) -> None:
         _told = True
     from launcher import runtime
 
-    # A short list of integers, as a progress value must be (launcher/job/protocol.py).
+    # A short list of integers, as a progress value must be (launcher/job/run/protocol.py).
     runtime.write_progress({"nonfinite": [-1 if step is None else int(step), int(epoch),
                                           int(batch)], "nonfinite_loss": str(loss),
                             "time": time.time()})

@@ -99,7 +99,7 @@ class RestartPolicy(_Strict):
     heartbeat_timeout_s: float = Field(default=10.0, gt=0)
     hang_timeout_s: float = Field(default=300.0, gt=0)
     # A task idle this long at the final step after a peer exited 0 is done:
-    # stopped, the job succeeds (launcher/job/tailcut.py); 0: wait for every
+    # stopped, the job succeeds (launcher/job/detect/tailcut.py); 0: wait for every
     # exit (also for a task whose program is over but whose interpreter lingers).
     finished_idle_s: float = Field(default=5.0, ge=0)
     # A task at that final step whose script returned but whose exit handlers

@@ -19,7 +19,7 @@ from typing import IO, Any
 # The run directory's layout (docs/operations.md); names, not paths.
 CONFIG = "config.yaml"  # the cluster file as the launch read it
 EVENTS = "events.jsonl"  # one JSON event per line, appended as the run goes
-# The schema of events.jsonl, written as `"v": 2` on every line (launcher/job/events.py
+# The schema of events.jsonl, written as `"v": 2` on every line (launcher/job/record/events.py
 # defines the kinds); a line without `v` is of version 1 (before the typed events).
 EVENTS_SCHEMA = 2
 SUMMARY = "summary.json"  # the outcome, written once the run has ended

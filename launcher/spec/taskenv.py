@@ -18,7 +18,7 @@ from ..strategy import ON_JAX, Strategy
 from .config import ClusterConfig, keras_backend
 
 # TensorFlow's coordination heartbeat timeout (MGPU_TF_HEARTBEAT_S default): above
-# the launcher's own stall bound (job/stalls.py, STOPPED_HANG_S), and more than twice
+# the launcher's own stall bound (job/detect/stalls.py, STOPPED_HANG_S), and more than twice
 # the longest freeze that must pass (a frozen leader sees its peers' last heartbeat
 # up to half the timeout older than the freeze; the peers' heartbeat calls time out
 # with it).

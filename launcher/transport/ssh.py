@@ -270,7 +270,7 @@ class SSHTransport:
         self._warm: dict[str, Opening] = {}  # host -> its connection opened early (`warm`)
         self._early: dict[str, EarlyAgent] = {}  # host -> its agent started early (`warm`)
         # Called with each host's link as soon as its hello is in, while other
-        # hosts may still be starting (job/reach.py: the firewall rules go then).
+        # hosts may still be starting (job/run/reach.py: the firewall rules go then).
         self.on_link: Callable[[AgentLink], None] | None = None
 
     def connect(

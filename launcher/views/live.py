@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TextIO
 
-from ..job.story import TaskRow
+from ..job.record.story import TaskRow
 
 # States whose usage, rate and silence no longer mean anything.
 _DONE = ("succeeded", "failed", "stopped", "lost")
@@ -211,7 +211,7 @@ def clean_for_screen(text: str, colour: bool) -> str:
 
 def goodput_title(ledger: Mapping[str, Any] | None) -> str:
     """The title's goodput words (`goodput 91 %`) of a goodput ledger
-    (job/goodput.py), or "" before the first step: the launcher's own table and
+    (job/record/goodput.py), or "" before the first step: the launcher's own table and
     `status --watch` both say it so."""
     if not ledger or not ledger.get("wall_s") or not ledger.get("productive_s"):
         return ""

@@ -2,7 +2,7 @@
 cluster file; docs/operations.md, "Metrics").
 
 `JobMetrics` is a `Listener` of the story: told every event by the supervisor
-thread, it folds them into the run's model (`launcher.job.story.Story`) under a
+thread, it folds them into the run's model (`launcher.job.record.story.Story`) under a
 lock (held for microseconds: telling never waits on a scrape). It is also a
 prometheus-client collector in a private `CollectorRegistry`: a scrape builds
 every `mgpu_` family from that state at that moment (so "seconds since progress"
@@ -12,7 +12,7 @@ its own thread, and/or written for node_exporter's textfile collector (tmp file
 end.
 
 Goodput parts and stragglers: the goodput parts are the story's ledger
-(launcher/job/goodput.py), kept from the events told and worked out at each
+(launcher/job/record/goodput.py), kept from the events told and worked out at each
 scrape; `set_goodput(parts, wall_s, productive_s)` (any thread), or a `goodput`
 event told like any other, puts given parts in its place. A `straggler` event
 (kind and fields task, host, slowdown, evidence) is read from the story by its
@@ -33,9 +33,9 @@ from prometheus_client import CollectorRegistry, generate_latest, start_http_ser
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import write_to_textfile
 
-from ..job import events as ev
-from ..job.states import TaskState
-from ..job.story import JOB_STATES, Story
+from ..job.record import events as ev
+from ..job.record.states import TaskState
+from ..job.record.story import JOB_STATES, Story
 
 # How often the textfile is rewritten while the job runs.
 TEXTFILE_EVERY_S = 5.0

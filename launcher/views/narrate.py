@@ -1,4 +1,4 @@
-"""The run's story in words: each event of launcher/job/events.py to the line a
+"""The run's story in words: each event of launcher/job/record/events.py to the line a
 person reads in the terminal, in one place.
 
 `line(event)` is pure: an event in, `("notice" | "debug", text)` out, or None
@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import signal as signals
 
-from ..job import events as ev
-from ..job.checkpoints import Moved
-from ..job.states import sentence
-from ..job.stragglers import describe as describe_evidence
+from ..job.detect.checkpoints import Moved
+from ..job.detect.stragglers import describe as describe_evidence
+from ..job.record import events as ev
+from ..job.record.states import sentence
 
 Said = tuple[str, str]  # ("notice" | "debug", text)
 

@@ -30,8 +30,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ..job import events as ev
-from ..job.story import kind_of
+from ..job.record import events as ev
+from ..job.record.story import kind_of
 from ..spec.outlets import NotifySettings
 
 QUEUE_MAX = 100

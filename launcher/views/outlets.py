@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..job.launch import View
+from ..job.run.launch import View
 from ..spec.config import LoadedConfig
 
 if TYPE_CHECKING:

@@ -39,8 +39,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TextIO
 
-from ..job.events import Event
-from ..job.story import Beside, Story, TaskRow
+from ..job.record.events import Event
+from ..job.record.story import Beside, Story, TaskRow
 from . import narrate
 from .live import LiveScreen, clean_for_screen, describe_row, goodput_title
 

@@ -4,7 +4,7 @@ launcher/commands/): what the launcher wrote, as a `RunView`.
 Owns reading what the launcher wrote (`config.yaml`, `events.jsonl`, `logs/`,
 `summary.json`) into a `RunView` and printing it. Works on a finished run and
 on one still going: the run is the model folded from `events.jsonl`
-(launcher/job/story.py); `summary.json` says the run ended, and fills in only
+(launcher/job/record/story.py); `summary.json` says the run ended, and fills in only
 what an older `events.jsonl` did not say.
 
 Read-only: never writes into the run directory. Must not import supervisor,
@@ -24,10 +24,10 @@ from typing import Any
 
 import yaml
 
-from ..job.eventlines import version as ev_version
-from ..job.events import fields_of
-from ..job.goodput import PARTS as GOODPUT_PARTS
-from ..job.story import Story, TaskView, fold, restarts_words, split_name, step_of
+from ..job.record.eventlines import version as ev_version
+from ..job.record.events import fields_of
+from ..job.record.goodput import PARTS as GOODPUT_PARTS
+from ..job.record.story import Story, TaskView, fold, restarts_words, split_name, step_of
 from ..spec.rundir import (
     CONFIG,
     EVENTS,
@@ -61,14 +61,15 @@ class RunView:
     root_cause: dict[str, Any] | None
     failures: list[dict[str, Any]]
     last_event_t: float | None
-    goodput: dict[str, Any] | None = None  # where the time went (job/goodput.py)
+    goodput: dict[str, Any] | None = None  # where the time went (job/record/goodput.py)
     stragglers: tuple[str, ...] = ()  # the straggler radar's lines (docs/stragglers.md)
-    resume_behind: tuple[str, ...] = ()  # a task resumed behind the last save (job/resumes.py)
+    # A task resumed behind the last save (job/detect/resumes.py).
+    resume_behind: tuple[str, ...] = ()
     resumed: tuple[str, ...] = ()  # where each restarted generation resumed, in words
     passed_over: tuple[str, ...] = ()  # checkpoints a restore could not read (runtime/readable)
-    nonfinite: tuple[str, ...] = ()  # a loss or a save gone non-finite (job/sentinel.py)
+    nonfinite: tuple[str, ...] = ()  # a loss or a save gone non-finite (job/detect/sentinel.py)
     metrics_url: str | None = None  # where its metrics are served (a metrics_served event)
-    story: Story | None = None  # the events folded (launcher/job/story.py)
+    story: Story | None = None  # the events folded (launcher/job/record/story.py)
     events: list[dict[str, Any]] | None = None  # events.jsonl's lines, as read
     summary: dict[str, Any] | None = None  # summary.json, as read
 
@@ -416,7 +417,7 @@ def _generation(failure: dict[str, Any]) -> int | float:
     return generation if isinstance(generation, int) else float("inf")  # not known: the last
 
 
-# The ledger's parts (job/goodput.py PARTS, in its order) as `status` words
+# The ledger's parts (job/record/goodput.py PARTS, in its order) as `status` words
 # them; a part not here is said by its name.
 _PART_WORDS = {"startup": "start-up", "redone": "re-done", "checkpointing": "checkpoints",
                "waiting_for_hosts": "waiting for hosts"}

@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..job import eventlines
-from ..job import events as ev
-from ..job.reports import ProgressReport
-from ..job.story import Story, failure_json, fold, steps_per_s
-from ..job.timeline import JOB_ROW
+from ..job.record import eventlines
+from ..job.record import events as ev
+from ..job.record.reports import ProgressReport
+from ..job.record.story import Story, failure_json, fold, steps_per_s
+from ..job.record.timeline import JOB_ROW
 from ..spec.plan import task_label
 from ..spec.rundir import CONFIG
 from .records import RunView, load_run, read_config
@@ -108,7 +108,7 @@ def build(run_dir: str | os.PathLike, now: float | None = None) -> Report:
 
 
 def _timeline(report: Report, story: Story) -> None:
-    """The story's spans (launcher/job/timeline.py) as the chart's rows: each
+    """The story's spans (launcher/job/record/timeline.py) as the chart's rows: each
     task's activity by generation, then the job's restarts."""
     report.rows = [*story.placed, JOB_ROW]
     report.row_labels = [f"{name} ({', '.join(on)})" for name, on in story.placed.items()]

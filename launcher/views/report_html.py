@@ -18,13 +18,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from .. import __version__
-from ..job.goodput import PARTS
+from ..job.record.goodput import PARTS
 from . import rootcause
 from .report import Report
 from .svg import esc, line_chart, stacked_bar, timeline
 
 # The colours of the goodput ledger's parts (summary.json `goodput.parts`; the
-# parts and their order: job/goodput.py PARTS); a part not here is grey.
+# parts and their order: job/record/goodput.py PARTS); a part not here is grey.
 PART_COLOURS = {"training": "#3c9a5f", "startup": "#9aa5b1", "recovery": "#d64545",
                 "redone": "#e58a3a", "checkpointing": "#2f6fd1",
                 "waiting_for_hosts": "#7a6fd0", "other": "#c8c8c8"}

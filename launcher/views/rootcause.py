@@ -1,7 +1,7 @@
 """The root cause of a job's end, as every view says it: the run's last words
 in the terminal, `mgpu-launch status` and the HTML report all render it from
 here, from the failure as summary.json lists it (`Failure.to_json`,
-launcher/job/states.py).
+launcher/job/record/states.py).
 
 `words` picks what is said (its description, where it was stuck, its last
 lines without the traceback they repeat, the traceback once with its

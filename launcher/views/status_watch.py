@@ -3,7 +3,7 @@ launcher runs (detached, or started on another machine with a shared run
 directory), redrawn from its run directory until the job ends.
 
 It reads events.jsonl as it grows (only the new bytes, every `POLL_S`), folds it
-into the run's model (`launcher.job.story.Story`: the supervisor's own task
+into the run's model (`launcher.job.record.story.Story`: the supervisor's own task
 state machine, the goodput ledger) and draws it with the launch's own view:
 `live.LiveScreen` on a terminal (the launcher's notices scrolling above the
 table, in launcher/views/narrate.py's words), on anything else (or a terminal that
@@ -23,8 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
-from ..job import eventlines
-from ..job.story import Story, TaskRow, records
+from ..job.record import eventlines
+from ..job.record.story import Story, TaskRow, records
 from ..spec.rundir import EVENTS, SUMMARY
 from . import narrate
 from .live import LiveScreen, describe_row, goodput_title, sized
