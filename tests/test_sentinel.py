@@ -20,8 +20,9 @@ from launcher.job.recovery import Budget, decide_restart
 from launcher.job.states import Failure
 from launcher.job.story import Story
 from launcher.spec.config import parse_config
+from launcher.spec.outlets import NotifySettings
 from launcher.spec.taskenv import shared_env
-from launcher.views import narrate
+from launcher.views import narrate, notify
 from launcher.views.metrics import JobMetrics
 from launcher.views.records import load_run, render_status
 from tests.conftest import SCRIPTS, read_summary
@@ -154,6 +155,19 @@ def test_the_events_are_said_counted_and_listed():
     text = metrics.text()
     assert 'mgpu_nonfinite_total{job="nan",what="loss"} 1.0' in text, text
     assert 'mgpu_nonfinite_total{job="nan",what="save"} 1.0' in text, text
+    assert 'mgpu_rollbacks_total{job="nan"} 0.0' in text, text
+    # The generation stopped as `nonfinite`, restarted: one rollback (a crash's is none).
+    for event in (ev.FailureDetected(generation=1, task="worker1", host="host1",
+                                     failure="nonfinite"), ev.Restart(generation=2, restarts=1),
+                  ev.FailureDetected(generation=2, task="worker1", host="host1", failure="exit"),
+                  ev.Restart(generation=3, restarts=2)):
+        metrics.tell(event)
+    text = metrics.text()
+    assert 'mgpu_rollbacks_total{job="nan"} 1.0' in text, text
+    assert 'mgpu_job_restarts_total{job="nan"} 2.0' in text, text
+    # A notification by default; `events:` may leave it out.
+    assert notify.notification(bad) == "nonfinite" and notify.notification(save) is None
+    assert "nonfinite" in NotifySettings(command="true").events
     story = Story()
     story.tell(bad)
     assert story.summary()["nonfinite"][0] == {"event": "nonfinite", **ev.fields_of(bad)}

@@ -36,6 +36,7 @@ from typing import Any
 from ..spec.plan import task_label
 from . import eventlines
 from . import events as ev
+from .failkinds import Kind
 from .goodput import Ledger
 from .history import History
 from .reports import ProgressReport
@@ -159,6 +160,7 @@ class Story:
     tasks: dict[str, TaskView] = field(default_factory=dict)  # by name: unique per generation
     generation: int = 0
     restarts: int = 0
+    rollbacks: int = 0  # restarts after a loss gone bad (the NaN sentinel's)
     job_state: str = "starting"  # as the last `job_phase` said it, then `job_done`
     first_launch: dict[str, Any] | None = None  # generation 0's launch line (launcher pid...)
     launch: ev.Launch | None = None  # the first launch that names its command and hosts
@@ -238,6 +240,8 @@ class Story:
     def _restart(self, event: ev.Restart) -> None:
         self.restarts = event.restarts or self.restarts + 1
         failed = self.failures.get(event.generation - 1)
+        if failed is not None and failed.failure == Kind.NONFINITE:
+            self.rollbacks += 1  # to the last save before the bad step (job/sentinel.py)
         if failed is not None:  # the job's row: from the fault to the next launch
             self.timeline.switch(event.generation, JOB_ROW, "restarting", failed.t or 0.0)
 
