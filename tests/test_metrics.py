@@ -174,7 +174,8 @@ def test_a_busy_metrics_port_is_a_usage_error_before_anything_starts(workdir: Pa
      "node_exporter's textfile collector reads only files named *.prom"),
     ("metrics: {prot: 9477}", "c.yaml:2: metrics.prot"),
     ("notify: {command: ./n.sh, events: [failed, finished]}", "c.yaml:2: notify.events[1]: "
-     "Input should be 'failed', 'restarted', 'succeeded', 'stopped', 'straggler' or 'nonfinite'"),
+     "Input should be 'failed', 'restarted', 'succeeded', 'stopped', 'straggler', "
+     "'nonfinite' or 'loss_spike'"),
     ("notify: {command: '  '}", "c.yaml:2: notify.command: the command is empty"),
     ("notify: {events: [failed]}", "c.yaml:2: notify.command: required key is missing"),
     ("notify: {command: x, timeout_s: 0}", "c.yaml:2: notify.timeout_s: Input should be "

@@ -189,7 +189,7 @@ def test_a_loss_gone_bad_is_marked_at_its_step_and_rendered(tmp_path: Path):
     assert "loss went nan at step 100 (epoch 2, batch 20 of it" in mark.title
     assert report.marks[0] == mark and len(report.marks) == 2  # and the fault's
     page = render(report)
-    assert "purple !</span> is the step whose loss went bad" in page
+    assert "purple !</span> is the step whose loss went non-finite" in page
     assert "<h3>Loss</h3>" in page and page.count(rep.LOSS_COLOR) >= 2
     out = run / "report.html"
     out.write_text(page)

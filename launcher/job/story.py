@@ -173,7 +173,8 @@ class Story:
     alone: list[ev.TaskRestarted] = field(default_factory=list)  # PS workers restarted alone
     resume_behind: list[ev.ResumeBehind] = field(default_factory=list)
     passed_over: list[ev.CheckpointPassedOver] = field(default_factory=list)  # unreadable
-    nonfinite: list[ev.Event] = field(default_factory=list)  # a loss, a save gone NaN (sentinel)
+    # The NaN sentinel's: a loss, a save gone NaN, a loss spike (job/sentinel.py).
+    nonfinite: list[ev.Event] = field(default_factory=list)
     stragglers: dict[str, Straggler] = field(default_factory=dict)  # by task, this generation
     straggler_events: list[ev.Event] = field(default_factory=list)  # every one, in order
     out_of_step: list[ev.OutOfStepAhead] = field(default_factory=list)
@@ -433,6 +434,7 @@ _TELLERS: dict[type, Any] = {
     ev.CheckpointPassedOver: lambda s, e: s.passed_over.append(e),
     ev.Nonfinite: lambda s, e: s.nonfinite.append(e),
     ev.NonfiniteSave: lambda s, e: s.nonfinite.append(e),
+    ev.LossSpike: lambda s, e: s.nonfinite.append(e),
     ev.OutOfStepAhead: lambda s, e: s.out_of_step.append(e),
     ev.TailCut: lambda s, e: s.tail_cuts.append(e),
     ev.KerasSwitched: lambda s, e: setattr(s, "keras_switched", e),

@@ -50,6 +50,8 @@ def notification(event: ev.Event) -> str | None:
         return "straggler"
     if isinstance(event, ev.Nonfinite):  # the NaN sentinel's: the loss went bad at a step
         return "nonfinite"
+    if isinstance(event, ev.LossSpike):  # not by default (spec/outlets.py)
+        return "loss_spike"
     return None
 
 

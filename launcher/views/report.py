@@ -165,15 +165,16 @@ def _faults(report: Report, story: Story) -> list[Fault]:
 
 def _losses(report: Report, story: Story) -> list[Mark]:
     """A mark on the task's row when its loss went bad at a step (the NaN
-    sentinel's `nonfinite`, heard within a step of it), titled as the terminal
-    words it."""
+    sentinel's `nonfinite`, `!`, heard within a step of it) or spiked
+    (`loss_spike`, `^`), titled as the terminal words it."""
     marks = []
     for event in story.nonfinite:
-        if not isinstance(event, ev.Nonfinite) or event.task not in report.rows:
+        if not isinstance(event, ev.Nonfinite | ev.LossSpike) or event.task not in report.rows:
             continue
         said = narrate.line(event)
         marks.append(Mark(row=report.rows.index(event.task),
-                          t=(event.t or report.t0) - report.t0, label="!",
+                          t=(event.t or report.t0) - report.t0,
+                          label="!" if isinstance(event, ev.Nonfinite) else "^",
                           title=said[1] if said else event.kind, color=LOSS_COLOR))
     return marks
 

@@ -106,7 +106,8 @@ def _timeline(report: Report) -> str:
         return "<h2>Timeline</h2>" + NOT_RECORDED.format(" (no task launched yet)")
     chart = timeline(report.row_labels, report.spans, report.marks, report.duration_s)
     losses = (f'; a <span style="color: {LOSS_COLOR}">purple !</span> is the step whose loss '
-              "went bad, on the task that saw it first" if report.losses else "")
+              "went non-finite, a purple ^ a loss spike, on the task that saw it first"
+              if report.losses else "")
     return ("<h2>Timeline</h2><p>each task by generation; a red mark is a fault, "
             f"numbered below, on the task blamed for it{losses}</p>" + chart + _faults(report))
 
