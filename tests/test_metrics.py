@@ -75,6 +75,7 @@ def test_job_and_task_metrics_follow_the_story():
     got = samples(metrics.text())
     assert got[("mgpu_job_state", (("job", "demo"), ("state", "restarting")))] == 1
     assert got[("mgpu_job_restarts_total", (("job", "demo"),))] == 1
+    assert got[("mgpu_rollbacks_total", (("job", "demo"),))] == 0  # not a loss gone bad
     metrics.tell(ev.Launch(generation=1, tasks=(ev.Placed(task="worker0", host="h0"),)))
     metrics.tell(ev.JobDone(status="succeeded", restarts=1))
     got = samples(metrics.text())
@@ -173,7 +174,8 @@ def test_a_busy_metrics_port_is_a_usage_error_before_anything_starts(workdir: Pa
      "node_exporter's textfile collector reads only files named *.prom"),
     ("metrics: {prot: 9477}", "c.yaml:2: metrics.prot"),
     ("notify: {command: ./n.sh, events: [failed, finished]}", "c.yaml:2: notify.events[1]: "
-     "Input should be 'failed', 'restarted', 'succeeded', 'stopped' or 'straggler'"),
+     "Input should be 'failed', 'restarted', 'succeeded', 'stopped', 'straggler', "
+     "'nonfinite' or 'loss_spike'"),
     ("notify: {command: '  '}", "c.yaml:2: notify.command: the command is empty"),
     ("notify: {events: [failed]}", "c.yaml:2: notify.command: required key is missing"),
     ("notify: {command: x, timeout_s: 0}", "c.yaml:2: notify.timeout_s: Input should be "

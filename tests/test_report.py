@@ -169,6 +169,35 @@ def _fixture_run(tmp_path: Path) -> Path:
     return run
 
 
+def test_a_loss_gone_bad_is_marked_at_its_step_and_rendered(tmp_path: Path):
+    """The NaN sentinel's `nonfinite` (issue 52 item 4): a mark on the timeline at
+    the task and moment the bad step was heard, its words under the chart; the
+    page renders in a real Chromium with no console message."""
+    run = _fixture_run(tmp_path)
+    lines = (run / "events.jsonl").read_text().splitlines()
+    ids = {"generation": 0, "task": "worker1", "host": "host1"}
+    bad = [{"t": 20.0, "event": "nonfinite", "v": 2, **ids, "step": 100, "epoch": 1,
+            "batch": 19, "loss": "nan"},
+           {"t": 20.5, "event": "failure_detected", "v": 2, **ids, "kind": "nonfinite",
+            "reason": "its loss went nan at step 100"},
+           {"t": 22.0, "event": "restart", "v": 2, "generation": 1, "restarts": 1}]
+    (run / "events.jsonl").write_text("\n".join([*lines[:-1], *map(json.dumps, bad),
+                                                 lines[-1]]) + "\n")
+    report = rep.build(run)
+    [mark] = report.losses
+    assert (mark.row, mark.t, mark.label) == (report.rows.index("worker1"), 20.0, "!")
+    assert "loss went nan at step 100 (epoch 2, batch 20 of it" in mark.title
+    assert report.marks[0] == mark and len(report.marks) == 2  # and the fault's
+    page = render(report)
+    assert "purple !</span> is the step whose loss went non-finite" in page
+    assert "<h3>Loss</h3>" in page and page.count(rep.LOSS_COLOR) >= 2
+    out = run / "report.html"
+    out.write_text(page)
+    screenshot, console = _chromium(out, tmp_path / "shot.png")
+    assert console == [], console
+    _assert_not_blank(screenshot)
+
+
 # ------------------------------------------------------- a real run, rendered
 
 

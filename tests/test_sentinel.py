@@ -20,8 +20,9 @@ from launcher.job.record import events as ev
 from launcher.job.record.states import Failure
 from launcher.job.record.story import Story
 from launcher.spec.config import parse_config
+from launcher.spec.outlets import NotifySettings
 from launcher.spec.taskenv import shared_env
-from launcher.views import narrate
+from launcher.views import narrate, notify
 from launcher.views.metrics import JobMetrics
 from launcher.views.records import load_run, render_status
 from tests.conftest import SCRIPTS, read_summary
@@ -123,6 +124,25 @@ def test_the_same_step_going_bad_after_its_free_restart_stops_the_job_naming_it(
     assert "not succeeded" not in job.output and "job succeeded" not in job.output
 
 
+@pytest.mark.e2e
+def test_a_spike_rolls_back_when_asked(workdir, jobs):  # noqa: F811
+    # A finite bad batch (values of 30) at step 100: a loss spike, not a NaN.
+    # With `on_spike: rollback` it is handled as a NaN is: stopped, resumed from
+    # the save at step 80; the bad batch comes back at step 180 (the input starts
+    # again), 99 steps into the new window: rolled back again, to step 160.
+    config = cluster(workdir, "tf_keras", "env: {POISON_VALUE: '30'}\n"
+                     "sentinel: {on_spike: rollback}\n")
+    job = launch(jobs, [str(config), "--no-live", NAN, str(workdir / "backup")], workdir)
+    assert job.finish(timeout=400) == 0, job.output[-3000:]
+    spikes = [(e["generation"], e["step"], e["rollback"]) for e in job.events("loss_spike")]
+    assert spikes[:2] == [(0, BAD_STEP, True), (1, 180, True)], job.events("loss_spike")
+    assert [f["kind"] for f in job.events("failure_detected")] == ["nonfinite", "nonfinite"]
+    assert [r["step"] for r in job.events("resumed")] == [80, 160], job.events("resumed")
+    assert "its loss spiked to" in job.output and "WEIGHTS_FINITE True" in job.output
+    status = render_status(load_run(job.run_dir))
+    assert "loss spiked to" in status and f"at step {BAD_STEP} (epoch 3" in status, status
+
+
 def test_sentinel_off_reaches_every_task_and_turns_the_hooks_off(monkeypatch):
     loaded = parse_config("transport: local\nsentinel: off\nhosts: [{address: 127.0.0.1}]\n")
     assert loaded.config.sentinel == "off"
@@ -154,6 +174,19 @@ def test_the_events_are_said_counted_and_listed():
     text = metrics.text()
     assert 'mgpu_nonfinite_total{job="nan",what="loss"} 1.0' in text, text
     assert 'mgpu_nonfinite_total{job="nan",what="save"} 1.0' in text, text
+    assert 'mgpu_rollbacks_total{job="nan"} 0.0' in text, text
+    # The generation stopped as `nonfinite`, restarted: one rollback (a crash's is none).
+    for event in (ev.FailureDetected(generation=1, task="worker1", host="host1",
+                                     failure="nonfinite"), ev.Restart(generation=2, restarts=1),
+                  ev.FailureDetected(generation=2, task="worker1", host="host1", failure="exit"),
+                  ev.Restart(generation=3, restarts=2)):
+        metrics.tell(event)
+    text = metrics.text()
+    assert 'mgpu_rollbacks_total{job="nan"} 1.0' in text, text
+    assert 'mgpu_job_restarts_total{job="nan"} 2.0' in text, text
+    # A notification by default; `events:` may leave it out.
+    assert notify.notification(bad) == "nonfinite" and notify.notification(save) is None
+    assert "nonfinite" in NotifySettings(command="true").events
     story = Story()
     story.tell(bad)
     assert story.summary()["nonfinite"][0] == {"event": "nonfinite", **ev.fields_of(bad)}
@@ -188,3 +221,94 @@ def test_the_first_stop_is_free_and_the_same_step_again_ends_the_job():
     told.append(ev.Restart(generation=1, counted=False, progress=False, max_restarts=1))
     assert "the first loss gone non-finite, not counted against the 1 allowed" in \
         narrate.line(told[0])[1]
+
+
+# ------------------------------------------------------------------ spikes
+
+
+def test_a_spike_is_far_above_its_window_and_a_healthy_wobble_is_not():
+    import random
+
+    from launcher.runtime.spikes import MIN_STEPS, SpikeWatch
+
+    rng = random.Random(0)
+    watch = SpikeWatch(window=64)
+    # Noisy, falling fast, and a batch 3x the median: no spike.
+    losses = [2.0 * 0.97 ** i * (1 + 0.3 * rng.random()) for i in range(300)]
+    losses[200] *= 3
+    assert [i for i, loss in enumerate(losses) if watch.add(loss)] == []
+    spike = watch.add(50 * losses[-1])
+    assert spike is not None and spike.z > 12 and spike.loss > 12 * spike.median
+    # A loss that stays high is one spike, not one a step: the window follows it.
+    assert not any(watch.add(50 * losses[-1]) for _ in range(200))
+    # Too few steps to judge (a restart's empty window).
+    fresh = SpikeWatch()
+    assert not any(fresh.add(1.0) for _ in range(MIN_STEPS - 1)) and fresh.add(1000.0) is None
+    assert fresh.add(1000.0) is not None  # now judged: a flat window, z inf
+    # A step's own loss from the logged running means: k·m_k − j·m_j over k − j steps.
+    from launcher.runtime.sentinel import step_loss
+
+    assert step_loss((0, 0.0), 1, 2.0) == 2.0 and step_loss((2, 1.0), 3, 2.0) == 4.0
+    assert step_loss((2, 1.0), 4, 2.0) == 3.0  # two steps logged at once: their mean
+
+
+def _hear(spike: list[int], rollback: bool = False, running: bool = True):
+    from types import SimpleNamespace
+
+    from launcher.job.detect.sentinel import Sentinel
+    from launcher.job.record.reports import ProgressReport
+
+    told: list[ev.Event] = []
+    gen = SimpleNamespace(plan=SimpleNamespace(generation=0), failure=None,
+                          phase=SimpleNamespace(running=running))
+    sentinel = Sentinel(told.append)
+    found = []
+    for task in ("worker0", "worker1"):  # every worker logs the same reduced loss
+        host = task.replace("worker", "host")
+        record = SimpleNamespace(task=SimpleNamespace(name=task, host=host))
+        said = ProgressReport.read({"loss_spike": spike, "loss_spike_loss": 91.5,
+                                    "loss_spike_median": 0.25, "loss_spike_z": 40.0,
+                                    **({"loss_spike_rollback": 1} if rollback else {})})
+        found.append(sentinel.hear(gen, record, said))
+    return sentinel, told, found
+
+
+def test_a_spike_is_an_event_told_once_and_a_rollback_only_when_asked():
+    _, told, found = _hear([100, 2, 19])
+    [spike] = told
+    assert isinstance(spike, ev.LossSpike) and (spike.step, spike.loss, spike.rollback) == \
+        (100, 91.5, False) and found == [None, None]
+    assert narrate.line(spike)[1] == (
+        "warning: host0/worker0's loss spiked to 91.5 at step 100 (epoch 3, batch 20 of it; "
+        "generation 0), 40 robust standard deviations above the median 0.25 of its recent "
+        "steps: training goes on (`sentinel: {on_spike: rollback}` would roll it back)")
+    sentinel, told, found = _hear([100, 2, 19], rollback=True)
+    assert found[0] is not None and found[0].kind == "nonfinite" and found[1] is None
+    assert sentinel.judged([_failure(0)]) == {"free": True}
+    sentinel._steps[1], sentinel._spiked[1] = 100, "spiked"  # the replay's: same step
+    assert "the loss spiked at step 100 again" in sentinel.judged(
+        [_failure(0), _failure(1)])["again"]
+    metrics, story = JobMetrics("nan", clock=lambda: 0.0), Story()
+    metrics.tell(told[0])
+    story.tell(told[0])
+    assert 'mgpu_loss_spikes_total{job="nan"} 1.0' in metrics.text()
+    assert story.summary()["nonfinite"][0]["event"] == "loss_spike"
+    assert notify.notification(told[0]) == "loss_spike"
+    assert "loss_spike" not in NotifySettings(command="true").events  # not by default
+
+
+def test_on_spike_extends_the_sentinel_key_and_reaches_every_task(monkeypatch):
+    loaded = parse_config("transport: local\nsentinel: {on_spike: rollback, spike_z: 8}\n"
+                          "hosts: [{address: 127.0.0.1}]\n")
+    env = shared_env(loaded.config, "/ckpt", 0, 1)
+    assert (env["MGPU_ON_SPIKE"], env["MGPU_SPIKE_Z"]) == ("rollback", "8.0")
+    assert "MGPU_SENTINEL" not in env and "MGPU_SPIKE_WINDOW" not in env
+    from launcher.runtime import sentinel
+
+    monkeypatch.setenv("MGPU_ON_SPIKE", "rollback")
+    monkeypatch.setenv("MGPU_SPIKE_Z", "8.0")
+    assert sentinel.on_spike() == "rollback" and sentinel.spike_watch().z == 8.0
+    monkeypatch.setenv("MGPU_ON_SPIKE", "off")
+    assert sentinel.spike_watch() is None
+    monkeypatch.delenv("MGPU_ON_SPIKE")
+    assert sentinel.on_spike() == "report"  # the default: an event, no rollback

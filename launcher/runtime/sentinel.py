@@ -33,6 +33,12 @@ backups and ends "succeeded". So, in each task of the launcher:
 The launcher stops a generation whose loss went bad and restarts it from
 that last good save (launcher/job/detect/sentinel.py).
 
+The same step losses feed the spike test (runtime/spikes.py): a finite loss
+far above its recent window is reported (`loss_spike`, with its loss, the
+window's median and the z-score); with `sentinel: {on_spike: rollback}`
+(MGPU_ON_SPIKE=rollback) it also spoils the weights as a NaN does: no later
+save is made and the backup is kept, for the launcher's rollback.
+
 `sentinel: off` in the cluster file (MGPU_SENTINEL=off) turns both off.
 A custom loop's loss is the script's: `runtime.report_progress(step, loss=...)`.
 
@@ -53,10 +59,15 @@ from typing import Any
 
 _MARK = "_mgpu_watches_loss"
 ENV = "MGPU_SENTINEL"
+# `sentinel: {on_spike, spike_z, spike_window}` (runtime/spikes.py): report | rollback | off.
+SPIKE_ENV, SPIKE_Z_ENV, SPIKE_WINDOW_ENV = "MGPU_ON_SPIKE", "MGPU_SPIKE_Z", "MGPU_SPIKE_WINDOW"
 _OFF = frozenset({"off", "0", "false", "no"})
+MAX_SPIKES = 20  # reported by one process at most
 
 _lock = threading.Lock()
 _told = False  # this process reported its non-finite loss already
+_spoiled = False  # its loss went non-finite, or spiked with `on_spike: rollback`
+_spikes_told = 0
 
 
 def enabled() -> bool:
@@ -73,19 +84,68 @@ def _number(value: Any) -> float | None:
         return None
 
 
+def on_spike() -> str:
+    """What a loss spike does here: `report` (the default), `rollback` or `off`."""
+    said = os.environ.get(SPIKE_ENV, "").strip().lower()
+    return said if said in ("rollback", "off") else "report"
+
+
+def spike_watch() -> Any:
+    """A fresh window of step losses (runtime/spikes.py), or None: spikes not watched."""
+    if on_spike() == "off":
+        return None
+    from . import spikes
+
+    def knob(name: str, default: float) -> float:
+        try:
+            return float(os.environ.get(name) or default)
+        except ValueError:
+            return default
+
+    return spikes.SpikeWatch(window=max(8, int(knob(SPIKE_WINDOW_ENV, spikes.WINDOW))),
+                             z=knob(SPIKE_Z_ENV, spikes.Z))
+
+
 def report(step: int | None, epoch: int, batch: int, loss: float) -> None:
     """The first non-finite loss of this process, to the launcher at once."""
-    global _told
+    global _told, _spoiled
     with _lock:
         if _told:
             return
-        _told = True
+        _told = _spoiled = True
     from launcher import runtime
 
     # A short list of integers, as a progress value must be (launcher/job/run/protocol.py).
     runtime.write_progress({"nonfinite": [-1 if step is None else int(step), int(epoch),
                                           int(batch)], "nonfinite_loss": str(loss),
                             "time": time.time()})
+
+
+def report_spike(step: int, epoch: int, batch: int, spike: Any) -> None:
+    """A loss spike (runtime/spikes.py), to the launcher at once; with
+    `on_spike: rollback` the weights are spoiled from here on, as a NaN's are:
+    no later save is made (`save_is_finite`), the backup is kept."""
+    global _spoiled, _spikes_told
+    rollback = on_spike() == "rollback"
+    with _lock:
+        if _spikes_told >= MAX_SPIKES or (_spoiled and rollback):
+            return
+        _spikes_told += 1
+        _spoiled = _spoiled or rollback
+    from launcher import runtime
+
+    runtime.write_progress({"loss_spike": [int(step), int(epoch), int(batch)],
+                            "loss_spike_loss": float(spike.loss),
+                            "loss_spike_median": float(spike.median),
+                            "loss_spike_z": min(float(spike.z), 1e9),  # inf: a flat window
+                            **({"loss_spike_rollback": 1} if rollback else {}),
+                            "time": time.time()})
+
+
+def step_loss(before: tuple[int, float], count: int, mean: float) -> float:
+    """The steps' own loss since the mean last read, (count steps, their mean)
+    then: k·m_k − j·m_j over k − j steps (one, unless Keras logs every few)."""
+    return (count * mean - before[0] * before[1]) / (count - before[0])
 
 
 def _loss_callback(callbacks_module: ModuleType):
@@ -100,6 +160,8 @@ def _loss_callback(callbacks_module: ModuleType):
             self._epoch, self._start, self._first = 0, 0, None
             self._held: tuple[int, Any] | None = None  # (batch, its logged mean) not read yet
             self._seen = threading.Lock()
+            self._spikes = spike_watch()  # step losses across epochs (None: not watched)
+            self._read = (0, 0.0)  # (steps of this epoch, their mean) last read
 
         def on_epoch_begin(self, epoch, logs=None):
             from . import steps
@@ -107,6 +169,7 @@ def _loss_callback(callbacks_module: ModuleType):
             with self._seen:
                 self._epoch, self._first, self._held = int(epoch), None, None
                 self._start = steps.step_of(self.model) or 0
+                self._read = (0, 0.0)
 
         def on_train_batch_begin(self, batch, logs=None):
             if self._first is None:  # where this epoch began (a resume may start mid-epoch)
@@ -127,10 +190,22 @@ def _loss_callback(callbacks_module: ModuleType):
 
         def _check(self, batch: int, mean: Any) -> None:
             value = _number(mean)
-            if value is None or math.isfinite(value):
+            if value is None:
                 return
             first = self._first if self._first is not None else 0
-            report(self._start + batch - first + 1, self._epoch, batch, value)
+            if not math.isfinite(value):
+                report(self._start + batch - first + 1, self._epoch, batch, value)
+            elif self._spikes is not None:
+                self._spike(batch, batch - first + 1, value)
+
+        def _spike(self, batch: int, count: int, mean: float) -> None:
+            with self._seen:  # Keras 3 may call back out of order: an older mean is passed
+                before, self._read = self._read, max(self._read, (count, mean))
+                spike = self._spikes.add(step_loss(before, count, mean)) \
+                    if count > before[0] else None
+                epoch, step = self._epoch, self._start + count
+            if spike is not None:
+                report_spike(step, epoch, batch, spike)
 
     return LossSentinel
 
@@ -172,7 +247,7 @@ def keep_backup_after_bad_loss(backup_class) -> None:
 
     def make(original):
         def on_train_end(self, *args, **kwargs):
-            if _told:
+            if _spoiled:
                 return None
             return original(self, *args, **kwargs)
         return on_train_end
@@ -235,9 +310,13 @@ def all_finite(variables: list[Any]) -> bool:
 
 
 def save_is_finite(saver: object) -> bool:
-    """A save's weights all finite (True when off or when none can be read)."""
+    """A save's weights all finite (True when off or when none can be read);
+    False once a spike spoiled them with `on_spike: rollback` (the restart must
+    resume from before it)."""
     if not enabled():
         return True
+    if _spoiled and not _told:
+        return False
     try:
         return all_finite(saved_variables(saver))
     except Exception:  # noqa: BLE001 - a layout we do not know: the save stands

@@ -147,6 +147,16 @@ class SecuritySettings(_Strict):
     tf_ports: Literal["auto", "cluster", "open"] = "auto"
 
 
+class SentinelSettings(_Strict):
+    """`sentinel: {on_spike, spike_z, spike_window}`: the sentinel on, and what a
+    loss spike is (launcher/runtime/spikes.py; None: its default) and does:
+    `report` (an event), `rollback` (handled as a loss gone non-finite), `off`."""
+
+    on_spike: Literal["report", "rollback", "off"] = "report"
+    spike_z: float | None = Field(default=None, gt=0)  # robust z-score (default 12)
+    spike_window: int | None = Field(default=None, ge=8, le=100_000)  # steps (default 64)
+
+
 class ClusterConfig(_Strict):
     name: str = Field(default="job", pattern=r"^[A-Za-z0-9_.\-]+$")
 
@@ -202,7 +212,8 @@ class ClusterConfig(_Strict):
     notify: NotifySettings | None = None
     # The NaN sentinel (launcher/runtime/sentinel.py): a Keras loss gone non-finite
     # is named at its step, a save of non-finite weights is no save; `off`: neither.
-    sentinel: Literal["on", "off"] = "on"
+    # On, with how a loss spike is handled: `{on_spike: rollback, ...}`.
+    sentinel: Literal["on", "off"] | SentinelSettings = "on"
 
     _interface = field_validator("network_interface")(interface_name)
 

@@ -17,9 +17,11 @@ from pydantic import Field, field_validator
 from .strict import Strict
 
 # What `notify.events` may name: a job's end (failed, succeeded, stopped), a
-# restart, a straggler named.
-NOTIFY_EVENTS = ("failed", "restarted", "succeeded", "stopped", "straggler")
-NotifyEvent = Literal["failed", "restarted", "succeeded", "stopped", "straggler"]
+# restart, a straggler named, a loss gone non-finite (the NaN sentinel's), a
+# loss spike; all but the spikes by default (a spike alone changes nothing).
+NOTIFY_EVENTS = ("failed", "restarted", "succeeded", "stopped", "straggler", "nonfinite")
+NotifyEvent = Literal["failed", "restarted", "succeeded", "stopped", "straggler", "nonfinite",
+                      "loss_spike"]
 
 
 class MetricsSettings(Strict):

@@ -95,6 +95,13 @@ def shared_env(config: ClusterConfig, checkpoint_dir: str, generation: int,
     }
     if config.sentinel == "off":  # runtime/sentinel.py's ENV
         shared_env["MGPU_SENTINEL"] = "off"
+    elif not isinstance(config.sentinel, str):  # `{on_spike: ...}`: runtime/sentinel.py's
+        spikes = config.sentinel
+        shared_env["MGPU_ON_SPIKE"] = spikes.on_spike
+        if spikes.spike_z is not None:
+            shared_env["MGPU_SPIKE_Z"] = repr(float(spikes.spike_z))
+        if spikes.spike_window is not None:
+            shared_env["MGPU_SPIKE_WINDOW"] = str(spikes.spike_window)
     if config.checkpoint.memory:  # the agent gives each task its folder (agent/memcopy.py)
         shared_env["MGPU_MEMORY_COPIES"] = str(config.checkpoint.memory_copies)
         if config.checkpoint.memory_interval:  # extra saves (runtime/memcadence.py)

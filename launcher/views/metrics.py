@@ -162,6 +162,13 @@ class JobMetrics:
         for what, kind in (("loss", ev.Nonfinite), ("save", ev.NonfiniteSave)):
             bad.add_metric([self.job, what], sum(isinstance(e, kind) for e in state.nonfinite))
         yield bad
+        yield _one(CounterMetricFamily("mgpu_loss_spikes", "Loss spikes so far: a step's loss "
+                                       "far above its recent window (the sentinel's)",
+                                       labels=["job"]), [self.job],
+                   sum(isinstance(e, ev.LossSpike) for e in state.nonfinite))
+        yield _one(CounterMetricFamily("mgpu_rollbacks", "Restarts of the job from the last "
+                                       "save before a step whose loss went bad (the NaN "
+                                       "sentinel's)", labels=["job"]), [self.job], state.rollbacks)
 
 
 def _one(family: GaugeMetricFamily | CounterMetricFamily, labels: list[str],

@@ -126,6 +126,16 @@ def _nonfinite(event: ev.Nonfinite) -> str:
             "of non-finite weights are not counted as saves")
 
 
+def _loss_spike(event: ev.LossSpike) -> str:
+    then = ("the generation is stopped and rolled back (sentinel.on_spike: rollback)"
+            if event.rollback else "training goes on (`sentinel: {on_spike: rollback}` "
+            "would roll it back)")
+    return (f"warning: {event.label}'s loss spiked to {event.loss:.4g} at step {event.step} "
+            f"(epoch {event.epoch + 1}, batch {event.batch + 1} of it; generation "
+            f"{event.generation}), {event.z:.0f} robust standard deviations above the median "
+            f"{event.median:.4g} of its recent steps: {then}")
+
+
 def _nonfinite_save(event: ev.NonfiniteSave) -> str:
     at = f" of step {event.step}" if event.step is not None else ""
     return (f"warning: {event.label} saved non-finite weights{at} in "
@@ -216,6 +226,7 @@ _TELLERS = {
     ev.CheckpointPassedOver: _passed_over,
     ev.Nonfinite: _nonfinite,
     ev.NonfiniteSave: _nonfinite_save,
+    ev.LossSpike: _loss_spike,
     ev.KerasSwitched: _keras,
     ev.JobDone: lambda e: e.message or None,
     ev.BadMessage: lambda e: f"agent {e.host}: ignored a malformed message: {e.reason}",

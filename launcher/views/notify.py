@@ -1,6 +1,7 @@
 """Notifications: `notify: {command, events, timeout_s}` of the cluster file
 runs `command` on the launcher's machine when the job fails, restarts,
-succeeds, is stopped or names a straggler (docs/operations.md, "Notifications").
+succeeds, is stopped, names a straggler or its loss goes non-finite
+(docs/operations.md, "Notifications").
 
 The command runs through `sh -c` in its own process group, with the event as
 one JSON line on stdin (its events.jsonl line plus `notify`, `job`, `run_dir`)
@@ -47,6 +48,10 @@ def notification(event: ev.Event) -> str | None:
         return "restarted"
     if kind_of(event) == "straggler":
         return "straggler"
+    if isinstance(event, ev.Nonfinite):  # the NaN sentinel's: the loss went bad at a step
+        return "nonfinite"
+    if isinstance(event, ev.LossSpike):  # not by default (spec/outlets.py)
+        return "loss_spike"
     return None
 
 

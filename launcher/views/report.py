@@ -26,10 +26,12 @@ from ..job.record.story import Story, failure_json, fold, steps_per_s
 from ..job.record.timeline import JOB_ROW
 from ..spec.plan import task_label
 from ..spec.rundir import CONFIG
+from . import narrate
 from .records import RunView, load_run, read_config
 from .svg import Mark, Span
 
 REPORT = "report.html"  # the default output, in the run directory
+LOSS_COLOR = "#7b3fb5"  # the marks of a loss gone bad (the NaN sentinel's) on the timeline
 
 
 @dataclass
@@ -56,6 +58,7 @@ class Report:
     row_labels: list[str] = field(default_factory=list)
     spans: list[Span] = field(default_factory=list)
     faults: list[Fault] = field(default_factory=list)
+    losses: list[Mark] = field(default_factory=list)  # a loss gone bad, at its step
     rates: dict[str, list[list[tuple[float, float]]]] = field(default_factory=dict)
     goodput: dict[str, Any] | None = None  # summary.json's, as written
     stragglers: list[dict[str, Any]] | None = None  # None: not recorded
@@ -67,9 +70,11 @@ class Report:
 
     @property
     def marks(self) -> list[Mark]:
-        return [Mark(row=self.rows.index(f.name), t=f.t, label=str(f.number),
-                     title=f"{f.number}: generation {f.generation}: {f.description}")
-                for f in self.faults if f.name in self.rows]
+        """The loss's marks first: a fault heard at the same moment is drawn over them."""
+        return [*self.losses, *(
+            Mark(row=self.rows.index(f.name), t=f.t, label=str(f.number),
+                 title=f"{f.number}: generation {f.generation}: {f.description}")
+            for f in self.faults if f.name in self.rows)]
 
 
 def build(run_dir: str | os.PathLike, now: float | None = None) -> Report:
@@ -90,6 +95,7 @@ def build(run_dir: str | os.PathLike, now: float | None = None) -> Report:
     story = view.story if view.story is not None else fold(records)
     _timeline(report, story)
     report.faults = _faults(report, story)
+    report.losses = _losses(report, story)
     # Rates over windows of 1/20 of the run up to 2 s (1/300 of a long run):
     # smooth enough to read, a few hundred points at most.
     gap = max(report.duration_s / 300, min(2.0, report.duration_s / 20))
@@ -155,6 +161,22 @@ def _faults(report: Report, story: Story) -> list[Fault]:
     for number, fault in enumerate(faults, start=1):
         fault.number = number
     return faults
+
+
+def _losses(report: Report, story: Story) -> list[Mark]:
+    """A mark on the task's row when its loss went bad at a step (the NaN
+    sentinel's `nonfinite`, `!`, heard within a step of it) or spiked
+    (`loss_spike`, `^`), titled as the terminal words it."""
+    marks = []
+    for event in story.nonfinite:
+        if not isinstance(event, ev.Nonfinite | ev.LossSpike) or event.task not in report.rows:
+            continue
+        said = narrate.line(event)
+        marks.append(Mark(row=report.rows.index(event.task),
+                          t=(event.t or report.t0) - report.t0,
+                          label="!" if isinstance(event, ev.Nonfinite) else "^",
+                          title=said[1] if said else event.kind, color=LOSS_COLOR))
+    return marks
 
 
 # --------------------------------------------------------------------- rates

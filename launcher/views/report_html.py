@@ -20,7 +20,7 @@ from typing import Any
 from .. import __version__
 from ..job.record.goodput import PARTS
 from . import rootcause
-from .report import Report
+from .report import LOSS_COLOR, Report
 from .svg import esc, line_chart, stacked_bar, timeline
 
 # The colours of the goodput ledger's parts (summary.json `goodput.parts`; the
@@ -108,14 +108,19 @@ def _timeline(report: Report) -> str:
     if len(report.rows) <= 1:
         return "<h2>Timeline</h2>" + NOT_RECORDED.format(" (no task launched yet)")
     chart = timeline(report.row_labels, report.spans, report.marks, report.duration_s)
+    losses = (f'; a <span style="color: {LOSS_COLOR}">purple !</span> is the step whose loss '
+              "went non-finite, a purple ^ a loss spike, on the task that saw it first"
+              if report.losses else "")
     return ("<h2>Timeline</h2><p>each task by generation; a red mark is a fault, "
-            "numbered below, on the task blamed for it</p>" + chart + _faults(report))
+            f"numbered below, on the task blamed for it{losses}</p>" + chart + _faults(report))
 
 
 def _faults(report: Report) -> str:
     resumed = "".join(f"<li>{esc(line)}</li>" for line in report.view.resumed)
     resumed = f"<h3>Resumed</h3><ul>{resumed}</ul>" if resumed else ""
-    return _fault_list(report) + resumed
+    loss = "".join(f"<li>{esc(line)}</li>" for line in report.view.nonfinite)
+    loss = f"<h3>Loss</h3><ul>{loss}</ul>" if loss else ""
+    return _fault_list(report) + loss + resumed
 
 
 def _fault_list(report: Report) -> str:

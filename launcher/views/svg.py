@@ -79,6 +79,7 @@ class Mark:
     t: float
     label: str  # short: "1"
     title: str = ""
+    color: str = "#d64545"  # a fault's red; the loss's marks (a NaN, a spike) their own
 
 
 @dataclass(frozen=True)
@@ -134,7 +135,8 @@ def timeline(rows: Sequence[str], spans: Sequence[Span], marks: Sequence[Mark],
     for mark in marks:
         x, y = scale.x(mark.t), top + mark.row * row_h + row_h / 2
         out.append(f'<g><title>{esc(mark.title)}</title>'
-                   f'<circle cx="{num(x)}" cy="{num(y)}" r="8" fill="#d64545" stroke="#fff"/>'
+                   f'<circle cx="{num(x)}" cy="{num(y)}" r="8" fill="{esc(mark.color)}" '
+                   'stroke="#fff"/>'
                    f'<text x="{num(x)}" y="{num(y + 4)}" text-anchor="middle" fill="#fff" '
                    f'font-weight="bold">{esc(mark.label)}</text></g>')
     out += _legend(list(STATE_COLORS.items()), label_w, axis_y + 24)

@@ -5,7 +5,8 @@ calls, `tf.keras` as the default Keras resolves it (`keras: tf_keras` or
 `keras3` in the cluster file picks). 6 epochs of 40 steps of a small
 regression (mean squared error). Worker 1's copy of the input holds values of
 1e30 in its 100th batch (POISON_AT_STEP=N moves it, 0: none; POISON_WORKER=I
-poisons worker I's instead): at step 100, that worker's loss is inf, its
+poisons worker I's instead; POISON_VALUE=V puts V there instead, e.g. a
+finite 30 for a loss spike): at step 100, that worker's loss is inf, its
 gradient reaches every worker's weights at the all-reduce and every later step
 is NaN. A restart from an earlier save starts the input again from its first
 batch (BackupAndRestore keeps no input position), so the bad batch comes back
@@ -37,7 +38,7 @@ y = x.sum(axis=-1, keepdims=True) * 0.5
 by_step = os.environ.get("POISON_BY") == "step"
 # One bad batch: the poison_at-th step of the run.
 if worker == poisoned and poison_at > 0 and not by_step:
-    x[(poison_at - 1) * batch:poison_at * batch] = 1e30
+    x[(poison_at - 1) * batch:poison_at * batch] = float(os.environ.get("POISON_VALUE", "1e30"))
 # Sharded by data, as TensorFlow shards it: step k gets worker w's half of batch k - 1.
 dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch)
 

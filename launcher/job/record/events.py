@@ -32,7 +32,14 @@ from typing import Any, Protocol
 
 from ...spec.rundir import EVENTS_SCHEMA, RunRecorder
 from .eventbase import Event, TaskEvent
-from .training_events import MemoryCopy, Nonfinite, NonfiniteSave, ResumeBehind, Resumed
+from .training_events import (
+    LossSpike,
+    MemoryCopy,
+    Nonfinite,
+    NonfiniteSave,
+    ResumeBehind,
+    Resumed,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -436,7 +443,8 @@ KINDS: dict[str, type[Event]] = {cls.kind: cls for cls in (
     TeardownBegun, TeardownDone, HostLost, HostWait, HostBack, HostsChosen, Reaped,
     BadMessage, AgentLog, Restart, Resumed, ResumeBehind, CheckpointPassedOver,
     KerasSwitched, JobDone, TerminalLost, NotifyFailed, MetricsServed, ProgramOver, TailCut,
-    Health, Straggler, JobPhase, LauncherFailed, MemoryCopy, Nonfinite, NonfiniteSave)}
+    Health, Straggler, JobPhase, LauncherFailed, MemoryCopy, Nonfinite, NonfiniteSave,
+    LossSpike)}
 
 # Keys of a progress line that are not metrics.
 _PROGRESS_RESERVED = frozenset({"t", "event", "v", "generation", "task", "host"})

@@ -128,7 +128,11 @@ KINDS: dict[Kind, Traits] = {
     Kind.NONFINITE: Traits(free_first=True, words={
         "loss": "its loss went {loss} at step {step} (epoch {epoch_1}, batch {batch_1} of it): "
                 "stopped before it saves NaN weights; the restart resumes from the last save "
-                "before it (the NaN sentinel; `sentinel: off` turns it off)"}),
+                "before it (the NaN sentinel; `sentinel: off` turns it off)",
+        "spike": "its loss spiked to {loss:.4g} at step {step} (epoch {epoch_1}, batch {batch_1} "
+                 "of it), {z:.0f} robust standard deviations above the median {median:.4g} of "
+                 "its recent steps: stopped, and the restart resumes from the last save "
+                 "before it (sentinel.on_spike: rollback)"}),
     Kind.STRAGGLER: Traits(words={
         "replaced": "replaced by a spare host at a checkpoint: {slowdown:.2g}x slower than "
                     "its peers (restart.on_straggler: replace)"}),

@@ -64,6 +64,13 @@ class ProgressReport:
     nonfinite_loss: str | None = None
     saved_nonfinite: int | None = None
     save_skipped: bool = False
+    # A loss spike (runtime/spikes.py): (step, epoch, batch), the step's own loss,
+    # the window's median, the robust z-score; rollback: `on_spike: rollback`.
+    loss_spike: tuple[int, int, int] | None = None
+    loss_spike_loss: float | None = None
+    loss_spike_median: float | None = None
+    loss_spike_z: float | None = None
+    loss_spike_rollback: bool = False
     # The program's life (launcher/bootstrap.py): its script returned, the program
     # ended cleanly, the cluster it is joining or joined; a position (`at`).
     returned: bool = False
@@ -101,6 +108,11 @@ class ProgressReport:
             nonfinite_loss=_text(metrics.get("nonfinite_loss")),
             saved_nonfinite=_int(metrics.get("saved_nonfinite")),
             save_skipped=bool(metrics.get("save_skipped")),
+            loss_spike=_position(metrics.get("loss_spike")),
+            loss_spike_loss=_number(metrics.get("loss_spike_loss")),
+            loss_spike_median=_number(metrics.get("loss_spike_median")),
+            loss_spike_z=_number(metrics.get("loss_spike_z")),
+            loss_spike_rollback=bool(metrics.get("loss_spike_rollback")),
             returned=bool(metrics.get("returned")), over=bool(metrics.get("over")),
             cluster=cluster if cluster in ("joining", "joined") else None,
             position="at" in metrics)

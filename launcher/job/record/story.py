@@ -36,6 +36,7 @@ from typing import Any
 from ...spec.plan import task_label
 from . import eventlines
 from . import events as ev
+from .failkinds import Kind
 from .goodput import Ledger
 from .history import History
 from .reports import ProgressReport
@@ -159,6 +160,7 @@ class Story:
     tasks: dict[str, TaskView] = field(default_factory=dict)  # by name: unique per generation
     generation: int = 0
     restarts: int = 0
+    rollbacks: int = 0  # restarts after a loss gone bad (the NaN sentinel's)
     job_state: str = "starting"  # as the last `job_phase` said it, then `job_done`
     first_launch: dict[str, Any] | None = None  # generation 0's launch line (launcher pid...)
     launch: ev.Launch | None = None  # the first launch that names its command and hosts
@@ -171,7 +173,8 @@ class Story:
     alone: list[ev.TaskRestarted] = field(default_factory=list)  # PS workers restarted alone
     resume_behind: list[ev.ResumeBehind] = field(default_factory=list)
     passed_over: list[ev.CheckpointPassedOver] = field(default_factory=list)  # unreadable
-    nonfinite: list[ev.Event] = field(default_factory=list)  # a loss, a save gone NaN (sentinel)
+    # The NaN sentinel's: a loss, a save gone NaN, a loss spike (job/detect/sentinel.py).
+    nonfinite: list[ev.Event] = field(default_factory=list)
     stragglers: dict[str, Straggler] = field(default_factory=dict)  # by task, this generation
     straggler_events: list[ev.Event] = field(default_factory=list)  # every one, in order
     out_of_step: list[ev.OutOfStepAhead] = field(default_factory=list)
@@ -238,6 +241,8 @@ class Story:
     def _restart(self, event: ev.Restart) -> None:
         self.restarts = event.restarts or self.restarts + 1
         failed = self.failures.get(event.generation - 1)
+        if failed is not None and failed.failure == Kind.NONFINITE:
+            self.rollbacks += 1  # to the last save before the bad step (job/detect/sentinel.py)
         if failed is not None:  # the job's row: from the fault to the next launch
             self.timeline.switch(event.generation, JOB_ROW, "restarting", failed.t or 0.0)
 
@@ -429,6 +434,7 @@ _TELLERS: dict[type, Any] = {
     ev.CheckpointPassedOver: lambda s, e: s.passed_over.append(e),
     ev.Nonfinite: lambda s, e: s.nonfinite.append(e),
     ev.NonfiniteSave: lambda s, e: s.nonfinite.append(e),
+    ev.LossSpike: lambda s, e: s.nonfinite.append(e),
     ev.OutOfStepAhead: lambda s, e: s.out_of_step.append(e),
     ev.TailCut: lambda s, e: s.tail_cuts.append(e),
     ev.KerasSwitched: lambda s, e: setattr(s, "keras_switched", e),

@@ -1,7 +1,8 @@
 """The training's own events: where a restarted generation resumed, a resume
-behind the last save, the memory tier's copies, and a loss or a save gone
-non-finite (the NaN sentinel: launcher/job/detect/sentinel.py). Every kind is listed
-in launcher/job/record/events.py's `KINDS`, which reads and writes their lines.
+behind the last save, the memory tier's copies, a loss or a save gone
+non-finite and a loss spike (the NaN sentinel: launcher/job/detect/sentinel.py).
+Every kind is listed in launcher/job/record/events.py's `KINDS`, which reads and
+writes their lines.
 
 Pure values. Must not import views, commands or cli.
 """
@@ -85,3 +86,20 @@ class NonfiniteSave(TaskEvent):
     optional = ("step",)
     step: int | None = None
     directory: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class LossSpike(TaskEvent):
+    """A task's step loss far above its recent window (runtime/spikes.py): a
+    robust z-score of `z` over the window's `median`. `rollback`: the cluster
+    file's `sentinel: {on_spike: rollback}` stops the generation as a
+    non-finite loss does; else only said."""
+
+    kind = "loss_spike"
+    step: int = 0
+    epoch: int = 0
+    batch: int = 0
+    loss: float = 0.0  # the step's own loss
+    median: float = 0.0
+    z: float = 0.0
+    rollback: bool = False
