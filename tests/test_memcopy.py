@@ -217,3 +217,20 @@ def test_the_copier_says_a_late_copy_and_the_tasks_end_does_not_wait_for_it(tmp_
     assert 'model_checkpoint_path: "ckpt-9"' in (target / "checkpoint").read_text()
     assert not told and any("holds a newer save" in line for line in said), said
     copies.close(timeout_s=5)
+
+
+def test_a_manager_keeping_more_than_memory_lists_only_whole_checkpoints(tmp_path: Path):
+    """max_to_keep=None, memory_copies=2: the slot's state lists every save, the
+    slot holds the newest two; a save superseded before its copy is not listed."""
+    memory, target = tmp_path / "memory" / "worker0", tmp_path / "ckpt"
+    slot = make_slot(memory, 4, "ckpt-4", 10, ["ckpt-1", "ckpt-2", "ckpt-3", "ckpt-4"],
+                     saved=time.time())
+    (slot / "ckpt-3.index").write_bytes(b"kept in memory")
+    record = memslots.manifest(str(slot)) | {"target": str(target)}
+    record["files"] = memslots.ordered([*record["files"], "ckpt-3.index"])
+    target.mkdir()
+    (target / "ckpt-1.index").write_bytes(b"copied before")
+    assert memcopy.copy_slot(str(slot), record, {})
+    state = (target / "checkpoint").read_text()
+    assert [f'"ckpt-{n}"' in state for n in range(1, 5)] == [True, False, True, True], state
+    assert (target / "ckpt-1.index").exists()

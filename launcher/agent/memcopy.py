@@ -331,8 +331,8 @@ def copy_slot(slot: str, record: dict, copied: dict[tuple[str, str], tuple[int, 
     before = state_names(target) if kind == "manager" else set()
     names = set(stamped(record))
     for name in record.get("files") or ():
-        if os.sep in name or name.startswith(".") or (workers and name == "checkpoint"):
-            continue
+        if os.sep in name or name.startswith(".") or (kind == "manager" and name == "checkpoint"):
+            continue  # a manager's state: written below
         source = os.path.join(slot, name)
         stat = os.stat(source)
         ident = (stat.st_ino, stat.st_mtime_ns)
@@ -341,10 +341,12 @@ def copy_slot(slot: str, record: dict, copied: dict[tuple[str, str], tuple[int, 
             continue  # a hard link of a file copied before (an older checkpoint kept)
         put(source, target, name, when if name in names else None)
         copied[(target, name)] = ident
-    if workers:
+    state = os.path.join(slot, "checkpoint")
+    if kind == "manager" and os.path.isfile(state):
         write_aside(target, "checkpoint", merged_state(
-            target, os.path.join(slot, "checkpoint"), str(record.get("pointer") or "")), when)
-    elif kind == "manager":
+            target, state, str(record.get("pointer") or "")) if workers
+            else whole_state(state, target), when)
+    if kind == "manager" and not workers:
         for gone in before - state_names(target):
             for name in os.listdir(target):
                 if name.startswith(gone + "."):
@@ -427,6 +429,32 @@ def _state_fields(path: str) -> list[tuple[str, str]]:
     except OSError:
         return []
     return [(f.strip(), v.strip()) for f, _, v in (line.partition(":") for line in lines)]
+
+
+def whole_state(theirs: str, target: str) -> str:
+    """The state file `theirs` less the checkpoints whose files `target` lacks
+    (a manager keeping more than memory does: a save superseded before its copy
+    never reached the directory): it lists whole checkpoints only."""
+    with open(theirs, encoding="utf-8") as handle:
+        text = handle.read()
+    fields = _state_fields(theirs)
+    paths = [v for f, v in fields if f == "all_model_checkpoint_paths"]
+    stamps = [v for f, v in fields if f == "all_model_checkpoint_timestamps"]
+    missing = {i for i, v in enumerate(paths) if not os.path.exists(
+        os.path.join(target, os.path.basename(v.strip('"')) + ".index"))}
+    if not missing:
+        return text
+    dropped = {"all_model_checkpoint_paths"} | (
+        {"all_model_checkpoint_timestamps"} if len(stamps) == len(paths) else set())
+    lines, seen = [], dict.fromkeys(dropped, 0)
+    for field, value in fields:
+        if field in dropped:
+            seen[field] += 1
+            if seen[field] - 1 in missing:
+                continue
+        if field:
+            lines.append(f"{field}: {value}")
+    return "\n".join(lines) + "\n"
 
 
 def merged_state(target: str, theirs: str, pointer: str) -> str:

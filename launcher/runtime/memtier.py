@@ -265,8 +265,6 @@ def _manager_init(original):
             # tf_keras made this scratch folder for its saves and removes it after
             # each through the manager's directory, now in memory: not left behind.
             _remove_empty(target)
-        if self._max_to_keep is None or self._max_to_keep > _copies():
-            self._max_to_keep = _copies()  # memory stays bounded; the directory keeps all
     return init
 
 
@@ -292,8 +290,29 @@ def _manager_save(original):
             _to_directory(self, target)
             return original(self, *args, **kwargs)
         _snapshot_manager(self, getattr(self, "_mgpu_stands_for", target), path)
+        _trim_working(self._directory)
+        if getattr(self, "_mgpu_stands_for", target) == memslots.shared_of(target):
+            # The directory the script saved to exists, as after a save of its own:
+            # TF's custom-loop tutorial lists or removes a worker's scratch folder
+            # (`tf.io.gfile.rmtree`) after each save. Not tf_keras' (removed at the
+            # start: it removes its scratch folder through the manager's directory).
+            os.makedirs(target, exist_ok=True)
         return path
     return save
+
+
+def _trim_working(work: str) -> None:
+    """Memory stays bounded: the working folder keeps the files of the newest
+    `memory_copies` checkpoints its state file lists; the manager keeps its own
+    `max_to_keep` (its `checkpoints`, its state file, and so the directory:
+    the agent's copy deletes only what that state no longer lists)."""
+    state = _state_file(work)
+    if state is None:
+        return
+    gone = {os.path.basename(n) for n in state[1][:-_copies()]} - {os.path.basename(state[0])}
+    for name in os.listdir(work):
+        if any(name.startswith(g + ".") for g in gone):
+            _remove(os.path.join(work, name))
 
 
 def _snapshot_manager(manager, target: str, path: object) -> None:
