@@ -234,3 +234,37 @@ def test_a_manager_keeping_more_than_memory_lists_only_whole_checkpoints(tmp_pat
     state = (target / "checkpoint").read_text()
     assert [f'"ckpt-{n}"' in state for n in range(1, 5)] == [True, False, True, True], state
     assert (target / "ckpt-1.index").exists()
+
+
+def test_two_savers_of_one_directory_keep_their_saves(tmp_path: Path):
+    """A backup and a manager saving into one directory: a save of one never
+    supersedes the other's copy still waiting (the same saver's newer one does)."""
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    copies = memcopy.MemoryCopies(str(tmp_path / "run"), "host0", print, shm=str(shm))
+    env = {"MGPU_MEMORY_COPIES": "4"}
+    copies.task_env("worker0", env)
+    memory, target = Path(env["MGPU_MEMORY_DIR"]), tmp_path / "ckpt"
+    now = time.time()
+    backup = keras_slot(memory, 1, 2, now - 3)
+    older = make_slot(memory, 2, "ckpt-1", 10, ["ckpt-1"], saved=now - 2)
+    manager = make_slot(memory, 3, "ckpt-2", 10, ["ckpt-2"], saved=now - 1)
+    for slot in (backup, older, manager):
+        memslots.seal(str(slot), memslots.manifest(str(slot)) | {"target": str(target)})
+    with copies._cond:  # all three queued before the copier takes one
+        for slot in (backup, older, manager):
+            copies.copy_later(str(target), str(slot))
+    assert copies.drain(timeout_s=30)
+    assert '"epoch": 2' in (target / "training_metadata.json").read_text()
+    assert 'model_checkpoint_path: "ckpt-2"' in (target / "checkpoint").read_text()
+    assert not (older / memcopy.COPIED).exists()  # superseded by the manager's newer save
+    copies.close(timeout_s=5)
+
+
+def test_each_saver_of_a_directory_has_a_working_folder_of_its_own(tmp_path: Path):
+    """A Keras save empties its working folder before it writes: never a
+    manager's (its checkpoints and state), nor another callback's."""
+    folders = {memslots.working(str(tmp_path), "/ckpt", saver) for saver in ("", "backup",
+                                                                            "model")}
+    assert len(folders) == 3 and all(os.path.isdir(f) for f in folders)
+    assert memslots.working(str(tmp_path), "/ckpt/workertemp_1") in folders  # the chief's

@@ -131,7 +131,9 @@ class MemoryCopies:
         self.report: Callable[[str, int, dict], None] | None = None
         self._owner: dict[str, tuple[str, int]] = {}  # slot -> the task that saved it
         self._cond = threading.Condition()
-        self._waiting: dict[str, str] = {}  # target -> newest slot not yet copied
+        # (target, saver) -> the saver's newest slot not yet copied: each saver of a
+        # directory (a manager, a backup, a ModelCheckpoint's file) keeps its saves
+        self._waiting: dict[tuple[str, tuple[str, ...]], str] = {}
         self._busy = False
         self._current = ""  # the directory being copied to
         self._thread: threading.Thread | None = None
@@ -197,13 +199,14 @@ class MemoryCopies:
         `marked`: the directory marked meanwhile (COPYING: a restarted task's
         restore waits; marked before any task of the next generation starts
         here, and under the lock the copier unmarks under)."""
+        key = (target, saver_of(read_manifest(path) or {}))
         with self._cond:
             if when is not None:
-                if target in self._waiting:
+                if key in self._waiting:
                     return  # this host's own newer save goes there
                 self._when[path] = when
-            self._owner.pop(self._waiting.pop(target, ""), None)  # superseded
-            self._waiting[target] = path
+            self._owner.pop(self._waiting.pop(key, ""), None)  # superseded: the same saver's
+            self._waiting[key] = path
             if marked:
                 mark(target)
             if owner is not None:
@@ -242,8 +245,8 @@ class MemoryCopies:
             with self._cond:
                 while not self._waiting:
                     self._cond.wait()
-                target = next(iter(self._waiting))
-                slot = self._waiting.pop(target)
+                key = next(iter(self._waiting))
+                target, slot = key[0], self._waiting.pop(key)
                 self._busy, self._current = True, target
             try:
                 self._copy(slot)
@@ -253,7 +256,7 @@ class MemoryCopies:
             finally:
                 with self._cond:
                     self._busy, self._current = False, ""
-                    if target not in self._waiting:
+                    if all(k[0] != target for k in self._waiting):
                         unmark(target)  # in place: a restarted task may read it
                     self._cond.notify_all()
 
@@ -263,7 +266,7 @@ class MemoryCopies:
         while True:
             time.sleep(TOUCH_S)
             with self._cond:
-                targets = {*self._waiting, self._current} - {""}
+                targets = {*(k[0] for k in self._waiting), self._current} - {""}
             for target in targets:
                 try:
                     os.utime(os.path.join(target, COPYING))
@@ -367,6 +370,12 @@ def stamped(record: dict) -> list[str]:
     backup metadata; a save with neither (ModelCheckpoint), each of its files."""
     files = [n for n in record.get("files") or () if isinstance(n, str) and os.sep not in n]
     return [n for n in files if n in POINTER_NAMES] or files
+
+
+def saver_of(record: dict) -> tuple[str, ...]:
+    """Which saver of a directory made a save: its kind and the files that name
+    it (a manager's state file, a backup's metadata, a ModelCheckpoint's file)."""
+    return (str(record.get("kind") or ""), *stamped(record))
 
 
 def newer_in(target: str, names: list[str], when: float | None) -> bool:

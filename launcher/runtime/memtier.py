@@ -349,7 +349,7 @@ def _backup_begin(original):
         if target is None or not hasattr(self, "_weights_path") or not _room():
             return original(self, *args, **kwargs)
         shared = {a: getattr(self, a) for a in _BACKUP_FILES if hasattr(self, a)}
-        work = memslots.working(_root(), target)
+        work = memslots.working(_root(), target, "backup")
         source = _seed_backup(work, target, os.path.basename(shared["_weights_path"]))
         if source == "memory":
             _point(self, shared, work)
@@ -373,7 +373,7 @@ def _backup_end(original):
         if target is not None and hasattr(self, "_weights_path"):
             # Keras 3 removes its backup_dir itself: the working folder instead,
             # the directory by the agent after its copies (the `drop` slot).
-            self.backup_dir = memslots.working(_root(), target)
+            self.backup_dir = memslots.working(_root(), target, "backup")
         try:
             result = original(self, *args, **kwargs)
         finally:
@@ -422,8 +422,9 @@ def _keras_save(original):
             target = _local(os.path.dirname(os.fspath(checkpoint_path)) or ".")
         if target is None or not _room():
             return original(self, *args, **kwargs)
-        work = memslots.working(_root(), target)
-        for name in os.listdir(work):  # what a failed save left
+        work = memslots.working(_root(), target,
+                                "backup" if hasattr(self, "backup_dir") else "model")
+        for name in os.listdir(work):  # what a failed save left (this saver's)
             _remove(os.path.join(work, name))
         if checkpoint_path is not None:
             self.filepath = os.path.join(work, os.path.basename(os.fspath(checkpoint_path)))
