@@ -10,6 +10,7 @@ import signal
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from launcher.agent import memcopy
@@ -18,9 +19,10 @@ from tests.conftest import REPO, wait_for
 from tests.slowfs import mounted
 
 
-def make_slot(root: Path, seq: int, name: str, size: int, keep: list[str]) -> Path:
+def make_slot(root: Path, seq: int, name: str, size: int, keep: list[str],
+              saved: float | None = None) -> Path:
     """A slot as the training process leaves it: a TensorFlow checkpoint's files
-    and its state file (listing `keep`), then the manifest."""
+    and its state file (listing `keep`), then the manifest (`saved`: its time)."""
     slot = root / f"s-{seq:08d}"
     slot.mkdir(parents=True)
     (slot / f"{name}.index").write_bytes(os.urandom(100))
@@ -29,7 +31,8 @@ def make_slot(root: Path, seq: int, name: str, size: int, keep: list[str]) -> Pa
         f'all_model_checkpoint_paths: "{k}"\n' for k in keep))
     memslots.seal(str(slot), {"target": str(root.parent / "unused"), "key": "k",
                               "kind": "manager", "pointer": name, "copy": True,
-                              "files": memslots.ordered([p.name for p in slot.iterdir()])})
+                              "files": memslots.ordered([p.name for p in slot.iterdir()])}
+                  | ({} if saved is None else {"time": saved}))
     return slot
 
 
@@ -141,3 +144,127 @@ def test_a_directory_is_marked_while_its_copy_is_under_way_and_a_restore_waits_f
     stale.mkdir()
     (stale / memcopy.COPYING).write_text("")
     assert memslots.wait_for_copy(str(stale), stale_s=0.3) < 2.0
+
+
+def keras_slot(root: Path, seq: int, epoch: int, saved: float) -> Path:
+    """A Keras 3 BackupAndRestore save's slot."""
+    slot = root / f"s-{seq:08d}"
+    slot.mkdir(parents=True)
+    (slot / "latest.weights.h5").write_bytes(os.urandom(1000))
+    (slot / "training_metadata.json").write_text(f'{{"epoch": {epoch}, "batch": -1}}')
+    memslots.seal(str(slot), {"target": "unused", "key": "k", "kind": "keras", "copy": True,
+                              "pointer": (slot / "training_metadata.json").read_text(),
+                              "files": memslots.ordered([p.name for p in slot.iterdir()]),
+                              "time": saved})
+    return slot
+
+
+def test_a_late_copy_never_rolls_the_directory_back(tmp_path: Path):
+    memory, target = tmp_path / "memory" / "worker0", tmp_path / "ckpt"
+    now = time.time()
+    first = make_slot(memory, 1, "ckpt-3", 1000, ["ckpt-3"], saved=now - 300)
+    reused = make_slot(memory, 2, "ckpt-4", 1000, ["ckpt-3", "ckpt-4"], saved=now - 200)
+    newest = make_slot(memory, 3, "ckpt-4", 2000, ["ckpt-4"], saved=now - 100)
+
+    def copy(slot: Path) -> bool:
+        return memcopy.copy_slot(str(slot), memslots.manifest(str(slot)) | {"target": str(target)},
+                                 {})
+
+    copy(newest)  # the next generation's save (restored ckpt-3: TF names it ckpt-4 again)
+    before = {p.name: p.read_bytes() for p in target.iterdir()}
+    # An agent given up on drains its queue: its older saves, the same name or an older one.
+    late = [copy(reused), copy(first)]
+    assert {p.name: p.read_bytes() for p in target.iterdir()} == before
+    assert late == [False, False]
+    assert 'model_checkpoint_path: "ckpt-4"' in (target / "checkpoint").read_text()
+    # A save the script wrote itself (memory full: to its directory) is newer than a
+    # copy of a save made before it.
+    (target / "checkpoint").write_text('model_checkpoint_path: "ckpt-4"\n')
+    assert not copy(make_slot(memory, 4, "ckpt-5", 10, ["ckpt-5"], saved=now - 50))
+    # A newer save is copied, and the state's rule drops what it no longer lists.
+    assert copy(make_slot(memory, 5, "ckpt-6", 10, ["ckpt-6"], saved=time.time() + 1))
+    assert sorted(os.listdir(target)) == ["checkpoint", "ckpt-6.data-00000-of-00001",
+                                          "ckpt-6.index"]
+    # Keras' backup: its metadata names the save.
+    backup = tmp_path / "backup"
+    keras_new, keras_old = keras_slot(memory, 6, 5, now - 10), keras_slot(memory, 7, 3, now - 20)
+    for slot, copied in ((keras_new, True), (keras_old, False)):
+        record = memslots.manifest(str(slot)) | {"target": str(backup)}
+        assert memcopy.copy_slot(str(slot), record, {}) is copied
+    assert '"epoch": 5' in (backup / "training_metadata.json").read_text()
+    assert (backup / "latest.weights.h5").read_bytes() == (
+        keras_new / "latest.weights.h5").read_bytes()
+
+
+def test_the_copier_says_a_late_copy_and_the_tasks_end_does_not_wait_for_it(tmp_path: Path):
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    said: list[str] = []
+    copies = memcopy.MemoryCopies(str(tmp_path / "run"), "host0", said.append, shm=str(shm))
+    told: list[tuple] = []
+    copies.report = lambda *args: told.append(args)
+    env = {"MGPU_MEMORY_COPIES": "2"}
+    copies.task_env("worker0", env)
+    target = tmp_path / "ckpt"
+    target.mkdir()
+    (target / "checkpoint").write_text('model_checkpoint_path: "ckpt-9"\n')  # written now
+    late = make_slot(Path(env["MGPU_MEMORY_DIR"]), 1, "ckpt-8", 10, ["ckpt-8"],
+                     saved=time.time() - 60)
+    memslots.seal(str(late), memslots.manifest(str(late)) | {"target": str(target)})
+    copies.copy_later(str(target), str(late), owner=("worker0", 1))
+    assert copies.drain(timeout_s=30)
+    assert (late / memcopy.COPIED).exists()  # the task's end does not wait for it
+    assert 'model_checkpoint_path: "ckpt-9"' in (target / "checkpoint").read_text()
+    assert not told and any("holds a newer save" in line for line in said), said
+    copies.close(timeout_s=5)
+
+
+def test_a_manager_keeping_more_than_memory_lists_only_whole_checkpoints(tmp_path: Path):
+    """max_to_keep=None, memory_copies=2: the slot's state lists every save, the
+    slot holds the newest two; a save superseded before its copy is not listed."""
+    memory, target = tmp_path / "memory" / "worker0", tmp_path / "ckpt"
+    slot = make_slot(memory, 4, "ckpt-4", 10, ["ckpt-1", "ckpt-2", "ckpt-3", "ckpt-4"],
+                     saved=time.time())
+    (slot / "ckpt-3.index").write_bytes(b"kept in memory")
+    record = memslots.manifest(str(slot)) | {"target": str(target)}
+    record["files"] = memslots.ordered([*record["files"], "ckpt-3.index"])
+    target.mkdir()
+    (target / "ckpt-1.index").write_bytes(b"copied before")
+    assert memcopy.copy_slot(str(slot), record, {})
+    state = (target / "checkpoint").read_text()
+    assert [f'"ckpt-{n}"' in state for n in range(1, 5)] == [True, False, True, True], state
+    assert (target / "ckpt-1.index").exists()
+
+
+def test_two_savers_of_one_directory_keep_their_saves(tmp_path: Path):
+    """A backup and a manager saving into one directory: a save of one never
+    supersedes the other's copy still waiting (the same saver's newer one does)."""
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    copies = memcopy.MemoryCopies(str(tmp_path / "run"), "host0", print, shm=str(shm))
+    env = {"MGPU_MEMORY_COPIES": "4"}
+    copies.task_env("worker0", env)
+    memory, target = Path(env["MGPU_MEMORY_DIR"]), tmp_path / "ckpt"
+    now = time.time()
+    backup = keras_slot(memory, 1, 2, now - 3)
+    older = make_slot(memory, 2, "ckpt-1", 10, ["ckpt-1"], saved=now - 2)
+    manager = make_slot(memory, 3, "ckpt-2", 10, ["ckpt-2"], saved=now - 1)
+    for slot in (backup, older, manager):
+        memslots.seal(str(slot), memslots.manifest(str(slot)) | {"target": str(target)})
+    with copies._cond:  # all three queued before the copier takes one
+        for slot in (backup, older, manager):
+            copies.copy_later(str(target), str(slot))
+    assert copies.drain(timeout_s=30)
+    assert '"epoch": 2' in (target / "training_metadata.json").read_text()
+    assert 'model_checkpoint_path: "ckpt-2"' in (target / "checkpoint").read_text()
+    assert not (older / memcopy.COPIED).exists()  # superseded by the manager's newer save
+    copies.close(timeout_s=5)
+
+
+def test_each_saver_of_a_directory_has_a_working_folder_of_its_own(tmp_path: Path):
+    """A Keras save empties its working folder before it writes: never a
+    manager's (its checkpoints and state), nor another callback's."""
+    folders = {memslots.working(str(tmp_path), "/ckpt", saver) for saver in ("", "backup",
+                                                                            "model")}
+    assert len(folders) == 3 and all(os.path.isdir(f) for f in folders)
+    assert memslots.working(str(tmp_path), "/ckpt/workertemp_1") in folders  # the chief's

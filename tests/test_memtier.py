@@ -71,3 +71,64 @@ def test_a_workers_scratch_folder_stands_for_the_folder_its_restore_reads(monkey
     monkeypatch.setattr(memtier, "_built", [])  # no reader built here: the parent
     assert memtier._stands_for("/c/workertemp_1") == "/c"
     assert memtier._stands_for("/c/chief") == "/c/chief"  # a folder of its own
+
+
+TUTORIAL = """
+import json, os, sys
+import tensorflow as tf
+from launcher.agent import memcopy
+from launcher.runtime import memslots
+
+memory = os.environ["MGPU_MEMORY_DIR"]
+agent = memcopy.MemoryCopies(sys.argv[1], "host0", print)  # this host's agent, in-process
+agent.root = os.path.dirname(memory)
+v = tf.Variable(0.0)
+
+
+def as_task(index):
+    os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": ["a:1", "b:1"]},
+                                          "task": {"type": "worker", "index": index}})
+
+
+# TF's custom-loop tutorial on worker 1: a scratch folder, removed after each save.
+as_task(1)
+write_dir = os.path.join(sys.argv[1], "scratch", "workertemp_1")
+tf.io.gfile.makedirs(write_dir)
+scratch = tf.train.CheckpointManager(tf.train.Checkpoint(v=v), write_dir, max_to_keep=1)
+for _ in range(3):
+    scratch.save()
+    tf.io.gfile.rmtree(write_dir)
+print("SCRATCH REMOVED", not os.path.exists(write_dir), flush=True)
+# The chief's manager keeps every save (max_to_keep=None).
+as_task(0)
+directory = os.path.join(sys.argv[1], "all")
+manager = tf.train.CheckpointManager(tf.train.Checkpoint(v=v), directory, max_to_keep=None)
+for _ in range(5):
+    v.assign_add(1.0)
+    manager.save()
+    agent.saved(memslots.slots(memory)[-1][1])
+    assert agent.drain(60)
+work = memslots.working(memory, directory)
+print("LISTED", len(manager.checkpoints), "IN MEMORY",
+      len({n.partition(".")[0] for n in os.listdir(work) if n.startswith("ckpt-")}), flush=True)
+"""
+
+
+def test_a_worker_removes_its_scratch_folder_and_the_directory_keeps_every_save(tmp_path: Path):
+    script = tmp_path / "tutorial.py"
+    script.write_text(TUTORIAL)
+    memory = tmp_path / "shm" / "job" / "worker0"
+    memory.mkdir(parents=True, mode=0o700)
+    env = cli_env() | {"MGPU_MEMORY_DIR": str(memory), "MGPU_MEMORY_COPIES": "2"}
+    done = subprocess.run([sys.executable, "-m", "launcher.bootstrap", str(script),
+                           str(tmp_path / "ckpt")], env=env, capture_output=True, text=True,
+                          timeout=120)
+    # The tutorial's `tf.io.gfile.rmtree` finds the folder it saved to.
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "SCRATCH REMOVED True" in done.stdout, done.stdout[-2000:]
+    # What the script asked for: every save, listed and in its directory; memory bounded.
+    assert "LISTED 5 IN MEMORY 2" in done.stdout, done.stdout[-2000:]
+    state = (tmp_path / "ckpt" / "all" / "checkpoint").read_text()
+    assert [f"ckpt-{n}" in state for n in range(1, 6)] == [True] * 5, state
+    for n in range(1, 6):
+        assert (tmp_path / "ckpt" / "all" / f"ckpt-{n}.index").exists(), n

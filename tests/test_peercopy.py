@@ -134,6 +134,13 @@ class Hosts:
             self.deliver(item)
 
 
+def saved_before(state: Path) -> None:
+    """A state file written by hand stands for an older save's: its mtime that
+    save's time (the slots here are saved at `time` 1, 2, ...: memcopy.copy_slot
+    copies nothing over a newer save)."""
+    os.utime(state, (0.5, 0.5))
+
+
 def chief_slot(hosts: Hosts, host: str, seq: int, size: int, target: Path,
                task: str = "worker0") -> Path:
     env = {"MGPU_MEMORY_COPIES": "2"}
@@ -263,6 +270,7 @@ def test_a_workers_own_save_on_another_host_is_the_chiefs_second_copy(tmp_path: 
                                        'all_model_checkpoint_paths: "ckpt-0"\n'
                                        "all_model_checkpoint_timestamps: 1764299000.0\n"
                                        "last_preserved_timestamp: 1764298000.0\n")
+    saved_before(shared / "checkpoint")
     hosts.relay.forget("host0")
     shutil.rmtree(hosts.peers["host0"].memory.root)
     hosts.peers["host0"] = hosts.agent("host0")
@@ -385,6 +393,7 @@ def test_before_a_restart_a_host_that_lost_its_memory_gets_the_newest_save(tmp_p
     # host0 dies before its copy of ckpt-2 reached the directory; a new agent there.
     (shared / "checkpoint").write_text('model_checkpoint_path: "ckpt-1"\n'
                                        'all_model_checkpoint_paths: "ckpt-1"\n')
+    saved_before(shared / "checkpoint")
     hosts.relay.forget("host0")
     shutil.rmtree(hosts.peers["host0"].memory.root)  # swept by the next agent
     hosts.peers["host0"] = hosts.agent("host0")

@@ -55,6 +55,10 @@ _PART = ".mgpu-part"
 COPYING = ".mgpu-copying"
 TOUCH_S = 1.0
 LAG_NOTICE_S = 60.0  # a copy this far behind its save is said (once)
+POINTER_NAMES = ("checkpoint", "training_metadata.json")  # name a save (memslots.POINTERS)
+# A directory's file this much later than a save's time is a newer save's (a
+# file system's timestamps may be coarser than the save's float time).
+CLOCK_SLACK_S = 0.01
 
 
 def low_priority(batch: bool = False) -> None:
@@ -127,7 +131,9 @@ class MemoryCopies:
         self.report: Callable[[str, int, dict], None] | None = None
         self._owner: dict[str, tuple[str, int]] = {}  # slot -> the task that saved it
         self._cond = threading.Condition()
-        self._waiting: dict[str, str] = {}  # target -> newest slot not yet copied
+        # (target, saver) -> the saver's newest slot not yet copied: each saver of a
+        # directory (a manager, a backup, a ModelCheckpoint's file) keeps its saves
+        self._waiting: dict[tuple[str, tuple[str, ...]], str] = {}
         self._busy = False
         self._current = ""  # the directory being copied to
         self._thread: threading.Thread | None = None
@@ -193,13 +199,14 @@ class MemoryCopies:
         `marked`: the directory marked meanwhile (COPYING: a restarted task's
         restore waits; marked before any task of the next generation starts
         here, and under the lock the copier unmarks under)."""
+        key = (target, saver_of(read_manifest(path) or {}))
         with self._cond:
             if when is not None:
-                if target in self._waiting:
+                if key in self._waiting:
                     return  # this host's own newer save goes there
                 self._when[path] = when
-            self._owner.pop(self._waiting.pop(target, ""), None)  # superseded
-            self._waiting[target] = path
+            self._owner.pop(self._waiting.pop(key, ""), None)  # superseded: the same saver's
+            self._waiting[key] = path
             if marked:
                 mark(target)
             if owner is not None:
@@ -238,8 +245,8 @@ class MemoryCopies:
             with self._cond:
                 while not self._waiting:
                     self._cond.wait()
-                target = next(iter(self._waiting))
-                slot = self._waiting.pop(target)
+                key = next(iter(self._waiting))
+                target, slot = key[0], self._waiting.pop(key)
                 self._busy, self._current = True, target
             try:
                 self._copy(slot)
@@ -249,7 +256,7 @@ class MemoryCopies:
             finally:
                 with self._cond:
                     self._busy, self._current = False, ""
-                    if target not in self._waiting:
+                    if all(k[0] != target for k in self._waiting):
                         unmark(target)  # in place: a restarted task may read it
                     self._cond.notify_all()
 
@@ -259,7 +266,7 @@ class MemoryCopies:
         while True:
             time.sleep(TOUCH_S)
             with self._cond:
-                targets = {*self._waiting, self._current} - {""}
+                targets = {*(k[0] for k in self._waiting), self._current} - {""}
             for target in targets:
                 try:
                     os.utime(os.path.join(target, COPYING))
@@ -274,9 +281,14 @@ class MemoryCopies:
         if when is not None and not when():
             return  # its directory names that save, or a newer one, already
         began = time.monotonic()
-        copy_slot(slot, record, self._copied)
         try:
-            self._report(slot, record, time.monotonic() - began)
+            if copy_slot(slot, record, self._copied):
+                self._report(slot, record, time.monotonic() - began)
+            else:  # late: a newer save is in its directory, kept
+                with self._cond:
+                    self._owner.pop(slot, None)
+                self.log(f"memory tier: {slot} not copied to {record.get('target')}: the "
+                         "directory holds a newer save")
         finally:  # after its report: the task's end waits for this (runtime/memtier.py),
             # and the agent's `exited` follows the events handed off before it
             with open(os.path.join(slot, COPIED), "w", encoding="ascii"):
@@ -298,48 +310,96 @@ class MemoryCopies:
                             "the training; the shared directory lags the memory copy)")
 
 
-def copy_slot(slot: str, record: dict, copied: dict[tuple[str, str], tuple[int, int]]) -> None:
+def copy_slot(slot: str, record: dict, copied: dict[tuple[str, str], tuple[int, int]]) -> bool:
     """Copy one slot to its directory: aside then renamed, the names last. A
     worker's save published as the chief's (job/run/peerrelay.py: its chief's host
     lost) brings its own manager's state file, which may keep fewer
     checkpoints: the directory's state gets the save added instead, and keeps
-    what it listed (the chief's manager prunes at its next save)."""
+    what it listed (the chief's manager prunes at its next save).
+
+    Never over a newer save (False: not copied): the files that name a save
+    (`stamped`) carry its time as their mtime, and a directory whose own are
+    later holds a save made after this one (a late copy: an agent given up on
+    draining its queue, a held copy published late), kept whole."""
     target, kind = record["target"], record.get("kind")
     workers = kind == "manager" and (not record.get("copy") or record.get("worker_state"))
     if kind == "drop":  # Keras removed its backup at the end of fit
         _shutil().rmtree(target, ignore_errors=True)
-        return
+        return True
     os.makedirs(target, exist_ok=True)
     sweep_parts(target)
+    when = saved_at(record)
+    if newer_in(target, stamped(record), when):
+        return False
     before = state_names(target) if kind == "manager" else set()
+    names = set(stamped(record))
     for name in record.get("files") or ():
-        if os.sep in name or name.startswith(".") or (workers and name == "checkpoint"):
-            continue
+        if os.sep in name or name.startswith(".") or (kind == "manager" and name == "checkpoint"):
+            continue  # a manager's state: written below
         source = os.path.join(slot, name)
         stat = os.stat(source)
         ident = (stat.st_ino, stat.st_mtime_ns)
         if name != "checkpoint" and copied.get((target, name)) == ident \
                 and os.path.exists(os.path.join(target, name)):
             continue  # a hard link of a file copied before (an older checkpoint kept)
-        put(source, target, name)
+        put(source, target, name, when if name in names else None)
         copied[(target, name)] = ident
-    if workers:
+    state = os.path.join(slot, "checkpoint")
+    if kind == "manager" and os.path.isfile(state):
         write_aside(target, "checkpoint", merged_state(
-            target, os.path.join(slot, "checkpoint"), str(record.get("pointer") or "")))
-    elif kind == "manager":
+            target, state, str(record.get("pointer") or "")) if workers
+            else whole_state(state, target), when)
+    if kind == "manager" and not workers:
         for gone in before - state_names(target):
             for name in os.listdir(target):
                 if name.startswith(gone + "."):
                     os.unlink(os.path.join(target, name))
+    return True
 
 
-def put(source: str, folder: str, name: str) -> None:
-    """`source` as `folder/name`: written aside, flushed, then renamed."""
+def saved_at(record: dict) -> float | None:
+    """When the slot's save was made (the saving host's clock), if said."""
+    try:
+        return float(record["time"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def stamped(record: dict) -> list[str]:
+    """The files of a slot that name its save: a TensorFlow state file, Keras'
+    backup metadata; a save with neither (ModelCheckpoint), each of its files."""
+    files = [n for n in record.get("files") or () if isinstance(n, str) and os.sep not in n]
+    return [n for n in files if n in POINTER_NAMES] or files
+
+
+def saver_of(record: dict) -> tuple[str, ...]:
+    """Which saver of a directory made a save: its kind and the files that name
+    it (a manager's state file, a backup's metadata, a ModelCheckpoint's file)."""
+    return (str(record.get("kind") or ""), *stamped(record))
+
+
+def newer_in(target: str, names: list[str], when: float | None) -> bool:
+    """`target` holds one of `names` written after `when` (a newer save)."""
+    if when is None:
+        return False
+    for name in names:
+        try:
+            if os.stat(os.path.join(target, name)).st_mtime > when + CLOCK_SLACK_S:
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def put(source: str, folder: str, name: str, when: float | None = None) -> None:
+    """`source` as `folder/name`: written aside, flushed, then renamed; with
+    `when`, its mtime that time (the save's: `newer_in`)."""
     aside = os.path.join(folder, f".{name}{_PART}")
     final = os.path.join(folder, name)
     if os.path.isdir(source):
         _shutil().rmtree(aside, ignore_errors=True)
         _shutil().copytree(source, aside)
+        _stamp(aside, when)
         if os.path.isdir(final):
             old = final + _PART + "-old"
             os.replace(final, old)
@@ -350,16 +410,24 @@ def put(source: str, folder: str, name: str) -> None:
         _shutil().copyfile(source, aside)
         with open(aside, "rb+") as handle:
             os.fsync(handle.fileno())
+        _stamp(aside, when)
     os.replace(aside, final)
 
 
-def write_aside(folder: str, name: str, text: str) -> None:
-    """`text` as `folder/name`: written aside, flushed, then renamed."""
+def _stamp(path: str, when: float | None) -> None:
+    if when is not None:
+        os.utime(path, (when, when))
+
+
+def write_aside(folder: str, name: str, text: str, when: float | None = None) -> None:
+    """`text` as `folder/name`: written aside, flushed, then renamed (its mtime
+    `when`, if given)."""
     aside = os.path.join(folder, f".{name}{_PART}")
     with open(aside, "w", encoding="utf-8") as handle:
         handle.write(text)
         handle.flush()
         os.fsync(handle.fileno())
+    _stamp(aside, when)
     os.replace(aside, os.path.join(folder, name))
 
 
@@ -370,6 +438,32 @@ def _state_fields(path: str) -> list[tuple[str, str]]:
     except OSError:
         return []
     return [(f.strip(), v.strip()) for f, _, v in (line.partition(":") for line in lines)]
+
+
+def whole_state(theirs: str, target: str) -> str:
+    """The state file `theirs` less the checkpoints whose files `target` lacks
+    (a manager keeping more than memory does: a save superseded before its copy
+    never reached the directory): it lists whole checkpoints only."""
+    with open(theirs, encoding="utf-8") as handle:
+        text = handle.read()
+    fields = _state_fields(theirs)
+    paths = [v for f, v in fields if f == "all_model_checkpoint_paths"]
+    stamps = [v for f, v in fields if f == "all_model_checkpoint_timestamps"]
+    missing = {i for i, v in enumerate(paths) if not os.path.exists(
+        os.path.join(target, os.path.basename(v.strip('"')) + ".index"))}
+    if not missing:
+        return text
+    dropped = {"all_model_checkpoint_paths"} | (
+        {"all_model_checkpoint_timestamps"} if len(stamps) == len(paths) else set())
+    lines, seen = [], dict.fromkeys(dropped, 0)
+    for field, value in fields:
+        if field in dropped:
+            seen[field] += 1
+            if seen[field] - 1 in missing:
+                continue
+        if field:
+            lines.append(f"{field}: {value}")
+    return "\n".join(lines) + "\n"
 
 
 def merged_state(target: str, theirs: str, pointer: str) -> str:

@@ -4,7 +4,8 @@
 (`MGPU_MEMORY_DIR`, under /dev/shm, 0700, made by the agent:
 launcher/agent/memcopy.py). In it:
 
-- `w-<key>/`: a saver's working folder, one per directory the script saves to
+- `w-<key>[-<saver>]/`: a saver's working folder, one per directory the script
+  saves to and kind of saver (a manager's, Keras' `backup`, `model`)
   (`key`: a hash of that directory; a non-chief worker's scratch folder,
   `workertemp_<n>`, is keyed as the chief's folder its restore reads, so the
   worker's saves and the chief's share a key: memtier.py's `_stands_for`);
@@ -51,8 +52,10 @@ def key_of(target: str) -> str:
     return hashlib.sha1(shared_of(target).encode()).hexdigest()[:16]
 
 
-def working(root: str, target: str) -> str:
-    path = os.path.join(root, "w-" + key_of(target))
+def working(root: str, target: str, saver: str = "") -> str:
+    """The working folder of one saver of `target` (a manager: ""; Keras'
+    `backup`, `model`): two savers of one directory never touch each other's."""
+    path = os.path.join(root, "w-" + key_of(target) + (f"-{saver}" if saver else ""))
     os.makedirs(path, mode=0o700, exist_ok=True)
     return path
 

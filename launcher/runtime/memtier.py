@@ -265,8 +265,6 @@ def _manager_init(original):
             # tf_keras made this scratch folder for its saves and removes it after
             # each through the manager's directory, now in memory: not left behind.
             _remove_empty(target)
-        if self._max_to_keep is None or self._max_to_keep > _copies():
-            self._max_to_keep = _copies()  # memory stays bounded; the directory keeps all
     return init
 
 
@@ -292,8 +290,29 @@ def _manager_save(original):
             _to_directory(self, target)
             return original(self, *args, **kwargs)
         _snapshot_manager(self, getattr(self, "_mgpu_stands_for", target), path)
+        _trim_working(self._directory)
+        if getattr(self, "_mgpu_stands_for", target) == memslots.shared_of(target):
+            # The directory the script saved to exists, as after a save of its own:
+            # TF's custom-loop tutorial lists or removes a worker's scratch folder
+            # (`tf.io.gfile.rmtree`) after each save. Not tf_keras' (removed at the
+            # start: it removes its scratch folder through the manager's directory).
+            os.makedirs(target, exist_ok=True)
         return path
     return save
+
+
+def _trim_working(work: str) -> None:
+    """Memory stays bounded: the working folder keeps the files of the newest
+    `memory_copies` checkpoints its state file lists; the manager keeps its own
+    `max_to_keep` (its `checkpoints`, its state file, and so the directory:
+    the agent's copy deletes only what that state no longer lists)."""
+    state = _state_file(work)
+    if state is None:
+        return
+    gone = {os.path.basename(n) for n in state[1][:-_copies()]} - {os.path.basename(state[0])}
+    for name in os.listdir(work):
+        if any(name.startswith(g + ".") for g in gone):
+            _remove(os.path.join(work, name))
 
 
 def _snapshot_manager(manager, target: str, path: object) -> None:
@@ -330,7 +349,7 @@ def _backup_begin(original):
         if target is None or not hasattr(self, "_weights_path") or not _room():
             return original(self, *args, **kwargs)
         shared = {a: getattr(self, a) for a in _BACKUP_FILES if hasattr(self, a)}
-        work = memslots.working(_root(), target)
+        work = memslots.working(_root(), target, "backup")
         source = _seed_backup(work, target, os.path.basename(shared["_weights_path"]))
         if source == "memory":
             _point(self, shared, work)
@@ -354,7 +373,7 @@ def _backup_end(original):
         if target is not None and hasattr(self, "_weights_path"):
             # Keras 3 removes its backup_dir itself: the working folder instead,
             # the directory by the agent after its copies (the `drop` slot).
-            self.backup_dir = memslots.working(_root(), target)
+            self.backup_dir = memslots.working(_root(), target, "backup")
         try:
             result = original(self, *args, **kwargs)
         finally:
@@ -403,8 +422,9 @@ def _keras_save(original):
             target = _local(os.path.dirname(os.fspath(checkpoint_path)) or ".")
         if target is None or not _room():
             return original(self, *args, **kwargs)
-        work = memslots.working(_root(), target)
-        for name in os.listdir(work):  # what a failed save left
+        work = memslots.working(_root(), target,
+                                "backup" if hasattr(self, "backup_dir") else "model")
+        for name in os.listdir(work):  # what a failed save left (this saver's)
             _remove(os.path.join(work, name))
         if checkpoint_path is not None:
             self.filepath = os.path.join(work, os.path.basename(os.fspath(checkpoint_path)))
