@@ -18,6 +18,7 @@ Owns what must happen in the task process before and around the user's code:
   (`runtime.position`, `runtime.calls`); report every checkpoint save
   (`runtime.saves`) and where a restarted task resumed (`runtime.restores`),
   passing over a checkpoint that cannot be read (`runtime.readable`),
+  and a TF1 session forming and its global step (`runtime.sessions`),
   and a loss that goes non-finite at its step (`runtime.sentinel`);
 - warm starts: `python -m launcher.bootstrap --standby` imports TensorFlow,
   waits for its task on stdin and then goes on exactly as above
@@ -182,6 +183,7 @@ WATCHED: dict[str, tuple[str, ...]] = {
     "sentinel": _KERAS,
     "position": _KERAS_TF,
     "calls": ("tensorflow",),
+    "sessions": ("tensorflow",),
 }
 _COLLECTIVE = WATCHED["guards"][2]  # guards.COLLECTIVE
 _KERAS_DISTRIBUTION = "keras_distribution"  # launcher.strategy's (its enum: not at every start)
@@ -263,6 +265,7 @@ def install_hooks() -> None:
         _watch("restores")
         _watch("readable")  # a damaged checkpoint passed over for the newest that reads
         _watch("sentinel")  # a loss gone non-finite, at the step (`sentinel: off`: none)
+        _watch("sessions")  # TF1 sessions: one forming (joining), the global step
         # Phase, epoch and a custom loop's distributed calls (workers out of step).
         _watch("position", when=several)
         _watch("calls", when=several)

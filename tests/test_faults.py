@@ -477,3 +477,64 @@ def test_parameter_server_job_survives_a_killed_task(workdir: Path, jobs, victim
         assert "generation 1 restored a checkpoint, at a step that cannot be told" \
             in job.output
     job.assert_nothing_left()
+
+
+TF1_CLUSTER = """\
+name: {name}
+transport: local
+strategy: legacy_server
+ports: {{base: auto}}
+hosts:
+  - {{address: 127.0.0.1, name: h0, roles: {{worker: 1, ps: 1}}}}
+  - {{address: 127.0.0.1, name: h1, roles: {{worker: 1}}}}
+restart: {{max_restarts: 1, backoff_s: 0}}
+"""
+
+
+def _saved_past_resume(job: Job, generation: int) -> bool:
+    """A save of `generation` past where it resumed (its session's first save is there)."""
+    resumed = [e["step"] for e in job.events("resumed", generation=generation)]
+    if generation and not resumed:
+        return False
+    start = resumed[0] if resumed else 0
+    return any(e.get("saved", -1) > start for e in job.events("progress", generation=generation))
+
+
+def test_tf1_monitored_session_killed_twice_with_progress_succeeds(workdir: Path, jobs):
+    """Issue 57: TF1 between-graph replication (1 ps + 2 workers, replica_device_setter,
+    MonitoredTrainingSession saving in its own directory, StopAtStepHook), max_restarts 1,
+    worker 1 killed twice with progress between: its Saver's saves are progress (no
+    restart counted), its global step is shown; launched again once finished, the
+    worker left waiting for a session with the exited chief is named, the job ends."""
+    config = write_yaml(workdir / "tf1.yaml", TF1_CLUSTER.format(name="tf1"))
+    ckpt = workdir / "own_ckpt"  # the script's own directory, not checkpoint.dir
+    script = [str(SCRIPTS / "tf1_monitored.py"), "--dir", str(ckpt), "--last-step", "400",
+              "--step-s", "0.04"]
+    job = launch(jobs, [str(config), *script], workdir)
+    for generation in (0, 1):
+        wait_for(lambda g=generation: _saved_past_resume(job, g), timeout=120,
+                 what=f"a save in generation {generation} past its resume point")
+        os.kill(job.pids()[(generation, "worker1")], signal.SIGKILL)
+    assert job.finish(timeout=120) == 0, job.output[-4000:]
+    shown = status_json(job.run_dir)
+    assert shown["status"] == "succeeded" and shown["restarts"] == 2, shown
+    assert [e["counted"] for e in job.events("restart")] == [False, False]
+    resumed = [e["step"] for e in job.events("resumed")]
+    assert len(resumed) == 2 and 0 < resumed[0] < resumed[1] < 400, resumed
+    steps = {t["task"]: t["last_step"] for t in shown["tasks"]}
+    assert steps["h0/worker0"] >= 400, steps  # the global step, read off the session
+    # Worker 1's session may form late (wait_for_session polls every 30 s): the
+    # chief may then train the last generation alone, and worker 1 is stopped.
+    assert any(e.get("step") for e in job.events("progress", task="worker1")), steps
+    assert re.search(r"h0/worker0 +worker 0 +succeeded +0 +4\d\d ",
+                     render_status(load_run(job.run_dir))), render_status(load_run(job.run_dir))
+    job.assert_nothing_left()
+
+    again = launch(jobs, [str(config), *script, "--after-chief", str(workdir / "chief.pid")],
+                   workdir, name="again")
+    assert again.finish(timeout=120) == 0, again.output[-4000:]
+    [cut] = again.events("tail_cut")
+    assert (cut["why"], cut["tasks"], cut["peer"]) == ("session", ["h1/worker1"], "h0/worker0")
+    assert "h1/worker1: waiting for a TF1 session that needs h0/worker0, which finished" \
+        in again.output
+    again.assert_nothing_left()

@@ -348,3 +348,33 @@ def test_exit_handlers_are_cut_only_past_their_bound_and_the_cut_names_them():
     gen.records["worker1"].state = TaskState.SUCCEEDED
     cut, told, _ = _cutter(clock, handlers_s=0.0)  # 0: exit handlers are never cut
     assert not _watch(cut, gen, clock, 300) and not told
+
+
+def test_a_legacy_worker_waiting_for_a_session_with_a_finished_peer_is_cut():
+    """Issue 57 item 2: a TF1 worker still waiting for its session (`joining`) after
+    its chief exited 0 waits for ever; after SESSION_S the cut names who waits for
+    whom, and the job is done. Not in other strategies (their joins are their own),
+    nor while it waits with every peer still running."""
+    from launcher.job.tailcut import OVER_GRACE_S, SESSION_S
+    from launcher.views.narrate import _tail_cut
+
+    clock = _Clock()
+    gen = _generation({"worker0": 400, "worker1": None})
+    gen.records["worker1"].cluster = "joining"
+    gen.records["worker1"].returned_at = None  # inside its script, using no CPU
+    cut, told, _ = _cutter(clock)
+    cut.idle_s = 0.0  # finished_idle_s: 0 keeps this cut (the wait is for ever)
+    assert not _watch(cut, gen, clock, 30)  # the chief still runs: the session may form
+    gen.records["worker0"].state = TaskState.SUCCEEDED
+    assert not _watch(cut, gen, clock, 30) and not told  # not a legacy_server job
+    gen.plan.strategy = "legacy_server"
+    gen.plan.generation = 1  # a new generation: its own clock
+    assert not _watch(cut, gen, clock, SESSION_S - 0.5)
+    assert _watch(cut, gen, clock, 1)
+    [event] = told
+    assert (event.why, event.tasks, event.peer, event.step) == (
+        "session", ("h1/worker1",), "h0/worker0", 400)
+    assert cut.grace == OVER_GRACE_S
+    assert _tail_cut(event).startswith(
+        "h1/worker1: waiting for a TF1 session that needs h0/worker0, which finished "
+        "(exit 0 at step 400)"), _tail_cut(event)

@@ -15,7 +15,11 @@ resumed. Reported once per process, as `resumed` (the step), `resumed_epoch` (Ke
   nothing resumes at 0. A checkpoint that holds no optimizer (TF's custom-loop
   tutorial saves the model alone) restores at a step that cannot be read:
   `resumed_unknown` says why, never a guessed step (the launcher then says
-  "unknown" where it would judge a resume).
+  "unknown" where it would judge a resume);
+- TF1 graph code: `tf.compat.v1.train.Saver.restore` (called directly or by a
+  `MonitoredTrainingSession`'s chief as its session forms), once it returned:
+  the global step of the session's graph, read once (else the `-N` of the
+  path restored; else `resumed_unknown`).
 
 A restore inside a backup's own `on_train_begin` is the backup's: told by the
 epoch that follows. The cost: a few attribute reads per restore, once.
@@ -27,6 +31,8 @@ from __future__ import annotations
 
 import functools
 import os
+import re
+import sys
 import threading
 import time
 from types import ModuleType
@@ -225,10 +231,35 @@ def on_keras(module: ModuleType) -> None:
         _wrap(backup, "on_train_end", _backup_ended)
 
 
+NO_GLOBAL_STEP = ("the graph has no global step and the checkpoint's name no step "
+                  "(tf.compat.v1.train.get_or_create_global_step(), and "
+                  "Saver.save(..., global_step=...))")
+
+
+def _saver_restored(saver, args, kwargs, result) -> None:
+    """A TF1 `Saver.restore(sess, save_path)` returned: the global step restored."""
+    from . import saves
+
+    session = args[1] if len(args) > 1 else kwargs.get("sess")
+    path = args[2] if len(args) > 2 else kwargs.get("save_path")
+    directory = os.path.dirname(os.fspath(path)) if path else None
+    step = saves.global_step_of(session)
+    if step is None and path:
+        numbered = re.search(r"-(\d+)$", os.fspath(path))
+        step = int(numbered.group(1)) if numbered else None
+    if step is None:
+        tell_unknown(NO_GLOBAL_STEP, directory)
+        return
+    tell(step, directory=directory)
+
+
 def on_tensorflow(module: ModuleType) -> None:
     for name in ("restore", "read"):
         _wrap(module.train.Checkpoint, name, _checkpoint_restored)
     _wrap(module.train.CheckpointManager, "restore_or_initialize", _manager_restored)
+    saver = sys.modules.get("tensorflow.python.training.saver")  # loaded with TensorFlow
+    if saver is not None:
+        _wrap(saver.Saver, "restore", _saver_restored)
 
 
 HOOKS = {"keras": on_keras, "tf_keras": on_keras, "tensorflow": on_tensorflow}

@@ -5,7 +5,11 @@ Post-import hooks wrap the methods that save a checkpoint:
 - Keras 3 and tf_keras: `BackupAndRestore` (`_save_model`, tf_keras' `_backup`)
   and `ModelCheckpoint` (`_save_model`);
 - TensorFlow: `tf.train.CheckpointManager.save` (a custom loop's saves, and
-  tf_keras' BackupAndRestore underneath), `tf.train.Checkpoint.save` and `write`.
+  tf_keras' BackupAndRestore underneath), `tf.train.Checkpoint.save` and `write`;
+- TF1 graph code: `tf.compat.v1.train.Saver.save` (called directly or by
+  `MonitoredTrainingSession`'s `CheckpointSaverHook`), its step the global step
+  the save wrote (the `-N` of the path it returned; else the graph's global
+  step, read once at the save).
 
 Each save that returns (not one that raised, nor an asynchronous write still
 under way) and whose weights are all finite (runtime/sentinel.py: one that is
@@ -37,6 +41,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import sys
 import threading
 import time
@@ -77,16 +82,21 @@ Where = Callable[[object, tuple, dict], "str | None"]
 # What a save of non-finite weights returns instead of saving (saver -> result).
 Skip = Callable[[object], object]
 
+# A save's step, from the wrapped call and what it returned (instance, args,
+# kwargs, result) -> step; without it, the step counter's (steps.step_of).
+StepOf = Callable[[object, tuple, dict, object], "int | None"]
+
 
 def timed(cls: type, name: str, where: Where | None = None, *,
-          decides: bool = False, skip: Skip | None = None) -> None:
+          decides: bool = False, skip: Skip | None = None, step: StepOf | None = None) -> None:
     """Wrap `cls.<name>` (a method that saves) to time it (once); with `where`,
     a save that returned is reported (`completed`) with its directory, once its
     weights were found finite (runtime/sentinel.py). With `decides` (the method
     may write nothing: ModelCheckpoint's), only a call inside which a write
     returned (`writes`, or a nested timed save) is. A save whose weights are
     not finite is reported as `saved_nonfinite` and, with `skip`, not made at
-    all: the directory's newest save stays the last good one (nothing deleted)."""
+    all: the directory's newest save stays the last good one (nothing deleted).
+    With `step`, the save's step is read from the call and its result."""
     original = cls.__dict__.get(name)
     if original is None or getattr(original, _MARK, False):
         return
@@ -105,7 +115,7 @@ def timed(cls: type, name: str, where: Where | None = None, *,
                 return skip(saver)
         _inside.saving, _inside.wrote = True, False
         began = time.monotonic()
-        done = False
+        done, result = False, None
         try:
             result = original(*args, **kwargs)
             done = True
@@ -115,7 +125,7 @@ def timed(cls: type, name: str, where: Where | None = None, *,
             note(time.monotonic() - began)
             if done and finite and where is not None and not _asynchronous(args, kwargs) \
                     and (_inside.wrote or not decides):
-                _completed(saver, where, args, kwargs)
+                _completed(saver, where, args, kwargs, result, step)
 
     setattr(save, _MARK, True)
     setattr(cls, name, save)
@@ -149,13 +159,15 @@ def _asynchronous(args: tuple, kwargs: dict) -> bool:
     return False
 
 
-def _completed(saver: object, where: Where, args: tuple, kwargs: dict) -> None:
+def _completed(saver: object, where: Where, args: tuple, kwargs: dict, result: object = None,
+               step_of: StepOf | None = None) -> None:
     """Report a completed save: its step and directory (best effort)."""
     from . import steps
 
     try:
         directory = where(saver, args, kwargs)
-        step = steps.step_of(getattr(saver, "model", None))
+        step = step_of(saver, args, kwargs, result) if step_of is not None \
+            else steps.step_of(getattr(saver, "model", None))
     except Exception:  # noqa: BLE001 - a layout we do not know: no report, no harm
         return
     if not directory:
@@ -244,12 +256,44 @@ def _latest(manager: object) -> object:  # CheckpointManager.save: the last good
     return getattr(manager, "latest_checkpoint", None)
 
 
+def _saver_dir(saver, args, kwargs) -> str | None:  # Saver.save(sess, save_path, ...)
+    path = args[2] if len(args) > 2 else kwargs.get("save_path")
+    return (os.path.dirname(os.fspath(path)) or ".") if path else None
+
+
+_NUMBERED = re.compile(r"-(\d+)$")
+
+
+def _saver_step(saver, args, kwargs, result) -> int | None:
+    """The global step a TF1 `Saver.save` wrote: the `-N` its path ends with
+    when it was given one (it read the global step itself), else the graph's."""
+    given = args[3] if len(args) > 3 else kwargs.get("global_step")
+    found = _NUMBERED.search(os.fspath(result)) if given is not None and result else None
+    if found:
+        return int(found.group(1))
+    session = args[1] if len(args) > 1 else kwargs.get("sess")
+    return global_step_of(session)
+
+
+def global_step_of(session) -> int | None:
+    """The global step of `session`'s graph, read once (None: it has none)."""
+    training_util = sys.modules.get("tensorflow.python.training.training_util")
+    graph = getattr(session, "graph", None)
+    if training_util is None or graph is None:
+        return None
+    tensor = training_util.get_global_step(graph)
+    return None if tensor is None else int(session.run(tensor))
+
+
 def on_tensorflow(module: ModuleType) -> None:
     # Checkpoint.save/write return the path they wrote, which a script may
     # read: those are said (saved_nonfinite), not skipped.
     timed(module.train.CheckpointManager, "save", _manager_dir, skip=_latest)
     for method in ("save", "write"):
         timed(module.train.Checkpoint, method, _prefix_dir)
+    saver = sys.modules.get("tensorflow.python.training.saver")  # loaded with TensorFlow
+    if saver is not None:
+        timed(saver.Saver, "save", _saver_dir, step=_saver_step)
 
 
 HOOKS = {"keras": on_keras, "tf_keras": on_keras, "tensorflow": on_tensorflow}

@@ -189,12 +189,21 @@ def checkpoint_moved(moved: Moved) -> str:
             "(it starts from scratch)")
 
 
+def _at_step(step: int) -> str:
+    return f" at step {step}" if step else ""
+
+
 def _tail_cut(event: ev.TailCut) -> str:
     them = "them" if len(event.tasks) > 1 else "it"
     if event.why == "over":
         return (f"{', '.join(event.tasks)}: program over, still exiting {event.idle_s:g} s "
                 f"later: the job is done, stopping {them} (TensorFlow's teardown would wait "
                 "out a peer's heartbeat)")
+    if event.why == "session":
+        return (f"{', '.join(event.tasks)}: waiting for a TF1 session that needs "
+                f"{event.peer}, which finished (exit 0{_at_step(event.step)}) "
+                f"{event.idle_s:g} s ago: that session can no longer form; the job is "
+                f"done, stopping {them}")
     if event.handlers_cut:  # their exit handlers (atexit) had not finished: said plainly
         return (f"warning: {', '.join(event.handlers_cut)}: exit handlers cut, unfinished "
                 f"after {event.idle_s:g} s idle (restart.exit_handlers_s: "

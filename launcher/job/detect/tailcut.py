@@ -25,6 +25,15 @@ teardown of a finished job) and the job succeeds when it knows the job is done:
   `restart.exit_handlers_s` (60 s; 0: never), and the cut names it
   (`handlers_cut`, said as a warning: what they did may be unfinished).
 
+- `session` (a `legacy_server` job): one job task has exited 0 and another
+  has been waiting since, for `SESSION_S`, for its TF1 session to form
+  (`cluster: joining`, from `SessionManager.prepare_session`/`wait_for_session`:
+  runtime/sessions.py). Its session needs every task its devices name and the
+  one that exited never comes back: it would wait for ever (TF1's chief exits
+  at its stop, `StopAtStepHook`'s `last_step` of the shared global step; a
+  restart near the end, or a finished job launched again). The cut names who
+  waited for whom; it gets `OVER_GRACE_S` (nothing of it trained yet).
+
 A final save is work (it writes, it uses the CPU) and is not cut, nor is a task
 whose position (runtime/position.py) says it is inside a save (even one blocked
 on a slow filesystem, using no CPU), an evaluation or a prediction (its peer
@@ -60,6 +69,10 @@ IDLE_CPU = 3.0
 # CPU (it took 1-6 s here under load); one waiting out a heartbeat does not.
 OVER_S = 3.0
 OVER_GRACE_S = 0.5  # SIGTERM, then SIGKILL: nothing of the program is left to save
+# A TF1 session that did not form this long after a peer exited 0: it waits for
+# that peer (a session that can form forms in well under a second on a LAN).
+SESSION_S = 5.0
+_LEGACY = "legacy_server"  # launcher.strategy.Strategy.LEGACY_SERVER
 
 
 class TailCut:
@@ -73,18 +86,24 @@ class TailCut:
         self._generation: int | None = None
         self._done_at: float | None = None  # when a task was first seen exited 0
         self._busy: dict[str, float] = {}  # task -> when it was last seen busy
+        self._finished_at: float | None = None  # when a job task was first seen exited 0
 
     def check(self, gen: Generation) -> ev.TailCut | None:
         """The cut of `gen`'s tail when it is due (the supervisor acts on it), else None."""
-        if self.idle_s <= 0 or gen.phase not in (Phase.FORMING, Phase.TRAINING) \
-                or gen.failure is not None:
+        if gen.phase not in (Phase.FORMING, Phase.TRAINING) or gen.failure is not None:
             return None
         now = self._clock()
         if self._generation != gen.plan.generation:
             self._generation, self._done_at, self._busy = gen.plan.generation, None, {}
+            self._finished_at = None
         jobs = [r for r in gen.records.values() if r.task.lifetime == "job"]
         done = [r for r in jobs if r.state is TaskState.SUCCEEDED]
         left = [r for r in jobs if r.state is TaskState.RUNNING]
+        if done and self._finished_at is None:
+            self._finished_at = now
+        waiting = self._waiting_for_session(gen, done, left, now)
+        if waiting is not None or self.idle_s <= 0:  # 0: no idle or over cut (not this one)
+            return waiting
         for record in left:  # idle from the first look on, or busy now
             if _idle(record.usage):
                 self._busy.setdefault(record.task.name, now)
@@ -134,6 +153,21 @@ class TailCut:
         return _cut(gen, (done or left)[0], left, max(steps, default=0), quiet, "over")
 
 
+    def _waiting_for_session(self, gen: Generation, done: list[TaskRecord],
+                             left: list[TaskRecord], now: float) -> ev.TailCut | None:
+        """A legacy job's task waiting for its TF1 session `SESSION_S` after a
+        peer exited 0: that session can no longer form (module docstring)."""
+        if getattr(gen.plan, "strategy", None) != _LEGACY or not done \
+                or self._finished_at is None or now - self._finished_at < SESSION_S:
+            return None
+        waiting = [r for r in left if r.cluster == "joining"]
+        if not waiting:
+            return None
+        steps = [s for r in done if (s := _step(r)) is not None]
+        return _cut(gen, done[0], waiting, max(steps, default=0), now - self._finished_at,
+                    "session")
+
+
 def _cut(gen: Generation, peer: TaskRecord, left: list[TaskRecord], step: int,
          quiet_s: float, why: str = "idle") -> ev.TailCut:
     return ev.TailCut(generation=gen.plan.generation, tasks=tuple(r.task.label for r in left),
@@ -142,7 +176,7 @@ def _cut(gen: Generation, peer: TaskRecord, left: list[TaskRecord], step: int,
 
 def grace_s(cut: ev.TailCut, plan: Plan) -> float:
     """The teardown's grace after `cut`: a program over has nothing left to save."""
-    return OVER_GRACE_S if cut.why == "over" else plan.grace_s
+    return OVER_GRACE_S if cut.why in ("over", "session") else plan.grace_s
 
 
 def _step(record: TaskRecord) -> int | None:

@@ -411,7 +411,9 @@ class TailCut(Event):
     peer: str = ""  # host/task of the one that exited 0
     step: int = 0  # the final step, reported by all
     idle_s: float = 0.0  # how long they sat idle after the peer's exit (or wound down)
-    why: str = "idle"  # idle: at the final step; over: their programs ended cleanly
+    # idle: at the final step; over: their programs ended cleanly; session: a
+    # legacy job's tasks waiting for a TF1 session that needs `peer`, which exited 0
+    why: str = "idle"
     # Of `tasks`, those stopped in their exit handlers (idle past
     # restart.exit_handlers_s, `handlers_s`): what those did may be unfinished.
     handlers_cut: tuple[str, ...] | None = None
