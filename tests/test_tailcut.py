@@ -355,7 +355,7 @@ def test_a_legacy_worker_waiting_for_a_session_with_a_finished_peer_is_cut():
     its chief exited 0 waits for ever; after SESSION_S the cut names who waits for
     whom, and the job is done. Not in other strategies (their joins are their own),
     nor while it waits with every peer still running."""
-    from launcher.job.tailcut import OVER_GRACE_S, SESSION_S
+    from launcher.job.detect.tailcut import OVER_GRACE_S, SESSION_S
     from launcher.views.narrate import _tail_cut
 
     clock = _Clock()

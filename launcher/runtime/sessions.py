@@ -9,7 +9,7 @@ those). A post-import hook on `tensorflow`:
   (every other worker's) to report `cluster: joining` before and `joined` once
   it returned: a session needs every task its devices name, and one waiting for
   a peer that finished and exited waits for ever. The launcher names it and,
-  the peer having exited 0, ends the job as finished (launcher/job/tailcut.py);
+  the peer having exited 0, ends the job as finished (launcher/job/detect/tailcut.py);
   a joining task is judged by `restart.start_timeout_s`, not by the hang limit;
 - adds to every `MonitoredSession` (hence `MonitoredTrainingSession`) one
   `SessionRunHook` that fetches the global step with the script's own
