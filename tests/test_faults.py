@@ -523,9 +523,9 @@ def test_tf1_monitored_session_killed_twice_with_progress_succeeds(workdir: Path
     assert len(resumed) == 2 and 0 < resumed[0] < resumed[1] < 400, resumed
     steps = {t["task"]: t["last_step"] for t in shown["tasks"]}
     assert steps["h0/worker0"] >= 400, steps  # the global step, read off the session
-    # Worker 1's session may form late (wait_for_session polls every 30 s): the
-    # chief may then train the last generation alone, and worker 1 is stopped.
-    assert any(e.get("step") for e in job.events("progress", task="worker1")), steps
+    # Worker 1's session may form late (wait_for_session polls every 30 s): it may
+    # be killed, and the chief train the last generation, before it ever ran a
+    # step, so its steps are not asserted.
     assert re.search(r"h0/worker0 +worker 0 +succeeded +0 +4\d\d ",
                      render_status(load_run(job.run_dir))), render_status(load_run(job.run_dir))
     job.assert_nothing_left()
