@@ -23,6 +23,7 @@ Standard library only; must not import the launcher side.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -182,6 +183,41 @@ def free_bytes(root: str) -> int:
     except OSError:
         return 0
     return stats.f_bavail * stats.f_frsize
+
+
+def estimate(model: object) -> int:
+    """The bytes of a model's variables and its optimizer's (0: not known):
+    about what a save of it writes."""
+    total = 0
+    try:
+        optimizer = getattr(model, "optimizer", None)
+        for variable in [*getattr(model, "weights", ()), *getattr(optimizer, "variables", ())]:
+            count = 1
+            for dim in tuple(variable.shape):
+                count *= int(dim or 0)
+            dtype = getattr(variable, "dtype", "float32")
+            total += count * int(getattr(dtype, "size", 0) or itemsize(str(dtype)))
+    except Exception:  # noqa: BLE001 - a layout we do not know: no estimate
+        return 0
+    return total
+
+
+def itemsize(dtype: str) -> int:
+    digits = "".join(c for c in dtype.rsplit(".", 1)[-1] if c.isdigit())
+    return max(1, int(digits) // 8) if digits else 4
+
+
+def no_space(exc: BaseException) -> bool:
+    """A write that found no room (ENOSPC, however the library words it)."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # the exception's chain: causes and contexts
+        if seen is None:
+            return False
+        if getattr(seen, "errno", None) == errno.ENOSPC or "No space left" in str(seen) \
+                or "errno = 28" in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def size_of(path: str) -> int:
