@@ -37,6 +37,7 @@ COPYING = ".mgpu-copying"  # in a directory while an agent copies a save to it (
 STALE_S = 5.0  # a marker not refreshed for this long: its agent died
 WAIT_S = 600.0
 POINTERS = ("checkpoint", "training_metadata.json")  # copied last: they name the rest
+PUBLISH = ".mgpu-publish"  # an agent's copy committed, its renames to do (agent/publish.py)
 _TEMP_PART = re.compile(r"^workertemp_\d+$")
 INCOMING_WAIT_S = 120.0  # at most, at a restore, for a copy being placed in this memory
 
@@ -227,10 +228,37 @@ def size_of(path: str) -> int:
     return total
 
 
+def finish_publish(target: str) -> None:
+    """An agent's copy into `target` that died after its commit (its journal,
+    launcher/agent/publish.py): its staged files renamed into place, so that
+    a restore reads one save's files, never new weights with old metadata.
+    Called once no agent marks a copy under way there (`wait_for_copy`)."""
+    try:
+        with open(os.path.join(target, PUBLISH), encoding="utf-8") as handle:
+            names = json.load(handle)
+    except (OSError, ValueError):
+        return
+    for name in names if isinstance(names, list) else ():
+        if not isinstance(name, str) or os.sep in name or name.startswith("."):
+            continue
+        part, final = os.path.join(target, f".{name}.mgpu-part"), os.path.join(target, name)
+        try:
+            if os.path.isdir(part) and os.path.isdir(final):
+                os.replace(final, final + ".mgpu-part-old")  # swept by the next copy
+            os.replace(part, final)
+        except OSError:
+            pass  # placed already (another host's restore rolled it forward)
+    try:
+        os.unlink(os.path.join(target, PUBLISH))
+    except OSError:
+        pass
+
+
 def wait_for_copy(target: str, bound_s: float = WAIT_S, stale_s: float = STALE_S) -> float:
     """Wait while an agent copies a save into `target` (its marker there, kept
     fresh every second): a restarted task reads the directory's newest
-    checkpoint only once it is in place, the same on every host. A marker
+    checkpoint only once it is in place, the same on every host (a copy that
+    died after its commit rolled forward: `finish_publish`). A marker
     whose time stops moving for STALE_S is an agent's that died. Returns the
     seconds waited."""
     marker = os.path.join(target, COPYING)
@@ -247,4 +275,5 @@ def wait_for_copy(target: str, bound_s: float = WAIT_S, stale_s: float = STALE_S
         elif now - moved > stale_s:
             break
         time.sleep(0.05)
+    finish_publish(target)  # a copy whose agent died after its commit: whole first
     return time.monotonic() - began
