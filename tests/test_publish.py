@@ -104,3 +104,18 @@ def test_a_full_disk_leaves_the_directory_as_it_was(tmp_path: Path, monkeypatch)
         copy(new, target)
     assert backup(target)[1]["epoch"] == 1
     assert sorted(os.listdir(target)) == ["latest.weights.h5", "training_metadata.json"]
+
+
+def test_a_late_drop_never_removes_a_later_save(tmp_path: Path):
+    memory, target = tmp_path / "memory" / "worker0", tmp_path / "backup"
+    now = time.time()
+    assert copy(keras_slot(memory, 1, 4, now - 10), target)  # a later fit's backup
+    drop = memory / "s-00000002"
+    drop.mkdir()
+    memslots.seal(str(drop), {"target": str(target), "kind": "drop", "copy": True,
+                              "files": [], "time": now - 60})  # an earlier fit's end, late
+    assert not copy(drop, target)
+    assert backup(target)[1]["epoch"] == 4
+    memslots.seal(str(drop), {"target": str(target), "kind": "drop", "copy": True,
+                              "files": [], "time": now})
+    assert copy(drop, target) and not target.exists()

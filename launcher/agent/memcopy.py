@@ -325,6 +325,10 @@ def copy_slot(slot: str, record: dict, copied: dict[tuple[str, str], tuple[int, 
     target, kind = record["target"], record.get("kind")
     workers = kind == "manager" and (not record.get("copy") or record.get("worker_state"))
     if kind == "drop":  # Keras removed its backup at the end of fit
+        held = {"files": [n for n in os.listdir(target) if not n.startswith(".")]} \
+            if os.path.isdir(target) else {}
+        if newer_in(target, stamped(held), saved_at(record)):
+            return False  # a late drop: the directory holds a later save (a later fit's)
         _shutil().rmtree(target, ignore_errors=True)
         return True
     os.makedirs(target, exist_ok=True)
