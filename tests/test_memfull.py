@@ -144,3 +144,17 @@ def test_an_h5py_or_tensorflow_worded_no_space_is_known():
     assert not memslots.no_space(ValueError("shape mismatch"))
     assert memslots.estimate(Model()) == 4_000_000
     assert memslots.estimate(object()) == 0
+
+
+def test_the_end_waits_for_the_last_copy_of_each_saver_of_a_directory(tier, monkeypatch):
+    monkeypatch.setattr(memtier, "_chief", lambda: True)
+    monkeypatch.setattr(memtier, "_pending", {("registered",): "/none"})  # no atexit added
+    directory = str(tier["dir"])
+    for kind, files in (("manager", ["checkpoint", "ckpt-1.index"]),
+                        ("keras", ["latest.weights.h5", "training_metadata.json"])):
+        slot = memtier._new_slot()
+        for name in files:
+            Path(slot, name).write_text(name)
+        memtier._publish(slot, directory, kind, "", None)
+    waited = [key for key in memtier._pending if key[0] == directory]
+    assert len(waited) == 2, memtier._pending  # the backup's save kept the manager's

@@ -41,7 +41,8 @@ ENV_DIR = "MGPU_MEMORY_DIR"
 ENV_COPIES = "MGPU_MEMORY_COPIES"
 _MARK = "_mgpu_memory_tier"
 _state = {"seq": 0, "told": False, "full": False, "last_bytes": 0}
-_pending: dict[str, str] = {}  # target -> its newest slot the agent copies
+# (target, saver) -> the saver's newest slot the agent copies (agent/memcopy.py: saver_of)
+_pending: dict[tuple[str, ...], str] = {}
 END_WAIT_S = 600.0  # at most, at the program's end, for the last copies
 _seeded: set[str] = set()  # working folders filled in this process (a second saver shares it)
 _built: list[str] = []  # the directories of this process's managers, in order
@@ -141,7 +142,8 @@ def _publish(slot: str, target: str, kind: str, pointer: str, step: int | None) 
             import atexit
 
             atexit.register(_wait_for_copies)  # before the bootstrap's end (registered first)
-        _pending[target] = slot
+        naming = [n for n in names if n in memslots.POINTERS] or names
+        _pending[(target, kind, *naming)] = slot  # two savers of one directory: both waited for
     if kind != "drop":  # a drop is its manifest alone: no save's size
         _state["last_bytes"] = memslots.size_of(slot)
     memslots.prune(_root(), _copies())
@@ -169,7 +171,7 @@ def _wait_for_copies() -> None:
         if left and not said and time.monotonic() > deadline - END_WAIT_S + 1.0:
             said = True
             print("mgpu-launch: waiting for the copy of the last checkpoint to "
-                  f"{', '.join(sorted(_pending))}", file=sys.stderr, flush=True)
+                  f"{', '.join(sorted({key[0] for key in _pending}))}", file=sys.stderr, flush=True)
         time.sleep(0.05)
     if left:
         print(f"mgpu-launch: the last checkpoint's copy took over {END_WAIT_S:.0f} s; its "
