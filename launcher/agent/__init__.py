@@ -23,6 +23,7 @@ Its parts, wired through constructors by `main`:
 - `health`: each task's host signals (run delay, CPU, throttling, NVML), sampled rarely;
 - `bundle`: the agent's own code: its digest checked, its folder kept in use;
 - `memcopy`: the memory tier: the job's folder in /dev/shm, its background copies;
+- `publish`: a copy's files into its directory at once (staged, a journal, renamed);
 - `peercopy`: the memory tier's second copy, in another host's memory (relayed by the
   launcher), placed back on a host that needs it, published after a host's loss;
 - `files`: private folders and files in the host's run directory.

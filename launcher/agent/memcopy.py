@@ -8,10 +8,11 @@ task's MGPU_MEMORY_DIR. The training process saves there
 its progress channel (`memory_saved`); the agent copies it to the script's
 own directory on one background thread:
 
-- every file is written aside (`.NAME.mgpu-part`) and renamed into place, the
-  files that name a checkpoint (TensorFlow's `checkpoint`, Keras'
-  `training_metadata.json`) last: the directory only ever holds complete
-  checkpoints, whatever dies when;
+- every file is written aside (`.NAME.mgpu-part`), then all renamed into
+  place at once as a restore sees them (launcher/agent/publish.py: a journal
+  rolled forward after a crash), the files that name a checkpoint
+  (TensorFlow's `checkpoint`, Keras' `training_metadata.json`) last: the
+  directory only ever holds complete checkpoints, whatever dies when;
 - only the newest slot of a directory is copied (an older one still waiting
   is superseded); the checkpoints a TensorFlow state file no longer lists are
   deleted after the new one is in place, as the manager would have;
@@ -41,6 +42,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from launcher.agent import publish
 from launcher.agent.protocol import lowered_thread
 
 SHM = "/dev/shm"  # noqa: S108 - host memory, one 0700 folder per job
@@ -48,7 +50,6 @@ PREFIX = "mgpu-launch-"
 OWNER = "agent.pid"
 COPIED = "copied"  # in a slot, once it is in its directory
 DRAIN_S = 120.0
-_PART = ".mgpu-part"
 # In a directory while a copy to it is queued or under way, refreshed every
 # TOUCH_S: a restarted task waits for it before reading that directory
 # (runtime/memslots.py, COPYING: the same name), so its start need not.
@@ -324,16 +325,40 @@ def copy_slot(slot: str, record: dict, copied: dict[tuple[str, str], tuple[int, 
     target, kind = record["target"], record.get("kind")
     workers = kind == "manager" and (not record.get("copy") or record.get("worker_state"))
     if kind == "drop":  # Keras removed its backup at the end of fit
+        held = {"files": [n for n in os.listdir(target) if not n.startswith(".")]} \
+            if os.path.isdir(target) else {}
+        if newer_in(target, stamped(held), saved_at(record)):
+            return False  # a late drop: the directory holds a later save (a later fit's)
         _shutil().rmtree(target, ignore_errors=True)
         return True
     os.makedirs(target, exist_ok=True)
-    sweep_parts(target)
+    publish.sweep(target)  # a copy that died: rolled forward past its journal, else removed
     when = saved_at(record)
     if newer_in(target, stamped(record), when):
         return False
     before = state_names(target) if kind == "manager" else set()
-    names = set(stamped(record))
-    for name in record.get("files") or ():
+    try:
+        staged = _stage(slot, record, target, copied, when)
+    except OSError:
+        publish.sweep(target)  # no room (a full disk): the directory as it was, its space back
+        raise
+    publish.commit(target, [n for n, _ in staged])  # all at once, as a restore sees them
+    copied.update({(target, n): ident for n, ident in staged if ident is not None})
+    if kind == "manager" and not workers:
+        for gone in before - state_names(target):
+            for name in os.listdir(target):
+                if name.startswith(gone + "."):
+                    os.unlink(os.path.join(target, name))
+    return True
+
+
+def _stage(slot: str, record: dict, target: str, copied: dict[tuple[str, str], tuple[int, int]],
+           when: float | None) -> list[tuple[str, tuple[int, int] | None]]:
+    """The slot's files staged aside in `target`, in their order (the names
+    last), each with its source's identity (a manager's state: None)."""
+    kind, names, staged = record.get("kind"), set(stamped(record)), []
+    workers = kind == "manager" and (not record.get("copy") or record.get("worker_state"))
+    for name in ordered_files(record):
         if os.sep in name or name.startswith(".") or (kind == "manager" and name == "checkpoint"):
             continue  # a manager's state: written below
         source = os.path.join(slot, name)
@@ -342,19 +367,21 @@ def copy_slot(slot: str, record: dict, copied: dict[tuple[str, str], tuple[int, 
         if name != "checkpoint" and copied.get((target, name)) == ident \
                 and os.path.exists(os.path.join(target, name)):
             continue  # a hard link of a file copied before (an older checkpoint kept)
-        put(source, target, name, when if name in names else None)
-        copied[(target, name)] = ident
+        publish.stage(source, target, name, when if name in names else None)
+        staged.append((name, ident))
     state = os.path.join(slot, "checkpoint")
     if kind == "manager" and os.path.isfile(state):
-        write_aside(target, "checkpoint", merged_state(
+        publish.stage_text(target, "checkpoint", merged_state(
             target, state, str(record.get("pointer") or "")) if workers
             else whole_state(state, target), when)
-    if kind == "manager" and not workers:
-        for gone in before - state_names(target):
-            for name in os.listdir(target):
-                if name.startswith(gone + "."):
-                    os.unlink(os.path.join(target, name))
-    return True
+        staged.append(("checkpoint", None))
+    return staged
+
+
+def ordered_files(record: dict) -> list[str]:
+    """The slot's files in the copy's order: the files that name a save last."""
+    names = [n for n in record.get("files") or () if isinstance(n, str)]
+    return sorted(names, key=lambda n: (n in POINTER_NAMES, n))
 
 
 def saved_at(record: dict) -> float | None:
@@ -391,46 +418,6 @@ def newer_in(target: str, names: list[str], when: float | None) -> bool:
     return False
 
 
-def put(source: str, folder: str, name: str, when: float | None = None) -> None:
-    """`source` as `folder/name`: written aside, flushed, then renamed; with
-    `when`, its mtime that time (the save's: `newer_in`)."""
-    aside = os.path.join(folder, f".{name}{_PART}")
-    final = os.path.join(folder, name)
-    if os.path.isdir(source):
-        _shutil().rmtree(aside, ignore_errors=True)
-        _shutil().copytree(source, aside)
-        _stamp(aside, when)
-        if os.path.isdir(final):
-            old = final + _PART + "-old"
-            os.replace(final, old)
-            os.replace(aside, final)
-            _shutil().rmtree(old, ignore_errors=True)
-            return
-    else:
-        _shutil().copyfile(source, aside)
-        with open(aside, "rb+") as handle:
-            os.fsync(handle.fileno())
-        _stamp(aside, when)
-    os.replace(aside, final)
-
-
-def _stamp(path: str, when: float | None) -> None:
-    if when is not None:
-        os.utime(path, (when, when))
-
-
-def write_aside(folder: str, name: str, text: str, when: float | None = None) -> None:
-    """`text` as `folder/name`: written aside, flushed, then renamed (its mtime
-    `when`, if given)."""
-    aside = os.path.join(folder, f".{name}{_PART}")
-    with open(aside, "w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    _stamp(aside, when)
-    os.replace(aside, os.path.join(folder, name))
-
-
 def _state_fields(path: str) -> list[tuple[str, str]]:
     try:
         with open(path, encoding="utf-8") as handle:
@@ -441,16 +428,18 @@ def _state_fields(path: str) -> list[tuple[str, str]]:
 
 
 def whole_state(theirs: str, target: str) -> str:
-    """The state file `theirs` less the checkpoints whose files `target` lacks
-    (a manager keeping more than memory does: a save superseded before its copy
-    never reached the directory): it lists whole checkpoints only."""
+    """The state file `theirs` less the checkpoints whose files `target` lacks,
+    in place or staged with it (a manager keeping more than memory does: a save
+    superseded before its copy never reached the directory): it lists whole
+    checkpoints only."""
     with open(theirs, encoding="utf-8") as handle:
         text = handle.read()
     fields = _state_fields(theirs)
     paths = [v for f, v in fields if f == "all_model_checkpoint_paths"]
     stamps = [v for f, v in fields if f == "all_model_checkpoint_timestamps"]
-    missing = {i for i, v in enumerate(paths) if not os.path.exists(
-        os.path.join(target, os.path.basename(v.strip('"')) + ".index"))}
+    index = [os.path.basename(v.strip('"')) + ".index" for v in paths]  # in place, or staged
+    missing = {i for i, n in enumerate(index) if not os.path.exists(os.path.join(target, n))
+               and not os.path.exists(publish.aside(target, n))}
     if not missing:
         return text
     dropped = {"all_model_checkpoint_paths"} | (
@@ -506,14 +495,6 @@ def unmark(target: str) -> None:
         os.unlink(os.path.join(target, COPYING))
     except OSError:
         pass
-
-
-def sweep_parts(folder: str) -> None:
-    """What a copy that died left (never a complete checkpoint)."""
-    for name in os.listdir(folder):
-        if _PART in name:
-            path = os.path.join(folder, name)
-            _shutil().rmtree(path, ignore_errors=True) if os.path.isdir(path) else os.unlink(path)
 
 
 def state_names(folder: str) -> set[str]:

@@ -23,6 +23,7 @@ Standard library only; must not import the launcher side.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -36,6 +37,7 @@ COPYING = ".mgpu-copying"  # in a directory while an agent copies a save to it (
 STALE_S = 5.0  # a marker not refreshed for this long: its agent died
 WAIT_S = 600.0
 POINTERS = ("checkpoint", "training_metadata.json")  # copied last: they name the rest
+PUBLISH = ".mgpu-publish"  # an agent's copy committed, its renames to do (agent/publish.py)
 _TEMP_PART = re.compile(r"^workertemp_\d+$")
 INCOMING_WAIT_S = 120.0  # at most, at a restore, for a copy being placed in this memory
 
@@ -184,6 +186,41 @@ def free_bytes(root: str) -> int:
     return stats.f_bavail * stats.f_frsize
 
 
+def estimate(model: object) -> int:
+    """The bytes of a model's variables and its optimizer's (0: not known):
+    about what a save of it writes."""
+    total = 0
+    try:
+        optimizer = getattr(model, "optimizer", None)
+        for variable in [*getattr(model, "weights", ()), *getattr(optimizer, "variables", ())]:
+            count = 1
+            for dim in tuple(variable.shape):
+                count *= int(dim or 0)
+            dtype = getattr(variable, "dtype", "float32")
+            total += count * int(getattr(dtype, "size", 0) or itemsize(str(dtype)))
+    except Exception:  # noqa: BLE001 - a layout we do not know: no estimate
+        return 0
+    return total
+
+
+def itemsize(dtype: str) -> int:
+    digits = "".join(c for c in dtype.rsplit(".", 1)[-1] if c.isdigit())
+    return max(1, int(digits) // 8) if digits else 4
+
+
+def no_space(exc: BaseException) -> bool:
+    """A write that found no room (ENOSPC, however the library words it)."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # the exception's chain: causes and contexts
+        if seen is None:
+            return False
+        if getattr(seen, "errno", None) == errno.ENOSPC or "No space left" in str(seen) \
+                or "errno = 28" in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 def size_of(path: str) -> int:
     total = 0
     for folder, _dirs, files in os.walk(path):
@@ -191,10 +228,37 @@ def size_of(path: str) -> int:
     return total
 
 
+def finish_publish(target: str) -> None:
+    """An agent's copy into `target` that died after its commit (its journal,
+    launcher/agent/publish.py): its staged files renamed into place, so that
+    a restore reads one save's files, never new weights with old metadata.
+    Called once no agent marks a copy under way there (`wait_for_copy`)."""
+    try:
+        with open(os.path.join(target, PUBLISH), encoding="utf-8") as handle:
+            names = json.load(handle)
+    except (OSError, ValueError):
+        return
+    for name in names if isinstance(names, list) else ():
+        if not isinstance(name, str) or os.sep in name or name.startswith("."):
+            continue
+        part, final = os.path.join(target, f".{name}.mgpu-part"), os.path.join(target, name)
+        try:
+            if os.path.isdir(part) and os.path.isdir(final):
+                os.replace(final, final + ".mgpu-part-old")  # swept by the next copy
+            os.replace(part, final)
+        except OSError:
+            pass  # placed already (another host's restore rolled it forward)
+    try:
+        os.unlink(os.path.join(target, PUBLISH))
+    except OSError:
+        pass
+
+
 def wait_for_copy(target: str, bound_s: float = WAIT_S, stale_s: float = STALE_S) -> float:
     """Wait while an agent copies a save into `target` (its marker there, kept
     fresh every second): a restarted task reads the directory's newest
-    checkpoint only once it is in place, the same on every host. A marker
+    checkpoint only once it is in place, the same on every host (a copy that
+    died after its commit rolled forward: `finish_publish`). A marker
     whose time stops moving for STALE_S is an agent's that died. Returns the
     seconds waited."""
     marker = os.path.join(target, COPYING)
@@ -211,4 +275,5 @@ def wait_for_copy(target: str, bound_s: float = WAIT_S, stale_s: float = STALE_S
         elif now - moved > stale_s:
             break
         time.sleep(0.05)
+    finish_publish(target)  # a copy whose agent died after its commit: whole first
     return time.monotonic() - began

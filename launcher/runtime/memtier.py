@@ -26,6 +26,7 @@ Standard library only at import time; must not import the launcher side.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -40,7 +41,8 @@ ENV_DIR = "MGPU_MEMORY_DIR"
 ENV_COPIES = "MGPU_MEMORY_COPIES"
 _MARK = "_mgpu_memory_tier"
 _state = {"seq": 0, "told": False, "full": False, "last_bytes": 0}
-_pending: dict[str, str] = {}  # target -> its newest slot the agent copies
+# (target, saver) -> the saver's newest slot the agent copies (agent/memcopy.py: saver_of)
+_pending: dict[tuple[str, ...], str] = {}
 END_WAIT_S = 600.0  # at most, at the program's end, for the last copies
 _seeded: set[str] = set()  # working folders filled in this process (a second saver shares it)
 _built: list[str] = []  # the directories of this process's managers, in order
@@ -83,12 +85,13 @@ def _local(path: object) -> str | None:
     return None if not text or "://" in text else os.path.abspath(text)
 
 
-def _room() -> bool:
-    """Memory can take one more save (twice the last one's size free), else
-    saves go to their directory from now on, said once."""
+def _room(estimate: int = 0) -> bool:
+    """Memory can take one more save (twice the last one's size free; before
+    the first, twice `estimate`: the model's variables), else saves go to
+    their directory from now on, said once."""
     if _state["full"]:
         return False
-    need = 2 * _state["last_bytes"]
+    need = 2 * max(_state["last_bytes"], estimate)
     if need and memslots.free_bytes(_root()) < need:
         _fall_back(f"{need // 2**20} MiB more do not fit")
     return not _state["full"]
@@ -118,6 +121,16 @@ def _new_slot() -> str:
     return slot
 
 
+@contextlib.contextmanager
+def _filling(slot: str):
+    """A slot being filled: removed whole if its save does not complete (no room)."""
+    try:
+        yield slot
+    except BaseException:
+        shutil.rmtree(slot, ignore_errors=True)
+        raise
+
+
 def _publish(slot: str, target: str, kind: str, pointer: str, step: int | None) -> None:
     """The slot is complete: its manifest, the bound, and the agent told."""
     names = memslots.ordered([n for n in os.listdir(slot) if n != memslots.MANIFEST])
@@ -129,8 +142,10 @@ def _publish(slot: str, target: str, kind: str, pointer: str, step: int | None) 
             import atexit
 
             atexit.register(_wait_for_copies)  # before the bootstrap's end (registered first)
-        _pending[target] = slot
-    _state["last_bytes"] = memslots.size_of(slot)
+        naming = [n for n in names if n in memslots.POINTERS] or names
+        _pending[(target, kind, *naming)] = slot  # two savers of one directory: both waited for
+    if kind != "drop":  # a drop is its manifest alone: no save's size
+        _state["last_bytes"] = memslots.size_of(slot)
     memslots.prune(_root(), _copies())
     _tell_start(target)
     fd = os.environ.get("MGPU_PROGRESS_FD")
@@ -156,7 +171,7 @@ def _wait_for_copies() -> None:
         if left and not said and time.monotonic() > deadline - END_WAIT_S + 1.0:
             said = True
             print("mgpu-launch: waiting for the copy of the last checkpoint to "
-                  f"{', '.join(sorted(_pending))}", file=sys.stderr, flush=True)
+                  f"{', '.join(sorted({key[0] for key in _pending}))}", file=sys.stderr, flush=True)
         time.sleep(0.05)
     if left:
         print(f"mgpu-launch: the last checkpoint's copy took over {END_WAIT_S:.0f} s; its "
@@ -283,13 +298,13 @@ def _manager_save(original):
             kwargs["options"].experimental_enable_async_checkpoint = False
         try:
             path = original(self, *args, **kwargs)
+            _snapshot_manager(self, getattr(self, "_mgpu_stands_for", target), path)
         except Exception as exc:
-            if "No space left" not in str(exc):
+            if not memslots.no_space(exc):
                 raise
             _fall_back("no space left")
             _to_directory(self, target)
             return original(self, *args, **kwargs)
-        _snapshot_manager(self, getattr(self, "_mgpu_stands_for", target), path)
         _trim_working(self._directory)
         if getattr(self, "_mgpu_stands_for", target) == memslots.shared_of(target):
             # The directory the script saved to exists, as after a save of its own:
@@ -317,14 +332,14 @@ def _trim_working(work: str) -> None:
 
 def _snapshot_manager(manager, target: str, path: object) -> None:
     work = manager._directory
-    slot = _new_slot()
-    for name in os.listdir(work):
-        if os.path.isfile(os.path.join(work, name)) and not name.startswith("."):
-            os.link(os.path.join(work, name), os.path.join(slot, name))
-    model = None
-    for value in vars(getattr(manager, "_checkpoint", object())).values():
-        model = value if hasattr(value, "optimizer") else model
-    _publish(slot, target, "manager", os.path.basename(os.fspath(path)), _step(model))
+    with _filling(_new_slot()) as slot:
+        for name in os.listdir(work):
+            if os.path.isfile(os.path.join(work, name)) and not name.startswith("."):
+                os.link(os.path.join(work, name), os.path.join(slot, name))
+        model = None
+        for value in vars(getattr(manager, "_checkpoint", object())).values():
+            model = value if hasattr(value, "optimizer") else model
+        _publish(slot, target, "manager", os.path.basename(os.fspath(path)), _step(model))
 
 
 def _to_directory(manager, target: str) -> None:
@@ -346,7 +361,8 @@ def _backup_begin(original):
     backup when there is one; then its saves go to memory."""
     def begin(self, *args, **kwargs):
         target = _local(getattr(self, "backup_dir", None))
-        if target is None or not hasattr(self, "_weights_path") or not _room():
+        if target is None or not hasattr(self, "_weights_path") \
+                or not _room(memslots.estimate(getattr(self, "model", None))):
             return original(self, *args, **kwargs)
         shared = {a: getattr(self, a) for a in _BACKUP_FILES if hasattr(self, a)}
         work = memslots.working(_root(), target, "backup")
@@ -357,8 +373,19 @@ def _backup_begin(original):
             return original(self, *args, **kwargs)
         finally:
             _point(self, shared, work)
-            self._mgpu_target = target
+            self._mgpu_target, self._mgpu_shared = target, shared
     return begin
+
+
+def _keras_direct(callback) -> None:
+    """This callback saves to its directory again (memory full): a backup's
+    paths name its directory's files (its working folder's until now)."""
+    shared = getattr(callback, "_mgpu_shared", None)
+    if shared:
+        for attr, path in shared.items():
+            setattr(callback, attr, path)
+        callback._mgpu_was = callback._mgpu_target  # its copies still waiting: dropped at the end
+    callback._mgpu_target = None
 
 
 def _backup_end(original):
@@ -369,6 +396,7 @@ def _backup_end(original):
         state = getattr(self, "_training_state", None)
         manager = getattr(state, "write_checkpoint_manager", None)
         target = getattr(self, "_mgpu_target", None) or getattr(manager, "_mgpu_target", None)
+        was = getattr(self, "_mgpu_was", None)  # on the tier until memory filled up
         shared_dir = getattr(self, "backup_dir", None)
         if target is not None and hasattr(self, "_weights_path"):
             # Keras 3 removes its backup_dir itself: the working folder instead,
@@ -378,9 +406,12 @@ def _backup_end(original):
             result = original(self, *args, **kwargs)
         finally:
             self.backup_dir = shared_dir
-        if target is not None and getattr(self, "delete_checkpoint", True):
-            target = memslots.shared_of(target)
-            _publish(_new_slot(), target, "drop", "", None)
+        dropped = target or was
+        if dropped is not None and getattr(self, "delete_checkpoint", True):
+            # After the copies still waiting (a copy of a save made before memory
+            # filled up would bring back the backup Keras removed).
+            with contextlib.suppress(OSError), _filling(_new_slot()) as slot:
+                _publish(slot, memslots.shared_of(dropped), "drop", "", None)
         return result
     return end
 
@@ -420,41 +451,57 @@ def _keras_save(original):
         if checkpoint_path is not None and hasattr(self, "_save_model") \
                 and not hasattr(self, "backup_dir"):
             target = _local(os.path.dirname(os.fspath(checkpoint_path)) or ".")
-        if target is None or not _room():
+        if target is None:
+            return original(self, *args, **kwargs)
+        if not _room(memslots.estimate(getattr(self, "model", None))):
+            _keras_direct(self)
             return original(self, *args, **kwargs)
         work = memslots.working(_root(), target,
                                 "backup" if hasattr(self, "backup_dir") else "model")
-        for name in os.listdir(work):  # what a failed save left (this saver's)
-            _remove(os.path.join(work, name))
+        _empty(work)  # what a failed save left (this saver's)
         if checkpoint_path is not None:
             self.filepath = os.path.join(work, os.path.basename(os.fspath(checkpoint_path)))
         try:
             result = original(self, *args, **kwargs)
+            _snapshot_keras(self, work, target)
+        except Exception as exc:
+            if not memslots.no_space(exc):
+                raise
+            _empty(work)
+            _fall_back("no space left")
+            _keras_direct(self)
+            if checkpoint_path is not None:
+                self.filepath = checkpoint_path
+            return original(self, *args, **kwargs)  # to its directory
         finally:
             if checkpoint_path is not None:
                 self.filepath = checkpoint_path
-        _snapshot_keras(self, work, target)
         return result
     return save
+
+
+def _empty(folder: str) -> None:
+    for name in os.listdir(folder):
+        _remove(os.path.join(folder, name))
 
 
 def _snapshot_keras(callback, work: str, target: str) -> None:
     names = [n for n in os.listdir(work) if not n.endswith(".bkp")]
     if not names:
         return  # nothing written (save_best_only, not the best)
-    slot = _new_slot()
-    for name in os.listdir(work):
-        if name.endswith(".bkp"):
-            _remove(os.path.join(work, name))
-        else:
-            os.replace(os.path.join(work, name), os.path.join(slot, name))
-    pointer = ""
-    try:
-        with open(os.path.join(slot, "training_metadata.json"), encoding="utf-8") as h:
-            pointer = h.read()
-    except OSError:
-        pass
-    _publish(slot, target, "keras", pointer, _step(getattr(callback, "model", None)))
+    with _filling(_new_slot()) as slot:
+        for name in os.listdir(work):
+            if name.endswith(".bkp"):
+                _remove(os.path.join(work, name))
+            else:
+                os.replace(os.path.join(work, name), os.path.join(slot, name))
+        pointer = ""
+        try:
+            with open(os.path.join(slot, "training_metadata.json"), encoding="utf-8") as h:
+                pointer = h.read()
+        except OSError:
+            pass
+        _publish(slot, target, "keras", pointer, _step(getattr(callback, "model", None)))
 
 
 def _remove_empty(folder: str) -> None:
