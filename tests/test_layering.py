@@ -209,6 +209,10 @@ RULES = (
          forbidden=("launcher.job.run.supervisor", "launcher.transport", "launcher.cli"),
          reason="metrics, notifications and `status --watch` are told the events (or read "
          "events.jsonl): they never drive the job, and `--watch` needs no launcher"),
+    Rule("outlets only carry what the views render", ("launcher.outlets.metrics",),
+         forbidden=("launcher.job.run.supervisor", "launcher.transport", "launcher.cli"),
+         reason="the metrics' server and textfile carry the views' renderings out of the "
+         "process: they are told the events, never drive the job"),
     Rule("drill verdicts are values", ("launcher.views.drill_report",),
          forbidden=("launcher.job.run.supervisor", "launcher.transport", "launcher.cli"),
          reason="the drill's verdicts, checkpoint interval and report are pure over what "
@@ -257,6 +261,9 @@ FLOORS = (
     Floor("views", ("launcher.views",), "pure renderings of the run for the operator's "
           "outlets (terminal, status, report, metrics, notifications), each a reader of what "
           "the floors below decide"),
+    Floor("outlets", ("launcher.outlets",), "the I/O around the views' renderings: the "
+          "threads, the metrics' HTTP server and textfile, the notifications' commands, "
+          "the outlets of a launch made from the cluster file"),
     Floor("tools", ("launcher.tools",), "what is not the launch path: simulated SSH hosts "
           "(also the SSH tests' fixture), the translations to Slurm and Kubernetes"),
     Floor("commands", ("launcher.commands",), "the command entry points (argv -> one call "

@@ -422,7 +422,7 @@ class TailCut(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class MetricsServed(Event):
-    """Where the job's Prometheus metrics are (launcher/views/metrics.py): written
+    """Where the job's Prometheus metrics are (launcher/outlets/metrics.py): written
     once, after the first launch, so `status` can say a port chosen at start."""
 
     kind = "metrics_served"

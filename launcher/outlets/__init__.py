@@ -1,0 +1,17 @@
+"""The run's outlets: where the views' renderings leave the process while a
+job runs (docs/design.md, "Packages in flow order").
+
+The views (launcher/views/) are functions from the run's model to text, JSON,
+HTML or metric families; this floor does the I/O around them: the threads,
+the metrics' HTTP server and textfile writer, the notifications' command
+processes, and the views of a launch made from the cluster file:
+
+- `launch`: the outlets of a launch (metrics, notifications) made from the
+  cluster file and the command line, handed to `Launch.start(views=)`.
+- `metrics`: the Prometheus text of `views.metrics.JobMetrics` served over
+  HTTP (`--metrics-port`) and written for node_exporter (`metrics.textfile`).
+
+May import: the views and every floor below them (job, transport, spec,
+shipped). The views never import an outlet; the tools, the commands and the
+cli do.
+"""
