@@ -209,7 +209,8 @@ RULES = (
          forbidden=("launcher.job.run.supervisor", "launcher.transport", "launcher.cli"),
          reason="metrics, notifications and `status --watch` are told the events (or read "
          "events.jsonl): they never drive the job, and `--watch` needs no launcher"),
-    Rule("outlets only carry what the views render", ("launcher.outlets.metrics",),
+    Rule("outlets only carry what the views render", ("launcher.outlets.metrics",
+                                                      "launcher.outlets.notify"),
          forbidden=("launcher.job.run.supervisor", "launcher.transport", "launcher.cli"),
          reason="the metrics' server and textfile carry the views' renderings out of the "
          "process: they are told the events, never drive the job"),

@@ -10,6 +10,9 @@ processes, and the views of a launch made from the cluster file:
   cluster file and the command line, handed to `Launch.start(views=)`.
 - `metrics`: the Prometheus text of `views.metrics.JobMetrics` served over
   HTTP (`--metrics-port`) and written for node_exporter (`metrics.textfile`).
+- `notify`: the `notify:` command run for each notification of
+  `views.notify`, one at a time on a thread of its own, each in its own
+  process group and bounded by `timeout_s`.
 
 May import: the views and every floor below them (job, transport, spec,
 shipped). The views never import an outlet; the tools, the commands and the

@@ -1,7 +1,8 @@
 """The outlets of a launch beside the terminal, made from the cluster file and
 the command line: Prometheus metrics (launcher/outlets/metrics.py, serving
 launcher/views/metrics.py's families) and notifications
-(launcher/views/notify.py). The run command makes them before the hosts are
+(launcher/outlets/notify.py, running the commands of launcher/views/notify.py's
+notifications). The run command makes them before the hosts are
 reached (a busy metrics port is a usage error, exit 2, before anything starts)
 and hands them to the launch (`Launch.start(..., views=outlets.views)`).
 
@@ -66,7 +67,7 @@ def make_outlets(loaded: LoadedConfig, run_dir: Path,
         made.said += [f"metrics: {outlet.url}"] if outlet.url else []
         made.said += [f"metrics textfile: {textfile}"] if textfile else []
     if loaded.config.notify is not None:
-        from ..views.notify import Notifier
+        from .notify import Notifier
 
         made.views.append(Notifier(loaded.config.notify, loaded.config.name, run_dir))
     return made

@@ -383,7 +383,7 @@ class OutOfStepAhead(TaskEvent):
 
 @dataclass(frozen=True, kw_only=True)
 class NotifyFailed(Event):
-    """A `notify.command` failed, timed out or was not run (launcher/views/notify.py)."""
+    """A `notify.command` failed, timed out or was not run (launcher/outlets/notify.py)."""
 
     kind = "notify_failed"
     notify: str = ""  # the notification: failed, restarted, succeeded, stopped, straggler
