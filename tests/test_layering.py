@@ -197,7 +197,7 @@ RULES = (
     Rule("the live view only reads rows", ("launcher.views.live",),
          forbidden=("launcher.job.run.supervisor", "launcher.cli", "launcher.transport"),
          reason="live.render is pure over TaskRow snapshots; the supervisor drives it"),
-    Rule("the printer is below the supervisor", ("launcher.views.printer",),
+    Rule("the printer is below the supervisor", ("launcher.outlets.printer",),
          forbidden=("launcher.job.run.supervisor", "launcher.cli"),
          reason="the supervisor thread owns the printer, not the other way round"),
     Rule("simulated hosts stand alone", ("launcher.tools.sshsim",),

@@ -353,8 +353,8 @@ def test_the_same_story_cut_as_generation_1_starts_is_the_same_everywhere(
     own figures beside) and the metrics say both tasks are starting (from the
     fold: no view asks the supervisor), in the job's phase `starting`."""
     from launcher.job.record.story import Beside
+    from launcher.outlets.printer import Printer
     from launcher.views.metrics import JobMetrics
-    from launcher.views.printer import Printer
 
     t0 = time.time() - 100
     lines = _story_with_a_kill_a_restart_a_straggler_and_a_stop(t0)

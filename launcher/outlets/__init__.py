@@ -6,6 +6,8 @@ HTML or metric families; this floor does the I/O around them: the threads,
 the metrics' HTTP server and textfile writer, the notifications' command
 processes, and the views of a launch made from the cluster file:
 
+- `printer`: all terminal output of a run, buffered and written by a
+  thread of its own so that the supervisor never waits on the terminal.
 - `launch`: the outlets of a launch (metrics, notifications) made from the
   cluster file and the command line, handed to `Launch.start(views=)`.
 - `metrics`: the Prometheus text of `views.metrics.JobMetrics` served over

@@ -28,8 +28,8 @@ from ..job.record.story import Story, TaskRow, records
 from ..spec.rundir import EVENTS, SUMMARY
 from . import narrate
 from .live import LiveScreen, describe_row, goodput_title, sized
-from .printer import LAUNCHER, wants_colour, wants_live
 from .records import RunView, launcher_alive, load_run, read_launcher_pid, render_status
+from .terminal import LAUNCHER, wants_colour, wants_live
 
 POLL_S = 0.5
 # How often the launcher's process is looked for (a launcher gone without a summary).
