@@ -205,7 +205,7 @@ RULES = (
          reason="`simulate` is also the SSH tests' fixture: it must not depend on the "
          "transport it is used to test"),
     Rule("views beside the terminal only read the story",
-         ("launcher.views.metrics", "launcher.views.notify", "launcher.views.status_watch"),
+         ("launcher.views.metrics", "launcher.views.notify", "launcher.outlets.status_watch"),
          forbidden=("launcher.job.run.supervisor", "launcher.transport", "launcher.cli"),
          reason="metrics, notifications and `status --watch` are told the events (or read "
          "events.jsonl): they never drive the job, and `--watch` needs no launcher"),

@@ -27,7 +27,8 @@ import pytest
 
 from launcher.commands import status
 from launcher.job.record import eventlines, goodput
-from launcher.views import report, status_watch
+from launcher.outlets import status_watch
+from launcher.views import report
 from launcher.views.report_html import render
 
 TASKS = [{"task": "worker0", "host": "host0"}, {"task": "worker1", "host": "host1"}]

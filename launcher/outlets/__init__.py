@@ -8,6 +8,8 @@ processes, and the views of a launch made from the cluster file:
 
 - `printer`: all terminal output of a run, buffered and written by a
   thread of its own so that the supervisor never waits on the terminal.
+- `status_watch`: `status --watch`, polling a run directory's events.jsonl
+  and redrawing the live table until the run ends.
 - `launch`: the outlets of a launch (metrics, notifications) made from the
   cluster file and the command line, handed to `Launch.start(views=)`.
 - `metrics`: the Prometheus text of `views.metrics.JobMetrics` served over
