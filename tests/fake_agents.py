@@ -19,11 +19,11 @@ from typing import Any
 
 from launcher.job.policy.recovery import HostInfo
 from launcher.job.run.supervisor import RestartPolicy, Supervisor
+from launcher.outlets.printer import Printer
 from launcher.spec.config import local_config
 from launcher.spec.plan import Plan, build_plan
 from launcher.spec.rundir import RunRecorder
 from launcher.transport import AgentMessage
-from launcher.views.printer import Printer
 
 
 class FakeClock:

@@ -175,7 +175,7 @@ def test_the_live_table_title_says_the_goodput_so_far():
 
     from launcher.job.record import events as ev
     from launcher.job.record.story import Beside
-    from launcher.views.printer import Printer
+    from launcher.outlets.printer import Printer
 
     now = [100.0]
     out = io.StringIO()

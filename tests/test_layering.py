@@ -197,7 +197,7 @@ RULES = (
     Rule("the live view only reads rows", ("launcher.views.live",),
          forbidden=("launcher.job.run.supervisor", "launcher.cli", "launcher.transport"),
          reason="live.render is pure over TaskRow snapshots; the supervisor drives it"),
-    Rule("the printer is below the supervisor", ("launcher.views.printer",),
+    Rule("the printer is below the supervisor", ("launcher.outlets.printer",),
          forbidden=("launcher.job.run.supervisor", "launcher.cli"),
          reason="the supervisor thread owns the printer, not the other way round"),
     Rule("simulated hosts stand alone", ("launcher.tools.sshsim",),
@@ -205,10 +205,15 @@ RULES = (
          reason="`simulate` is also the SSH tests' fixture: it must not depend on the "
          "transport it is used to test"),
     Rule("views beside the terminal only read the story",
-         ("launcher.views.metrics", "launcher.views.notify", "launcher.views.status_watch"),
+         ("launcher.views.metrics", "launcher.views.notify", "launcher.outlets.status_watch"),
          forbidden=("launcher.job.run.supervisor", "launcher.transport", "launcher.cli"),
          reason="metrics, notifications and `status --watch` are told the events (or read "
          "events.jsonl): they never drive the job, and `--watch` needs no launcher"),
+    Rule("outlets only carry what the views render", ("launcher.outlets.metrics",
+                                                      "launcher.outlets.notify"),
+         forbidden=("launcher.job.run.supervisor", "launcher.transport", "launcher.cli"),
+         reason="the metrics' server and textfile carry the views' renderings out of the "
+         "process: they are told the events, never drive the job"),
     Rule("drill verdicts are values", ("launcher.views.drill_report",),
          forbidden=("launcher.job.run.supervisor", "launcher.transport", "launcher.cli"),
          reason="the drill's verdicts, checkpoint interval and report are pure over what "
@@ -257,6 +262,9 @@ FLOORS = (
     Floor("views", ("launcher.views",), "pure renderings of the run for the operator's "
           "outlets (terminal, status, report, metrics, notifications), each a reader of what "
           "the floors below decide"),
+    Floor("outlets", ("launcher.outlets",), "the I/O around the views' renderings: the "
+          "threads, the metrics' HTTP server and textfile, the notifications' commands, "
+          "the outlets of a launch made from the cluster file"),
     Floor("tools", ("launcher.tools",), "what is not the launch path: simulated SSH hosts "
           "(also the SSH tests' fixture), the translations to Slurm and Kubernetes"),
     Floor("commands", ("launcher.commands",), "the command entry points (argv -> one call "

@@ -23,8 +23,8 @@ from launcher.commands.run import _print_outcome
 from launcher.job.record import events as ev
 from launcher.job.record.states import Failure, RunResult
 from launcher.job.record.story import Beside, TaskRow
+from launcher.outlets.printer import STATUS_EVERY_S, Printer
 from launcher.views.live import clean_for_screen, render
-from launcher.views.printer import STATUS_EVERY_S, Printer
 from tests.conftest import PYTHON, cli_env, read_events, start_cli, wait_for
 
 # --------------------------------------------------------------------- helpers

@@ -1,5 +1,5 @@
 """Prometheus metrics of a running job: `--metrics-port`, `metrics:` of the
-cluster file (launcher/views/metrics.py).
+cluster file (launcher/views/metrics.py; served by launcher/outlets/metrics.py).
 
 The unit tests feed typed events to `JobMetrics` and read its text with
 prometheus-client's own parser; the end-to-end test scrapes a real running

@@ -1,4 +1,4 @@
-"""Notifications: `notify: {command, events, timeout_s}` (launcher/views/notify.py).
+"""Notifications: `notify: {command, events, timeout_s}` (launcher/outlets/notify.py).
 
 A real job (`transport: local`) that fails once and then succeeds runs a real
 shell command for each notification; the notifier alone is tested with real
@@ -14,8 +14,8 @@ from pathlib import Path
 
 from launcher.job.record import eventlines
 from launcher.job.record import events as ev
+from launcher.outlets import notify
 from launcher.spec.outlets import NotifySettings
-from launcher.views import notify
 from tests.conftest import read_events, run_cli, wait_for
 
 # Fails in generation 0, succeeds in generation 1.

@@ -1,5 +1,5 @@
 """`mgpu-launch status RUN_DIR --watch`: the live table of a detached job,
-redrawn from its run directory until it ends (launcher/views/status_watch.py).
+redrawn from its run directory until it ends (launcher/outlets/status_watch.py).
 
 A real detached launcher (`--detach --local 2`, a tiny script without
 TensorFlow) and a real `status --watch` on a pseudo-terminal.

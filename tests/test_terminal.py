@@ -18,7 +18,7 @@ import threading
 import time
 from pathlib import Path
 
-from launcher.views.printer import Printer
+from launcher.outlets.printer import Printer
 from tests.conftest import (
     EXAMPLES,
     PYTHON,

@@ -27,7 +27,8 @@ import pytest
 
 from launcher.commands import status
 from launcher.job.record import eventlines, goodput
-from launcher.views import report, status_watch
+from launcher.outlets import status_watch
+from launcher.views import report
 from launcher.views.report_html import render
 
 TASKS = [{"task": "worker0", "host": "host0"}, {"task": "worker1", "host": "host1"}]
@@ -353,8 +354,8 @@ def test_the_same_story_cut_as_generation_1_starts_is_the_same_everywhere(
     own figures beside) and the metrics say both tasks are starting (from the
     fold: no view asks the supervisor), in the job's phase `starting`."""
     from launcher.job.record.story import Beside
+    from launcher.outlets.printer import Printer
     from launcher.views.metrics import JobMetrics
-    from launcher.views.printer import Printer
 
     t0 = time.time() - 100
     lines = _story_with_a_kill_a_restart_a_straggler_and_a_stop(t0)

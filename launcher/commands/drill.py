@@ -29,13 +29,13 @@ from pathlib import Path
 
 from ..job.run.launch import Job, LaunchRefused
 from ..job.run.sequence import EarlyEnd, StopRequest, run_launch
+from ..outlets.printer import Printer
 from ..spec.allocation import SlurmError
 from ..spec.config import ConfigError, LoadedConfig
 from ..spec.plan import PlanError
 from ..spec.transports import traits
 from ..transport.factory import make_transport, quiet_paramiko_logs
 from ..views.drill_report import DEFAULT_MTBF_HOURS, FAULTS, Observed, judge, render, report
-from ..views.printer import Printer
 from . import control, exits, loading, usage
 from .drill_faults import Heard, Injector
 from .drill_memory import MemoryCosts

@@ -28,15 +28,16 @@ from ..job.record.states import JobStatus, RunResult
 from ..job.record.story import restarts_words, step_of
 from ..job.run.launch import Launch, LaunchRefused, Outcome
 from ..job.run.sequence import EarlyEnd, run_launch
+from ..outlets import launch as outlets
+from ..outlets.printer import Printer
 from ..spec import planview, rundir
 from ..spec.config import LoadedConfig
 from ..spec.plan import Plan
 from ..spec.transports import traits as transport_traits
 from ..transport import Transport
 from ..transport.factory import make_transport
-from ..views import narrate, outlets, rootcause
+from ..views import narrate, rootcause
 from ..views.live import format_duration
-from ..views.printer import Printer
 from . import control, exits, prereqs
 from .signals import stops_asked
 from .usage import say, shown, silence_fds

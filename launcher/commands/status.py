@@ -2,7 +2,7 @@
 argv in, a run directory read (launcher/views/records.py), text out, an exit code.
 
 `status` prints `render_status` (or `--json`, or redraws the live table with
-`--watch`: launcher/views/status_watch.py); `logs` is launcher/commands/logs.py.
+`--watch`: launcher/outlets/status_watch.py); `logs` is launcher/commands/logs.py.
 Read-only: never writes into the run directory.
 """
 
@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
+from ..outlets.status_watch import watch
 from ..views.records import RunDirError, load_run, render_status
-from ..views.status_watch import watch
 from . import exits, usage
 from .logs import logs_main
 

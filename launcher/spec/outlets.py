@@ -3,7 +3,7 @@ and `notify:` sections (docs/operations.md, "Metrics" and "Notifications").
 
 Owns: their schema and defaults, checked like every other section (unknown
 keys, types, ranges: launcher.spec.problems words them with the file and line).
-The views that use them are launcher/views/metrics.py and launcher/views/notify.py.
+The outlets that use them are made in launcher/outlets/launch.py.
 
 Must not import: anything of the launcher but launcher.spec.strict.
 """

@@ -383,7 +383,7 @@ class OutOfStepAhead(TaskEvent):
 
 @dataclass(frozen=True, kw_only=True)
 class NotifyFailed(Event):
-    """A `notify.command` failed, timed out or was not run (launcher/views/notify.py)."""
+    """A `notify.command` failed, timed out or was not run (launcher/outlets/notify.py)."""
 
     kind = "notify_failed"
     notify: str = ""  # the notification: failed, restarted, succeeded, stopped, straggler
@@ -422,7 +422,7 @@ class TailCut(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class MetricsServed(Event):
-    """Where the job's Prometheus metrics are (launcher/views/metrics.py): written
+    """Where the job's Prometheus metrics are (launcher/outlets/metrics.py): written
     once, after the first launch, so `status` can say a port chosen at start."""
 
     kind = "metrics_served"

@@ -13,7 +13,9 @@ to be gone without one, and returns the run as it ended; the command
 (launcher/commands/status.py) makes the exit code: 0 the job succeeded, 1 it
 did not (failed, interrupted, aborted), 2 not a run directory, 130 Ctrl-C.
 
-Read-only. Must not import supervisor, transport or cli.
+The polling loop is this outlet's; the table, the notices' words and the status
+are the views' (live, narrate, records). Read-only. Must not import
+supervisor, transport or cli.
 """
 
 from __future__ import annotations
@@ -26,10 +28,10 @@ from typing import Any, TextIO
 from ..job.record import eventlines
 from ..job.record.story import Story, TaskRow, records
 from ..spec.rundir import EVENTS, SUMMARY
-from . import narrate
-from .live import LiveScreen, describe_row, goodput_title, sized
-from .printer import LAUNCHER, wants_colour, wants_live
-from .records import RunView, launcher_alive, load_run, read_launcher_pid, render_status
+from ..views import narrate
+from ..views.live import LiveScreen, describe_row, goodput_title, sized
+from ..views.records import RunView, launcher_alive, load_run, read_launcher_pid, render_status
+from ..views.terminal import LAUNCHER, wants_colour, wants_live
 
 POLL_S = 0.5
 # How often the launcher's process is looked for (a launcher gone without a summary).

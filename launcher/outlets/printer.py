@@ -22,6 +22,10 @@ Two modes, chosen once:
 launcher detail: task state changes, `debug()` lines, and in plain mode a
 status line per task every `STATUS_EVERY_S`.
 
+The words are the views': each event's line (launcher/views/narrate.py), the
+prefixes and colours (launcher/views/terminal.py), the live table
+(launcher/views/live.py); this outlet owns the buffer and the writer thread.
+
 Must not import: supervisor, cli.
 """
 
@@ -41,11 +45,18 @@ from typing import TextIO
 
 from ..job.record.events import Event
 from ..job.record.story import Beside, Story, TaskRow
-from . import narrate
-from .live import LiveScreen, clean_for_screen, describe_row, goodput_title
+from ..views import narrate
+from ..views.live import LiveScreen, clean_for_screen, describe_row, goodput_title
+from ..views.terminal import (
+    COLOURS,
+    LAUNCHER,
+    dropped_words,
+    gap_words,
+    prefix,
+    wants_colour,
+    wants_live,
+)
 
-_COLOURS = ("36", "33", "35", "32", "34", "91", "96", "93")
-LAUNCHER = "mgpu-launch"
 # Plain --verbose output: how often every task's status is printed as a line.
 STATUS_EVERY_S = 10.0
 GOODPUT_EVERY_S = 5.0  # the live title's goodput, worked out this often
@@ -57,15 +68,6 @@ HARD_LIMIT_LINES = 4 * BUFFER_LINES
 CLOSE_WAIT_S = 3.0
 # Lines joined into one write (one redraw of the live table).
 BATCH_LINES = 500
-
-
-def wants_colour(stream: TextIO) -> bool:
-    return stream.isatty() and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
-
-
-def wants_live(stream: TextIO) -> bool:
-    """A table redrawn in place needs a terminal that moves its cursor."""
-    return stream.isatty() and os.environ.get("TERM") != "dumb"
 
 
 class _Sink:
@@ -119,7 +121,7 @@ class Printer:
         self.verbose = verbose
         self._clock = clock
         self._width = max([len(LAUNCHER), *(len(label) for label in labels)])
-        self._colour_of = {label: _COLOURS[i % len(_COLOURS)] for i, label in enumerate(labels)}
+        self._colour_of = {label: COLOURS[i % len(COLOURS)] for i, label in enumerate(labels)}
         self._sink = _Sink(self.stream)
         self._live = bool(wants_live(self.stream) if live is None else live)
         # Owned by the writer thread from here on.
@@ -157,8 +159,7 @@ class Printer:
         return self._live and not self._closed
 
     def _prefix(self, label: str, code: str | None) -> str:
-        text = f"{label:<{self._width}} |"
-        return f"\x1b[{code}m{text}\x1b[0m" if self.colour and code else text
+        return prefix(label, self._width, code, self.colour)
 
     # ------------------------------------------------------- callers' side
 
@@ -278,8 +279,7 @@ class Printer:
         if not self._closed:
             self._closed = True
             if self.dropped:
-                self.notice(f"{self.dropped} lines of task output were not shown: the "
-                            "terminal did not keep up (the log files have every line)")
+                self.notice(dropped_words(self.dropped))
             with self._cond:
                 if self._live:
                     self._queue.append(_CLOSE_SCREEN)
@@ -339,9 +339,7 @@ class Printer:
         lines = []
         for item in batch:
             if isinstance(item, _Gap):
-                lines.append(f"{self._prefix(LAUNCHER, '33')} ... {item.count} lines of task "
-                             "output not shown here: the terminal did not keep up "
-                             "(the log files have every line)")
+                lines.append(f"{self._prefix(LAUNCHER, '33')} {gap_words(item.count)}")
             elif isinstance(item, str):
                 lines.append(item)
         closing = bool(batch) and batch[-1] is _CLOSE_SCREEN

@@ -1,13 +1,15 @@
-"""The views of a launch beside the terminal, made from the cluster file and
-the command line: Prometheus metrics (launcher/views/metrics.py) and
-notifications (launcher/views/notify.py). The cli makes them before the hosts are
+"""The outlets of a launch beside the terminal, made from the cluster file and
+the command line: Prometheus metrics (launcher/outlets/metrics.py, serving
+launcher/views/metrics.py's families) and notifications
+(launcher/outlets/notify.py, running the commands of launcher/views/notify.py's
+notifications). The run command makes them before the hosts are
 reached (a busy metrics port is a usage error, exit 2, before anything starts)
 and hands them to the launch (`Launch.start(..., views=outlets.views)`).
 
 metrics and notify are imported only when a job asks for them: every command
 imports the cli, and prometheus-client is not free to import.
 
-Must not import: supervisor, transport, cli.
+Must not import: cli (it imports the launch, for its `View`).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from ..job.run.launch import View
 from ..spec.config import LoadedConfig
 
 if TYPE_CHECKING:
-    from .metrics import JobMetrics
+    from ..views.metrics import JobMetrics
 
 
 class OutletError(Exception):
@@ -51,7 +53,8 @@ def make_outlets(loaded: LoadedConfig, run_dir: Path,
                           "(or 0 for any free port)")
     textfile = loaded.resolve_path(settings.textfile)
     if port is not None or textfile is not None:
-        from .metrics import JobMetrics, MetricsError, MetricsOutlet
+        from ..views.metrics import JobMetrics
+        from .metrics import MetricsError, MetricsOutlet
 
         try:
             outlet = MetricsOutlet(JobMetrics(loaded.config.name), port, settings.host,
