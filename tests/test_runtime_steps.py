@@ -49,6 +49,8 @@ def channel(monkeypatch):
     monkeypatch.setattr(runtime, "_script_reports_steps", False)
     monkeypatch.setattr(steps, "_optimizers", [])
     monkeypatch.setattr(steps, "_last_reported", None)
+    monkeypatch.setattr(steps, "_loss_reported", None)
+    monkeypatch.setattr(steps, "_epoch_loss", None)
     monkeypatch.setattr(steps, "_watcher", object())  # no thread: the test calls report_step
 
     def records() -> list[dict]:
@@ -144,11 +146,27 @@ def test_fit_reports_each_epochs_loss_with_the_step(channel, monkeypatch):
     mine = object()
     given = Model().fit(epochs=2, callbacks=[mine])
     assert given[0] is mine and len(given) == 2  # the script's callbacks kept, one added
-    assert [(r["step"], r["loss"]) for r in channel()] == [(10, 1.0)]  # step unchanged after
+    # Each epoch's end says its loss (here at an unchanged step: the stand-in trains none).
+    assert [(r["step"], r["loss"]) for r in channel()] == [(10, 1.0), (10, 0.5)]
     optimizer._iterations.value = 20
     steps.report_step()
     assert [(r["step"], r["loss"]) for r in channel()] == [(20, 0.5)]
     assert len(Model().fit(None, None, 32, 1, 0, [])) == 0  # callbacks given by position
+
+
+def test_an_epochs_loss_is_said_though_its_last_step_was_read_before(channel):
+    # The watcher read the epoch's last step before the epoch ended; a save at
+    # that step then reports it without a loss: the epoch's end still says its
+    # loss, so the task's last report (`status`, summary.json) carries it.
+    steps.count_steps_of(BaseOptimizer)
+    optimizer = Adam(30)  # noqa: F841 - the counter holds it weakly
+    steps.report_step()
+    assert [r.get("loss") for r in channel()] == [None]
+    steps._epoch_loss = 0.25  # the epoch-end callback's
+    steps.report_step()
+    assert [(r["step"], r["loss"]) for r in channel()] == [(30, 0.25)]
+    steps.report_step()
+    assert channel() == []  # nothing new: nothing said
 
 
 def test_counted_steps_are_never_taken_for_a_resume_point(channel):

@@ -64,6 +64,7 @@ _watcher: threading.Thread | None = None
 _stop = threading.Event()  # set at exit: the watcher reads no more
 _last_reported: int | None = None
 _epoch_loss: float | None = None  # the last epoch's loss as Keras logged it
+_loss_reported: float | None = None  # the epoch loss the last report carried
 
 
 def _no_saves() -> bool:
@@ -214,7 +215,7 @@ def _at_exit() -> None:
 
 def report_step() -> bool:
     """Report the step counter if it moved; False once the script reports its own."""
-    global _last_reported
+    global _last_reported, _loss_reported
     from launcher import runtime  # loaded already: this module is part of it
     from launcher.runtime import calls
 
@@ -222,9 +223,12 @@ def report_step() -> bool:
         return False
     step = current_step()
     # A distributed call begun since (runtime/calls.py): where a stuck worker waits.
-    moved = step != _last_reported or saves_pending() or calls.unsent()
+    # An epoch's loss new since: the epoch's end said even when the watcher read its
+    # last step first (a save's report at that step, after it, carries no loss).
+    moved = step != _last_reported or saves_pending() or calls.unsent() \
+        or _epoch_loss != _loss_reported
     if step is not None and step > 0 and moved:
-        _last_reported = step
+        _last_reported, _loss_reported = step, _epoch_loss
         # `counted`: read off the optimizer, not reported by the script. Where a
         # restarted generation resumed is not this (it is read seconds into
         # training): the launcher takes resume points from the script's reports.
