@@ -569,6 +569,9 @@ def test_legacy_server_seed_keras_fit_killed_after_a_save_resumes(workdir: Path,
     assert re.search(r"h\d/worker\d +\| RESUME epoch=\d", job.output), job.output[-3000:]
     steps = {t["task"]: t["last_step"] for t in shown["tasks"]}
     assert steps["h0/worker0"] > resumed["step"] and steps["h1/worker1"], steps
+    text = render_status(load_run(job.run_dir))
+    assert re.search(r"h0/worker0 +worker 0 +succeeded +0 +\d+ ", text), text
+    assert f"generation 1 resumed at epoch {resumed['epoch']} (step {resumed['step']})" in text
     results = [json.loads(line.partition("RESULT ")[2]) for line in job.output.splitlines()
                if "| RESULT " in line]
     assert results and all(r["variable_devices"] == ["/job:ps/task:0"] for r in results)
