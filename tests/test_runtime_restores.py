@@ -83,6 +83,10 @@ def test_a_graph_mode_fit_reports_steps_saves_and_where_its_load_weights_resumed
     [resumed] = [r for r in again if "resumed" in r]
     assert (resumed["resumed"], resumed["resumed_epoch"], resumed["resumed_dir"]) == (16, 2, ckpt)
     assert [r["saved"] for r in again if "saved" in r] == [24], again
+    # Saved with a TF1 Saver of its own (no global step in the graph): the same count.
+    own, output = run_script(tmp_path, ["graph_fit_checkpoint.py", str(tmp_path / "own"), "2",
+                                        "saver"], 0)
+    assert [r["saved"] for r in own if "saved" in r] == [8, 16], own
 
 
 @pytest.mark.parametrize("keras,when,what", [

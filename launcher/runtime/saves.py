@@ -114,7 +114,7 @@ def timed(cls: type, name: str, where: Where | None = None, *,
             _nonfinite(saver, where, args, kwargs, skipped=skip is not None)
             if skip is not None:
                 return skip(saver)
-        before = _graph_step(saver) if where is not None and step is None else None
+        before = _graph_step(saver) if where is not None else None
         _inside.saving, _inside.wrote = True, False
         began = time.monotonic()
         done, result = False, None
@@ -169,7 +169,8 @@ def _graph_step(saver: object) -> int | None:
     from . import steps
 
     try:
-        return steps.graph_step(getattr(saver, "model", None))
+        model = getattr(saver, "model", None)  # a Keras callback's; a Saver has none
+        return steps.graph_step(model) if model is not None else steps.graph_now()
     except Exception:  # noqa: BLE001 - a layout we do not know: read after, as elsewhere
         return None
 
@@ -182,9 +183,9 @@ def _completed(saver: object, where: Where, args: tuple, kwargs: dict, result: o
 
     try:
         directory = where(saver, args, kwargs)
-        step = step_of(saver, args, kwargs, result) if step_of is not None \
-            else before if before is not None \
-            else steps.step_of(getattr(saver, "model", None))
+        step = step_of(saver, args, kwargs, result) if step_of is not None else None
+        if step is None:
+            step = before if before is not None else steps.step_of(getattr(saver, "model", None))
     except Exception:  # noqa: BLE001 - a layout we do not know: no report, no harm
         return
     if not directory:
@@ -283,7 +284,9 @@ _NUMBERED = re.compile(r"-(\d+)$")
 
 def _saver_step(saver, args, kwargs, result) -> int | None:
     """The global step a TF1 `Saver.save` wrote: the `-N` its path ends with
-    when it was given one (it read the global step itself), else the graph's."""
+    when it was given one (it read the global step itself), else the graph's;
+    None when the graph has none (Keras `fit` in graph mode, saved with a
+    `Saver` of the script's own: the step read as the save began is told)."""
     given = args[3] if len(args) > 3 else kwargs.get("global_step")
     found = _NUMBERED.search(os.fspath(result)) if given is not None and result else None
     if found:

@@ -76,6 +76,7 @@ _last_reported: int | None = None
 _epoch_loss: float | None = None  # the last epoch's loss as Keras logged it
 _graph_step: int | None = None  # the last graph-mode read (the training thread's)
 _graph_thread: int | None = None  # the thread that runs a graph-mode `fit`
+_graph_model: weakref.ref | None = None  # ... and its model
 
 
 def _no_saves() -> bool:
@@ -340,6 +341,13 @@ def graph_step(model) -> int | None:
     return step
 
 
+def graph_now() -> int | None:
+    """The step counter of the model of a graph-mode `fit`, read now (in its
+    thread; a `Saver` of the script's own saves without a model): else None."""
+    model = _graph_model() if _graph_model is not None else None
+    return graph_step(model) if model is not None else None
+
+
 def count_loss_of(model_class, callbacks_module: ModuleType, *more: type) -> None:
     """Wrap `model_class.fit` (and each of `more`'s, graph mode's `Model` that
     has a `fit` of its own) to add the epoch-loss callback (once); in graph
@@ -358,11 +366,11 @@ def _wrap_fit(model_class: type, epoch_loss: type, graph_steps: type) -> None:
 
     @functools.wraps(original)
     def fit(self, *args, **kwargs):
-        global _graph_thread
+        global _graph_thread, _graph_model
         track_trainer(self)
         graph = _graph_mode()
         if graph:
-            _graph_thread = threading.get_ident()
+            _graph_thread, _graph_model = threading.get_ident(), weakref.ref(self)
         given = kwargs.get("callbacks") or []
         # callbacks is fit's 6th parameter: given by name or not at all (and
         # added once: graph mode's fit may call the other).
