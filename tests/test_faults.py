@@ -538,3 +538,42 @@ def test_tf1_monitored_session_killed_twice_with_progress_succeeds(workdir: Path
     assert "h1/worker1: waiting for a TF1 session that needs h0/worker0, which finished" \
         in again.output
     again.assert_nothing_left()
+
+
+def test_legacy_server_seed_keras_fit_killed_after_a_save_resumes(workdir: Path, jobs):
+    """Issue 57, the seed's own shape: an unmodified TF1-era script (its own
+    `tf.train.Server` session set with `K.set_session`, variables on the ps, Keras
+    `fit` in graph mode, worker 0's `ModelCheckpoint` in its own directory,
+    `load_weights` + `initial_epoch`), 1 ps + 2 workers, max_restarts 1; worker 0
+    killed after its first save: that save is progress (the restart is free), the
+    next generation resumes at it, the job succeeds and its steps are shown."""
+    config = write_yaml(workdir / "seed.yaml",
+                        TF1_CLUSTER.format(name="seed") + "keras: tf_keras\n")
+    script = str(SCRIPTS.parent / "scripts_strategies" / "tf1_server.py")
+    job = launch(jobs, [str(config), script, "--dir", str(workdir / "own_ckpt"),
+                        "--epochs", "8", "--batch-s", "0.05"], workdir)
+    wait_for(lambda: [e for e in job.events("progress", generation=0, task="worker0")
+                      if e.get("saved")], timeout=120, what="worker 0's first save")
+    os.kill(job.pids()[(0, "worker0")], signal.SIGKILL)
+    assert job.finish(timeout=120) == 0, job.output[-4000:]
+    shown = status_json(job.run_dir)
+    assert shown["status"] == "succeeded" and shown["restarts"] == 1, shown
+    assert [e["counted"] for e in job.events("restart")] == [False]  # the save was progress
+    saves = [e["saved"] for e in job.events("progress", generation=0) if "saved" in e]
+    [resumed] = job.events("resumed")
+    assert resumed["generation"] == 1 and resumed["saved_step"] == max(saves), (resumed, saves)
+    # The save holds at least the step said (read as it began; the other worker
+    # trains on the ps's shared counter while it writes: within an epoch).
+    assert resumed["saved_step"] <= resumed["step"] < resumed["saved_step"] + 16, resumed
+    assert resumed["epoch"] >= 1 and not job.events("resume_behind"), resumed
+    assert re.search(r"h\d/worker\d +\| RESUME epoch=\d", job.output), job.output[-3000:]
+    steps = {t["task"]: t["last_step"] for t in shown["tasks"]}
+    assert steps["h0/worker0"] > resumed["step"] and steps["h1/worker1"], steps
+    text = render_status(load_run(job.run_dir))
+    assert re.search(r"h0/worker0 +worker 0 +succeeded +0 +\d+ ", text), text
+    assert f"generation 1 resumed at epoch {resumed['epoch']} (step {resumed['step']})" in text
+    results = [json.loads(line.partition("RESULT ")[2]) for line in job.output.splitlines()
+               if "| RESULT " in line]
+    assert results and all(r["variable_devices"] == ["/job:ps/task:0"] for r in results)
+    assert "ps0 stopped" in (job.run_dir / "logs" / "h0-ps0.log").read_text()
+    job.assert_nothing_left()

@@ -32,6 +32,8 @@ def test_each_shape_the_runtime_sends_reads_as_what_it_means():
     assert unknown.resume_unknown == "no optimizer" and unknown.resume_point is None
     assert not unknown.position_only  # said, not dropped as a position
     assert ProgressReport.read({"at": "train", "at_step": 3}).position_only
+    # A save whose step could not be read is still progress (issue 57), not a position.
+    assert not ProgressReport.read({"checkpoint": 1, "saved_dir": "/b", "at": "x"}).position_only
     assert ProgressReport.read({"deleted": "/b", "at": "train"}).deleted == "/b"
     bad = ProgressReport.read({"nonfinite": [100, 2, 19], "nonfinite_loss": "inf"})
     assert (bad.nonfinite, bad.nonfinite_loss, bad.has_step) == ((100, 2, 19), "inf", False)

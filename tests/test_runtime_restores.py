@@ -63,6 +63,32 @@ def test_a_fit_with_its_own_backup_reports_its_saves_and_where_it_resumed(
     assert max(r.get("step", 0) for r in again) == 64, again
 
 
+def test_a_graph_mode_fit_reports_steps_saves_and_where_its_load_weights_resumed(
+        tmp_path: Path):
+    """The seed's shape (issue 57): tf_keras in graph mode, a session set with
+    `K.set_session`, a TF1 optimizer, `ModelCheckpoint` and `load_weights` +
+    `initial_epoch`: the optimizer's count is read with that session (inside
+    epochs, at each save, where the restarted `fit` began)."""
+    ckpt = str(tmp_path / "ckpt")
+    first, output = run_script(tmp_path, ["graph_fit_checkpoint.py", ckpt, "2"], 0,
+                               MGPU_STEPS_EVERY_S="0.05")
+    assert "TRAINED 16" in output, output[-3000:]
+    assert [(r["saved"], r["saved_dir"]) for r in first if "saved" in r] == [(8, ckpt), (16, ckpt)]
+    counted = [r["step"] for r in first if "step" in r]
+    assert counted == sorted(counted) and counted[-1] == 16, first
+    assert [step for step in counted if step % 8], counted  # inside an epoch, not only at its end
+    again, output = run_script(tmp_path, ["graph_fit_checkpoint.py", ckpt, "3"], 1)
+    assert "TRAINED 24" in output, output[-3000:]
+    assert not [r for r in again if "resumed_unknown" in r], again  # its TFOptimizer is found
+    [resumed] = [r for r in again if "resumed" in r]
+    assert (resumed["resumed"], resumed["resumed_epoch"], resumed["resumed_dir"]) == (16, 2, ckpt)
+    assert [r["saved"] for r in again if "saved" in r] == [24], again
+    # Saved with a TF1 Saver of its own (no global step in the graph): the same count.
+    own, output = run_script(tmp_path, ["graph_fit_checkpoint.py", str(tmp_path / "own"), "2",
+                                        "saver"], 0)
+    assert [r["saved"] for r in own if "saved" in r] == [8, 16], own
+
+
 @pytest.mark.parametrize("keras,when,what", [
     ("tf_keras", "once", "weights"), ("tf_keras", "never", "model"),
     ("keras", "once", "model"), ("keras", "never", "weights")])

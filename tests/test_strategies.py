@@ -114,26 +114,6 @@ def test_parameter_server_chief_two_workers_one_ps(workdir: Path):
     assert list((ckpt / "tensorboard").rglob("events.out.tfevents.*"))
 
 
-def test_legacy_server_unmodified_tf1_script(workdir: Path):
-    run_dir = workdir / "run"
-    config = write_config(
-        workdir / "legacy.yaml",
-        [{"address": "127.0.0.1", "name": "h0", "roles": {"worker": 1, "ps": 1}},
-         {"address": "127.0.0.1", "name": "h1", "roles": {"worker": 1}}],
-        strategy="legacy_server", keras="tf_keras",
-    )
-    result = run_cli(["--run-dir", str(run_dir), str(config),
-                      str(STRATEGY_SCRIPTS / "tf1_server.py")], cwd=workdir, timeout=300)
-    assert result.returncode == 0, explain(result)
-    found = results(run_dir)
-    assert sorted(found) == ["h0-worker0", "h1-worker1"], explain(result)
-    for worker in found.values():
-        assert worker["variable_devices"] == ["/job:ps/task:0"]
-        assert worker["loss"][-1] < worker["loss"][0]
-    assert "ps0 stopped" in (run_dir / "logs" / "h0-ps0.log").read_text()
-    assert read_summary(run_dir)["status"] == "succeeded"
-
-
 def test_server_module_serves_until_sigterm_then_exits_zero(tmp_path: Path):
     import socket
 

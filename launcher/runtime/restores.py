@@ -15,7 +15,9 @@ resumed. Reported once per process, as `resumed` (the step), `resumed_epoch` (Ke
   nothing resumes at 0. A checkpoint that holds no optimizer (TF's custom-loop
   tutorial saves the model alone) restores at a step that cannot be read:
   `resumed_unknown` says why, never a guessed step (the launcher then says
-  "unknown" where it would judge a resume);
+  "unknown" where it would judge a resume). In graph mode (tf_keras'
+  `load_weights` of a `ModelCheckpoint` save, the seed's shape) the restore
+  runs after `read` returned: the first epoch of `fit` tells it;
 - TF1 graph code: `tf.compat.v1.train.Saver.restore` (called directly or by a
   `MonitoredTrainingSession`'s chief as its session forms), once it returned:
   the global step of the session's graph, read once (else the `-N` of the
@@ -35,12 +37,13 @@ import re
 import sys
 import threading
 import time
+import weakref
 from types import ModuleType
 
 _MARK = "_mgpu_reads_restores"
 _told = False  # this process reported where it resumed
 _told_unknown = False  # ... or that a restore's step cannot be read
-_backup_dir: str | None = None  # the last BackupAndRestore that restored
+_backup_dir: str | None = None  # the last BackupAndRestore that restored (or load_weights)
 _inside = threading.local()
 # With the memory tier: the copy a restore read (memtier.py): `resumed_from`
 # (memory, shared), `resumed_host`, `resumed_copy` (its path), `resumed_target`.
@@ -135,7 +138,11 @@ def _restored(checkpoint, found: bool, directory: str | None) -> None:
 
     # An optimizer whose count is not made yet (restored when it is: tf_keras'
     # legacy optimizers before their first step): the step watcher's count.
-    tell(step if step is not None else steps.current_step(), directory=directory)
+    step = step if step is not None else steps.current_step()
+    if step is None and found and directory:  # graph mode: `fit`'s first epoch tells it
+        global _backup_dir
+        _backup_dir = os.path.abspath(directory)
+    tell(step, directory=directory)
 
 
 def tell_unknown(why: str, directory: str | None) -> None:
@@ -180,7 +187,8 @@ def _optimizers(root, depth: int = 4):
             if id(value) in seen:
                 continue
             seen.add(id(value))
-            if hasattr(value, "_iterations") and hasattr(value, "apply_gradients"):
+            if (hasattr(value, "_iterations") or "iterations" in getattr(value, "__dict__", {})) \
+                    and hasattr(value, "apply_gradients"):  # Keras', or a TFOptimizer
                 yield value
                 continue
             below.extend(_children(value))
@@ -193,9 +201,14 @@ def _children(value) -> list:
     if isinstance(value, list | tuple):
         return list(value)
     try:
-        return list(value._trackable_children().values())
+        children = list(value._trackable_children().values())
     except Exception:  # noqa: BLE001 - not a trackable: its attributes, if any
         return list(getattr(value, "__dict__", {}).values())[:64]
+    # A Checkpoint(root=...) holds its root apart (tf_keras' `model._checkpoint`,
+    # which `load_weights` reads, by weak reference).
+    root = getattr(value, "_root", None)
+    root = root() if isinstance(root, weakref.ref) else root
+    return children if root is None else [*children, root]
 
 
 def _backup_ended(callback, args, kwargs, result) -> None:

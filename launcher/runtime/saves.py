@@ -9,7 +9,8 @@ Post-import hooks wrap the methods that save a checkpoint:
 - TF1 graph code: `tf.compat.v1.train.Saver.save` (called directly or by
   `MonitoredTrainingSession`'s `CheckpointSaverHook`), its step the global step
   the save wrote (the `-N` of the path it returned; else the graph's global
-  step, read once at the save).
+  step, read once at the save). A graph-mode Keras callback's step (the
+  seed's `K.set_session` shape) is read as its save begins (runtime.steps).
 
 Each save that returns (not one that raised, nor an asynchronous write still
 under way) and whose weights are all finite (runtime/sentinel.py: one that is
@@ -113,6 +114,7 @@ def timed(cls: type, name: str, where: Where | None = None, *,
             _nonfinite(saver, where, args, kwargs, skipped=skip is not None)
             if skip is not None:
                 return skip(saver)
+        before = _graph_step(saver) if where is not None else None
         _inside.saving, _inside.wrote = True, False
         began = time.monotonic()
         done, result = False, None
@@ -125,7 +127,7 @@ def timed(cls: type, name: str, where: Where | None = None, *,
             note(time.monotonic() - began)
             if done and finite and where is not None and not _asynchronous(args, kwargs) \
                     and (_inside.wrote or not decides):
-                _completed(saver, where, args, kwargs, result, step)
+                _completed(saver, where, args, kwargs, result, step, before)
 
     setattr(save, _MARK, True)
     setattr(cls, name, save)
@@ -159,15 +161,31 @@ def _asynchronous(args: tuple, kwargs: dict) -> bool:
     return False
 
 
+def _graph_step(saver: object) -> int | None:
+    """A graph-mode Keras model's step counter, read as its save begins: a
+    counter shared on a ps moves while the save writes (the other workers
+    train on), and the save holds at least this step, never less: a restart
+    from it resumes at or past the step reported."""
+    from . import steps
+
+    try:
+        model = getattr(saver, "model", None)  # a Keras callback's; a Saver has none
+        return steps.graph_step(model) if model is not None else steps.graph_now()
+    except Exception:  # noqa: BLE001 - a layout we do not know: read after, as elsewhere
+        return None
+
+
 def _completed(saver: object, where: Where, args: tuple, kwargs: dict, result: object = None,
-               step_of: StepOf | None = None) -> None:
-    """Report a completed save: its step and directory (best effort)."""
+               step_of: StepOf | None = None, before: int | None = None) -> None:
+    """Report a completed save: its step (`before`: the graph-mode step read
+    as it began) and directory (best effort)."""
     from . import steps
 
     try:
         directory = where(saver, args, kwargs)
-        step = step_of(saver, args, kwargs, result) if step_of is not None \
-            else steps.step_of(getattr(saver, "model", None))
+        step = step_of(saver, args, kwargs, result) if step_of is not None else None
+        if step is None:
+            step = before if before is not None else steps.step_of(getattr(saver, "model", None))
     except Exception:  # noqa: BLE001 - a layout we do not know: no report, no harm
         return
     if not directory:
@@ -266,7 +284,9 @@ _NUMBERED = re.compile(r"-(\d+)$")
 
 def _saver_step(saver, args, kwargs, result) -> int | None:
     """The global step a TF1 `Saver.save` wrote: the `-N` its path ends with
-    when it was given one (it read the global step itself), else the graph's."""
+    when it was given one (it read the global step itself), else the graph's;
+    None when the graph has none (Keras `fit` in graph mode, saved with a
+    `Saver` of the script's own: the step read as the save began is told)."""
     given = args[3] if len(args) > 3 else kwargs.get("global_step")
     found = _NUMBERED.search(os.fspath(result)) if given is not None and result else None
     if found:

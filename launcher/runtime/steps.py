@@ -36,6 +36,16 @@ remembers the model, by weak reference, and the thread reads the counter from
 that state while it is unsynced, so there too the steps advance as they are
 trained, counted from the state's start (the restored optimizer's counter).
 
+Graph mode (tf_keras or Keras 2 `fit` after `disable_eager_execution`, in the
+session set with `K.set_session`: the seed's TF1 `tf.train.Server` shape): a
+counter is a graph variable (often on a ps, shared by every worker: the global
+step), read only with that session, and the session is the training thread's.
+There `fit`'s added callback reads it with Keras' own `get_value` at most once
+every `MGPU_STEPS_EVERY_S` seconds at a batch's end and once at each epoch's
+end (a read of one integer, never one per step), and a save or a restore in
+that thread reads it at once (`step_of`). A TF1 optimizer Keras wrapped
+(`TFOptimizer`) counts in its `iterations`.
+
 Standard library only at import time; Keras is reached only through the
 modules the hooks receive. Must not import the launcher side.
 """
@@ -65,6 +75,9 @@ _stop = threading.Event()  # set at exit: the watcher reads no more
 _last_reported: int | None = None
 _epoch_loss: float | None = None  # the last epoch's loss as Keras logged it
 _loss_reported: float | None = None  # the epoch loss the last report carried
+_graph_step: int | None = None  # the last graph-mode read (the training thread's)
+_graph_thread: int | None = None  # the thread that runs a graph-mode `fit`
+_graph_model: weakref.ref | None = None  # ... and its model
 
 
 def _no_saves() -> bool:
@@ -133,14 +146,27 @@ def current_step() -> int | None:
         trainers = [ref() for ref in _trainers]
     steps = [step for step in map(read_iterations, optimizers) if step is not None]
     steps += [step for step in map(read_jax_state, trainers) if step is not None]
+    if _graph_step is not None:
+        steps.append(_graph_step)
     return max(steps) if steps else None
 
 
-def read_iterations(optimizer) -> int | None:
-    """An optimizer's step counter if it already exists (never creates it)."""
+def counter_of(optimizer) -> Any:
+    """An optimizer's step counter if it exists (never creates it): Keras'
+    `_iterations`, or the `iterations` a `TFOptimizer` (a TF1 optimizer Keras
+    wrapped) holds as a plain attribute."""
     if optimizer is None:
         return None
     counter = getattr(optimizer, "_iterations", None)
+    if counter is None:
+        counter = getattr(optimizer, "__dict__", {}).get("iterations")
+    return counter
+
+
+def read_iterations(optimizer) -> int | None:
+    """An optimizer's step counter if it already exists (never creates it);
+    None for a graph-mode counter (`graph_step` reads those)."""
+    counter = counter_of(optimizer)
     if counter is None:
         return None
     try:
@@ -263,18 +289,97 @@ def _epoch_end_callback(callbacks_module: ModuleType):
     return EpochLoss
 
 
-def count_loss_of(model_class, callbacks_module: ModuleType) -> None:
-    """Wrap `model_class.fit` to add the epoch-loss callback (once)."""
-    original = model_class.fit
-    if getattr(original, _MARK, False):
-        return
+def _graph_callback(epoch_loss: type, period_s: float):
+    """The epoch-loss callback for a graph-mode `fit`: it also reads the step
+    counter with the model's session, at most once every `period_s` at a
+    batch's end, and at each epoch's end and at the end of training."""
+
+    class GraphSteps(epoch_loss):
+        due = 0.0
+
+        def on_train_batch_end(self, batch, logs=None):
+            now = time.monotonic()
+            if now >= self.due:
+                self.due = now + period_s
+                graph_step(self.model)
+                report_step()
+
+        def on_epoch_end(self, epoch, logs=None):
+            graph_step(self.model)
+            super().on_epoch_end(epoch, logs)
+
+        def on_train_end(self, logs=None):
+            graph_step(self.model)
+            report_step()
+
+    return GraphSteps
+
+
+def _graph_mode() -> bool:
+    """TensorFlow runs graphs in a session here (`disable_eager_execution`)."""
+    tf = sys.modules.get("tensorflow")
+    try:
+        return tf is not None and not tf.executing_eagerly()
+    except Exception:  # noqa: BLE001 - a TensorFlow half loaded: not ours to judge
+        return False
+
+
+def graph_step(model) -> int | None:
+    """The step counter of a graph-mode Keras model, read with its Keras
+    session (`backend.get_value`), in the thread that runs its `fit` only: the
+    session set with `K.set_session` is that thread's. None elsewhere, or when
+    it has none (kept: `current_step` returns the last one read)."""
+    global _graph_step
+    if _graph_thread != threading.get_ident() or model is None:
+        return None
+    counter = counter_of(getattr(model, "optimizer", None))
+    backend = getattr(sys.modules.get(type(model).__module__.partition(".")[0]), "backend", None)
+    if counter is None or backend is None:
+        return None
+    try:
+        step = int(backend.get_value(counter))
+    except Exception:  # noqa: BLE001 - a session closing, a layout we do not know: no read
+        return None
+    with _lock:
+        _graph_step = step
+    return step
+
+
+def graph_now() -> int | None:
+    """The step counter of the model of a graph-mode `fit`, read now (in its
+    thread; a `Saver` of the script's own saves without a model): else None."""
+    model = _graph_model() if _graph_model is not None else None
+    return graph_step(model) if model is not None else None
+
+
+def count_loss_of(model_class, callbacks_module: ModuleType, *more: type) -> None:
+    """Wrap `model_class.fit` (and each of `more`'s, graph mode's `Model` that
+    has a `fit` of its own) to add the epoch-loss callback (once); in graph
+    mode, the one that also reads the step counter."""
     epoch_loss = _epoch_end_callback(callbacks_module)
+    period_s = every_s()
+    graph_steps = _graph_callback(epoch_loss, period_s) if period_s > 0 else epoch_loss
+    for cls in (model_class, *more):
+        _wrap_fit(cls, epoch_loss, graph_steps)
+
+
+def _wrap_fit(model_class: type, epoch_loss: type, graph_steps: type) -> None:
+    original = getattr(model_class, "fit", None)  # Keras 3's is its trainer's
+    if original is None or getattr(original, _MARK, False):
+        return
 
     @functools.wraps(original)
     def fit(self, *args, **kwargs):
+        global _graph_thread, _graph_model
         track_trainer(self)
-        if len(args) <= 5:  # callbacks is fit's 6th parameter: given by name or not at all
-            kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), epoch_loss()]
+        graph = _graph_mode()
+        if graph:
+            _graph_thread, _graph_model = threading.get_ident(), weakref.ref(self)
+        given = kwargs.get("callbacks") or []
+        # callbacks is fit's 6th parameter: given by name or not at all (and
+        # added once: graph mode's fit may call the other).
+        if len(args) <= 5 and not any(isinstance(c, epoch_loss) for c in given):
+            kwargs["callbacks"] = [*given, graph_steps() if graph else epoch_loss()]
         return original(self, *args, **kwargs)
 
     setattr(fit, _MARK, True)
@@ -309,7 +414,17 @@ def on_keras(module: ModuleType) -> None:
     """`keras` (Keras 3, also behind `tf.keras` from TF 2.16) or `tf_keras` imported."""
     for base in _optimizer_bases(module):
         count_steps_of(base)
-    count_loss_of(module.Model, module.callbacks)
+    count_loss_of(module.Model, module.callbacks, *_graph_models(module))
+
+
+def _graph_models(module: ModuleType) -> list[type]:
+    """tf_keras' (and Keras 2's) graph-mode `Model` (`training_v1`): its own `fit`."""
+    for name in (f"{module.__name__}.src.engine.training_v1",
+                 f"{module.__name__}.engine.training_v1"):
+        model = getattr(sys.modules.get(name), "Model", None)
+        if isinstance(model, type):
+            return [model]
+    return []
 
 
 HOOKS = {"keras": on_keras, "tf_keras": on_keras}
@@ -322,6 +437,8 @@ def step_of(model) -> int | None:
         step = read_jax_state(model)
         if step is None:
             step = read_iterations(getattr(model, "optimizer", None))
+        if step is None:
+            step = graph_step(model)
         if step is not None:
             return step
     return current_step()

@@ -124,9 +124,10 @@ class ProgressReport:
     @property
     def position_only(self) -> bool:
         """Where the task is, and nothing else to show or count (no step, no
-        save, no resume point, no deleted backup)."""
+        save, even one whose step is unknown, no resume point, no deleted backup)."""
         return self.position and not self.has_step and self.saved is None \
-            and self.resumed is None and self.resume_unknown is None and self.deleted is None \
+            and not self.checkpoint and self.resumed is None \
+            and self.resume_unknown is None and self.deleted is None \
             and self.passed_over is None
 
     @property
