@@ -373,7 +373,7 @@ def test_piped_output_stays_plain_prefixed_lines(workdir, progress_job):
     proc = start_cli(args, cwd=workdir)
     try:
         wait_for(lambda: {e["task"] for e in read_events(workdir / "run")
-                          if e["event"] == "progress" and e["step"] >= 50}
+                          if e["event"] == "progress" and e.get("step", 0) >= 50}
                  == {"worker0", "worker1"},
                  60, "both workers past step 50")
         stop.touch()

@@ -46,7 +46,8 @@ def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 
 def _steps(run_dir: Path) -> dict[str, int]:
-    return {e["task"]: e["step"] for e in read_events(run_dir) if e["event"] == "progress"}
+    return {e["task"]: e["step"] for e in read_events(run_dir)
+            if e["event"] == "progress" and "step" in e}
 
 
 def test_status_and_logs_while_running_and_after(tmp_path: Path):

@@ -79,3 +79,21 @@ def test_while_a_generation_is_young_every_epoch_end_is_written():
     clock.now += 0.001
     assert sampler.lines(progress(2, epoch_end=1, checkpoint=1))
     assert sampler.lines(progress(3)) == []
+
+
+def test_a_held_step_is_written_before_a_mark_that_has_no_step():
+    # A fit's last epoch: its save at step 30 (written), the epoch's loss at
+    # step 30 a millisecond later (held: within the floor), then the backup
+    # deleted at fit's end (a mark, no step): the loss line is not lost, so
+    # the run's model (status, summary.json) ends on it.
+    clock = Clock()
+    sampler = ProgressSampler(clock=clock)
+    sampler.lines(ev.Launch(generation=0))
+    assert sampler.lines(progress(30, checkpoint=1, saved=30))
+    clock.now += 0.001
+    assert sampler.lines(progress(30, loss=0.25)) == []
+    clock.now += 0.001
+    deleted = ev.Progress(generation=0, task="worker0", host="h0", metrics={"deleted": "/b"})
+    (loss, at), (mark, when) = sampler.lines(deleted)
+    assert loss.metrics["loss"] == 0.25 and at == round(clock.now - 0.001, 6)
+    assert mark is deleted and when is None

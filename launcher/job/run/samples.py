@@ -86,6 +86,11 @@ class ProgressSampler:
         if last is None or now - last >= gap or marks:
             self._written[key] = now
             held = self._held.pop(key, None)
+            if held is not None and not said.has_step \
+                    and ProgressReport.read(held.event.metrics).has_step:
+                # A mark without a step (a deleted backup, a resume that cannot be
+                # read) would drop the held report's step and loss: it goes first.
+                return [*self._release_held(held), (event, None)]
             return [(_with(event, held) if held else event, None)]
         held = self._held.get(key)
         self._held[key] = _Held(event, now, *_carried(held, event.metrics),
@@ -112,8 +117,12 @@ class ProgressSampler:
         for key in keys:
             held = self._held.pop(key, None)
             if held is not None:
-                out.append((_with(held.event, held, own=False), round(held.t, 6)))
+                out += self._release_held(held)
         return out
+
+    @staticmethod
+    def _release_held(held: _Held) -> list[tuple[ev.Event, float | None]]:
+        return [(_with(held.event, held, own=False), round(held.t, 6))]
 
 
 def _carried(held: _Held | None, metrics: dict[str, Any]) -> tuple[float, bool]:
