@@ -268,3 +268,28 @@ def test_each_saver_of_a_directory_has_a_working_folder_of_its_own(tmp_path: Pat
                                                                             "model")}
     assert len(folders) == 3 and all(os.path.isdir(f) for f in folders)
     assert memslots.working(str(tmp_path), "/ckpt/workertemp_1") in folders  # the chief's
+
+
+def test_a_copy_that_fails_is_said_to_the_user_once(tmp_path: Path):
+    # The directory cannot be written (here: a file where its parent folder
+    # should be; on a cluster: a full or read-only shared filesystem). The user
+    # hears once that the newer saves are in memory only, not just the agent's log.
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    logged: list[str] = []
+    said: list[str] = []
+    copies = memcopy.MemoryCopies(str(tmp_path / "run"), "host0", logged.append,
+                                  shm=str(shm), notice=said.append)
+    env = {"MGPU_MEMORY_COPIES": "2"}
+    copies.task_env("worker0", env)
+    (tmp_path / "not-a-folder").write_text("")
+    target = tmp_path / "not-a-folder" / "ckpt"
+    for seq in (1, 2):
+        slot = make_slot(Path(env["MGPU_MEMORY_DIR"]), seq, f"ckpt-{seq}", 10, [f"ckpt-{seq}"])
+        memslots.seal(str(slot), memslots.manifest(str(slot)) | {"target": str(target)})
+        copies.copy_later(str(target), str(slot), owner=("worker0", 1))
+        assert copies.drain(timeout_s=30)
+    failed = [line for line in said if "failed" in line]
+    assert len(failed) == 1 and str(target) in failed[0] and "memory only" in failed[0], said
+    assert sum("failed" in line for line in logged) == 2, logged  # each in the agent's log
+    copies.close(timeout_s=5)

@@ -132,6 +132,7 @@ class MemoryCopies:
         self.report: Callable[[str, int, dict], None] | None = None
         self._owner: dict[str, tuple[str, int]] = {}  # slot -> the task that saved it
         self._cond = threading.Condition()
+        self._failed_said: set[str] = set()  # directories whose failed copy was said
         # (target, saver) -> the saver's newest slot not yet copied: each saver of a
         # directory (a manager, a backup, a ModelCheckpoint's file) keeps its saves
         self._waiting: dict[tuple[str, tuple[str, ...]], str] = {}
@@ -254,12 +255,24 @@ class MemoryCopies:
             except OSError as exc:
                 if os.path.isdir(slot):  # a slot pruned meanwhile was superseded: no word
                     self.log(f"memory tier: copy of {slot} to {target} failed: {exc}")
+                    self._say_failed(target, exc)
             finally:
                 with self._cond:
                     self._busy, self._current = False, ""
                     if all(k[0] != target for k in self._waiting):
                         unmark(target)  # in place: a restarted task may read it
                     self._cond.notify_all()
+
+    def _say_failed(self, target: str, exc: OSError) -> None:
+        """A copy that failed, said to the user once per directory until one to it
+        succeeds: the newest save is then in memory only."""
+        with self._cond:
+            if target in self._failed_said:
+                return
+            self._failed_said.add(target)
+        self.notice(f"checkpoints in memory: the copy to {target} failed "
+                    f"({exc.strerror or exc}): that directory keeps its previous "
+                    "checkpoint; the newer saves are in this host's memory only")
 
     def _touch(self) -> None:
         """The markers of the copies queued or under way stay fresh (a marker
@@ -284,6 +297,8 @@ class MemoryCopies:
         began = time.monotonic()
         try:
             if copy_slot(slot, record, self._copied):
+                with self._cond:
+                    self._failed_said.discard(str(record.get("target")))
                 self._report(slot, record, time.monotonic() - began)
             else:  # late: a newer save is in its directory, kept
                 with self._cond:
