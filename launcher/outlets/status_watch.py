@@ -30,8 +30,9 @@ from ..job.record.story import Story, TaskRow, records
 from ..spec.rundir import EVENTS, SUMMARY
 from ..views import narrate
 from ..views.live import LiveScreen, describe_row, goodput_title, sized
-from ..views.records import RunView, launcher_alive, load_run, read_launcher_pid, render_status
+from ..views.records import RunView, render_status
 from ..views.terminal import LAUNCHER, wants_colour, wants_live
+from .rundir import launcher_alive, load_run, read_launcher_pid
 
 POLL_S = 0.5
 # How often the launcher's process is looked for (a launcher gone without a summary).
