@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from ..spec.rundir import CONFIG, EVENTS, LAUNCHER_OUT, LAUNCHER_PID, SUMMARY, RunFiles
+from ..spec.rundir import CONFIG, EVENTS, LAUNCHER_OUT, LAUNCHER_PID, LOGS, SUMMARY, RunFiles
 from ..views.records import RunView, run_view
 
 
@@ -135,9 +135,13 @@ def read_run(run_dir: str | os.PathLike,
         launch = next((e for e in events if e.get("event") == "launch"), None) or detached
         verdict = alive(launch) if launch else None
     out = run_dir / LAUNCHER_OUT
+    try:
+        logs = frozenset(os.listdir(run_dir / LOGS))
+    except OSError:
+        logs = frozenset()
     return RunFiles(run_dir=run_dir, config=read_config(run_dir / CONFIG), events=events,
                     summary=summary, detached=detached, launcher_alive=verdict,
-                    launcher_out=out if out.exists() else None)
+                    launcher_out=out if out.exists() else None, logs=logs)
 
 
 def load_run(run_dir: str | os.PathLike,

@@ -46,6 +46,7 @@ class RunFiles:
     detached: dict[str, Any] | None  # launcher.pid's fields (a detached launch)
     launcher_alive: bool | None  # a run not ended: its launcher runs (None: cannot tell)
     launcher_out: Path | None = None  # a detached launcher's own output, where there is one
+    logs: frozenset[str] | None = None  # the names in logs/ (None: not read)
 
 
 def log_file_name(host: str, name: str) -> str:

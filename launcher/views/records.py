@@ -61,6 +61,7 @@ class RunView:
     summary: dict[str, Any] | None = None  # summary.json, as read
     config: dict[str, Any] = field(default_factory=dict)  # config.yaml, as read
     launcher_out: Path | None = None  # a detached launcher's own output
+    logs: frozenset[str] | None = None  # the names in logs/ (None: not known)
 
     @property
     def finished(self) -> bool:
@@ -131,7 +132,7 @@ def run_view(files: RunFiles, now: float | None = None) -> RunView:
         resumed=_said(story.resumes), passed_over=_said(story.passed_over),
         nonfinite=_said(story.nonfinite),
         metrics_url=story.metrics_url, story=story, events=events, summary=summary,
-        config=config, launcher_out=files.launcher_out,
+        config=config, launcher_out=files.launcher_out, logs=files.logs,
     )
 
 
@@ -257,7 +258,7 @@ def render_status(view: RunView, now: float | None = None) -> str:
                 log = str(task.log_path.relative_to(view.run_dir))
             except ValueError:
                 log = str(task.log_path)
-            if not task.log_path.exists():
+            if view.logs is not None and task.log_path.name not in view.logs:
                 log += " (no output yet)"
         rows.append((task.label, f"{task.role} {task.index}", task.state, task.exit_text(),
                      "" if task.last_step is None else str(task.last_step), age, log))
@@ -282,7 +283,7 @@ def render_status(view: RunView, now: float | None = None) -> str:
         lines.append(f"launcher:   {view.launcher_out}")
     if view.metrics_url and not view.finished:  # served while the launcher runs
         lines.append(f"metrics:    {view.metrics_url}")
-    if view.finished and (view.run_dir / SUMMARY).exists():  # none from a killed launcher
+    if view.finished and view.summary is not None:  # none from a killed launcher
         lines.append(f"summary:    {view.run_dir / SUMMARY}")
     return "\n".join(lines)
 
