@@ -57,3 +57,39 @@ def test_the_check_finds_io():
               "def f(p: Path, s):\n    s.write(p.read_text())\n    return p.exists()\n")
     assert sorted(io_in(source)) == ["line 1: import subprocess", "line 4: p.read_text()",
                                      "line 4: s.write()", "line 5: p.exists()"]
+
+
+def test_a_per_task_field_reaches_every_task_view_from_one_file(monkeypatch, tmp_path):
+    """The walk of docs/design.md: a new per-task field is its event's field,
+    its fold, and its cells in views/taskcells.py. A cell added there alone
+    shows in `status`, `status --json`, the report's task table and the live
+    table (the launcher's and `status --watch`'s)."""
+    from launcher.job.record.story import fold
+    from launcher.spec.rundir import RunFiles
+    from launcher.views import live, records, report_html, taskcells
+    from launcher.views.report import build
+
+    cell = taskcells.Cell
+    monkeypatch.setattr(taskcells, "STATUS", (*taskcells.STATUS,
+                                              cell("HOST", lambda tw: f"<{tw[0].host}>")))
+    monkeypatch.setattr(taskcells, "JSON", (*taskcells.JSON, cell("on", lambda t: t.host)))
+    monkeypatch.setattr(taskcells, "REPORT", (*taskcells.REPORT,
+                                              cell("placed on", lambda t: f"[{t.host}]")))
+    monkeypatch.setattr(taskcells, "LIVE", (*taskcells.LIVE, cell("GEN", lambda r: "g7")))
+    events = [{"v": 2, "t": 1.0, "event": "launch", "generation": 0,
+               "tasks": [{"task": "worker0", "host": "host0"}]},
+              {"v": 2, "t": 2.0, "event": "task_started", "generation": 0, "task": "worker0",
+               "host": "host0", "pid": 7},
+              {"v": 2, "t": 3.0, "event": "progress", "generation": 0, "task": "worker0",
+               "host": "host0", "step": 5}]
+    files = RunFiles(run_dir=tmp_path, config={"name": "walk"}, events=events, summary=None,
+                     detached=None, launcher_alive=True)
+    view = records.run_view(files, now=4.0)
+    status = records.render_status(view, now=4.0)
+    assert "HOST" in status and "<host0>" in status, status
+    assert view.to_json()["tasks"][0]["on"] == "host0"
+    page = report_html.render(build(view, now=4.0))
+    assert "placed on" in page and "[host0]" in page
+    table = "\n".join(live.render(fold(events).rows(4.0), width=200, height=20, elapsed_s=3.0,
+                                  colour=False))
+    assert "GEN" in table and "g7" in table, table

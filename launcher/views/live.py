@@ -16,9 +16,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..job.record.story import TaskRow
+from . import taskcells
+from .taskcells import live_cells
 
-# States whose usage, rate and silence no longer mean anything.
-_DONE = ("succeeded", "failed", "stopped", "lost")
 _STATE_STYLE = {
     "pending": "2", "starting": "36", "running": "32", "succeeded": "1;32",
     "failed": "1;31", "stopping": "33", "stopped": "2", "lost": "31",
@@ -28,8 +28,6 @@ _ATTENTION = ("failed", "lost", "stopping", "starting", "pending")
 # A running task silent this long is shown in yellow (a hang is declared by
 # the supervisor at restart.hang_timeout_s, usually much later).
 QUIET_WARN_S = 60.0
-COLUMNS = ("HOST", "TASK", "STATE", "STEP", "STEPS/S", "LOSS", "CPU", "MEM", "LAST OUTPUT")
-_RIGHT = {"STEP", "STEPS/S", "LOSS", "CPU", "MEM"}
 _CSI = re.compile(r"\x1b\[[0-9;?]*([A-Za-z])|\x1b[^\[]")
 
 Segment = tuple[str, str | None]  # (text, SGR code or None)
@@ -54,44 +52,9 @@ def _clock_text(seconds: float) -> str:
         f"{minutes}:{secs:02d}"
 
 
-def _ago(seconds: float) -> str:
-    if seconds < 1:
-        return "now"
-    if seconds < 60:
-        return f"{seconds:.0f}s ago"
-    minutes, secs = divmod(int(seconds), 60)
-    if minutes < 60:
-        return f"{minutes}m{secs:02d}s ago"
-    return f"{minutes // 60}h{minutes % 60:02d}m ago"
-
-
-def _rate(rate: float) -> str:
-    return f"{rate:.0f}" if rate >= 100 else f"{rate:.1f}" if rate >= 10 else f"{rate:.2f}"
-
-
-def _mem(mb: float) -> str:
-    return f"{mb:.0f} MB" if mb < 1024 else f"{mb / 1024:.1f} GB"
-
-
-def _cells(row: TaskRow) -> list[str]:
-    done = row.state in _DONE or row.state == "pending"
-    dash = "-"
-    return [
-        row.host,
-        row.task,
-        row.state if row.slowdown is None else f"{row.state} (straggler {row.slowdown:.2g}x)",
-        dash if row.step is None else str(row.step),
-        dash if done or row.steps_per_s is None else _rate(row.steps_per_s),
-        dash if row.loss is None else f"{row.loss:.4g}",
-        dash if done or row.cpu_percent is None else f"{row.cpu_percent:.0f}%",
-        dash if done or row.rss_mb is None else _mem(row.rss_mb),
-        dash if done or row.silent_s is None else _ago(row.silent_s),
-    ]
-
-
 def describe_row(row: TaskRow) -> str:
     """One task's status in words, for plain (non-terminal) output."""
-    host, task, state, step, rate, loss, cpu, mem, ago = _cells(row)
+    host, task, state, step, rate, loss, cpu, mem, ago = live_cells(row)
     parts = [f"{row.label} {state}"]
     if row.step is not None:
         parts.append(f"step {step}" + (f" ({rate} steps/s)" if rate != "-" else ""))
@@ -158,15 +121,16 @@ def render(rows: Sequence[TaskRow], *, width: int, height: int, elapsed_s: float
     if height < 5 or width < 30 or not rows:
         return [header]
     shown, hidden = _pick(rows, height - 3)
-    table = [list(COLUMNS)] + [_cells(r) for r in shown]
-    widths = [max(len(line[i]) for line in table) for i in range(len(COLUMNS))]
+    columns = taskcells.LIVE
+    table = [[c.header for c in columns]] + [live_cells(r) for r in shown]
+    widths = [max(len(line[i]) for line in table) for i in range(len(columns))]
     lines = [header]
     for n, cells in enumerate(table):
         row = shown[n - 1] if n else None
         segments: list[Segment] = []
-        for i, (name, text) in enumerate(zip(COLUMNS, cells, strict=True)):
-            text = text.rjust(widths[i]) if name in _RIGHT else text.ljust(widths[i])
-            segments.append((text, _style(name, row)))
+        for i, (column, text) in enumerate(zip(columns, cells, strict=True)):
+            text = text.rjust(widths[i]) if column.right else text.ljust(widths[i])
+            segments.append((text, _style(column.header, row)))
             segments.append(("  ", None))
         if row is not None and row.label in label_style:
             segments[0] = (segments[0][0], label_style[row.label])

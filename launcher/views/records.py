@@ -29,7 +29,7 @@ from ..spec.rundir import (
     RunFiles,
     log_file_name,
 )
-from . import narrate, rootcause
+from . import narrate, rootcause, taskcells
 
 
 @dataclass
@@ -87,18 +87,7 @@ class RunView:
             # where each restarted generation resumed (summary.json's `resumed` too)
             **({"resumed": [fields_of(e) for e in self.story.resumes]}
                if self.story and self.story.resumes else {}),
-            "tasks": [
-                {
-                    "task": t.label, "host": t.host, "role": t.role, "index": t.index,
-                    "generation": t.generation, "state": t.state, "address": t.address,
-                    "port": t.port, "pid": t.pid, "exit_code": t.exit_code, "signal": t.signal,
-                    "last_step": t.last_step, "last_progress": t.last_progress,
-                    "log": str(t.log_path) if t.log_path else None,
-                    # a ParameterServerStrategy worker's restarts alone, when it had any
-                    **({"restarted_alone": t.restarted_alone} if t.restarted_alone else {}),
-                }
-                for t in self.tasks
-            ],
+            "tasks": [taskcells.task_json(t) for t in self.tasks],
         }
 
 
@@ -246,22 +235,9 @@ def render_status(view: RunView, now: float | None = None) -> str:
         f"generation: {view.generation} ({restarts})",
         "",
     ]
-    header = ("TASK", "ROLE", "STATE", "EXIT", "STEP", "LAST REPORT", "LOG")
-    rows = []
-    for task in view.tasks:
-        age = ""
-        if task.last_progress_t is not None and not view.finished:
-            age = f"{max(0.0, now - task.last_progress_t):.0f} s ago"
-        log = ""
-        if task.log_path is not None:
-            try:
-                log = str(task.log_path.relative_to(view.run_dir))
-            except ValueError:
-                log = str(task.log_path)
-            if view.logs is not None and task.log_path.name not in view.logs:
-                log += " (no output yet)"
-        rows.append((task.label, f"{task.role} {task.index}", task.state, task.exit_text(),
-                     "" if task.last_step is None else str(task.last_step), age, log))
+    header = tuple(cell.header for cell in taskcells.STATUS)
+    where = taskcells.StatusWhere(view.run_dir, now, view.finished, view.logs)
+    rows = [tuple(cell.text((task, where)) for cell in taskcells.STATUS) for task in view.tasks]
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     for row in [header, *rows]:
         lines.append("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip())

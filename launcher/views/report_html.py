@@ -19,7 +19,7 @@ from typing import Any
 
 from .. import __version__
 from ..job.record.goodput import PARTS
-from . import rootcause
+from . import rootcause, taskcells
 from .report import LOSS_COLOR, Report
 from .svg import esc, line_chart, stacked_bar, timeline
 
@@ -142,10 +142,8 @@ def _tasks(report: Report) -> str:
     tasks = report.view.tasks
     if not tasks:
         return ""
-    rows = [(t.label, t.role, t.generation, t.state, t.exit_text() or None, t.last_step,
-             t.restarted_alone or None) for t in tasks]
-    return "<h3>Tasks</h3>" + _table(("task", "role", "generation", "state", "exit",
-                                      "last step", "restarted alone"), rows)
+    rows = [tuple(cell.text(t) for cell in taskcells.REPORT) for t in tasks]
+    return "<h3>Tasks</h3>" + _table(tuple(cell.header for cell in taskcells.REPORT), rows)
 
 
 def _root_cause(report: Report) -> str:
