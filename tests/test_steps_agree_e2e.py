@@ -2,9 +2,9 @@
 (runtime.callbacks(), tf_keras), a zero-code Keras 3 `fit` with its own
 BackupAndRestore, and a custom loop with its own CheckpointManager. After the
 job succeeded, the terminal's end lines, `status` (text and `--json`), the
-report and summary.json say the same step — the job's, not the count since
-the last restart — and the same resume point, and no false "resumed behind
-the last save"."""
+report, summary.json, the metrics and the live table say the same step — the
+job's, not the count since the last restart — and the same resume point (and
+the metrics the newest save), and no false "resumed behind the last save"."""
 
 from __future__ import annotations
 
@@ -17,6 +17,10 @@ from pathlib import Path
 
 import pytest
 
+from launcher.job.record import eventlines
+from launcher.job.record.story import fold
+from launcher.views import live
+from launcher.views.metrics import JobMetrics
 from tests.conftest import (
     EXAMPLES,
     SCRIPTS,
@@ -27,6 +31,7 @@ from tests.conftest import (
     task_pids,
     wait_for,
 )
+from tests.test_metrics import samples
 
 pytestmark = pytest.mark.e2e
 
@@ -91,3 +96,18 @@ def test_after_a_kill_every_view_says_the_jobs_step_and_where_it_resumed(workdir
     page = workdir / "report.html"
     run_cli(["report", str(run_dir), "-o", str(page)], cwd=workdir, timeout=60)
     assert said.group(0) in html.unescape(page.read_text())
+
+    # The metrics and the live table (the launcher's, `status --watch`'s), told the events.
+    records = read_events(run_dir)
+    metrics = JobMetrics("agree")
+    for record in records:
+        metrics.tell(eventlines.from_record(record))
+    got = samples(metrics.text())
+    assert got[("mgpu_resumed_step", (("job", "agree"),))] == resumed, got
+    newest = max(e["saved"] for e in records if e["event"] == "progress" and e.get("saved"))
+    assert got[("mgpu_last_saved_step", (("job", "agree"),))] == newest >= resumed, got
+    assert sorted(v for (name, _), v in got.items() if name == "mgpu_task_step") == [last] * 2
+    table = live.render(fold(records).rows(records[-1]["t"]), width=200, height=20,
+                        elapsed_s=0.0, colour=False)
+    cells = [line.split() for line in table if line.startswith("host")]
+    assert [row[3] for row in cells] == [str(last)] * 2, table

@@ -155,9 +155,26 @@ class JobMetrics:
                                        "far above its recent window (the sentinel's)",
                                        labels=["job"]), [self.job],
                    sum(isinstance(e, ev.LossSpike) for e in state.nonfinite))
+        yield from self._resume_families()
         yield _one(CounterMetricFamily("mgpu_rollbacks", "Restarts of the job from the last "
                                        "save before a step whose loss went bad (the NaN "
                                        "sentinel's)", labels=["job"]), [self.job], state.rollbacks)
+
+
+    def _resume_families(self) -> Iterator[Metric]:
+        """Where the current generation resumed and the newest save, as `status`
+        and summary.json say them (absent until known)."""
+        state = self._state
+        resumed = next((e.step for e in reversed(state.resumes)
+                        if e.generation == state.generation), None)
+        if resumed is not None:
+            yield _one(GaugeMetricFamily("mgpu_resumed_step", "The step this generation "
+                                         "resumed at (its restored checkpoint's)",
+                                         labels=["job"]), [self.job], resumed)
+        if state.history.saves:
+            yield _one(GaugeMetricFamily("mgpu_last_saved_step", "The step of the newest "
+                                         "completed save reported", labels=["job"]),
+                       [self.job], state.history.saves[-1].step)
 
 
 def _one(family: GaugeMetricFamily | CounterMetricFamily, labels: list[str],
