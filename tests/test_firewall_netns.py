@@ -256,6 +256,25 @@ def test_an_outsider_cannot_reach_a_workers_port_while_the_job_trains_to_the_end
     wait_for(lambda: tables(ns0) == [] and tables(ns1) == [], timeout=10, what="rules removed")
 
 
+def test_another_user_of_one_host_is_refused_the_tf_ports_of_every_host(net, tmp_path, fwjobs):
+    """The host's address is admitted whole on its peers: the host itself keeps
+    its other users off every host's task ports, before their SYN leaves."""
+    sw, sim = net
+    job = FwJob(net, tmp_path, "fw-peer")
+    fwjobs.append(job)
+    job.wait_ready()
+    (ns0, addr0), (ns1, addr1) = sw.hosts
+    port0, port1 = job.port_base, job.port_base + 1  # host0's task, host1's
+    assert not connects(ns0, addr1, port1, as_nobody=True)  # h1's nobody to h2's TF port
+    assert not connects(ns1, addr0, port0, as_nobody=True)
+    assert connects(ns0, addr1, port1)  # the job's user (root here)
+    assert not connects(sw.outsider[0], addr1, port1)  # not a host of the job: dropped
+    assert connects(ns0, addr1, sim.hosts[1].port, as_nobody=True)  # the peer's sshd: untouched
+    job.go()
+    assert "served" in job.finish()
+    wait_for(lambda: tables(ns0) == [] and tables(ns1) == [], timeout=10, what="rules removed")
+
+
 def test_the_rules_go_when_the_launcher_is_killed(net, tmp_path, fwjobs):
     sw, _ = net
     job = FwJob(net, tmp_path, "fw-kill")
