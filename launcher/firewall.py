@@ -450,6 +450,29 @@ def apply(seal: Seal, backend: str, run_dir: str, run: Runner = _run) -> str:
             f"{len(set(addresses))} cluster address(es) ({backend} {where}){unresolved}")
 
 
+def add_ports(seal: Seal, backend: str, ports: Iterable[int] = (),
+              targets: Iterable[tuple[str, int]] = ()) -> None:
+    """Seal more ports in the job's installed table: `ports` of this host's tasks
+    (set `ports`), `targets` of other hosts' (address or name, port; sets
+    cluster4/6). nft only: FirewallError with the reason where they stay open."""
+    if backend != "nft":
+        raise FirewallError("the iptables rules seal only the TF_CONFIG ports")
+    ports, (t4, t6) = sorted(set(ports)), split_targets(resolve_targets(targets))
+    for name, keys, shown in (
+            ("ports", [nftlink.port_key(p) for p in ports], [str(p) for p in ports]),
+            ("cluster4", [nftlink.target_key(a, p) for a, p in t4], [f"{a} . {p}" for a, p in t4]),
+            ("cluster6", [nftlink.target_key(a, p) for a, p in t6], [f"{a} . {p}" for a, p in t6])):
+        if not keys:
+            continue
+        try:
+            nftlink.add_elements(seal.table, name, keys)
+        except OSError:  # as apply: `nft`, which says why
+            code, out = _run(["nft", "add", "element", "inet", seal.table, name,
+                              "{ " + ", ".join(shown) + " }"], None)
+            if code != 0:
+                raise FirewallError(f"nft refused: {out[-300:]}") from None
+
+
 def local_users(uid: object) -> str:
     """Who on the host may connect, in words."""
     return "root" if uid == 0 else f"uid {uid} (the job's user) and root"

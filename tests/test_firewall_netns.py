@@ -77,6 +77,13 @@ print("served", port, flush=True)
 """
 
 
+# GATED_LISTEN, and a server of the script's own on a port TF_CONFIG does not name.
+GATED_OWN_PORT = GATED_LISTEN.replace(
+    "(gate / (\"ready-\"", "own = socket.create_server((\"\", 0))\n"
+    "(gate / (\"port-\" + os.environ[\"MGPU_HOST\"])).write_text(str(own.getsockname()[1]))\n"
+    "(gate / (\"ready-\"", 1)
+
+
 def _ip(*args: str) -> None:
     subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
 
@@ -270,6 +277,36 @@ def test_another_user_of_one_host_is_refused_the_tf_ports_of_every_host(net, tmp
     assert connects(ns0, addr1, port1)  # the job's user (root here)
     assert not connects(sw.outsider[0], addr1, port1)  # not a host of the job: dropped
     assert connects(ns0, addr1, sim.hosts[1].port, as_nobody=True)  # the peer's sshd: untouched
+    job.go()
+    assert "served" in job.finish()
+    wait_for(lambda: tables(ns0) == [] and tables(ns1) == [], timeout=10, what="rules removed")
+
+
+def sealed_set(netns: str, set_name: str) -> str:
+    """The elements of the job's table's set in `netns` (one job there)."""
+    table = tables(netns)[0]
+    return subprocess.run(["ip", "netns", "exec", netns, "nft", "list", "set", "inet", table,
+                           set_name], capture_output=True, text=True, check=True).stdout
+
+
+def test_a_port_the_script_opens_itself_is_sealed_on_every_host(net, tmp_path, fwjobs):
+    """Found as it opens (the agent polls its tasks' listening sockets), sealed
+    on its host as the TF ports, and told the other hosts (their other users)."""
+    sw, sim = net
+    job = FwJob(net, tmp_path, "fw-own", script=GATED_OWN_PORT)
+    fwjobs.append(job)
+    job.wait_ready()
+    (ns0, addr0), (ns1, addr1) = sw.hosts
+    own = int((job.gate / f"port-{sim.hosts[1].name}").read_text())  # on host1
+    wait_for(lambda: f" {own}" in sealed_set(ns1, "ports")
+             and f"{addr1} . {own}" in sealed_set(ns0, "cluster4"), timeout=10,
+             what="the script's own port sealed on its host and told the other")
+    assert not connects(ns0, addr1, own, as_nobody=True)  # another user of the other host
+    for address in ("127.0.0.1", addr1):  # another user of its own host
+        assert not connects(ns1, address, own, as_nobody=True)
+    assert not connects(sw.outsider[0], addr1, own)  # not a host of the job: dropped
+    assert connects(ns0, addr1, own)  # the job's user (root here), from the other host
+    assert connects(ns1, "127.0.0.1", own)
     job.go()
     assert "served" in job.finish()
     wait_for(lambda: tables(ns0) == [] and tables(ns1) == [], timeout=10, what="rules removed")

@@ -5,13 +5,27 @@ A `start` carries the host's rules for the job's TF ports (launcher.firewall,
 place; under `cluster` a failure refuses the start, under `auto` it is said
 once (a notice) and tasks run open. Removed when the agent stops its tasks.
 
-Standard library only; of the launcher, imports firewall and the agent's spawn.
+The other ports the tasks listen on (NCCL's, a profiler's, the script's own)
+are found as they open (`watch`, every PORT_POLL_S: agent/listening.py),
+added to the table's set of this host's ports, and told to the launcher
+(`ports_opened`), which sends them to the other hosts' agents (`seal_ports`):
+each host keeps its own other users off them. A port that cannot be sealed
+is said (a notice), as the TF ports are.
+
+Standard library only; of the launcher, imports firewall and the agent's
+spawn and listening.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 from launcher import firewall
+from launcher.agent.listening import Listening
 from launcher.agent.spawn import Spawner
+
+PORT_POLL_S = 1.0
 
 
 class Seal:
@@ -24,6 +38,8 @@ class Seal:
         self.backend, self.why = firewall.probe()
         self.sealed: firewall.Seal | None = None
         self.failed = ""  # `auto` and the rules failed: said once, tasks run open
+        self.found: set[int] = set()  # ports the tasks opened, sealed (or said open) since
+        self.peers: set[tuple[str, int]] = set()  # other hosts' such ports (seal_ports)
 
     def seal(self, raw: object) -> str:
         """Install the job's firewall rules for this host (`start`'s `firewall`)
@@ -44,7 +60,9 @@ class Seal:
             if self.backend is not None:
                 try:
                     done = firewall.apply(seal, self.backend, self.run_dir)
-                    self.sealed = seal
+                    self.sealed, self.found = seal, set()
+                    if self.peers:  # told before this table replaced the last one
+                        firewall.add_ports(seal, self.backend, targets=self.peers)
                 except firewall.FirewallError as exc:
                     why = str(exc)
             if not done and seal.mode == "auto":
@@ -65,4 +83,52 @@ class Seal:
         agent's exit): the removal is started, not waited for (firewall.remove)."""
         with self.spawner.lock:
             firewall.reap(self.run_dir, wait=wait)
-            self.sealed = None
+            self.sealed, self.found = None, set()
+
+    def watch(self, pids: Callable[[], set[int]]) -> None:
+        """Forever (a thread of its own): the ports the tasks (`pids`: their
+        processes) listen on that are not sealed yet, sealed."""
+        listening = Listening(time.monotonic)
+        while True:
+            time.sleep(PORT_POLL_S)
+            if self.sealed is not None:  # no seal (tf_ports: open): nothing read
+                self.opened(listening.ports(pids))
+
+    def opened(self, ports: set[int]) -> None:
+        """Seal `ports` (the tasks listen on them) where they are not yet."""
+        with self.spawner.lock:
+            sealed = self.sealed
+            new = sorted(ports - set(sealed.ports) - self.found) if sealed else []
+            if not new:
+                return
+            self.found.update(new)
+            why = ""
+            try:
+                firewall.add_ports(sealed, str(self.backend), ports=new)
+            except firewall.FirewallError as exc:
+                why = str(exc)
+        shown = ",".join(map(str, new))
+        if why:
+            self.emit("log", notice=True, text=f"port(s) {shown} a task opened stay open to "
+                      f"the network: {why}")
+            return
+        self.emit("log", text=f"firewall: port(s) {shown} a task opened: sealed as the TF ports")
+        self.emit("ports_opened", ports=new)  # the launcher tells the other hosts
+
+    def peer_ports(self, targets: list[tuple[str, int]]) -> None:
+        """Other hosts' tasks opened these (address, port): this host's other
+        users are kept off them too (`seal_ports` from the launcher)."""
+        with self.spawner.lock:
+            new = set(targets) - self.peers
+            self.peers |= new
+            if not new or self.sealed is None:
+                return  # added with the next seal
+            try:
+                firewall.add_ports(self.sealed, str(self.backend), targets=new)
+                why = ""
+            except firewall.FirewallError as exc:
+                why = str(exc)
+        if why:
+            self.emit("log", notice=True, text=f"other hosts' port(s) "
+                      f"{', '.join(f'{a}:{p}' for a, p in sorted(new))} stay open to this "
+                      f"host's other users: {why}")

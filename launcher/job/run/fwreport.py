@@ -1,10 +1,14 @@
-"""What the launcher says of the hosts' firewall before a job: the preflight's
-refusals and notices from the agents' hellos, and `check`'s line per host.
+"""The hosts' firewall as the launcher sees it: before a job, the preflight's
+refusals and notices from the agents' hellos and `check`'s line per host;
+while it runs, the ports a host's tasks opened (sealed there), for the other
+hosts to seal too (`seal_ports`).
 
 Launcher side (not shipped with the agent, as launcher.firewall is).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from launcher.firewall import fix_for, local_users
 
@@ -48,3 +52,15 @@ def reachability(mode: str, hello: dict) -> tuple[str, bool]:
                 "and the job's hosts may connect"), True
     why = info.get("why") or "the agent is too old to say"
     return f"OPEN ({why}): anyone reaching {where}", False
+
+
+def seal_ports(plan: Any, host: str, ports: list[int]) -> dict[str, Any] | None:
+    """The `seal_ports` command for the other hosts of `plan` (a Plan): `ports`,
+    which a task of `host` opened, at each of its addresses (SSH and TF).
+    None where the plan seals nothing (tf_ports: open)."""
+    if not plan.firewall:
+        return None
+    addresses = {t.address for t in plan.tasks if t.host == host}
+    addresses |= {h.address for h in plan.hosts if h.name == host}
+    return {"op": "seal_ports",
+            "targets": [[a, p] for a in sorted(addresses) if a for p in sorted(ports)]}

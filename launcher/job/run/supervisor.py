@@ -61,6 +61,7 @@ from ..record.states import (
     final_state,
 )
 from ..record.story import Beside
+from . import fwreport
 from .intake import Intake
 from .peerrelay import PeerRelay
 from .profiling import Profiler
@@ -286,10 +287,19 @@ class Supervisor:
             except BadMessage as exc:
                 self._refuse(raw, str(exc))
             else:
-                if not self._peers.consumed(message):  # the memory tier's copies
+                if message.event == "ports_opened":  # sealed there: and on the other hosts
+                    self._seal_ports(message)
+                elif not self._peers.consumed(message):  # the memory tier's copies
                     return message
             if self._clock() >= deadline:
                 return None
+
+    def _seal_ports(self, message: AgentMessage) -> None:
+        command = None if self.current is None else fwreport.seal_ports(
+            self.current.plan, message.host, message.message["ports"])
+        for host, link in list(self._links.items()):
+            if command is not None and host != message.host:
+                link.send(command)
 
     def _refuse(self, raw: AgentMessage, why: str) -> None:
         self._bad_messages += 1

@@ -1,0 +1,56 @@
+"""The ports the host's tasks listen on (launcher/agent/listening.py), found as they open."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+
+from launcher.agent.listening import RECHECK_S, Listening, listening_sockets
+from launcher.agent.protocol import BadCommand, targets
+from launcher.job.run.protocol import BadMessage, check_message
+
+
+def test_a_listening_socket_is_the_tasks_only_when_one_of_their_processes_holds_it():
+    found = Listening(lambda: 0.0)
+
+    def tasks() -> set[int]:
+        return {os.getpid()}
+
+    with socket.create_server(("127.0.0.1", 0)) as server, \
+            socket.create_server(("::1", 0), family=socket.AF_INET6) as six:
+        port, port6 = server.getsockname()[1], six.getsockname()[1]
+        assert port in listening_sockets().values() and port6 in listening_sockets().values()
+        assert {port, port6} <= found.ports(tasks)
+        assert port not in Listening(lambda: 0.0).ports(set)  # no task holds it: another's
+        # A connected (not listening) socket is no port of theirs.
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            assert client.getsockname()[1] not in found.ports(tasks)
+    assert port not in found.ports(tasks)  # closed: gone
+
+
+def test_a_socket_judged_anothers_is_judged_again_in_its_first_seconds_only():
+    now = [0.0]
+    found = Listening(lambda: now[0])
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        assert port not in found.ports(set)  # not yet known as the tasks' (a new child)
+        now[0] = RECHECK_S / 2
+        assert port in found.ports(lambda: {os.getpid()})
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        assert port not in found.ports(set)
+        now[0] += RECHECK_S + 1
+        assert port not in found.ports(lambda: {os.getpid()})  # another's for good
+
+
+def test_seal_ports_takes_address_port_pairs_only():
+    assert targets([["10.0.0.2", 40000], ["gpu2", 1]]) == [("10.0.0.2", 40000), ("gpu2", 1)]
+    for bad in ([["10.0.0.2", 0]], [["a b", 1]], [["x", True]], "10.0.0.2", [["-x", 1]]):
+        with pytest.raises(BadCommand):
+            targets(bad)
+    assert check_message({"ev": "ports_opened", "ports": [40000]})["ports"] == [40000]
+    for bad in ([], [70000], None):
+        with pytest.raises(BadMessage):
+            check_message({"ev": "ports_opened", "ports": bad})
