@@ -8,19 +8,25 @@ start, installs one firewall table for this job on this host:
 
 - nftables: `table inet mgpu_<job>_<digest>` whose input chain hooks at
   priority -10 (before the usual filter chains at 0). A new TCP connection
-  (SYN) to one of the job's ports jumps to a guard chain that returns for
-  loopback and the cluster's addresses and drops the rest. Loopback is the
-  host's own users: its output chain (same priority) answers a SYN to the
-  job's ports leaving on `lo` with a TCP reset unless the sending socket is
-  owned by the job's user (the agent's uid: its tasks are its children) or
-  root (`meta skuid`; root can remove any rule, so keeping it out would be
-  for show). A connection from this host to its own non-loopback address
-  leaves on `lo` too. Nothing else is matched: other ports, replies, UDP. A
+  (SYN) to one of the job's ports here (set `ports`) jumps to a guard chain
+  that returns for loopback and the cluster's addresses and drops the rest.
+  Those are the hosts' own users: its output chain (same priority) answers a
+  SYN with a TCP reset unless the sending socket is owned by the job's user
+  (the agent's uid: its tasks are its children) or root (`meta skuid`; root
+  can remove any rule, so keeping it out would be for show), when it goes to
+  the job's ports here over `lo` (a connection to this host's own address
+  leaves on `lo` too), or to any host's task ports at that host's addresses
+  (sets `cluster4`, `cluster6`: every host has the same, so another user of
+  any host is refused at their own). The agent adds the ports its tasks open
+  later to `ports`, and other hosts' to `cluster4/6` (`add_ports`). Nothing
+  else is matched: other ports, replies, UDP. A
   drop is final in netfilter but an accept is not: this table can only close
   the job's ports. Sent over netlink (nftlink; `nft -f` where that fails).
 - iptables (no `nft`): a chain `MGPU-<digest>` with the same guard, jumped to
   from the top of INPUT for SYNs to the job's ports, and `MGPU-<digest>-L`
-  (`-m owner --uid-owner`) from the top of OUTPUT (ip6tables too when there).
+  (`-m owner --uid-owner`) from the top of OUTPUT, directly for `lo` and
+  through `MGPU-<digest>-C` for the hosts' ports (ip6tables too when there);
+  TF_CONFIG's ports only.
 
 The table's name comes from the job's run directory and the host: two jobs
 (or simulated hosts on one machine) never touch each other's rules. What was
