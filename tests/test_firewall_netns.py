@@ -18,12 +18,12 @@ import secrets
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from launcher.tools import netsim
+from launcher.tools.netsim import Switch
 from tests.conftest import alive, read_summary, start_cli, wait_for
 from tests.sshcluster import netns_available, sim_cluster, write_yaml
 from tests.test_faults_ssh import job_processes
@@ -84,52 +84,10 @@ GATED_OWN_PORT = GATED_LISTEN.replace(
     "(gate / (\"ready-\"", 1)
 
 
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
-
-
-@dataclass(frozen=True)
-class Switch:
-    bridge: str
-    here: str  # this namespace's address on the switch (the launcher's)
-    hosts: list[tuple[str, str]]  # (namespace, address) of each simulated host
-    outsider: tuple[str, str]
-
-
-@contextlib.contextmanager
-def switch(count: int) -> Iterator[Switch]:
-    """`count` host namespaces and an outsider on one bridge (here, in this
-    namespace, with an address of its own: the launcher reaches the sshds).
-    Bridged frames between namespaces never pass this namespace's IP layer."""
-    tag = secrets.token_hex(3)
-    used = subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True).stdout
-    subnet = next(n % 256 for n in range(int(tag[:2], 16), int(tag[:2], 16) + 256)
-                  if f" 10.214.{n % 256}." not in used)
-    prefix = f"10.214.{subnet}"
-    bridge = f"fwb{tag}"
-    names = [f"firewall-{tag}-h{i}" for i in range(count)] + [f"firewall-{tag}-out"]
-    _ip("route", "add", "unreachable", f"{prefix}.0/24", "metric", "4000")
-    try:
-        _ip("link", "add", bridge, "type", "bridge")
-        _ip("addr", "add", f"{prefix}.1/24", "dev", bridge)
-        _ip("link", "set", bridge, "up")
-        for i, netns in enumerate(names):
-            outer, inner = f"fwv{tag}{i}o", f"fwv{tag}{i}i"
-            _ip("netns", "add", netns)
-            _ip("link", "add", outer, "type", "veth", "peer", "name", inner, "netns", netns)
-            _ip("link", "set", outer, "master", bridge, "up")
-            for command in (["addr", "add", f"{prefix}.{i + 2}/24", "dev", inner],
-                            ["link", "set", inner, "up"], ["link", "set", "lo", "up"]):
-                _ip("netns", "exec", netns, "ip", *command)
-        hosts = [(n, f"{prefix}.{i + 2}") for i, n in enumerate(names[:-1])]
-        yield Switch(bridge, f"{prefix}.1", hosts, (names[-1], f"{prefix}.{count + 2}"))
-    finally:
-        for i, netns in enumerate(names):
-            subprocess.run(["ip", "link", "del", f"fwv{tag}{i}o"], capture_output=True)
-            subprocess.run(["ip", "netns", "del", netns], capture_output=True)
-        subprocess.run(["ip", "link", "del", bridge], capture_output=True)
-        subprocess.run(["ip", "route", "del", "unreachable", f"{prefix}.0/24", "metric", "4000"],
-                       capture_output=True)
+def switch(count: int) -> contextlib.AbstractContextManager[Switch]:
+    """`count` host namespaces and an outsider on one bridge (launcher/tools/netsim.py,
+    as `mgpu-launch simulate --netns` makes them); removed on the way out."""
+    return netsim.switch(count, outsider=True, label="firewall")
 
 
 def connects(netns: str, address: str, port: int, timeout: float = 1.0,
