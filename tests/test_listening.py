@@ -7,6 +7,7 @@ import socket
 
 import pytest
 
+from launcher.agent import listening
 from launcher.agent.listening import RECHECK_S, Listening, listening_sockets
 from launcher.agent.protocol import BadCommand, targets
 from launcher.job.run.protocol import BadMessage, check_message
@@ -21,7 +22,12 @@ def test_a_listening_socket_is_the_tasks_only_when_one_of_their_processes_holds_
     with socket.create_server(("127.0.0.1", 0)) as server, \
             socket.create_server(("::1", 0), family=socket.AF_INET6) as six:
         port, port6 = server.getsockname()[1], six.getsockname()[1]
-        assert port in listening_sockets().values() and port6 in listening_sockets().values()
+        # The kernel's sock_diag (what a poll asks) and /proc/net/tcp{,6} (where that fails)
+        for found_now in (listening_sockets(), listening._proc_listening()):
+            assert {port, port6} <= set(found_now.values())
+        by_inode = listening._proc_listening()
+        assert {i: p for i, p in listening._diag_listening().items() if p in (port, port6)} == {
+            i: p for i, p in by_inode.items() if p in (port, port6)}
         assert {port, port6} <= found.ports(tasks)
         assert port not in Listening(lambda: 0.0).ports(set)  # no task holds it: another's
         # A connected (not listening) socket is no port of theirs.

@@ -412,7 +412,7 @@ class Tasks:
         """Every process of the live tasks (their trees): whose listening ports are the job's."""
         with self.lock:
             tasks = [t for t in self.tasks.values() if t.alive()]
-        return {pid for t in tasks for pid in (t.proc.pid, *t.tree.members())}
+        return {pid for t in tasks for pid in (t.proc.pid, *t.tree.known())}
 
     def pids(self) -> dict[str, int]:
         """Per running task past its first seconds: its process id (the training
