@@ -50,7 +50,7 @@ class Seal:
             seal = firewall.Seal.from_json(raw)
         except ValueError as exc:
             return f"refused: {exc}"
-        done = ""
+        done = peers_why = ""
         with self.spawner.lock:  # against unseal() removing the rules meanwhile
             if self.spawner.closing:
                 return "the agent is stopping"
@@ -61,15 +61,17 @@ class Seal:
                 try:
                     done = firewall.apply(seal, self.backend, self.run_dir)
                     self.sealed, self.found = seal, set()
-                    if self.peers:  # told before this table replaced the last one
-                        firewall.add_ports(seal, self.backend, targets=self.peers)
                 except firewall.FirewallError as exc:
                     why = str(exc)
+            if done and self.peers:  # told before this table replaced the last one
+                peers_why = self._add_peers(self.peers)
             if not done and seal.mode == "auto":
                 self.failed = why
         # Said outside the lock: a write to a slow launcher must not hold up heartbeats.
         if done:
             self.emit("log", text=f"firewall: {done}")
+            if peers_why:
+                self.emit("log", notice=True, text=peers_why)
             return ""
         if seal.mode == "cluster":
             return (f"cannot keep the TF ports to the cluster (security.tf_ports: cluster): "
@@ -123,12 +125,15 @@ class Seal:
             self.peers |= new
             if not new or self.sealed is None:
                 return  # added with the next seal
-            try:
-                firewall.add_ports(self.sealed, str(self.backend), targets=new)
-                why = ""
-            except firewall.FirewallError as exc:
-                why = str(exc)
+            why = self._add_peers(new)
         if why:
-            self.emit("log", notice=True, text=f"other hosts' port(s) "
-                      f"{', '.join(f'{a}:{p}' for a, p in sorted(new))} stay open to this "
-                      f"host's other users: {why}")
+            self.emit("log", notice=True, text=why)
+
+    def _add_peers(self, targets: set[tuple[str, int]]) -> str:
+        """Add other hosts' opened ports to the table (under the lock); "" or what stays open."""
+        try:
+            firewall.add_ports(self.sealed, str(self.backend), targets=targets)  # type: ignore[arg-type]
+        except firewall.FirewallError as exc:
+            shown = ", ".join(f"{a}:{p}" for a, p in sorted(targets)[:20])
+            return f"other hosts' port(s) {shown} stay open to this host's other users: {exc}"
+        return ""
