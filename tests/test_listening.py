@@ -1,4 +1,5 @@
-"""The ports the host's tasks listen on (launcher/agent/listening.py), found as they open."""
+"""The ports the host's tasks listen on (launcher/agent/listening.py), found as
+they open, and told the other hosts (`ports_opened` -> `seal_ports`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from launcher.agent import listening
 from launcher.agent.listening import RECHECK_S, Listening, listening_sockets
 from launcher.agent.protocol import BadCommand, targets
 from launcher.job.run.protocol import BadMessage, check_message
+from tests.fake_agents import harness
 
 
 def test_a_listening_socket_is_the_tasks_only_when_one_of_their_processes_holds_it():
@@ -60,3 +62,19 @@ def test_seal_ports_takes_address_port_pairs_only():
     for bad in ([], [70000], None):
         with pytest.raises(BadMessage):
             check_message({"ev": "ports_opened", "ports": bad})
+
+
+def test_the_supervisor_tells_the_other_hosts_the_ports_a_hosts_tasks_opened(tmp_path):
+    def script(generation: int, name: str):
+        opened = [(1.0, "ports_opened", {"ports": [41000, 41001]})] if name == "worker1" else []
+        return [*opened, (5.0, "exit", {"code": 0})]
+
+    h = harness(tmp_path, script)
+    assert h.supervisor.run().status == "succeeded"
+    told = [m for m in h.links["host0"].sent if m["op"] == "seal_ports"]
+    address = next(t.address for t in h.supervisor.current.plan.tasks if t.host == "host1")
+    assert told == [{"op": "seal_ports", "targets": [[address, 41000], [address, 41001]]}]
+    assert not [m for m in h.links["host1"].sent if m["op"] == "seal_ports"]  # not its own
+    # A new agent (a host back after a loss) hears them at its hello.
+    h.supervisor._on_hello("host0", {})
+    assert [m for m in h.links["host0"].sent if m["op"] == "seal_ports"] == told * 2
