@@ -119,9 +119,11 @@ class Seal:
 
     def peer_ports(self, targets: list[tuple[str, int]]) -> None:
         """Other hosts' tasks opened these (address, port): this host's other
-        users are kept off them too (`seal_ports` from the launcher)."""
+        users are kept off them too (`seal_ports` from the launcher). Host
+        names are resolved first, outside the lock (a slow DNS holds no start)."""
+        resolved = set(firewall.resolve_targets(targets))
         with self.spawner.lock:
-            new = set(targets) - self.peers
+            new = resolved - self.peers
             self.peers |= new
             if not new or self.sealed is None:
                 return  # added with the next seal
