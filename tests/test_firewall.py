@@ -582,10 +582,11 @@ def _failing_nft(tmp_path: Path) -> dict[str, str]:
     nf_tables does), for the agents of local hosts."""
     folder = tmp_path / "bin"
     folder.mkdir(exist_ok=True)
-    fake = folder / "nft"
+    fake = folder / "nft.new"  # renamed into place: the last run's agents may still run
     fake.write_text("#!/bin/sh\necho 'Error: Could not process rule: Operation not supported' "
-                    ">&2\nexit 1\n")
+                    ">&2\nexit 1\n")  # it (a detached removal), and a rewrite is ETXTBSY
     fake.chmod(0o755)
+    fake.replace(folder / "nft")
     # The agents use `nft` (not netlink), which refuses.
     return {"PATH": f"{folder}{os.pathsep}{os.environ.get('PATH', '')}", "MGPU_NFT_NETLINK": "0"}
 
