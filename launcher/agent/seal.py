@@ -90,11 +90,17 @@ class Seal:
     def watch(self, pids: Callable[[], set[int]]) -> None:
         """Forever (a thread of its own): the ports the tasks (`pids`: their
         processes) listen on that are not sealed yet, sealed."""
-        listening = Listening(time.monotonic)
+        listening, said = Listening(time.monotonic), False
         while True:
             time.sleep(PORT_POLL_S)
-            if self.sealed is not None:  # no seal (tf_ports: open): nothing read
-                self.opened(listening.ports(pids))
+            try:
+                if self.sealed is not None:  # no seal (tf_ports: open): nothing read
+                    self.opened(listening.ports(pids))
+            except Exception as exc:  # said once; the next poll tries again
+                if not said:
+                    said = True
+                    self.emit("log", notice=True, text="the ports the tasks open beyond "
+                              f"TF_CONFIG's may stay open: {type(exc).__name__}: {exc}")
 
     def opened(self, ports: set[int]) -> None:
         """Seal `ports` (the tasks listen on them) where they are not yet."""
@@ -115,7 +121,8 @@ class Seal:
                       f"the network: {why}")
             return
         self.emit("log", text=f"firewall: port(s) {shown} a task opened: sealed as the TF ports")
-        self.emit("ports_opened", ports=new)  # the launcher tells the other hosts
+        for i in range(0, len(new), 1024):  # the launcher tells the other hosts
+            self.emit("ports_opened", ports=new[i:i + 1024])
 
     def peer_ports(self, targets: list[tuple[str, int]]) -> None:
         """Other hosts' tasks opened these (address, port): this host's other
