@@ -1,9 +1,9 @@
-"""The command line: parse arguments, read files and environment, print, exit.
+"""The command line: `mgpu-launch` and its subcommands, dispatched.
 
-Owns every exit code and every top-level message; with
-launcher/commands/run.py (the run command once its cluster is read), the only
-module that turns outcomes (RunResult) and faults (ConfigError,
-TransportError, ...) into text and exit codes:
+Owns the exit codes' meaning (launcher/commands/exits.py) and the dispatch:
+a subcommand's module is imported only when used; anything else is the run
+command (launcher/commands/run.py: its argv parsed, the cluster file read,
+the job run by launcher/commands/foreground.py):
 
     0 the job finished   1 the job failed   2 bad configuration or usage
     130 interrupted (SIGINT)   143 terminated (SIGTERM)
@@ -12,41 +12,16 @@ The terminal never decides the job's fate: SIGHUP and a closed stdout (EPIPE)
 only make the printer stop writing; the job runs on, the run directory gets
 everything and the exit code is the job's. `--detach` (launcher/commands/control.py)
 runs the same command in the background.
-
-The launch itself (hosts, agents, plan, supervisor, summary) is
-launcher/job/run/launch.py's: this module parses arguments, reads the cluster file
-and hands the run to launcher/commands/run.py, which calls it, prints what
-comes back and owns the signals while it runs. On SSH hosts the agents are
-started first (`SSHTransport.warm` with the run directory: each host's
-connection, login and agent), and the job's modules imported while the hosts
-answer: their ~0.1 s of imports no longer come before the first connect, nor
-the launch's plan before the hosts' logins (docs/benchmarks.md, "The
-launcher's start and end").
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib
-import os
 import sys
-import time
 from collections.abc import Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING
 
-from . import __version__
-from .commands import control, exits, loading, usage
+from .commands import control, exits
 from .commands.usage import say, silence_fds
-from .spec.addresses import AddressError
-from .spec.allocation import SlurmError
-from .spec.config import ConfigError, LoadedConfig
-from .spec.plan import PlanError, host_targets
-from .spec.rundir import why_unwritable
-from .spec.transports import traits as transport_traits
-
-if TYPE_CHECKING:
-    from .transport.ssh import SSHTransport
 
 # Subcommand -> module with `main(argv) -> int`, imported only when used.
 SUBCOMMANDS = {
@@ -60,77 +35,6 @@ SUBCOMMANDS = {
     "profile": "launcher.commands.profile",  # trace every task of a running job at once
     "drill": "launcher.commands.drill",    # inject faults: will the script survive them?
 }
-
-USAGE = """\
-mgpu-launch [OPTIONS] CLUSTER.yaml SCRIPT [ARGS...]   run SCRIPT on every task of the cluster
-mgpu-launch [OPTIONS] --local N SCRIPT [ARGS...]      run N simulated hosts on this machine
-mgpu-launch [OPTIONS] --slurm SCRIPT [ARGS...]        run on the nodes of this Slurm allocation
-mgpu-launch --detach [OPTIONS] CLUSTER.yaml SCRIPT    the same in the background: print the
-                                                      run dir and return
-mgpu-launch --dry-run [--json] [--task H/T] CLUSTER.yaml SCRIPT  print the plan"""
-
-EPILOG = """\
-other commands:
-  mgpu-launch check CLUSTER.yaml               check the cluster before a run
-  mgpu-launch status RUN_DIR [--json|--watch]  state of a run (finished or still going);
-                                               --watch: its live table until it ends
-  mgpu-launch logs RUN_DIR [TASK] [-f] [-n N]  a task's log; -f follows a running job
-  mgpu-launch stop RUN_DIR [--timeout S]       stop a running job gracefully (SIGTERM to its
-                                               launcher) and wait for its summary
-  mgpu-launch report RUN_DIR [-o FILE]         the run as one HTML file (opens offline)
-  mgpu-launch profile RUN_DIR [--seconds S]    trace every task of a running job at once:
-                                               step time, collectives, input, compute
-                                               (--allow-restart: MWMS, which TF may crash)
-  mgpu-launch export --to slurm|trainjob|tfjob CLUSTER.yaml SCRIPT [ARGS...]
-  mgpu-launch simulate N [--dir DIR] [--detach] | simulate stop --dir DIR
-  mgpu-launch drill CLUSTER.yaml|--local N SCRIPT  inject faults: does the script resume?
-
-The launcher keeps the job running when its terminal goes away (SIGHUP, a closed
-pipe such as `| head`); everything is in the run directory."""
-
-
-class UsageError(Exception):
-    pass
-
-
-def _run_parser() -> argparse.ArgumentParser:
-    parser = usage.Parser(
-        prog="mgpu-launch", usage=USAGE,
-        description="Run a TensorFlow/Keras training script on many hosts.",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--version", action="version", version=f"mgpu-launch {__version__}")
-    parser.add_argument("--local", type=int, metavar="N",
-                        help="run N simulated hosts on this machine (no YAML needed)")
-    parser.add_argument("--slurm", action="store_true",
-                        help="run on the nodes of the Slurm allocation this runs in "
-                        "(salloc, sbatch), one worker per node (no YAML needed)")
-    parser.add_argument("--dry-run", action="store_true",
-                        help="print every task's host, role, ports, env and TF_CONFIG; "
-                        "start nothing")
-    parser.add_argument("--json", action="store_true", help="with --dry-run: print JSON")
-    parser.add_argument("--task", metavar="HOST/ROLEINDEX",
-                        help="with --dry-run: print only this task, whole (its full "
-                        "TF_CONFIG and environment), e.g. host0/worker0")
-    parser.add_argument("--run-dir", help="run directory (default runs/<name>-<timestamp>)")
-    parser.add_argument("--max-restarts", type=int, metavar="N",
-                        help="override restart.max_restarts of the YAML")
-    parser.add_argument("-q", "--quiet", action="store_true",
-                        help="do not stream task output (it still goes to the log files); "
-                        "launcher notices, the live table and the summary remain")
-    parser.add_argument("-v", "--verbose", action="store_true",
-                        help="also print task state changes and, when not on a terminal, "
-                        "every task's status (step, loss, CPU, memory) every 10 s")
-    parser.add_argument("--no-live", dest="live", action="store_false",
-                        help="no live status table on a terminal: plain prefixed lines only")
-    parser.add_argument("--detach", action="store_true",
-                        help="run in the background (own session, output to "
-                        "RUN_DIR/launcher.out); print the run dir and return")
-    parser.add_argument("--metrics-port", type=int, metavar="PORT",
-                        help="serve Prometheus metrics on this port while the job runs "
-                        "(127.0.0.1 unless metrics.host says otherwise; 0: any free port)")
-    parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -150,122 +54,9 @@ def _main(argv: list[str]) -> int:
             say(f"mgpu-launch: `{argv[0]}` is not available in this build ({exc})")
             return exits.USAGE
         return module.main(argv)
-    try:
-        return _run(argv)
-    except UsageError as exc:
-        say(f"mgpu-launch: {exc}\nusage:\n{USAGE}")
-        return exits.USAGE
-    except ConfigError as exc:
-        say(f"mgpu-launch: {exc}")
-        return exits.USAGE
-    except PlanError as exc:
-        say(f"mgpu-launch: cannot plan the job: {exc}")
-        return exits.USAGE
-    except AddressError as exc:
-        say(f"mgpu-launch: {exc}")
-        return exits.USAGE
+    from .commands import run
 
-
-def _load(args: argparse.Namespace) -> tuple[LoadedConfig, list[str]]:
-    option = "--slurm" if args.slurm else f"--local {args.local}"
-    try:
-        return loading.cluster_and_script(
-            args.rest, args.local, args.slurm,
-            check_script=lambda script: _no_cluster_file(script, option))
-    except loading.ArgumentError as exc:
-        raise UsageError(str(exc)) from None
-    except SlurmError as exc:
-        raise UsageError(str(exc)) from None
-
-
-def _no_cluster_file(script: str, option: str) -> None:
-    """`--local 2 cluster.yaml train.py` would run the YAML as the script."""
-    if script.lower().endswith((".yaml", ".yml")):
-        raise UsageError(f"{option} makes the cluster itself, so {script} would be run as "
-                         f"the training script: give either {option} or a cluster file, not "
-                         f"both (`mgpu-launch {option} train.py` or `mgpu-launch {script} "
-                         "train.py`)")
-
-
-def _default_run_dir(loaded: LoadedConfig) -> Path:
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    return Path("runs") / f"{loaded.config.name}-{stamp}-{os.getpid()}"
-
-
-def _options_first(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
-    """`CLUSTER.yaml --no-live SCRIPT ARGS` as `--no-live CLUSTER.yaml SCRIPT ARGS`:
-    the launcher's options between the cluster file and the script are its own
-    (argparse would run the first as the script); whatever follows the script
-    is the script's. With an option the launcher does not know there, argv as
-    given (loading refuses a script that starts with `-`)."""
-    args = parser.parse_args(argv)
-    rest = args.rest
-    if args.local is not None or args.slurm or len(rest) < 2 or rest[0] == "--" \
-            or not rest[1].startswith("-"):
-        return argv
-    head, cluster, tail = argv[:len(argv) - len(rest)], rest[0], rest[1:]
-    if tail[0] == "--":  # `CLUSTER.yaml -- SCRIPT`: what follows is the script
-        return [*head, cluster, *tail[1:]]
-    known, unknown = parser.parse_known_args(tail)
-    if unknown:
-        return argv
-    return [*head, *tail[:len(tail) - len(known.rest)], cluster, *known.rest]
-
-
-def _run(argv: list[str]) -> int:
-    parser = _run_parser()
-    argv = _options_first(parser, argv)
-    args = parser.parse_args(argv)
-    if args.json and not args.dry_run:
-        raise UsageError("--json goes with --dry-run")
-    if args.task and not args.dry_run:
-        raise UsageError("--task goes with --dry-run")
-    if args.max_restarts is not None and args.max_restarts < 0:
-        raise UsageError("--max-restarts needs a number >= 0")
-    loaded, command = _load(args)
-    run_dir = Path(args.run_dir) if args.run_dir else _default_run_dir(loaded)
-    run_dir = run_dir.resolve()
-    unwritable = None if args.dry_run else why_unwritable(run_dir)
-    if unwritable is not None:  # before any host is reached: one line, nothing made
-        say(f"mgpu-launch: cannot write the run directory {run_dir}: {unwritable}; "
-            "choose another --run-dir")
-        return exits.USAGE
-    if not args.dry_run and not control.run_dir_free(run_dir):
-        raise UsageError(f"run directory {run_dir} is not empty: give a new --run-dir "
-                         "(each run keeps its own logs, events and summary)")
-    early = None if args.dry_run or args.detach else _reach_early(loaded, run_dir, args.verbose)
-    try:
-        from .commands import run  # the job's modules, imported while the hosts answer
-
-        if args.dry_run:
-            from .spec.planview import NoSuchTask
-
-            try:
-                return run.dry_run(loaded, command, run_dir, args)
-            except NoSuchTask as exc:
-                raise UsageError(str(exc)) from None
-        return run.run(loaded, command, run_dir, args, argv, early)
-    finally:
-        if early is not None:  # whatever the connect did not take (a launch that ended first)
-            early.abort()
-
-
-def _reach_early(loaded: LoadedConfig, run_dir: Path, verbose: bool) -> SSHTransport | None:
-    """SSH hosts: the run's transport, its agents starting already (the connect
-    takes them; what is not taken, the caller aborts)."""
-    config = loaded.config
-    if not transport_traits(config.transport).ssh:
-        return None
-    from .transport.factory import make_transport, quiet_paramiko_logs
-
-    targets = host_targets(config, "python3", loaded.base_dir)
-    if not verbose:  # -v: paramiko's tracebacks
-        quiet_paramiko_logs()
-    # SSH's own method, not the Transport protocol's: no other transport has
-    # connections to open ahead.
-    ssh: SSHTransport = make_transport(config)  # type: ignore[assignment]
-    ssh.warm(targets, str(run_dir))
-    return ssh
+    return run.main(argv)
 
 
 if __name__ == "__main__":

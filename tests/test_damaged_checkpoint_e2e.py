@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.views.records import load_run, render_status
+from launcher.outlets.rundir import load_run
+from launcher.views.records import render_status
 from tests.conftest import SCRIPTS, read_summary, wait_for
 from tests.test_faults import Job, jobs, launch, write_yaml  # noqa: F401 - `jobs` is a fixture
 

@@ -168,6 +168,9 @@ def test_the_compose_cluster_trains_the_example(built: pm.Built, tmp_path: Path)
         assert done.returncode == 0, done.stdout + done.stderr
         done = run("up", "-d", "--no-deps", "node1", "node2", "node3")
         assert done.returncode == 0, done.stdout + done.stderr
+        # The memory tier's room: 1 GB of /dev/shm, not a container's 64 MB.
+        shm = run("exec", "-T", "node1", "df", "-k", "--output=size", "/dev/shm")
+        assert int(shm.stdout.split()[-1]) >= 1_000_000, shm.stdout + shm.stderr
         start = time.monotonic()
         done = run("exec", "-T", "-u", "mgpu", "node1", "mgpu-launch", "--no-live",
                    "docker/cluster.yaml", EXAMPLE, "--epochs", "1", timeout=300)

@@ -23,7 +23,8 @@ import pytest
 from launcher.job.detect.stalls import STOPPED_HANG_S
 from launcher.job.record import story
 from launcher.job.record.goodput import PARTS as GOODPUT_PARTS
-from launcher.views.records import load_run, render_status
+from launcher.outlets.rundir import load_run
+from launcher.views.records import render_status
 from tests.conftest import (
     SCRIPTS,
     alive,

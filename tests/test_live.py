@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.commands.run import _print_outcome
+from launcher.commands.foreground import _print_outcome
 from launcher.job.record import events as ev
 from launcher.job.record.states import Failure, RunResult
 from launcher.job.record.story import Beside, TaskRow

@@ -19,6 +19,11 @@ from tests.conftest import REPO, wait_for
 from tests.slowfs import mounted
 
 
+def saved_names(target: Path) -> list[str]:
+    """The directory's files a script sees (the launcher's own are dot files)."""
+    return sorted(n for n in os.listdir(target) if not n.startswith("."))
+
+
 def make_slot(root: Path, seq: int, name: str, size: int, keep: list[str],
               saved: float | None = None) -> Path:
     """A slot as the training process leaves it: a TensorFlow checkpoint's files
@@ -67,7 +72,7 @@ def test_a_copy_killed_in_the_middle_leaves_the_previous_complete_checkpoint(tmp
         # The next copy sweeps what the dead one left, then completes.
         memcopy.copy_slot(str(second), memslots.manifest(str(second)) | {"target": str(target)},
                           {})
-        names = sorted(os.listdir(target))
+        names = saved_names(target)
         assert names == ["checkpoint", "ckpt-2.data-00000-of-00001", "ckpt-2.index"], names
 
 
@@ -183,8 +188,7 @@ def test_a_late_copy_never_rolls_the_directory_back(tmp_path: Path):
     assert not copy(make_slot(memory, 4, "ckpt-5", 10, ["ckpt-5"], saved=now - 50))
     # A newer save is copied, and the state's rule drops what it no longer lists.
     assert copy(make_slot(memory, 5, "ckpt-6", 10, ["ckpt-6"], saved=time.time() + 1))
-    assert sorted(os.listdir(target)) == ["checkpoint", "ckpt-6.data-00000-of-00001",
-                                          "ckpt-6.index"]
+    assert saved_names(target) == ["checkpoint", "ckpt-6.data-00000-of-00001", "ckpt-6.index"]
     # Keras' backup: its metadata names the save.
     backup = tmp_path / "backup"
     keras_new, keras_old = keras_slot(memory, 6, 5, now - 10), keras_slot(memory, 7, 3, now - 20)
@@ -194,6 +198,35 @@ def test_a_late_copy_never_rolls_the_directory_back(tmp_path: Path):
     assert '"epoch": 5' in (backup / "training_metadata.json").read_text()
     assert (backup / "latest.weights.h5").read_bytes() == (
         keras_new / "latest.weights.h5").read_bytes()
+
+
+def test_hosts_whose_clocks_disagree_order_their_saves_by_generation_and_step(tmp_path: Path):
+    """A worker's host 300 s ahead of the chief's: its saves' times are later
+    than newer saves of the chief's. By time alone the chief's next save was
+    refused as older (lost to the directory); by generation and step it is not."""
+    memory, target = tmp_path / "memory" / "worker0", tmp_path / "ckpt"
+    now, seq = time.time(), iter(range(1, 100))
+
+    def copy(name: str, generation: int, step: int | None, saved: float) -> bool:
+        slot = make_slot(memory, next(seq), name, 10, [name], saved=saved)
+        record = memslots.manifest(str(slot)) | {"target": str(target), "step": step,
+                                                 "generation": generation}
+        return memcopy.copy_slot(str(slot), record, {})
+
+    def names_save() -> str:
+        return (target / "checkpoint").read_text().split('"')[1]
+
+    assert copy("ckpt-1", 1, 10, now + 300)  # relayed from the fast host (its chief lost)
+    assert copy("ckpt-2", 1, 20, now) and names_save() == "ckpt-2"  # the chief's, later
+    assert copy("ckpt-1", 2, 10, now - 200) and names_save() == "ckpt-1"  # restarted: rolled back
+    # A late copy of generation 1, whatever its step and its host's clock, is older.
+    assert not copy("ckpt-3", 1, 30, now + 600) and names_save() == "ckpt-1"
+    assert copy("ckpt-2", 2, None, now - 100)  # no step: its time, on the same host's clock
+    assert not copy("ckpt-9", 2, None, now - 150) and names_save() == "ckpt-2"
+    # The script saved there itself since (memory full): its files' time decides again.
+    (target / "checkpoint").write_text('model_checkpoint_path: "ckpt-7"\n')
+    assert not copy("ckpt-8", 2, 80, now - 50) and names_save() == "ckpt-7"
+    assert saved_names(target) == ["checkpoint", "ckpt-2.data-00000-of-00001", "ckpt-2.index"]
 
 
 def test_the_copier_says_a_late_copy_and_the_tasks_end_does_not_wait_for_it(tmp_path: Path):

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from launcher.outlets.rundir import load_run
 from launcher.views import report as rep
 from tests.conftest import (
     SCRIPTS,
@@ -105,7 +106,7 @@ def test_a_worker_killed_in_epoch_2_is_a_failure_on_the_record_and_restarted_alo
     html = (workdir / "r.html").read_text()
     assert "no fault" not in html
     assert "signal: restarted alone <b>h1/worker1</b>" in html
-    report = rep.build(run)
+    report = rep.build(load_run(run))
     for server in ("ps0", "worker0"):
         row = report.rows.index(server)
         states = [s.state for s in report.spans if s.row == row]

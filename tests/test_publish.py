@@ -6,7 +6,6 @@ leaves new weights with old metadata (issue 55)."""
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
@@ -14,7 +13,7 @@ import pytest
 
 from launcher.agent import memcopy, publish
 from launcher.runtime import memslots
-from tests.test_memcopy import keras_slot, make_slot
+from tests.test_memcopy import keras_slot, make_slot, saved_names
 
 
 class Killed(BaseException):
@@ -54,7 +53,7 @@ def test_a_backup_copy_killed_between_its_files_is_read_whole(tmp_path: Path, mo
     # A restore (after the dead agent's marker went stale) reads the new save whole.
     memslots.wait_for_copy(str(target))
     assert backup(target) == ((new / "latest.weights.h5").read_bytes(), {"epoch": 2, "batch": -1})
-    assert sorted(os.listdir(target)) == ["latest.weights.h5", "training_metadata.json"]
+    assert saved_names(target) == ["latest.weights.h5", "training_metadata.json"]
 
 
 def test_a_copy_killed_before_its_commit_leaves_the_previous_save(tmp_path: Path, monkeypatch):
@@ -72,7 +71,7 @@ def test_a_copy_killed_before_its_commit_leaves_the_previous_save(tmp_path: Path
     newest = keras_slot(memory, 3, 3, now - 5)
     assert copy(newest, target)
     assert backup(target)[1]["epoch"] == 3
-    assert sorted(os.listdir(target)) == ["latest.weights.h5", "training_metadata.json"]
+    assert saved_names(target) == ["latest.weights.h5", "training_metadata.json"]
 
 
 def test_the_next_copy_rolls_a_committed_one_forward_first(tmp_path: Path, monkeypatch):
@@ -103,7 +102,7 @@ def test_a_full_disk_leaves_the_directory_as_it_was(tmp_path: Path, monkeypatch)
     with pytest.raises(OSError):
         copy(new, target)
     assert backup(target)[1]["epoch"] == 1
-    assert sorted(os.listdir(target)) == ["latest.weights.h5", "training_metadata.json"]
+    assert saved_names(target) == ["latest.weights.h5", "training_metadata.json"]
 
 
 def test_a_late_drop_never_removes_a_later_save(tmp_path: Path):

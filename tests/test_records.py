@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from launcher.commands.logs import resolve_task_logs
-from launcher.views.records import launcher_alive, load_run
+from launcher.outlets.rundir import launcher_alive, load_run
 from tests.conftest import PYTHON, cli_env, read_events, run_cli, start_cli, wait_for
 
 SCRIPT = """\

@@ -23,9 +23,9 @@ import pytest
 from launcher.commands import report as report_command
 from launcher.job.record import events as ev
 from launcher.job.record import story
+from launcher.outlets.rundir import load_run
 from launcher.views import report as rep
 from launcher.views import svg
-from launcher.views.records import load_run
 from launcher.views.report_html import render
 from tests.conftest import REPO, SCRIPTS, alive, read_events, run_cli, start_cli, wait_for
 
@@ -77,7 +77,7 @@ def test_the_job_row_names_the_generation_it_restarts_as(tmp_path: Path):
     """A restart's span on the job's row (issue 53 item 5): no "generation -1"."""
     run = tmp_path / "run"
     shutil.copytree(RUN_V1, run)  # a worker failed in generation 0, restarted as 1
-    report = rep.build(run)
+    report = rep.build(load_run(run))
     restart = next(s for s in report.spans if s.state == "restarting")
     assert restart.title.startswith("job: restarting as generation 1, "), restart.title
     assert "generation -1" not in render(report)
@@ -85,7 +85,7 @@ def test_the_job_row_names_the_generation_it_restarts_as(tmp_path: Path):
 
 def test_goodput_stragglers_and_the_cluster_when_recorded(tmp_path: Path):
     run = _fixture_run(tmp_path)
-    page = render(rep.build(run))
+    page = render(rep.build(load_run(run)))
     # The story's ledger (summary.json holds the same): 6 s to the first report,
     # 17 s of training to the last, then nothing reported until the job's end.
     assert "productive 17.0 s of 100.0 s: <b>17.0 %</b>" in page
@@ -103,7 +103,8 @@ def test_a_run_still_going_is_reported_up_to_now(tmp_path: Path):
     (run / "summary.json").unlink()
     events = (run / "events.jsonl").read_text().splitlines()
     (run / "events.jsonl").write_text("\n".join(events[:-1]) + "\n")  # no job_done yet
-    report = rep.build(run, now=report_t0(run) + 40.0)
+    at = report_t0(run) + 40.0
+    report = rep.build(load_run(run, now=at), now=at)
     assert report.view.status == "running" and report.duration_s == pytest.approx(40.0)
     training = [s for s in report.spans if s.state == "training"]
     assert {s.row for s in training} == {0, 1} and all(s.end == 40.0 for s in training)
@@ -183,7 +184,7 @@ def test_a_loss_gone_bad_is_marked_at_its_step_and_rendered(tmp_path: Path):
            {"t": 22.0, "event": "restart", "v": 2, "generation": 1, "restarts": 1}]
     (run / "events.jsonl").write_text("\n".join([*lines[:-1], *map(json.dumps, bad),
                                                  lines[-1]]) + "\n")
-    report = rep.build(run)
+    report = rep.build(load_run(run))
     [mark] = report.losses
     assert (mark.row, mark.t, mark.label) == (report.rows.index("worker1"), 20.0, "!")
     assert "loss went nan at step 100 (epoch 2, batch 20 of it" in mark.title
@@ -229,7 +230,7 @@ def test_a_killed_and_restarted_job_reported_and_rendered(workdir: Path):
     assert "worker0 (host0)" in page and "worker1 (host1)" in page
     assert "root cause <b>host1/worker1</b>" in page and "killed (SIGKILL" in page
     assert "fault_steps.py --steps 30 --step-s 0.1" in page  # the command that ran
-    report = rep.build(run)
+    report = rep.build(load_run(run))
     restart = next(s for s in report.spans if s.state == "restarting")
     assert restart.start == pytest.approx(report.faults[0].t)
     assert {s.row for s in report.spans if s.state == "training" and s.start > restart.end} \

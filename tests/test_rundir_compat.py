@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from launcher.outlets import rundir
 from launcher.views import records
 
 DATA = Path(__file__).parent / "data"
@@ -48,7 +49,7 @@ def test_an_old_run_without_summary_is_replayed_as_before(tmp_path: Path, monkey
     shutil.copytree(RUN, tmp_path / "RUN")
     (tmp_path / "RUN" / "summary.json").unlink()
     monkeypatch.chdir(tmp_path)
-    view = records.load_run("RUN", alive=lambda launch: False)
+    view = rundir.load_run("RUN", alive=lambda launch: False)
     assert records.render_status(view, now=0) + "\n" == \
         (DATA / "run_v1.status_no_summary.txt").read_text()
 
@@ -62,7 +63,7 @@ def test_every_moment_of_an_old_run_is_replayed_as_before(tmp_path: Path):
         run = tmp_path / f"run{moment['events']}"
         run.mkdir()
         (run / "events.jsonl").write_text("\n".join(lines[:moment["events"]]) + "\n")
-        view = records.load_run(run, alive=lambda launch: False)
+        view = rundir.load_run(run, alive=lambda launch: False)
         seen = [[t.label, t.state, t.exit_code, t.signal, t.pid] for t in view.tasks]
         assert (view.generation, view.restarts, seen,
                 [f["description"] for f in view.failures]) == \

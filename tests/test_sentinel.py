@@ -19,12 +19,13 @@ from launcher.job.policy.recovery import Budget, decide_restart
 from launcher.job.record import events as ev
 from launcher.job.record.states import Failure
 from launcher.job.record.story import Story
+from launcher.outlets.rundir import load_run
 from launcher.spec.config import parse_config
 from launcher.spec.outlets import NotifySettings
 from launcher.spec.taskenv import shared_env
 from launcher.views import narrate, notify
 from launcher.views.metrics import JobMetrics
-from launcher.views.records import load_run, render_status
+from launcher.views.records import render_status
 from tests.conftest import SCRIPTS, read_summary
 from tests.test_faults import Job, jobs, launch, write_yaml  # noqa: F401 - `jobs` is a fixture
 

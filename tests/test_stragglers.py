@@ -569,7 +569,8 @@ def test_the_radar_traces_rarely_and_names_the_task_its_peers_wait_for(tmp_path:
 
 
 def test_status_of_a_running_job_names_its_straggler(tmp_path: Path):
-    from launcher.views.records import load_run, render_status
+    from launcher.outlets.rundir import load_run
+    from launcher.views.records import render_status
 
     event = ev.Straggler(generation=0, task="worker1", host="host1", slowdown=2.5,
                          evidence={"unit": "ms_per_step", "task": {"waiting_for_cpu": 315.0},

@@ -414,7 +414,7 @@ def test_the_story_told_to_listeners_is_what_status_replays(tmp_path: Path):
     phase at that moment; status's replay of events.jsonl (the same state
     machine) ends with the tasks in the states the supervisor left them."""
     from launcher.job.record.phases import Phase
-    from launcher.views.records import load_run
+    from launcher.outlets.rundir import load_run
 
     def script(generation: int, name: str):
         if name == "worker1" and generation == 0:

@@ -28,6 +28,7 @@ import pytest
 from launcher.commands import status
 from launcher.job.record import eventlines, goodput
 from launcher.outlets import status_watch
+from launcher.outlets.rundir import load_run
 from launcher.views import report
 from launcher.views.report_html import render
 
@@ -70,7 +71,7 @@ def _views(run: Path, capsys, monkeypatch) -> dict:
     monkeypatch.setattr(status_watch, "ALIVE_EVERY_S", 0.1)
     screen = io.StringIO()
     status_watch.watch(run, screen, live=True, poll_s=0.05, alive=lambda _launch: False)
-    built = report.build(run)
+    built = report.build(load_run(run))
     return {"text": text, "json": as_json, "watch": screen.getvalue(), "report": built,
             "page": render(built)}
 

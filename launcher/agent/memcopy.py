@@ -42,7 +42,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from launcher.agent import publish
+from launcher.agent import publish, saveorder
 from launcher.agent.protocol import lowered_thread
 
 SHM = "/dev/shm"  # noqa: S108 - host memory, one 0700 folder per job
@@ -57,9 +57,6 @@ COPYING = ".mgpu-copying"
 TOUCH_S = 1.0
 LAG_NOTICE_S = 60.0  # a copy this far behind its save is said (once)
 POINTER_NAMES = ("checkpoint", "training_metadata.json")  # name a save (memslots.POINTERS)
-# A directory's file this much later than a save's time is a newer save's (a
-# file system's timestamps may be coarser than the save's float time).
-CLOCK_SLACK_S = 0.01
 
 
 def low_priority(batch: bool = False) -> None:
@@ -342,22 +339,25 @@ def copy_slot(slot: str, record: dict, copied: dict[tuple[str, str], tuple[int, 
     if kind == "drop":  # Keras removed its backup at the end of fit
         held = {"files": [n for n in os.listdir(target) if not n.startswith(".")]} \
             if os.path.isdir(target) else {}
-        if newer_in(target, stamped(held), saved_at(record)):
+        if saveorder.holds_any_newer(target, stamped(held), record):
             return False  # a late drop: the directory holds a later save (a later fit's)
         _shutil().rmtree(target, ignore_errors=True)
         return True
     os.makedirs(target, exist_ok=True)
     publish.sweep(target)  # a copy that died: rolled forward past its journal, else removed
     when = saved_at(record)
-    if newer_in(target, stamped(record), when):
+    if saveorder.holds_newer(target, saver_of(record), stamped(record), record):
         return False
     before = state_names(target) if kind == "manager" else set()
     try:
         staged = _stage(slot, record, target, copied, when)
+        publish.stage_text(target, publish.ORDER,
+                           saveorder.with_save(target, saver_of(record), record))
     except OSError:
         publish.sweep(target)  # no room (a full disk): the directory as it was, its space back
         raise
-    publish.commit(target, [n for n, _ in staged])  # all at once, as a restore sees them
+    # all at once, as a restore sees them, with the saves' order (saveorder.py)
+    publish.commit(target, [*(n for n, _ in staged), publish.ORDER])
     copied.update({(target, n): ident for n, ident in staged if ident is not None})
     if kind == "manager" and not workers:
         for gone in before - state_names(target):
@@ -418,19 +418,6 @@ def saver_of(record: dict) -> tuple[str, ...]:
     """Which saver of a directory made a save: its kind and the files that name
     it (a manager's state file, a backup's metadata, a ModelCheckpoint's file)."""
     return (str(record.get("kind") or ""), *stamped(record))
-
-
-def newer_in(target: str, names: list[str], when: float | None) -> bool:
-    """`target` holds one of `names` written after `when` (a newer save)."""
-    if when is None:
-        return False
-    for name in names:
-        try:
-            if os.stat(os.path.join(target, name)).st_mtime > when + CLOCK_SLACK_S:
-                return True
-        except OSError:
-            continue
-    return False
 
 
 def _state_fields(path: str) -> list[tuple[str, str]]:

@@ -29,6 +29,7 @@ import os
 
 PART = ".mgpu-part"
 JOURNAL = ".mgpu-publish"  # runtime/memslots.py: PUBLISH, the same name
+ORDER = ".mgpu-order"  # the saves' order, published with them (saveorder.ORDER)
 
 
 def aside(folder: str, name: str) -> str:
@@ -37,7 +38,7 @@ def aside(folder: str, name: str) -> str:
 
 def stage(source: str, folder: str, name: str, when: float | None = None) -> None:
     """`source` written aside as `folder/name`'s part, flushed; with `when`,
-    its mtime that time (the save's: memcopy.newer_in)."""
+    its mtime that time (the save's: saveorder.newer_in)."""
     import shutil  # here: every agent imports this module, few copy
 
     part = aside(folder, name)
@@ -83,7 +84,8 @@ def finish(folder: str) -> bool:
     except (OSError, ValueError):
         return False
     for name in names if isinstance(names, list) else ():
-        if isinstance(name, str) and os.sep not in name and not name.startswith("."):
+        if isinstance(name, str) and os.sep not in name and (
+                not name.startswith(".") or name == ORDER):
             place(folder, name)
     remove_journal(folder)
     return True

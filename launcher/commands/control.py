@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..outlets.rundir import launcher_of
 from ..spec.rundir import (
     CONFIG,
     EVENTS,
@@ -158,19 +159,6 @@ def record_early_end(run_dir: Path, status: str, message: str,
 # ---------------------------------------------------------------------- stop
 
 
-def launcher_of(run_dir: Path) -> dict[str, Any] | None:
-    """`launcher_pid`, `launcher_host` and `t` (when it started, at the latest)
-    from the first launch event, else from launcher.pid (a detached launcher
-    still reaching its hosts)."""
-    from ..views.records import read_events, read_launcher_pid
-
-    launch = next((e for e in read_events(run_dir / EVENTS)
-                   if e.get("event") == "launch"), None)
-    if launch is not None and isinstance(launch.get("launcher_pid"), int):
-        return launch
-    return read_launcher_pid(run_dir)
-
-
 def launcher_process(launcher: dict[str, Any]):
     """The run's launcher as a psutil.Process, or None when it is gone. A pid
     now used by another program (started after the run, or not mgpu-launch)
@@ -223,7 +211,7 @@ def _outcome(summary: dict[str, Any]) -> str:
 def _stop_requested(run_dir: Path) -> float | None:
     """When a stop was asked for already (a `stop`, or Ctrl-C/SIGTERM seen by
     the launcher), else None."""
-    from ..views.records import read_events
+    from ..outlets.rundir import read_events
 
     try:
         return (run_dir / STOP_MARK).stat().st_mtime

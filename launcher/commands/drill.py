@@ -39,7 +39,7 @@ from ..views.drill_report import DEFAULT_MTBF_HOURS, FAULTS, Observed, judge, re
 from . import control, exits, loading, usage
 from .drill_faults import Heard, Injector
 from .drill_memory import MemoryCosts
-from .run import prepare_launch
+from .foreground import prepare_launch
 from .signals import stops_asked
 from .usage import say
 

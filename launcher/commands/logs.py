@@ -14,14 +14,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
+from ..outlets.rundir import RunDirError, launcher_alive, load_run, read_events
 from ..spec.rundir import EVENTS, LOGS, SUMMARY
-from ..views.records import (
-    RunDirError,
-    RunView,
-    launcher_alive,
-    load_run,
-    read_events,
-)
+from ..views.records import RunView
 from . import exits, usage
 
 # How often `logs -f` looks for new lines and for summary.json.

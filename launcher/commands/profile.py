@@ -28,11 +28,12 @@ import yaml
 
 from ..job.run.profiling import ANSWER_MARGIN_S, DELAY_S, MAX_SECONDS, PROFILES, REQUEST, SUMMARY
 from ..job.run.profiling import new_id as new_trace_id
+from ..outlets.rundir import launcher_of
 from ..spec.rundir import CONFIG
 from ..spec.rundir import SUMMARY as RUN_SUMMARY
 from ..strategy import Strategy
 from . import exits, usage
-from .control import launcher_of, launcher_process
+from .control import launcher_process
 from .usage import say
 
 POLL_S = 0.1

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..views.records import RunDirError
+from ..outlets.rundir import RunDirError, load_run
 from ..views.report import REPORT, build
 from ..views.report_html import render
 from . import exits, usage
@@ -45,7 +45,7 @@ def main(argv: Sequence[str]) -> int:
                         help=f"where to write it (default RUN_DIR/{REPORT})")
     args = parser.parse_args(list(argv)[1:])
     try:
-        report = build(args.run_dir)
+        report = build(load_run(args.run_dir))
     except RunDirError as exc:
         print(f"mgpu-launch report: {exc}", file=sys.stderr)
         return exits.USAGE

@@ -1,280 +1,266 @@
-"""The run command once its cluster is read: the launch in the foreground
-(or started in the background, `--detach`), or the plan printed (`--dry-run`).
+"""The run command: `mgpu-launch [OPTIONS] CLUSTER.yaml SCRIPT [ARGS...]`
+(`--local N`, `--slurm`, `--dry-run`, `--detach`), from its argv to its exit code.
 
-The cli (launcher/cli.py) parses the arguments, reads the cluster file and, on
-SSH hosts, starts opening the connections; it imports this module after that,
-so the job's modules (the launch, its events and states, the printer) load
-while the hosts answer. From here on as before: the launch
-(launcher/job/run/sequence.py) is called, what comes back is printed and turned
-into the exit code, and the signals are this module's while it runs.
-
-The terminal never decides the job's fate: SIGHUP and a closed stdout (EPIPE)
-only make the printer stop writing; the job runs on, the run directory gets
-everything and the exit code is the job's.
+Parses the arguments, reads the cluster file, checks the run directory and,
+on SSH hosts, starts opening the connections (`SSHTransport.warm` with the
+run directory: each host's connection, login and agent); then hands the run
+to launcher/commands/foreground.py, imported only after that, so the job's
+modules (the launch, its events and states, the printer) load while the hosts
+answer (docs/benchmarks.md, "The launcher's start and end"). Usage, cluster
+file and plan errors are said here, with exit 2; the job's outcome and the
+signals while it runs are foreground.py's. launcher/cli.py dispatches to it
+(and to the other commands).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import signal
+import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-from ..job.record.classify import signal_name
-from ..job.record.states import JobStatus, RunResult
-from ..job.record.story import restarts_words, step_of
-from ..job.run.launch import Launch, LaunchRefused, Outcome
-from ..job.run.sequence import EarlyEnd, run_launch
-from ..outlets import launch as outlets
-from ..outlets.printer import Printer
-from ..spec import planview, rundir
-from ..spec.config import LoadedConfig
-from ..spec.plan import Plan
+from .. import __version__
+from ..spec.addresses import AddressError
+from ..spec.allocation import SlurmError
+from ..spec.config import ConfigError, LoadedConfig
+from ..spec.plan import PlanError, host_targets
+from ..spec.rundir import why_unwritable
 from ..spec.transports import traits as transport_traits
-from ..transport import Transport
-from ..transport.factory import make_transport
-from ..views import narrate, rootcause
-from ..views.live import format_duration
-from . import control, exits, prereqs
-from .signals import stops_asked
-from .usage import say, shown, silence_fds
+from . import control, exits, loading, usage
+from .usage import say
+
+if TYPE_CHECKING:
+    from ..transport.ssh import SSHTransport
+
+USAGE = """\
+mgpu-launch [OPTIONS] CLUSTER.yaml SCRIPT [ARGS...]   run SCRIPT on every task of the cluster
+mgpu-launch [OPTIONS] --local N SCRIPT [ARGS...]      run N simulated hosts on this machine
+mgpu-launch [OPTIONS] --slurm SCRIPT [ARGS...]        run on the nodes of this Slurm allocation
+mgpu-launch --detach [OPTIONS] CLUSTER.yaml SCRIPT    the same in the background: print the
+                                                      run dir and return
+mgpu-launch --dry-run [--json] [--task H/T] CLUSTER.yaml SCRIPT  print the plan"""
+
+EPILOG = """\
+other commands:
+  mgpu-launch check CLUSTER.yaml               check the cluster before a run
+  mgpu-launch status RUN_DIR [--json|--watch]  state of a run (finished or still going);
+                                               --watch: its live table until it ends
+  mgpu-launch logs RUN_DIR [TASK] [-f] [-n N]  a task's log; -f follows a running job
+  mgpu-launch stop RUN_DIR [--timeout S]       stop a running job gracefully (SIGTERM to its
+                                               launcher) and wait for its summary
+  mgpu-launch report RUN_DIR [-o FILE]         the run as one HTML file (opens offline)
+  mgpu-launch profile RUN_DIR [--seconds S]    trace every task of a running job at once:
+                                               step time, collectives, input, compute
+                                               (--allow-restart: MWMS, which TF may crash)
+  mgpu-launch export --to slurm|trainjob|tfjob CLUSTER.yaml SCRIPT [ARGS...]
+  mgpu-launch simulate N [--dir DIR] [--detach] | simulate stop --dir DIR
+  mgpu-launch drill CLUSTER.yaml|--local N SCRIPT  inject faults: does the script resume?
+
+The launcher keeps the job running when its terminal goes away (SIGHUP, a closed
+pipe such as `| head`); everything is in the run directory."""
 
 
-def dry_run(loaded: LoadedConfig, command: list[str], run_dir: Path,
-            args: argparse.Namespace) -> int:
-    """`--dry-run`: the plan printed, nothing started (`--task` naming no
-    task raises planview.NoSuchTask)."""
-    plan = Launch(loaded, command, run_dir, str(Path.cwd())).plan(0)
-    ports_auto = loaded.config.ports.base == "auto"
-    if args.task:
-        task = planview.find_task(plan, args.task)
-        print(json.dumps(planview.one_task_json(task), indent=2) if args.json
-              else planview.one_task(task))
-        return exits.OK
-    if args.json:
-        print(planview.dumps(planview.plan_json(plan)))
-        return exits.OK
-    if ports_auto:
-        print("# ports.base is auto: these ports are free now; a launch picks again")
-    if plan.unresolved:
-        print("# <address of IF on HOST>: that interface's IPv4 address, read by the "
-              "host's agent when the job starts")
-    print(planview.render_plan(plan))
-    return exits.OK
+class UsageError(Exception):
+    pass
 
 
-def run(loaded: LoadedConfig, command: list[str], run_dir: Path, args: argparse.Namespace,
-        argv: Sequence[str], transport: Transport | None = None) -> int:
-    """The run command from its loaded cluster on: the launch in the foreground
-    (or, `--detach`, started in the background); `transport`: the one whose
-    connections the cli opened already (SSH), else made here."""
+def _run_parser() -> argparse.ArgumentParser:
+    parser = usage.Parser(
+        prog="mgpu-launch", usage=USAGE,
+        description="Run a TensorFlow/Keras training script on many hosts.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"mgpu-launch {__version__}")
+    parser.add_argument("--local", type=int, metavar="N",
+                        help="run N simulated hosts on this machine (no YAML needed)")
+    parser.add_argument("--slurm", action="store_true",
+                        help="run on the nodes of the Slurm allocation this runs in "
+                        "(salloc, sbatch), one worker per node (no YAML needed)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print every task's host, role, ports, env and TF_CONFIG; "
+                        "start nothing")
+    parser.add_argument("--json", action="store_true", help="with --dry-run: print JSON")
+    parser.add_argument("--task", metavar="HOST/ROLEINDEX",
+                        help="with --dry-run: print only this task, whole (its full "
+                        "TF_CONFIG and environment), e.g. host0/worker0")
+    parser.add_argument("--run-dir", help="run directory (default runs/<name>-<timestamp>)")
+    parser.add_argument("--max-restarts", type=int, metavar="N",
+                        help="override restart.max_restarts of the YAML")
+    parser.add_argument("-q", "--quiet", action="store_true",
+                        help="do not stream task output (it still goes to the log files); "
+                        "launcher notices, the live table and the summary remain")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="also print task state changes and, when not on a terminal, "
+                        "every task's status (step, loss, CPU, memory) every 10 s")
+    parser.add_argument("--no-live", dest="live", action="store_false",
+                        help="no live status table on a terminal: plain prefixed lines only")
+    parser.add_argument("--detach", action="store_true",
+                        help="run in the background (own session, output to "
+                        "RUN_DIR/launcher.out); print the run dir and return")
+    parser.add_argument("--metrics-port", type=int, metavar="PORT",
+                        help="serve Prometheus metrics on this port while the job runs "
+                        "(127.0.0.1 unless metrics.host says otherwise; 0: any free port)")
+    parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    return parser
+
+
+def main(argv: Sequence[str]) -> int:
+    """The run command's exit code (the job's, or 2 for a usage, cluster file or plan error)."""
     try:
-        return _run(loaded, command, run_dir, args, argv, transport)
-    except (LaunchRefused, outlets.OutletError) as exc:  # e.g. ports or checkpoint dir taken
+        return _run(list(argv))
+    except UsageError as exc:
+        say(f"mgpu-launch: {exc}\nusage:\n{USAGE}")
+        return exits.USAGE
+    except ConfigError as exc:
+        say(f"mgpu-launch: {exc}")
+        return exits.USAGE
+    except PlanError as exc:
+        say(f"mgpu-launch: cannot plan the job: {exc}")
+        return exits.USAGE
+    except AddressError as exc:
         say(f"mgpu-launch: {exc}")
         return exits.USAGE
 
 
-def prepare_launch(loaded: LoadedConfig, command: list[str], run_dir: Path, *,
-                   claim: bool, check_python: bool = True) -> tuple[Launch, Plan]:
-    """What every launch does before `run_launch` (the run command, each job of
-    the drill): the launch made (every host's TF address as far as known before
-    any agent answered, spares too), simulated hosts' Python checked for what
-    the script needs, the checkpoint directory claimed (`claim`; a detached run
-    claims it in its own process) and a moved checkpoint said. Raises
-    LaunchRefused (said and exit 2 by the caller)."""
-    config = loaded.config
-    launch = Launch(loaded, command, run_dir, str(Path.cwd()))
-    if check_python and transport_traits(config.transport).simulated:  # this Python runs them
-        missing = prereqs.local_problem(launch.pythons, Path(command[0]), config.strategy)
-        if missing:
-            raise LaunchRefused(missing)
-    prepared = launch.prepare(claim=claim)
-    if prepared.moved is not None:
-        say(f"mgpu-launch: {narrate.checkpoint_moved(prepared.moved)}")
-    return launch, prepared.plan
+def _run_parser() -> argparse.ArgumentParser:
+    parser = usage.Parser(
+        prog="mgpu-launch", usage=USAGE,
+        description="Run a TensorFlow/Keras training script on many hosts.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"mgpu-launch {__version__}")
+    parser.add_argument("--local", type=int, metavar="N",
+                        help="run N simulated hosts on this machine (no YAML needed)")
+    parser.add_argument("--slurm", action="store_true",
+                        help="run on the nodes of the Slurm allocation this runs in "
+                        "(salloc, sbatch), one worker per node (no YAML needed)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print every task's host, role, ports, env and TF_CONFIG; "
+                        "start nothing")
+    parser.add_argument("--json", action="store_true", help="with --dry-run: print JSON")
+    parser.add_argument("--task", metavar="HOST/ROLEINDEX",
+                        help="with --dry-run: print only this task, whole (its full "
+                        "TF_CONFIG and environment), e.g. host0/worker0")
+    parser.add_argument("--run-dir", help="run directory (default runs/<name>-<timestamp>)")
+    parser.add_argument("--max-restarts", type=int, metavar="N",
+                        help="override restart.max_restarts of the YAML")
+    parser.add_argument("-q", "--quiet", action="store_true",
+                        help="do not stream task output (it still goes to the log files); "
+                        "launcher notices, the live table and the summary remain")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="also print task state changes and, when not on a terminal, "
+                        "every task's status (step, loss, CPU, memory) every 10 s")
+    parser.add_argument("--no-live", dest="live", action="store_false",
+                        help="no live status table on a terminal: plain prefixed lines only")
+    parser.add_argument("--detach", action="store_true",
+                        help="run in the background (own session, output to "
+                        "RUN_DIR/launcher.out); print the run dir and return")
+    parser.add_argument("--metrics-port", type=int, metavar="PORT",
+                        help="serve Prometheus metrics on this port while the job runs "
+                        "(127.0.0.1 unless metrics.host says otherwise; 0: any free port)")
+    parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    return parser
 
 
-def _run(loaded: LoadedConfig, command: list[str], run_dir: Path, args: argparse.Namespace,
-         argv: Sequence[str], transport: Transport | None) -> int:
-    launch, first_plan = prepare_launch(loaded, command, run_dir, claim=not args.detach)
-    views = outlets.make_outlets(loaded, run_dir, args.metrics_port)  # a busy port: exit 2
-    if args.detach:  # the background launcher makes its own
-        views.close()
-        return control.detach(argv, args.rest, run_dir, loaded.config.name,
-                              views.metrics_port, views.said)
-    return _launch(launch, first_plan, args, views, transport)
-
-
-def _launch(launch: Launch, first_plan: Plan, args: argparse.Namespace,
-            views: outlets.Outlets, transport: Transport | None) -> int:
-    config = launch.loaded.config
-    printer = Printer([t.label for t in first_plan.tasks], quiet=args.quiet,
-                      verbose=args.verbose, live=None if args.live else False,
-                      on_terminal_lost=_stdout_gone)
-    previous_hangup = _watch_terminal(printer)
-    simulated = transport_traits(config.transport).simulated
-    if transport is None:
-        transport = make_transport(config)
-    printer.notice(
-        f"job {config.name!r}: {len(first_plan.tasks)} tasks on {len(first_plan.hosts)} "
-        f"{'simulated ' if simulated else ''}hosts, "
-        f"strategy {config.strategy}"
-    )  # the run directory is named once it exists: a launch that fails first writes none
-    for line in filter(None, [planview.memory_line(first_plan), *views.said]):
-        printer.notice(line)
-    with stops_asked() as stop:  # until the summary is written
-        ended = run_launch(launch, first_plan, transport, printer, stop,
-                           max_restarts=args.max_restarts, views=views.views,
-                           started=lambda _job: printer.notice(f"run dir {launch.run_dir}"))
-        if isinstance(ended, Outcome) and ended.unwritten is not None:
-            say(f"mgpu-launch: cannot write {launch.run_dir / rundir.SUMMARY} "
-                f"({ended.unwritten}); it is:\n"
-                + json.dumps(ended.summary, indent=2, default=str))
-    if isinstance(ended, EarlyEnd):
-        views.close()
-        return _done(printer, previous_hangup, _early_end(ended, printer, launch.run_dir))
-    if ended.drops:  # said once, with the counts
-        printer.notice(ended.drops)
-    _print_outcome(printer, ended.result, launch.run_dir, ended.summary.get("failures") or [])
-    if ended.stop is not None:
-        printer.notice(ended.stop["said"])
-    return _done(printer, previous_hangup, exit_code(ended.result))
-
-
-def _early_end(ended: EarlyEnd, printer: Printer, run_dir: Path) -> int:
-    """A launch that ended before its job started: a host not reached or not fit
-    is exit 2, a stop meanwhile 128 + the signal (recorded for a detached launcher)."""
-    if ended.why == "interrupted":
-        signum = ended.signum or signal.SIGINT
-        say("mgpu-launch: interrupted")
-        control.record_early_end(run_dir, "interrupted", "stopped while reaching the hosts",
-                                 interrupted_by=signum)
-        return exits.by_signal(signum)
-    for line in ended.notices:
-        printer.notice(line)
-    say("mgpu-launch: " + "\nmgpu-launch: ".join(ended.reasons))
-    first = ended.reasons[0]
-    control.record_early_end(run_dir, "failed",
-                             first.splitlines()[0] if ended.why == "refused" else first)
-    return exits.USAGE
-
-
-# ---------------------------------------------------------------- the terminal
-
-
-def _gone_fds(tty_gone: bool) -> list[int]:
-    """stdout, and stderr when it went the same way (the same pipe, or the
-    terminal that hung up)."""
-    fds = [1]
+def _load(args: argparse.Namespace) -> tuple[LoadedConfig, list[str]]:
+    option = "--slurm" if args.slurm else f"--local {args.local}"
     try:
-        if os.path.sameopenfile(1, 2) or (tty_gone and os.isatty(2)):
-            fds.append(2)
-    except OSError:
-        pass
-    return fds
+        return loading.cluster_and_script(
+            args.rest, args.local, args.slurm,
+            check_script=lambda script: _no_cluster_file(script, option))
+    except loading.ArgumentError as exc:
+        raise UsageError(str(exc)) from None
+    except SlurmError as exc:
+        raise UsageError(str(exc)) from None
 
 
-def _stdout_gone(reason: str) -> None:
-    """The printer found the terminal gone (called once, from its writer thread)."""
-    silence_fds(*_gone_fds(tty_gone=reason == "EIO"))
+def _no_cluster_file(script: str, option: str) -> None:
+    """`--local 2 cluster.yaml train.py` would run the YAML as the script."""
+    if script.lower().endswith((".yaml", ".yml")):
+        raise UsageError(f"{option} makes the cluster itself, so {script} would be run as "
+                         f"the training script: give either {option} or a cluster file, not "
+                         f"both (`mgpu-launch {option} train.py` or `mgpu-launch {script} "
+                         "train.py`)")
 
 
-def _watch_terminal(printer: Printer):
-    """SIGHUP (the SSH session to the login node dropped, the terminal closed)
-    and SIGPIPE do not end the job: the terminal is given up, the job runs on
-    and everything still goes to the run directory. Returns the previous
-    SIGHUP handler."""
-    def hangup(_signum, _frame) -> None:
-        printer.terminal_gone("SIGHUP")
-        silence_fds(*_gone_fds(tty_gone=True))
-
-    signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # a closed pipe: EPIPE, seen by the printer
-    return signal.signal(signal.SIGHUP, hangup)
+def _default_run_dir(loaded: LoadedConfig) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return Path("runs") / f"{loaded.config.name}-{stamp}-{os.getpid()}"
 
 
-def _done(printer: Printer, previous_hangup, code: int) -> int:
-    """The last of a run: let the terminal take the last lines (bounded)."""
-    printer.finish()
-    signal.signal(signal.SIGHUP, previous_hangup)
-    return code
+def _options_first(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """`CLUSTER.yaml --no-live SCRIPT ARGS` as `--no-live CLUSTER.yaml SCRIPT ARGS`:
+    the launcher's options between the cluster file and the script are its own
+    (argparse would run the first as the script); whatever follows the script
+    is the script's. With an option the launcher does not know there, argv as
+    given (loading refuses a script that starts with `-`)."""
+    args = parser.parse_args(argv)
+    rest = args.rest
+    if args.local is not None or args.slurm or len(rest) < 2 or rest[0] == "--" \
+            or not rest[1].startswith("-"):
+        return argv
+    head, cluster, tail = argv[:len(argv) - len(rest)], rest[0], rest[1:]
+    if tail[0] == "--":  # `CLUSTER.yaml -- SCRIPT`: what follows is the script
+        return [*head, cluster, *tail[1:]]
+    known, unknown = parser.parse_known_args(tail)
+    if unknown:
+        return argv
+    return [*head, *tail[:len(tail) - len(known.rest)], cluster, *known.rest]
 
 
-def exit_code(result: RunResult) -> int:
-    if result.status == JobStatus.SUCCEEDED:
-        return exits.OK
-    if result.status == JobStatus.INTERRUPTED:
-        return exits.by_signal(result.interrupted_by or signal.SIGINT)
-    return exits.FAILED
+def _run(argv: list[str]) -> int:
+    parser = _run_parser()
+    argv = _options_first(parser, argv)
+    args = parser.parse_args(argv)
+    if args.json and not args.dry_run:
+        raise UsageError("--json goes with --dry-run")
+    if args.task and not args.dry_run:
+        raise UsageError("--task goes with --dry-run")
+    if args.max_restarts is not None and args.max_restarts < 0:
+        raise UsageError("--max-restarts needs a number >= 0")
+    loaded, command = _load(args)
+    run_dir = Path(args.run_dir) if args.run_dir else _default_run_dir(loaded)
+    run_dir = run_dir.resolve()
+    unwritable = None if args.dry_run else why_unwritable(run_dir)
+    if unwritable is not None:  # before any host is reached: one line, nothing made
+        say(f"mgpu-launch: cannot write the run directory {run_dir}: {unwritable}; "
+            "choose another --run-dir")
+        return exits.USAGE
+    if not args.dry_run and not control.run_dir_free(run_dir):
+        raise UsageError(f"run directory {run_dir} is not empty: give a new --run-dir "
+                         "(each run keeps its own logs, events and summary)")
+    early = None if args.dry_run or args.detach else _reach_early(loaded, run_dir, args.verbose)
+    try:
+        from . import foreground as run  # the job's modules, imported while the hosts answer
+
+        if args.dry_run:
+            from ..spec.planview import NoSuchTask
+
+            try:
+                return run.dry_run(loaded, command, run_dir, args)
+            except NoSuchTask as exc:
+                raise UsageError(str(exc)) from None
+        return run.run(loaded, command, run_dir, args, argv, early)
+    finally:
+        if early is not None:  # whatever the connect did not take (a launch that ended first)
+            early.abort()
 
 
-def _print_outcome(printer: Printer, result: RunResult, run_dir: Path,
-                   failures: Sequence[dict[str, Any]] = ()) -> None:
-    """The end of a run in a few lines: how it went, each task, why it failed,
-    where to look next (`failures`: summary.json's, with the workers restarted
-    alone, which the result does not hold)."""
-    restarts = restarts_words(result.restarts, failures)
-    status = result.status
-    if result.interrupted_by:
-        status += f" by {signal_name(result.interrupted_by)}"
-    printer.notice(f"job {status} in {format_duration(result.wall_s)} ({restarts})")
-    if result.status == JobStatus.INTERRUPTED and result.message:
-        printer.notice(f"  {result.message}")
-    for line in _task_summary(result.tasks):
-        printer.notice(f"  {line}")
-    cause = result.root_cause
-    earlier = [f for f in result.failures if f is not cause]
-    if earlier:
-        printer.notice("restarted after:")
-        for failure in earlier:
-            printer.notice(f"  {failure.describe()}")
-    alone = [f for f in failures if f.get("restarted_alone")]
-    if alone:
-        printer.notice("workers restarted alone (the job went on):")
-        for failure in alone:
-            printer.notice(f"  {failure.get('description')}")
-    where = shown(run_dir)
-    if cause is not None:
-        for line in rootcause.lines(cause.to_json(), str(where / rundir.STACKS)):
-            printer.notice(line)
-        printer.notice(f"its log: {where / rundir.LOGS / (cause.task.replace('/', '-') + '.log')}")
-    printer.notice(f"logs: {where / rundir.LOGS}/   summary: {where / rundir.SUMMARY}")
-    task = cause.task if cause is not None else "[TASK]"
-    printer.notice(f"more: mgpu-launch status {where}   mgpu-launch logs {where} {task}")
+def _reach_early(loaded: LoadedConfig, run_dir: Path, verbose: bool) -> SSHTransport | None:
+    """SSH hosts: the run's transport, its agents starting already (the connect
+    takes them; what is not taken, the caller aborts)."""
+    config = loaded.config
+    if not transport_traits(config.transport).ssh:
+        return None
+    from ..transport.factory import make_transport, quiet_paramiko_logs
 
-
-# Beyond this many tasks the summary counts states and lists only the odd ones.
-SUMMARY_TASKS = 8
-
-
-def _task_summary(tasks: dict[str, dict]) -> list[str]:
-    """One line per task: final state, exit, last step and loss."""
-    shown = list(tasks.items())
-    lines = []
-    if len(shown) > SUMMARY_TASKS:
-        counts: dict[str, int] = {}
-        for _, task in shown:
-            counts[task["state"]] = counts.get(task["state"], 0) + 1
-        lines.append(f"{len(shown)} tasks: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
-        common = max(counts, key=lambda s: counts[s])
-        shown = [(label, t) for label, t in shown if t["state"] != common][:SUMMARY_TASKS]
-    width = max((len(label) for label, _ in shown), default=0)
-    for label, task in shown:
-        parts = [f"{label:<{width}}", f"{task['state']:<9}"]
-        if task["state"] in ("stopped", "succeeded"):
-            pass  # how the launcher stopped it, or a clean exit: nothing to say
-        elif task.get("signal"):
-            parts.append(f"signal {task['signal']} ({signal_name(task['signal'])})")
-        elif task.get("exit_code") not in (None, 0):
-            parts.append(f"exit code {task['exit_code']}")
-        step = step_of(task.get("last_progress") or {})
-        if isinstance(step, int | float):
-            parts.append(f"step {int(step)}")
-        progress = task.get("last_progress") or {}
-        if isinstance(progress.get("loss"), int | float):
-            parts.append(f"loss {progress['loss']:.4g}")
-        lines.append("  ".join(parts).rstrip())
-    return lines
+    targets = host_targets(config, "python3", loaded.base_dir)
+    if not verbose:  # -v: paramiko's tracebacks
+        quiet_paramiko_logs()
+    # SSH's own method, not the Transport protocol's: no other transport has
+    # connections to open ahead.
+    ssh: SSHTransport = make_transport(config)  # type: ignore[assignment]
+    ssh.warm(targets, str(run_dir))
+    return ssh

@@ -15,8 +15,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
+from ..outlets.rundir import RunDirError, load_run
 from ..outlets.status_watch import watch
-from ..views.records import RunDirError, load_run, render_status
+from ..views.records import render_status
 from . import exits, usage
 from .logs import logs_main
 

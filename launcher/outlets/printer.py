@@ -16,7 +16,7 @@ Two modes, chosen once:
   exactly `host0/worker0 | text`, no escape codes (colour only on a TTY
   without NO_COLOR);
 - live (a terminal): the same lines scroll above a table of every task,
-  redrawn in place by `live.LiveScreen` from the supervisor's snapshots.
+  redrawn in place by `screen.LiveScreen` from the supervisor's snapshots.
 
 `quiet` drops task lines (they still go to the log files); `verbose` adds
 launcher detail: task state changes, `debug()` lines, and in plain mode a
@@ -46,16 +46,15 @@ from typing import TextIO
 from ..job.record.events import Event
 from ..job.record.story import Beside, Story, TaskRow
 from ..views import narrate
-from ..views.live import LiveScreen, clean_for_screen, describe_row, goodput_title
+from ..views.live import clean_for_screen, describe_row, goodput_title
 from ..views.terminal import (
     COLOURS,
     LAUNCHER,
     dropped_words,
     gap_words,
     prefix,
-    wants_colour,
-    wants_live,
 )
+from .screen import LiveScreen, wants_colour, wants_live
 
 # Plain --verbose output: how often every task's status is printed as a line.
 STATUS_EVERY_S = 10.0

@@ -5,7 +5,7 @@ directory), redrawn from its run directory until the job ends.
 It reads events.jsonl as it grows (only the new bytes, every `POLL_S`), folds it
 into the run's model (`launcher.job.record.story.Story`: the supervisor's own task
 state machine, the goodput ledger) and draws it with the launch's own view:
-`live.LiveScreen` on a terminal (the launcher's notices scrolling above the
+`screen.LiveScreen` on a terminal (the launcher's notices scrolling above the
 table, in launcher/views/narrate.py's words), on anything else (or a terminal that
 reports a size of 0) a plain line per notice and per task state change. It ends
 when summary.json appears (then prints `status`), or when the launcher is known
@@ -29,9 +29,11 @@ from ..job.record import eventlines
 from ..job.record.story import Story, TaskRow, records
 from ..spec.rundir import EVENTS, SUMMARY
 from ..views import narrate
-from ..views.live import LiveScreen, describe_row, goodput_title, sized
-from ..views.records import RunView, launcher_alive, load_run, read_launcher_pid, render_status
-from ..views.terminal import LAUNCHER, wants_colour, wants_live
+from ..views.live import describe_row, goodput_title
+from ..views.records import RunView, render_status
+from ..views.terminal import LAUNCHER
+from .rundir import launcher_alive, load_run, read_launcher_pid
+from .screen import LiveScreen, sized, wants_colour, wants_live
 
 POLL_S = 0.5
 # How often the launcher's process is looked for (a launcher gone without a summary).

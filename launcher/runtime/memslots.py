@@ -38,6 +38,7 @@ STALE_S = 5.0  # a marker not refreshed for this long: its agent died
 WAIT_S = 600.0
 POINTERS = ("checkpoint", "training_metadata.json")  # copied last: they name the rest
 PUBLISH = ".mgpu-publish"  # an agent's copy committed, its renames to do (agent/publish.py)
+ORDER = ".mgpu-order"  # the saves' order, published with them (agent/saveorder.py)
 _TEMP_PART = re.compile(r"^workertemp_\d+$")
 INCOMING_WAIT_S = 120.0  # at most, at a restore, for a copy being placed in this memory
 
@@ -239,7 +240,8 @@ def finish_publish(target: str) -> None:
     except (OSError, ValueError):
         return
     for name in names if isinstance(names, list) else ():
-        if not isinstance(name, str) or os.sep in name or name.startswith("."):
+        if not isinstance(name, str) or os.sep in name or (
+                name.startswith(".") and name != ORDER):
             continue
         part, final = os.path.join(target, f".{name}.mgpu-part"), os.path.join(target, name)
         try:

@@ -131,12 +131,21 @@ def _filling(slot: str):
         raise
 
 
+def _generation() -> int:
+    """This process's generation of the job (agent/saveorder.py orders saves by it)."""
+    try:
+        return int(os.environ.get("MGPU_GENERATION", "0"))
+    except ValueError:
+        return 0
+
+
 def _publish(slot: str, target: str, kind: str, pointer: str, step: int | None) -> None:
     """The slot is complete: its manifest, the bound, and the agent told."""
     names = memslots.ordered([n for n in os.listdir(slot) if n != memslots.MANIFEST])
     memslots.seal(slot, {"target": target, "key": memslots.key_of(target), "kind": kind,
                          "pointer": pointer, "files": names, "step": step,
-                         "copy": _chief(), "time": time.time()})
+                         "copy": _chief(), "time": time.time(),
+                         "generation": _generation()})
     if _chief():
         if not _pending:
             import atexit

@@ -13,6 +13,7 @@ import json
 import os
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -31,6 +32,21 @@ HOSTS = "hosts"  # folder: each simulated host's own files (--local)
 LAUNCHER_PID = "launcher.pid"
 LAUNCHER_OUT = "launcher.out"
 STOP_MARK = "stop.requested"  # made by the first `mgpu-launch stop`
+
+
+@dataclass(frozen=True)
+class RunFiles:
+    """A run directory's files as read once (launcher/outlets/rundir.py), for
+    the views to fold and render (launcher/views/records.py)."""
+
+    run_dir: Path
+    config: dict[str, Any]  # config.yaml ({}: none, or not readable)
+    events: list[dict[str, Any]]  # events.jsonl's complete lines
+    summary: dict[str, Any] | None  # summary.json (None: the run has not ended)
+    detached: dict[str, Any] | None  # launcher.pid's fields (a detached launch)
+    launcher_alive: bool | None  # a run not ended: its launcher runs (None: cannot tell)
+    launcher_out: Path | None = None  # a detached launcher's own output, where there is one
+    logs: frozenset[str] | None = None  # the names in logs/ (None: not read)
 
 
 def log_file_name(host: str, name: str) -> str:

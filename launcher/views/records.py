@@ -1,48 +1,35 @@
-"""A run directory read (for `mgpu-launch status`, `logs` and `report`,
-launcher/commands/): what the launcher wrote, as a `RunView`.
+"""A run directory's files rendered (for `mgpu-launch status`, `logs` and
+`report`, launcher/commands/): what the launcher wrote, as a `RunView`.
 
-Owns reading what the launcher wrote (`config.yaml`, `events.jsonl`, `logs/`,
-`summary.json`) into a `RunView` and printing it. Works on a finished run and
-on one still going: the run is the model folded from `events.jsonl`
-(launcher/job/record/story.py); `summary.json` says the run ended, and fills in only
-what an older `events.jsonl` did not say.
+Pure: `run_view` folds the files one reader read (launcher/outlets/rundir.py:
+`read_run`, `load_run`) into a `RunView`, and `render_status` prints it.
+Works on a finished run and on one still going: the run is the model folded
+from `events.jsonl` (launcher/job/record/story.py); `summary.json` says the run
+ended, and fills in only what an older `events.jsonl` did not say.
 
-Read-only: never writes into the run directory. Must not import supervisor,
-transport or cli (a run directory is data; reading it needs none of them).
+Must not import supervisor, transport or cli (a run directory is data).
 """
 
 from __future__ import annotations
 
-import json
-import os
-import socket
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from ..job.record.eventlines import version as ev_version
 from ..job.record.events import fields_of
 from ..job.record.goodput import PARTS as GOODPUT_PARTS
 from ..job.record.story import Story, TaskView, fold, restarts_words, split_name, step_of
 from ..spec.rundir import (
-    CONFIG,
-    EVENTS,
-    LAUNCHER_OUT,
-    LAUNCHER_PID,
     LOGS,
     STACKS,
     SUMMARY,
+    RunFiles,
     log_file_name,
 )
 from . import narrate, rootcause
-
-
-class RunDirError(Exception):
-    """RUN_DIR is not a run directory (or not one we can read)."""
 
 
 @dataclass
@@ -72,6 +59,9 @@ class RunView:
     story: Story | None = None  # the events folded (launcher/job/record/story.py)
     events: list[dict[str, Any]] | None = None  # events.jsonl's lines, as read
     summary: dict[str, Any] | None = None  # summary.json, as read
+    config: dict[str, Any] = field(default_factory=dict)  # config.yaml, as read
+    launcher_out: Path | None = None  # a detached launcher's own output
+    logs: frozenset[str] | None = None  # the names in logs/ (None: not known)
 
     @property
     def finished(self) -> bool:
@@ -112,102 +102,10 @@ class RunView:
         }
 
 
-# ------------------------------------------------------------------- reading
-
-
-def read_events(path: Path) -> list[dict[str, Any]]:
-    """Every complete event; a half-written last line (job still running) is skipped."""
-    events = []
-    try:
-        text = path.read_text(errors="replace")
-    except FileNotFoundError:
-        return []
-    for line in text.splitlines():
-        line = line.strip()
-        if not line:
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(record, dict):
-            events.append(record)
-    return events
-
-
-def read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def read_config(path: Path) -> dict[str, Any]:
-    try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def read_launcher_pid(run_dir: Path) -> dict[str, Any] | None:
-    """launcher.pid of a detached run (`PID HOST`) as a launch event's fields;
-    `t` is when the file was written, just after the launcher was started."""
-    try:
-        path = run_dir / LAUNCHER_PID
-        words = path.read_text().split()
-        return {"launcher_pid": int(words[0]),
-                "launcher_host": words[1] if len(words) > 1 else None,
-                "t": path.stat().st_mtime}
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def launcher_alive(launch: dict[str, Any], this_host: str | None = None) -> bool | None:
-    """Whether the launcher that wrote `launch` still runs; None when it cannot be told.
-
-    Needs `launcher_pid` and `launcher_host` in the `launch` event. A pid whose
-    process started after the launch event was reused by another program.
-    """
-    pid, host = launch.get("launcher_pid"), launch.get("launcher_host")
-    if not isinstance(pid, int) or not host:
-        return None
-    if host != (this_host or socket.gethostname()):
-        return None
-    try:
-        import psutil
-
-        process = psutil.Process(pid)
-        if process.status() == psutil.STATUS_ZOMBIE:  # dead, its parent did not reap it yet
-            return False
-        created = process.create_time()
-    except Exception:  # NoSuchProcess, AccessDenied, or psutil missing
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
-    return created <= float(launch.get("t", created)) + 1.0
-
-
-def load_run(run_dir: str | os.PathLike,
-             alive: Callable[[dict[str, Any]], bool | None] = launcher_alive,
-             now: float | None = None) -> RunView:
-    """Read a run directory, finished or not (`now`: the moment a running job is
-    seen at, for its goodput so far; the clock's when None)."""
-    run_dir = Path(run_dir)
-    events_path = run_dir / EVENTS
-    if not run_dir.is_dir():
-        raise RunDirError(f"{run_dir}: no such directory")
-    detached = read_launcher_pid(run_dir)
-    if not events_path.exists() and not (run_dir / SUMMARY).exists() and not detached:
-        raise RunDirError(f"{run_dir}: not a run directory (no events.jsonl or summary.json)")
-    config = read_config(run_dir / CONFIG)
-    events = read_events(events_path)
-    summary = read_json(run_dir / SUMMARY)
+def run_view(files: RunFiles, now: float | None = None) -> RunView:
+    """The run its files tell, finished or not (`now`: the moment a running job
+    is seen at, for its goodput so far; the clock's when None)."""
+    run_dir, config, events, summary = files.run_dir, files.config, files.events, files.summary
     story = fold(events)
     for view in story.tasks.values():
         view.log_path = run_dir / LOGS / log_file_name(view.host, view.name)
@@ -222,9 +120,7 @@ def load_run(run_dir: str | os.PathLike,
         root_cause = causes[-1] if status == "failed" and causes else None
         _final_states(story, summary)
     else:
-        launcher = story.first_launch or detached
-        status, detail = _still_going(alive(launcher) if launcher else None, started_t,
-                                      detached)
+        status, detail = _still_going(files.launcher_alive, started_t, files.detached)
     return RunView(
         run_dir=run_dir, name=config.get("name"), strategy=config.get("strategy"),
         transport=config.get("transport"), status=status, status_detail=detail,
@@ -236,6 +132,7 @@ def load_run(run_dir: str | os.PathLike,
         resumed=_said(story.resumes), passed_over=_said(story.passed_over),
         nonfinite=_said(story.nonfinite),
         metrics_url=story.metrics_url, story=story, events=events, summary=summary,
+        config=config, launcher_out=files.launcher_out, logs=files.logs,
     )
 
 
@@ -361,7 +258,7 @@ def render_status(view: RunView, now: float | None = None) -> str:
                 log = str(task.log_path.relative_to(view.run_dir))
             except ValueError:
                 log = str(task.log_path)
-            if not task.log_path.exists():
+            if view.logs is not None and task.log_path.name not in view.logs:
                 log += " (no output yet)"
         rows.append((task.label, f"{task.role} {task.index}", task.state, task.exit_text(),
                      "" if task.last_step is None else str(task.last_step), age, log))
@@ -382,11 +279,11 @@ def render_status(view: RunView, now: float | None = None) -> str:
     if view.nonfinite:
         lines += ["", *view.nonfinite]
     lines += ["", f"logs:       {view.run_dir / LOGS}"]
-    if (view.run_dir / LAUNCHER_OUT).exists():  # a detached run: the launcher's own lines
-        lines.append(f"launcher:   {view.run_dir / LAUNCHER_OUT}")
+    if view.launcher_out is not None:  # a detached run: the launcher's own lines
+        lines.append(f"launcher:   {view.launcher_out}")
     if view.metrics_url and not view.finished:  # served while the launcher runs
         lines.append(f"metrics:    {view.metrics_url}")
-    if view.finished and (view.run_dir / SUMMARY).exists():  # none from a killed launcher
+    if view.finished and view.summary is not None:  # none from a killed launcher
         lines.append(f"summary:    {view.run_dir / SUMMARY}")
     return "\n".join(lines)
 

@@ -12,11 +12,9 @@ default RUN_DIR/report.html). Must not import supervisor, transport or cli.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from ..job.record import eventlines
@@ -25,9 +23,8 @@ from ..job.record.reports import ProgressReport
 from ..job.record.story import Story, failure_json, fold, steps_per_s
 from ..job.record.timeline import JOB_ROW
 from ..spec.plan import task_label
-from ..spec.rundir import CONFIG
 from . import narrate
-from .records import RunView, load_run, read_config
+from .records import RunView
 from .svg import Mark, Span
 
 REPORT = "report.html"  # the default output, in the run directory
@@ -77,10 +74,8 @@ class Report:
             for f in self.faults if f.name in self.rows)]
 
 
-def build(run_dir: str | os.PathLike, now: float | None = None) -> Report:
-    """The report of the run in `run_dir` (raises RunDirError when it is none)."""
-    run_dir = Path(run_dir)
-    view = load_run(run_dir, now=now)
+def build(view: RunView, now: float | None = None) -> Report:
+    """The report of the run `view` shows (launcher/outlets/rundir.py: load_run)."""
     records, summary = view.events or [], view.summary
     events = [eventlines.from_record(r) for r in records]
     times = [e.t for e in events if e.t is not None]
@@ -91,7 +86,7 @@ def build(run_dir: str | os.PathLike, now: float | None = None) -> Report:
     else:
         end = time.time() if now is None else now
     report = Report(view=view, t0=t0, duration_s=max(0.0, end - t0), summary=summary,
-                    config=read_config(run_dir / CONFIG))
+                    config=view.config)
     story = view.story if view.story is not None else fold(records)
     _timeline(report, story)
     report.faults = _faults(report, story)

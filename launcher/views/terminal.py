@@ -1,29 +1,18 @@
 """A run's terminal lines, in text: the launcher's own label, the tasks'
-colours, the padded `host0/worker0 |` prefix, whether a stream gets colour and
-a live table, and the words for lines the terminal did not take.
+colours, the padded `host0/worker0 |` prefix, and the words for lines the
+terminal did not take.
 
 A rendering only: the writer thread that puts these lines on the terminal is
-launcher/outlets/printer.py's (the live table is launcher/views/live.py's).
+launcher/outlets/printer.py's (the live table is launcher/views/live.py's;
+whether a stream gets colour and a live table, launcher/outlets/screen.py's).
 
 Must not import: supervisor, transport, cli.
 """
 
 from __future__ import annotations
 
-import os
-from typing import TextIO
-
 COLOURS = ("36", "33", "35", "32", "34", "91", "96", "93")
 LAUNCHER = "mgpu-launch"
-
-
-def wants_colour(stream: TextIO) -> bool:
-    return stream.isatty() and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
-
-
-def wants_live(stream: TextIO) -> bool:
-    """A table redrawn in place needs a terminal that moves its cursor."""
-    return stream.isatty() and os.environ.get("TERM") != "dumb"
 
 
 def prefix(label: str, width: int, code: str | None, colour: bool) -> str:
