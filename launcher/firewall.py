@@ -8,19 +8,25 @@ start, installs one firewall table for this job on this host:
 
 - nftables: `table inet mgpu_<job>_<digest>` whose input chain hooks at
   priority -10 (before the usual filter chains at 0). A new TCP connection
-  (SYN) to one of the job's ports jumps to a guard chain that returns for
-  loopback and the cluster's addresses and drops the rest. Loopback is the
-  host's own users: its output chain (same priority) answers a SYN to the
-  job's ports leaving on `lo` with a TCP reset unless the sending socket is
-  owned by the job's user (the agent's uid: its tasks are its children) or
-  root (`meta skuid`; root can remove any rule, so keeping it out would be
-  for show). A connection from this host to its own non-loopback address
-  leaves on `lo` too. Nothing else is matched: other ports, replies, UDP. A
+  (SYN) to one of the job's ports here (set `ports`) jumps to a guard chain
+  that returns for loopback and the cluster's addresses and drops the rest.
+  Those are the hosts' own users: its output chain (same priority) answers a
+  SYN with a TCP reset unless the sending socket is owned by the job's user
+  (the agent's uid: its tasks are its children) or root (`meta skuid`; root
+  can remove any rule, so keeping it out would be for show), when it goes to
+  the job's ports here over `lo` (a connection to this host's own address
+  leaves on `lo` too), or to any host's task ports at that host's addresses
+  (sets `cluster4`, `cluster6`: every host has the same, so another user of
+  any host is refused at their own). The agent adds the ports its tasks open
+  later to `ports`, and other hosts' to `cluster4/6` (`add_ports`). Nothing
+  else is matched: other ports, replies, UDP. A
   drop is final in netfilter but an accept is not: this table can only close
   the job's ports. Sent over netlink (nftlink; `nft -f` where that fails).
 - iptables (no `nft`): a chain `MGPU-<digest>` with the same guard, jumped to
   from the top of INPUT for SYNs to the job's ports, and `MGPU-<digest>-L`
-  (`-m owner --uid-owner`) from the top of OUTPUT (ip6tables too when there).
+  (`-m owner --uid-owner`) from the top of OUTPUT, directly for `lo` and
+  through `MGPU-<digest>-C` for the hosts' ports (ip6tables too when there);
+  TF_CONFIG's ports only.
 
 The table's name comes from the job's run directory and the host: two jobs
 (or simulated hosts on one machine) never touch each other's rules. What was
@@ -76,10 +82,10 @@ class Seal:
     """The rules one host gets for one job: its ports, who may connect to them.
     Immutable by convention (no `dataclasses`: see _IPV4)."""
 
-    __slots__ = ("table", "chain", "ports", "allow", "mode")
+    __slots__ = ("table", "chain", "ports", "allow", "mode", "targets")
 
     def __init__(self, table: str, chain: str, ports: tuple[int, ...], allow: tuple[str, ...],
-                 mode: str) -> None:
+                 mode: str, targets: tuple[tuple[str, int], ...] = ()) -> None:
         self.table = table  # nft table (family inet)
         self.chain = chain  # iptables chain
         self.ports = tuple(ports)  # the job's TF ports on this host
@@ -88,9 +94,13 @@ class Seal:
         # 10,000 hosts admitting 10,000 addresses each must not be 10^8 copies.
         self.allow = tuple(allow)
         self.mode = mode  # "auto": seal where possible; "cluster": refuse to run open
+        # (address or name, port): every host's TF ports at each of its addresses,
+        # which only the job's user and root on this host may connect to (one tuple
+        # shared by the plan's seals, as `allow`).
+        self.targets = tuple(targets)
 
     def _key(self) -> tuple:
-        return (self.table, self.chain, self.ports, self.allow, self.mode)
+        return (self.table, self.chain, self.ports, self.allow, self.mode, self.targets)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Seal) and self._key() == other._key()
@@ -100,11 +110,12 @@ class Seal:
 
     def __repr__(self) -> str:
         return (f"Seal(table={self.table!r}, chain={self.chain!r}, ports={self.ports!r}, "
-                f"allow={self.allow!r}, mode={self.mode!r})")
+                f"allow={self.allow!r}, mode={self.mode!r}, targets={self.targets!r})")
 
     def to_json(self) -> dict[str, object]:
         return {"table": self.table, "chain": self.chain, "ports": list(self.ports),
-                "allow": list(self.allow), "mode": self.mode}
+                "allow": list(self.allow), "mode": self.mode,
+                "targets": [list(t) for t in self.targets]}
 
     @classmethod
     def from_json(cls, data: object) -> Seal:
@@ -125,11 +136,18 @@ class Seal:
         if not isinstance(allow, list) or len(allow) > MAX_ALLOW or not all(
                 isinstance(a, str) and (_is_ip(a) or _HOSTNAME.match(a)) for a in allow):
             raise ValueError("firewall allow must be a list of addresses or host names")
-        return cls(table, chain, tuple(ports), tuple(allow), mode)
+        targets = data.get("targets", [])  # an older launcher's: none
+        if not isinstance(targets, list) or len(targets) > MAX_ALLOW or not all(
+                isinstance(t, list) and len(t) == 2 and isinstance(t[0], str)
+                and (_is_ip(t[0]) or _HOSTNAME.match(t[0])) and isinstance(t[1], int)
+                and 1 <= t[1] <= 65535 for t in targets):
+            raise ValueError("firewall targets must be a list of [address, port]")
+        return cls(table, chain, tuple(ports), tuple(allow), mode,
+                   tuple((a, p) for a, p in targets))
 
 
 def seal_for(job: str, run_dir: str, host: str, ports: Iterable[int], allow: Iterable[str],
-             mode: str) -> Seal | None:
+             mode: str, targets: tuple[tuple[str, int], ...] = ()) -> Seal | None:
     """The seal of `host` in the job whose run directory is `run_dir`; None when
     `mode` is open or the host serves no port (an evaluator alone). `allow`
     given as a tuple is taken as `allowed()` made it (a plan makes it once for
@@ -143,7 +161,7 @@ def seal_for(job: str, run_dir: str, host: str, ports: Iterable[int], allow: Ite
     slug = re.sub(r"[^a-z0-9]+", "_", job.lower()).strip("_")[:20] or "job"
     if type(allow) is not tuple:
         allow = allowed(allow)
-    return Seal(f"mgpu_{slug}_{digest}", f"MGPU-{digest}", ports, allow, mode)
+    return Seal(f"mgpu_{slug}_{digest}", f"MGPU-{digest}", ports, allow, mode, targets)
 
 
 def allowed(addresses: Iterable[str]) -> tuple[str, ...]:
@@ -166,17 +184,32 @@ def local_uids(uid: int | str) -> str:
     return "0" if uid in (0, "0") else f"0, {uid}"
 
 
+def split_targets(pairs: Iterable[tuple[str, int]]) -> tuple[list[tuple[str, int]],
+                                                             list[tuple[str, int]]]:
+    """(IPv4, IPv6) (address, port) pairs with literal addresses, sorted and unique."""
+    pairs = set(pairs)
+    v4, v6 = split_families([a for a, _ in pairs])
+    order4, order6 = {a: i for i, a in enumerate(v4)}, {a: i for i, a in enumerate(v6)}
+    return (sorted({(a, p) for a, p in pairs if a in order4}, key=lambda t: (order4[t[0]], t[1])),
+            sorted({(a.lower(), p) for a, p in pairs if a.lower() in order6},
+                   key=lambda t: (order6[t[0]], t[1])))
+
+
 def render_nft(seal: Seal, addresses: Sequence[str] | None = None,
-               uid: int | str = "JOB_UID") -> str:
+               uid: int | str = "JOB_UID",
+               targets: Sequence[tuple[str, int]] | None = None) -> str:
     """The `nft -f` script that installs (or atomically replaces) the job's table.
 
     `addresses`: the admitted IPs (names resolved); by default the literal IPs
-    of `seal.allow`. `uid`: the job's user on the host (the agent's; JOB_UID
-    in `--dry-run`, which runs nowhere). The first two lines make `delete`
-    safe when the table does not exist yet; the whole file is one transaction.
+    of `seal.allow`. `targets`: (IP, port) of every host's TF ports (names
+    resolved); by default `seal.targets`' literal ones. `uid`: the job's user on
+    the host (the agent's; JOB_UID in `--dry-run`, which runs nowhere). The
+    first two lines make `delete` safe when the table does not exist yet; the
+    whole file is one transaction. The sets are named: the agent adds the ports
+    its tasks open (`ports`) and its peers' (`cluster4`, `cluster6`) as found.
     """
     v4, v6 = split_families(seal.allow if addresses is None else addresses)
-    ports = ", ".join(str(p) for p in seal.ports)
+    t4, t6 = split_targets(seal.targets if targets is None else targets)
     syn = "tcp flags & (fin|syn|rst|ack) == syn"
     guard = ['        iifname "lo" return']
     if v4:
@@ -184,20 +217,30 @@ def render_nft(seal: Seal, addresses: Sequence[str] | None = None,
     if v6:
         guard.append(f"        ip6 saddr {{ {', '.join(v6)} }} return")
     guard.append("        counter drop")
+
+    def named(name: str, kind: str, elements: list[str]) -> str:
+        listed = f"; elements = {{ {', '.join(elements)} }}" if elements else ""
+        return f"    set {name} {{ type {kind}{listed}; }}"
+
     return "\n".join([
         f"table inet {seal.table}",
         f"delete table inet {seal.table}",
         f"table inet {seal.table} {{",
+        named("ports", "inet_service", [str(p) for p in seal.ports]),
+        named("cluster4", "ipv4_addr . inet_service", [f"{a} . {p}" for a, p in t4]),
+        named("cluster6", "ipv6_addr . inet_service", [f"{a} . {p}" for a, p in t6]),
         "    chain input {",
         f"        type filter hook input priority {PRIORITY}; policy accept;",
-        f"        tcp dport {{ {ports} }} {syn} jump guard",
+        f"        tcp dport @ports {syn} jump guard",
         "    }",
         "    chain guard {",
         *guard,
         "    }",
         "    chain output {",
         f"        type filter hook output priority {PRIORITY}; policy accept;",
-        f"        oifname \"lo\" tcp dport {{ {ports} }} {syn} jump local",
+        f"        oifname \"lo\" tcp dport @ports {syn} jump local",
+        f"        ip daddr . tcp dport @cluster4 {syn} jump local",
+        f"        ip6 daddr . tcp dport @cluster6 {syn} jump local",
         "    }",
         "    chain local {",
         f"        meta skuid {{ {local_uids(uid)} }} return",
@@ -215,21 +258,24 @@ def _port_groups(ports: Sequence[int]) -> list[str]:
 
 def _jumps(seal: Seal) -> list[list[str]]:
     """(built-in chain, rule): SYNs to the job's ports, to its INPUT guard and,
-    leaving on loopback, to its OUTPUT guard of local users."""
+    leaving on loopback, to its OUTPUT guard of local users; every SYN leaving,
+    to its chain of the job's hosts' ports (which jumps to that guard)."""
     return [rule for group in _port_groups(list(seal.ports)) for rule in (
         ["INPUT", "-p", "tcp", "--syn", "-m", "multiport", "--dports", group,
          "-j", seal.chain],
         ["OUTPUT", "-o", "lo", "-p", "tcp", "--syn", "-m", "multiport", "--dports", group,
-         "-j", seal.chain + "-L"])]
+         "-j", seal.chain + "-L"])] + [["OUTPUT", "-p", "tcp", "--syn", "-j", seal.chain + "-C"]]
 
 
 def iptables_commands(seal: Seal, addresses: Sequence[str] | None = None,
-                      ip6: bool = True, uid: int | str = "JOB_UID") -> list[list[str]]:
+                      ip6: bool = True, uid: int | str = "JOB_UID",
+                      targets: Sequence[tuple[str, int]] | None = None) -> list[list[str]]:
     """The iptables (and ip6tables) commands that install the job's chains and jumps."""
     v4, v6 = split_families(seal.allow if addresses is None else addresses)
-    local = seal.chain + "-L"
+    t4, t6 = split_targets(seal.targets if targets is None else targets)
+    local, hosts = seal.chain + "-L", seal.chain + "-C"
     commands = []
-    for tool, admitted in (("iptables", v4), ("ip6tables", v6)):
+    for tool, admitted, pairs in (("iptables", v4, t4), ("ip6tables", v6, t6)):
         if tool == "ip6tables" and not ip6:
             continue
         commands += [[tool, "-w", "-N", seal.chain], [tool, "-w", "-F", seal.chain],
@@ -241,6 +287,13 @@ def iptables_commands(seal: Seal, addresses: Sequence[str] | None = None,
                      for who in local_uids(uid).split(", ")]
         commands.append([tool, "-w", "-A", local, "-p", "tcp", "-j", "REJECT",
                          "--reject-with", "tcp-reset"])
+        commands += [[tool, "-w", "-N", hosts], [tool, "-w", "-F", hosts]]
+        by_address: dict[str, list[int]] = {}
+        for address, port in pairs:
+            by_address.setdefault(address, []).append(port)
+        commands += [[tool, "-w", "-A", hosts, "-d", address, "-p", "tcp", "-m", "multiport",
+                      "--dports", group, "-j", local]
+                     for address, ports in by_address.items() for group in _port_groups(ports)]
         commands += [[tool, "-w", "-I", chain, "1", *rule] for chain, *rule in _jumps(seal)]
     return commands
 
@@ -249,7 +302,7 @@ def iptables_removal(seal: Seal, ip6: bool = True) -> list[list[str]]:
     commands = []
     for tool in ("iptables", "ip6tables") if ip6 else ("iptables",):
         commands += [[tool, "-w", "-D", chain, *rule] for chain, *rule in _jumps(seal)]
-        for chain in (seal.chain, seal.chain + "-L"):
+        for chain in (seal.chain, seal.chain + "-C", seal.chain + "-L"):
             commands += [[tool, "-w", "-F", chain], [tool, "-w", "-X", chain]]
     return commands
 
@@ -358,10 +411,23 @@ def resolve(allow: Iterable[str]) -> tuple[list[str], list[str]]:
     return addresses, missing
 
 
+def resolve_targets(targets: Iterable[tuple[str, int]]) -> list[tuple[str, int]]:
+    """(IP, port): names resolved here (one that does not resolve is left out:
+    `resolve` of `allow`, which names the same hosts, says so)."""
+    found: dict[str, list[str]] = {}
+    pairs = []
+    for address, port in targets:
+        if address not in found:
+            found[address] = resolve([address])[0]
+        pairs += [(ip, port) for ip in found[address]]
+    return pairs
+
+
 def apply(seal: Seal, backend: str, run_dir: str, run: Runner = _run) -> str:
     """Install `seal` (replacing this job's earlier rules) and record it; returns
     a one-line description. Raises FirewallError with the reason."""
     addresses, missing = resolve(seal.allow)
+    targets = resolve_targets(seal.targets)
     old = read_record(run_dir)
     if old is not None and old.get("backend") != "nft":
         remove(old, run)  # an earlier generation's jumps name other ports
@@ -372,14 +438,14 @@ def apply(seal: Seal, backend: str, run_dir: str, run: Runner = _run) -> str:
     if backend == "nft":
         try:  # over netlink: `nft` would first read every table on the host (nftlink)
             nftlink.install(seal.table, seal.ports, *split_families(addresses), (0, uid),
-                            PRIORITY)
+                            PRIORITY, split_targets(targets))
         except OSError:  # no netlink here, or the kernel refused: `nft`, which says why
-            code, out = run(["nft", "-f", "-"], render_nft(seal, addresses, uid))
+            code, out = run(["nft", "-f", "-"], render_nft(seal, addresses, uid, targets))
             if code != 0:
                 raise FirewallError(f"nft refused the rules: {out[-300:]}") from None
     else:
         ip6 = _tool("ip6tables") is not None
-        for command in iptables_commands(seal, addresses, ip6, uid):
+        for command in iptables_commands(seal, addresses, ip6, uid, targets):
             code, out = run(command, None)
             if code != 0:
                 raise FirewallError(f"{' '.join(command)} failed: {out[-300:]}")
@@ -388,6 +454,29 @@ def apply(seal: Seal, backend: str, run_dir: str, run: Runner = _run) -> str:
     unresolved = f"; {', '.join(missing)} did not resolve here" if missing else ""
     return (f"TF port(s) {ports} accept only {local_users(uid)} on this host and "
             f"{len(set(addresses))} cluster address(es) ({backend} {where}){unresolved}")
+
+
+def add_ports(seal: Seal, backend: str, ports: Iterable[int] = (),
+              targets: Iterable[tuple[str, int]] = ()) -> None:
+    """Seal more ports in the job's installed table: `ports` of this host's tasks
+    (set `ports`), `targets` of other hosts' (address or name, port; sets
+    cluster4/6). nft only: FirewallError with the reason where they stay open."""
+    if backend != "nft":
+        raise FirewallError("the iptables rules seal only the TF_CONFIG ports")
+    ports, (t4, t6) = sorted(set(ports)), split_targets(resolve_targets(targets))
+    for name, keys, shown in (
+            ("ports", [nftlink.port_key(p) for p in ports], [str(p) for p in ports]),
+            ("cluster4", [nftlink.target_key(a, p) for a, p in t4], [f"{a} . {p}" for a, p in t4]),
+            ("cluster6", [nftlink.target_key(a, p) for a, p in t6], [f"{a} . {p}" for a, p in t6])):
+        if not keys:
+            continue
+        try:
+            nftlink.add_elements(seal.table, name, keys)
+        except OSError:  # as apply: `nft`, which says why
+            code, out = _run(["nft", "add", "element", "inet", seal.table, name,
+                              "{ " + ", ".join(shown) + " }"], None)
+            if code != 0:
+                raise FirewallError(f"nft refused: {out[-300:]}") from None
 
 
 def local_users(uid: object) -> str:
@@ -496,44 +585,3 @@ def fix_for(why: str) -> str:
     if "installed" in why:
         return "install nftables (apt install nftables), or set `security: {tf_ports: open}`"
     return "fix the host's firewall tool, or set `security: {tf_ports: open}`"
-
-
-def preflight(mode: str, hellos: dict[str, dict | None]) -> tuple[list[str], list[str]]:
-    """(refusals, notices) from the agents' hellos before any task starts:
-    under `cluster`, each host that cannot install rules refuses the job
-    (host, reason, fix); under `auto`, it gets a one-line notice."""
-    refusals, notices = [], []
-    if mode == "open":
-        return refusals, notices
-    for host, hello in hellos.items():
-        info = (hello or {}).get("firewall")
-        if not isinstance(info, dict) or info.get("backend"):
-            continue  # an older agent says nothing: its start reports what happens
-        why = str(info.get("why") or "cannot install firewall rules")
-        if mode == "cluster":
-            refusals.append(f"host {host} cannot keep the job's TF ports to the cluster "
-                            f"(security.tf_ports: cluster): {why}\n  fix: {fix_for(why)}")
-        else:
-            notices.append(f"host {host}: TF ports open to its whole network ({why}); "
-                           "`security: {tf_ports: open}` silences this, `cluster` requires "
-                           "the seal")
-    return refusals, notices
-
-
-def reachability(mode: str, hello: dict) -> tuple[str, bool]:
-    """(`check`'s line for one host, whether its ports would be sealed): who
-    could connect to the job's TF ports, on which of the host's interfaces
-    (a TF server listens on all of them)."""
-    interfaces = hello.get("interfaces") if isinstance(hello.get("interfaces"), dict) else {}
-    where = ", ".join(f"{name} {' '.join(map(str, ips))}"
-                      for name, ips in interfaces.items() if ips) or "every interface"
-    info = hello.get("firewall") if isinstance(hello.get("firewall"), dict) else {}
-    if mode == "open":
-        return f"open (security.tf_ports: open): anyone reaching {where}", False
-    if info.get("backend"):
-        who = local_users(info["uid"]) if isinstance(info.get("uid"), int) else (
-            "the job's user and root")
-        return (f"sealed ({info['backend']}): listening on {where}; only {who} on the host "
-                "and the job's hosts may connect"), True
-    why = info.get("why") or "the agent is too old to say"
-    return f"OPEN ({why}): anyone reaching {where}", False

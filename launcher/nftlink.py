@@ -31,6 +31,9 @@ NESTED = 0x8000  # NLA_F_NESTED
 INET, IPV4, IPV6 = 1, 2, 10  # NFPROTO_*
 HOOK_INPUT, HOOK_OUTPUT = 1, 3  # NF_INET_LOCAL_IN, NF_INET_LOCAL_OUT
 REG = 1  # NFT_REG_1; NFT_REG_VERDICT is 0
+REG_2, REG32_01 = 2, 9  # where nft puts a concatenation's port: after an IPv6, an IPv4 address
+# nft's user data of an `ipv4_addr . inet_service` set (and of the IPv6 one), as nft 1.0.6 sends it
+CONCAT_UDATA = bytes.fromhex("00040000000003080004" "0d0000000100")
 NETWORK, TRANSPORT = 1, 2  # NFT_PAYLOAD_*_HEADER
 L4PROTO, NFPROTO, IIFNAME, OIFNAME, SKUID = 16, 15, 6, 7, 10  # NFT_META_*
 DROP, JUMP, RETURN = 0, -3, -5  # NF_DROP, NFT_JUMP, NFT_RETURN
@@ -83,12 +86,12 @@ def _cmp(value: bytes) -> bytes:
     return _expr("cmp", _u32(1, REG), _u32(2, 0), _data(3, value))  # NFT_CMP_EQ
 
 
-def _payload(base: int, offset: int, length: int) -> bytes:
-    return _expr("payload", _u32(1, REG), _u32(2, base), _u32(3, offset), _u32(4, length))
+def _payload(base: int, offset: int, length: int, reg: int = REG) -> bytes:
+    return _expr("payload", _u32(1, reg), _u32(2, base), _u32(3, offset), _u32(4, length))
 
 
-def _lookup(set_id: int) -> bytes:
-    return _expr("lookup", _str(1, "__set%d"), _u32(2, REG), _u32(4, set_id))
+def _lookup(set_id: int, name: str = "__set%d") -> bytes:
+    return _expr("lookup", _str(1, name), _u32(2, REG), _u32(4, set_id))
 
 
 def _verdict(code: int, chain: str = "") -> bytes:
@@ -141,6 +144,22 @@ class _Batch:
                      _u32(4, self.set_id), _nest(3, *elements))
         return self.set_id
 
+    def named_set(self, name: str, key_type: int, length: int, keys: Sequence[bytes],
+                  udata: bytes) -> int:
+        """A named set (its elements may be added later: `add_elements`); its id."""
+        self.set_id += 1
+        self.add(NEWSET, CREATE, _str(1, self.table), _str(2, name), _u32(3, 0),
+                 _u32(4, key_type), _u32(5, length), _u32(10, self.set_id), _attr(13, udata))
+        self.elements(name, keys, self.set_id)
+        return self.set_id
+
+    def elements(self, name: str, keys: Sequence[bytes], set_id: int | None = None) -> None:
+        for i in range(0, len(keys), ELEMENTS_PER_MESSAGE):
+            elements = [_nest(1, _nest(1, _attr(1, key)))  # LIST_ELEM{KEY{VALUE}}
+                        for key in keys[i:i + ELEMENTS_PER_MESSAGE]]
+            self.add(NEWSETELEM, CREATE, _str(1, self.table), _str(2, name),
+                     *([] if set_id is None else [_u32(4, set_id)]), _nest(3, *elements))
+
     def match(self, key_type: int, keys: Sequence[bytes], order: int = BIG) -> bytes:
         """The register equals one of `keys`: a set's lookup, or as nft makes of a
         set of one, a comparison."""
@@ -171,9 +190,12 @@ def _message(kind: int, flags: int, body: bytes, seq: int) -> bytes:
 
 
 def install_batch(table: str, ports: Sequence[int], v4: Sequence[str], v6: Sequence[str],
-                  uids: Sequence[int], priority: int, replace: bool = True) -> _Batch:
+                  uids: Sequence[int], priority: int, replace: bool = True,
+                  targets: tuple[Sequence[tuple[str, int]], Sequence[tuple[str, int]]] = ((), ()),
+                  ) -> _Batch:
     """The table of `firewall.render_nft`, replacing one of the same name, or
-    (`replace=False`) refused with EEXIST where there is one."""
+    (`replace=False`) refused with EEXIST where there is one. `targets`: the
+    (IPv4, port) and (IPv6, port) pairs of the sets cluster4 and cluster6."""
     batch = _Batch(table)
     if replace:  # as render_nft: `table inet X`, for the delete to find it there
         batch.add(NEWTABLE, CREATE, _str(1, table))
@@ -183,11 +205,16 @@ def install_batch(table: str, ports: Sequence[int], v4: Sequence[str], v6: Seque
     batch.chain("guard")
     batch.chain("output", HOOK_OUTPUT, priority)
     batch.chain("local")
-    port_keys = [struct.pack(">H", p) for p in ports]
+    ports_id = batch.named_set("ports", INET_SERVICE, 2, [port_key(p) for p in ports],
+                               struct.pack("=BBI", 0, 4, BIG))
+    cluster_ids = [batch.named_set(name, key_type, length, [target_key(a, p) for a, p in pairs],
+                                   CONCAT_UDATA)
+                   for name, key_type, length, pairs in (
+                       ("cluster4", IPADDR << 6 | INET_SERVICE, 8, targets[0]),
+                       ("cluster6", IP6ADDR << 6 | INET_SERVICE, 20, targets[1]))]
     tcp = [_meta(L4PROTO), _cmp(b"\x06")]
-    to_ports = [*tcp, _payload(TRANSPORT, 2, 2)]  # then: lookup of the ports' set
-    batch.rule("input", *to_ports, batch.match(INET_SERVICE, port_keys),
-               *_tcp_syn(), _verdict(JUMP, "guard"))
+    to_ports = [*tcp, _payload(TRANSPORT, 2, 2), _lookup(ports_id, "ports")]
+    batch.rule("input", *to_ports, *_tcp_syn(), _verdict(JUMP, "guard"))
     batch.rule("guard", _meta(IIFNAME), _cmp(_ifname("lo")), _verdict(RETURN))
     for family, addresses, key_type, offset, pack in (
             (IPV4, v4, IPADDR, 12, _socket.AF_INET), (IPV6, v6, IP6ADDR, 8, _socket.AF_INET6)):
@@ -197,14 +224,40 @@ def install_batch(table: str, ports: Sequence[int], v4: Sequence[str], v6: Seque
                        _payload(NETWORK, offset, len(keys[0])), batch.match(key_type, keys),
                        _verdict(RETURN))
     batch.rule("guard", _expr("counter"), _verdict(DROP))
-    batch.rule("output", _meta(OIFNAME), _cmp(_ifname("lo")), *to_ports,
-               batch.match(INET_SERVICE, port_keys), *_tcp_syn(),
+    batch.rule("output", _meta(OIFNAME), _cmp(_ifname("lo")), *to_ports, *_tcp_syn(),
                _verdict(JUMP, "local"))
+    # `ip daddr . tcp dport @cluster4`: the address in register 1, the port next to it
+    for (family, offset, length, port_reg), set_id, name in zip(
+            ((IPV4, 16, 4, REG32_01), (IPV6, 24, 16, REG_2)), cluster_ids,
+            ("cluster4", "cluster6"), strict=True):
+        batch.rule("output", _meta(NFPROTO), _cmp(bytes([family])), *tcp,
+                   _payload(NETWORK, offset, length), _payload(TRANSPORT, 2, 2, port_reg),
+                   _lookup(set_id, name), *_tcp_syn(), _verdict(JUMP, "local"))
     uid_keys = [struct.pack("=I", u) for u in sorted(set(uids))]
     batch.rule("local", _meta(SKUID), batch.match(UID, uid_keys, HOST), _verdict(RETURN))
     batch.rule("local", *tcp, _expr("counter"),
                _expr("reject", _u32(1, 1), _attr(2, b"\0")))  # NFT_REJECT_TCP_RST
     return batch
+
+
+def port_key(port: int) -> bytes:
+    return struct.pack(">H", port)
+
+
+def target_key(address: str, port: int) -> bytes:
+    """A cluster set's key: the address, then the port in a register of its own."""
+    family = _socket.AF_INET6 if ":" in address else _socket.AF_INET
+    return _socket.inet_pton(family, address) + struct.pack(">H", port) + b"\0\0"
+
+
+def add_elements(table: str, set_name: str, keys: Sequence[bytes]) -> None:
+    """Add `keys` to the named set of the job's table (`nft add element`): keys
+    already there are no error. OSError when netlink or the kernel refused."""
+    if not enabled():
+        raise OSError("MGPU_NFT_NETLINK=0")
+    batch = _Batch(table)
+    batch.elements(set_name, keys)
+    send(batch)
 
 
 def delete_batch(table: str) -> _Batch:
@@ -245,7 +298,9 @@ def enabled() -> bool:
 
 
 def install(table: str, ports: Sequence[int], v4: Sequence[str], v6: Sequence[str],
-            uids: Sequence[int], priority: int) -> None:
+            uids: Sequence[int], priority: int,
+            targets: tuple[Sequence[tuple[str, int]], Sequence[tuple[str, int]]] = ((), ()),
+            ) -> None:
     """Install (or replace) the job's table; OSError when netlink or the kernel
     refused. A transaction that deletes a table waits for the kernel's RCU grace
     period (~10 ms of wall; one transaction at a time: 32 simulated hosts' installs
@@ -254,11 +309,12 @@ def install(table: str, ports: Sequence[int], v4: Sequence[str], v6: Sequence[st
     if not enabled():
         raise OSError("MGPU_NFT_NETLINK=0")
     try:
-        send(install_batch(table, ports, v4, v6, uids, priority, replace=False))
+        send(install_batch(table, ports, v4, v6, uids, priority, replace=False,
+                           targets=targets))
     except NetlinkError as exc:
         if exc.errno != errno.EEXIST:
             raise
-        send(install_batch(table, ports, v4, v6, uids, priority))
+        send(install_batch(table, ports, v4, v6, uids, priority, targets=targets))
 
 
 def delete(table: str, wait: bool = True, nft: str | None = None) -> bool:

@@ -164,6 +164,15 @@ class TaskTree:
                         added = True
             self._members = members
 
+    def known(self) -> set[int]:
+        """The tree's processes as last seen, cheaply (for a poll): cgroup, its
+        members now; tracked, at the tracker's last read (every TRACK_EVERY_S),
+        without `members`' read of every process's environment."""
+        if self.cgroup:
+            return set(self._cgroup_pids())
+        with self._lock:
+            return set(self._members)
+
     def members(self) -> set[int]:
         """The live processes of the tree now (the main process too, if alive)."""
         if self.cgroup:

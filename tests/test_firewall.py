@@ -20,12 +20,14 @@ import pytest
 
 from launcher import firewall, fwregistry
 from launcher.firewall import Seal, seal_for
+from launcher.job.run import fwreport
 from tests.agentproc import AgentProc, agent_env
 from tests.conftest import PYTHON, run_cli, wait_for
 from tests.sshcluster import netns_available
 
 SEAL = Seal("mgpu_train_0123456789", "MGPU-0123456789", (23456, 23457),
-            ("10.0.0.2", "10.0.0.3", "fd00::2", "gpu9"), "cluster")
+            ("10.0.0.2", "10.0.0.3", "fd00::2", "gpu9"), "cluster",
+            (("10.0.0.2", 23456), ("10.0.0.3", 23458), ("fd00::2", 23456), ("gpu9", 23459)))
 
 
 # ---------------------------------------------------------------- rendering
@@ -38,8 +40,8 @@ def test_the_nft_table_drops_only_new_connections_to_the_jobs_ports_from_strange
                            "delete table inet mgpu_train_0123456789\n")
     assert "type filter hook input priority -10; policy accept;" in text
     # Only SYNs to the job's ports are looked at; everything else passes untouched.
-    assert ("tcp dport { 23456, 23457 } tcp flags & (fin|syn|rst|ack) == syn jump guard"
-            in text)
+    assert "set ports { type inet_service; elements = { 23456, 23457 }; }" in text
+    assert "tcp dport @ports tcp flags & (fin|syn|rst|ack) == syn jump guard" in text
     guard = text.split("chain guard {")[1]
     assert guard.index('iifname "lo" return') < guard.index("counter drop")
     assert "ip saddr { 10.0.0.2, 10.0.0.3 } return" in guard
@@ -50,8 +52,15 @@ def test_the_nft_table_drops_only_new_connections_to_the_jobs_ports_from_strange
     # Loopback is the host's own users: only the job's (the agent's uid) and root.
     mine = firewall.render_nft(SEAL, uid=1000)
     assert "type filter hook output priority -10; policy accept;" in mine
-    assert ('oifname "lo" tcp dport { 23456, 23457 } tcp flags & (fin|syn|rst|ack) == syn '
+    assert ('oifname "lo" tcp dport @ports tcp flags & (fin|syn|rst|ack) == syn '
             "jump local") in mine
+    # Every host's TF ports, at each of its addresses: the host's other users are
+    # refused there too, before the SYN leaves (every host of the job has this table).
+    assert ("set cluster4 { type ipv4_addr . inet_service; elements = { 10.0.0.2 . 23456, "
+            "10.0.0.3 . 23458 }; }") in mine
+    assert "set cluster6 { type ipv6_addr . inet_service; elements = { fd00::2 . 23456 }; }" in mine
+    for family in ("ip daddr . tcp dport @cluster4", "ip6 daddr . tcp dport @cluster6"):
+        assert f"{family} tcp flags & (fin|syn|rst|ack) == syn jump local" in mine
     local = mine.split("chain local {")[1]
     assert local.index("meta skuid { 0, 1000 } return") < local.index("reject with tcp reset")
     assert "meta skuid { 0 } return" in firewall.render_nft(SEAL, uid=0)
@@ -73,8 +82,18 @@ def test_nft_accepts_the_rendered_table(tmp_path):
 
 def test_iptables_fallback_is_a_chain_jumped_to_for_new_connections_to_the_ports():
     ports = tuple(range(30000, 30020))  # 20 ports: two multiport rules of at most 15
-    seal = Seal("mgpu_x_0123456789", "MGPU-0123456789", ports, ("10.0.0.2",), "auto")
+    seal = Seal("mgpu_x_0123456789", "MGPU-0123456789", ports, ("10.0.0.2",), "auto",
+                (("10.0.0.2", 30000), ("10.0.0.3", 30001), ("10.0.0.3", 30002)))
     commands = [" ".join(c) for c in firewall.iptables_commands(seal, ip6=False)]
+    # Every SYN leaving goes through the chain of the job's hosts' ports, which
+    # sends those to the job's hosts to the guard of local users.
+    assert commands[10:14] == [
+        "iptables -w -N MGPU-0123456789-C", "iptables -w -F MGPU-0123456789-C",
+        "iptables -w -A MGPU-0123456789-C -d 10.0.0.2 -p tcp -m multiport --dports 30000 "
+        "-j MGPU-0123456789-L",
+        "iptables -w -A MGPU-0123456789-C -d 10.0.0.3 -p tcp -m multiport --dports "
+        "30001,30002 -j MGPU-0123456789-L"]
+    assert "iptables -w -I OUTPUT 1 -p tcp --syn -j MGPU-0123456789-C" in commands
     assert commands[:4] == ["iptables -w -N MGPU-0123456789", "iptables -w -F MGPU-0123456789",
                             "iptables -w -A MGPU-0123456789 -i lo -j RETURN",
                             "iptables -w -A MGPU-0123456789 -s 10.0.0.2 -j RETURN"]
@@ -93,7 +112,9 @@ def test_iptables_fallback_is_a_chain_jumped_to_for_new_connections_to_the_ports
         "iptables -w -I INPUT 1 -p tcp --syn -m multiport --dports "
         + ",".join(map(str, ports[15:])) + " -j MGPU-0123456789"]
     removal = [" ".join(c) for c in firewall.iptables_removal(seal, ip6=False)]
-    assert removal[-4:] == ["iptables -w -F MGPU-0123456789", "iptables -w -X MGPU-0123456789",
+    assert removal[-6:] == ["iptables -w -F MGPU-0123456789", "iptables -w -X MGPU-0123456789",
+                            "iptables -w -F MGPU-0123456789-C",
+                            "iptables -w -X MGPU-0123456789-C",
                             "iptables -w -F MGPU-0123456789-L",
                             "iptables -w -X MGPU-0123456789-L"]
     assert all(r.replace(" -D INPUT ", " -I INPUT 1 ") in jumps for r in removal[:4]
@@ -154,15 +175,15 @@ def test_preflight_refuses_under_cluster_and_notes_under_auto():
     hellos = {"gpu1": {"firewall": {"backend": "nft", "why": ""}},
               "gpu2": {"firewall": {"backend": None,
                                     "why": "the agent runs as a user without CAP_NET_ADMIN"}}}
-    refusals, notices = firewall.preflight("cluster", hellos)
+    refusals, notices = fwreport.preflight("cluster", hellos)
     assert notices == [] and len(refusals) == 1
     assert refusals[0].startswith("host gpu2 cannot keep the job's TF ports to the cluster "
                                   "(security.tf_ports: cluster): the agent runs as a user "
                                   "without CAP_NET_ADMIN\n  fix: give the agent CAP_NET_ADMIN")
-    refusals, notices = firewall.preflight("auto", hellos)
+    refusals, notices = fwreport.preflight("auto", hellos)
     assert refusals == [] and len(notices) == 1 and notices[0].startswith(
         "host gpu2: TF ports open to its whole network (the agent runs as a user without")
-    assert firewall.preflight("open", hellos) == ([], [])
+    assert fwreport.preflight("open", hellos) == ([], [])
 
 
 def test_dry_run_shows_the_rules_each_host_would_get(tmp_path):
@@ -175,13 +196,16 @@ def test_dry_run_shows_the_rules_each_host_would_get(tmp_path):
     assert done.returncode == 0, done.stderr
     text = done.stdout.split("firewall (security.tf_ports: cluster)")[1]
     a, b = text.split("\n  a:\n")[1].split("\n  b: ")  # b: the same rules, its own ports
-    assert "tcp dport { 23000 }" in a and b.startswith("table inet mgpu_fw_")
-    assert "tcp dport { 23001 }" in b.splitlines()[0]
+    assert "set ports { type inet_service; elements = { 23000 }; }" in a
+    assert b.startswith("table inet mgpu_fw_") and "set ports { 23001 }" in b.splitlines()[0]
+    # Each host keeps its other users off every host's TF port (the same set everywhere).
+    assert "elements = { 10.1.0.1 . 23000, 10.1.0.2 . 23001 }" in a
     assert "ip saddr { 10.1.0.1, 10.1.0.2 } return" in a and text.count("10.1.0.2 }") == 1
     plan = json.loads(run_cli(["--dry-run", "--json", "c.yaml", "train.py"], cwd=tmp_path,
                               timeout=60).stdout)
     assert plan["firewall"]["hosts"]["b"]["ports"] == [23001]
     assert plan["firewall"]["allow"] == ["10.1.0.1", "10.1.0.2"]
+    assert plan["firewall"]["targets"] == [["10.1.0.1", 23000], ["10.1.0.2", 23001]]
     (tmp_path / "c.yaml").write_text(
         (tmp_path / "c.yaml").read_text().replace("tf_ports: cluster", "tf_ports: open"))
     done = run_cli(["--dry-run", "c.yaml", "train.py"], cwd=tmp_path, timeout=60)
@@ -361,6 +385,7 @@ import json, subprocess, sys
 from launcher import firewall, nftlink
 seal = firewall.Seal.from_json(json.loads(sys.argv[1]))
 v4, v6 = firewall.split_families(seal.allow)
+targets = firewall.split_targets(seal.targets)
 def listing(debug="--debug=netlink"):
     return subprocess.run(["nft", debug, "list", "table", "inet", seal.table],
                           capture_output=True, text=True, check=True).stdout
@@ -377,15 +402,15 @@ for uid in (0, 1000):
                    check=True)
     by_nft, text = kernel(), listing("-nn")
     assert nftlink.delete(seal.table)
-    nftlink.install(seal.table, seal.ports, v4, v6, (0, uid), firewall.PRIORITY)
+    nftlink.install(seal.table, seal.ports, v4, v6, (0, uid), firewall.PRIORITY, targets)
     checks[f"uid {uid}: as nft"] = kernel() == by_nft
-    nftlink.install(seal.table, seal.ports, v4, v6, (0, uid), firewall.PRIORITY)
+    nftlink.install(seal.table, seal.ports, v4, v6, (0, uid), firewall.PRIORITY, targets)
     checks[f"uid {uid}: replaced"] = listing("-nn") == text
     checks[f"uid {uid}: removed"] = nftlink.delete(seal.table) and not nftlink.delete(seal.table)
 v4 = [f"10.{i // 250}.{i % 250}.1" for i in range(10000)]
 v6 = [f"fd00::{i:x}" for i in range(10000)]
 nftlink.install(seal.table, seal.ports, v4, v6, (0, 1000), firewall.PRIORITY)
-checks["20,000 addresses"] = listing().count("element ") == 20000 + 2 * len(seal.ports) + 2
+checks["20,000 addresses"] = listing().count("element ") == 20000 + len(seal.ports) + 2
 print(json.dumps(checks))
 """
 
@@ -395,7 +420,7 @@ def test_nftlink_installs_the_very_table_nft_makes_of_the_rules(netns):
     first): the same expressions and sets, rule for rule, as `nft -f` of the
     rendered rules, which the tests above and the netns tests check for real."""
     seal = Seal(SEAL.table, SEAL.chain, SEAL.ports, ("10.0.0.2", "10.0.0.3", "fd00::2"),
-                "cluster")  # a set of one (fd00::2) nft makes a comparison: so does nftlink
+                "cluster", SEAL.targets)  # a set of one (fd00::2): nft makes a comparison
     done = subprocess.run(["ip", "netns", "exec", netns, sys.executable, "-c", NETLINK_AS_NFT,
                            json.dumps(seal.to_json())],
                           capture_output=True, text=True, env=agent_env(), timeout=60)
@@ -557,10 +582,11 @@ def _failing_nft(tmp_path: Path) -> dict[str, str]:
     nf_tables does), for the agents of local hosts."""
     folder = tmp_path / "bin"
     folder.mkdir(exist_ok=True)
-    fake = folder / "nft"
+    fake = folder / "nft.new"  # renamed into place: the last run's agents may still run
     fake.write_text("#!/bin/sh\necho 'Error: Could not process rule: Operation not supported' "
-                    ">&2\nexit 1\n")
+                    ">&2\nexit 1\n")  # it (a detached removal), and a rewrite is ETXTBSY
     fake.chmod(0o755)
+    fake.replace(folder / "nft")
     # The agents use `nft` (not netlink), which refuses.
     return {"PATH": f"{folder}{os.pathsep}{os.environ.get('PATH', '')}", "MGPU_NFT_NETLINK": "0"}
 

@@ -18,12 +18,12 @@ import secrets
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from launcher.tools import netsim
+from launcher.tools.netsim import Switch
 from tests.conftest import alive, read_summary, start_cli, wait_for
 from tests.sshcluster import netns_available, sim_cluster, write_yaml
 from tests.test_faults_ssh import job_processes
@@ -77,52 +77,17 @@ print("served", port, flush=True)
 """
 
 
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
+# GATED_LISTEN, and a server of the script's own on a port TF_CONFIG does not name.
+GATED_OWN_PORT = GATED_LISTEN.replace(
+    "(gate / (\"ready-\"", "own = socket.create_server((\"\", 0))\n"
+    "(gate / (\"port-\" + os.environ[\"MGPU_HOST\"])).write_text(str(own.getsockname()[1]))\n"
+    "(gate / (\"ready-\"", 1)
 
 
-@dataclass(frozen=True)
-class Switch:
-    bridge: str
-    here: str  # this namespace's address on the switch (the launcher's)
-    hosts: list[tuple[str, str]]  # (namespace, address) of each simulated host
-    outsider: tuple[str, str]
-
-
-@contextlib.contextmanager
-def switch(count: int) -> Iterator[Switch]:
-    """`count` host namespaces and an outsider on one bridge (here, in this
-    namespace, with an address of its own: the launcher reaches the sshds).
-    Bridged frames between namespaces never pass this namespace's IP layer."""
-    tag = secrets.token_hex(3)
-    used = subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True).stdout
-    subnet = next(n % 256 for n in range(int(tag[:2], 16), int(tag[:2], 16) + 256)
-                  if f" 10.214.{n % 256}." not in used)
-    prefix = f"10.214.{subnet}"
-    bridge = f"fwb{tag}"
-    names = [f"firewall-{tag}-h{i}" for i in range(count)] + [f"firewall-{tag}-out"]
-    _ip("route", "add", "unreachable", f"{prefix}.0/24", "metric", "4000")
-    try:
-        _ip("link", "add", bridge, "type", "bridge")
-        _ip("addr", "add", f"{prefix}.1/24", "dev", bridge)
-        _ip("link", "set", bridge, "up")
-        for i, netns in enumerate(names):
-            outer, inner = f"fwv{tag}{i}o", f"fwv{tag}{i}i"
-            _ip("netns", "add", netns)
-            _ip("link", "add", outer, "type", "veth", "peer", "name", inner, "netns", netns)
-            _ip("link", "set", outer, "master", bridge, "up")
-            for command in (["addr", "add", f"{prefix}.{i + 2}/24", "dev", inner],
-                            ["link", "set", inner, "up"], ["link", "set", "lo", "up"]):
-                _ip("netns", "exec", netns, "ip", *command)
-        hosts = [(n, f"{prefix}.{i + 2}") for i, n in enumerate(names[:-1])]
-        yield Switch(bridge, f"{prefix}.1", hosts, (names[-1], f"{prefix}.{count + 2}"))
-    finally:
-        for i, netns in enumerate(names):
-            subprocess.run(["ip", "link", "del", f"fwv{tag}{i}o"], capture_output=True)
-            subprocess.run(["ip", "netns", "del", netns], capture_output=True)
-        subprocess.run(["ip", "link", "del", bridge], capture_output=True)
-        subprocess.run(["ip", "route", "del", "unreachable", f"{prefix}.0/24", "metric", "4000"],
-                       capture_output=True)
+def switch(count: int) -> contextlib.AbstractContextManager[Switch]:
+    """`count` host namespaces and an outsider on one bridge (launcher/tools/netsim.py,
+    as `mgpu-launch simulate --netns` makes them); removed on the way out."""
+    return netsim.switch(count, outsider=True, label="firewall")
 
 
 def connects(netns: str, address: str, port: int, timeout: float = 1.0,
@@ -253,6 +218,55 @@ def test_an_outsider_cannot_reach_a_workers_port_while_the_job_trains_to_the_end
     assert len(digests) == 1, out[-3000:]  # both workers trained to the same weights
     assert read_summary(job.run_dir)["status"] == "succeeded"
     # Removed as each agent exits (started, not waited for: the kernel's time).
+    wait_for(lambda: tables(ns0) == [] and tables(ns1) == [], timeout=10, what="rules removed")
+
+
+def test_another_user_of_one_host_is_refused_the_tf_ports_of_every_host(net, tmp_path, fwjobs):
+    """The host's address is admitted whole on its peers: the host itself keeps
+    its other users off every host's task ports, before their SYN leaves."""
+    sw, sim = net
+    job = FwJob(net, tmp_path, "fw-peer")
+    fwjobs.append(job)
+    job.wait_ready()
+    (ns0, addr0), (ns1, addr1) = sw.hosts
+    port0, port1 = job.port_base, job.port_base + 1  # host0's task, host1's
+    assert not connects(ns0, addr1, port1, as_nobody=True)  # h1's nobody to h2's TF port
+    assert not connects(ns1, addr0, port0, as_nobody=True)
+    assert connects(ns0, addr1, port1)  # the job's user (root here)
+    assert not connects(sw.outsider[0], addr1, port1)  # not a host of the job: dropped
+    assert connects(ns0, addr1, sim.hosts[1].port, as_nobody=True)  # the peer's sshd: untouched
+    job.go()
+    assert "served" in job.finish()
+    wait_for(lambda: tables(ns0) == [] and tables(ns1) == [], timeout=10, what="rules removed")
+
+
+def sealed_set(netns: str, set_name: str) -> str:
+    """The elements of the job's table's set in `netns` (one job there)."""
+    table = tables(netns)[0]
+    return subprocess.run(["ip", "netns", "exec", netns, "nft", "list", "set", "inet", table,
+                           set_name], capture_output=True, text=True, check=True).stdout
+
+
+def test_a_port_the_script_opens_itself_is_sealed_on_every_host(net, tmp_path, fwjobs):
+    """Found as it opens (the agent polls its tasks' listening sockets), sealed
+    on its host as the TF ports, and told the other hosts (their other users)."""
+    sw, sim = net
+    job = FwJob(net, tmp_path, "fw-own", script=GATED_OWN_PORT)
+    fwjobs.append(job)
+    job.wait_ready()
+    (ns0, addr0), (ns1, addr1) = sw.hosts
+    own = int((job.gate / f"port-{sim.hosts[1].name}").read_text())  # on host1
+    wait_for(lambda: f" {own}" in sealed_set(ns1, "ports")
+             and f"{addr1} . {own}" in sealed_set(ns0, "cluster4"), timeout=10,
+             what="the script's own port sealed on its host and told the other")
+    assert not connects(ns0, addr1, own, as_nobody=True)  # another user of the other host
+    for address in ("127.0.0.1", addr1):  # another user of its own host
+        assert not connects(ns1, address, own, as_nobody=True)
+    assert not connects(sw.outsider[0], addr1, own)  # not a host of the job: dropped
+    assert connects(ns0, addr1, own)  # the job's user (root here), from the other host
+    assert connects(ns1, "127.0.0.1", own)
+    job.go()
+    assert "served" in job.finish()
     wait_for(lambda: tables(ns0) == [] and tables(ns1) == [], timeout=10, what="rules removed")
 
 

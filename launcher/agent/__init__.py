@@ -18,6 +18,7 @@ Its parts, wired through constructors by `main`:
 - `profiles`: a task's trace on request (`profile`), its file sent back;
 - `leftovers`: pid records, and what an earlier agent of the run left;
 - `seal`: the job's firewall rules on this host, as tasks need them;
+- `listening`: the TCP ports the tasks listen on, found as they open (for `seal`);
 - `lease`: the launcher's silence, and the agent's exit when it lasts;
 - `hostfacts`: what the hello says of the host (packages, interfaces), psutil;
 - `health`: each task's host signals (run delay, CPU, throttling, NVML), sampled rarely;

@@ -36,6 +36,7 @@ from launcher.agent.protocol import (
     seconds,
     skip_line,
     str_list,
+    targets,
     task_name,
 )
 from launcher.agent.stacks import Stacks
@@ -103,6 +104,8 @@ class Commands:
             # their agents; the start's own `firewall` then finds them in place.
             # A failure under `cluster` is the start's to refuse (it tries again).
             self.tasks.seal.seal(message.get("firewall"))
+        elif op == "seal_ports":  # ports other hosts' tasks opened (agent/seal.py)
+            self.tasks.seal.peer_ports(targets(message.get("targets")))
         elif op == "signal":
             name = task_name(message.get("task"))
             signum = integer(message, "signum", low=1, high=signal.NSIG - 1)

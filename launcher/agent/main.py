@@ -151,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     agent.lease.heard()
     threading.Thread(target=agent.heartbeat_forever, daemon=True).start()
     threading.Thread(target=_prune_runs, args=(emit, agent.run_dir), daemon=True).start()
+    # The ports the tasks open beyond TF_CONFIG's, sealed as they open (agent/seal.py).
+    threading.Thread(target=agent.seal.watch, args=(agent.tasks.tree_pids,), daemon=True).start()
     if lease_s:
         threading.Thread(target=agent.lease.watch, args=(lease_s, agent.shutdown),
                          daemon=True).start()

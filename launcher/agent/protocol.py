@@ -41,6 +41,8 @@ _FRAME_START = re.compile(rb'\{"raw":(\d{1,18})[,}]')
 MAX_OUTPUT_LINE = 8192  # bytes of one output line; the rest is counted, not sent
 MAX_PROGRESS_LINE = 2**16
 MAX_ERROR_FILE = 2**16
+_ADDRESS = re.compile(r"[A-Za-z0-9][A-Za-z0-9.:\-]{0,252}")  # an IP or a host name
+MAX_TARGETS = 4096
 TASK_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")  # a plain file name: no / or ..
 CHUNK = 2**16
 HANDOFF_EVENTS = 2  # a low-priority thread's events queued for the writer (Emitter)
@@ -165,6 +167,16 @@ def task_name(value: object) -> str:
         raise BadCommand(f"task name {str(value)[:80]!r} is not a plain name "
                          "(letters, digits, '_', '.', '-'; no '/', not starting with '.')")
     return value
+
+
+def targets(value: object) -> list[tuple[str, int]]:
+    """`seal_ports`' (address or host name, port) pairs."""
+    if not isinstance(value, list) or len(value) > MAX_TARGETS or not all(
+            isinstance(t, list) and len(t) == 2 and isinstance(t[0], str)
+            and _ADDRESS.fullmatch(t[0]) and isinstance(t[1], int) and not isinstance(t[1], bool)
+            and 1 <= t[1] <= 65535 for t in value):
+        raise BadCommand(f"targets must be a list of [address, port], not {str(value)[:80]!r}")
+    return [(t[0], t[1]) for t in value]
 
 
 def names(value: object) -> list[str] | None:

@@ -408,6 +408,12 @@ class Tasks:
             if task.waiter is not None:
                 task.waiter.join(timeout=DRAIN_MAX_S + 1.0)
 
+    def tree_pids(self) -> set[int]:
+        """Every process of the live tasks (their trees): whose listening ports are the job's."""
+        with self.lock:
+            tasks = [t for t in self.tasks.values() if t.alive()]
+        return {pid for t in tasks for pid in (t.proc.pid, *t.tree.known())}
+
     def pids(self) -> dict[str, int]:
         """Per running task past its first seconds: its process id (the training
         process), for the health samples."""

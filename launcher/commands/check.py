@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import firewall
-from ..job.run import check_collective
+from ..job.run import check_collective, fwreport
 from ..job.run.check_collective import CollectiveReport, task_addresses
 from ..job.run.reach import Reach
 from ..spec.allocation import SlurmError
@@ -390,7 +390,7 @@ def _judge_tf_ports(report: HostReport, mode: str) -> None:
     """Would the job's TF ports be sealed on this host? Under `cluster`, a host
     that cannot seal them cannot start the run."""
     assert report.hello is not None
-    report.tf_ports, sealed = firewall.reachability(mode, report.hello)
+    report.tf_ports, sealed = fwreport.reachability(mode, report.hello)
     if mode == "cluster" and not sealed:
         info = report.hello.get("firewall")
         why = str(info.get("why") if isinstance(info, dict) else "the agent is too old to say")

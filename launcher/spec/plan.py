@@ -295,17 +295,22 @@ def _cluster(slots: Sequence[_Slot], tf_of: Mapping[str, TFAddress],
 def _seals(config: ClusterConfig, loaded: LoadedConfig, default_python: str, run_dir: str,
            tasks: Sequence[Task], tf_of: Mapping[str, TFAddress]) -> dict[str, Seal]:
     """Each host's firewall rules: its tasks' ports admit every host of the
-    cluster file (spares too: they may join later), by SSH and TF address."""
-    allow = allowed([*(h.address for h in host_targets(config, default_python,
-                                                       loaded.base_dir)),
-                     *(tf.address for tf in tf_of.values() if tf.address)])
+    cluster file (spares too: they may join later), by SSH and TF address; and
+    every task's port, at each address of its host, is kept from the host's
+    other users (`targets`: the same on every host)."""
+    ssh_of = {h.name: h.address for h in host_targets(config, default_python, loaded.base_dir)}
+    allow = allowed([*ssh_of.values(), *(tf.address for tf in tf_of.values() if tf.address)])
     ports: dict[str, list[int]] = {}  # one pass: 10,000 hosts, 10,000 tasks
     for task in tasks:
         ports.setdefault(task.host, []).extend([task.port] if task.port else [])
+    targets = tuple(sorted({(address, port) for host, host_ports in ports.items()
+                            for address in {ssh_of.get(host), tf_of[host].address
+                                            if host in tf_of else None} if address
+                            for port in host_ports}))
     seals = {}
     for host, host_ports in ports.items():
         seal = seal_for(config.name, run_dir, host, host_ports, allow,
-                        config.security.tf_ports)
+                        config.security.tf_ports, targets)
         if seal is not None:
             seals[host] = seal
     return seals

@@ -107,6 +107,7 @@ def _firewall_json(plan: Plan) -> dict[str, Any]:
         return {}
     first = next(iter(plan.firewall.values()))
     return {"mode": first.mode, "allow": list(first.allow),
+            "targets": [list(t) for t in first.targets],
             "hosts": {host: {"table": s.table, "chain": s.chain, "ports": list(s.ports),
                              # only where a host admits others than the rest (none today)
                              **({} if s.allow is first.allow or s.allow == first.allow
@@ -225,4 +226,4 @@ def _own_part(seal: Seal, first: Seal) -> str:
     ports = ", ".join(str(p) for p in seal.ports)
     others = "" if seal.allow is first.allow or seal.allow == first.allow else (
         f", admitting {', '.join(seal.allow)} instead")
-    return f"table inet {seal.table}, tcp dport {{ {ports} }}{others}"
+    return f"table inet {seal.table}, set ports {{ {ports} }}{others}"

@@ -36,7 +36,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from ... import firewall
 from ...spec.allocation import read_allocation, why_stopped
 from ...spec.config import LoadedConfig, dump_config, effective_roles
 from ...spec.plan import Plan, PlanError, default_checkpoint_dir
@@ -52,6 +51,7 @@ from ..policy.recovery import HostInfo
 from ..record import events as ev
 from ..record import story
 from ..record.states import JobStatus, RunResult
+from . import fwreport
 from .reach import Connected, Reach
 from .supervisor import Supervisor
 
@@ -176,7 +176,7 @@ class Launch:
 
     def preflight(self, connected: Connected) -> tuple[list[str], list[str]]:
         """(refusals, notices) of the job's firewall on each host, from the hellos."""
-        return firewall.preflight(self.loaded.config.security.tf_ports, connected.hellos())
+        return fwreport.preflight(self.loaded.config.security.tf_ports, connected.hellos())
 
     def start(self, connected: Connected, screen: Screen,
               max_restarts: int | None = None, views: Sequence[View] = ()) -> Job:

@@ -32,7 +32,9 @@ OTHER_EVENTS = frozenset({"hello", "heartbeat", "log", "bye", "exec_result", "ag
                           # the memory tier's copies on other hosts (job/run/peerrelay.py
                           # checks them)
                           "memory_held", "peer_begin", "peer_chunk", "peer_end", "peer_ack",
-                          "peer_stored", "peer_done"})
+                          "peer_stored", "peer_done",
+                          # ports a host's tasks opened, sealed there: told the other hosts
+                          "ports_opened"})
 
 
 class BadMessage(ValueError):
@@ -220,10 +222,17 @@ def _log(message: dict, clean: dict) -> None:
         clean["notice"] = True
 
 
+def _ports_opened(message: dict, clean: dict) -> None:
+    ports = message.get("ports")
+    if not isinstance(ports, list) or not 0 < len(ports) <= 1024:
+        raise BadMessage("ports_opened: ports is not a list of 1 to 1024 ports")
+    clean["ports"] = [_int(p, "ports_opened: port", low=1, high=65535) for p in ports]
+
+
 _CHECKS = {"started": _started, "start_failed": _start_failed, "output": _output,
            "progress": _progress, "exited": _exited, "stacks": _stacks,
            "heartbeat": _heartbeat, "log": _log, "profile": _profile,
-           "profile_part": _profile_part}
+           "profile_part": _profile_part, "ports_opened": _ports_opened}
 
 
 def _int(value: Any, what: str, low: int, high: int = 2**63) -> int:

@@ -61,6 +61,7 @@ from ..record.states import (
     final_state,
 )
 from ..record.story import Beside
+from . import fwreport
 from .intake import Intake
 from .peerrelay import PeerRelay
 from .profiling import Profiler
@@ -120,6 +121,7 @@ class Supervisor:
         self._teardown = Teardown(links, recorder, clock, story.tell, story.happen)
         # The memory tier's copies on other hosts, relayed and placed (job/run/peerrelay.py).
         self._peers = PeerRelay(lambda: self._links, story.tell, clock)
+        self._opened: dict[str, set[int]] = {}  # ports each host's tasks opened (fwreport)
         self._watch = Watch(policy, links, clock, story.tell)
         self._waiter = HostWaiter(reconnect, links, story.tell, self._wait, self._stop_pending,
                                   clock, hosts=self._hosts, policy=policy)
@@ -286,10 +288,24 @@ class Supervisor:
             except BadMessage as exc:
                 self._refuse(raw, str(exc))
             else:
-                if not self._peers.consumed(message):  # the memory tier's copies
+                if message.event == "ports_opened":  # sealed there: and on the other hosts
+                    self._seal_ports(message)
+                elif not self._peers.consumed(message):  # the memory tier's copies
                     return message
             if self._clock() >= deadline:
                 return None
+
+    def _seal_ports(self, message: AgentMessage | None, to: str | None = None) -> None:
+        """Ports a host's tasks opened (sealed there): to the other hosts' agents;
+        or (no message: a new agent's hello) every host's so far, to host `to`."""
+        if message is not None:
+            self._opened.setdefault(message.host, set()).update(message.message["ports"])
+        sources = {message.host: message.message["ports"]} if message else self._opened
+        for opened, ports in list(sources.items()) if self.current is not None else []:
+            command = fwreport.seal_ports(self.current.plan, opened, sorted(ports))
+            for host, link in list(self._links.items()):
+                if command is not None and host != opened and to in (None, host):
+                    link.send(command)
 
     def _refuse(self, raw: AgentMessage, why: str) -> None:
         self._bad_messages += 1
@@ -485,7 +501,9 @@ class Supervisor:
 
     def _on_hello(self, host: str, hello: dict[str, Any]) -> None:
         """A new agent reaped what an earlier one of this job left on its host
-        (tasks that outlived a lost connection): say so, it explains a gap."""
+        (tasks that outlived a lost connection): say so, it explains a gap.
+        It learns the ports the other hosts' tasks opened."""
+        self._seal_ports(None, to=host)
         reaped = hello.get("reaped")
         if not isinstance(reaped, list) or not reaped:
             return
