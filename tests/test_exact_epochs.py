@@ -46,11 +46,11 @@ def twice_and_never(epochs: list[Counter]) -> tuple[int, int]:
     return twice, never
 
 
-def run_killed(jobs: list[Job], workdir: Path) -> tuple[Job, Path]:  # noqa: F811
+def run_killed(jobs: list[Job], workdir: Path, *cluster: str) -> tuple[Job, Path]:  # noqa: F811
     ids = workdir / "ids"
     ids.mkdir()
-    job = launch(jobs, ["--local", "2", "--max-restarts", "1", "--no-live", SCRIPT,
-                        str(workdir / "backup"), str(ids)], workdir)
+    job = launch(jobs, [*(cluster or ("--local", "2")), "--max-restarts", "1", "--no-live",
+                        SCRIPT, str(workdir / "backup"), str(ids)], workdir)
     return job, ids
 
 
@@ -77,3 +77,20 @@ def test_a_mid_epoch_resume_trains_every_sample_of_every_epoch_once(
         assert said == 0 and resumed["step"] == 12, resumed
     stream = "input is one stream over its epochs (a repeated dataset): 12 batches of it"
     assert job.output.count(stream) == (given == "repeated"), job.output[-3000:]
+
+
+def test_the_launchers_memory_interval_resumes_a_seeded_epoch_exactly(
+        workdir, jobs, monkeypatch):  # noqa: F811
+    # The script saves at epoch ends only; the launcher adds a save to memory
+    # every 3 steps (runtime/memcadence.py): killed after step 14, resumed at 12.
+    monkeypatch.setenv("KILL_AT_STEP", "14")
+    cluster = workdir / "two.yaml"
+    cluster.write_text("name: two\ntransport: local\nrestart: {backoff_s: 0}\n"
+                       "checkpoint: {memory: true, memory_interval: 3}\n"
+                       "hosts:\n" + "  - {address: 127.0.0.1}\n" * 2)
+    job, ids = run_killed(jobs, workdir, str(cluster))
+    assert job.finish(timeout=120) == 0, job.output[-3000:]
+    summary = read_summary(job.run_dir)
+    assert summary["resumed"][0]["step"] == 12, summary["resumed"]
+    epochs = trained_per_epoch(ids)
+    assert twice_and_never(epochs) == (0, 0), [sorted(e.items()) for e in epochs]

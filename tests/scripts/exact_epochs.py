@@ -2,16 +2,17 @@
 knows nothing of mgpu-launch. Records which sample ids each training step saw.
 
 argv: BACKUP_DIR IDS_DIR. The dataset yields 64 samples whose first feature
-is the sample's id (the model never sees it), shuffled each epoch: by
-`shuffle(64, seed=7, reshuffle_each_iteration=True)`, or with INPUT=generator
-by a Python generator (a new numpy permutation each epoch, whose position
-a restart cannot carry; `assert_cardinality` gives its length), or with
-INPUT=repeated by the seeded shuffle `repeat()`ed and `steps_per_epoch=8`
-(one stream over the epochs), 8 steps an
-epoch of a global batch of 8, 3 epochs, `BackupAndRestore(save_freq=SAVE_FREQ)`. Each worker appends
-`{"step": S, "ids": [...]}` per step to IDS_DIR/g<generation>-w<index>.jsonl
-(the ids its replica trained at the optimizer's step S). KILL_AT_STEP=S: in
-the first generation, worker 1 kills itself (SIGKILL) right after step S.
+is the sample's id (the model never sees it), 8 steps an epoch of a global
+batch of 8, 3 epochs, shuffled each epoch: by `shuffle(64, seed=7,
+reshuffle_each_iteration=True)`; with INPUT=repeated, that shuffle
+`repeat()`ed and `steps_per_epoch=8` (one stream over the epochs); with
+INPUT=generator, by a Python generator (a new numpy permutation each epoch,
+whose position a restart cannot carry; `assert_cardinality` gives its
+length). `BackupAndRestore(save_freq=SAVE_FREQ)` (default: epoch). Each
+worker appends `{"step": S, "ids": [...]}` per step to
+IDS_DIR/g<generation>-w<index>.jsonl (the ids its replica trained at the
+optimizer's step S). KILL_AT_STEP=S: in the first generation, worker 1 kills
+itself (SIGKILL) right after step S.
 """
 
 import json
@@ -84,7 +85,9 @@ class Record(keras.callbacks.Callback):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-backup = keras.callbacks.BackupAndRestore(sys.argv[1], save_freq=int(os.environ["SAVE_FREQ"]))
+save_freq = os.environ.get("SAVE_FREQ", "epoch")
+backup = keras.callbacks.BackupAndRestore(
+    sys.argv[1], save_freq=save_freq if save_freq == "epoch" else int(save_freq))
 steps = 8 if os.environ.get("INPUT") == "repeated" else None
 model.fit(dataset, epochs=3, steps_per_epoch=steps, verbose=0, callbacks=[backup, Record()])
 print("STEPS_DONE", int(model.optimizer.iterations.numpy()), flush=True)
