@@ -79,11 +79,14 @@ def test_a_mid_epoch_resume_trains_every_sample_of_every_epoch_once(
     assert job.output.count(stream) == (given == "repeated"), job.output[-3000:]
 
 
-def test_the_launchers_memory_interval_resumes_a_seeded_epoch_exactly(
-        workdir, jobs, monkeypatch):  # noqa: F811
+@pytest.mark.parametrize("given", ["seeded", "generator"])
+def test_the_launchers_memory_interval_never_makes_a_resume_less_exact(
+        workdir, jobs, monkeypatch, given):  # noqa: F811
     # The script saves at epoch ends only; the launcher adds a save to memory
-    # every 3 steps (runtime/memcadence.py): killed after step 14, resumed at 12.
+    # every 3 steps (runtime/memcadence.py): killed after step 14, resumed at
+    # 12; a generator's position cannot be carried: at its epoch's start (8).
     monkeypatch.setenv("KILL_AT_STEP", "14")
+    monkeypatch.setenv("INPUT", given)
     cluster = workdir / "two.yaml"
     cluster.write_text("name: two\ntransport: local\nrestart: {backoff_s: 0}\n"
                        "checkpoint: {memory: true, memory_interval: 3}\n"
@@ -91,6 +94,8 @@ def test_the_launchers_memory_interval_resumes_a_seeded_epoch_exactly(
     job, ids = run_killed(jobs, workdir, str(cluster))
     assert job.finish(timeout=120) == 0, job.output[-3000:]
     summary = read_summary(job.run_dir)
-    assert summary["resumed"][0]["step"] == 12, summary["resumed"]
+    assert summary["resumed"][0]["step"] == (8 if given == "generator" else 12), summary
+    said = "cannot continue there after a restart (reads a Python generator)" in job.output
+    assert said == (given == "generator"), job.output[-3000:]
     epochs = trained_per_epoch(ids)
     assert twice_and_never(epochs) == (0, 0), [sorted(e.items()) for e in epochs]

@@ -198,15 +198,17 @@ def _backup(original):
     """tf_keras' `BackupAndRestore._backup`: a mid-epoch save of an input
     that cannot be carried is not taken (said once); its epoch's end is."""
     def backup(self, epoch, batch=None, *args, **kwargs):
-        if batch is None:  # an epoch's end (save_freq="epoch")
+        if batch is None:  # an epoch's end (save_freq="epoch"): nothing owed
+            self._mgpu_owed = None
             return original(self, epoch, *args, **kwargs)
         steps = (getattr(self, "params", None) or {}).get("steps")
         reason = getattr(getattr(self, "model", None), "_mgpu_input", "")
         if reason and isinstance(steps, int) and batch < steps - 1:
-            _say_once(f"mgpu-launch: BackupAndRestore saves in the middle of an epoch, but "
-                      f"this fit's input cannot continue there after a restart ({reason}): "
-                      f"its saves are taken at epoch ends instead, and a restart trains "
-                      f"its epoch again from the start (nothing twice)")
+            _say_once(f"mgpu-launch: a save in the middle of an epoch (BackupAndRestore's "
+                      f"save_freq, the launcher's memory_interval) is not taken: this fit's "
+                      f"input cannot continue there after a restart ({reason}); saves are "
+                      f"taken at epoch ends instead, and a restart trains its epoch again "
+                      f"from the start (nothing twice)")
             self._mgpu_owed = epoch
             return None
         self._mgpu_owed = None
