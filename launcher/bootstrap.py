@@ -184,6 +184,7 @@ WATCHED: dict[str, tuple[str, ...]] = {
     "position": _KERAS_TF,
     "calls": ("tensorflow",),
     "sessions": ("tensorflow",),
+    "epochinput": ("tf_keras",),
 }
 _COLLECTIVE = WATCHED["guards"][2]  # guards.COLLECTIVE
 _KERAS_DISTRIBUTION = "keras_distribution"  # launcher.strategy's (its enum: not at every start)
@@ -269,6 +270,9 @@ def install_hooks() -> None:
         # Phase, epoch and a custom loop's distributed calls (workers out of step).
         _watch("position", when=several)
         _watch("calls", when=several)
+    # A resumed epoch's input continues where its save left it (tf_keras); last:
+    # its BackupAndRestore._backup wraps saves' (a save it does not take is no save).
+    _watch("epochinput")
 
 
 def main() -> None:

@@ -16,7 +16,8 @@ code: the extra saves are the script's own saver's, called between two steps:
   without a word between them.
 - A restore of such a save resumes in the middle of its epoch: tf_keras counts
   from it itself (its `_ckpt_saved_batch`; the runtime reads a mid-epoch save
-  as one, and drops the batches before it from the epoch's data); for Keras 3,
+  as one; runtime/epochinput.py continues the epoch's input there, or, for an
+  input it cannot carry, keeps the saves at epoch ends); for Keras 3,
   whose own restore knows the epoch only, the save's `training_metadata.json`
   also holds `mgpu_batches` (the batches of the epoch done) and the restored
   `fit` skips that many batches of its first epoch (read and dropped, not
@@ -229,27 +230,10 @@ def _resume_tf_keras(callback) -> None:
         epoch, batch = int(state._ckpt_saved_epoch.numpy()), int(state._ckpt_saved_batch.numpy())
         if str(mode) == "train" and isinstance(steps_per_epoch, int) and epoch >= 0 \
                 and 0 <= batch < steps_per_epoch - 1:
-            _skip["batches"] = batch + 1  # read and dropped by the epoch (_tf_keras_epochs)
             return epoch, batch + 1  # in the middle of its epoch: the next batch
         return original(steps_per_epoch, initial_epoch, mode)
 
     state.maybe_load_initial_counters_from_ckpt = load
-
-
-def _tf_keras_epochs(original):
-    """tf_keras' DataHandler: its own mid-epoch resume counts from the saved
-    batch but reads the epoch's data from its start; the batches trained
-    before the save are read and dropped first, as for Keras 3 (_enumerate)."""
-    def enumerate_epochs(self, *args, **kwargs):
-        for epoch, iterator in original(self, *args, **kwargs):
-            skip, _skip["batches"] = _skip["batches"], 0
-            try:
-                for _ in range(skip):
-                    next(iterator)
-            except StopIteration:
-                pass  # the data ran out: tf_keras' own check ends the epoch
-            yield epoch, iterator
-    return enumerate_epochs
 
 
 def on_keras(module: ModuleType) -> None:
@@ -262,8 +246,7 @@ def on_keras(module: ModuleType) -> None:
         _wrap(backup, name, make)
     if "_backup" in backup.__dict__:  # tf_keras
         _wrap(backup, "_implements_train_batch_hooks", _implements_batch_hooks)
-        _wrap(module.src.engine.data_adapter.DataHandler, "enumerate_epochs", _tf_keras_epochs)
-        return
+        return  # its first epoch's input: runtime/epochinput.py
     _wrap(backup, "_save_model", _keras_save)
     epoch_iterator = module.src.trainers.epoch_iterator.EpochIterator
     _wrap(epoch_iterator, "_enumerate_iterator", _enumerate)

@@ -1,0 +1,239 @@
+"""A resumed epoch's input continues where its save left it (tf_keras `fit`).
+
+tf_keras' `BackupAndRestore(save_freq=N)` (and the launcher's own
+`memory_interval` saves, runtime/memcadence.py) resume `fit` at the saved
+(epoch e, step k): the step counter is right, but the input restarts in the
+new process, so without help the epoch trains its first batches again and
+never its last ones, and a reshuffled dataset trains them in another order.
+Zero code, nothing inside a training step:
+
+- at a resume (`Model._maybe_load_initial_counters_from_ckpt` returned
+  (e, k)), the first epoch's iterator reads its first k batches and drops
+  them (not trained);
+- a dataset iterated anew each epoch (a finite `tf.data.Dataset`) draws its
+  shuffle order from a seed generator that advances once per iterator made in
+  the process: epoch e's order is the one of the (e - initial_epoch)-th
+  iterator after `fit`'s own first one. The resumed process makes (and drops)
+  that many iterators of the script's dataset first (lazy: no element is
+  read), so a seeded shuffle gives epoch e the very order it had
+  uninterrupted, and the k batches dropped are the ones trained before the
+  save. Correct for any seeded pipeline; cheap (e iterators made, k batches
+  read once per restart); nothing to save with the backup (an iterator's own
+  checkpoint would hold its shuffle buffer at every save);
+- one stream over the epochs (a repeated dataset with `steps_per_epoch`): the
+  epochs before the resumed one are read and dropped too (said: the price of
+  a resume there is reading the stream up to it);
+- an input whose position cannot be carried (a Python generator, a shuffle or
+  random op without a seed, a non-deterministic parallel map, arrays shuffled
+  by `fit`, a dataset function): its mid-epoch saves
+  are not taken, said once at the first one, and the epoch's end is saved
+  instead, so a restart trains the epoch again from its start and nothing
+  twice (the launcher's extra saves go the same way: `memory_interval` never
+  makes a script less exact than it was).
+
+Standard library only at import time; must not import the launcher side.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from types import ModuleType
+
+_MARK = "_mgpu_epoch_input"
+_resume: dict = {}  # the next `fit` epoch loop's: {"first": epoch, "epoch": e, "step": k}
+_said: set[str] = set()
+# Stateful random ops, whose draws restart with the process: not reproducible.
+_RANDOM = ("Random", "Stateful", "TruncatedNormal", "Multinomial", "NonDeterministicInts",
+           "RngSkip", "RngReadAndSkip")
+_FOREIGN = {"GeneratorDataset": "reads a Python generator",
+            "PyFunc": "calls Python (tf.numpy_function)",
+            "EagerPyFunc": "calls Python (tf.py_function)",
+            "PyFuncStateless": "calls Python (tf.numpy_function)"}
+
+
+def why_not(dataset) -> str:
+    """Why `dataset`'s position in an epoch cannot be carried to a new
+    process ("" when it can): walks the datasets and their functions."""
+    if not hasattr(dataset, "_inputs"):
+        return "it is not a tf.data dataset the launcher can follow"
+    options = dataset.options()
+    if options.deterministic is False:
+        return "its options allow a non-deterministic order (deterministic=False)"
+    seen: set[int] = set()
+    stack = [dataset]
+    while stack:
+        found = stack.pop()
+        if id(found) in seen:
+            continue
+        seen.add(id(found))
+        reason = _why_not_one(found)
+        if reason:
+            return reason
+        stack.extend(found._inputs())
+    return ""
+
+
+def _why_not_one(dataset) -> str:
+    if hasattr(dataset, "_reshuffle_each_iteration") and _unseeded(dataset):
+        return "its shuffle has no seed"
+    if getattr(dataset, "_deterministic", None) == "false":
+        return "a parallel map or interleave is non-deterministic (deterministic=False)"
+    for value in vars(dataset).values():
+        graph = getattr(getattr(value, "function", None), "graph", None)
+        for op in graph.get_operations() if graph is not None else ():
+            if op.type in _FOREIGN:
+                return _FOREIGN[op.type]
+            if op.type.startswith(("Shuffle", "RandomDataset")):
+                return "it shuffles inside a function (interleave, flat_map)"
+            if not op.type.startswith("Stateless") and any(r in op.type for r in _RANDOM):
+                return f"a random op without a stateless seed ({op.type}) reads its data"
+    return ""
+
+
+def _unseeded(dataset) -> bool:
+    try:
+        return int(dataset._seed) == 0 and int(dataset._seed2) == 0
+    except (TypeError, ValueError):  # symbolic seeds: cannot be read here
+        return True
+
+
+def _say_once(message: str) -> None:
+    """Once per process, by the chief only (every worker would say the same)."""
+    from launcher import runtime
+
+    if message not in _said:
+        _said.add(message)
+        if runtime.is_chief():
+            print(message, file=sys.stderr, flush=True)
+
+
+def _wrap(cls: type, name: str, make) -> None:
+    original = getattr(cls, name, None)
+    if original is None or getattr(original, _MARK, False):
+        return
+    wrapper = functools.wraps(original)(make(original))
+    setattr(wrapper, _MARK, True)
+    setattr(cls, name, wrapper)
+
+
+# --- the resume: where `fit` continues --------------------------------------
+
+def _counters(original):
+    """`fit` asks where to start (after BackupAndRestore restored): kept for
+    its epoch loop, which comes next."""
+    def load(self, steps_per_epoch, initial_epoch, *args, **kwargs):
+        epoch, step = original(self, steps_per_epoch, initial_epoch, *args, **kwargs)
+        _resume.clear()
+        _resume.update(first=int(initial_epoch), epoch=int(epoch), step=int(step), model=self)
+        return epoch, step
+    return load
+
+
+def _verdict(handler) -> str:
+    """Why this `fit`'s input cannot be carried ("" when it can)."""
+    try:
+        return why_not(handler._adapter.get_dataset())
+    except Exception as exc:  # noqa: BLE001 - an input of a shape not known here
+        return f"the launcher cannot follow it ({type(exc).__name__})"
+
+
+def _skip(handler, plan: dict, carried: bool) -> int:
+    """The batches of the resumed epoch's iterator trained before the save;
+    a dataset iterated anew each epoch first replays the iterators made
+    before that epoch's (its seed generator's draws)."""
+    step, epochs = plan.get("step", 0), max(0, plan.get("epoch", 0) - plan.get("first", 0))
+    adapter = handler._adapter
+    if not carried or type(adapter).__name__ == "TensorLikeDataAdapter":
+        return step  # arrays: every epoch one pass, alike unless fit shuffles them
+    if adapter.should_recreate_iterator():
+        dataset = adapter.get_dataset()
+        for _ in range(epochs):
+            iter(dataset)  # made and dropped: the seed generator advances (no read)
+        return step
+    # One stream over the epochs (a repeated dataset, steps_per_epoch): the
+    # epochs before the resumed one were read from it too.
+    steps = handler._inferred_steps
+    if not isinstance(steps, int) or not epochs:
+        return step
+    _say_once(f"mgpu-launch: this fit's input is one stream over its epochs (a repeated "
+              f"dataset): {epochs * steps + step} batches of it are read and dropped to "
+              f"continue where the save left it")
+    return epochs * steps + step
+
+
+def _epochs(original):
+    """DataHandler's epochs: the resumed first epoch's input continues where
+    the save left it (its batches trained before the save read and dropped)."""
+    def enumerate_epochs(self, *args, **kwargs):
+        plan = dict(_resume)
+        _resume.clear()  # only `fit`'s loop (evaluate's handlers come later)
+        model = plan.pop("model", None)
+        skip = 0
+        if model is not None:
+            model._mgpu_input = _verdict(self)
+            skip = _skip(self, plan, not model._mgpu_input)
+        for epoch, iterator in original(self, *args, **kwargs):
+            _drop(iterator, skip)
+            skip = 0
+            yield epoch, iterator
+    return enumerate_epochs
+
+
+def _drop(iterator, batches: int) -> None:
+    """Read `batches` batches and drop them (trained before the save)."""
+    try:
+        for _ in range(batches):
+            next(iterator)
+    except StopIteration:
+        pass  # the data ran out: tf_keras' own check ends the epoch
+    except Exception as exc:
+        if type(exc).__name__ != "OutOfRangeError":
+            raise
+
+
+# --- the saves: mid-epoch only where the position can be carried ------------
+
+def _backup(original):
+    """tf_keras' `BackupAndRestore._backup`: a mid-epoch save of an input
+    that cannot be carried is not taken (said once); its epoch's end is."""
+    def backup(self, epoch, batch=None, *args, **kwargs):
+        if batch is None:  # an epoch's end (save_freq="epoch"): nothing owed
+            self._mgpu_owed = None
+            return original(self, epoch, *args, **kwargs)
+        steps = (getattr(self, "params", None) or {}).get("steps")
+        reason = getattr(getattr(self, "model", None), "_mgpu_input", "")
+        if reason and isinstance(steps, int) and batch < steps - 1:
+            _say_once(f"mgpu-launch: a save in the middle of an epoch (BackupAndRestore's "
+                      f"save_freq, the launcher's memory_interval) is not taken: this fit's "
+                      f"input cannot continue there after a restart ({reason}); saves are "
+                      f"taken at epoch ends instead, and a restart trains its epoch again "
+                      f"from the start (nothing twice)")
+            self._mgpu_owed = epoch
+            return None
+        self._mgpu_owed = None
+        return original(self, epoch, batch, *args, **kwargs)
+    return backup
+
+
+def _epoch_end(original):
+    def end(self, epoch, *args, **kwargs):
+        result = original(self, epoch, *args, **kwargs)
+        steps = (getattr(self, "params", None) or {}).get("steps")
+        if getattr(self, "_mgpu_owed", None) == epoch and isinstance(steps, int):
+            self._backup(epoch=epoch, batch=steps - 1)  # resumes at the next epoch
+        return result
+    return end
+
+
+def on_tf_keras(module: ModuleType) -> None:
+    engine = module.src.engine
+    _wrap(engine.training.Model, "_maybe_load_initial_counters_from_ckpt", _counters)
+    _wrap(engine.data_adapter.DataHandler, "enumerate_epochs", _epochs)
+    backup = getattr(module.callbacks, "BackupAndRestore", None)
+    if backup is not None and "_backup" in backup.__dict__:
+        _wrap(backup, "_backup", _backup)
+        _wrap(backup, "on_epoch_end", _epoch_end)
+
+
+HOOKS = {"tf_keras": on_tf_keras}
