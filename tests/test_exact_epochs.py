@@ -3,8 +3,15 @@ in the middle of an epoch (launcher/runtime/epochinput.py), counted as a
 user would: from the ids each training step saw, taking for each step the
 last generation that trained it (a step trained again after a restart was
 rolled back with the save it came after). Two workers, tf_keras `fit`, a
-reshuffled dataset, `BackupAndRestore(save_freq=3)`, a kill -9 of worker 1
-in the middle of epoch 1.
+kill -9 of worker 1 in the middle of epoch 1, four shapes of the script at
+once (their jobs side by side, ~2 jobs' time on two cores, not four):
+
+- its own `BackupAndRestore(save_freq=3)` over a seeded reshuffled dataset,
+  and over a Python generator (its position cannot be carried: the epoch
+  again from its start, said);
+- epoch saves only, with the launcher's `memory_interval: 3` (its saves to
+  memory), over the seeded dataset `repeat()`ed with `steps_per_epoch` (one
+  stream over the epochs), and over the generator.
 """
 
 from __future__ import annotations
@@ -46,56 +53,50 @@ def twice_and_never(epochs: list[Counter]) -> tuple[int, int]:
     return twice, never
 
 
-def run_killed(jobs: list[Job], workdir: Path, *cluster: str) -> tuple[Job, Path]:  # noqa: F811
-    ids = workdir / "ids"
-    ids.mkdir()
-    job = launch(jobs, [*(cluster or ("--local", "2")), "--max-restarts", "1", "--no-live",
-                        SCRIPT, str(workdir / "backup"), str(ids)], workdir)
-    return job, ids
+MEMORY_CLUSTER = ("name: two\ntransport: local\nrestart: {backoff_s: 0}\n"
+                  "checkpoint: {memory: true, memory_interval: 3}\n"
+                  "hosts:\n" + "  - {address: 127.0.0.1}\n" * 2)
+CANNOT = "cannot continue there after a restart (reads a Python generator)"
+STREAM = "input is one stream over its epochs (a repeated dataset): 12 batches of it"
+# Saves after steps 3, 6, 9, 12 (its own save_freq, or the launcher's to
+# memory): killed after step 14, in the middle of epoch 1 (steps 9-16), so the
+# newest save is in the middle of it too. (input, save_freq or memory,
+# the step it resumes at, whether CANNOT is said: once a generation)
+SHAPES = {
+    "seeded": ("seeded", "save_freq", 12, False),
+    "generator": ("generator", "save_freq", STEPS, True),
+    "repeated": ("repeated", "memory", 12, False),
+    "memory_generator": ("generator", "memory", STEPS, True),
+}
 
 
-@pytest.mark.parametrize("given", ["seeded", "repeated", "generator"])
 def test_a_mid_epoch_resume_trains_every_sample_of_every_epoch_once(
-        workdir, jobs, monkeypatch, given):  # noqa: F811
-    # Saves after steps 3, 6, 9, 12: killed after step 14, in the middle of
-    # epoch 1 (steps 9-16), so the newest save is in the middle of it too.
-    monkeypatch.setenv("SAVE_FREQ", "3")
+        workdir, jobs, monkeypatch):  # noqa: F811
     monkeypatch.setenv("KILL_AT_STEP", "14")
-    monkeypatch.setenv("INPUT", given)
-    job, ids = run_killed(jobs, workdir)
-    assert job.finish(timeout=120) == 0, job.output[-3000:]
-    summary = read_summary(job.run_dir)
-    assert summary["status"] == "succeeded" and summary["restarts"] == 1, summary
-    epochs = trained_per_epoch(ids)
-    assert twice_and_never(epochs) == (0, 0), [sorted(e.items()) for e in epochs]
-    assert all(set(epoch) == set(range(SAMPLES)) for epoch in epochs)
-    resumed = summary["resumed"][0]
-    said = job.output.count("cannot continue there after a restart (reads a Python generator)")
-    if given == "generator":  # its epoch again from the start: resumed at its first step
-        assert said == 2 and resumed["step"] == STEPS, (resumed, job.output[-3000:])
-    else:  # in the middle of the epoch, where the newest save left it
-        assert said == 0 and resumed["step"] == 12, resumed
-    stream = "input is one stream over its epochs (a repeated dataset): 12 batches of it"
-    assert job.output.count(stream) == (given == "repeated"), job.output[-3000:]
-
-
-@pytest.mark.parametrize("given", ["seeded", "generator"])
-def test_the_launchers_memory_interval_never_makes_a_resume_less_exact(
-        workdir, jobs, monkeypatch, given):  # noqa: F811
-    # The script saves at epoch ends only; the launcher adds a save to memory
-    # every 3 steps (runtime/memcadence.py): killed after step 14, resumed at
-    # 12; a generator's position cannot be carried: at its epoch's start (8).
-    monkeypatch.setenv("KILL_AT_STEP", "14")
-    monkeypatch.setenv("INPUT", given)
-    cluster = workdir / "two.yaml"
-    cluster.write_text("name: two\ntransport: local\nrestart: {backoff_s: 0}\n"
-                       "checkpoint: {memory: true, memory_interval: 3}\n"
-                       "hosts:\n" + "  - {address: 127.0.0.1}\n" * 2)
-    job, ids = run_killed(jobs, workdir, str(cluster))
-    assert job.finish(timeout=120) == 0, job.output[-3000:]
-    summary = read_summary(job.run_dir)
-    assert summary["resumed"][0]["step"] == (8 if given == "generator" else 12), summary
-    said = "cannot continue there after a restart (reads a Python generator)" in job.output
-    assert said == (given == "generator"), job.output[-3000:]
-    epochs = trained_per_epoch(ids)
-    assert twice_and_never(epochs) == (0, 0), [sorted(e.items()) for e in epochs]
+    started: dict[str, tuple[Job, Path]] = {}
+    for name, (given, saves, *_expected) in SHAPES.items():
+        folder = workdir / name
+        (folder / "ids").mkdir(parents=True)
+        monkeypatch.setenv("INPUT", given)  # read as each job starts
+        if saves == "save_freq":
+            monkeypatch.setenv("SAVE_FREQ", "3")
+            cluster = ["--local", "2"]
+        else:
+            monkeypatch.delenv("SAVE_FREQ", raising=False)
+            (folder / "two.yaml").write_text(MEMORY_CLUSTER)
+            cluster = [str(folder / "two.yaml")]
+        started[name] = (launch(jobs, [*cluster, "--max-restarts", "1", "--no-live", SCRIPT,
+                                       str(folder / "backup"), str(folder / "ids")], folder),
+                         folder / "ids")
+    for name, (job, ids) in started.items():
+        _given, _saves, resume, said = SHAPES[name]
+        assert job.finish(timeout=240) == 0, (name, job.output[-3000:])
+        summary = read_summary(job.run_dir)
+        assert summary["status"] == "succeeded" and summary["restarts"] == 1, (name, summary)
+        epochs = trained_per_epoch(ids)
+        assert twice_and_never(epochs) == (0, 0), (name, [sorted(e.items()) for e in epochs])
+        assert all(set(epoch) == set(range(SAMPLES)) for epoch in epochs), name
+        assert summary["resumed"][0]["step"] == resume, (name, summary["resumed"])
+        assert (job.output.count(CANNOT) in (1, 2)) if said else CANNOT not in job.output, \
+            (name, job.output[-3000:])
+        assert (STREAM in job.output) == (name == "repeated"), (name, job.output[-3000:])
