@@ -16,7 +16,17 @@ those). A post-import hook on `tensorflow`:
   `run`, at most once every `MGPU_STEPS_EVERY_S` seconds (default 2; 0: off),
   never a `run` of its own but one at the session's end (the last steps), and
   reports it as the step counter does (`counted`). A script that reports its
-  own steps wins, as there.
+  own steps wins, as there;
+- wraps `BaseSession.run` for the plain loop (`sess.run(train_op)` with no
+  `MonitoredSession`, the global step from `get_or_create_global_step()`):
+  after a run returns, when the same period is due (one schedule for the hook
+  and every session: a `MonitoredSession`'s own runs find it just taken), the
+  graph's global step is read with one `run` of its own (3 s at most), and
+  once more as the session closes. A graph with no global step reports
+  nothing (no guessed step); a read that fails (not initialized yet) is
+  dropped until the next period. The script's own fetches are never changed:
+  a fetch added to its `run` could fail it (an init run, before the global
+  step exists on the ps).
 
 Standard library only at import time; TensorFlow is reached through the modules
 its import loaded. Must not import the launcher side.
@@ -31,6 +41,9 @@ from types import ModuleType
 _MARK = "_mgpu_forms_sessions"
 _STEP_MARK = "_mgpu_counts_global_steps"
 _last_reported: int | None = None
+_due = 0.0  # monotonic time of the next read, for the hook and every session
+_READ_TIMEOUT_MS = 3000
+_READ_MARK = "_mgpu_read_global_step"  # on a session whose global step was read
 
 
 def _report(record: dict) -> None:
@@ -63,6 +76,16 @@ def report_global_step(step: int | None) -> None:
     _report({"step": int(step), "time": time.time(), "counted": 1})
 
 
+def _due_now(period_s: float) -> bool:
+    """Is a read due (then the next is `period_s` from now)?"""
+    global _due
+    now = time.monotonic()
+    if now < _due:
+        return False
+    _due = now + period_s
+    return True
+
+
 def _step_hook(hook_base: type, run_args: type, training_util: ModuleType, period_s: float):
     """A SessionRunHook class (of the script's TensorFlow) that fetches the
     global step with the script's `run` at most once every `period_s`."""
@@ -70,13 +93,10 @@ def _step_hook(hook_base: type, run_args: type, training_util: ModuleType, perio
     class GlobalStep(hook_base):
         def begin(self):
             self._tensor = training_util.get_global_step()
-            self._due = 0.0
 
         def before_run(self, run_context):
-            now = time.monotonic()
-            if self._tensor is None or now < self._due:
+            if self._tensor is None or not _due_now(period_s):
                 return None
-            self._due = now + period_s
             return run_args(self._tensor)
 
         def after_run(self, run_context, run_values):
@@ -101,6 +121,42 @@ def _with_hook(original, make_hook):
     return init
 
 
+def _read(session, run, training_util: ModuleType, options) -> None:
+    """Read `session`'s global step with the unwrapped `run`; report it."""
+    try:
+        tensor = training_util.get_global_step(session.graph)
+        if tensor is None:
+            return
+        step = int(run(session, tensor, options=options))
+    except Exception:  # noqa: BLE001 - not initialized, closed, unreachable: no report
+        return
+    setattr(session, _READ_MARK, True)
+    report_global_step(step)
+
+
+def _reading(unwrapped, training_util: ModuleType, options, period_s: float):
+    """`BaseSession.run` and `close` wrappers: the global step read when due
+    (with `unwrapped`, the original `run`)."""
+    def wrap_run(original):
+        def run(self, *args, **kwargs):
+            result = original(self, *args, **kwargs)
+            if time.monotonic() >= _due and _due_now(period_s):
+                _read(self, original, training_util, options)
+            return result
+
+        return run
+
+    def wrap_close(original):
+        def close(self, *args, **kwargs):
+            if getattr(self, _READ_MARK, False):  # the last steps, once
+                _read(self, unwrapped, training_util, options)
+            return original(self, *args, **kwargs)
+
+        return close
+
+    return wrap_run, wrap_close
+
+
 def on_tensorflow(module: ModuleType) -> None:
     from . import hooks, steps
 
@@ -117,6 +173,15 @@ def on_tensorflow(module: ModuleType) -> None:
     hook = _step_hook(run_hook.SessionRunHook, run_hook.SessionRunArgs, training_util, period_s)
     hooks.wrap_method(monitored._MonitoredSession, "__init__",
                       lambda original: _with_hook(original, hook), _STEP_MARK)
+    client = sys.modules.get("tensorflow.python.client.session")
+    config = sys.modules.get("tensorflow.core.protobuf.config_pb2")
+    if client is None or config is None:
+        return
+    options = config.RunOptions(timeout_in_ms=_READ_TIMEOUT_MS)
+    wrap_run, wrap_close = _reading(client.BaseSession.__dict__.get("run"), training_util,
+                                    options, period_s)
+    hooks.wrap_method(client.BaseSession, "run", wrap_run, _STEP_MARK)
+    hooks.wrap_method(client.BaseSession, "close", wrap_close, _STEP_MARK)
 
 
 HOOKS = {"tensorflow": on_tensorflow}
