@@ -1,17 +1,24 @@
 """TF1 graph-mode sessions with no MonitoredSession, in a real task process as
 the agent starts it (launcher/runtime/sessions.py, saves.py, restores.py): a
 plain `Session.run(train_op)` loop's global step counted, its `Saver`'s saves
-and restores reported; with no global step, its resume point said as unknown."""
+and restores reported; with no global step, its resume point said as unknown;
+a `Saver.save` that did not complete (cut off, a full or read-only disk)
+never told as a save (in this process, real TF1 Savers)."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 from pathlib import Path
+
+import pytest
 
 from launcher.runtime.restores import NO_GLOBAL_STEP
 from tests.test_runtime_restores import run_script
 
 
-def test_a_plain_session_run_loop_reports_its_global_step_and_saves(tmp_path: Path):
+def test_a_plain_session_run_loop_reports_its_global_step_saves_and_resume(tmp_path: Path):
     ckpt = str(tmp_path / "ckpt")
     first, output = run_script(tmp_path, ["tf1_plain_loop.py", ckpt, "40"], 0,
                                MGPU_STEPS_EVERY_S="0.05")
@@ -21,6 +28,17 @@ def test_a_plain_session_run_loop_reports_its_global_step_and_saves(tmp_path: Pa
     counted = [r["step"] for r in first if r.get("counted")]
     assert counted == sorted(counted) and counted[-1] == 40, first  # the last, as it closed
     assert [step for step in counted if step % 10], counted  # between saves, not at them only
+    # The last save torn (two savers of the directory wrote its step, or a write
+    # cut short): Saver.restore passes it over for the one before.
+    data = tmp_path / "ckpt" / "model.ckpt-40.data-00000-of-00001"
+    data.write_bytes(data.read_bytes()[:-8])
+    again, output = run_script(tmp_path, ["tf1_plain_loop.py", ckpt, "50"], 1,
+                               MGPU_STEPS_EVERY_S="0.05")
+    assert "TRAINED 50" in output, output[-3000:]
+    [passed] = [r for r in again if "passed_over" in r]
+    assert passed["passed_over"].endswith("model.ckpt-40") and "torn" in \
+        passed["passed_over_why"], passed
+    assert [(r["resumed"], r["resumed_dir"]) for r in again if "resumed" in r] == [(30, ckpt)]
 
 
 def test_a_restore_with_no_global_step_nor_step_in_its_name_is_said_unknown(tmp_path: Path):
@@ -33,3 +51,82 @@ def test_a_restore_with_no_global_step_nor_step_in_its_name_is_said_unknown(tmp_
     [unknown] = [r for r in again if "resumed_unknown" in r]
     assert (unknown["resumed_unknown"], unknown["resumed_dir"]) == (NO_GLOBAL_STEP, ckpt)
     assert not [r for r in again if "resumed" in r], again  # never a guessed step
+
+
+@pytest.fixture
+def mounted(tmp_path: Path):
+    """mount(name, options): a small tmpfs under tmp_path (needs root), unmounted after."""
+    points: list[Path] = []
+
+    def mount(name: str, options: str) -> Path:
+        point = tmp_path / name
+        point.mkdir()
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(point)],
+                              capture_output=True, check=False)
+        if done.returncode:
+            pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+        points.append(point)
+        return point
+
+    yield mount
+    for point in points:
+        subprocess.run(["umount", str(point)], check=False)
+
+
+def test_a_tf1_saver_save_is_reported_once_written_at_a_step_it_holds(
+        monkeypatch, tmp_path: Path, mounted):
+    """Issue 57 item 3, with real TF1 Savers in graph mode: a save is told with
+    the global step read before it wrote (the other workers move the shared
+    step while it writes); one cut off halfway, one on a full disk, one on a
+    read-only disk, one with nothing to save: none is told as a save."""
+    import tensorflow as tf
+
+    from launcher.runtime import saves
+
+    read_fd, write_fd = os.pipe()
+    monkeypatch.setenv("MGPU_PROGRESS_FD", str(write_fd))
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    graph = tf.Graph()
+    with graph.as_default():
+        step = tf.compat.v1.train.get_or_create_global_step()
+        tf.compat.v1.get_variable("weight", (64, 64))
+        bump = step.assign_add(1)
+
+        class PeersTrainOn(tf.compat.v1.train.Saver):
+            def save(self, sess, save_path, global_step=None, **kwargs):
+                written = super().save(sess, save_path, global_step, **kwargs)
+                sess.run(bump)  # another worker's step, as this one returns
+                return written
+
+        class CutOff(tf.compat.v1.train.Saver):
+            def save(self, sess, save_path, global_step=None, **kwargs):
+                Path(save_path + ".data-00000-of-00001").write_bytes(b"half")
+                raise SystemExit(143)  # SIGTERM's handler, halfway through a write
+
+        for cls in (PeersTrainOn, CutOff):
+            saves.timed(cls, "save", saves._saver_dir, step=saves._saver_step,
+                        first=saves._saver_before)
+        saver, cut, empty = PeersTrainOn(), CutOff(), PeersTrainOn(var_list=[], allow_empty=True)
+        full, read_only = mounted("full", "size=64k"), mounted("ro", "size=64k")
+        (full / "filler").write_bytes(b"\0" * (64 * 1024))
+        subprocess.run(["mount", "-o", "remount,ro", str(read_only)], check=True)
+        good = tmp_path / "good"
+        with tf.compat.v1.Session(graph=graph) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(step.assign(5))
+            assert saver.save(sess, str(good / "model.ckpt")) == str(good / "model.ckpt")
+            assert saver.save(sess, str(good / "model.ckpt"), global_step=step).endswith("-6")
+            for place in (full, read_only):
+                with pytest.raises(Exception):  # noqa: B017, PT011 - TF's own error kinds
+                    saver.save(sess, str(place / "model.ckpt"), global_step=step)
+            with pytest.raises(SystemExit):
+                cut.save(sess, str(good / "cut.ckpt"))
+            assert empty.save(sess, str(good / "empty.ckpt")) is None
+    os.close(write_fd)
+    with os.fdopen(read_fd) as channel:
+        records = [json.loads(line) for line in channel]
+    saved = [(r["saved"], r["saved_dir"]) for r in records if "saved" in r]
+    assert saved == [(5, str(good)), (6, str(good))], records
+    # What was told is held: the first save holds step 5, not the 6 read after it.
+    assert tf.train.load_variable(str(good / "model.ckpt"), "global_step") == 5
+    assert tf.train.load_variable(str(good / "model.ckpt-6"), "global_step") == 6
