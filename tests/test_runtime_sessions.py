@@ -130,3 +130,69 @@ def test_a_tf1_saver_save_is_reported_once_written_at_a_step_it_holds(
     # What was told is held: the first save holds step 5, not the 6 read after it.
     assert tf.train.load_variable(str(good / "model.ckpt"), "global_step") == 5
     assert tf.train.load_variable(str(good / "model.ckpt-6"), "global_step") == 6
+
+
+def test_a_plain_sessions_global_step_is_read_when_due_and_a_slow_failure_backs_off(
+        monkeypatch):
+    """The `BaseSession.run` wrapper, with fakes: one read per period whatever
+    the runs, one as the session closes, none without a global step; a read
+    that failed slowly (a ps out of reach) is not tried again for a minute."""
+    from launcher.runtime import sessions
+
+    clock = [100.0]
+    monkeypatch.setattr(sessions.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(sessions, "_due", 0.0)
+    monkeypatch.setattr(sessions, "_last_reported", None)
+    told: list[int] = []
+    monkeypatch.setattr(sessions, "report_global_step", told.append)
+
+    class Util:
+        tensor: object = "global_step"
+
+        @classmethod
+        def get_global_step(cls, graph):
+            return cls.tensor
+
+    class Session:
+        graph, value, reads, fail_s = object(), 0, 0, None
+
+        def run(self, fetches, options=None):
+            if fetches == "global_step":
+                self.reads += 1
+                if self.fail_s is not None:
+                    clock[0] += self.fail_s
+                    raise RuntimeError("unreachable")
+                return self.value
+            self.value += 1
+            return "trained"
+
+        def close(self):
+            pass
+
+    wrap_run, wrap_close = sessions._reading(Session.run, Util, None, 2.0)
+    run, close = wrap_run(Session.run), wrap_close(Session.close)
+    session = Session()
+    for _ in range(5):  # five steps within one period: one read, after the first
+        assert run(session, "train_op") == "trained"
+        clock[0] += 0.1
+    clock[0] += 2.0
+    run(session, "train_op")
+    assert (told, session.reads) == ([1, 6], 2)
+    run(session, "train_op")
+    close(session)  # the last steps, as it closes
+    assert told == [1, 6, 7] and session.reads == 3
+    session.fail_s = 3.0  # the ps out of reach: the read costs its timeout
+    clock[0] += 2.0
+    run(session, "train_op")
+    for _ in range(30):
+        clock[0] += 1.9
+        run(session, "train_op")
+    assert session.reads == 4  # 57 s later, not tried again
+    clock[0] += 10.0
+    run(session, "train_op")
+    assert session.reads == 5
+    Util.tensor, other = None, Session()  # a graph with no global step: nothing read
+    clock[0] += 100.0
+    run(other, "train_op")
+    close(other)
+    assert other.reads == 0 and told == [1, 6, 7]

@@ -24,7 +24,8 @@ those). A post-import hook on `tensorflow`:
   graph's global step is read with one `run` of its own (3 s at most), and
   once more as the session closes. A graph with no global step reports
   nothing (no guessed step); a read that fails (not initialized yet) is
-  dropped until the next period. The script's own fetches are never changed:
+  dropped until the next period, a minute when it failed slowly (a ps out of
+  reach: the read must not slow the script). The script's own fetches are never changed:
   a fetch added to its `run` could fail it (an init run, before the global
   step exists on the ps).
 
@@ -43,6 +44,7 @@ _STEP_MARK = "_mgpu_counts_global_steps"
 _last_reported: int | None = None
 _due = 0.0  # monotonic time of the next read, for the hook and every session
 _READ_TIMEOUT_MS = 3000
+_SLOW_READ_S, _SLOW_BACKOFF_S = 1.0, 60.0  # a read that failed slowly: the next in a minute
 _READ_MARK = "_mgpu_read_global_step"  # on a session whose global step was read
 
 
@@ -123,12 +125,16 @@ def _with_hook(original, make_hook):
 
 def _read(session, run, training_util: ModuleType, options) -> None:
     """Read `session`'s global step with the unwrapped `run`; report it."""
+    global _due
+    began = time.monotonic()
     try:
         tensor = training_util.get_global_step(session.graph)
         if tensor is None:
             return
         step = int(run(session, tensor, options=options))
     except Exception:  # noqa: BLE001 - not initialized, closed, unreachable: no report
+        if time.monotonic() - began > _SLOW_READ_S:  # it cost the script: seldom
+            _due = time.monotonic() + _SLOW_BACKOFF_S
         return
     setattr(session, _READ_MARK, True)
     report_global_step(step)
