@@ -135,8 +135,9 @@ def test_a_tf1_saver_save_is_reported_once_written_at_a_step_it_holds(
 def test_a_plain_sessions_global_step_is_read_when_due_and_a_slow_failure_backs_off(
         monkeypatch):
     """The `BaseSession.run` wrapper, with fakes: one read per period whatever
-    the runs, one as the session closes, none without a global step; a read
-    that failed slowly (a ps out of reach) is not tried again for a minute."""
+    the runs, one as the session closes, none without a global step nor before
+    it is initialized (a failed read is logged by TF); a read that failed
+    slowly (a ps out of reach) is not tried again for a minute."""
     from launcher.runtime import sessions
 
     clock = [100.0]
@@ -146,18 +147,24 @@ def test_a_plain_sessions_global_step_is_read_when_due_and_a_slow_failure_backs_
     told: list[int] = []
     monkeypatch.setattr(sessions, "report_global_step", told.append)
 
+    class GlobalStep:
+        _is_initialized_op = "initialized?"
+
     class Util:
-        tensor: object = "global_step"
+        tensor: object = GlobalStep()
 
         @classmethod
         def get_global_step(cls, graph):
             return cls.tensor
 
     class Session:
-        graph, value, reads, fail_s = object(), 0, 0, None
+        graph, value, reads, fail_s, ready, asked = object(), 0, 0, None, False, 0
 
         def run(self, fetches, options=None):
-            if fetches == "global_step":
+            if fetches == "initialized?":
+                self.asked += 1
+                return self.ready
+            if fetches is Util.tensor:
                 self.reads += 1
                 if self.fail_s is not None:
                     clock[0] += self.fail_s
@@ -172,12 +179,16 @@ def test_a_plain_sessions_global_step_is_read_when_due_and_a_slow_failure_backs_
     wrap_run, wrap_close = sessions._reading(Session.run, Util, None, 2.0)
     run, close = wrap_run(Session.run), wrap_close(Session.close)
     session = Session()
+    run(session, "init_op")  # not initialized yet: asked, not read
+    assert (session.asked, session.reads, told) == (1, 0, [])
+    session.ready, session.value = True, 0
+    clock[0] += 2.0
     for _ in range(5):  # five steps within one period: one read, after the first
         assert run(session, "train_op") == "trained"
         clock[0] += 0.1
     clock[0] += 2.0
     run(session, "train_op")
-    assert (told, session.reads) == ([1, 6], 2)
+    assert (told, session.reads, session.asked) == ([1, 6], 2, 2)  # asked until read
     run(session, "train_op")
     close(session)  # the last steps, as it closes
     assert told == [1, 6, 7] and session.reads == 3

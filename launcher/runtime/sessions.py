@@ -23,8 +23,10 @@ those). A post-import hook on `tensorflow`:
   and every session: a `MonitoredSession`'s own runs find it just taken), the
   graph's global step is read with one `run` of its own (3 s at most), and
   once more as the session closes. A graph with no global step reports
-  nothing (no guessed step); a read that fails (not initialized yet) is
-  dropped until the next period, a minute when it failed slowly (a ps out of
+  nothing (no guessed step); one not initialized yet (a worker waiting for
+  the chief's init) is not read (asked first, until a read succeeded: a read
+  that fails is logged by TensorFlow); a read that fails is dropped until the
+  next period, a minute when it failed slowly (a ps out of
   reach: the read must not slow the script). The script's own fetches are never changed:
   a fetch added to its `run` could fail it (an init run, before the global
   step exists on the ps).
@@ -129,7 +131,7 @@ def _read(session, run, training_util: ModuleType, options) -> None:
     began = time.monotonic()
     try:
         tensor = training_util.get_global_step(session.graph)
-        if tensor is None:
+        if tensor is None or not _initialized(session, run, tensor, options):
             return
         step = int(run(session, tensor, options=options))
     except Exception:  # noqa: BLE001 - not initialized, closed, unreachable: no report
@@ -138,6 +140,16 @@ def _read(session, run, training_util: ModuleType, options) -> None:
         return
     setattr(session, _READ_MARK, True)
     report_global_step(step)
+
+
+def _initialized(session, run, tensor, options) -> bool:
+    """Is the global step initialized (asked until a read succeeded)? A read of
+    one that is not fails, and TensorFlow logs it on the ps and the worker
+    (`Could not find variable global_step`): a worker waiting for the chief's
+    init would print them at each start. A ResourceVariable's own check op."""
+    check = getattr(tensor, "_is_initialized_op", None)
+    return getattr(session, _READ_MARK, False) or check is None \
+        or bool(run(session, check, options=options))
 
 
 def _reading(unwrapped, training_util: ModuleType, options, period_s: float):
