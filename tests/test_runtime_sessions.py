@@ -28,17 +28,22 @@ def test_a_plain_session_run_loop_reports_its_global_step_saves_and_resume(tmp_p
     counted = [r["step"] for r in first if r.get("counted")]
     assert counted == sorted(counted) and counted[-1] == 40, first  # the last, as it closed
     assert [step for step in counted if step % 10], counted  # between saves, not at them only
-    # The last save torn (two savers of the directory wrote its step, or a write
-    # cut short): Saver.restore passes it over for the one before.
-    data = tmp_path / "ckpt" / "model.ckpt-40.data-00000-of-00001"
+    # The last save torn (a write cut short), the one before it with the index
+    # of another save over its data (two savers of the directory wrote its
+    # step): Saver.restore passes both over for the one before.
+    folder = tmp_path / "ckpt"
+    data = folder / "model.ckpt-40.data-00000-of-00001"
     data.write_bytes(data.read_bytes()[:-8])
+    (folder / "model.ckpt-30.index").write_bytes((folder / "model.ckpt-20.index").read_bytes())
     again, output = run_script(tmp_path, ["tf1_plain_loop.py", ckpt, "50"], 1,
                                MGPU_STEPS_EVERY_S="0.05")
     assert "TRAINED 50" in output, output[-3000:]
-    [passed] = [r for r in again if "passed_over" in r]
-    assert passed["passed_over"].endswith("model.ckpt-40") and "torn" in \
-        passed["passed_over_why"], passed
-    assert [(r["resumed"], r["resumed_dir"]) for r in again if "resumed" in r] == [(30, ckpt)]
+    torn, mixed = [r for r in again if "passed_over" in r]
+    assert torn["passed_over"].endswith("model.ckpt-40") and "torn" in \
+        torn["passed_over_why"], torn
+    assert mixed["passed_over"].endswith("model.ckpt-30") and "checksum" in \
+        mixed["passed_over_why"], mixed
+    assert [(r["resumed"], r["resumed_dir"]) for r in again if "resumed" in r] == [(20, ckpt)]
 
 
 def test_a_restore_with_no_global_step_nor_step_in_its_name_is_said_unknown(tmp_path: Path):
