@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 from pathlib import Path
 
@@ -56,6 +57,22 @@ def test_a_restore_with_no_global_step_nor_step_in_its_name_is_said_unknown(tmp_
     [unknown] = [r for r in again if "resumed_unknown" in r]
     assert (unknown["resumed_unknown"], unknown["resumed_dir"]) == (NO_GLOBAL_STEP, ckpt)
     assert not [r for r in again if "resumed" in r], again  # never a guessed step
+
+
+def test_a_monitored_session_that_restored_nothing_says_where_it_started(tmp_path: Path):
+    """A restarted chief whose `MonitoredTrainingSession` found no checkpoint
+    (killed before its first save) initialized: it says it started at global
+    step 0, which the launcher words "started from the beginning"."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    config = json.dumps({"cluster": {"worker": [f"127.0.0.1:{port}"]},
+                         "task": {"type": "worker", "index": 0}})
+    records, output = run_script(tmp_path, ["tf1_monitored.py", "--dir", str(tmp_path / "c"),
+                                            "--last-step", "5", "--step-s", "0"], 1,
+                                 TF_CONFIG=config)
+    assert "DONE step=" in output, output[-3000:]
+    assert [r["resumed"] for r in records if "resumed" in r] == [0], records
 
 
 @pytest.fixture

@@ -11,6 +11,8 @@ those). A post-import hook on `tensorflow`:
   a peer that finished and exited waits for ever. The launcher names it and,
   the peer having exited 0, ends the job as finished (launcher/job/detect/tailcut.py);
   a joining task is judged by `restart.start_timeout_s`, not by the hang limit;
+  a chief whose session restored nothing (no checkpoint yet: it initialized)
+  says where it started, the global step it holds then (0: from the beginning);
 - adds to every `MonitoredSession` (hence `MonitoredTrainingSession`) one
   `SessionRunHook` that fetches the global step with the script's own
   `run`, at most once every `MGPU_STEPS_EVERY_S` seconds (default 2; 0: off),
@@ -38,6 +40,7 @@ its import loaded. Must not import the launcher side.
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from types import ModuleType
 
@@ -48,6 +51,7 @@ _due = 0.0  # monotonic time of the next read, for the hook and every session
 _READ_TIMEOUT_MS = 3000
 _SLOW_READ_S, _SLOW_BACKOFF_S = 1.0, 60.0  # a read that failed slowly: the next in a minute
 _READ_MARK = "_mgpu_read_global_step"  # on a session whose global step was read
+_inside = threading.local()  # fresh: the chief's session restored nothing
 
 
 def _report(record: dict) -> None:
@@ -66,6 +70,37 @@ def _forming(original):
         return result
 
     return form
+
+
+def _preparing(original):
+    """The chief's `prepare_session`: formed as above; when it restored nothing
+    (`_restore_checkpoint` found no checkpoint, the chief initialized), the
+    generation started at the global step it holds now: said (0: "from the
+    beginning"), as a restore that found nothing says it."""
+    form = _forming(original)
+
+    def prepare(*args, **kwargs):
+        _inside.fresh = False
+        session = form(*args, **kwargs)
+        if _inside.fresh:
+            try:
+                from . import restores, saves
+
+                restores.tell(saves.global_step_of(session))
+            except Exception:  # noqa: BLE001, S110 - not read: nothing said, as before
+                pass
+        return session
+
+    return prepare
+
+
+def _restoring(original):
+    def restore(*args, **kwargs):
+        result = original(*args, **kwargs)
+        _inside.fresh = isinstance(result, tuple) and len(result) == 2 and result[1] is False
+        return result
+
+    return restore
 
 
 def report_global_step(step: int | None) -> None:
@@ -180,8 +215,9 @@ def on_tensorflow(module: ModuleType) -> None:
 
     manager = sys.modules.get("tensorflow.python.training.session_manager")
     if manager is not None:
-        for name in ("prepare_session", "wait_for_session"):
-            hooks.wrap_method(manager.SessionManager, name, _forming, _MARK)
+        hooks.wrap_method(manager.SessionManager, "prepare_session", _preparing, _MARK)
+        hooks.wrap_method(manager.SessionManager, "wait_for_session", _forming, _MARK)
+        hooks.wrap_method(manager.SessionManager, "_restore_checkpoint", _restoring, _MARK)
     period_s = steps.every_s()
     monitored = sys.modules.get("tensorflow.python.training.monitored_session")
     run_hook = sys.modules.get("tensorflow.python.training.session_run_hook")
