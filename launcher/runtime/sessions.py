@@ -28,10 +28,10 @@ those). A post-import hook on `tensorflow`:
   nothing (no guessed step); one not initialized yet (a worker waiting for
   the chief's init) is not read (asked first, until a read succeeded: a read
   that fails is logged by TensorFlow); a read that fails is dropped until the
-  next period, a minute when it failed slowly (a ps out of
-  reach: the read must not slow the script). The script's own fetches are never changed:
-  a fetch added to its `run` could fail it (an init run, before the global
-  step exists on the ps).
+  next period, a minute when it failed slowly (a ps out of reach: the read
+  must not slow the script). The script's own fetches are never changed: a
+  fetch added to its `run` could fail it (an init run, before the global step
+  exists on the ps).
 
 Standard library only at import time; TensorFlow is reached through the modules
 its import loaded. Must not import the launcher side.
