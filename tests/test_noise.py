@@ -24,6 +24,10 @@ NOISE = [
     "TensorFlow binary is optimized to use available CPU instructions",
     "To enable the following instructions: AVX2 AVX512F FMA, in other operations, rebuild "
     "TensorFlow with the appropriate compiler flags.",
+    # A TF1 remote session's step cleanup (issue 57: dozens in a legacy job's terminal).
+    "W0000 00:00:1796564940.450796   17072 local_rendezvous.cc:412] Local rendezvous is "
+    "aborting with status: ABORTED: Cleanup 53889123786200732 "
+    "[type.googleapis.com/tensorflow.DerivedStatus='']",
 ]
 NOT_NOISE = [
     "E0000 00:00:1795694190.072862   16704 coordination_service_agent.cc:332] Polled an error "
@@ -31,6 +35,8 @@ NOT_NOISE = [
     "Epoch 1/2",
     "mgpu-launch: Keras 3.15.1",
     "Traceback (most recent call last):",
+    "W0000 00:00:1796564940.450796   17072 local_rendezvous.cc:412] Local rendezvous is "
+    "aborting with status: UNAVAILABLE: failed to connect to all addresses",
 ]
 
 

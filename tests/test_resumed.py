@@ -46,8 +46,8 @@ def test_a_custom_loop_resumes_at_its_reported_step_and_a_first_start_says_nothi
     entry = resumes.on_progress(1, {"step": 300, "loss": 0.1})
     assert entry == {"generation": 1, "step": 300, "checkpoint": {"ckpt/checkpoint": [3]},
                      "past": 0}
-    assert notice(entry) == ("generation 1 resumed at step 300, past generation 0's step 0: "
-                             "that restart is progress")
+    assert notice(entry) == ("generation 1 resumed at step 300, past where generation 0 began "
+                             "(step 0): that restart is progress")
     assert resumes.on_progress(1, {"step": 301}) is None  # once per generation
     resumes.starting(2, None)
     fresh = resumes.on_progress(2, {"step": 0, "epoch": 0.0, "start_epoch": 1.0,

@@ -28,9 +28,9 @@ def run_script(tmp_path: Path, argv: list[str], generation: int, code: int = 0,
     """Run tests/scripts/ARGV[0] as the agent starts a task: its progress
     records, as the launcher would read them, and its output."""
     read_fd, write_fd = os.pipe()
-    env = dict(os.environ, MGPU_PROGRESS_FD=str(write_fd), MGPU_GENERATION=str(generation),
-               PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2", **env)
-    env.pop("TF_CONFIG", None)
+    env = {**{k: v for k, v in os.environ.items() if k != "TF_CONFIG"},  # unless given
+           "MGPU_PROGRESS_FD": str(write_fd), "MGPU_GENERATION": str(generation),
+           "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "2", **env}
     proc = subprocess.Popen([sys.executable, "-m", "launcher.bootstrap", str(SCRIPTS / argv[0]),
                              *argv[1:]], env=env, cwd=tmp_path, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, pass_fds=(write_fd,))

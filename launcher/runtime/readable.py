@@ -13,7 +13,11 @@ bootstrap, once TensorFlow is imported):
   read) and the list it prunes are the readable ones (tf_keras'
   `BackupAndRestore` builds one too);
 - `tf.train.Checkpoint.restore(path)` / `read(path)`: the path is verified
-  first (a path from `tf.train.latest_checkpoint`, say).
+  first (a path from `tf.train.latest_checkpoint`, say);
+- TF1's `Saver.restore(sess, path)` (a plain loop's, or the chief's as a
+  `MonitoredTrainingSession` forms): the same. Two savers of one directory
+  that saved the same step (every worker saving, in a plain loop) leave an
+  index of one and the data of the other: passed over as a checksum mismatch.
 
 Verified: TensorFlow's reader opens the index and reads every tensor (each
 tensor's crc32c is checked as it is read), one tensor at a time. A checkpoint
@@ -425,6 +429,26 @@ def _restore(original):
     return restore
 
 
+def _saver_restore(original):
+    """`Saver.restore(sess, save_path)`: the path verified first, as above."""
+    def restore(self, *args, **kwargs):
+        if getattr(_inside, "busy", False):
+            return original(self, *args, **kwargs)
+        keyword = "save_path" in kwargs
+        path = kwargs["save_path"] if keyword else (args[1] if len(args) > 1 else None)
+        _inside.busy = True
+        try:
+            chosen = choose(path)
+        finally:
+            _inside.busy = False
+        if keyword:
+            return original(self, *args, **{**kwargs, "save_path": chosen})
+        return original(self, *args[:1], chosen, *args[2:], **kwargs) if len(args) > 1 \
+            else original(self, *args, **kwargs)
+
+    return restore
+
+
 def _manager_init(original):
     def init(self, checkpoint, directory, *args, **kwargs):
         try:
@@ -472,6 +496,9 @@ def on_tensorflow(module: ModuleType) -> None:
         _wrap(module.train.Checkpoint, name, _restore)
     _wrap(module.train.CheckpointManager, "__init__", _manager_init)
     _wrap(module.train, "latest_checkpoint", _latest)
+    saver = sys.modules.get("tensorflow.python.training.saver")  # loaded with TensorFlow
+    if saver is not None:
+        _wrap(saver.Saver, "restore", _saver_restore)
 
 
 HOOKS = {"tensorflow": on_tensorflow}

@@ -8,9 +8,13 @@ Post-import hooks wrap the methods that save a checkpoint:
   tf_keras' BackupAndRestore underneath), `tf.train.Checkpoint.save` and `write`;
 - TF1 graph code: `tf.compat.v1.train.Saver.save` (called directly or by
   `MonitoredTrainingSession`'s `CheckpointSaverHook`), its step the global step
-  the save wrote (the `-N` of the path it returned; else the graph's global
-  step, read once at the save). A graph-mode Keras callback's step (the
-  seed's `K.set_session` shape) is read as its save begins (runtime.steps).
+  the save wrote (the `-N` of the path it returned, which the Saver read
+  before writing; else the graph's global step, read once as the save
+  begins: the other workers move a counter shared on a ps while it writes,
+  and the save holds at least the step read before it, maybe not one read
+  after). A `Saver` with nothing to save returns None: no save. A
+  graph-mode Keras callback's step (the seed's `K.set_session` shape) is read
+  as its save begins (runtime.steps).
 
 Each save that returns (not one that raised, nor an asynchronous write still
 under way) and whose weights are all finite (runtime/sentinel.py: one that is
@@ -85,11 +89,20 @@ Skip = Callable[[object], object]
 
 # A save's step, from the wrapped call and what it returned (instance, args,
 # kwargs, result) -> step; without it, the step counter's (steps.step_of).
+# It raises NotWritten where the call wrote nothing: no save is reported.
 StepOf = Callable[[object, tuple, dict, object], "int | None"]
+
+# A save's step read as it began (instance, args, kwargs) -> step, or None.
+StepBefore = Callable[[object, tuple, dict], "int | None"]
+
+
+class NotWritten(Exception):
+    """A saver's call that returned having written nothing."""
 
 
 def timed(cls: type, name: str, where: Where | None = None, *,
-          decides: bool = False, skip: Skip | None = None, step: StepOf | None = None) -> None:
+          decides: bool = False, skip: Skip | None = None, step: StepOf | None = None,
+          first: StepBefore | None = None) -> None:
     """Wrap `cls.<name>` (a method that saves) to time it (once); with `where`,
     a save that returned is reported (`completed`) with its directory, once its
     weights were found finite (runtime/sentinel.py). With `decides` (the method
@@ -97,7 +110,8 @@ def timed(cls: type, name: str, where: Where | None = None, *,
     returned (`writes`, or a nested timed save) is. A save whose weights are
     not finite is reported as `saved_nonfinite` and, with `skip`, not made at
     all: the directory's newest save stays the last good one (nothing deleted).
-    With `step`, the save's step is read from the call and its result."""
+    With `step`, the save's step is read from the call and its result; with
+    `first`, as the call begins (else a graph-mode Keras model's)."""
     original = cls.__dict__.get(name)
     if original is None or getattr(original, _MARK, False):
         return
@@ -114,7 +128,7 @@ def timed(cls: type, name: str, where: Where | None = None, *,
             _nonfinite(saver, where, args, kwargs, skipped=skip is not None)
             if skip is not None:
                 return skip(saver)
-        before = _graph_step(saver) if where is not None else None
+        before = _step_before(saver, args, kwargs, first) if where is not None else None
         _inside.saving, _inside.wrote = True, False
         began = time.monotonic()
         done, result = False, None
@@ -159,6 +173,15 @@ def _asynchronous(args: tuple, kwargs: dict) -> bool:
         if getattr(value, "experimental_enable_async_checkpoint", False) is True:
             return True
     return False
+
+
+def _step_before(saver: object, args: tuple, kwargs: dict,
+                 first: StepBefore | None) -> int | None:
+    try:
+        step = first(saver, args, kwargs) if first is not None else None
+    except Exception:  # noqa: BLE001 - a layout we do not know: as a Keras save
+        step = None
+    return step if step is not None else _graph_step(saver)
 
 
 def _graph_step(saver: object) -> int | None:
@@ -284,15 +307,21 @@ _NUMBERED = re.compile(r"-(\d+)$")
 
 def _saver_step(saver, args, kwargs, result) -> int | None:
     """The global step a TF1 `Saver.save` wrote: the `-N` its path ends with
-    when it was given one (it read the global step itself), else the graph's;
-    None when the graph has none (Keras `fit` in graph mode, saved with a
-    `Saver` of the script's own: the step read as the save began is told)."""
+    when it was given one (it read the global step itself, before writing);
+    else None: the step read as the save began (`_saver_before`) is told."""
+    if result is None:  # nothing to save (allow_empty): it wrote nothing
+        raise NotWritten
     given = args[3] if len(args) > 3 else kwargs.get("global_step")
-    found = _NUMBERED.search(os.fspath(result)) if given is not None and result else None
-    if found:
-        return int(found.group(1))
-    session = args[1] if len(args) > 1 else kwargs.get("sess")
-    return global_step_of(session)
+    found = _NUMBERED.search(os.fspath(result)) if given is not None else None
+    return int(found.group(1)) if found else None
+
+
+def _saver_before(saver, args, kwargs) -> int | None:
+    """The graph's global step as a `Saver.save` with no `global_step` begins."""
+    given = args[3] if len(args) > 3 else kwargs.get("global_step")
+    if given is not None:
+        return None  # the Saver reads it (its `-N`)
+    return global_step_of(args[1] if len(args) > 1 else kwargs.get("sess"))
 
 
 def global_step_of(session) -> int | None:
@@ -313,7 +342,7 @@ def on_tensorflow(module: ModuleType) -> None:
         timed(module.train.Checkpoint, method, _prefix_dir)
     saver = sys.modules.get("tensorflow.python.training.saver")  # loaded with TensorFlow
     if saver is not None:
-        timed(saver.Saver, "save", _saver_dir, step=_saver_step)
+        timed(saver.Saver, "save", _saver_dir, step=_saver_step, first=_saver_before)
 
 
 HOOKS = {"keras": on_keras, "tf_keras": on_keras, "tensorflow": on_tensorflow}

@@ -97,8 +97,9 @@ def _resumed(event: ev.Resumed) -> str:
                  "peer": f" (from a copy in memory that came from {event.copy.get('host')})"
                  }.get(str(event.copy.get("from")), " (from the checkpoint directory)")
     if event.past is not None:
-        said += (f", past generation {event.generation - 1}'s step {event.past}: "
-                 "that restart is progress")
+        before = event.generation - 1  # where it began (0) or resumed: not a save's step
+        said += (f", past where generation {before} {'began' if before == 0 else 'resumed'} "
+                 f"(step {event.past}): that restart is progress")
     return said
 
 

@@ -11,7 +11,11 @@ first other line (or at its exit); the log keeps every line.
 Only lines known to be start-up notices are folded: an absl-format log line
 (`I0000 00:00:… 123 port.cc:153] …` or the older `2025-01-01 …: I
 tensorflow/…/port.cc:113] …`) from one of NOISY_SOURCES, or one of the
-fixed sentences below. An error from anywhere else (a collective abort, a
+fixed sentences below; and, at any time, the warning a TF1 remote session
+logs as each step's rendezvous is cleaned up (`local_rendezvous.cc:…] Local
+rendezvous is aborting with status: ABORTED: Cleanup <id>`, logged at the 1st,
+2nd, 4th… step of a process: dozens of lines in a legacy job's terminal, none
+saying anything went wrong). An error from anywhere else (a collective abort, a
 gRPC failure) is never folded.
 
 Pure: no I/O. Must not import the launcher's other modules.
@@ -37,10 +41,14 @@ _SENTENCES = (
 )
 
 
+_CLEANUP = "Local rendezvous is aborting with status: ABORTED: Cleanup "
+
+
 def is_startup_noise(text: str) -> bool:
     found = _ABSL.match(text)
     if found is not None:
-        return found.group(1) in NOISY_SOURCES
+        return found.group(1) in NOISY_SOURCES or (
+            found.group(1) == "local_rendezvous.cc" and _CLEANUP in text)
     return text.startswith(_SENTENCES)
 
 
