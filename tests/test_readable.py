@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+
+import pytest
 
 from tests.conftest import REPO, SCRIPTS
 
@@ -47,11 +51,31 @@ def run(tmp_path: Path, *args: str) -> tuple[int, str, list[dict], dict | None]:
     return finish(*start(tmp_path, *args))
 
 
-def saved(tmp_path: Path, count: int) -> Path:
-    directory = tmp_path / "ckpt"
-    code, output, _, _ = run(tmp_path, "save", str(directory), str(count))
-    assert code == 0, output[-3000:]
-    return directory
+@pytest.fixture(scope="module")
+def made(tmp_path_factory) -> Callable[[int], Path]:
+    """Checkpoint directories of `count` saves, each made once for the module
+    (a TensorFlow process each): the tests damage copies of them."""
+    folders: dict[int, Path] = {}
+
+    def make(count: int) -> Path:
+        if count not in folders:
+            where = tmp_path_factory.mktemp(f"saved{count}")
+            code, output, _, _ = run(where, "save", str(where / "ckpt"), str(count))
+            assert code == 0, output[-3000:]
+            folders[count] = where / "ckpt"
+        return folders[count]
+
+    return make
+
+
+@pytest.fixture
+def saved(made, tmp_path) -> Callable[[Path, int], Path]:
+    def copy(_tmp_path: Path, count: int) -> Path:
+        directory = tmp_path / "ckpt"
+        shutil.copytree(made(count), directory)
+        return directory
+
+    return copy
 
 
 def tear(path: Path) -> None:
@@ -69,7 +93,7 @@ def passed_over(records: list[dict]) -> list[tuple[str, str]]:
             if "passed_over" in r]
 
 
-def test_a_torn_newest_checkpoint_is_passed_over_kept_aside_and_never_overwritten(tmp_path):
+def test_a_torn_newest_checkpoint_is_passed_over_kept_aside_and_never_overwritten(tmp_path, saved):
     directory = saved(tmp_path, 4)  # ckpt-2, ckpt-3, ckpt-4 kept
     torn = directory / f"ckpt-4{DATA}"
     tear(torn)
@@ -94,7 +118,7 @@ def test_a_torn_newest_checkpoint_is_passed_over_kept_aside_and_never_overwritte
     assert "cannot be read" in output and str(kept) in output
 
 
-def test_a_restore_of_tf_train_latest_checkpoint_passes_over_each_damaged_one(tmp_path):
+def test_a_restore_of_tf_train_latest_checkpoint_passes_over_each_damaged_one(tmp_path, saved):
     directory = saved(tmp_path, 4)
     tear(directory / f"ckpt-4{DATA}")
     data = bytearray((directory / f"ckpt-3{DATA}").read_bytes())
@@ -112,7 +136,7 @@ def test_a_restore_of_tf_train_latest_checkpoint_passes_over_each_damaged_one(tm
         == sorted(p.name for p in (directory / "damaged").glob("ckpt-[34]-*")), output
 
 
-def test_with_no_readable_checkpoint_left_it_stops_saying_so_and_moves_nothing(tmp_path):
+def test_with_no_readable_checkpoint_left_it_stops_saying_so_and_moves_nothing(tmp_path, saved):
     directory = saved(tmp_path, 3)  # ckpt-1, ckpt-2, ckpt-3
     tear(directory / f"ckpt-3{DATA}")
     os.remove(directory / f"ckpt-2{DATA}")
@@ -128,7 +152,7 @@ def test_with_no_readable_checkpoint_left_it_stops_saying_so_and_moves_nothing(t
     assert not passed_over(records)
 
 
-def test_two_workers_restoring_at_once_agree_and_only_the_chief_moves_files(tmp_path):
+def test_two_workers_restoring_at_once_agree_and_only_the_chief_moves_files(tmp_path, saved):
     directory = saved(tmp_path, 4)
     tear(directory / f"ckpt-4{DATA}")
     os.remove(directory / f"ckpt-3{DATA}")
