@@ -203,30 +203,39 @@ def test_a_late_copy_never_rolls_the_directory_back(tmp_path: Path):
 def test_hosts_whose_clocks_disagree_order_their_saves_by_generation_and_step(tmp_path: Path):
     """A worker's host 300 s ahead of the chief's: its saves' times are later
     than newer saves of the chief's. By time alone the chief's next save was
-    refused as older (lost to the directory); by generation and step it is not."""
+    refused as older (lost to the directory); by run, generation, the saving
+    process's count of saves and step it is not."""
     memory, target = tmp_path / "memory" / "worker0", tmp_path / "ckpt"
     now, seq = time.time(), iter(range(1, 100))
 
-    def copy(name: str, generation: int, step: int | None, saved: float) -> bool:
-        slot = make_slot(memory, next(seq), name, 10, [name], saved=saved)
-        record = memslots.manifest(str(slot)) | {"target": str(target), "step": step,
-                                                 "generation": generation}
+    def copy(name: str, generation: int, step: int | None, saved: float,
+             process: str = "host0:10", run: str = "r1") -> bool:
+        number = next(seq)
+        slot = make_slot(memory, number, name, 10, [name], saved=saved)
+        record = memslots.manifest(str(slot)) | {
+            "target": str(target), "step": step, "generation": generation, "run": run,
+            "process": process, "seq": number}
         return memcopy.copy_slot(str(slot), record, {})
 
     def names_save() -> str:
         return (target / "checkpoint").read_text().split('"')[1]
 
-    assert copy("ckpt-1", 1, 10, now + 300)  # relayed from the fast host (its chief lost)
+    assert copy("ckpt-1", 1, 10, now + 300, "host1:20")  # relayed from the fast host
     assert copy("ckpt-2", 1, 20, now) and names_save() == "ckpt-2"  # the chief's, later
     assert copy("ckpt-1", 2, 10, now - 200) and names_save() == "ckpt-1"  # restarted: rolled back
     # A late copy of generation 1, whatever its step and its host's clock, is older.
     assert not copy("ckpt-3", 1, 30, now + 600) and names_save() == "ckpt-1"
-    assert copy("ckpt-2", 2, None, now - 100)  # no step: its time, on the same host's clock
-    assert not copy("ckpt-9", 2, None, now - 150) and names_save() == "ckpt-2"
+    # One process's later save, its step counted from 0 again (a second fit): later.
+    assert copy("ckpt-2", 2, 3, now - 190) and names_save() == "ckpt-2"
+    assert copy("ckpt-4", 2, None, now - 100, "host1:21")  # another process, no step: by time
+    assert not copy("ckpt-9", 2, None, now - 150, "host1:22") and names_save() == "ckpt-4"
+    # The next run into the directory: its generations count from 0 again; the
+    # previous run's order tells nothing, the files' time does.
+    assert copy("ckpt-5", 0, 100, now - 90, run="r2") and names_save() == "ckpt-5"
     # The script saved there itself since (memory full): its files' time decides again.
     (target / "checkpoint").write_text('model_checkpoint_path: "ckpt-7"\n')
-    assert not copy("ckpt-8", 2, 80, now - 50) and names_save() == "ckpt-7"
-    assert saved_names(target) == ["checkpoint", "ckpt-2.data-00000-of-00001", "ckpt-2.index"]
+    assert not copy("ckpt-8", 0, 180, now - 50, run="r2") and names_save() == "ckpt-7"
+    assert saved_names(target) == ["checkpoint", "ckpt-5.data-00000-of-00001", "ckpt-5.index"]
 
 
 def test_the_copier_says_a_late_copy_and_the_tasks_end_does_not_wait_for_it(tmp_path: Path):

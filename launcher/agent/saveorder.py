@@ -7,10 +7,13 @@ its save with the save's time), hosts whose clocks disagree by more than the
 gap between two saves would order them wrongly: a newer save refused as
 "older" than the one in place, lost to the directory. So each copy also
 writes, in the same publish (agent/publish.py: ORDER, journaled with its
-files): for each saver of the directory, the generation, step and time of the
-save now in place. A later copy compares generation first (a restarted job's
-saves are newer, whatever its step: a rollback restores an older one), then
-step, then, within a generation with no step to go by, time.
+files): for each saver of the directory, the run, generation, process, that
+process's count of saves, step and time of the save now in place. Within a
+run, a later copy compares generation first (a restarted job's saves are
+newer, whatever its step: a rollback restores an older one), then, from one
+process, its count of saves (a second `fit` with a new optimizer counts its
+steps from 0 again), then step, then time. Another run's entry (its
+generations count from 0 again) tells nothing: the mtimes decide.
 
 ORDER is believed only while the saver's files are still the ones that copy
 stamped (their mtime its time): a save the script wrote there itself since (a
@@ -32,8 +35,9 @@ from launcher.agent.publish import ORDER
 CLOCK_SLACK_S = 0.01
 
 
-def position(record: dict) -> tuple[int, int | None, float | None]:
-    """A save's place in the job: generation, step (None: not known), time."""
+def position(record: dict) -> dict:
+    """A save's place in the job: its run (MGPU_RUN_ID), generation, process
+    (host:pid) and that process's count of saves, step (None: not known), time."""
     def number(key: str, kind: type) -> int | float | None:
         try:
             value = record.get(key)
@@ -41,19 +45,32 @@ def position(record: dict) -> tuple[int, int | None, float | None]:
         except (TypeError, ValueError):
             return None
 
-    return number("generation", int) or 0, number("step", int), number("time", float)
+    return {"run": str(record.get("run") or ""), "generation": number("generation", int) or 0,
+            "process": str(record.get("process") or ""), "seq": number("seq", int),
+            "step": number("step", int), "time": number("time", float)}
 
 
-def later(theirs: tuple, mine: tuple) -> bool:
-    """`theirs` is a later save than `mine` (positions)."""
-    if theirs[0] != mine[0]:
-        return theirs[0] > mine[0]
-    if theirs[1] is not None and mine[1] is not None and theirs[1] != mine[1]:
-        return theirs[1] > mine[1]
-    return theirs[2] is not None and mine[2] is not None and theirs[2] > mine[2] + CLOCK_SLACK_S
+def later(theirs: dict, mine: dict) -> bool | None:
+    """`theirs` is a later save than `mine` (None: cannot be told, another run's).
+
+    A run's generations only grow; within a generation one process's saves
+    follow its count (a step count that starts again, a second `fit` with a
+    new optimizer, still saves later); between processes (a worker's save
+    relayed for a lost chief) the step, then the time."""
+    if not theirs["run"] or theirs["run"] != mine["run"]:
+        return None  # another run's (a run's generations start at 0 again)
+    if theirs["generation"] != mine["generation"]:
+        return theirs["generation"] > mine["generation"]
+    if theirs["process"] and theirs["process"] == mine["process"] \
+            and theirs["seq"] is not None and mine["seq"] is not None:
+        return theirs["seq"] > mine["seq"]
+    if theirs["step"] is not None and mine["step"] is not None and theirs["step"] != mine["step"]:
+        return theirs["step"] > mine["step"]
+    return theirs["time"] is not None and mine["time"] is not None and \
+        theirs["time"] > mine["time"] + CLOCK_SLACK_S
 
 
-def read(target: str) -> dict[str, list]:
+def read(target: str) -> dict[str, dict]:
     try:
         with open(os.path.join(target, ORDER), encoding="utf-8") as handle:
             order = json.load(handle)
@@ -69,16 +86,18 @@ def key(saver: tuple[str, ...]) -> str:
 def with_save(target: str, saver: tuple[str, ...], record: dict) -> str:
     """ORDER's text once this save is in place (the other savers' kept)."""
     order = read(target)
-    order[key(saver)] = list(position(record))
+    order[key(saver)] = position(record)
     return json.dumps(order, sort_keys=True)
 
 
 def holds_newer(target: str, saver: tuple[str, ...], names: list[str], record: dict) -> bool:
     """`target` holds a save of this saver newer than `record`'s."""
     mine, theirs = position(record), _entry(read(target).get(key(saver)))
-    if theirs is not None and _stamped_by(target, names, theirs[2]):
-        return later(theirs, mine)
-    return newer_in(target, names, mine[2])
+    if theirs is not None and _stamped_by(target, names, theirs["time"]):
+        verdict = later(theirs, mine)
+        if verdict is not None:
+            return verdict
+    return newer_in(target, names, mine["time"])
 
 
 def holds_any_newer(target: str, names: list[str], record: dict) -> bool:
@@ -88,14 +107,12 @@ def holds_any_newer(target: str, names: list[str], record: dict) -> bool:
         theirs = _entry(entry)
         if theirs is not None and later(theirs, mine):
             return True
-    return newer_in(target, names, mine[2])
+    return newer_in(target, names, mine["time"])
 
 
-def _entry(entry: object) -> tuple[int, int | None, float | None] | None:
+def _entry(entry: object) -> dict | None:
     """An ORDER entry as a position (None: not one)."""
-    if not isinstance(entry, list) or len(entry) != 3:
-        return None
-    return position(dict(zip(("generation", "step", "time"), entry, strict=True)))
+    return position(entry) if isinstance(entry, dict) else None
 
 
 def _stamped_by(target: str, names: list[str], when: object) -> bool:

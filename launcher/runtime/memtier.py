@@ -131,12 +131,16 @@ def _filling(slot: str):
         raise
 
 
-def _generation() -> int:
-    """This process's generation of the job (agent/saveorder.py orders saves by it)."""
+def _order() -> dict:
+    """Where this save stands among the job's (agent/saveorder.py): its run,
+    generation, process and this process's count of saves."""
     try:
-        return int(os.environ.get("MGPU_GENERATION", "0"))
+        generation = int(os.environ.get("MGPU_GENERATION", "0"))
     except ValueError:
-        return 0
+        generation = 0
+    process = f"{os.environ.get('MGPU_MEMORY_HOST', '')}:{os.getpid()}"
+    return {"run": os.environ.get("MGPU_RUN_ID", ""), "generation": generation,
+            "process": process, "seq": _state["seq"]}
 
 
 def _publish(slot: str, target: str, kind: str, pointer: str, step: int | None) -> None:
@@ -144,8 +148,7 @@ def _publish(slot: str, target: str, kind: str, pointer: str, step: int | None) 
     names = memslots.ordered([n for n in os.listdir(slot) if n != memslots.MANIFEST])
     memslots.seal(slot, {"target": target, "key": memslots.key_of(target), "kind": kind,
                          "pointer": pointer, "files": names, "step": step,
-                         "copy": _chief(), "time": time.time(),
-                         "generation": _generation()})
+                         "copy": _chief(), "time": time.time(), **_order()})
     if _chief():
         if not _pending:
             import atexit

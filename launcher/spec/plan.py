@@ -210,6 +210,7 @@ def build_plan(
     launch_cwd: str = "/",
     active_hosts: Sequence[str] | None = None,
     addresses: Mapping[str, TFAddress] | None = None,
+    run_id: str = "",
 ) -> Plan:
     """Compute every task of the job.
 
@@ -223,6 +224,7 @@ def build_plan(
     missing there gets what the cluster file alone says (launcher.spec.addresses).
     An address not known yet (a network interface's, before the hello) appears
     as `<address of IF on HOST>`: such a plan is for --dry-run only.
+    `run_id`: this run's, the same in every generation (MGPU_RUN_ID).
     """
     config = loaded.config
     if not command:
@@ -236,7 +238,7 @@ def build_plan(
     checkpoint_dir = default_checkpoint_dir(loaded)
     common_env = shared_env(config, checkpoint_dir, generation,
                             num_workers=len(cluster.get("chief", [])) +
-                            len(cluster.get("worker", [])))
+                            len(cluster.get("worker", [])), run_id=run_id)
     if "MGPU_MEMORY_COPIES" in common_env and len(targets) < 2:
         common_env["MGPU_MEMORY_PEER"] = "0"  # no other host for a second copy (agent/peercopy.py)
     workdir = str(loaded.resolve_path(config.workdir) or launch_cwd)

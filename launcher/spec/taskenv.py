@@ -76,7 +76,7 @@ def keras_distribution_env(config: ClusterConfig, cluster: Mapping[str, Sequence
 
 
 def shared_env(config: ClusterConfig, checkpoint_dir: str, generation: int,
-                num_workers: int) -> dict[str, str]:
+                num_workers: int, run_id: str = "") -> dict[str, str]:
     """The environment every task of the job gets."""
     shared_env = {
         # TensorFlow's INFO start-up chatter hides what matters; warnings and
@@ -104,6 +104,8 @@ def shared_env(config: ClusterConfig, checkpoint_dir: str, generation: int,
             shared_env["MGPU_SPIKE_WINDOW"] = str(spikes.spike_window)
     if config.checkpoint.memory:  # the agent gives each task its folder (agent/memcopy.py)
         shared_env["MGPU_MEMORY_COPIES"] = str(config.checkpoint.memory_copies)
+        if run_id:  # this run's saves ordered apart from another run's (agent/saveorder.py)
+            shared_env["MGPU_RUN_ID"] = run_id
         if config.checkpoint.memory_interval:  # extra saves (runtime/memcadence.py)
             shared_env["MGPU_MEMORY_INTERVAL"] = str(config.checkpoint.memory_interval)
         if not config.checkpoint.memory_peer:  # no second copy (agent/peercopy.py)

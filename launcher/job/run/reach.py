@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import queue
+import secrets
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -64,6 +65,7 @@ class Reach:
         self.loaded = loaded
         self.command = list(command)
         self.run_dir = run_dir
+        self.run_id = secrets.token_hex(6)  # this run's, in every generation's plan
         self.launch_cwd = launch_cwd or os.getcwd()
         self.local = traits(loaded.config.transport).simulated
         # Simulated hosts run the tasks with this machine's Python.
@@ -97,7 +99,7 @@ class Reach:
         return build_plan(self.loaded, self.command, run_dir=self.run_dir, ports=ports,
                           generation=generation, default_python=self.default_python,
                           launch_cwd=self.launch_cwd, active_hosts=active_hosts,
-                          addresses=self.addresses.now)
+                          addresses=self.addresses.now, run_id=self.run_id)
 
     def connect(self, transport: Transport, first: Plan) -> Connected:
         """Every host's agent (spares too: a spare that cannot be reached is
