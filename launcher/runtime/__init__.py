@@ -435,7 +435,8 @@ def _progress_callback(keras, every_s: float, batch_level: bool = True,
 
         def on_train_batch_end(self, batch, logs=None):
             self.step += 1
-            saved = save_every_steps is not None and self.step % save_every_steps == 0
+            saved = save_every_steps is not None and self.step % save_every_steps == 0 \
+                and not _mid_epoch_saves_skipped(self.model)
             now = time.monotonic()
             if saved or now - self.last >= every_s:
                 self.last = now
@@ -443,7 +444,8 @@ def _progress_callback(keras, every_s: float, batch_level: bool = True,
                 report_progress(self.step, epoch=self.epoch, **extra, **_scalars(logs))
 
         def on_epoch_end(self, epoch, logs=None):
-            extra = {} if save_every_steps is not None else {"checkpoint": 1}
+            at_end = save_every_steps is None or _mid_epoch_saves_skipped(self.model)
+            extra = {"checkpoint": 1} if at_end else {}
             report_progress(self.step, epoch=epoch, epoch_end=1, **extra, **_scalars(logs))
 
     class EpochProgressReporter(keras.callbacks.Callback):
@@ -465,6 +467,12 @@ def _progress_callback(keras, every_s: float, batch_level: bool = True,
                             **extra, **_scalars(logs))
 
     return ProgressReporter() if batch_level else EpochProgressReporter()
+
+
+def _mid_epoch_saves_skipped(model) -> bool:
+    """fit's input cannot continue mid-epoch after a restart: its backup saves
+    at epoch ends only (runtime/epochinput.py), so no save is reported between."""
+    return bool(getattr(model, "_mgpu_input", ""))
 
 
 def _restarted() -> bool:
