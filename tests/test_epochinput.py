@@ -35,6 +35,7 @@ def test_a_seeded_pipeline_of_stateless_ops_is_carried():
      "calls Python (tf.py_function)"),
     (lambda: seeded().map(lambda i: i, num_parallel_calls=2, deterministic=False),
      "a parallel map or interleave is non-deterministic (deterministic=False)"),
+    (lambda: seeded().batch(4).cache(), "it caches after a shuffle that reshuffles each epoch"),
 ])
 def test_an_input_whose_order_a_restart_cannot_reproduce_is_named(build, reason):
     assert why_not(build()) == reason

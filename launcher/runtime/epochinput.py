@@ -24,8 +24,9 @@ Zero code, nothing inside a training step:
   epochs before the resumed one are read and dropped too (said: the price of
   a resume there is reading the stream up to it);
 - an input whose position cannot be carried (a Python generator, a shuffle or
-  random op without a seed, a non-deterministic parallel map, arrays shuffled
-  by `fit`, a dataset function): its mid-epoch saves
+  random op without a seed, a non-deterministic parallel map, a cache after a
+  reshuffling shuffle, arrays shuffled by `fit`, a dataset function): its
+  mid-epoch saves
   are not taken, said once at the first one, and the epoch's end is saved
   instead, so a restart trains the epoch again from its start and nothing
   twice (the launcher's extra saves go the same way: `memory_interval` never
@@ -77,6 +78,10 @@ def why_not(dataset) -> str:
 def _why_not_one(dataset) -> str:
     if hasattr(dataset, "_reshuffle_each_iteration") and _unseeded(dataset):
         return "its shuffle has no seed"
+    if type(dataset).__name__ == "CacheDataset" and _reshuffles_below(dataset):
+        # The cache keeps the order of the first epoch read from it; the
+        # iterators the replay makes read nothing, so it would fill in another.
+        return "it caches after a shuffle that reshuffles each epoch"
     if getattr(dataset, "_deterministic", None) == "false":
         return "a parallel map or interleave is non-deterministic (deterministic=False)"
     for value in vars(dataset).values():
@@ -89,6 +94,19 @@ def _why_not_one(dataset) -> str:
             if not op.type.startswith("Stateless") and any(r in op.type for r in _RANDOM):
                 return f"a random op without a stateless seed ({op.type}) reads its data"
     return ""
+
+
+def _reshuffles_below(dataset) -> bool:
+    stack, seen = list(dataset._inputs()), set()
+    while stack:
+        found = stack.pop()
+        if id(found) in seen:
+            continue
+        seen.add(id(found))
+        if getattr(found, "_reshuffle_each_iteration", False):
+            return True
+        stack.extend(found._inputs())
+    return False
 
 
 def _unseeded(dataset) -> bool:
@@ -221,7 +239,13 @@ def _epoch_end(original):
         result = original(self, epoch, *args, **kwargs)
         steps = (getattr(self, "params", None) or {}).get("steps")
         if getattr(self, "_mgpu_owed", None) == epoch and isinstance(steps, int):
-            self._backup(epoch=epoch, batch=steps - 1)  # resumes at the next epoch
+            # tf_keras saves the batch its last batch-end told (with
+            # steps_per_execution, a chunk's start): the whole epoch, so the
+            # restart resumes at the next one.
+            state = getattr(self, "_training_state", None)
+            if state is not None:
+                state._ckpt_saved_batch.assign(steps - 1)
+            self._backup(epoch=epoch, batch=steps - 1)
         return result
     return end
 
