@@ -222,3 +222,13 @@ def test_memory_peer_turns_the_second_copy_off_and_needs_the_memory_tier(tmp_pat
         assert shown.returncode == 0, shown.stderr
         assert ("no copy in another host's memory" in shown.stdout) is said
         assert ("MGPU_MEMORY_PEER=0" in shown.stdout) is said
+
+
+@pytest.mark.parametrize("value, said", [
+    ("maybe", "sentinel: Input should be 'on' or 'off' (got 'maybe')"),
+    ("{on_spike: nope}", "sentinel.on_spike: Input should be 'report', 'rollback' or 'off'"),
+])
+def test_a_bad_sentinel_is_one_message_for_the_shape_given(value: str, said: str):
+    problems = problems_of(GOOD + f"sentinel: {value}\n")
+    assert len(problems) == 1 and said in problems[0], problems
+    assert parse_config(GOOD + "sentinel: off\n").config.sentinel == "off"

@@ -17,10 +17,10 @@ import os
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
 from ..strategy import ON_JAX, Strategy
 from . import transports
@@ -157,6 +157,11 @@ class SentinelSettings(_Strict):
     spike_window: int | None = Field(default=None, ge=8, le=100_000)  # steps (default 64)
 
 
+
+def _sentinel_shape(value: Any) -> str:
+    """`sentinel:` is a word (on, off) or settings: one message for either, not both."""
+    return "(settings)" if isinstance(value, dict | SentinelSettings) else "(word)"
+
 class ClusterConfig(_Strict):
     name: str = Field(default="job", pattern=r"^[A-Za-z0-9_.\-]+$")
 
@@ -213,7 +218,9 @@ class ClusterConfig(_Strict):
     # The NaN sentinel (launcher/runtime/sentinel.py): a Keras loss gone non-finite
     # is named at its step, a save of non-finite weights is no save; `off`: neither.
     # On, with how a loss spike is handled: `{on_spike: rollback, ...}`.
-    sentinel: Literal["on", "off"] | SentinelSettings = "on"
+    sentinel: Annotated[Annotated[Literal["on", "off"], Tag("(word)")]
+                        | Annotated[SentinelSettings, Tag("(settings)")],
+                        Discriminator(_sentinel_shape)] = "on"
 
     _interface = field_validator("network_interface")(interface_name)
 

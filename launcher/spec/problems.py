@@ -98,9 +98,13 @@ def _model_for(root: type[BaseModel], path: tuple) -> type[BaseModel] | None:
     return model
 
 
+UNION_TAGS = ("(word)", "(settings)")
+
+
 def describe(error: dict, root: type[BaseModel]) -> tuple[tuple, str]:
     """One pydantic error of a document validated as `root`: (key path, words)."""
-    loc = tuple(p for p in error["loc"] if p not in ("[key]",))
+    # A tagged union's tag (config.py: `sentinel`'s word or settings) is no key.
+    loc = tuple(p for p in error["loc"] if p not in ("[key]", *UNION_TAGS))
     kind = error["type"]
     if kind == "extra_forbidden":
         parent, key = loc[:-1], loc[-1]
