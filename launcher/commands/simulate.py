@@ -114,12 +114,11 @@ def _say(cluster: SimCluster, switch: netsim.Switch | None, args) -> None:
               f"{switch.here} on bridge {switch.bridge}; while a job runs, see its seal:\n"
               f"       ip netns exec {switch.hosts[0][0]} nft list ruleset\n"
               f"       ip netns exec {switch.hosts[0][0]} setpriv --reuid=nobody "
-              f"--regid=nogroup --clear-groups python3 -c \"import socket; "
-              f"socket.create_connection(('{address}', PORT), timeout=2)\"  (refused; PORT: "
-              "a task's, as --dry-run shows)\n"
-              f"       ip netns exec {switch.outsider[0] if switch.outsider else host} python3 -c"
-              f" \"import socket; socket.create_connection(('{address}', PORT), timeout=2)\""
-              "  (dropped: not a host of the job)")
+              f"--regid=nogroup --clear-groups bash -c 'echo > /dev/tcp/{address}/PORT'"
+              "  (refused: another user; PORT: a task's, as --dry-run shows)\n"
+              f"       ip netns exec {switch.outsider[0] if switch.outsider else host} "
+              f"timeout 3 bash -c 'echo > /dev/tcp/{address}/PORT'"
+              "  (no answer: not a host of the job)")
     if args.detach:
         print(f"stop:  mgpu-launch simulate stop --dir {args.dir}")
 
