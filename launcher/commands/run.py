@@ -66,46 +66,6 @@ class UsageError(Exception):
     pass
 
 
-def _run_parser() -> argparse.ArgumentParser:
-    parser = usage.Parser(
-        prog="mgpu-launch", usage=USAGE,
-        description="Run a TensorFlow/Keras training script on many hosts.",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--version", action="version", version=f"mgpu-launch {__version__}")
-    parser.add_argument("--local", type=int, metavar="N",
-                        help="run N simulated hosts on this machine (no YAML needed)")
-    parser.add_argument("--slurm", action="store_true",
-                        help="run on the nodes of the Slurm allocation this runs in "
-                        "(salloc, sbatch), one worker per node (no YAML needed)")
-    parser.add_argument("--dry-run", action="store_true",
-                        help="print every task's host, role, ports, env and TF_CONFIG; "
-                        "start nothing")
-    parser.add_argument("--json", action="store_true", help="with --dry-run: print JSON")
-    parser.add_argument("--task", metavar="HOST/ROLEINDEX",
-                        help="with --dry-run: print only this task, whole (its full "
-                        "TF_CONFIG and environment), e.g. host0/worker0")
-    parser.add_argument("--run-dir", help="run directory (default runs/<name>-<timestamp>)")
-    parser.add_argument("--max-restarts", type=int, metavar="N",
-                        help="override restart.max_restarts of the YAML")
-    parser.add_argument("-q", "--quiet", action="store_true",
-                        help="do not stream task output (it still goes to the log files); "
-                        "launcher notices, the live table and the summary remain")
-    parser.add_argument("-v", "--verbose", action="store_true",
-                        help="also print task state changes and, when not on a terminal, "
-                        "every task's status (step, loss, CPU, memory) every 10 s")
-    parser.add_argument("--no-live", dest="live", action="store_false",
-                        help="no live status table on a terminal: plain prefixed lines only")
-    parser.add_argument("--detach", action="store_true",
-                        help="run in the background (own session, output to "
-                        "RUN_DIR/launcher.out); print the run dir and return")
-    parser.add_argument("--metrics-port", type=int, metavar="PORT",
-                        help="serve Prometheus metrics on this port while the job runs "
-                        "(127.0.0.1 unless metrics.host says otherwise; 0: any free port)")
-    parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
-    return parser
-
-
 def main(argv: Sequence[str]) -> int:
     """The run command's exit code (the job's, or 2 for a usage, cluster file or plan error)."""
     try:
