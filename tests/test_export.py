@@ -15,14 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launcher.spec.allocation import (
-    Allocation,
-    SlurmError,
-    expand_hostlist,
-    read_allocation,
-    with_allocation,
-)
+from launcher.spec.allocation import Allocation, with_allocation
 from launcher.spec.config import ConfigError, load_config
+from launcher.spec.slurm import SlurmError, expand_hostlist, read_allocation
 from launcher.tools.export import ExportError, render_tfjob, tfjob_manifest
 from tests.conftest import run_cli
 from tests.tfjob_schema import validate_network_policy, validate_tfjob

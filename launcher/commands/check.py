@@ -38,7 +38,7 @@ from .. import firewall
 from ..job.run import check_collective, fwreport
 from ..job.run.check_collective import CollectiveReport, task_addresses
 from ..job.run.reach import Reach
-from ..spec.allocation import SlurmError
+from ..spec.allocation import AllocationError, systems
 from ..spec.config import ConfigError, LoadedConfig, keras_backend
 from ..spec.plan import HostTarget, Plan, PlanError
 from ..spec.transports import traits
@@ -533,8 +533,8 @@ def main(argv: list[str]) -> int:
         "reachability of every task's TF_CONFIG address, shared checkpoint dir, GPUs, and a "
         "tiny collective across every task. Exit 0 when the run would start.")
     parser.add_argument("cluster", nargs="?", help="the cluster YAML")
-    parser.add_argument("--slurm", action="store_true",
-                        help="check the nodes of the Slurm allocation this runs in (no YAML)")
+    loading.add_allocation_options(parser, lambda system: f"check the nodes of the "
+                                   f"{system.title} allocation this runs in (no YAML)")
     parser.add_argument("--local", type=int, metavar="N",
                         help="check N simulated hosts on this machine (no YAML)")
     parser.add_argument("--no-collective", dest="collective", action="store_false",
@@ -550,8 +550,9 @@ def main(argv: list[str]) -> int:
                         help="print the verdict as one JSON object (hosts, problems, "
                         "collective) instead of the table; same exit codes")
     args = parser.parse_args(argv[1:])
-    if sum((args.cluster is not None, args.slurm, args.local is not None)) != 1:
-        parser.error("give a cluster YAML, --slurm or --local N")
+    if sum((args.cluster is not None, bool(args.allocation), args.local is not None)) != 1:
+        options = ", ".join(f"--{system.name}" for system in systems())
+        parser.error(f"give a cluster YAML, {options} or --local N")
     if args.local is not None and args.local < 1:
         parser.error("--local needs a number of hosts >= 1")
     if args.collective_timeout <= 0:
@@ -559,10 +560,10 @@ def main(argv: list[str]) -> int:
     if args.script and not os.path.isfile(args.script):
         parser.error(f"--script: no such file: {args.script}")
     try:
-        loaded = loading.load_cluster(args.cluster, args.local, args.slurm)
+        loaded = loading.load_cluster(args.cluster, args.local, args.allocation)
     except ConfigError as exc:
         return _cannot_check(f"mgpu-launch: {exc}", args.json)
-    except SlurmError as exc:
+    except AllocationError as exc:
         return _cannot_check(f"mgpu-launch check: {exc}", args.json)
     try:
         reports, checkpoint_dir, collective = run_check(

@@ -30,7 +30,7 @@ from pathlib import Path
 from ..job.run.launch import Job, LaunchRefused
 from ..job.run.sequence import EarlyEnd, StopRequest, run_launch
 from ..outlets.printer import Printer
-from ..spec.allocation import SlurmError
+from ..spec.allocation import AllocationError, system_of
 from ..spec.config import ConfigError, LoadedConfig
 from ..spec.plan import PlanError
 from ..spec.transports import traits
@@ -58,7 +58,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Run SCRIPT as a job, inject faults once it has saved a checkpoint "
         "and say whether it resumed from its last checkpoint each time (docs/drill.md).")
     parser.add_argument("--local", type=int, metavar="N", help="N simulated hosts here")
-    parser.add_argument("--slurm", action="store_true", help="the nodes of this Slurm allocation")
+    loading.add_allocation_options(parser, lambda s: f"the nodes of this {s.title} allocation")
     parser.add_argument("--faults", default=None, metavar="LIST",
                         help="comma-separated, of kill, preempt, hang, host (default: those "
                         "that apply: host on SSH hosts only)")
@@ -90,7 +90,7 @@ def main(argv: list[str]) -> int:
     except Usage as exc:
         say(f"mgpu-launch drill: {exc}")
         return exits.USAGE
-    except (ConfigError, SlurmError) as exc:
+    except (ConfigError, AllocationError) as exc:
         say(f"mgpu-launch: {exc}")
         return exits.USAGE
     return _drill(args, loaded, command, faults, run_dir)
@@ -103,7 +103,7 @@ def _load(args: argparse.Namespace) -> tuple[LoadedConfig, list[str], list[str]]
         raise Usage("--checkpoint-wait needs a number of seconds > 0")
     try:
         loaded, command = loading.cluster_and_script(
-            args.rest, args.local, args.slurm,
+            args.rest, args.local, args.allocation,
             expected="expected a cluster YAML and a training script (or --local N, --slurm)")
     except loading.ArgumentError as exc:
         raise Usage(str(exc)) from None
@@ -124,8 +124,8 @@ def _faults(given: str | None, name: str) -> list[str]:
         raise Usage(f"--faults: unknown fault {', '.join(unknown) or '(none given)'}: "
                     f"choose from {','.join(FAULTS)}")
     if "host" in faults and transport.allocation:
-        raise Usage("--faults host: a lost host is drilled on SSH or simulated hosts, "
-                    "not inside a Slurm allocation")
+        raise Usage("--faults host: a lost host is drilled on SSH or simulated hosts, not "
+                    f"inside a {system_of(name).title} allocation")
     return list(dict.fromkeys(faults))
 
 

@@ -1,20 +1,29 @@
-"""A command's cluster from its arguments: a cluster file, `--local N` or `--slurm`.
+"""A command's cluster from its arguments: a cluster file, `--local N` or a
+batch allocation's nodes (`--slurm`: one `--NAME` per batch system).
 
 One place for the run command, `drill` and `check`: which of the three the
-arguments name, the loaded config (with the Slurm allocation read for
-`transport: slurm`), and for the commands that run a script, the script and
-its arguments after the cluster. Raises `ArgumentError` for arguments that
-name no cluster or no script (each command says it in its own words, exit 2),
-and lets `ConfigError` and `SlurmError` through.
+arguments name, the loaded config (with the allocation read for a transport
+that runs in one, `transport: slurm`), and for the commands that run a
+script, the script and its arguments after the cluster. Raises
+`ArgumentError` for arguments that name no cluster or no script (each command
+says it in its own words, exit 2), and lets `ConfigError` and
+`AllocationError` through.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from ..spec.allocation import read_allocation, slurm_config, with_allocation
+from ..spec.allocation import (
+    BatchSystem,
+    allocation_config,
+    system_of,
+    systems,
+    with_allocation,
+)
 from ..spec.config import LoadedConfig, load_config, local_config
 from ..spec.plan import resolve_script
 from ..spec.transports import traits
@@ -24,23 +33,35 @@ class ArgumentError(Exception):
     """The arguments name no cluster, or no script to run on it."""
 
 
-def load_cluster(cluster: str | None, local: int | None, slurm: bool) -> LoadedConfig:
-    """The config of N simulated hosts (`local`), of this Slurm allocation's
-    nodes (`slurm`) or of the cluster file; the allocation's nodes are read
-    for a cluster file of `transport: slurm` too."""
+def add_allocation_options(parser: argparse.ArgumentParser,
+                           help_of: Callable[[BatchSystem], str] | None = None) -> None:
+    """`--NAME` for each batch system (`--slurm`): `args.allocation` its name."""
+    for system in systems():
+        parser.add_argument(f"--{system.name}", dest="allocation", action="store_const",
+                            const=system.name,
+                            help=help_of(system) if help_of else system.option_help)
+    parser.set_defaults(allocation=None)
+
+
+def load_cluster(cluster: str | None, local: int | None,
+                 allocation: str | None) -> LoadedConfig:
+    """The config of N simulated hosts (`local`), of the nodes of the batch
+    allocation this runs in (`allocation`: its system's name, `--slurm`) or of
+    the cluster file; the allocation's nodes are read for a cluster file of
+    `transport: slurm` too."""
     if local is not None:
         loaded = local_config(local)
-    elif slurm:
-        loaded = slurm_config()
+    elif allocation:
+        loaded = allocation_config(next(s for s in systems() if s.name == allocation))
     else:
         assert cluster is not None
         loaded = load_config(cluster)
     if traits(loaded.config.transport).allocation:
-        loaded = with_allocation(loaded, read_allocation(os.environ))
+        loaded = with_allocation(loaded, system_of(loaded.config.transport).read(os.environ))
     return loaded
 
 
-def cluster_and_script(rest: Sequence[str], local: int | None, slurm: bool, *,
+def cluster_and_script(rest: Sequence[str], local: int | None, allocation: str | None, *,
                        expected: str = "expected a cluster YAML and a training script",
                        check_script: Callable[[str], None] | None = None,
                        ) -> tuple[LoadedConfig, list[str]]:
@@ -52,20 +73,20 @@ def cluster_and_script(rest: Sequence[str], local: int | None, slurm: bool, *,
     rest = list(rest)
     if rest and rest[0] == "--":
         rest = rest[1:]
-    if local is not None and slurm:
-        raise ArgumentError("--local and --slurm exclude each other")
+    if local is not None and allocation:
+        raise ArgumentError(f"--local and --{allocation} exclude each other")
     if local is not None and local < 1:
         raise ArgumentError("--local needs a number of hosts >= 1")
-    if local is not None or slurm:
+    if local is not None or allocation:
         if not rest:
             raise ArgumentError("no training script given")
         if check_script is not None:
             check_script(rest[0])
-        loaded, command = load_cluster(None, local, slurm), rest
+        loaded, command = load_cluster(None, local, allocation), rest
     elif len(rest) < 2:
         raise ArgumentError(expected)
     else:
-        loaded, command = load_cluster(rest[0], None, False), rest[1:]
+        loaded, command = load_cluster(rest[0], None, None), rest[1:]
         if command[0] == "--":  # `CLUSTER.yaml -- SCRIPT`
             command = command[1:]
         if not command:

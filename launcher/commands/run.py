@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from .. import __version__
 from ..spec.addresses import AddressError
-from ..spec.allocation import SlurmError
+from ..spec.allocation import AllocationError
 from ..spec.config import ConfigError, LoadedConfig
 from ..spec.plan import PlanError, host_targets
 from ..spec.rundir import why_unwritable
@@ -93,9 +93,7 @@ def _run_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"mgpu-launch {__version__}")
     parser.add_argument("--local", type=int, metavar="N",
                         help="run N simulated hosts on this machine (no YAML needed)")
-    parser.add_argument("--slurm", action="store_true",
-                        help="run on the nodes of the Slurm allocation this runs in "
-                        "(salloc, sbatch), one worker per node (no YAML needed)")
+    loading.add_allocation_options(parser)
     parser.add_argument("--dry-run", action="store_true",
                         help="print every task's host, role, ports, env and TF_CONFIG; "
                         "start nothing")
@@ -125,14 +123,14 @@ def _run_parser() -> argparse.ArgumentParser:
 
 
 def _load(args: argparse.Namespace) -> tuple[LoadedConfig, list[str]]:
-    option = "--slurm" if args.slurm else f"--local {args.local}"
+    option = f"--{args.allocation}" if args.allocation else f"--local {args.local}"
     try:
         return loading.cluster_and_script(
-            args.rest, args.local, args.slurm,
+            args.rest, args.local, args.allocation,
             check_script=lambda script: _no_cluster_file(script, option))
     except loading.ArgumentError as exc:
         raise UsageError(str(exc)) from None
-    except SlurmError as exc:
+    except AllocationError as exc:
         raise UsageError(str(exc)) from None
 
 
@@ -158,7 +156,7 @@ def _options_first(parser: argparse.ArgumentParser, argv: list[str]) -> list[str
     given (loading refuses a script that starts with `-`)."""
     args = parser.parse_args(argv)
     rest = args.rest
-    if args.local is not None or args.slurm or len(rest) < 2 or rest[0] == "--" \
+    if args.local is not None or args.allocation or len(rest) < 2 or rest[0] == "--" \
             or not rest[1].startswith("-"):
         return argv
     head, cluster, tail = argv[:len(argv) - len(rest)], rest[0], rest[1:]

@@ -421,10 +421,7 @@ def _progress_callback(keras, every_s: float, batch_level: bool = True,
 
         def __init__(self) -> None:
             super().__init__()
-            self.step = 0
-            self.epoch = 0
-            self.last = 0.0
-            self.began = False
+            self.step, self.epoch, self.last, self.began = 0, 0, 0.0, False
 
         def on_epoch_begin(self, epoch, logs=None):
             if not self.began and _restarted():
@@ -444,9 +441,9 @@ def _progress_callback(keras, every_s: float, batch_level: bool = True,
                 report_progress(self.step, epoch=self.epoch, **extra, **_scalars(logs))
 
         def on_epoch_end(self, epoch, logs=None):
-            at_end = save_every_steps is None or _mid_epoch_saves_skipped(self.model)
-            extra = {"checkpoint": 1} if at_end else {}
-            report_progress(self.step, epoch=epoch, epoch_end=1, **extra, **_scalars(logs))
+            saved = save_every_steps is None or _mid_epoch_saves_skipped(self.model)
+            report_progress(self.step, epoch=epoch, epoch_end=1, **_scalars(logs),
+                            **({"checkpoint": 1} if saved else {}))
 
     class EpochProgressReporter(keras.callbacks.Callback):
         """Per-epoch reports only: ParameterServerStrategy refuses batch-level callbacks."""

@@ -1,195 +1,81 @@
-"""A Slurm allocation as the cluster: its nodes, in Slurm's order, and their GPUs.
+"""A batch allocation as the cluster: the trait `allocation` of a transport
+(launcher/spec/transports.py), for any batch system.
 
-Owns what `transport: slurm` (and `mgpu-launch --slurm`) reads from the
-environment Slurm sets inside an allocation (`salloc`, an `sbatch` script), and
-`with_allocation`, which turns a config's hosts into the allocation's nodes:
-no `hosts:` means every node, one worker each; an explicit list keeps its
-roles, spares and GPUs, and every address must be a node of the allocation,
-or `slurm:N`, the allocation's N-th node counted from 0 (what `export --to
-slurm` writes, since a batch script cannot know its nodes' names).
+A transport whose hosts are the nodes of the allocation the launcher runs in
+names its batch system's module under launcher/spec/ (`Traits.allocation`:
+"slurm" is launcher/spec/slurm.py), whose `SYSTEM` is a `BatchSystem`: how
+the allocation is read from the environment, whether it ended, why a SIGTERM
+came, its ports. The rest is here, the same for every batch system: the
+command-line option (`--slurm`: `--NAME` of each system), the config of
+`--NAME` (every node, one worker each), and `with_allocation`, which turns a
+config's hosts into the allocation's nodes: no `hosts:` means every node, one
+worker each; an explicit list keeps its roles, spares and GPUs, and every
+address must be a node of the allocation, or `NAME:N`, its N-th node counted
+from 0. A new batch system (PBS, LSF) is its module here and a row of
+`TRANSPORTS` with its transport (docs/design.md, "A new batch system").
 
 Must not import: plan, transport, supervisor, cli.
 """
 
 from __future__ import annotations
 
-import shutil
-import subprocess
+import importlib
 import sys
-import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from .config import ClusterConfig, ConfigError, LoadedConfig, revalidate
-from .transports import TransportName
-
-# Ports for `ports.base: auto` under Slurm: the launcher cannot probe the
-# nodes, so each job gets its own stretch of this range (from its job id),
-# which keeps two jobs sharing a node apart most of the time.
-AUTO_PORT_FIRST, AUTO_PORT_SPAN, AUTO_PORT_STRIDE = 20000, 20000, 64
-NODE_BY_POSITION = "slurm:"  # `address: slurm:0` is the allocation's first node
+from .transports import TRANSPORTS, TransportName, traits
 
 
-class SlurmError(Exception):
+class AllocationError(Exception):
     """Not inside a usable allocation; the message says what to do."""
 
 
 @dataclass(frozen=True)
 class Allocation:
     job_id: str
-    nodes: tuple[str, ...]  # in Slurm's order
+    nodes: tuple[str, ...]  # in the batch system's order
     gpus: tuple[int, ...]  # per node, when the allocation has GPUs
 
 
-def expand_hostlist(text: str) -> list[str]:
-    """Slurm's compact host list (`node[01-02],gpu3`, `r[1-2]-n[1,3]`) as names, in order."""
-    names = []
-    for part in _split_top_level(text):
-        if part:
-            names.extend(_expand_brackets(part))
-    return names
+@dataclass(frozen=True)
+class BatchSystem:
+    """What the launcher asks of a batch system (one module's `SYSTEM`)."""
+
+    name: str  # its `--NAME` option, and `address: NAME:N`
+    title: str  # in words: "Slurm"
+    read: Callable[[Mapping[str, str]], Allocation]  # raises AllocationError outside one
+    ended: Callable[[str], bool]  # the job of this id is over (False: running, or unknown)
+    why_stopped: Callable[[str], str]  # why a SIGTERM came, in words for the summary
+    auto_port_base: Callable[[str], int]  # `ports.base: auto`, from the job id
+    more_nodes: Callable[[int], str]  # how to ask it for N nodes, in words
+    option_help: str  # `--NAME`'s help
 
 
-def _split_top_level(text: str) -> list[str]:
-    """Split on the commas that are not inside brackets."""
-    parts, depth, current = [], 0, ""
-    for char in text.strip():
-        if char == "[":
-            depth += 1
-        elif char == "]":
-            depth -= 1
-        if char == "," and depth == 0:
-            parts.append(current.strip())
-            current = ""
-        else:
-            current += char
-    parts.append(current.strip())
-    return parts
+def system_of(transport: object) -> BatchSystem:
+    """The batch system of a transport whose hosts are an allocation's nodes."""
+    module = traits(transport).allocation
+    if not module:
+        raise ValueError(f"transport {transport!r} runs in no batch allocation")
+    return importlib.import_module(f"launcher.spec.{module}").SYSTEM
 
 
-def _expand_brackets(pattern: str) -> list[str]:
-    """Expand the first `[...]` of `pattern` (ranges keep their zero padding), recursively."""
-    start = pattern.find("[")
-    if start < 0:
-        return [pattern]
-    end = pattern.index("]", start)
-    head, body, tail = pattern[:start], pattern[start + 1:end], pattern[end + 1:]
-    values = []
-    for item in body.split(","):
-        item = item.strip()
-        if "-" in item:
-            low, high = item.split("-", 1)
-            width = len(low)  # Slurm pads to the low bound's width: 01-10
-            values.extend(str(n).zfill(width) for n in range(int(low), int(high) + 1))
-        elif item:
-            values.append(item)
-    out = []
-    for value in values:
-        out.extend(_expand_brackets(head + value + tail))
-    return out
+def transport_of(system: BatchSystem) -> TransportName:
+    return next(name for name, row in TRANSPORTS.items() if row.allocation
+                and system_of(name) is system)
 
 
-def _scontrol_hostnames(nodelist: str) -> list[str] | None:
-    if not shutil.which("scontrol"):
-        return None
-    try:
-        done = subprocess.run(["scontrol", "show", "hostnames", nodelist],
-                              capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return done.stdout.split() if done.returncode == 0 and done.stdout.split() else None
+def systems() -> list[BatchSystem]:
+    """Every batch system a transport runs in, in the table's order."""
+    return [system_of(name) for name, row in TRANSPORTS.items() if row.allocation]
 
 
-def _gpus(environ: Mapping[str, str]) -> tuple[int, ...]:
-    """GPUs per node as the allocation reports them: a count, numbered from 0.
-
-    SLURM_GPUS_ON_NODE counts them; SLURM_JOB_GPUS lists the batch node's global
-    ids, then SLURM_GPUS_PER_NODE, then CUDA_VISIBLE_DEVICES in a batch script;
-    only the count is used: with ConstrainDevices (cgroups) a
-    step sees its GPUs as 0..N-1, whatever their global ids.
-    """
-    count = environ.get("SLURM_GPUS_ON_NODE", "")
-    if count.isdigit():
-        return tuple(range(int(count)))
-    listed = [g for g in environ.get("SLURM_JOB_GPUS", "").split(",") if g.strip()]
-    if listed:
-        return tuple(range(len(listed)))
-    per_node = environ.get("SLURM_GPUS_PER_NODE", "").rsplit(":", 1)[-1]
-    if per_node.isdigit():
-        return tuple(range(int(per_node)))
-    # Inside the job (an sbatch script) Slurm sets the devices of this node.
-    visible = [g for g in environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
-               if g.strip().isdigit() or g.strip().startswith(("GPU-", "MIG-"))]  # not "-1"
-    return tuple(range(len(visible))) if "SLURMD_NODENAME" in environ else ()
-
-
-def read_allocation(environ: Mapping[str, str],
-                    hostnames: Callable[[str], list[str] | None] = _scontrol_hostnames
-                    ) -> Allocation:
-    """The allocation this process runs in. Raises SlurmError outside one."""
-    job_id = environ.get("SLURM_JOB_ID") or environ.get("SLURM_JOBID")
-    nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
-    if not job_id or not nodelist:
-        raise SlurmError(
-            "not inside a Slurm allocation (SLURM_JOB_ID and SLURM_JOB_NODELIST are not set): "
-            "run it under `salloc -N2 mgpu-launch --slurm train.py`, or from an sbatch script "
-            "(`mgpu-launch export --to slurm` writes one)")
-    nodes = hostnames(nodelist) or expand_hostlist(nodelist)
-    return Allocation(job_id=job_id, nodes=tuple(nodes), gpus=_gpus(environ))
-
-
-# States of a job whose nodes are still ours (squeue's long names).
-_LIVE_STATES = frozenset({"RUNNING", "SUSPENDED", "CONFIGURING", "RESIZING", "SIGNALING",
-                          "STAGE_OUT"})
-
-
-def job_state(job_id: str) -> str | None:
-    """Slurm's JobState of `job_id` (RUNNING, CANCELLED, TIMEOUT, ...); "GONE"
-    when Slurm no longer knows it; None when Slurm cannot be asked."""
-    try:
-        done = subprocess.run(["scontrol", "show", "job", "--oneliner", job_id],
-                              capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if done.returncode != 0:
-        return "GONE" if "invalid job id" in done.stderr.lower() else None
-    for field in done.stdout.split():
-        if field.startswith("JobState="):
-            return field.removeprefix("JobState=")
-    return None
-
-
-def allocation_ended(job_id: str) -> bool:
-    """True when Slurm says job `job_id` is over (cancelled, timed out, gone);
-    False while it runs, or when Slurm cannot be asked."""
-    state = job_state(job_id)
-    return state is not None and state not in _LIVE_STATES
-
-
-def why_stopped(job_id: str) -> str:
-    """Why a job in this allocation got SIGTERM, in words for the summary."""
-    state = job_state(job_id)
-    if state == "CANCELLED":
-        return f"the Slurm job {job_id} was cancelled (scancel)"
-    if state in ("TIMEOUT", "DEADLINE"):
-        return f"the Slurm job {job_id} reached its time limit"
-    if state == "PREEMPTED":
-        return f"the Slurm job {job_id} was preempted"
-    if state is not None and state not in _LIVE_STATES:
-        return (f"the Slurm job {job_id} ended ({state}: scancel, its time limit or "
-                "preemption)")
-    return (f"SIGTERM while the Slurm job {job_id} runs: its time limit is near (the "
-            "script's --signal), or someone stopped the launcher")
-
-
-def auto_port_base(job_id: str) -> int:
-    return AUTO_PORT_FIRST + (zlib.crc32(job_id.encode()) * AUTO_PORT_STRIDE) % AUTO_PORT_SPAN
-
-
-def slurm_config(name: str = "slurm") -> LoadedConfig:
-    """The config behind `mgpu-launch --slurm`: every node of the allocation, one worker each."""
-    config = ClusterConfig.model_validate({"name": name, "transport": TransportName.SLURM.value,
+def allocation_config(system: BatchSystem) -> LoadedConfig:
+    """The config behind `mgpu-launch --NAME`: every node of the allocation, one worker each."""
+    config = ClusterConfig.model_validate({"name": system.name,
+                                           "transport": transport_of(system).value,
                                            "hosts": [], "ports": {"base": "auto"}})
     return LoadedConfig(config=config, source=None, base_dir=Path.cwd())
 
@@ -198,44 +84,54 @@ def with_allocation(loaded: LoadedConfig, allocation: Allocation,
                     python: str = sys.executable) -> LoadedConfig:
     """`loaded` with its hosts taken from the allocation (see the module doc).
 
-    Also: `python` defaults to this interpreter (a Slurm cluster's nodes share
-    the software this process sees, and srun passes our environment on), and
-    `ports.base: auto` becomes a base picked from the job id. Raises
+    Also: `python` defaults to this interpreter (a batch cluster's nodes share
+    the software this process sees, and the job step passes our environment
+    on), and `ports.base: auto` becomes a base picked from the job id. Raises
     ConfigError (exit 2) for an address that is not a node of the allocation.
     """
     config = loaded.config
+    system = system_of(config.transport)
     data = config.model_dump(mode="json", exclude_unset=True)
-    data["transport"] = TransportName.SLURM.value
     nodes = list(allocation.nodes)
     if not config.hosts:
         data["hosts"] = [{"address": node, "gpus": list(allocation.gpus)} for node in nodes]
     else:
-        problems = []
-        for i, (host, entry) in enumerate(zip(config.hosts, data["hosts"], strict=True)):
-            position = host.address.removeprefix(NODE_BY_POSITION)
-            if host.address.startswith(NODE_BY_POSITION) and position.isdigit():
-                if int(position) < len(nodes):
-                    entry["address"] = nodes[int(position)]
-                else:
-                    problems.append(
-                        f"hosts[{i}].address: {host.address!r}, but Slurm job "
-                        f"{allocation.job_id} has {len(nodes)} node(s): allocate at least "
-                        f"{len(config.hosts)} (`--nodes={len(config.hosts)}`)")
-            elif host.address not in nodes:
-                problems.append(
-                    f"hosts[{i}].address: {host.address!r} is not a node of Slurm job "
-                    f"{allocation.job_id} (its nodes: {_short(nodes)}); list only nodes of the "
-                    "allocation, or leave `hosts:` out to use all of them")
+        problems = _placed(config, data["hosts"], allocation, system)
         if problems:
-            raise ConfigError(str(loaded.source or "--slurm"), problems)
+            raise ConfigError(str(loaded.source or f"--{system.name}"), problems)
         for host, spec in zip(data["hosts"], config.hosts, strict=True):
             if "gpus" not in spec.model_fields_set:
                 host["gpus"] = list(allocation.gpus)
     if config.ports.base == "auto":
-        data["ports"] = {**data.get("ports", {}), "base": auto_port_base(allocation.job_id)}
+        data["ports"] = {**data.get("ports", {}),
+                         "base": system.auto_port_base(allocation.job_id)}
     if config.python is None:
         data["python"] = python
     return revalidate(loaded, data)
+
+
+def _placed(config: ClusterConfig, entries: list[dict], allocation: Allocation,
+            system: BatchSystem) -> list[str]:
+    """Each host's address made a node of the allocation (`NAME:N` its N-th);
+    the problems of those that are none."""
+    problems, nodes, prefix = [], list(allocation.nodes), f"{system.name}:"
+    job = f"{system.title} job {allocation.job_id}"
+    for i, (host, entry) in enumerate(zip(config.hosts, entries, strict=True)):
+        position = host.address.removeprefix(prefix)
+        if host.address.startswith(prefix) and position.isdigit():
+            if int(position) < len(nodes):
+                entry["address"] = nodes[int(position)]
+            else:
+                problems.append(
+                    f"hosts[{i}].address: {host.address!r}, but {job} has {len(nodes)} "
+                    f"node(s): allocate at least {len(config.hosts)} "
+                    f"({system.more_nodes(len(config.hosts))})")
+        elif host.address not in nodes:
+            problems.append(
+                f"hosts[{i}].address: {host.address!r} is not a node of {job} (its nodes: "
+                f"{_short(nodes)}); list only nodes of the allocation, or leave `hosts:` out "
+                "to use all of them")
+    return problems
 
 
 def _short(nodes: Sequence[str], limit: int = 8) -> str:

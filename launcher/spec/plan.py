@@ -205,8 +205,7 @@ def build_plan(
     *,
     run_dir: str,
     ports: Sequence[int] | None = None,
-    generation: int = 0,
-    default_python: str = "python3",
+    generation: int = 0, default_python: str = "python3",
     launch_cwd: str = "/",
     active_hosts: Sequence[str] | None = None,
     addresses: Mapping[str, TFAddress] | None = None,
@@ -223,8 +222,8 @@ def build_plan(
     tf_addresses, which reads the ssh config and the agents' hellos); a host
     missing there gets what the cluster file alone says (launcher.spec.addresses).
     An address not known yet (a network interface's, before the hello) appears
-    as `<address of IF on HOST>`: such a plan is for --dry-run only.
-    `run_id`: this run's, the same in every generation (MGPU_RUN_ID).
+    as `<address of IF on HOST>`: such a plan is for --dry-run only. `run_id`:
+    this run's, the same in every generation (MGPU_RUN_ID).
     """
     config = loaded.config
     if not command:

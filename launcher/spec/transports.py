@@ -33,10 +33,11 @@ class Traits:
     # ports default to `auto` and are checked free here, the checkpoint
     # directory is claimed here, each agent's files live in the run directory.
     simulated: bool = False
-    # Its hosts are the nodes of the batch allocation the launcher runs in (Slurm):
-    # the cluster file may list none, a lost host cannot be drilled, and a
-    # SIGTERM is the allocation ending.
-    allocation: bool = False
+    # Its hosts are the nodes of the batch allocation the launcher runs in: the
+    # module under launcher/spec/ of its batch system ("slurm": spec/slurm.py's
+    # SYSTEM; spec/allocation.py). The cluster file may list no host, a lost
+    # host cannot be drilled, and a SIGTERM is the allocation ending.
+    allocation: str | None = None
     # It reaches the hosts by SSH (paramiko): ~/.ssh/config's HostName is a TF
     # address, logins are timed by `check`, a host can be lost in a drill by
     # default, and several real hosts need a shared checkpoint directory and fixed ports.
@@ -46,7 +47,7 @@ class Traits:
 TRANSPORTS: dict[TransportName, Traits] = {
     TransportName.SSH: Traits(module="ssh", ssh=True),
     TransportName.LOCAL: Traits(module="local", simulated=True),
-    TransportName.SLURM: Traits(module="slurm", allocation=True),
+    TransportName.SLURM: Traits(module="slurm", allocation="slurm"),
 }
 
 # The names, in the order the cluster file's errors list them.

@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from ..spec.allocation import NODE_BY_POSITION, Allocation, with_allocation
+from ..spec.allocation import Allocation, with_allocation
 from ..spec.config import LoadedConfig
 from ..spec.plan import (
     ROLE_ORDER,
@@ -33,6 +33,7 @@ from ..spec.plan import (
     ports_needed,
 )
 from ..spec.redact import looks_secret
+from ..spec.slurm import NODE_BY_POSITION
 from ..spec.transports import TransportName
 from ..strategy import Strategy
 

@@ -32,8 +32,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..spec.allocation import allocation_ended, read_allocation
 from ..spec.config import ClusterConfig
+from ..spec.slurm import allocation_ended, read_allocation
 from ..spec.target import HostTarget, host_run_dir
 from ..spec.transports import TransportName
 from . import HostProblem, every_host

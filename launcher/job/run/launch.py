@@ -36,7 +36,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from ...spec.allocation import read_allocation, why_stopped
+from ...spec.allocation import system_of
 from ...spec.config import LoadedConfig, dump_config, effective_roles
 from ...spec.plan import Plan, PlanError, default_checkpoint_dir
 from ...spec.rundir import EVENTS, RunRecorder
@@ -237,7 +237,8 @@ class Job:
                 self._views_open = False
         loaded = self.launch.loaded
         if traits(loaded.config.transport).allocation and result.interrupted_by == signal.SIGTERM:
-            result = replace(result, message=why_stopped(read_allocation(os.environ).job_id))
+            system = system_of(loaded.config.transport)
+            result = replace(result, message=system.why_stopped(system.read(os.environ).job_id))
         told = self._story()
         summary = self._note_terminal(_summary(result, told))
         stop = stops.entry(result, self.connected.plan.grace_s)  # what a stop did to the tasks
