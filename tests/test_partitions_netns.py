@@ -102,7 +102,7 @@ def cut_host(sw: netsim.Switch, cut: list[int], index: int) -> float:
 
 class RigJob(Job):
     def __init__(self, sim, workdir: Path, name: str, restart: dict,
-                 connect_timeout_s: float = 2) -> None:
+                 connect_timeout_s: float = 2, python: dict[int, str] | None = None) -> None:
         self.sim = sim
         self.run_name = name = f"{name}-{secrets.token_hex(3)}"
         self.ckpt = workdir / f"ckpt-{name}"
@@ -114,6 +114,8 @@ class RigJob(Job):
         config["restart"] = {"heartbeat_timeout_s": HEARTBEAT_S, "backoff_s": 0,
                              "warm_standby": "off", **restart}
         config["security"] = {"tf_ports": "open"}  # not under test here
+        for index, interpreter in (python or {}).items():
+            config["hosts"][index]["python"] = interpreter
         path = write_yaml(workdir / f"{name}.yaml", config)
         script = workdir / "saver.py"
         script.write_text(SAVER)
@@ -131,6 +133,15 @@ class RigJob(Job):
         self.kill()
         for pid in alive(self.family | set(self.pids().values()) | job_processes(self.run_name)):
             subprocess.run(["kill", "-9", str(pid)], capture_output=True)
+
+
+def nothing_left(job: RigJob) -> None:
+    """No agent or task of the job on any host, and no sshd session: the cut
+    host's stale one ends once its link is back."""
+    wait_for(lambda: not job_processes(job.run_name), timeout=10, what="no agent or task left")
+    hosts = range(len(job.sim.hosts))
+    wait_for(lambda: not any(job.sim.session_pids(i) for i in hosts), timeout=20,
+             what="no sshd session left on any host")
 
 
 @pytest.fixture
@@ -178,4 +189,88 @@ def test_the_chiefs_host_cut_mid_epoch_with_shrink(rig, workdir, rigjobs):
     assert resumed == max(s[0] for s in job.saves() if s[1] == 0), resumed
     assert re.search(r"host1/worker0 +\| DONE step=", job.output), job.output[-2000:]
     assert ended_after <= HEARTBEAT_S + EOF_GRACE_S + 3, ended_after
-    wait_for(lambda: not job_processes(job.run_name), timeout=10, what="nothing of the job left")
+    nothing_left(job)
+
+
+# The hosts' python for one host: its agent (only) waits at a gate before it
+# starts, so a test can cut the host's link between the agent's start over SSH
+# and its hello. After `exec` the agent keeps the pid written.
+GATED_AGENT = """\
+#!/bin/sh
+case "$*" in
+  *launcher.agent*)
+    echo $$ > {gate}/agent-starting
+    i=0
+    while [ ! -e {gate}/go ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done;;
+esac
+exec {python} "$@"
+"""
+
+
+def test_a_host_cut_during_the_launch_is_named_and_nothing_runs(rig, workdir, rigjobs):
+    """host2's link is cut after its agent was started over SSH, before its
+    hello: the launch stops naming host2, no task starts anywhere, and the
+    agent behind the cut ends by its lease while still cut; nothing of the job
+    is left once the link is back."""
+    sw, sim = rig
+    gate = workdir / "gate"
+    gate.mkdir()
+    wrapper = workdir / "gated-python"
+    wrapper.write_text(GATED_AGENT.format(gate=gate, python=sim.python))
+    wrapper.chmod(0o755)
+    job = RigJob(sim, workdir, "cut-launch", {"on_host_loss": "shrink"},
+                 python={2: str(wrapper)})
+    rigjobs.append(job)
+    with cuttable(sw) as cut:
+        wait_for(lambda: (gate / "agent-starting").exists() or job.proc.poll() is not None,
+                 timeout=30, what="host2's agent starting")
+        agent = int((gate / "agent-starting").read_text())
+        cut_host(sw, cut, 2)
+        (gate / "go").write_text("go")  # its hello goes nowhere
+        # No word from the launcher reaches it: its lease ends it, still cut.
+        wait_for(lambda: not alive([agent]), timeout=HEARTBEAT_S + 5,
+                 what="host2's agent to end by its lease")
+        code = job.finish(timeout=45)
+        _link(sw, 2, "up")
+    assert code == 2, job.output[-3000:]  # a host not reached: as at any launch
+    assert re.search(r"host2: the agent on .* sent no hello within", job.output), job.output
+    assert not list(job.ckpt.glob("started-*")), "a task ran"
+    assert not [e for e in job.events() if e["event"] == "task_started"]
+    nothing_left(job)
+
+
+def test_a_workers_host_cut_with_wait_rejoins_when_its_link_is_back(rig, workdir, rigjobs):
+    """host1 (a worker) is cut; the launcher waits for it, trying to reconnect;
+    its agent ends its task by the lease meanwhile; once its link is back the
+    job resumes on all three hosts, host1's task started once per generation."""
+    sw, sim = rig
+    job = RigJob(sim, workdir, "cut-wait", {"on_host_loss": "wait", "host_wait_s": 30})
+    rigjobs.append(job)
+    with cuttable(sw) as cut:
+        wait_for(lambda: len(job.saves()) >= 10, timeout=30, what="the chief saving")
+        task = job.pids()[(0, "worker1")]
+        agent, _ = agent_lease(job.run_name, "host1")
+        cut_at = cut_host(sw, cut, 1)
+        lost = job.wait_event("host_lost", timeout=HEARTBEAT_S + 10, host="host1")
+        assert "no heartbeat" in lost["detail"], lost
+        wait_for(lambda: not alive([task, agent]), timeout=HEARTBEAT_S + EOF_GRACE_S + 3,
+                 what="host1's task and agent to end by the lease")
+        waited = job.wait_event("host_wait", timeout=20, host="host1")
+        assert not job.events("launch", generation=1)  # nothing without host1
+        _link(sw, 1, "up")
+        back = job.wait_event("host_back", timeout=20, host="host1")
+        cut_s = time.monotonic() - cut_at
+        code = job.finish(timeout=40)
+    assert code == 0, job.output[-3000:]
+    assert back["t"] > waited["t"], (waited, back)
+    summary = read_summary(job.run_dir)
+    assert summary["status"] == "succeeded" and summary["restarts"] == 1, summary
+    relaunch = job.events("launch", generation=1)[0]
+    assert sorted(t["host"] for t in relaunch["tasks"]) == ["host0", "host1", "host2"]
+    assert relaunch["t"] >= back["t"]
+    assert [e["host"] for e in job.events("task_started", task="worker1")] == ["host1", "host1"]
+    resumed = int((job.ckpt / "restored-g1-host1").read_text())
+    assert resumed == max(s[0] for s in job.saves() if s[1] == 0) > 0, resumed
+    assert re.search(r"host1/worker1 +\| DONE step=", job.output), job.output[-2000:]
+    assert cut_s > HEARTBEAT_S, cut_s  # the link was out while the lease ran out
+    nothing_left(job)
