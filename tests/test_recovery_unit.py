@@ -271,3 +271,16 @@ def test_watcher_of_a_jax_task_alarms_on_unhealthy_and_reads_the_process_id():
     plain = OutputWatcher()
     assert plain.feed(JAX_UNHEALTHY) is None and plain.feed("1") is None
     assert plain.culprit is None
+
+
+def test_a_silently_lost_hosts_tasks_are_over_after_its_lease_and_grace():
+    """job/policy/fence.py: the next generation waits out a cut host's lease."""
+    from launcher.job.policy.fence import tasks_over_by
+
+    # Last heard at 100, lost (no heartbeat for 10 s) at 110.1: its agent may
+    # have heard us until 102, its lease out by 112.2, SIGKILL at 114.2.
+    assert tasks_over_by(lost_at=110.1, last_seen=100.0, lease_s=10.0, silent=True) \
+        == pytest.approx(114.7)
+    # A dropped connection: the agent saw the EOF (or died): its grace only.
+    assert tasks_over_by(lost_at=110.1, last_seen=100.0, lease_s=10.0, silent=False) \
+        == pytest.approx(112.6)

@@ -49,7 +49,10 @@ def _restart(event: ev.Restart) -> str:
         else "the first loss gone non-finite"  # the NaN sentinel's (recovery.decide_restart)
     why = f"{event.spent} of {allowed}" if event.counted else \
         f"{free}, not counted against {allowed}"
-    return (f"restarting as generation {event.generation} in {event.backoff_s:g} s (restart "
+    fence = event.fence_s or 0.0
+    wait = f"{event.backoff_s + fence:g} s" + (
+        f", {fence:g} s of it until the lost host's tasks are surely over" if fence else "")
+    return (f"restarting as generation {event.generation} in {wait} (restart "
             f"{event.total}: {why}; at most {event.max_total_restarts} in all); workers resume "
             "from the last checkpoint")
 

@@ -34,6 +34,9 @@ class Generation:
     resumed_past: bool = False  # it resumed past the previous generation's resume point
     stepped: bool = False  # a task reported a training step
     lost_hosts: set[str] = field(default_factory=set)
+    # Until when a lost host's tasks may still run (job/policy/fence.py): the
+    # next generation starts no sooner.
+    fence_until: float = 0.0
     # Hosts the next generation goes on without, though their agents answer
     # (a straggler's, restart.on_straggler: replace): a spare takes their place.
     set_aside: set[str] = field(default_factory=set)

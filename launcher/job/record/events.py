@@ -294,6 +294,7 @@ class LauncherFailed(Event):
 @dataclass(frozen=True, kw_only=True)
 class Restart(Event):
     kind = "restart"
+    optional = ("fence_s",)
     generation: int
     restarts: int = 0
     counted: bool = True
@@ -305,6 +306,9 @@ class Restart(Event):
     total: int = 0  # restarts counted against...
     max_total_restarts: int = 0  # ...restart.max_total_restarts
     preempted: bool = False
+    # Seconds waited beyond the backoff for a lost host's tasks to be surely
+    # over (its agent's lease, then its kill: job/policy/fence.py).
+    fence_s: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import queue
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from ...spec.config import RestartPolicy  # the cluster file's `restart:`, its defaults
@@ -44,6 +45,7 @@ from ..detect.tailcut import grace_s as tail_grace
 from ..detect.watch import Watch
 from ..lines.output import TaskOutput, Voice
 from ..policy import keras_fallback
+from ..policy.fence import tasks_over_by
 from ..policy.hostwait import HostWaiter
 from ..policy.recovery import Budget, HostInfo, NotEnoughHosts, decide_restart
 from ..policy.restarts import End, JobSoFar, count_restart, keras_switched
@@ -245,9 +247,12 @@ class Supervisor:
         restart = count_restart(job, self._policy, counts=counts, advanced=advanced,
                                 trained_s=self._clock() - gen.started_at,
                                 preempted=traits(gen.failure.kind).preempted)
+        fence = round(max(0.0, gen.fence_until - self._clock() - restart.backoff_s), 1)
+        if fence > 0:  # a lost host's tasks may still run: none of the next generation yet
+            restart = replace(restart, fence_s=fence)
         gen.enter(Phase.BACKOFF)
         self._story.tell(restart)
-        return End(JobStatus.INTERRUPTED) if self._wait(restart.backoff_s) else None
+        return End(JobStatus.INTERRUPTED) if self._wait(restart.backoff_s + fence) else None
 
     def _place_copies(self, plan: Plan) -> None:
         """The memory tier: before a restart, the newest save each host of the
@@ -549,10 +554,14 @@ class Supervisor:
         gen.single_restarts[record.task.name] = gen.single_restarts.get(record.task.name, 0) + 1
         return gen.single_restarts[record.task.name] <= MAX_SINGLE_WORKER_RESTARTS
 
-    def _host_lost(self, gen: Generation, host: str, detail: str) -> None:
+    def _host_lost(self, gen: Generation, host: str, detail: str, silent: bool = False) -> None:
         if host in gen.lost_hosts:
             return
         gen.lost_hosts.add(host)
+        now = self._clock()
+        gen.fence_until = max(gen.fence_until, tasks_over_by(
+            lost_at=now, last_seen=getattr(self._links.get(host), "last_seen", now),
+            lease_s=self._policy.heartbeat_timeout_s, silent=silent))
         victims = [r for r in gen.on_host(host) if not r.state.terminal]
         tearing_down = gen.tearing_down
         self._story.happen(gen, ev.HostLost(generation=gen.plan.generation, host=host,
@@ -571,7 +580,7 @@ class Supervisor:
         """What a detector found: a host lost, a finished job's tail cut, or a
         task's failure (a collective abort's culprit is then looked for)."""
         if isinstance(found, HostSilent):
-            self._host_lost(gen, found.host, found.detail)
+            self._host_lost(gen, found.host, found.detail, silent=True)
         elif isinstance(found, ev.TailCut):
             self._story.tell(found)
             gen.enter(Phase.TEARING_DOWN)
