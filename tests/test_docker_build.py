@@ -15,6 +15,7 @@ machine without them fails here, naming them.
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import shutil
 import socket
@@ -170,7 +171,8 @@ def test_the_compose_cluster_trains_the_example(built: pm.Built, tmp_path: Path)
         assert done.returncode == 0, done.stdout + done.stderr
         # The memory tier's room: 1 GB of /dev/shm, not a container's 64 MB.
         shm = run("exec", "-T", "node1", "df", "-k", "--output=size", "/dev/shm")
-        assert int(shm.stdout.split()[-1]) >= 1_000_000, shm.stdout + shm.stderr
+        size = re.search(r"1K-blocks\s+(\d+)", shm.stdout)  # podman-compose says more around it
+        assert size and int(size.group(1)) >= 1_000_000, shm.stdout + shm.stderr
         start = time.monotonic()
         done = run("exec", "-T", "-u", "mgpu", "node1", "mgpu-launch", "--no-live",
                    "docker/cluster.yaml", EXAMPLE, "--epochs", "1", timeout=300)
