@@ -46,7 +46,7 @@ class Rule:
 # launcher/agent/: every part but its entry point (main, __main__) and package init.
 AGENT_PARTS = ("bundle", "commands", "files", "hostfacts", "lease", "leftovers", "protocol",
                "seal", "spawn", "stacks", "standbys", "tasks", "profiles", "health",
-               "memcopy", "peercopy", "publish", "saveorder", "listening")
+               "memcopy", "peercopy", "publish", "saveorder", "listening", "evidence")
 
 RULES = (
     Rule("runtime is shipped", ("launcher.runtime", "launcher.bootstrap", "launcher.standby",

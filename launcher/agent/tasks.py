@@ -29,7 +29,7 @@ import subprocess
 import threading
 import time
 
-from launcher.agent import hostfacts
+from launcher.agent import evidence, hostfacts
 from launcher.agent.bundle import CODE_DIR, mark_used
 from launcher.agent.files import private_dir, read_json, unlink, write_private
 from launcher.agent.leftovers import PidRecords
@@ -95,6 +95,7 @@ class RunningTask:
         self.pid_file: str | None = None
         self._ps = None
         self.born = time.monotonic()
+        self.evidence = evidence.at_start(proc.pid)  # why it ended, as its host tells (evidence.py)
         self.reaped_at: float | None = None  # monotonic; its output is drained from then on
 
     @property
@@ -361,6 +362,7 @@ class Tasks:
             signalled=task.signalled,
             tail=list(task.tail),
             error=read_json(task.error_file, MAX_ERROR_FILE),
+            evidence=evidence.at_exit(task.evidence),
             t=exited_at,
         )
 

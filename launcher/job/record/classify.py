@@ -120,6 +120,22 @@ def exit_kind(exit_code: int | None, signum: int | None) -> Kind:
     return Kind.SIGNAL if signum is not None else Kind.EXIT
 
 
+def exit_of(body: dict[str, Any]) -> tuple[Kind, str, dict[str, Any]]:
+    """A task's `exited` report (launcher/job/run/protocol.py's, checked) as its
+    failure kind and the words of it, most specific first: its host's
+    evidence (launcher/agent/evidence.py) before its code and signal."""
+    code, signum = body.get("code"), body.get("signal")
+    how, facts = exit_words(code, signum, body.get("error"), tuple(body.get("tail") or ()),
+                            body.get("signalled") or ())
+    oom = (body.get("evidence") or {}).get("oom") or {}
+    if how == "sigkill" and oom.get("in_cgroup"):
+        limit = oom.get("limit_bytes")
+        return Kind.OOM, "cgroup", {"limit": f"{limit / 2**20:.0f} MiB" if limit else "unknown"}
+    if how == "sigkill" and oom.get("on_host"):
+        return Kind.OOM, "host", {"count": oom["on_host"]}
+    return exit_kind(code, signum), how, facts
+
+
 def classify_exit(exit_code: int | None, signum: int | None, error: dict | None,
                   last_lines: list[str] | tuple[str, ...]) -> str:
     """One phrase for why a task ended, most specific first."""

@@ -27,6 +27,7 @@ class Kind(StrEnum):
     OUT_OF_STEP = "out_of_step"  # live, but elsewhere in the program than its peers
     STRAGGLER = "straggler"  # set aside for a spare (restart.on_straggler: replace)
     NONFINITE = "nonfinite"  # its loss went inf or NaN (the NaN sentinel: job/detect/sentinel.py)
+    OOM = "oom"  # SIGKILL by the kernel's out-of-memory killer (agent/evidence.py's facts)
 
 
 # Exit reasons (the words of `_EXITED`'s "unavailable" and "deadline") that
@@ -114,6 +115,12 @@ KINDS: dict[Kind, Traits] = {
         "lost": "lost its host: {detail}",
         # the detail of a host lost by silence (a `host_lost` event's `detail`)
         "silent_agent": "no heartbeat from its agent for {silent_s:.0f} s"}),
+    # Its host's evidence (launcher/agent/evidence.py), read by classify.exit_of.
+    Kind.OOM: Traits(words={
+        "cgroup": "killed by the kernel's out-of-memory killer: its memory cgroup's limit "
+                  "({limit}) was reached",
+        "host": "killed (SIGKILL), most likely by the kernel's out-of-memory killer: it "
+                "killed {count} process(es) on its host while this task ran"}),
     Kind.COLLECTIVE_ABORT: Traits(secondary=True, blames_a_peer=True,
                                   rejudged_by_positions=True, words={
         "output": "aborted its collective ops ({code}): a peer died or hung"}),

@@ -114,6 +114,17 @@ def _fits(value: Any) -> bool:
         isinstance(v, int) and not isinstance(v, bool) for v in value)
 
 
+def _evidence(given: object) -> dict[str, dict[str, int | str]]:
+    """An exit's evidence from its host (launcher/agent/evidence.py): a few
+    named facts, numbers or short words; anything else dropped."""
+    if not isinstance(given, dict):
+        return {}
+    return {str(name)[:40]: {str(k)[:40]: v if isinstance(v, int) and not isinstance(v, bool)
+                             else _text(v, 200) for k, v in list(facts.items())[:8]
+                             if isinstance(v, int | str) and not isinstance(v, bool)}
+            for name, facts in list(given.items())[:8] if isinstance(facts, dict)}
+
+
 def _exited(message: dict, clean: dict) -> None:
     code, signum = message.get("code"), message.get("signal")
     clean["code"] = None if code is None else _int(code, "exited: code", low=-255, high=255)
@@ -132,6 +143,7 @@ def _exited(message: dict, clean: dict) -> None:
         raise BadMessage("exited: tail is not a list")
     clean["tail"] = [_text(line, MAX_OUTPUT_TEXT) for line in tail[-MAX_TAIL_LINES:]
                      if isinstance(line, str)]
+    clean["evidence"] = _evidence(message.get("evidence"))
     error = message.get("error")
     if isinstance(error, dict):
         clean["error"] = {key: _text(error.get(key), MAX_ERROR_FIELD)

@@ -51,7 +51,7 @@ from ..policy.recovery import Budget, HostInfo, NotEnoughHosts, decide_restart
 from ..policy.restarts import End, JobSoFar, count_restart, keras_switched
 from ..policy.teardown import Teardown
 from ..record import events as ev
-from ..record.classify import OutputWatcher, exit_kind, exit_words, script_mistake
+from ..record.classify import OutputWatcher, exit_of, script_mistake
 from ..record.failkinds import Kind, traits
 from ..record.phases import Phase
 from ..record.states import (
@@ -527,10 +527,9 @@ class Supervisor:
             generation=gen.plan.generation, task=record.task.name, host=record.task.host,
             exit_code=record.exit_code, signal=record.signal, stopped_by_launcher=stopping))
         tail = tuple(body.get("tail") or ())
-        how, facts = exit_words(record.exit_code, record.signal, body.get("error"), tail,
-                                body.get("signalled") or ())
-        found = Found(record, exit_kind(record.exit_code, record.signal), how, facts,
-                      last_lines=tail, t=body.get("t"), error=body.get("error"))
+        kind, how, facts = exit_of(body)
+        found = Found(record, kind, how, facts, last_lines=tail, t=body.get("t"),
+                      error=body.get("error"))
         if stopped:
             if record.state is TaskState.STOPPED and not stopping and record.exit_code != 0:
                 # It died by itself, maybe before what started the teardown (its
