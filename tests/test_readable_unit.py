@@ -233,3 +233,23 @@ def test_tf_train_latest_checkpoint_reads_the_state_again_after_a_move_in_its_ga
     assert latest(str(directory)) == str(directory / "ckpt-3")
     assert tf.train.latest_checkpoint(str(tmp_path / "none")) is None
     assert readable._latest(tf.train.latest_checkpoint)(str(tmp_path / "none")) is None
+
+
+def test_a_copy_that_died_after_its_commit_is_rolled_forward_with_the_tier_off(tmp_path):
+    """An earlier run's memory-tier copy died after its journal (agent/publish.py):
+    the next run, the tier off, still reads that save whole, not its data with
+    the old state file: the manager's directory is rolled forward first."""
+    directory = saved(tmp_path, 2)  # ckpt-1, ckpt-2
+    newer = saved(tmp_path, 3, name="newer")  # the copy's save: ckpt-3 and its state
+    for suffix in (DATA, ".index"):
+        (directory / f"ckpt-3{suffix}").write_bytes((newer / f"ckpt-3{suffix}").read_bytes())
+    (directory / ".checkpoint.mgpu-part").write_text(state(newer).replace(str(newer),
+                                                                           str(directory)))
+    (directory / ".mgpu-publish").write_text('["checkpoint"]')  # placed up to the state
+    readable._manager_init(lambda *args, **kwargs: None)(None, None, str(directory))  # hooked
+    variable = tf.Variable(0.0)
+    manager = tf.train.CheckpointManager(tf.train.Checkpoint(v=variable), str(directory),
+                                         max_to_keep=3)
+    manager.checkpoint.restore(manager.latest_checkpoint)
+    assert manager.latest_checkpoint.endswith("ckpt-3") and variable.numpy() == 30.0
+    assert not (directory / ".mgpu-publish").exists()

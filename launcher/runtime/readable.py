@@ -453,10 +453,13 @@ def _manager_init(original):
     def init(self, checkpoint, directory, *args, **kwargs):
         try:
             folder = os.fspath(directory)
-            if os.environ.get("MGPU_MEMORY_DIR") and "://" not in folder:
-                from . import memslots  # the memory tier's copy under way: in place first
+            if "://" not in folder:
+                from . import memslots
 
-                memslots.wait_for_copy(memslots.shared_of(folder))
+                if os.environ.get("MGPU_MEMORY_DIR"):  # the tier's copy under way: in place first
+                    memslots.wait_for_copy(memslots.shared_of(folder))
+                else:  # an earlier run's copy that died after its commit (the tier off now)
+                    memslots.finish_publish(folder)
             state = _state(folder) if "://" not in folder else None
             if state is not None:
                 choose(_full(folder, state.model_checkpoint_path))
