@@ -374,8 +374,10 @@ class Story:
             **({"keras_switched": ev.fields_of(switched)} if switched is not None else {}),
             "resumed": [ev.fields_of(e) for e in self.resumes],
             "stragglers": self.named(),
-            **({"nonfinite": [{"event": e.kind, **ev.fields_of(e)} for e in self.nonfinite]}
-               if self.nonfinite else {}),  # the NaN sentinel's (job/detect/sentinel.py)
+            # the NaN sentinel's (job/detect/sentinel.py): non-finite losses and saves,
+            # and apart, the finite spikes of a loss
+            **_listed("nonfinite", [e for e in self.nonfinite if not isinstance(e, ev.LossSpike)]),
+            **_listed("loss_spikes", [e for e in self.nonfinite if isinstance(e, ev.LossSpike)]),
         }
 
     def named(self) -> list[dict[str, Any]]:
@@ -439,6 +441,11 @@ _TELLERS: dict[type, Any] = {
     ev.TailCut: lambda s, e: s.tail_cuts.append(e),
     ev.KerasSwitched: lambda s, e: setattr(s, "keras_switched", e),
 }
+
+
+def _listed(key: str, events: list[ev.Event]) -> dict[str, list[dict[str, Any]]]:
+    """`{key: [each event's fields, its kind as `event`]}`, or nothing when none."""
+    return {key: [{"event": e.kind, **ev.fields_of(e)} for e in events]} if events else {}
 
 
 def _on_task(view: TaskView, event: ev.Event) -> None:
