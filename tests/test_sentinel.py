@@ -314,3 +314,24 @@ def test_on_spike_extends_the_sentinel_key_and_reaches_every_task(monkeypatch):
     assert sentinel.spike_watch() is None
     monkeypatch.delenv("MGPU_ON_SPIKE")
     assert sentinel.on_spike() == "report"  # the default: an event, no rollback
+
+
+def test_a_save_refused_after_a_spike_rollback_is_not_called_non_finite():
+    """`on_spike: rollback`: the saves trained past the spike are refused though
+    their weights are finite; said as that, not as "non-finite weights"."""
+    from types import SimpleNamespace
+
+    from launcher.job.detect.sentinel import Sentinel
+    from launcher.job.record.reports import ProgressReport
+
+    told: list[ev.Event] = []
+    gen = SimpleNamespace(plan=SimpleNamespace(generation=0), failure=None,
+                          phase=SimpleNamespace(running=True))
+    record = SimpleNamespace(task=SimpleNamespace(name="worker0", host="host0"))
+    Sentinel(told.append).hear(gen, record, ProgressReport.read(
+        {"saved_nonfinite": 120, "saved_dir": "/ckpt", "saved_after_spike": 1}))
+    [refused] = told
+    assert isinstance(refused, ev.NonfiniteSave) and refused.after_spike
+    said = narrate.line(refused)[1]
+    assert "weights trained past a loss spike that is rolled back" in said, said
+    assert "non-finite" not in said

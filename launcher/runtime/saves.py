@@ -241,6 +241,10 @@ def _nonfinite(saver: object, where: Where, args: tuple, kwargs: dict, skipped: 
                     if directory else ""}
     if skipped:
         record["save_skipped"] = 1
+    from . import sentinel
+
+    if sentinel.spoiled_by_spike():  # finite, but trained past a spike rolled back
+        record["saved_after_spike"] = 1
     runtime.write_progress(record)
 
 

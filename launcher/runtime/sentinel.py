@@ -309,6 +309,12 @@ def all_finite(variables: list[Any]) -> bool:
     return True
 
 
+def spoiled_by_spike() -> bool:
+    """This process's weights were trained past a loss spike that `on_spike:
+    rollback` rolls back: its saves are refused though finite."""
+    return bool(_spoiled and not _told)
+
+
 def save_is_finite(saver: object) -> bool:
     """A save's weights all finite (True when off or when none can be read);
     False once a spike spoiled them with `on_spike: rollback` (the restart must

@@ -142,7 +142,9 @@ def _loss_spike(event: ev.LossSpike) -> str:
 
 def _nonfinite_save(event: ev.NonfiniteSave) -> str:
     at = f" of step {event.step}" if event.step is not None else ""
-    return (f"warning: {event.label} saved non-finite weights{at} in "
+    what = ("weights trained past a loss spike that is rolled back (sentinel.on_spike: "
+            "rollback)" if event.after_spike else "non-finite weights")
+    return (f"warning: {event.label} saved {what}{at} in "
             f"{event.directory or 'its checkpoint directory'}: not counted as a save "
             "(no progress, no resume point)")
 

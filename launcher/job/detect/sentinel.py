@@ -73,7 +73,8 @@ class Sentinel:
         if saved is not None and generation not in self._saves:
             self._saves.add(generation)
             self._tell(ev.NonfiniteSave(**ids, step=saved if saved >= 0 else None,
-                                        directory=said.saved_dir or ""))
+                                        directory=said.saved_dir or "",
+                                        after_spike=said.saved_after_spike or None))
         return failure
 
     def _spike(self, gen: Generation, record: TaskRecord, said: ProgressReport,

@@ -64,6 +64,7 @@ class ProgressReport:
     nonfinite_loss: str | None = None
     saved_nonfinite: int | None = None
     save_skipped: bool = False
+    saved_after_spike: bool = False  # that save's weights finite, trained past a spike
     # A loss spike (runtime/spikes.py): (step, epoch, batch), the step's own loss,
     # the window's median, the robust z-score; rollback: `on_spike: rollback`.
     loss_spike: tuple[int, int, int] | None = None
@@ -108,6 +109,7 @@ class ProgressReport:
             nonfinite_loss=_text(metrics.get("nonfinite_loss")),
             saved_nonfinite=_int(metrics.get("saved_nonfinite")),
             save_skipped=bool(metrics.get("save_skipped")),
+            saved_after_spike=bool(metrics.get("saved_after_spike")),
             loss_spike=_position(metrics.get("loss_spike")),
             loss_spike_loss=_number(metrics.get("loss_spike_loss")),
             loss_spike_median=_number(metrics.get("loss_spike_median")),

@@ -83,9 +83,11 @@ class NonfiniteSave(TaskEvent):
     the first of each generation."""
 
     kind = "nonfinite_save"
-    optional = ("step",)
+    optional = ("step", "after_spike")
     step: int | None = None
     directory: str = ""
+    # Finite, but trained past a loss spike that `on_spike: rollback` rolls back.
+    after_spike: bool | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
