@@ -17,8 +17,6 @@ Standard library only; every read is bounded and never raises.
 
 from __future__ import annotations
 
-from typing import Any
-
 VMSTAT = "/proc/vmstat"
 CGROUP_ROOT = "/sys/fs/cgroup"
 
@@ -65,13 +63,13 @@ class OomKills:
         return events if events is not None else _count(_read(f"{folder}/memory.oom_control"),
                                                         "oom_kill")
 
-    def start(self, pid: int) -> dict[str, Any]:
+    def start(self, pid: int) -> dict:
         folder = self._cgroup(pid)
         return {"cgroup": folder, "in_cgroup": self._kills(folder),
                 "on_host": _count(_read(VMSTAT), "oom_kill")}
 
-    def end(self, note: dict[str, Any]) -> dict[str, Any] | None:
-        facts: dict[str, Any] = {}
+    def end(self, note: dict) -> dict | None:
+        facts: dict = {}
         for key, now in (("in_cgroup", self._kills(note.get("cgroup"))),
                          ("on_host", _count(_read(VMSTAT), "oom_kill"))):
             before = note.get(key)
@@ -89,7 +87,7 @@ class OomKills:
 COLLECTORS = {"oom": OomKills()}
 
 
-def at_start(pid: int) -> dict[str, Any]:
+def at_start(pid: int) -> dict:
     """Each collector's note, as the task starts."""
     notes = {}
     for name, collector in COLLECTORS.items():
@@ -100,7 +98,7 @@ def at_start(pid: int) -> dict[str, Any]:
     return notes
 
 
-def at_exit(notes: dict[str, Any]) -> dict[str, Any]:
+def at_exit(notes: dict) -> dict:
     """Each collector's facts, as the task exits (only those with something to say)."""
     evidence = {}
     for name, note in notes.items():
