@@ -32,3 +32,21 @@ def test_a_v1_memory_controller_and_unreadable_files_say_nothing_wrong(monkeypat
     files["/sys/fs/cgroup/memory/slurm/job_5/memory.oom_control"] = "oom_kill 1\n"
     assert evidence.at_exit(notes) == {"oom": {"in_cgroup": 1}}  # no limit file: no limit said
     assert evidence.at_exit(evidence.at_start(9)) == {}  # a process gone: nothing
+
+
+def test_only_the_tasks_own_cgroup_makes_a_sigkill_an_oom():
+    """The host's counter counts any process's kill: a clue in the words, not a
+    verdict; a bad limit from an agent never raises."""
+    from launcher.job.record.classify import exit_of
+    from launcher.job.record.failkinds import Kind, say
+
+    killed = {"code": None, "signal": 9, "tail": [], "error": None}
+    kind, how, facts = exit_of({**killed, "evidence": {"oom": {"on_host": 2}}})
+    assert kind == Kind.SIGNAL and "killed 2 process(es) on its host" in say(kind, how, facts)
+    for limit in ("max", 2**80, -1):
+        kind, how, facts = exit_of({**killed, "evidence": {"oom": {"in_cgroup": 1,
+                                                                   "limit_bytes": limit}}})
+        assert kind == Kind.OOM and facts == {"limit": "unknown"}
+    assert exit_of({**killed, "evidence": {}})[:2] == (Kind.SIGNAL, "sigkill")
+    assert exit_of({"code": 1, "signal": None, "evidence": {"oom": {"in_cgroup": 1}}})[0] \
+        == Kind.EXIT  # an exit, not a SIGKILL: not the OOM killer's

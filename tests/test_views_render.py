@@ -93,3 +93,15 @@ def test_a_per_task_field_reaches_every_task_view_from_one_file(monkeypatch, tmp
     table = "\n".join(live.render(fold(events).rows(4.0), width=200, height=20, elapsed_s=3.0,
                                   colour=False))
     assert "GEN" in table and "g7" in table, table
+
+
+def test_a_summary_json_that_cannot_be_read_is_still_named(tmp_path):
+    """A torn summary.json (the launcher killed while writing it): `status`
+    still names the file, as it did before the one reader read the files."""
+    from launcher.spec.rundir import RunFiles
+    from launcher.views import records
+
+    files = RunFiles(run_dir=tmp_path, config={}, events=[], summary=None, detached=None,
+                     launcher_alive=False, summary_written=True)
+    text = records.render_status(records.run_view(files, now=0.0), now=0.0)
+    assert f"summary:    {tmp_path / 'summary.json'}" in text, text

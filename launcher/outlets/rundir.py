@@ -141,7 +141,8 @@ def read_run(run_dir: str | os.PathLike,
         logs = frozenset()
     return RunFiles(run_dir=run_dir, config=read_config(run_dir / CONFIG), events=events,
                     summary=summary, detached=detached, launcher_alive=verdict,
-                    launcher_out=out if out.exists() else None, logs=logs)
+                    launcher_out=out if out.exists() else None, logs=logs,
+                    summary_written=summary is not None or (run_dir / SUMMARY).exists())
 
 
 def load_run(run_dir: str | os.PathLike,

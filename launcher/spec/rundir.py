@@ -47,6 +47,7 @@ class RunFiles:
     launcher_alive: bool | None  # a run not ended: its launcher runs (None: cannot tell)
     launcher_out: Path | None = None  # a detached launcher's own output, where there is one
     logs: frozenset[str] | None = None  # the names in logs/ (None: not read)
+    summary_written: bool = False  # summary.json is there (read or not)
 
 
 def log_file_name(host: str, name: str) -> str:

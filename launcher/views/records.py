@@ -62,6 +62,7 @@ class RunView:
     config: dict[str, Any] = field(default_factory=dict)  # config.yaml, as read
     launcher_out: Path | None = None  # a detached launcher's own output
     logs: frozenset[str] | None = None  # the names in logs/ (None: not known)
+    summary_written: bool = False  # summary.json is there (read or not)
 
     @property
     def finished(self) -> bool:
@@ -122,6 +123,7 @@ def run_view(files: RunFiles, now: float | None = None) -> RunView:
         nonfinite=_said(story.nonfinite),
         metrics_url=story.metrics_url, story=story, events=events, summary=summary,
         config=config, launcher_out=files.launcher_out, logs=files.logs,
+        summary_written=files.summary_written,
     )
 
 
@@ -259,7 +261,7 @@ def render_status(view: RunView, now: float | None = None) -> str:
         lines.append(f"launcher:   {view.launcher_out}")
     if view.metrics_url and not view.finished:  # served while the launcher runs
         lines.append(f"metrics:    {view.metrics_url}")
-    if view.finished and view.summary is not None:  # none from a killed launcher
+    if view.finished and view.summary_written:  # none from a killed launcher
         lines.append(f"summary:    {view.run_dir / SUMMARY}")
     return "\n".join(lines)
 

@@ -130,9 +130,11 @@ def exit_of(body: dict[str, Any]) -> tuple[Kind, str, dict[str, Any]]:
     oom = (body.get("evidence") or {}).get("oom") or {}
     if how == "sigkill" and oom.get("in_cgroup"):
         limit = oom.get("limit_bytes")
-        return Kind.OOM, "cgroup", {"limit": f"{limit / 2**20:.0f} MiB" if limit else "unknown"}
-    if how == "sigkill" and oom.get("on_host"):
-        return Kind.OOM, "host", {"count": oom["on_host"]}
+        return Kind.OOM, "cgroup", {"limit": f"{limit // 2**20} MiB" if isinstance(limit, int)
+                                    and 0 < limit < 2**62 else "unknown"}
+    if how == "sigkill" and isinstance(oom.get("on_host"), int):
+        # The host's counter counts every process's kills: a clue, not a verdict.
+        return exit_kind(code, signum), "sigkill_oom_on_host", {"count": oom["on_host"]}
     return exit_kind(code, signum), how, facts
 
 

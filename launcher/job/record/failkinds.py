@@ -72,6 +72,10 @@ class Traits:
 _EXITED = {
     "sigkill": "killed (SIGKILL: by a user, or the kernel's out-of-memory killer — "
                "check `dmesg` for oom-kill)",
+    # its host's oom_kill counter moved while it ran (agent/evidence.py): any process's
+    "sigkill_oom_on_host": "killed (SIGKILL); the kernel's out-of-memory killer killed "
+                           "{count} process(es) on its host while it ran: check `dmesg` for "
+                           "this task's pid",
     "signal": "killed by signal {signal} ({name})",
     # a signal its agent sent when asked (`by`: the drill's faults)
     "killed_by": "killed (SIGKILL from {by})",
@@ -118,9 +122,7 @@ KINDS: dict[Kind, Traits] = {
     # Its host's evidence (launcher/agent/evidence.py), read by classify.exit_of.
     Kind.OOM: Traits(words={
         "cgroup": "killed by the kernel's out-of-memory killer: its memory cgroup's limit "
-                  "({limit}) was reached",
-        "host": "killed (SIGKILL), most likely by the kernel's out-of-memory killer: it "
-                "killed {count} process(es) on its host while this task ran"}),
+                  "({limit}) was reached"}),
     Kind.COLLECTIVE_ABORT: Traits(secondary=True, blames_a_peer=True,
                                   rejudged_by_positions=True, words={
         "output": "aborted its collective ops ({code}): a peer died or hung"}),
