@@ -275,8 +275,8 @@ class Supervisor:
             message = self._next_message(min(POLL_S, max(0.0, deadline - self._clock())))
             if message is not None and message.event == "output":
                 self._output.line(None, message)
-            elif message is not None and message.event == "hello":  # a host came back
-                self._on_hello(message.host, message.message)
+            elif message is not None and message.event in ("hello", "log"):  # a host came back,
+                self._handle(None, message)  # its agent's word: no generation's (agent_log)
         return self._stop_pending()
 
     def _next_message(self, timeout: float) -> AgentMessage | None:
@@ -438,7 +438,7 @@ class Supervisor:
         except Exception as exc:  # noqa: BLE001 - one message must not end a job of days
             self._refuse(message, f"{message.event}: {type(exc).__name__}: {exc}")
 
-    def _handle(self, gen: Generation, message: AgentMessage) -> None:
+    def _handle(self, gen: Generation | None, message: AgentMessage) -> None:
         body = message.message
         event = message.event
         link = self._links.get(message.host)
