@@ -9,8 +9,11 @@ poisons worker I's instead; POISON_VALUE=V puts V there instead, e.g. a
 finite 30 for a loss spike): at step 100, that worker's loss is inf, its
 gradient reaches every worker's weights at the all-reduce and every later step
 is NaN. A restart from an earlier save starts the input again from its first
-batch (BackupAndRestore keeps no input position), so the bad batch comes back
-at another step. POISON_BY=step makes it come back at the same step: the
+batch where the input's position is not carried (Keras 3), so the bad batch
+comes back at another step; under tf_keras the launcher carries it
+(runtime/epochinput.py): the same batch at the same step. POISON_ONCE=1
+poisons generation 0 only (a one-off fault: MGPU_GENERATION). POISON_BY=step
+makes it come back at the same step whatever the Keras: the
 weights of the first layer are set to 1e30 just before the optimizer's step
 POISON_AT_STEP, on every worker (the bad state of a step, not a batch).
 Prints `WEIGHTS_FINITE <True|False>` at the end.
@@ -30,6 +33,8 @@ strategy = tf.distribute.MultiWorkerMirroredStrategy()
 
 STEPS, EPOCHS = 40, 6
 poison_at = int(os.environ.get("POISON_AT_STEP", "100"))
+if os.environ.get("POISON_ONCE") == "1" and os.environ.get("MGPU_GENERATION", "0") != "0":
+    poison_at = 0  # a one-off fault: the replay's input is clean
 poisoned = int(os.environ.get("POISON_WORKER", "1"))
 rng = np.random.default_rng(0)
 batch = 16 * num_workers  # the global batch: 16 a worker

@@ -16,8 +16,10 @@ training on would only save NaN weights (the bootstrap skips those saves), so
 the generation is stopped and restarted from the last save, which is from
 before the bad step. Not the script's bug: the first in a job is free of
 `max_restarts` (`judged`); the same step going bad again after that restart
-stops the job, naming the step (skipping the batch would need the input's
-exact position, which the launcher does not know).
+stops the job, naming the step: with the input's position carried (tf_keras,
+runtime/epochinput.py) the replay reads the same batch at the same step, so a
+bad batch is told apart from a one-off fault; the launcher does not skip it
+(yet).
 
 A loss spike (runtime/spikes.py: a finite step loss far above its recent
 window) is a `loss_spike` event, once per generation and step, said and
@@ -114,7 +116,6 @@ class Sentinel:
             went = self._spiked.get(last.generation, "went non-finite")
             return {"again": (f"the loss {went} at step {step} again after the restart "
                               "from the last save before it: the bad input or state comes back "
-                              "at that step (skipping its batch needs the input's exact "
-                              "position, which the launcher does not know): fix the data or "
-                              "the step, then launch again")}
+                              "at that step (the launcher does not skip a batch): fix the data "
+                              "or the step, then launch again")}
         return {"free": not any(f.kind == Kind.NONFINITE for f in failures[:-1])}
