@@ -582,3 +582,21 @@ def test_status_of_a_running_job_names_its_straggler(tmp_path: Path):
     text = render_status(load_run(tmp_path, alive=lambda launch: True), now=31.0)
     assert "straggler: host1/worker1 is 2.5x slower than its peers: waiting for a CPU " \
         "315 ms/step (peers 120)" in text
+
+
+def test_a_late_report_of_a_save_before_the_naming_is_not_the_next_checkpoint(tmp_path: Path):
+    """Under load the slow worker's report of an older save (step 100, made
+    before the naming) arrives after it: the replacement waits for a save past
+    the step the job had reached when it named the straggler (CI saw a spare
+    resume from step 40 where step 80 was next)."""
+    loaded = replace_cluster(tmp_path)
+
+    def script(generation: int, name: str):
+        late = {"checkpoint": 1, "saved": 100}  # step 100's save, told at second 30
+        return FINISHED if generation else slow_worker1(name, {30: late, 35: CHECKPOINT})
+
+    h = harness(tmp_path, script, loaded=loaded, on_straggler="replace")
+    assert h.supervisor.run().status == "succeeded"
+    (failure,) = h.events("failure_detected")
+    # Named at 18.5 s: replaced at the save of second 35, not at 30's late report.
+    assert failure["t"] - h.events("straggler")[0]["t"] == pytest.approx(16.5, abs=0.6)

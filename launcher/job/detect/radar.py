@@ -58,6 +58,9 @@ class Radar:
         self._alive = alive  # whether a host's agent link is open
         self._probe = probe  # the checkpoint series on disk (checkpoints.checkpoint_state)
         self._replace: tuple[Finding, checkpoints.State | None] | None = None
+        # The highest step reported in this generation, and where it was when the
+        # straggler was named: only a save past it is "the next checkpoint".
+        self._top, self._named_at = 0, 0
         # job/run/profiling.py's Profiler: synchronized traces (opt-in, TRACES_ENV)
         self._profiler = profiler if os.environ.get(TRACES_ENV, "") == "1" else None
         self._traces: list[float] = []  # seconds of training at each trace taken
@@ -72,6 +75,7 @@ class Radar:
             self._recorded = {}
             self._replace = None
             self._traces = []
+            self._top = self._named_at = 0
             hosts = {t.name: t.host for t in gen.plan.tasks if t.role in SYNCHRONOUS_ROLES}
             synchronous = gen.plan.strategy in COLLECTIVE and len(hosts) >= 2
             self._detector = Detector(hosts) if synchronous else None
@@ -101,9 +105,15 @@ class Radar:
         detector, report = self._for(gen), ProgressReport.read(data)
         if detector is not None and report.step is not None:
             detector.progress(self._clock(), report.step)
-        if self._replace is not None and (report.checkpoint or (report.save_s and (
-                checkpoints.advanced(self._replace[1], self._probe())))):
-            return self._set_aside(gen)  # a save reported, or one timed and seen on disk
+        saved_at = report.saved if report.saved is not None else report.step
+        if report.step is not None:
+            self._top = max(self._top, report.step)
+        if self._replace is not None and (saved_at is None or saved_at > self._named_at) and (
+                report.checkpoint or (report.save_s and checkpoints.advanced(
+                    self._replace[1], self._probe()))):
+            # A save reported (a slow task's report of a save before the naming is
+            # not the next one), or one timed and seen on disk.
+            return self._set_aside(gen)
         return None
 
     def tick(self, gen: Generation, links: Any) -> None:
@@ -172,7 +182,7 @@ class Radar:
                            "action": event.action})
         self._tell(event)
         if self.on_straggler == "replace":
-            self._replace = (finding, self._probe())
+            self._replace, self._named_at = (finding, self._probe()), self._top
 
 
 def per_step_ms(summary: dict[str, Any]) -> dict[str, float]:
