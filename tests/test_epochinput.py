@@ -54,45 +54,16 @@ def test_a_seeded_shuffles_nth_order_follows_the_iterators_made_before():
     assert [orders(again, 0), orders(again, 1)] == [first, third]
 
 
-PHANTOM = """\
-import os
-os.environ["TF_USE_LEGACY_KERAS"] = "1"
-import numpy as np
-import tf_keras as keras
-from launcher import runtime
-
-x = np.random.default_rng(0).normal(size=(32, 4)).astype("float32")
-model = keras.Sequential([keras.layers.Input((4,)), keras.layers.Dense(1)])
-model.compile(optimizer="sgd", loss="mse")
-model.fit(x, x[:, :1], batch_size=4, epochs=2, verbose=0,  # fit shuffles arrays: not carried
-          callbacks=runtime.callbacks(save_freq=3, model=model))
-"""
 
 
 def test_saves_not_taken_mid_epoch_are_not_reported_as_checkpoints(tmp_path):
     """An input a restart cannot continue mid-epoch (arrays fit shuffles) keeps
     runtime.callbacks(save_freq=3)'s saves to epoch ends: the progress reports
     name a checkpoint only there, never one that was not written."""
-    import json
-    import os
-    import subprocess
-    import sys
+    from tests.test_runtime_restores import run_script
 
-    from tests.conftest import REPO
-
-    (tmp_path / "phantom.py").write_text(PHANTOM)
-    read_fd, write_fd = os.pipe()
-    env = dict(os.environ, MGPU_PROGRESS_FD=str(write_fd), PYTHONPATH=str(REPO),
-               MGPU_CHECKPOINT_DIR=str(tmp_path / "ckpt"), TF_CPP_MIN_LOG_LEVEL="2")
-    env.pop("TF_CONFIG", None)
-    proc = subprocess.Popen([sys.executable, "-m", "launcher.bootstrap", "phantom.py"],
-                            env=env, cwd=tmp_path, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, pass_fds=(write_fd,))
-    os.close(write_fd)
-    with os.fdopen(read_fd) as channel:
-        records = [json.loads(line) for line in channel]
-    output, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 0, output[-3000:]
+    records, output = run_script(tmp_path, ["phantom_saves.py"], 0,
+                                 MGPU_CHECKPOINT_DIR=str(tmp_path / "ckpt"))
     named = [(r["step"], bool(r.get("epoch_end"))) for r in records  # the step reports'
              if r.get("checkpoint") and "step" in r]
     assert named == [(8, True), (16, True)], records

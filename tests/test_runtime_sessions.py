@@ -86,7 +86,8 @@ def mounted(tmp_path: Path):
         done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(point)],
                               capture_output=True, check=False)
         if done.returncode:
-            pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+            pytest.fail(f"cannot mount a tmpfs here (the test needs root, as .ci/run runs): "
+                        f"{done.stderr.decode().strip()}")
         points.append(point)
         return point
 
