@@ -137,7 +137,7 @@ RULES = (
          forbidden=("launcher.job.run.supervisor", "launcher.cli"),
          reason="transports only hand AgentLinks up; they never decide restart policy, "
          "print final messages or turn errors into exit codes"),
-    Rule("supervisor is below the cli", ("launcher.job.run.supervisor",),
+    Rule("supervisor is below the cli", ("launcher.job.run.supervisor", "launcher.job.run.runner"),
          forbidden=("launcher.cli",),
          reason="outcomes are values (RunResult): only the cli turns them into text and "
          "exit codes"),
@@ -461,6 +461,14 @@ def test_every_rule_applies_to_an_existing_module():
         assert any(_applies(rule, m) for m in modules), f"{rule.name}: no module matches"
         for target in rule.forbidden:
             assert any(_within(m, (target,)) for m in modules), f"{rule.name}: {target}?"
+
+
+def test_only_the_supervisor_imports_its_generation_runner():
+    """The runner is the supervisor's half (one generation's run): a module kept
+    from the supervisor by a rule above must not reach around it through the runner."""
+    importers = {source for source, edges in import_graph(REPO).items()
+                 for edge in edges if edge.target == "launcher.job.run.runner"}
+    assert importers == {"launcher.job.run.supervisor"}, importers
 
 
 def test_design_page_names_every_rule():

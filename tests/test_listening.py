@@ -76,5 +76,5 @@ def test_the_supervisor_tells_the_other_hosts_the_ports_a_hosts_tasks_opened(tmp
     assert told == [{"op": "seal_ports", "targets": [[address, 41000], [address, 41001]]}]
     assert not [m for m in h.links["host1"].sent if m["op"] == "seal_ports"]  # not its own
     # A new agent (a host back after a loss) hears them at its hello.
-    h.supervisor._on_hello("host0", {})
+    h.supervisor._runner._on_hello("host0", {})  # noqa: SLF001
     assert [m for m in h.links["host0"].sent if m["op"] == "seal_ports"] == told * 2
