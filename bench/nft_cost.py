@@ -1,6 +1,6 @@
 """The firewall's per-host cost: one job table installed and removed, step by step.
 
-What one host's agent spends on `security.tf_ports` (launcher/firewall.py),
+What one host's agent spends on `security.tf_ports` (launcher/fwrules.py),
 measured beside K other job tables in the same ruleset: on a real cluster a
 host holds its own table alone (K=0); N simulated hosts on one machine share
 one kernel's ruleset (K=N-1). For each step, the median CPU (user + system,
@@ -34,12 +34,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from launcher import firewall, nftlink  # noqa: E402
+from launcher import fwrules, nftlink  # noqa: E402
 
 
-def seal(i: int) -> firewall.Seal:
+def seal(i: int) -> fwrules.Seal:
     """A 32-host job's seal (two ports, 32 cluster addresses), as host `i` gets it."""
-    return firewall.seal_for("bench", f"/runs/{i}", f"h{i}", [20000 + i, 21000 + i],
+    return fwrules.seal_for("bench", f"/runs/{i}", f"h{i}", [20000 + i, 21000 + i],
                              [f"10.0.0.{k}" for k in range(1, 33)], "auto")
 
 
@@ -66,11 +66,11 @@ def detached_delete(table: str, install) -> float:
 def steps(others: int, repeat: int) -> dict[str, float]:
     """Median CPU seconds of each step, with `others` other tables in place."""
     for i in range(1, others + 1):
-        nftlink.install(seal(i).table, seal(i).ports, *firewall.split_families(seal(i).allow),
-                        (0,), firewall.PRIORITY)
+        nftlink.install(seal(i).table, seal(i).ports, *fwrules.split_families(seal(i).allow),
+                        (0,), fwrules.PRIORITY)
     target, uid = seal(0), os.getuid()
-    v4, v6 = firewall.split_families(target.allow)
-    script = firewall.render_nft(target, uid=uid)
+    v4, v6 = fwrules.split_families(target.allow)
+    script = fwrules.render_nft(target, uid=uid)
 
     def cpu_of_child(run) -> float:
         before = children()
@@ -91,11 +91,11 @@ def steps(others: int, repeat: int) -> dict[str, float]:
                 ("nft --version", lambda: cpu_of_child(lambda: subprocess.run(
                     ["nft", "--version"], capture_output=True, check=True))),
                 ("nftlink install", lambda: cpu_here(lambda: nftlink.install(
-                    target.table, target.ports, v4, v6, (0, uid), firewall.PRIORITY))),
+                    target.table, target.ports, v4, v6, (0, uid), fwrules.PRIORITY))),
                 ("nftlink delete", lambda: cpu_here(lambda: nftlink.delete(target.table))),
                 ("nftlink delete, detached (exit)", lambda: detached_delete(
                     target.table, lambda: nftlink.install(target.table, target.ports, v4, v6,
-                                                          (0, uid), firewall.PRIORITY)))):
+                                                          (0, uid), fwrules.PRIORITY)))):
             taken.setdefault(name, []).append(cost())
     for i in range(1, others + 1):
         nftlink.delete(seal(i).table)

@@ -4,7 +4,7 @@
 the host) before any command that adds a rule or deletes a table: on a host
 with 31 other tables (32 simulated hosts on one kernel) one install or removal
 took 12-13 ms of CPU against 2-3 ms alone, and starting `nft` itself 1.5 ms.
-This module sends the one transaction (`launcher.firewall.render_nft`'s rules,
+This module sends the one transaction (`launcher.fwrules.render_nft`'s rules,
 expression for expression as nft 1.0.6 encodes them) itself: it reads nothing.
 
 `send` raises `NetlinkError` (with the kernel's errno) when the kernel refuses
@@ -193,7 +193,7 @@ def install_batch(table: str, ports: Sequence[int], v4: Sequence[str], v6: Seque
                   uids: Sequence[int], priority: int, replace: bool = True,
                   targets: tuple[Sequence[tuple[str, int]], Sequence[tuple[str, int]]] = ((), ()),
                   ) -> _Batch:
-    """The table of `firewall.render_nft`, replacing one of the same name, or
+    """The table of `fwrules.render_nft`, replacing one of the same name, or
     (`replace=False`) refused with EEXIST where there is one. `targets`: the
     (IPv4, port) and (IPv6, port) pairs of the sets cluster4 and cluster6."""
     batch = _Batch(table)

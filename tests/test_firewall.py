@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher import firewall, fwregistry
-from launcher.firewall import Seal, seal_for
+from launcher import firewall, fwregistry, fwrules
+from launcher.fwrules import Seal, seal_for
 from launcher.job.run import fwreport
 from tests.agentproc import AgentProc, agent_env
 from tests.conftest import PYTHON, run_cli, wait_for
@@ -34,7 +34,7 @@ SEAL = Seal("mgpu_train_0123456789", "MGPU-0123456789", (23456, 23457),
 
 
 def test_the_nft_table_drops_only_new_connections_to_the_jobs_ports_from_strangers():
-    text = firewall.render_nft(SEAL)
+    text = fwrules.render_nft(SEAL)
     # Replaced atomically: create-if-missing, delete, create, in one `nft -f`.
     assert text.startswith("table inet mgpu_train_0123456789\n"
                            "delete table inet mgpu_train_0123456789\n")
@@ -47,10 +47,10 @@ def test_the_nft_table_drops_only_new_connections_to_the_jobs_ports_from_strange
     assert "ip saddr { 10.0.0.2, 10.0.0.3 } return" in guard
     assert "ip6 saddr { fd00::2 } return" in guard
     assert "gpu9" not in text  # names are resolved on the host, then passed as addresses
-    resolved = firewall.render_nft(SEAL, ["10.0.0.2", "10.9.9.9"])
+    resolved = fwrules.render_nft(SEAL, ["10.0.0.2", "10.9.9.9"])
     assert "ip saddr { 10.0.0.2, 10.9.9.9 } return" in resolved and "ip6 saddr" not in resolved
     # Loopback is the host's own users: only the job's (the agent's uid) and root.
-    mine = firewall.render_nft(SEAL, uid=1000)
+    mine = fwrules.render_nft(SEAL, uid=1000)
     assert "type filter hook output priority -10; policy accept;" in mine
     assert ('oifname "lo" tcp dport @ports tcp flags & (fin|syn|rst|ack) == syn '
             "jump local") in mine
@@ -63,19 +63,19 @@ def test_the_nft_table_drops_only_new_connections_to_the_jobs_ports_from_strange
         assert f"{family} tcp flags & (fin|syn|rst|ack) == syn jump local" in mine
     local = mine.split("chain local {")[1]
     assert local.index("meta skuid { 0, 1000 } return") < local.index("reject with tcp reset")
-    assert "meta skuid { 0 } return" in firewall.render_nft(SEAL, uid=0)
+    assert "meta skuid { 0 } return" in fwrules.render_nft(SEAL, uid=0)
 
 
 def test_nft_accepts_the_rendered_table(tmp_path):
     # `nft -c`: parsed and checked by the kernel's rules, installed nowhere.
-    done = subprocess.run(["nft", "-c", "-f", "-"], input=firewall.render_nft(SEAL, uid=1000),
+    done = subprocess.run(["nft", "-c", "-f", "-"], input=fwrules.render_nft(SEAL, uid=1000),
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     # A 10,000-host cluster: the agent takes its seal, nft its set of addresses.
     many = seal_for("big", "/runs/big", "h1", [30000],
                     [f"10.{i // 65536}.{i // 256 % 256}.{i % 256}" for i in range(10000)], "auto")
     assert Seal.from_json(many.to_json()) == many
-    done = subprocess.run(["nft", "-c", "-f", "-"], input=firewall.render_nft(many, uid=0),
+    done = subprocess.run(["nft", "-c", "-f", "-"], input=fwrules.render_nft(many, uid=0),
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-500:]
 
@@ -84,7 +84,7 @@ def test_iptables_fallback_is_a_chain_jumped_to_for_new_connections_to_the_ports
     ports = tuple(range(30000, 30020))  # 20 ports: two multiport rules of at most 15
     seal = Seal("mgpu_x_0123456789", "MGPU-0123456789", ports, ("10.0.0.2",), "auto",
                 (("10.0.0.2", 30000), ("10.0.0.3", 30001), ("10.0.0.3", 30002)))
-    commands = [" ".join(c) for c in firewall.iptables_commands(seal, ip6=False)]
+    commands = [" ".join(c) for c in fwrules.iptables_commands(seal, ip6=False)]
     # Every SYN leaving goes through the chain of the job's hosts' ports, which
     # sends those to the job's hosts to the guard of local users.
     assert commands[10:14] == [
@@ -111,7 +111,7 @@ def test_iptables_fallback_is_a_chain_jumped_to_for_new_connections_to_the_ports
         + ",".join(map(str, ports[:15])) + " -j MGPU-0123456789",
         "iptables -w -I INPUT 1 -p tcp --syn -m multiport --dports "
         + ",".join(map(str, ports[15:])) + " -j MGPU-0123456789"]
-    removal = [" ".join(c) for c in firewall.iptables_removal(seal, ip6=False)]
+    removal = [" ".join(c) for c in fwrules.iptables_removal(seal, ip6=False)]
     assert removal[-6:] == ["iptables -w -F MGPU-0123456789", "iptables -w -X MGPU-0123456789",
                             "iptables -w -F MGPU-0123456789-C",
                             "iptables -w -X MGPU-0123456789-C",
@@ -153,7 +153,7 @@ def test_nft_removals_take_turns_per_ruleset_and_never_wait_for_long(tmp_path, m
 def test_each_job_and_host_gets_its_own_table():
     one = seal_for("my-job", "/runs/a", "gpu1", [5001, 5000, 5000], ["10.0.0.1"], "auto")
     assert one is not None and one.ports == (5000, 5001)
-    assert one.table.startswith("mgpu_my_job_") and firewall.Seal.from_json(one.to_json()) == one
+    assert one.table.startswith("mgpu_my_job_") and fwrules.Seal.from_json(one.to_json()) == one
     other_host = seal_for("my-job", "/runs/a", "gpu2", [5000], [], "auto")
     other_job = seal_for("my-job", "/runs/b", "gpu1", [5000], [], "auto")
     assert len({one.table, other_host.table, other_job.table}) == 3
@@ -305,7 +305,7 @@ def test_another_local_user_is_refused_the_jobs_ports_the_jobs_user_and_root_are
                  ["ip", "addr", "add", "10.77.0.1/24", "dev", "d0"],
                  ["ip", "link", "set", "d0", "up"], ["ip", "link", "set", "d1", "up"]):
         assert ns(*step).returncode == 0
-    assert ns("nft", "-f", "-", input=firewall.render_nft(seal, uid=65534)).returncode == 0
+    assert ns("nft", "-f", "-", input=fwrules.render_nft(seal, uid=65534)).returncode == 0
     server = subprocess.Popen(
         ["ip", "netns", "exec", netns, SYSTEM_PYTHON, "-c",
          "import socket, time\n"
@@ -348,8 +348,8 @@ def test_iptables_fallback_installs_and_removes_its_chain(netns, tmp_path):
     # The fallback's commands against the real iptables, in the namespace.
     seal = seal_for("fw", str(tmp_path), "h1", list(range(24000, 24017)), ["10.0.0.2"],
                     "cluster")
-    code = ("import json, sys\nfrom launcher import firewall\n"
-            "seal = firewall.Seal.from_json(json.loads(sys.argv[1]))\n"
+    code = ("import json, sys\nfrom launcher import firewall, fwrules\n"
+            "seal = fwrules.Seal.from_json(json.loads(sys.argv[1]))\n"
             "if sys.argv[2] == 'apply': print(firewall.apply(seal, 'iptables', sys.argv[3]))\n"
             "else: print(firewall.reap(sys.argv[3]))\n")
 
@@ -382,10 +382,10 @@ def test_iptables_fallback_installs_and_removes_its_chain(netns, tmp_path):
 # and removals; then a 10,000-host cluster's seal (20,000 addresses).
 NETLINK_AS_NFT = """\
 import json, subprocess, sys
-from launcher import firewall, nftlink
-seal = firewall.Seal.from_json(json.loads(sys.argv[1]))
-v4, v6 = firewall.split_families(seal.allow)
-targets = firewall.split_targets(seal.targets)
+from launcher import fwrules, nftlink
+seal = fwrules.Seal.from_json(json.loads(sys.argv[1]))
+v4, v6 = fwrules.split_families(seal.allow)
+targets = fwrules.split_targets(seal.targets)
 def listing(debug="--debug=netlink"):
     return subprocess.run(["nft", debug, "list", "table", "inet", seal.table],
                           capture_output=True, text=True, check=True).stdout
@@ -398,18 +398,18 @@ def kernel():  # a set's elements in any order: its hash's seed is random
     return [sorted(block) for block in blocks]
 checks = {}
 for uid in (0, 1000):
-    subprocess.run(["nft", "-f", "-"], input=firewall.render_nft(seal, uid=uid), text=True,
+    subprocess.run(["nft", "-f", "-"], input=fwrules.render_nft(seal, uid=uid), text=True,
                    check=True)
     by_nft, text = kernel(), listing("-nn")
     assert nftlink.delete(seal.table)
-    nftlink.install(seal.table, seal.ports, v4, v6, (0, uid), firewall.PRIORITY, targets)
+    nftlink.install(seal.table, seal.ports, v4, v6, (0, uid), fwrules.PRIORITY, targets)
     checks[f"uid {uid}: as nft"] = kernel() == by_nft
-    nftlink.install(seal.table, seal.ports, v4, v6, (0, uid), firewall.PRIORITY, targets)
+    nftlink.install(seal.table, seal.ports, v4, v6, (0, uid), fwrules.PRIORITY, targets)
     checks[f"uid {uid}: replaced"] = listing("-nn") == text
     checks[f"uid {uid}: removed"] = nftlink.delete(seal.table) and not nftlink.delete(seal.table)
 v4 = [f"10.{i // 250}.{i % 250}.1" for i in range(10000)]
 v6 = [f"fd00::{i:x}" for i in range(10000)]
-nftlink.install(seal.table, seal.ports, v4, v6, (0, 1000), firewall.PRIORITY)
+nftlink.install(seal.table, seal.ports, v4, v6, (0, 1000), fwrules.PRIORITY)
 checks["20,000 addresses"] = listing().count("element ") == 20000 + len(seal.ports) + 2
 print(json.dumps(checks))
 """

@@ -61,8 +61,9 @@ RULES = (
     Rule("agent is standalone", ("launcher.agent",),
          allowed=("launcher", "launcher.agent", "launcher.bootstrap", "launcher.netif",
                   "launcher.outlines", "launcher.proctree", "launcher.standby",
-                  "launcher.firewall", "launcher.hostruns", "launcher.strategy"),
-         allowed_names=frozenset({"__version__", "firewall"}),
+                  "launcher.firewall", "launcher.fwrules", "launcher.hostruns",
+                  "launcher.strategy"),
+         allowed_names=frozenset({"__version__", "firewall", "fwrules"}),
          reason="the agent's parts (launcher/agent/) run on every host from the shipped "
          "bundle with `python -S`, standard library only; nothing of the launcher side "
          "(config, plan, supervisor, ...) is shipped, and every import costs start-up time "
@@ -83,11 +84,14 @@ RULES = (
          reason="launcher/netif.py is shipped with the agent, which reports the host's "
          "interfaces in its hello: it runs with `python -S` on every host"),
     Rule("firewall rules are standard library", ("launcher.firewall",),
-         allowed=("launcher", "launcher.nftlink", "launcher.fwregistry"),
+         allowed=("launcher", "launcher.nftlink", "launcher.fwregistry", "launcher.fwrules"),
          allowed_names=frozenset({"nftlink", "fwregistry"}),
          reason="launcher/firewall.py is shipped with the agent, which installs the job's "
          "firewall rules on each host: it runs with `python -S` on every host; nftlink "
          "sends its nftables table over netlink, fwregistry keeps its machine's entries"),
+    Rule("the firewall's rendering is standard library", ("launcher.fwrules",), allowed=(),
+         reason="launcher/fwrules.py renders the rules the agent installs (and the plan "
+         "makes): shipped with the agent, it runs with `python -S` on every host"),
     Rule("the firewall's registry is standard library", ("launcher.fwregistry",), allowed=(),
          reason="launcher/fwregistry.py is shipped with the agent (the tables installed on "
          "this machine, for the sweep): it runs with `python -S` on every host"),
@@ -249,8 +253,9 @@ FLOORS = (
     Floor("shipped", ("launcher", "launcher.agent", "launcher.bootstrap", "launcher.podstart",
                       "launcher.standby",
                       "launcher.runtime", "launcher.netif", "launcher.firewall",
-                      "launcher.nftlink", "launcher.fwregistry", "launcher.hostruns",
-                      "launcher.proctree", "launcher.outlines", "launcher.strategy"),
+                      "launcher.fwrules", "launcher.nftlink", "launcher.fwregistry",
+                      "launcher.hostruns", "launcher.proctree", "launcher.outlines",
+                      "launcher.strategy"),
           "what runs on the hosts (agent, bootstrap, runtime and their standard-library "
           "helpers)"),
     Floor("spec", ("launcher.spec",),

@@ -19,7 +19,8 @@ EXIT_UNSAFE = 96  # the run dir is not the user's alone, or the bundle is not wh
 BUNDLE_FILES = ("launcher/__init__.py", "launcher/bootstrap.py",
                 "launcher/netif.py", "launcher/outlines.py", "launcher/proctree.py",
                 "launcher/standby.py", "launcher/firewall.py", "launcher/hostruns.py",
-                "launcher/strategy.py", "launcher/nftlink.py", "launcher/fwregistry.py")
+                "launcher/strategy.py", "launcher/nftlink.py", "launcher/fwregistry.py",
+                "launcher/fwrules.py")
 BUNDLE_DIRS = ("launcher/runtime", "launcher/agent")
 # The folder that holds `launcher/`: this file is launcher/agent/bundle.py.
 CODE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from launcher import firewall
+from launcher import firewall, fwrules
 from launcher.agent.listening import Listening
 from launcher.agent.spawn import Spawner
 
@@ -36,7 +36,7 @@ class Seal:
         self.spawner = spawner  # its lock and `closing`
         self.emit = emit
         self.backend, self.why = firewall.probe()
-        self.sealed: firewall.Seal | None = None
+        self.sealed: fwrules.Seal | None = None
         self.failed = ""  # `auto` and the rules failed: said once, tasks run open
         self.found: set[int] = set()  # ports the tasks opened, sealed (or said open) since
         self.peers: set[tuple[str, int]] = set()  # other hosts' such ports (seal_ports)
@@ -47,7 +47,7 @@ class Seal:
         if raw is None:
             return ""
         try:
-            seal = firewall.Seal.from_json(raw)
+            seal = fwrules.Seal.from_json(raw)
         except ValueError as exc:
             return f"refused: {exc}"
         done = peers_why = ""

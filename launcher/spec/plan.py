@@ -18,7 +18,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from ..firewall import Seal, allowed, seal_for
+from ..fwrules import Seal, allowed, seal_for
 from ..strategy import COLLECTIVE, Strategy
 from .addresses import TFAddress, choose
 from .config import ClusterConfig, LoadedConfig, effective_roles

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..firewall import Seal, describe, split_families
+from ..fwrules import Seal, describe, split_families
 from .plan import Plan, Task, plain
 from .redact import redact_env
 

@@ -35,7 +35,8 @@ PACKAGE_DIR = Path(__file__).resolve().parent.parent  # launcher/
 BUNDLE = ("launcher/__init__.py", "launcher/bootstrap.py",
           "launcher/netif.py", "launcher/outlines.py", "launcher/proctree.py",
           "launcher/standby.py", "launcher/firewall.py", "launcher/hostruns.py",
-          "launcher/strategy.py", "launcher/nftlink.py", "launcher/fwregistry.py")
+          "launcher/strategy.py", "launcher/nftlink.py", "launcher/fwregistry.py",
+          "launcher/fwrules.py")
 BUNDLE_DIRS = ("launcher/runtime", "launcher/agent")
 # A complete bundle has it: the file `python -m launcher.agent` runs.
 AGENT_MAIN = "launcher/agent/__main__.py"
