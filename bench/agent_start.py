@@ -69,7 +69,7 @@ def _peak_rss_mb(pid: int) -> float:
 def ssh_command(tree: Path, run_dir: Path) -> list[str]:
     """The SSH transport's remote command for the agent in `tree` (that tree's
     own `agent_command`: `python -S -c` with the code cache's check), run by sh."""
-    code = ("import sys; from launcher.transport.ssh import agent_command; "
+    code = ("import sys; from launcher.transport.sshbundle import agent_command; "
             "print(agent_command(sys.argv[1], sys.argv[2], 'bench', sys.argv[3], 0, 0, "
             "home=sys.argv[4]))")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}

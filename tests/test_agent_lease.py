@@ -25,7 +25,7 @@ from launcher.agent.lease import EXIT_LEASE
 from launcher.spec.plan import HostTarget
 from launcher.transport.link import AgentLink
 from launcher.transport.local import LocalTransport
-from launcher.transport.ssh import agent_command
+from launcher.transport.sshbundle import agent_command
 from tests.agentproc import AgentProc, agent_env
 from tests.conftest import alive, wait_for
 

@@ -28,9 +28,10 @@ from launcher.tools.sshsim import generate_key
 from launcher.transport import HostProblem, TransportError
 from launcher.transport._paramiko import paramiko
 from launcher.transport.shipping import bundle_id
-from launcher.transport.ssh import SSHTransport, agent_command
+from launcher.transport.ssh import SSHTransport
 from launcher.transport.ssh_connect import Connector, _aead_first
 from launcher.transport.ssh_endpoint import Refused, SSHConfigs, merge_endpoint, parse_jump
+from launcher.transport.sshbundle import agent_command
 from tests.conftest import read_events, run_cli, start_cli, wait_for
 from tests.sshcluster import (
     MARKER,
