@@ -140,7 +140,7 @@ def test_a_scripts_own_checkpoint_directory_not_shared_is_a_warning(tmp_path_fac
 
 
 def test_a_slow_login_shell_is_noted_without_failing_the_check():
-    from launcher.commands.check import HostReport, render
+    from launcher.commands.check_verdict import HostReport, render
     from launcher.spec.plan import HostTarget
 
     host = HostTarget(name="gpu1", address="10.0.0.1", python="python3", gpus=(),

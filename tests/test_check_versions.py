@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.commands.check import HostReport, judge_versions
+from launcher.commands.check_verdict import HostReport, judge_versions
 from launcher.spec.plan import HostTarget
 
 

@@ -235,7 +235,7 @@ def test_two_processes_over_ssh_train_to_the_same_weights(tmp_path: Path):
 
 
 def host_report(name: str, jax_version: str | None, jaxlib_version: str | None):
-    from launcher.commands.check import HostReport
+    from launcher.commands.check_verdict import HostReport
     from launcher.spec.plan import HostTarget
 
     host = HostTarget(name=name, address=name, python="python3", gpus=(), ssh_user=None,
@@ -248,7 +248,7 @@ def host_report(name: str, jax_version: str | None, jaxlib_version: str | None):
 
 
 def test_check_flags_missing_mismatched_and_differing_jax():
-    from launcher.commands.check import judge_versions, render
+    from launcher.commands.check_verdict import judge_versions, render
 
     reports = [host_report("a", "0.10.2", "0.10.2"), host_report("b", "0.10.2", "0.10.2"),
                host_report("c", "0.10.1", "0.10.1"), host_report("d", "0.10.2", "0.10.1"),

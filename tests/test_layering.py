@@ -158,7 +158,8 @@ RULES = (
     Rule("check's probes are text", ("launcher.commands.check_scripts",), allowed=(),
          reason="the scripts `check` runs on the hosts with their Python: standard "
          "library only, nothing of the launcher side is there"),
-    Rule("check never trains", ("launcher.commands.check", "launcher.job.run.check_collective"),
+    Rule("check never trains", ("launcher.commands.check", "launcher.commands.check_verdict",
+                                "launcher.job.run.check_collective"),
          forbidden=("launcher.job.run.supervisor",),
          reason="`mgpu-launch check` talks to the agents directly and never starts a job"),
     Rule("export is offline", ("launcher.tools.export", "launcher.tools.export_trainjob",

@@ -31,7 +31,7 @@ SCHEMA = 1  # `v`: bumped when a field changes meaning
 
 
 def host_object(report: Any) -> dict[str, Any]:
-    """One host of a check (`report`: a launcher.commands.check.HostReport)."""
+    """One host of a check (`report`: a launcher.commands.check_verdict.HostReport)."""
     hello = report.hello
     return {
         "host": report.host.name,
