@@ -17,7 +17,7 @@ from types import ModuleType
 
 import pytest
 
-from launcher.runtime import guards, hooks, keras_compat
+from launcher.runtime import guards, hooks, keras_compat, keras_patch
 from tests.conftest import PYTHON, cli_env
 
 TRAINER = '''
@@ -73,7 +73,7 @@ def mwms_job(monkeypatch):
     monkeypatch.delenv("MGPU_KERAS_UNTESTED", raising=False)
     monkeypatch.setattr(keras_compat, "_unfixable", {})
     monkeypatch.setattr(keras_compat, "_unfixable_callbacks", {})
-    monkeypatch.setattr(keras_compat, "_announced", set())
+    monkeypatch.setattr(keras_patch, "_announced", set())
     # No TensorFlow here: the guard cannot tell the strategy, so it assumes MWMS.
     monkeypatch.setitem(sys.modules, "tensorflow", None)
     yield
@@ -87,7 +87,7 @@ def test_changed_private_signature_refuses_at_fit_naming_the_version(
                    TRAINER.format(params="values, strategy, reduction, axis"))
     keras_compat.on_trainer(trainer)
     assert "cannot be patched" in capsys.readouterr().err
-    with pytest.raises(keras_compat.UntestedKerasError) as refused:
+    with pytest.raises(keras_patch.UntestedKerasError) as refused:
         trainer.TensorFlowTrainer().fit([1.0])  # before any step runs
     message = str(refused.value)
     assert message.startswith("Keras 3.99.0: mgpu-launch cannot fix Model.fit")
@@ -125,7 +125,7 @@ def test_a_callback_that_moved_refuses_fit_only_when_passed(tmp_path: Path, mwms
     keras_compat.on_backup(backup)
     model = trainer.TensorFlowTrainer()
     assert model.fit(None, callbacks=[]) == "trained"
-    with pytest.raises(keras_compat.UntestedKerasError, match=r"BackupAndRestore: "
+    with pytest.raises(keras_patch.UntestedKerasError, match=r"BackupAndRestore: "
                        r"BackupAndRestore\._save_model\(self, epoch\) is not "):
         model.fit(None, callbacks=[backup.BackupAndRestore("/tmp/b")])
 
@@ -162,15 +162,15 @@ def test_every_fix_applies_to_the_installed_keras():
         import json
         from keras.src.backend.tensorflow import optimizer, trainer
         from keras.src.callbacks import backup_and_restore, model_checkpoint
-        from launcher.runtime import keras_compat as kc
+        from launcher.runtime import keras_compat as kc, keras_savers as ks
         out = {
             "gradient all-reduce": kc._attempt(
                 "g", lambda: kc.fix_gradient_all_reduce(optimizer)).status,
             "symbolic build": kc._attempt("b", lambda: kc.fix_symbolic_build(trainer)).status,
             "metric reduction": kc._attempt(
                 "r", lambda: kc.fix_reduce_per_replica(trainer)).status,
-            "BackupAndRestore": kc.fix_backup_and_restore(backup_and_restore.BackupAndRestore),
-            "ModelCheckpoint": kc.fix_model_checkpoint(model_checkpoint.ModelCheckpoint),
+            "BackupAndRestore": ks.fix_backup_and_restore(backup_and_restore.BackupAndRestore),
+            "ModelCheckpoint": ks.fix_model_checkpoint(model_checkpoint.ModelCheckpoint),
         }
         print("FIXES " + json.dumps(out))
     """)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.runtime import guards, hooks, keras_compat, server, strategies
+from launcher.runtime import guards, hooks, keras_patch, server, strategies
 
 
 def test_post_import_hook_runs_once_on_first_import(tmp_path: Path, monkeypatch):
@@ -31,24 +31,24 @@ def test_multi_worker_job_reads_the_task_environment(monkeypatch):
     monkeypatch.delenv("TF_CONFIG", raising=False)
     monkeypatch.setenv("MGPU_NUM_WORKERS", "2")
     monkeypatch.setenv("MGPU_STRATEGY", "multi_worker_mirrored")
-    assert keras_compat.multi_worker_job()
+    assert keras_patch.multi_worker_job()
     monkeypatch.setenv("MGPU_STRATEGY", "parameter_server")
-    assert not keras_compat.multi_worker_job()
+    assert not keras_patch.multi_worker_job()
     monkeypatch.setenv("MGPU_STRATEGY", "multi_worker_mirrored")
     monkeypatch.setenv("MGPU_NUM_WORKERS", "1")
-    assert not keras_compat.multi_worker_job()
+    assert not keras_patch.multi_worker_job()
     # Started by hand, without the launcher: TF_CONFIG decides.
     monkeypatch.delenv("MGPU_NUM_WORKERS")
     monkeypatch.delenv("MGPU_STRATEGY")
     monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"worker": ["a:1", "b:1"]},
                                                 "task": {"type": "worker", "index": 1}}))
-    assert keras_compat.multi_worker_job()
-    assert not keras_compat.is_chief()
+    assert keras_patch.multi_worker_job()
+    assert not keras_patch.is_chief()
 
 
 def test_refusal_names_the_fix_first():
     # The launcher shows the first ~200 characters as the root cause.
-    assert "keras: tf_keras" in keras_compat.refusal_message("3.99.0")[:200]
+    assert "keras: tf_keras" in keras_patch.refusal_message("3.99.0")[:200]
     assert "MultiWorkerMirroredStrategy()" in guards.single_host_strategy_message(
         "MirroredStrategy")[:200]
 

@@ -20,7 +20,7 @@ reads `KERAS_DISTRIBUTION_JOB_ADDRESSES`, `..._NUM_PROCESSES` and
   variables, and each variable creation under a multi-process distribution is
   a collective (`device_put` checks the value is the same everywhere), so a
   save on process 0 alone deadlocks or fails the next step. The others save to
-  a temporary directory deleted at once (`keras_compat`'s patches).
+  a temporary directory deleted at once (`keras_savers`' fixes).
 
 Standard library at import time; jax and Keras are imported when called.
 Shipped to hosts. Must not import the launcher side.
@@ -192,26 +192,26 @@ def _report_cluster(state: str) -> None:
 def _chief_only_writes(module: ModuleType) -> None:
     """Post-import hook of Keras 3's backup/checkpoint callback modules (also
     applied by `initialize`): chief-only writes (see the module doc), by the
-    same capability-checked fixes keras_compat applies under TensorFlow; where
+    same capability-checked fixes (runtime/keras_savers.py) as under TensorFlow; where
     one cannot apply (a changed private signature), every process writes and
     the task says so."""
-    from . import keras_compat
+    from . import keras_patch, keras_savers
 
-    fixes = (("BackupAndRestore", keras_compat.fix_backup_and_restore),
-             ("ModelCheckpoint", keras_compat.fix_model_checkpoint))
+    fixes = (("BackupAndRestore", keras_savers.fix_backup_and_restore),
+             ("ModelCheckpoint", keras_savers.fix_model_checkpoint))
     for name, fix in fixes:
         cls = getattr(module, name, None)
         if cls is None:
             continue
         try:
             fix(cls)
-        except keras_compat.CannotPatch as exc:
-            keras_compat.announce(
-                f"Keras {keras_compat.keras_version()}: cannot make {name} write from the "
+        except keras_patch.CannotPatch as exc:
+            keras_patch.announce(
+                f"Keras {keras_patch.keras_version()}: cannot make {name} write from the "
                 f"chief only ({exc}); every process writes its files")
             continue
         if name == "BackupAndRestore":
-            _atomic_backups(cls, keras_compat.is_chief)
+            _atomic_backups(cls, keras_patch.is_chief)
 
 
 def _atomic_backups(cls: type, is_chief) -> None:
@@ -286,9 +286,9 @@ def initialize() -> None:
         keras.distribution.initialize()
         for name in (BACKUP, CHECKPOINT):
             _chief_only_writes(importlib.import_module(name))
-        from . import keras_compat
+        from . import keras_patch
 
-        keras_compat.announce(f"Keras {keras.__version__} on JAX {jax.__version__}, process "
+        keras_patch.announce(f"Keras {keras.__version__} on JAX {jax.__version__}, process "
                               f"{jax.process_index()} of {jax.process_count()}")
     _state["initialized"] = True
 
