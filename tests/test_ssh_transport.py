@@ -430,8 +430,8 @@ def test_a_launch_refused_after_its_connections_opened_says_only_the_refusal(
     assert list(marker_dir.iterdir()) == []
 
 
-def test_connections_opened_early_are_taken_by_the_connect_or_closed(cluster, tmp_path,
-                                                                     monkeypatch):
+def test_agents_started_early_are_taken_by_the_connect_or_ended(cluster, tmp_path,
+                                                                monkeypatch):
     opened: list[tuple[str, paramiko.Transport]] = []
 
     class Counting(Connector):
@@ -441,22 +441,13 @@ def test_connections_opened_early_are_taken_by_the_connect_or_closed(cluster, tm
             return transport, ep
 
     targets = _targets(cluster)
-    ssh = SSHTransport(connector=Counting())
-    ssh.warm(targets)
-    links = ssh.connect(targets, str(tmp_path / "run"), queue.Queue())
-    assert set(links) == {"host0", "host1"}
-    assert sorted(name for name, _ in opened) == ["host0", "host1"]  # once each: taken
-    for link in links.values():
-        link.close()
-    ssh.close()
-    # With the run's folder (the run command's), the agents start too, and the
-    # connect takes them: one connection and one agent per host. They were kept
-    # past their lease (1 s here) until taken: the transport pinged them (every
-    # 0.2 s here: at 1 s against a lease of 1 s the margin would be too thin).
+    # With the run's folder (the run command's), the agents start at once, and
+    # the connect takes them: one connection and one agent per host. They were
+    # kept past their lease (1 s here) until taken: the transport pinged them
+    # (every 0.2 s here: at 1 s against a lease of 1 s the margin would be too thin).
     from launcher.transport import ssh_early
 
     monkeypatch.setattr(ssh_early, "KEEP_LEASE_EVERY_S", 0.2)
-    opened.clear()
     ssh = SSHTransport(connector=Counting(), lease_s=1.0)
     early_dir = str(tmp_path / "run-early")
     ssh.warm(targets, early_dir)
@@ -472,17 +463,11 @@ def test_connections_opened_early_are_taken_by_the_connect_or_closed(cluster, tm
     for link in links.values():
         link.close()
     ssh.close()
-    # Opened and never taken (a launch that ended before its connect): closed.
+    # Agents started and never taken (a launch refused meanwhile): they end,
+    # their connections close, and they leave no run folder on their hosts (an
+    # agent asked no task).
     opened.clear()
     ssh = SSHTransport(connector=Counting())
-    ssh.warm(targets)
-    wait_for(lambda: len(opened) == 2, timeout=30, what="both connections open")
-    ssh.abort()
-    wait_for(lambda: not any(t.is_active() for _, t in opened), timeout=10,
-             what="the connections closed")
-    # Agents started and never taken (a launch refused meanwhile): they end,
-    # and leave no run folder on their hosts (an agent asked no task).
-    ssh = SSHTransport()
     refused_dir = str(tmp_path / "run-refused")
     ssh.warm(targets, refused_dir)
     remote = Path(os.path.expanduser(host_run_dir(refused_dir, "ssh", "host0"))).parent
@@ -490,13 +475,16 @@ def test_connections_opened_early_are_taken_by_the_connect_or_closed(cluster, tm
              what="both agents started, each in its host folder")
     ssh.abort()
     wait_for(lambda: not agent_pids(refused_dir), timeout=30, what="the agents' end")
+    wait_for(lambda: not any(t.is_active() for _, t in opened), timeout=10,
+             what="the connections closed")
     assert not remote.exists(), sorted(remote.rglob("*"))
-    # A connection that fails early is the connect's problem, for its host.
+    # A host that fails early is the connect's problem, for its host.
     ghost = dataclasses.replace(targets[1], name="ghost", address="127.0.0.250")
     ssh = SSHTransport()
-    ssh.warm([targets[0], ghost])
+    ghost_dir = str(tmp_path / "run2")
+    ssh.warm([targets[0], ghost], ghost_dir)
     with pytest.raises(TransportError) as caught:
-        ssh.connect([targets[0], ghost], str(tmp_path / "run2"), queue.Queue())
+        ssh.connect([targets[0], ghost], ghost_dir, queue.Queue())
     assert [p.host for p in caught.value.problems] == ["ghost"]
     assert "connection refused by 127.0.0.250" in caught.value.problems[0].reason
     ssh.close()

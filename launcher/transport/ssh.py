@@ -34,7 +34,7 @@ from ._paramiko import paramiko
 from .child import DEFAULT_LEASE_S
 from .link import PING, AgentLink, AgentMessage
 from .shipping import AGENT_MAIN, bundle_id
-from .ssh_connect import Connector, Opening
+from .ssh_connect import Connector
 from .ssh_early import EarlyAgent
 from .ssh_endpoint import Endpoint, Refused
 from .sshbundle import EXIT_BUNDLE_MISSING, EXIT_UNSAFE_CACHE, agent_command, upload_bundle
@@ -133,7 +133,6 @@ class SSHTransport:
         self._sessions: list[_Session] = []
         self._lock = threading.Lock()
         self._closed = False
-        self._warm: dict[str, Opening] = {}  # host -> its connection opened early (`warm`)
         self._early: dict[str, EarlyAgent] = {}  # host -> its agent started early (`warm`)
         # Called with each host's link as soon as its hello is in, while other
         # hosts may still be starting (job/run/reach.py: the firewall rules go then).
@@ -189,40 +188,23 @@ class SSHTransport:
                 problems.append(HostProblem(host.name, f"{type(outcome).__name__}: {outcome}"))
         return links, problems
 
-    def warm(self, hosts: Sequence[HostTarget], run_dir: str | None = None) -> None:
-        """Open every host's connection now, each in a daemon thread, for the
+    def warm(self, hosts: Sequence[HostTarget], run_dir: str) -> None:
+        """Start every host's agent now, each in a daemon thread, for the
         connect to take (`_start_host`): the run command calls it as soon as
-        the cluster file is read, so the handshakes go on while the launcher
-        imports the job's modules and plans (~0.2 s of one core). With
-        `run_dir` (the run's), each thread goes on to start the host's agent
-        and read its hello: the hosts' logins (their rc files) and agents start
-        then too, not once the launcher is ready. What fails here is told by
-        the connect, for its host, as it would have been. `abort` and `close`
-        end the connections not taken."""
+        the cluster file is read, so the handshakes, the hosts' logins (their
+        rc files) and the agents' starts go on while the launcher imports the
+        job's modules and plans, not once it is ready. What fails here is told
+        by the connect, for its host, as it would have been. `abort` and
+        `close` end the agents not taken."""
         gate = threading.Semaphore(max(1, min(self._max_parallel, len(hosts))))
         for host in hosts:
-            job: Opening | EarlyAgent
             with self._lock:
                 if self._closed:
                     return
-                if run_dir is None:
-                    job = self._warm[host.name] = Opening(host)
-                    args: tuple = (self._connector, gate)
-                else:
-                    job = self._early[host.name] = EarlyAgent(host, run_dir)
-                    args = (functools.partial(self._reach_agent, host, run_dir), gate, _ping)
-            threading.Thread(target=job.run, args=args, daemon=True,
-                             name=f"ssh-warm-{host.name}").start()
-
-    def _open(self, host: HostTarget) -> tuple[paramiko.Transport, Endpoint]:
-        """`host`'s connection: the one `warm` opened (once), else a new one."""
-        with self._lock:
-            opening = self._warm.pop(host.name, None)
-        if opening is not None and opening.host == host:
-            return opening.result()
-        if opening is not None:  # another target of that name (not a launch's own)
-            opening.cancel()
-        return self._connector.open(host)
+                job = self._early[host.name] = EarlyAgent(host, run_dir)
+            threading.Thread(target=job.run, daemon=True, name=f"ssh-warm-{host.name}",
+                             args=(functools.partial(self._reach_agent, host, run_dir), gate,
+                                   _ping)).start()
 
     def _start_host(self, host: HostTarget, run_dir: str,
                     events: queue.Queue[AgentMessage]) -> AgentLink:
@@ -240,7 +222,7 @@ class SSHTransport:
         """`host`'s agent for the run in `run_dir`, started: its session, its
         stdout and its hello (checked); HostProblem naming the host else."""
         try:
-            transport, ep = self._open(host)
+            transport, ep = self._connector.open(host)
         except Refused as exc:
             raise HostProblem(host.name, str(exc)) from None
         session = _Session(host, ep, transport)
@@ -409,10 +391,9 @@ class SSHTransport:
         with self._lock:
             self._closed = True
             sessions, self._sessions = self._sessions, []
-            warm, self._warm = [*self._warm.values(), *self._early.values()], {}
-            self._early = {}
-        for opening in warm:
-            opening.cancel()
+            early, self._early = list(self._early.values()), {}
+        for agent in early:
+            agent.cancel()
         for session in sessions:
             session.close()
 
@@ -420,10 +401,9 @@ class SSHTransport:
         with self._lock:
             self._closed = True
             sessions, self._sessions = self._sessions, []
-            warm, self._warm = [*self._warm.values(), *self._early.values()], {}
-            self._early = {}
-        for opening in warm:
-            opening.cancel()
+            early, self._early = list(self._early.values()), {}
+        for agent in early:
+            agent.cancel()
         self._close_sessions(sessions)
         self._connector.close()
 

@@ -187,51 +187,6 @@ class Connector:
             jump.transport.close()
 
 
-class Opening:
-    """One host's connection being opened ahead of the connect (`SSHTransport.warm`):
-    `run` in its own thread, then `result` once, or `cancel`."""
-
-    def __init__(self, host: HostTarget) -> None:
-        self.host = host
-        self._done = threading.Event()
-        self._lock = threading.Lock()
-        self._cancelled = False
-        self._outcome: tuple[paramiko.Transport, Endpoint] | BaseException | None = None
-
-    def run(self, connector: Connector, gate: threading.Semaphore) -> None:
-        try:
-            with gate:
-                outcome: tuple[paramiko.Transport, Endpoint] | BaseException = \
-                    connector.open(self.host)
-        except BaseException as exc:  # noqa: BLE001 - the connect raises it for this host
-            outcome = exc
-        with self._lock:
-            cancelled = self._cancelled
-            if not cancelled:
-                self._outcome = outcome
-        if cancelled and isinstance(outcome, tuple):  # nobody will take it
-            outcome[0].close()
-        self._done.set()
-
-    def result(self) -> tuple[paramiko.Transport, Endpoint]:
-        """The connection (waited for), or what `Connector.open` raised."""
-        self._done.wait()
-        outcome = self._outcome
-        if isinstance(outcome, BaseException):
-            raise outcome
-        if outcome is None:  # cancelled meanwhile: the launcher is stopping
-            raise Refused("the launcher is stopping")
-        return outcome
-
-    def cancel(self) -> None:
-        """Nobody will take the connection: close it now, or once opened."""
-        with self._lock:
-            self._cancelled = True
-            outcome, self._outcome = self._outcome, None
-        if isinstance(outcome, tuple):
-            outcome[0].close()
-
-
 def _aead_first(ciphers: tuple[str, ...]) -> tuple[str, ...]:
     """paramiko's ciphers, the AEAD ones it has first (AEAD_CIPHERS)."""
     first = tuple(c for c in AEAD_CIPHERS if c in ciphers)
