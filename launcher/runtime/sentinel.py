@@ -15,8 +15,9 @@ backups and ends "succeeded". So, in each task of the launcher:
   batch], epoch and batch as Keras' callbacks number them, from 0;
   `nonfinite_loss`: the mean, "nan" or "inf"; `nonfinite_exact: 1` where the
   launcher may skip that batch by its position, else `nonfinite_inexact`: why
-  not, runtime/epochinput.py), once per process, within one step. Keras logs the mean already reduced across the workers (its metrics
-  are read across replicas): every worker of a MultiWorkerMirroredStrategy
+  not, runtime/epochinput.py), once per process, within one step. Keras logs
+  the mean already reduced across the workers (its metrics are read across
+  replicas): every worker of a MultiWorkerMirroredStrategy
   job sees the bad step at once, whichever worker's batch it was.
   The read costs no wait on the device: tf_keras hands the callback the
   step's tensors (`_supports_tf_logs`) and the callback reads step k's mean
