@@ -5,8 +5,11 @@ holds one batch of 1e30 at step 100 on worker 1, under two simulated hosts.
 The loss is named at its step, epoch, batch and task (events.jsonl, the
 terminal, `status`, summary.json); no save after it is made or reported as a
 save; the generation is stopped and the restart resumes from the save before
-the bad step; the same step going bad again stops the job
-(launcher/runtime/sentinel.py, launcher/job/detect/sentinel.py).
+the bad step; the same step going bad again is the batch's doing: under
+tf_keras, where the input's position is carried, that batch is skipped (at
+most `sentinel.max_skips`), else the job stops naming the step
+(launcher/runtime/sentinel.py, launcher/job/detect/sentinel.py,
+launcher/runtime/epochinput.py).
 """
 
 from __future__ import annotations
@@ -349,3 +352,118 @@ def test_a_save_refused_after_a_spike_rollback_is_not_called_non_finite():
     said = narrate.line(refused)[1]
     assert "weights trained past a loss spike that is rolled back" in said, said
     assert "non-finite" not in said
+
+
+# ------------------------------------------------------------- a bad batch skipped
+
+
+def _judged_twice(exact: dict, skipped=(), max_skips: int = 2):
+    """Sentinel.judged after generations 0 and 1 went bad at step 100 (epoch 2,
+    batch 19), their tasks' reports carrying `exact`."""
+    from types import SimpleNamespace
+
+    from launcher.job.detect.sentinel import Sentinel
+    from launcher.job.record.reports import ProgressReport
+
+    sentinel = Sentinel(lambda e: None, max_skips=max_skips)
+    record = SimpleNamespace(task=SimpleNamespace(name="worker0", host="host0"))
+    for generation in (0, 1):
+        gen = SimpleNamespace(plan=SimpleNamespace(generation=generation), failure=None,
+                              phase=SimpleNamespace(running=True))
+        sentinel.hear(gen, record, ProgressReport.read({"nonfinite": [100, 2, 19],
+                                                        "nonfinite_loss": "inf", **exact}))
+    return sentinel.judged([_failure(0), _failure(1)], list(skipped))
+
+
+def test_the_same_step_again_skips_its_batch_where_its_position_is_exact():
+    from launcher.job.detect.sentinel import BatchSkip
+
+    judged = _judged_twice({"nonfinite_exact": 1})
+    assert judged == {"skip": BatchSkip(epoch=2, batch=19, step=100)}
+    # The restart that skips it is free, whatever the budget spent.
+    spent = Budget(max_restarts=1, spent=1)
+    decision = decide_restart(spent, advanced=False, preempted=False, **judged)
+    assert decision.restart and not decision.counts and decision.budget.spent == 1
+    event = ev.BatchSkipped(generation=2, step=100, epoch=2, batch=19, skips=1, max_skips=2)
+    assert narrate.line(event) == ("notice", (
+        "skipping batch 20 of epoch 3 (step 100): its loss went non-finite at that step "
+        "twice, after a restart from the save before it; 1 of sentinel.max_skips=2"))
+    restart = ev.Restart(generation=2, restarts=2, counted=False, skipped=True, max_restarts=1,
+                         total=2)
+    assert "(restart 2: a bad batch skipped, not counted against the 1 allowed" in \
+        narrate.line(restart)[1]
+    metrics, story = JobMetrics("nan", clock=lambda: 0.0), Story()
+    metrics.tell(event)
+    story.tell(event)
+    assert 'mgpu_skipped_batches_total{job="nan"} 1.0' in metrics.text()
+    assert story.summary()["nonfinite"] == [{"event": "batch_skipped", **ev.fields_of(event)}]
+
+
+def test_no_skip_stops_the_job_saying_why_and_naming_the_batches_skipped():
+    from launcher.job.detect.sentinel import BatchSkip
+
+    # Not exact: Keras 3 starts its input again; the task says why.
+    keras3 = _judged_twice({"nonfinite_inexact": "the input's position is not carried here "
+                                                 "(Keras 3)"})["again"]
+    assert "step 100 again" in keras3 and "its batch is not skipped: the input's position " \
+        "is not carried here (Keras 3): fix the data or the step" in keras3, keras3
+    assert "not skipped: its task did not say" in _judged_twice({})["again"]  # an older runtime
+    # Skips off: how to allow them.
+    off = _judged_twice({"nonfinite_exact": 1}, max_skips=0)["again"]
+    assert "batch 20 of epoch 3 at step 100 is not skipped: sentinel.max_skips is 0 " \
+        "(`sentinel: {max_skips: 2}` skips up to 2 bad batches)" in off, off
+    # Used up: every batch skipped named, and the one that came back.
+    before = [BatchSkip(1, 3, 44), BatchSkip(1, 30, 71)]
+    used = _judged_twice({"nonfinite_exact": 1}, skipped=before)["again"]
+    assert "batch 20 of epoch 3 at step 100 is not skipped: the 2 bad batches " \
+        "sentinel.max_skips allows were skipped already (batch 4 of epoch 2 at step 44; " \
+        "batch 31 of epoch 2 at step 71)" in used, used
+    decision = decide_restart(Budget(max_restarts=3), advanced=False, preempted=False,
+                              again=used)
+    assert not decision.restart and decision.stopped_by == "nonfinite"
+    # A batch skipped already that comes back at its step: not that batch.
+    again = _judged_twice({"nonfinite_exact": 1}, skipped=[BatchSkip(2, 19, 100)])["again"]
+    assert "was skipped already, so the cause is not that batch" in again, again
+
+
+def test_every_later_plan_carries_the_batches_skipped():
+    from launcher.job.detect.sentinel import BatchSkip
+    from launcher.job.policy.batchskips import with_skips
+    from launcher.runtime.epochinput import skips_of
+    from launcher.spec.config import local_config
+    from launcher.spec.plan import build_plan
+
+    plan = build_plan(local_config(2), ["train.py"], run_dir="/tmp/r", generation=2,
+                      ports=list(range(30000, 30016)))
+    assert with_skips(plan, []) is plan
+    skipped = with_skips(plan, [BatchSkip(2, 19, 100), BatchSkip(3, 5, 126)])
+    values = {task.env["MGPU_SKIP_BATCHES"] for task in skipped.tasks}
+    assert values == {"2:19,3:5"} and len(skipped.tasks) == len(plan.tasks)
+    assert skips_of(values.pop()) == {(2, 19), (3, 5)}  # as the task reads it
+    assert all("MGPU_SKIP_BATCHES" not in task.env for task in plan.tasks)
+
+
+def test_the_supervisor_skips_a_batch_that_comes_back_and_tells_later_generations(
+        tmp_path: Path):
+    from tests.fake_agents import harness
+
+    bad = {0: [100, 2, 19], 1: [100, 2, 19], 2: [140, 3, 19], 3: [140, 3, 19]}
+
+    def script(generation: int, name: str):
+        if generation not in bad:
+            return [(2.0, "exit", {"code": 0})]
+        return [(1.0, "progress", {"data": {"step": 1}}),  # training
+                (2.0, "progress", {"data": {"nonfinite": bad[generation],
+                                            "nonfinite_loss": "inf", "nonfinite_exact": 1}})]
+
+    h = harness(tmp_path, script, max_restarts=3)
+    result = h.supervisor.run()
+    assert result.status == "succeeded" and result.restarts == 4, result
+    skips = [(e["generation"], e["epoch"], e["batch"], e["skips"])
+             for e in h.events("batch_skipped")]
+    assert skips == [(2, 2, 19, 1), (4, 3, 19, 2)], skips
+    assert [e.get("skipped", False) for e in h.events("restart")] == [False, True, False, True]
+    told = {m["generation"]: m["env"].get("MGPU_SKIP_BATCHES") for m in h.links["host1"].sent
+            if m["op"] == "start"}
+    assert told == {0: None, 1: None, 2: "2:19", 3: "2:19", 4: "2:19,3:19"}, told
+    assert "skipping batch 20 of epoch 4 (step 140)" in h.output.getvalue()

@@ -59,6 +59,9 @@ import time
 from types import ModuleType
 from typing import Any
 
+from . import steps  # loaded with this module (the same hooks: bootstrap.WATCHED)
+from .epochinput import skip_blocker, skipped_in  # standard library only at import
+
 _MARK = "_mgpu_watches_loss"
 ENV = "MGPU_SENTINEL"
 # `sentinel: {on_spike, spike_z, spike_window}` (runtime/spikes.py): report | rollback | off.
@@ -112,19 +115,16 @@ def exactness(model: Any) -> dict[str, Any]:
     """Whether the launcher may skip the bad step's batch by its position
     (runtime/epochinput.py: tf_keras, a carried input, one batch a step):
     `nonfinite_exact: 1`, or `nonfinite_inexact`: why not."""
-    from . import epochinput
-
     try:
-        why = epochinput.skip_blocker(model)
+        why = skip_blocker(model)
     except Exception as exc:  # noqa: BLE001 - a model of a shape not known here
         why = f"its steps per execution cannot be read ({type(exc).__name__})"
     return {"nonfinite_inexact": why[:200]} if why else {"nonfinite_exact": 1}
 
 
-def report(step: int | None, epoch: int, batch: int, loss: float,
-           exact: dict[str, Any] | None = None) -> None:
+def report(step: int | None, epoch: int, batch: int, loss: float, model: Any = None) -> None:
     """The first non-finite loss of this process, to the launcher at once
-    (`exact`: `exactness`'s fields)."""
+    (with `exactness` of `model`, the model `fit` trains)."""
     global _told, _spoiled
     with _lock:
         if _told:
@@ -135,15 +135,14 @@ def report(step: int | None, epoch: int, batch: int, loss: float,
     # A short list of integers, as a progress value must be (launcher/job/run/protocol.py).
     runtime.write_progress({"nonfinite": [-1 if step is None else int(step), int(epoch),
                                           int(batch)], "nonfinite_loss": str(loss),
-                            **(exact or {}), "time": time.time()})
+                            **exactness(model), "time": time.time()})
 
 
-def report_spike(step: int, epoch: int, batch: int, spike: Any,
-                 exact: dict[str, Any] | None = None) -> None:
+def report_spike(step: int, epoch: int, batch: int, spike: Any, model: Any = None) -> None:
     """A loss spike (runtime/spikes.py), to the launcher at once; with
     `on_spike: rollback` the weights are spoiled from here on, as a NaN's are:
-    no later save is made (`save_is_finite`), the backup is kept (`exact`:
-    `exactness`'s fields, for a rollback)."""
+    no later save is made (`save_is_finite`), the backup is kept (and the
+    launcher told the `exactness` of `model`)."""
     global _spoiled, _spikes_told
     rollback = on_spike() == "rollback"
     with _lock:
@@ -157,7 +156,8 @@ def report_spike(step: int, epoch: int, batch: int, spike: Any,
                             "loss_spike_loss": float(spike.loss),
                             "loss_spike_median": float(spike.median),
                             "loss_spike_z": min(float(spike.z), 1e9),  # inf: a flat window
-                            **({"loss_spike_rollback": 1, **(exact or {})} if rollback else {}),
+                            **({"loss_spike_rollback": 1, **exactness(model)} if rollback
+                               else {}),
                             "time": time.time()})
 
 
@@ -183,12 +183,9 @@ def _loss_callback(callbacks_module: ModuleType):
             self._read = (0, 0.0)  # (steps of this epoch, their mean) last read
 
         def on_epoch_begin(self, epoch, logs=None):
-            from . import steps
-
             with self._seen:
-                self._epoch, self._first, self._held = int(epoch), None, None
+                self._epoch, self._first, self._held, self._read = int(epoch), None, None, (0, 0.)
                 self._start = steps.step_of(self.model) or 0
-                self._read = (0, 0.0)
 
         def on_train_batch_begin(self, batch, logs=None):
             if self._first is None:  # where this epoch began (a resume may start mid-epoch)
@@ -213,25 +210,20 @@ def _loss_callback(callbacks_module: ModuleType):
                 return
             first = self._first if self._first is not None else 0
             if not math.isfinite(value):
-                report(self._start + batch - first + 1, self._epoch, batch, value,
-                       exactness(self.model))
+                report(self._start + batch - first + 1, self._epoch, batch, value, self.model)
             elif self._spikes is not None:
                 self._spike(batch, batch - first + 1, value)
 
-        def _spike(self, batch: int, steps: int, mean: float) -> None:
-            """`steps`: since the epoch's first batch run, a skipped one's too
-            (runtime/epochinput.py counts the steps past it); the mean is of
-            the batches trained."""
-            from .epochinput import skipped_in
-
+        def _spike(self, batch: int, ran: int, mean: float) -> None:  # ran: skipped ones too
             with self._seen:  # Keras 3 may call back out of order: an older mean is passed
-                count = steps - skipped_in(self.model, self._epoch, self._first or 0, batch)
+                # The mean is of the batches trained, not those skipped (runtime/epochinput.py).
+                count = ran - skipped_in(self.model, self._epoch, self._first or 0, batch)
                 before, self._read = self._read, max(self._read, (count, mean))
                 spike = self._spikes.add(step_loss(before, count, mean)) \
                     if count > before[0] else None
-                epoch, step = self._epoch, self._start + steps
+                epoch, step = self._epoch, self._start + ran
             if spike is not None:
-                report_spike(step, epoch, batch, spike, exactness(self.model))
+                report_spike(step, epoch, batch, spike, self.model)
 
     return LossSentinel
 
