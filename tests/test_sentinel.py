@@ -92,19 +92,65 @@ def test_a_loss_gone_bad_is_named_at_its_step_and_rolled_back_to_the_save_before
     assert f"loss went inf at step {BAD_STEP} (epoch 3, batch 20 of it" in status, status
 
 
+def epoch_batches(job: Job, generation: int) -> dict[int, int]:
+    """The batches worker 0 trained in each epoch of `generation`, as it printed them."""
+    said = (line.split("EPOCH_BATCHES ", 1)[1].split() for line in job.output.splitlines()
+            if "EPOCH_BATCHES " in line)
+    return {int(epoch): int(n) for g, epoch, n in said if int(g) == generation}
+
+
 @pytest.mark.e2e
-def test_a_bad_batch_comes_back_at_its_step_where_the_input_position_is_carried(
+def test_a_bad_batch_that_comes_back_at_its_step_is_skipped_where_the_input_position_is_carried(
         workdir, jobs):  # noqa: F811
     """tf_keras: the restart from step 80 continues the input where the save
-    left it (runtime/epochinput.py), so the bad batch is read at step 100 again:
-    the batch, not a one-off fault; the job stops naming the step."""
+    left it (runtime/epochinput.py), so the bad batch is read at step 100
+    again: the batch, not a one-off fault. Generation 2 skips exactly it
+    (read and dropped, not trained) and the job succeeds."""
     job = launch(jobs, [str(cluster(workdir, "tf_keras")), "--no-live", NAN,
                         str(workdir / "backup")], workdir)
-    assert job.finish(timeout=400) == 1, job.output[-3000:]
+    assert job.finish(timeout=400) == 0, job.output[-3000:]
     assert nonfinite(job) == [(0, BAD_STEP, 2, 19), (1, BAD_STEP, 2, 19)], \
         job.events("nonfinite")
-    assert [r["step"] for r in job.events("resumed")] == [80], job.events("resumed")
-    assert f"the loss went non-finite at step {BAD_STEP} again after the restart" in job.output
+    [skipped] = job.events("batch_skipped")
+    assert (skipped["generation"], skipped["step"], skipped["epoch"], skipped["batch"],
+            skipped["skips"], skipped["max_skips"]) == (2, BAD_STEP, 2, 19, 1, 2), skipped
+    assert [r["step"] for r in job.events("resumed")] == [80, 80], job.events("resumed")
+    assert [(r["counted"], r.get("skipped", False)) for r in job.events("restart")] == \
+        [(False, False), (False, True)], job.events("restart")
+    # Exactly one batch dropped, the bad one: epoch 2 (from 0) trained one batch
+    # fewer and no step after it went bad; the last epochs whole.
+    assert epoch_batches(job, 2) == {2: STEPS_PER_EPOCH - 1, 3: 40, 4: 40, 5: 40}, \
+        job.output[-3000:]
+    assert "WEIGHTS_FINITE True" in job.output and "WEIGHTS_FINITE False" not in job.output
+    assert "mgpu-launch: skipped batch 20 of epoch 3 (its loss went non-finite at step 100 " \
+        "twice): not trained" in job.output, job.output[-3000:]
+    assert "skipping batch 20 of epoch 3 (step 100): its loss went non-finite at that step " \
+        "twice" in job.output
+    summary = read_summary(job.run_dir)
+    assert summary["status"] == "succeeded" and summary["restarts"] == 2, summary
+    assert [e["event"] for e in summary["nonfinite"]].count("batch_skipped") == 1, summary
+    assert "skipping batch 20 of epoch 3" in render_status(load_run(job.run_dir))
+
+
+@pytest.mark.e2e
+def test_a_bad_batch_past_max_skips_stops_the_job_naming_the_batches_skipped(
+        workdir, jobs):  # noqa: F811
+    """Two bad batches, `max_skips: 1`: the first (step 100) is skipped; the
+    second (step 140) comes back after a resume past the first, at its own
+    step (the resume's drop counts the skipped batch's position), and stops."""
+    config = cluster(workdir, "tf_keras", "env: {POISON_AT_STEP: '100,140'}\n"
+                     "sentinel: {max_skips: 1}\n")
+    job = launch(jobs, [str(config), "--no-live", NAN, str(workdir / "backup")], workdir)
+    assert job.finish(timeout=500) == 1, job.output[-3000:]
+    assert nonfinite(job) == [(0, 100, 2, 19), (1, 100, 2, 19), (2, 140, 3, 19),
+                              (3, 140, 3, 19)], job.events("nonfinite")
+    assert [r["step"] for r in job.events("resumed")] == [80, 80, 120], job.events("resumed")
+    assert [e["batch"] for e in job.events("batch_skipped")] == [19]
+    summary = read_summary(job.run_dir)
+    assert summary["status"] == "failed" and summary["stopped_by"] == "nonfinite", summary
+    assert "the loss went non-finite at step 140 again" in summary["message"], summary
+    assert "batch 20 of epoch 4 at step 140 is not skipped: sentinel.max_skips=1 bad batches " \
+        "were skipped already (batch 20 of epoch 3 at step 100)" in summary["message"], summary
 
 
 @pytest.mark.e2e
@@ -126,8 +172,10 @@ def test_a_loss_gone_bad_at_the_end_of_fit_keeps_the_backup_the_restart_resumes_
 def test_the_same_step_going_bad_after_its_free_restart_stops_the_job_naming_it(
         workdir, jobs):  # noqa: F811
     # Step 30 goes bad before the first save (step 40): its restart is free all
-    # the same, and starts from scratch; step 30 goes bad again: the job stops.
-    config = cluster(workdir, "tf_keras", "env: {POISON_BY: step, POISON_AT_STEP: 30}\n")
+    # the same, and starts from scratch; step 30 goes bad again: the job stops,
+    # with skips off (else its batch would be skipped: tf_keras, a carried input).
+    config = cluster(workdir, "tf_keras", "env: {POISON_BY: step, POISON_AT_STEP: 30}\n"
+                     "sentinel: {max_skips: 0}\n")
     job = launch(jobs, [str(config), "--no-live", "--max-restarts", "1", NAN,
                         str(workdir / "backup")], workdir)
     code = job.finish(timeout=300)
@@ -139,6 +187,9 @@ def test_the_same_step_going_bad_after_its_free_restart_stops_the_job_naming_it(
     summary = read_summary(job.run_dir)
     assert summary["status"] == "failed" and summary["stopped_by"] == "nonfinite", summary
     assert "the loss went non-finite at step 30 again" in summary["message"], summary
+    assert "batch 30 of epoch 1 at step 30 is not skipped: sentinel.max_skips is 0 " \
+        "(`sentinel: {max_skips: 2}` skips up to 2 bad batches)" in summary["message"], summary
+    assert not job.events("batch_skipped")
     assert "not succeeded" not in job.output and "job succeeded" not in job.output
 
 
@@ -415,9 +466,10 @@ def test_no_skip_stops_the_job_saying_why_and_naming_the_batches_skipped():
     # Used up: every batch skipped named, and the one that came back.
     before = [BatchSkip(1, 3, 44), BatchSkip(1, 30, 71)]
     used = _judged_twice({"nonfinite_exact": 1}, skipped=before)["again"]
-    assert "batch 20 of epoch 3 at step 100 is not skipped: the 2 bad batches " \
-        "sentinel.max_skips allows were skipped already (batch 4 of epoch 2 at step 44; " \
-        "batch 31 of epoch 2 at step 71)" in used, used
+    assert "batch 20 of epoch 3 at step 100 is not skipped: sentinel.max_skips=2 bad " \
+        "batches were skipped already (batch 4 of epoch 2 at step 44; batch 31 of epoch 2 " \
+        "at step 71): fix the data or the step, then launch again, or allow more skips " \
+        "(sentinel.max_skips)" in used, used
     decision = decide_restart(Budget(max_restarts=3), advanced=False, preempted=False,
                               again=used)
     assert not decision.restart and decision.stopped_by == "nonfinite"

@@ -167,9 +167,9 @@ class Sentinel:
         if not self.max_skips:
             return (f"{bad} is not skipped: sentinel.max_skips is 0 (`sentinel: {{max_skips: "
                     f"{DEFAULT_MAX_SKIPS}}}` skips up to {DEFAULT_MAX_SKIPS} bad batches): {fix}")
-        return (f"{bad} is not skipped: the {self.max_skips} bad batches sentinel.max_skips "
-                f"allows were skipped already ({'; '.join(map(str, skipped))}): {fix}, or "
-                "allow more skips (sentinel.max_skips)")
+        return (f"{bad} is not skipped: sentinel.max_skips={self.max_skips} bad batches were "
+                f"skipped already ({'; '.join(map(str, skipped))}): {fix}, or allow more "
+                "skips (sentinel.max_skips)")
 
 
 def _no_skip(said: ProgressReport) -> str:
