@@ -408,9 +408,9 @@ def test_a_save_refused_after_a_spike_rollback_is_not_called_non_finite():
 # ------------------------------------------------------------- a bad batch skipped
 
 
-def _judged_twice(exact: dict, skipped=(), max_skips: int = 2):
+def _judged_twice(exact: dict, skipped=(), max_skips: int = 2, report: dict | None = None):
     """Sentinel.judged after generations 0 and 1 went bad at step 100 (epoch 2,
-    batch 19), their tasks' reports carrying `exact`."""
+    batch 19), their tasks' reports (`report`: a NaN's) carrying `exact`."""
     from types import SimpleNamespace
 
     from launcher.job.detect.sentinel import Sentinel
@@ -421,8 +421,8 @@ def _judged_twice(exact: dict, skipped=(), max_skips: int = 2):
     for generation in (0, 1):
         gen = SimpleNamespace(plan=SimpleNamespace(generation=generation), failure=None,
                               phase=SimpleNamespace(running=True))
-        sentinel.hear(gen, record, ProgressReport.read({"nonfinite": [100, 2, 19],
-                                                        "nonfinite_loss": "inf", **exact}))
+        said = report or {"nonfinite": [100, 2, 19], "nonfinite_loss": "inf"}
+        sentinel.hear(gen, record, ProgressReport.read({**said, **exact}))
     return sentinel.judged([_failure(0), _failure(1)], list(skipped))
 
 
@@ -448,6 +448,10 @@ def test_the_same_step_again_skips_its_batch_where_its_position_is_exact():
     story.tell(event)
     assert 'mgpu_skipped_batches_total{job="nan"} 1.0' in metrics.text()
     assert story.summary()["nonfinite"] == [{"event": "batch_skipped", **ev.fields_of(event)}]
+    # A spike rolled back (`on_spike: rollback`) that comes back at its step: the same.
+    spike = {"loss_spike": [100, 2, 19], "loss_spike_loss": 91.5, "loss_spike_median": 0.25,
+             "loss_spike_z": 40.0, "loss_spike_rollback": 1}
+    assert _judged_twice({"nonfinite_exact": 1}, report=spike) == judged
 
 
 def test_no_skip_stops_the_job_saying_why_and_naming_the_batches_skipped():

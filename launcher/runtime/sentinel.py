@@ -33,7 +33,9 @@ backups and ends "succeeded". So, in each task of the launcher:
   directory's newest save stays the last good one (runtime/saves.py).
 
 The launcher stops a generation whose loss went bad and restarts it from
-that last good save (launcher/job/detect/sentinel.py).
+that last good save (launcher/job/detect/sentinel.py); when the same step
+goes bad again and the report said the skip is exact, every later
+generation skips that step's batch (runtime/epochinput.py).
 
 The same step losses feed the spike test (runtime/spikes.py): a finite loss
 far above its recent window is reported (`loss_spike`, with its loss, the
