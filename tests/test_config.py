@@ -227,8 +227,18 @@ def test_memory_peer_turns_the_second_copy_off_and_needs_the_memory_tier(tmp_pat
 @pytest.mark.parametrize("value, said", [
     ("maybe", "sentinel: Input should be 'on' or 'off' (got 'maybe')"),
     ("{on_spike: nope}", "sentinel.on_spike: Input should be 'report', 'rollback' or 'off'"),
+    ("{max_skips: -1}", "sentinel.max_skips: Input should be greater than or equal to 0"),
+    ("{max_skips: two}", "sentinel.max_skips: Input should be a valid integer"),
 ])
 def test_a_bad_sentinel_is_one_message_for_the_shape_given(value: str, said: str):
     problems = problems_of(GOOD + f"sentinel: {value}\n")
     assert len(problems) == 1 and said in problems[0], problems
     assert parse_config(GOOD + "sentinel: off\n").config.sentinel == "off"
+
+
+def test_max_skips_defaults_to_two_and_none_when_the_sentinel_is_off():
+    """`sentinel: {max_skips: N}`: the bad batches a job may skip (0: none)."""
+    assert parse_config(GOOD).config.max_skips == 2
+    assert parse_config(GOOD + "sentinel: {max_skips: 0}\n").config.max_skips == 0
+    assert parse_config(GOOD + "sentinel: {on_spike: rollback}\n").config.max_skips == 2
+    assert parse_config(GOOD + "sentinel: off\n").config.max_skips == 0

@@ -1,7 +1,9 @@
 """Which inputs' position in an epoch a restart can carry
 (launcher/runtime/epochinput.py `why_not`), and the fact the replay rests on:
 a seeded reshuffled dataset's order in its n-th iterator of a process
-follows the iterators made before it, of the dataset or of its distributed copy."""
+follows the iterators made before it, of the dataset or of its distributed copy;
+and a bad batch skipped by its position (MGPU_SKIP_BATCHES), in tf_keras' own
+DataHandler, where a skip can be exact."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 
 from launcher.runtime.epochinput import why_not  # noqa: E402
+from launcher.runtime.sentinel import exactness  # noqa: E402
 
 
 def seeded():
@@ -69,3 +72,83 @@ def test_saves_not_taken_mid_epoch_are_not_reported_as_checkpoints(tmp_path):
     assert named == [(8, True), (16, True)], records
     assert [r["saved"] for r in records if "saved" in r] == [8, 16], records
     assert "is not taken: this fit's input cannot continue there" in output, output[-3000:]
+
+
+# --- a bad batch skipped by its position (MGPU_SKIP_BATCHES) ----------------
+
+
+def test_the_skip_list_reads_epoch_batch_pairs_and_leaves_out_the_rest():
+    from launcher.runtime.epochinput import skips_of
+
+    assert skips_of("2:19, 3:5,x,4:,-1:2,5:6:7") == {(2, 19), (3, 5)}
+    assert skips_of("") == frozenset()
+
+
+def _model(**compiled):
+    keras = pytest.importorskip("tf_keras")
+    from launcher.runtime import epochinput
+
+    epochinput.on_tf_keras(keras)  # the bootstrap's hooks (once per process)
+    model = keras.Sequential([keras.layers.Input((1,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse", **compiled)
+    return model
+
+
+def _trained(model, dataset, epoch: int = 0, step: int = 0) -> dict[int, list[int]]:
+    """The batch each step of fit's epochs reads (one a step, as its train
+    function does), fit resumed at (epoch, step) as a restore leaves it."""
+    from tf_keras.src.engine import data_adapter
+
+    from launcher.runtime import epochinput
+
+    epochinput._resume.update(first=0, epoch=epoch, step=step, model=model)  # `_counters`
+    handler = data_adapter.DataHandler(x=dataset, epochs=2, model=model,
+                                       steps_per_execution=model._steps_per_execution)
+    handler._initial_epoch, handler._initial_step = epoch, step
+    seen: dict[int, list[int]] = {}
+    for at, iterator in handler.enumerate_epochs():
+        for _ in handler.steps():
+            seen.setdefault(at, []).append(int(next(iterator)[0]))
+    return seen
+
+
+def test_a_skipped_batch_is_read_and_dropped_at_its_position_across_resumes(
+        monkeypatch, capsys):
+    monkeypatch.delenv("TF_CONFIG", raising=False)  # alone: the chief, who says it
+    monkeypatch.setenv("MGPU_SKIP_BATCHES", "1:3,1:6")
+    batches = tf.data.Dataset.range(8).batch(1)  # batch i holds i
+    model = _model()
+    assert _trained(model, batches) == {0: list(range(8)), 1: [0, 1, 2, 4, 5, 7]}
+    # The optimizer's counter moved past each (no step trained here): later steps
+    # keep their numbers.
+    assert int(model.optimizer.iterations.numpy()) == 2
+    # What the sentinel's `nonfinite` report tells the launcher: a skip is exact here.
+    assert exactness(model) == {"nonfinite_exact": 1}
+    said = capsys.readouterr().err
+    assert "mgpu-launch: skipped batch 4 of epoch 2 (its loss went non-finite at step 1 " \
+        "twice): not trained" in said, said
+    assert "skipped batch 7 of epoch 2" in said, said
+    # Positions are positions: a resume before a skipped batch skips it again, a
+    # resume past it drops it with the batches before the save.
+    assert _trained(model, batches, epoch=1, step=2) == {1: [2, 4, 5, 7]}
+    assert _trained(model, batches, epoch=1, step=5) == {1: [5, 7]}
+
+
+def test_a_batch_is_not_skipped_where_its_position_is_not_exact(monkeypatch, capsys):
+    from launcher.runtime.epochinput import skip_blocker
+
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    monkeypatch.setenv("MGPU_SKIP_BATCHES", "0:1")
+    several = _model(steps_per_execution=2)
+    # Four steps of two batches an epoch (this helper reads one a step): none dropped.
+    assert _trained(several, tf.data.Dataset.range(8).batch(1)) == {0: [0, 1, 2, 3],
+                                                                    1: [0, 1, 2, 3]}
+    assert "are trained instead: steps_per_execution is 2" in capsys.readouterr().err
+    assert exactness(several) == {"nonfinite_inexact": "steps_per_execution is 2: a step "
+                                  "trains 2 batches"}
+    unseeded = _model()
+    shuffled = tf.data.Dataset.range(8).shuffle(8).batch(1)
+    assert len(_trained(unseeded, shuffled)[0]) == 8
+    assert skip_blocker(unseeded) == \
+        "the input's position cannot be carried (its shuffle has no seed)"
+    assert skip_blocker(object()) == "the input's position is not carried here (Keras 3)"

@@ -37,8 +37,25 @@ def test_each_shape_the_runtime_sends_reads_as_what_it_means():
     assert ProgressReport.read({"deleted": "/b", "at": "train"}).deleted == "/b"
     bad = ProgressReport.read({"nonfinite": [100, 2, 19], "nonfinite_loss": "inf"})
     assert (bad.nonfinite, bad.nonfinite_loss, bad.has_step) == ((100, 2, 19), "inf", False)
+    assert (bad.nonfinite_exact, bad.nonfinite_inexact) == (False, None)  # not said: no skip
+    exact = ProgressReport.read({"nonfinite": [100, 2, 19], "nonfinite_exact": 1})
+    assert exact.nonfinite_exact
+    why = ProgressReport.read({"nonfinite": [100, 2, 19], "nonfinite_inexact": "Keras 3"})
+    assert (why.nonfinite_exact, why.nonfinite_inexact) == (False, "Keras 3")
     refused = ProgressReport.read({"saved_nonfinite": 120, "saved_dir": "/b", "save_skipped": 1})
     assert (refused.saved_nonfinite, refused.saved, refused.save_skipped) == (120, None, True)
+
+
+def test_the_sentinels_report_passes_the_agent_protocol_whole():
+    """What runtime/sentinel.py sends with a loss gone bad (its reason for no
+    skip cut at 200 characters there, the most a progress string may hold)."""
+    from launcher.job.run.protocol import check_message
+
+    for said in ({"nonfinite_exact": 1}, {"nonfinite_inexact": "x" * 200}):
+        data = {"nonfinite": [100, 2, 19], "nonfinite_loss": "inf", **said}
+        clean = check_message({"ev": "progress", "task": "worker0", "generation": 1,
+                               "data": data})
+        assert clean["data"] == data
 
 
 def test_a_fact_not_in_the_report_is_unknown_not_zero():
@@ -52,7 +69,8 @@ def test_a_fact_not_in_the_report_is_unknown_not_zero():
 # `resumed`, the memory tier's slots) may have keys of the same names.
 _KEYS = ("step", "job_step", "saved", "saved_dir", "resumed", "resumed_unknown", "start_epoch",
          "start_step", "counted", "checkpoint", "save_s", "deleted", "epoch_end", "returned",
-         "nonfinite", "nonfinite_loss", "saved_nonfinite", "save_skipped")
+         "nonfinite", "nonfinite_loss", "nonfinite_exact", "nonfinite_inexact",
+         "saved_nonfinite", "save_skipped")
 _READ = re.compile(r"\b(?:data|metrics|m|last_progress|progress|reported)"
                    r"(?:\.get\(|\[)\"(?:" + "|".join(_KEYS) + r")\"(?!\] = )")
 

@@ -5,8 +5,11 @@ holds one batch of 1e30 at step 100 on worker 1, under two simulated hosts.
 The loss is named at its step, epoch, batch and task (events.jsonl, the
 terminal, `status`, summary.json); no save after it is made or reported as a
 save; the generation is stopped and the restart resumes from the save before
-the bad step; the same step going bad again stops the job
-(launcher/runtime/sentinel.py, launcher/job/detect/sentinel.py).
+the bad step; the same step going bad again is the batch's doing: under
+tf_keras, where the input's position is carried, that batch is skipped (at
+most `sentinel.max_skips`), else the job stops naming the step
+(launcher/runtime/sentinel.py, launcher/job/detect/sentinel.py,
+launcher/runtime/epochinput.py).
 """
 
 from __future__ import annotations
@@ -89,19 +92,65 @@ def test_a_loss_gone_bad_is_named_at_its_step_and_rolled_back_to_the_save_before
     assert f"loss went inf at step {BAD_STEP} (epoch 3, batch 20 of it" in status, status
 
 
+def epoch_batches(job: Job, generation: int) -> dict[int, int]:
+    """The batches worker 0 trained in each epoch of `generation`, as it printed them."""
+    said = (line.split("EPOCH_BATCHES ", 1)[1].split() for line in job.output.splitlines()
+            if "EPOCH_BATCHES " in line)
+    return {int(epoch): int(n) for g, epoch, n in said if int(g) == generation}
+
+
 @pytest.mark.e2e
-def test_a_bad_batch_comes_back_at_its_step_where_the_input_position_is_carried(
+def test_a_bad_batch_that_comes_back_at_its_step_is_skipped_where_the_input_position_is_carried(
         workdir, jobs):  # noqa: F811
     """tf_keras: the restart from step 80 continues the input where the save
-    left it (runtime/epochinput.py), so the bad batch is read at step 100 again:
-    the batch, not a one-off fault; the job stops naming the step."""
+    left it (runtime/epochinput.py), so the bad batch is read at step 100
+    again: the batch, not a one-off fault. Generation 2 skips exactly it
+    (read and dropped, not trained) and the job succeeds."""
     job = launch(jobs, [str(cluster(workdir, "tf_keras")), "--no-live", NAN,
                         str(workdir / "backup")], workdir)
-    assert job.finish(timeout=400) == 1, job.output[-3000:]
+    assert job.finish(timeout=400) == 0, job.output[-3000:]
     assert nonfinite(job) == [(0, BAD_STEP, 2, 19), (1, BAD_STEP, 2, 19)], \
         job.events("nonfinite")
-    assert [r["step"] for r in job.events("resumed")] == [80], job.events("resumed")
-    assert f"the loss went non-finite at step {BAD_STEP} again after the restart" in job.output
+    [skipped] = job.events("batch_skipped")
+    assert (skipped["generation"], skipped["step"], skipped["epoch"], skipped["batch"],
+            skipped["skips"], skipped["max_skips"]) == (2, BAD_STEP, 2, 19, 1, 2), skipped
+    assert [r["step"] for r in job.events("resumed")] == [80, 80], job.events("resumed")
+    assert [(r["counted"], r.get("skipped", False)) for r in job.events("restart")] == \
+        [(False, False), (False, True)], job.events("restart")
+    # Exactly one batch dropped, the bad one: epoch 2 (from 0) trained one batch
+    # fewer and no step after it went bad; the last epochs whole.
+    assert epoch_batches(job, 2) == {2: STEPS_PER_EPOCH - 1, 3: 40, 4: 40, 5: 40}, \
+        job.output[-3000:]
+    assert "WEIGHTS_FINITE True" in job.output and "WEIGHTS_FINITE False" not in job.output
+    assert "mgpu-launch: skipped batch 20 of epoch 3 (its loss went non-finite at step 100 " \
+        "twice): not trained" in job.output, job.output[-3000:]
+    assert "skipping batch 20 of epoch 3 (step 100): its loss went non-finite at that step " \
+        "twice" in job.output
+    summary = read_summary(job.run_dir)
+    assert summary["status"] == "succeeded" and summary["restarts"] == 2, summary
+    assert [e["event"] for e in summary["nonfinite"]].count("batch_skipped") == 1, summary
+    assert "skipping batch 20 of epoch 3" in render_status(load_run(job.run_dir))
+
+
+@pytest.mark.e2e
+def test_a_bad_batch_past_max_skips_stops_the_job_naming_the_batches_skipped(
+        workdir, jobs):  # noqa: F811
+    """Two bad batches, `max_skips: 1`: the first (step 100) is skipped; the
+    second (step 140) comes back after a resume past the first, at its own
+    step (the resume's drop counts the skipped batch's position), and stops."""
+    config = cluster(workdir, "tf_keras", "env: {POISON_AT_STEP: '100,140'}\n"
+                     "sentinel: {max_skips: 1}\n")
+    job = launch(jobs, [str(config), "--no-live", NAN, str(workdir / "backup")], workdir)
+    assert job.finish(timeout=500) == 1, job.output[-3000:]
+    assert nonfinite(job) == [(0, 100, 2, 19), (1, 100, 2, 19), (2, 140, 3, 19),
+                              (3, 140, 3, 19)], job.events("nonfinite")
+    assert [r["step"] for r in job.events("resumed")] == [80, 80, 120], job.events("resumed")
+    assert [e["batch"] for e in job.events("batch_skipped")] == [19]
+    summary = read_summary(job.run_dir)
+    assert summary["status"] == "failed" and summary["stopped_by"] == "nonfinite", summary
+    assert "the loss went non-finite at step 140 again" in summary["message"], summary
+    assert "batch 20 of epoch 4 at step 140 is not skipped: sentinel.max_skips=1 bad batches " \
+        "were skipped already (batch 20 of epoch 3 at step 100)" in summary["message"], summary
 
 
 @pytest.mark.e2e
@@ -123,8 +172,10 @@ def test_a_loss_gone_bad_at_the_end_of_fit_keeps_the_backup_the_restart_resumes_
 def test_the_same_step_going_bad_after_its_free_restart_stops_the_job_naming_it(
         workdir, jobs):  # noqa: F811
     # Step 30 goes bad before the first save (step 40): its restart is free all
-    # the same, and starts from scratch; step 30 goes bad again: the job stops.
-    config = cluster(workdir, "tf_keras", "env: {POISON_BY: step, POISON_AT_STEP: 30}\n")
+    # the same, and starts from scratch; step 30 goes bad again: the job stops,
+    # with skips off (else its batch would be skipped: tf_keras, a carried input).
+    config = cluster(workdir, "tf_keras", "env: {POISON_BY: step, POISON_AT_STEP: 30}\n"
+                     "sentinel: {max_skips: 0}\n")
     job = launch(jobs, [str(config), "--no-live", "--max-restarts", "1", NAN,
                         str(workdir / "backup")], workdir)
     code = job.finish(timeout=300)
@@ -136,6 +187,9 @@ def test_the_same_step_going_bad_after_its_free_restart_stops_the_job_naming_it(
     summary = read_summary(job.run_dir)
     assert summary["status"] == "failed" and summary["stopped_by"] == "nonfinite", summary
     assert "the loss went non-finite at step 30 again" in summary["message"], summary
+    assert "batch 30 of epoch 1 at step 30 is not skipped: sentinel.max_skips is 0 " \
+        "(`sentinel: {max_skips: 2}` skips up to 2 bad batches)" in summary["message"], summary
+    assert not job.events("batch_skipped")
     assert "not succeeded" not in job.output and "job succeeded" not in job.output
 
 
@@ -349,3 +403,123 @@ def test_a_save_refused_after_a_spike_rollback_is_not_called_non_finite():
     said = narrate.line(refused)[1]
     assert "weights trained past a loss spike that is rolled back" in said, said
     assert "non-finite" not in said
+
+
+# ------------------------------------------------------------- a bad batch skipped
+
+
+def _judged_twice(exact: dict, skipped=(), max_skips: int = 2, report: dict | None = None):
+    """Sentinel.judged after generations 0 and 1 went bad at step 100 (epoch 2,
+    batch 19), their tasks' reports (`report`: a NaN's) carrying `exact`."""
+    from types import SimpleNamespace
+
+    from launcher.job.detect.sentinel import Sentinel
+    from launcher.job.record.reports import ProgressReport
+
+    sentinel = Sentinel(lambda e: None, max_skips=max_skips)
+    record = SimpleNamespace(task=SimpleNamespace(name="worker0", host="host0"))
+    for generation in (0, 1):
+        gen = SimpleNamespace(plan=SimpleNamespace(generation=generation), failure=None,
+                              phase=SimpleNamespace(running=True))
+        said = report or {"nonfinite": [100, 2, 19], "nonfinite_loss": "inf"}
+        sentinel.hear(gen, record, ProgressReport.read({**said, **exact}))
+    return sentinel.judged([_failure(0), _failure(1)], list(skipped))
+
+
+def test_the_same_step_again_skips_its_batch_where_its_position_is_exact():
+    from launcher.job.detect.sentinel import BatchSkip
+
+    judged = _judged_twice({"nonfinite_exact": 1})
+    assert judged == {"skip": BatchSkip(epoch=2, batch=19, step=100)}
+    # The restart that skips it is free, whatever the budget spent.
+    spent = Budget(max_restarts=1, spent=1)
+    decision = decide_restart(spent, advanced=False, preempted=False, **judged)
+    assert decision.restart and not decision.counts and decision.budget.spent == 1
+    event = ev.BatchSkipped(generation=2, step=100, epoch=2, batch=19, skips=1, max_skips=2)
+    assert narrate.line(event) == ("notice", (
+        "skipping batch 20 of epoch 3 (step 100): its loss went non-finite at that step "
+        "twice, after a restart from the save before it; 1 of sentinel.max_skips=2"))
+    restart = ev.Restart(generation=2, restarts=2, counted=False, skipped=True, max_restarts=1,
+                         total=2)
+    assert "(restart 2: a bad batch skipped, not counted against the 1 allowed" in \
+        narrate.line(restart)[1]
+    metrics, story = JobMetrics("nan", clock=lambda: 0.0), Story()
+    metrics.tell(event)
+    story.tell(event)
+    assert 'mgpu_skipped_batches_total{job="nan"} 1.0' in metrics.text()
+    assert story.summary()["nonfinite"] == [{"event": "batch_skipped", **ev.fields_of(event)}]
+    # A spike rolled back (`on_spike: rollback`) that comes back at its step: the same.
+    spike = {"loss_spike": [100, 2, 19], "loss_spike_loss": 91.5, "loss_spike_median": 0.25,
+             "loss_spike_z": 40.0, "loss_spike_rollback": 1}
+    assert _judged_twice({"nonfinite_exact": 1}, report=spike) == judged
+
+
+def test_no_skip_stops_the_job_saying_why_and_naming_the_batches_skipped():
+    from launcher.job.detect.sentinel import BatchSkip
+
+    # Not exact: Keras 3 starts its input again; the task says why.
+    keras3 = _judged_twice({"nonfinite_inexact": "the input's position is not carried here "
+                                                 "(Keras 3)"})["again"]
+    assert "step 100 again" in keras3 and "its batch is not skipped: the input's position " \
+        "is not carried here (Keras 3): fix the data or the step" in keras3, keras3
+    assert "not skipped: its task did not say" in _judged_twice({})["again"]  # an older runtime
+    # Skips off: how to allow them.
+    off = _judged_twice({"nonfinite_exact": 1}, max_skips=0)["again"]
+    assert "batch 20 of epoch 3 at step 100 is not skipped: sentinel.max_skips is 0 " \
+        "(`sentinel: {max_skips: 2}` skips up to 2 bad batches)" in off, off
+    # Used up: every batch skipped named, and the one that came back.
+    before = [BatchSkip(1, 3, 44), BatchSkip(1, 30, 71)]
+    used = _judged_twice({"nonfinite_exact": 1}, skipped=before)["again"]
+    assert "batch 20 of epoch 3 at step 100 is not skipped: sentinel.max_skips=2 bad " \
+        "batches were skipped already (batch 4 of epoch 2 at step 44; batch 31 of epoch 2 " \
+        "at step 71): fix the data or the step, then launch again, or allow more skips " \
+        "(sentinel.max_skips)" in used, used
+    decision = decide_restart(Budget(max_restarts=3), advanced=False, preempted=False,
+                              again=used)
+    assert not decision.restart and decision.stopped_by == "nonfinite"
+    # A batch skipped already that comes back at its step: not that batch.
+    again = _judged_twice({"nonfinite_exact": 1}, skipped=[BatchSkip(2, 19, 100)])["again"]
+    assert "was skipped already, so the cause is not that batch" in again, again
+
+
+def test_every_later_plan_carries_the_batches_skipped():
+    from launcher.job.detect.sentinel import BatchSkip
+    from launcher.job.policy.batchskips import with_skips
+    from launcher.runtime.epochinput import skips_of
+    from launcher.spec.config import local_config
+    from launcher.spec.plan import build_plan
+
+    plan = build_plan(local_config(2), ["train.py"], run_dir="/tmp/r", generation=2,
+                      ports=list(range(30000, 30016)))
+    assert with_skips(plan, []) is plan
+    skipped = with_skips(plan, [BatchSkip(2, 19, 100), BatchSkip(3, 5, 126)])
+    values = {task.env["MGPU_SKIP_BATCHES"] for task in skipped.tasks}
+    assert values == {"2:19,3:5"} and len(skipped.tasks) == len(plan.tasks)
+    assert skips_of(values.pop()) == {(2, 19), (3, 5)}  # as the task reads it
+    assert all("MGPU_SKIP_BATCHES" not in task.env for task in plan.tasks)
+
+
+def test_the_supervisor_skips_a_batch_that_comes_back_and_tells_later_generations(
+        tmp_path: Path):
+    from tests.fake_agents import harness
+
+    bad = {0: [100, 2, 19], 1: [100, 2, 19], 2: [140, 3, 19], 3: [140, 3, 19]}
+
+    def script(generation: int, name: str):
+        if generation not in bad:
+            return [(2.0, "exit", {"code": 0})]
+        return [(1.0, "progress", {"data": {"step": 1}}),  # training
+                (2.0, "progress", {"data": {"nonfinite": bad[generation],
+                                            "nonfinite_loss": "inf", "nonfinite_exact": 1}})]
+
+    h = harness(tmp_path, script, max_restarts=3)
+    result = h.supervisor.run()
+    assert result.status == "succeeded" and result.restarts == 4, result
+    skips = [(e["generation"], e["epoch"], e["batch"], e["skips"])
+             for e in h.events("batch_skipped")]
+    assert skips == [(2, 2, 19, 1), (4, 3, 19, 2)], skips
+    assert [e.get("skipped", False) for e in h.events("restart")] == [False, True, False, True]
+    told = {m["generation"]: m["env"].get("MGPU_SKIP_BATCHES") for m in h.links["host1"].sent
+            if m["op"] == "start"}
+    assert told == {0: None, 1: None, 2: "2:19", 3: "2:19", 4: "2:19,3:19"}, told
+    assert "skipping batch 20 of epoch 4 (step 140)" in h.output.getvalue()

@@ -32,16 +32,29 @@ Zero code, nothing inside a training step:
   twice (the launcher's extra saves go the same way: `memory_interval` never
   makes a script less exact than it was).
 
+Where the position is carried and each step trains one batch, a batch can be
+skipped by its position: the launcher names the batches whose loss went bad
+at the same step after the restart before it (MGPU_SKIP_BATCHES="2:19,...",
+epoch:batch from 0, as the sentinel's `nonfinite` report numbers them:
+job/detect/sentinel.py), and in `fit`'s epoch e the step at position b reads
+its batch from the epoch's iterator and drops it (not trained). The step
+counters move past it (the epoch's and the optimizer's), so the epoch keeps
+its length and every later step its number; a resume past it drops its
+position with the others, a resume before it skips it again. Said once per
+batch, by the chief.
+
 Standard library only at import time; must not import the launcher side.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from types import ModuleType
 
 _MARK = "_mgpu_epoch_input"
+SKIP_ENV = "MGPU_SKIP_BATCHES"  # the batches the launcher skips (job/policy/batchskips.py)
 _resume: dict = {}  # the next `fit` epoch loop's: {"first": epoch, "epoch": e, "step": k}
 _said: set[str] = set()
 # Stateful random ops, whose draws restart with the process: not reproducible.
@@ -191,9 +204,11 @@ def _epochs(original):
         if model is not None:
             model._mgpu_input = _verdict(self)
             skip = _skip(self, plan, not model._mgpu_input)
+            self._mgpu_fit = model  # fit's own handler: the skips are its (`_steps`)
         for epoch, iterator in original(self, *args, **kwargs):
             _drop(iterator, skip)
             skip = 0
+            self._mgpu_epoch = (epoch, iterator)
             yield epoch, iterator
     return enumerate_epochs
 
@@ -208,6 +223,90 @@ def _drop(iterator, batches: int) -> None:
     except Exception as exc:
         if type(exc).__name__ != "OutOfRangeError":
             raise
+
+
+# --- a bad batch skipped: read and dropped at its position -------------------
+
+def skips_of(text: str) -> frozenset[tuple[int, int]]:
+    """The (epoch, batch) positions MGPU_SKIP_BATCHES names ("2:19,3:5", from
+    0); a malformed entry is left out."""
+    found = set()
+    for part in text.split(","):
+        epoch, _, batch = part.strip().partition(":")
+        if epoch.isdigit() and batch.isdigit():
+            found.add((int(epoch), int(batch)))
+    return frozenset(found)
+
+
+def skip_blocker(model) -> str:
+    """Why one batch of this `fit` cannot be skipped alone ("" when it can):
+    its input's position must be carried (tf_keras, an input the launcher
+    follows) and each step must train one batch."""
+    reason = getattr(model, "_mgpu_input", None)
+    if reason is None:
+        return "the input's position is not carried here (Keras 3)"
+    if reason:
+        return f"the input's position cannot be carried ({reason})"
+    if getattr(model, "_autotune_steps_per_execution", False):
+        return "steps_per_execution is tuned: a step may train several batches"
+    per = getattr(model, "_steps_per_execution", None)
+    per = int(per.numpy()) if hasattr(per, "numpy") else 1
+    return f"steps_per_execution is {per}: a step trains {per} batches" if per != 1 else ""
+
+
+def skipped_in(model, epoch: int, first: int, last: int) -> int:
+    """The batches of `epoch` skipped at positions first..last (Keras' running
+    mean of the loss counts only those trained: runtime/sentinel.py)."""
+    return sum(1 for e, b in getattr(model, "_mgpu_skipped", ()) if e == epoch
+               and first <= b <= last)
+
+
+def _steps(original):
+    """DataHandler's steps: in `fit`, a position the launcher skips is not
+    yielded; its batch is read and dropped, and the original generator counts
+    past it, so the epoch still ends at its full length."""
+    def steps(self, *args, **kwargs):
+        wanted = _skips_now(self)
+        for step in original(self, *args, **kwargs):
+            if step in wanted:
+                _skip_batch(self, step)
+                continue
+            yield step
+    return steps
+
+
+def _skips_now(handler) -> frozenset[int]:
+    """The positions of `fit`'s current epoch to skip (none, said once, where
+    a skip could drop another batch than the one named)."""
+    model = getattr(handler, "_mgpu_fit", None)
+    epoch, _ = getattr(handler, "_mgpu_epoch", (None, None))
+    if model is None or epoch is None:
+        return frozenset()
+    wanted = frozenset(b for e, b in skips_of(os.environ.get(SKIP_ENV, "")) if e == epoch)
+    why = skip_blocker(model) if wanted else ""
+    if why:
+        _say_once(f"mgpu-launch: the batches the launcher skips ({SKIP_ENV}) are trained "
+                  f"instead: {why}")
+        return frozenset()
+    return wanted
+
+
+def _skip_batch(handler, position: int) -> None:
+    """Read the batch at `position` of the epoch and drop it. The optimizer's
+    step counter moves past it too: every later step keeps the number it had
+    (the sentinel's, the saves', memory_interval's, a learning-rate schedule's)."""
+    epoch, iterator = handler._mgpu_epoch
+    model = handler._mgpu_fit
+    _drop(iterator, 1)
+    iterations = getattr(getattr(model, "optimizer", None), "iterations", None)
+    step = None
+    if iterations is not None:
+        iterations.assign_add(1)
+        step = int(iterations.numpy())
+    model._mgpu_skipped = frozenset({*getattr(model, "_mgpu_skipped", ()), (epoch, position)})
+    at = f" at step {step}" if step is not None else ""
+    _say_once(f"mgpu-launch: skipped batch {position + 1} of epoch {epoch + 1} (its loss went "
+              f"non-finite{at} twice): not trained")
 
 
 # --- the saves: mid-epoch only where the position can be carried ------------
@@ -254,6 +353,7 @@ def on_tf_keras(module: ModuleType) -> None:
     engine = module.src.engine
     _wrap(engine.training.Model, "_maybe_load_initial_counters_from_ckpt", _counters)
     _wrap(engine.data_adapter.DataHandler, "enumerate_epochs", _epochs)
+    _wrap(engine.data_adapter.DataHandler, "steps", _steps)
     backup = getattr(module.callbacks, "BackupAndRestore", None)
     if backup is not None and "_backup" in backup.__dict__:
         _wrap(backup, "_backup", _backup)

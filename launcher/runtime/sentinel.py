@@ -13,9 +13,11 @@ backups and ends "succeeded". So, in each task of the launcher:
   step that went bad (the mean stays bad from there on). It is reported at
   once to the launcher (`nonfinite`: [the optimizer's step, the epoch, the
   batch], epoch and batch as Keras' callbacks number them, from 0;
-  `nonfinite_loss`: the mean, "nan" or "inf"), once per process, within one
-  step. Keras logs the mean already reduced across the workers (its metrics
-  are read across replicas): every worker of a MultiWorkerMirroredStrategy
+  `nonfinite_loss`: the mean, "nan" or "inf"; `nonfinite_exact: 1` where the
+  launcher may skip that batch by its position, else `nonfinite_inexact`: why
+  not, runtime/epochinput.py), once per process, within one step. Keras logs
+  the mean already reduced across the workers (its metrics are read across
+  replicas): every worker of a MultiWorkerMirroredStrategy
   job sees the bad step at once, whichever worker's batch it was.
   The read costs no wait on the device: tf_keras hands the callback the
   step's tensors (`_supports_tf_logs`) and the callback reads step k's mean
@@ -31,7 +33,9 @@ backups and ends "succeeded". So, in each task of the launcher:
   directory's newest save stays the last good one (runtime/saves.py).
 
 The launcher stops a generation whose loss went bad and restarts it from
-that last good save (launcher/job/detect/sentinel.py).
+that last good save (launcher/job/detect/sentinel.py); when the same step
+goes bad again and the report said the skip is exact, every later
+generation skips that step's batch (runtime/epochinput.py).
 
 The same step losses feed the spike test (runtime/spikes.py): a finite loss
 far above its recent window is reported (`loss_spike`, with its loss, the
@@ -56,6 +60,9 @@ import threading
 import time
 from types import ModuleType
 from typing import Any
+
+from . import steps  # loaded with this module (the same hooks: bootstrap.WATCHED)
+from .epochinput import skip_blocker, skipped_in  # standard library only at import
 
 _MARK = "_mgpu_watches_loss"
 ENV = "MGPU_SENTINEL"
@@ -106,8 +113,20 @@ def spike_watch() -> Any:
                              z=knob(SPIKE_Z_ENV, spikes.Z))
 
 
-def report(step: int | None, epoch: int, batch: int, loss: float) -> None:
-    """The first non-finite loss of this process, to the launcher at once."""
+def exactness(model: Any) -> dict[str, Any]:
+    """Whether the launcher may skip the bad step's batch by its position
+    (runtime/epochinput.py: tf_keras, a carried input, one batch a step):
+    `nonfinite_exact: 1`, or `nonfinite_inexact`: why not."""
+    try:
+        why = skip_blocker(model)
+    except Exception as exc:  # noqa: BLE001 - a model of a shape not known here
+        why = f"its steps per execution cannot be read ({type(exc).__name__})"
+    return {"nonfinite_inexact": why[:200]} if why else {"nonfinite_exact": 1}
+
+
+def report(step: int | None, epoch: int, batch: int, loss: float, model: Any = None) -> None:
+    """The first non-finite loss of this process, to the launcher at once
+    (with `exactness` of `model`, the model `fit` trains)."""
     global _told, _spoiled
     with _lock:
         if _told:
@@ -118,13 +137,14 @@ def report(step: int | None, epoch: int, batch: int, loss: float) -> None:
     # A short list of integers, as a progress value must be (launcher/job/run/protocol.py).
     runtime.write_progress({"nonfinite": [-1 if step is None else int(step), int(epoch),
                                           int(batch)], "nonfinite_loss": str(loss),
-                            "time": time.time()})
+                            **exactness(model), "time": time.time()})
 
 
-def report_spike(step: int, epoch: int, batch: int, spike: Any) -> None:
+def report_spike(step: int, epoch: int, batch: int, spike: Any, model: Any = None) -> None:
     """A loss spike (runtime/spikes.py), to the launcher at once; with
     `on_spike: rollback` the weights are spoiled from here on, as a NaN's are:
-    no later save is made (`save_is_finite`), the backup is kept."""
+    no later save is made (`save_is_finite`), the backup is kept (and the
+    launcher told the `exactness` of `model`)."""
     global _spoiled, _spikes_told
     rollback = on_spike() == "rollback"
     with _lock:
@@ -138,7 +158,8 @@ def report_spike(step: int, epoch: int, batch: int, spike: Any) -> None:
                             "loss_spike_loss": float(spike.loss),
                             "loss_spike_median": float(spike.median),
                             "loss_spike_z": min(float(spike.z), 1e9),  # inf: a flat window
-                            **({"loss_spike_rollback": 1} if rollback else {}),
+                            **({"loss_spike_rollback": 1, **exactness(model)} if rollback
+                               else {}),
                             "time": time.time()})
 
 
@@ -164,12 +185,9 @@ def _loss_callback(callbacks_module: ModuleType):
             self._read = (0, 0.0)  # (steps of this epoch, their mean) last read
 
         def on_epoch_begin(self, epoch, logs=None):
-            from . import steps
-
             with self._seen:
-                self._epoch, self._first, self._held = int(epoch), None, None
+                self._epoch, self._first, self._held, self._read = int(epoch), None, None, (0, 0.)
                 self._start = steps.step_of(self.model) or 0
-                self._read = (0, 0.0)
 
         def on_train_batch_begin(self, batch, logs=None):
             if self._first is None:  # where this epoch began (a resume may start mid-epoch)
@@ -194,18 +212,20 @@ def _loss_callback(callbacks_module: ModuleType):
                 return
             first = self._first if self._first is not None else 0
             if not math.isfinite(value):
-                report(self._start + batch - first + 1, self._epoch, batch, value)
+                report(self._start + batch - first + 1, self._epoch, batch, value, self.model)
             elif self._spikes is not None:
                 self._spike(batch, batch - first + 1, value)
 
-        def _spike(self, batch: int, count: int, mean: float) -> None:
+        def _spike(self, batch: int, ran: int, mean: float) -> None:  # ran: skipped ones too
             with self._seen:  # Keras 3 may call back out of order: an older mean is passed
+                # The mean is of the batches trained, not those skipped (runtime/epochinput.py).
+                count = ran - skipped_in(self.model, self._epoch, self._first or 0, batch)
                 before, self._read = self._read, max(self._read, (count, mean))
                 spike = self._spikes.add(step_loss(before, count, mean)) \
                     if count > before[0] else None
-                epoch, step = self._epoch, self._start + count
+                epoch, step = self._epoch, self._start + ran
             if spike is not None:
-                report_spike(step, epoch, batch, spike)
+                report_spike(step, epoch, batch, spike, self.model)
 
     return LossSentinel
 

@@ -139,6 +139,11 @@ class PortSettings(_Strict):
         return value
 
 
+# Bad batches a job skips at most (`sentinel: {max_skips}`): a batch whose loss
+# went non-finite at the same step after the restart from the save before it.
+DEFAULT_MAX_SKIPS = 2
+
+
 class SecuritySettings(_Strict):
     # Who may connect to the job's TensorFlow ports (docs/security.md):
     # `auto` keeps them to the cluster's hosts wherever the agent can install
@@ -148,14 +153,15 @@ class SecuritySettings(_Strict):
 
 
 class SentinelSettings(_Strict):
-    """`sentinel: {on_spike, spike_z, spike_window}`: the sentinel on, and what a
-    loss spike is (launcher/runtime/spikes.py; None: its default) and does:
-    `report` (an event), `rollback` (handled as a loss gone non-finite), `off`."""
+    """`sentinel: {on_spike, spike_z, spike_window, max_skips}`: the sentinel on,
+    what a loss spike is (launcher/runtime/spikes.py; None: its default) and does:
+    `report` (an event), `rollback` (handled as a loss gone non-finite), `off`;
+    and how many bad batches a job may skip (job/detect/sentinel.py; 0: none)."""
 
     on_spike: Literal["report", "rollback", "off"] = "report"
     spike_z: float | None = Field(default=None, gt=0)  # robust z-score (default 12)
     spike_window: int | None = Field(default=None, ge=8, le=100_000)  # steps (default 64)
-
+    max_skips: int = Field(default=DEFAULT_MAX_SKIPS, ge=0, le=1000)
 
 
 def _sentinel_shape(value: Any) -> str:
@@ -217,7 +223,8 @@ class ClusterConfig(_Strict):
     notify: NotifySettings | None = None
     # The NaN sentinel (launcher/runtime/sentinel.py): a Keras loss gone non-finite
     # is named at its step, a save of non-finite weights is no save; `off`: neither.
-    # On, with how a loss spike is handled: `{on_spike: rollback, ...}`.
+    # On, with how a loss spike is handled and how many bad batches may be
+    # skipped: `{on_spike: rollback, max_skips: 2, ...}`.
     sentinel: Annotated[Annotated[Literal["on", "off"], Tag("(word)")]
                         | Annotated[SentinelSettings, Tag("(settings)")],
                         Discriminator(_sentinel_shape)] = "on"
@@ -245,6 +252,14 @@ class ClusterConfig(_Strict):
     def env_strings(self) -> dict[str, str]:
         """`env` with every value as the string a process sees."""
         return {key: _as_process_sees(value) for key, value in self.env.items()}
+
+    @property
+    def max_skips(self) -> int:
+        """`sentinel: {max_skips}`: the bad batches the job may skip (the default
+        with `sentinel: on`; `off` watches no loss, so there is none to skip)."""
+        if isinstance(self.sentinel, SentinelSettings):
+            return self.sentinel.max_skips
+        return DEFAULT_MAX_SKIPS if self.sentinel == "on" else 0
 
 
 def _as_process_sees(value: Any) -> str:

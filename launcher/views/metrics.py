@@ -155,6 +155,10 @@ class JobMetrics:
                                        "far above its recent window (the sentinel's)",
                                        labels=["job"]), [self.job],
                    sum(isinstance(e, ev.LossSpike) for e in state.nonfinite))
+        yield _one(CounterMetricFamily("mgpu_skipped_batches", "Bad batches skipped so far: "
+                                       "the same step's loss gone non-finite twice (the "
+                                       "sentinel's)", labels=["job"]), [self.job],
+                   sum(isinstance(e, ev.BatchSkipped) for e in state.nonfinite))
         yield from self._resume_families()
         yield _one(CounterMetricFamily("mgpu_rollbacks", "Restarts of the job from the last "
                                        "save before a step whose loss went bad (the NaN "

@@ -45,7 +45,8 @@ def _restart(event: ev.Restart) -> str:
     """Each budget in what it counts: `restart.max_restarts` the restarts
     without progress, `restart.max_total_restarts` all of them."""
     allowed = f"the {event.max_restarts} allowed without progress"
-    free = "preempted" if event.preempted else "the checkpoint advanced" if event.progress \
+    free = "preempted" if event.preempted else "a bad batch skipped" if event.skipped \
+        else "the checkpoint advanced" if event.progress \
         else "the first loss gone non-finite"  # the NaN sentinel's (recovery.decide_restart)
     why = f"{event.spent} of {allowed}" if event.counted else \
         f"{free}, not counted against {allowed}"
@@ -128,6 +129,13 @@ def _nonfinite(event: ev.Nonfinite) -> str:
             f"(epoch {event.epoch + 1}, batch {event.batch + 1} of it; generation "
             f"{event.generation}): its weights and its peers' are NaN from there on; saves "
             "of non-finite weights are not counted as saves")
+
+
+def _batch_skipped(event: ev.BatchSkipped) -> str:
+    """Epoch and batch counted from 1, as the `nonfinite` warning counts them."""
+    return (f"skipping batch {event.batch + 1} of epoch {event.epoch + 1} (step {event.step}): "
+            "its loss went non-finite at that step twice, after a restart from the save "
+            f"before it; {event.skips} of sentinel.max_skips={event.max_skips}")
 
 
 def _loss_spike(event: ev.LossSpike) -> str:
@@ -242,6 +250,7 @@ _TELLERS = {
     ev.Nonfinite: _nonfinite,
     ev.NonfiniteSave: _nonfinite_save,
     ev.LossSpike: _loss_spike,
+    ev.BatchSkipped: _batch_skipped,
     ev.KerasSwitched: _keras,
     ev.JobDone: lambda e: e.message or None,
     ev.BadMessage: lambda e: f"agent {e.host}: ignored a malformed message: {e.reason}",

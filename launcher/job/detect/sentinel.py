@@ -15,11 +15,17 @@ A loss gone bad is also a failure of its own kind (`nonfinite`, job/record/failk
 training on would only save NaN weights (the bootstrap skips those saves), so
 the generation is stopped and restarted from the last save, which is from
 before the bad step. Not the script's bug: the first in a job is free of
-`max_restarts` (`judged`); the same step going bad again after that restart
-stops the job, naming the step: with the input's position carried (tf_keras,
+`max_restarts` (`judged`). With the input's position carried (tf_keras,
 runtime/epochinput.py) the replay reads the same batch at the same step, so a
-bad batch is told apart from a one-off fault; the launcher does not skip it
-(yet).
+bad batch is told apart from a one-off fault: the same step going bad again
+after that restart is the batch's doing. Where the task said the skip is exact
+(`nonfinite_exact`: a carried input, one batch a step), that batch is skipped:
+the restart is free and every later generation reads it and drops it
+(`BatchSkip`, a `batch_skipped` event; job/policy/batchskips.py), at most
+`sentinel: {max_skips}` (default 2) in a job. A batch that comes back past
+them, or where no skip is exact (Keras 3 starts its input again), stops the
+job naming the step, the batches skipped and why no skip. Never a loop: a bad
+step is replayed once before its batch is skipped or the job stops.
 
 A loss spike (runtime/spikes.py: a finite step loss far above its recent
 window) is a `loss_spike` event, once per generation and step, said and
@@ -32,9 +38,11 @@ Pure bookkeeping over progress records; no I/O. Owned by the supervisor thread.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from ...spec.config import DEFAULT_MAX_SKIPS
 from ..record import events as ev
 from ..record.failkinds import Kind
 from ..record.reports import ProgressReport
@@ -43,11 +51,29 @@ from .findings import Found
 from .generation import Generation
 
 
-class Sentinel:
-    """The first non-finite loss and save of each generation, told as events."""
+@dataclass(frozen=True)
+class BatchSkip:
+    """A bad batch the job skips: its position in its epoch (epoch, batch, from
+    0, as the `nonfinite` report numbers them) and the step it went bad at."""
 
-    def __init__(self, tell: Callable[[ev.Event], None]) -> None:
+    epoch: int
+    batch: int
+    step: int
+
+    def __str__(self) -> str:  # counted from 1, as Keras' progress bar counts
+        return f"batch {self.batch + 1} of epoch {self.epoch + 1} at step {self.step}"
+
+
+class Sentinel:
+    """The first non-finite loss and save of each generation, told as events;
+    after a generation stopped so, the restart's terms (`judged`)."""
+
+    def __init__(self, tell: Callable[[ev.Event], None],
+                 max_skips: int = DEFAULT_MAX_SKIPS) -> None:
         self._tell = tell
+        self.max_skips = max_skips  # `sentinel: {max_skips}`
+        # generation: its bad step's position (epoch, batch) and why no skip is exact ("")
+        self._where: dict[int, tuple[int, int, str]] = {}
         self._loss: set[int] = set()  # generations whose non-finite loss was told
         self._saves: set[int] = set()  # ...whose save of non-finite weights was
         self._steps: dict[int, int | None] = {}  # generation: its bad step (None: unknown)
@@ -64,6 +90,7 @@ class Sentinel:
             step, epoch, batch = said.nonfinite
             loss = said.nonfinite_loss or "non-finite"
             self._steps.setdefault(generation, step if step >= 0 else None)
+            self._where.setdefault(generation, (epoch, batch, _no_skip(said)))
             self._tell(ev.Nonfinite(**ids, step=self._steps[generation], epoch=epoch,
                                     batch=batch, loss=loss))
             if gen.failure is None and gen.phase.running:  # stop before it saves NaN
@@ -97,6 +124,7 @@ class Sentinel:
         if not rollback or generation in self._steps:
             return None
         self._steps[generation] = step
+        self._where[generation] = (epoch, batch, _no_skip(said))
         self._spiked[generation] = "spiked"
         if gen.failure is not None or not gen.phase.running:
             return None
@@ -104,18 +132,48 @@ class Sentinel:
             "loss": loss, "step": step, "epoch_1": epoch + 1, "batch_1": batch + 1,
             "median": median, "z": z})
 
-    def judged(self, failures: list[Failure]) -> dict[str, Any]:
+    def judged(self, failures: list[Failure],
+               skipped: Sequence[BatchSkip] = ()) -> dict[str, Any]:
         """What the restart rules need after a generation stopped so
-        (recovery.decide_restart): `free`, its first in the job; `again`, why
-        the job stops (the same step went bad twice in a row)."""
+        (recovery.decide_restart): `free`, its first in the job; when the same
+        step went bad twice in a row, `skip`, its batch (exact, not skipped
+        before, fewer than `max_skips` in `skipped`), or `again`, why the job
+        stops."""
         last = failures[-1] if failures else None
         if last is None or last.kind != Kind.NONFINITE:
             return {}
         step, before = self._steps.get(last.generation), self._steps.get(last.generation - 1)
-        if step is not None and step == before:
-            went = self._spiked.get(last.generation, "went non-finite")
-            return {"again": (f"the loss {went} at step {step} again after the restart "
-                              "from the last save before it: the bad input or state comes back "
-                              "at that step (the launcher does not skip a batch): fix the data "
-                              "or the step, then launch again")}
-        return {"free": not any(f.kind == Kind.NONFINITE for f in failures[:-1])}
+        if step is None or step != before:
+            return {"free": not any(f.kind == Kind.NONFINITE for f in failures[:-1])}
+        epoch, batch, why = self._where.get(last.generation, (0, 0, "its position is unknown"))
+        bad = BatchSkip(epoch, batch, step)
+        seen = (epoch, batch) in {(s.epoch, s.batch) for s in skipped}
+        if not why and not seen and len(skipped) < self.max_skips:
+            return {"skip": bad}
+        went = self._spiked.get(last.generation, "went non-finite")
+        return {"again": (f"the loss {went} at step {step} again after the restart from the "
+                          "last save before it: the bad input or state comes back at that "
+                          f"step; {self._no_skip_words(bad, why, seen, skipped)}")}
+
+    def _no_skip_words(self, bad: BatchSkip, why: str, seen: bool,
+                       skipped: Sequence[BatchSkip]) -> str:
+        """Why `bad`'s batch is not skipped (naming those that were), and the fix."""
+        fix = "fix the data or the step, then launch again"
+        if why:
+            return f"its batch is not skipped: {why}: {fix}"
+        if seen:
+            return (f"{bad} was skipped already, so the cause is not that batch (or its task "
+                    f"could not skip it: its output says why): {fix}")
+        if not self.max_skips:
+            return (f"{bad} is not skipped: sentinel.max_skips is 0 (`sentinel: {{max_skips: "
+                    f"{DEFAULT_MAX_SKIPS}}}` skips up to {DEFAULT_MAX_SKIPS} bad batches): {fix}")
+        return (f"{bad} is not skipped: sentinel.max_skips={self.max_skips} bad batches were "
+                f"skipped already ({'; '.join(map(str, skipped))}): {fix}, or allow more "
+                "skips (sentinel.max_skips)")
+
+
+def _no_skip(said: ProgressReport) -> str:
+    """Why the task said its bad step's batch cannot be skipped exactly ("": it can)."""
+    if said.nonfinite_exact:
+        return ""
+    return said.nonfinite_inexact or "its task did not say that its input's position is carried"

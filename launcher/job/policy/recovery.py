@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ..detect.sentinel import BatchSkip
 from ..record.classify import NO_READABLE_CHECKPOINT
 
 
@@ -134,7 +135,7 @@ class RestartDecision:
 
 def decide_restart(budget: Budget, advanced: bool, preempted: bool,
                    repeated: str = "", mistake: str = "", free: bool = False,
-                   again: str = "") -> RestartDecision:
+                   again: str = "", skip: BatchSkip | None = None) -> RestartDecision:
     """Start another generation after a failed one?
 
     `advanced`: the checkpointed training step moved during the failed
@@ -149,9 +150,10 @@ def decide_restart(budget: Budget, advanced: bool, preempted: bool,
     fail the same way on every try, so the first occurrence ends the job.
     `free`: a failure that is not the script's bug, free the first time (the NaN
     sentinel's first stop in a job); `again`: set (to why) when the same step's
-    loss went non-finite twice in a row (job/detect/sentinel.py): the job ends.
+    loss went non-finite twice in a row (job/detect/sentinel.py): the job ends;
+    `skip`: instead, the next generation skips that step's batch: free too.
     """
-    counts = restart_counts(advanced, preempted) and not free
+    counts = restart_counts(advanced, preempted) and not (free or skip is not None)
     if budget.max_restarts == 0:
         return RestartDecision(False, counts, budget, "", STOPPED_BY_NO_RESTARTS)
     if again:

@@ -1,5 +1,6 @@
 """What runs across a job's generations: the restart budget, the failures
-seen, and the next restart counted (its backoff, its `restart` event).
+seen, the bad batches skipped, and the next restart counted (its backoff, its
+`restart` event).
 
 Pure bookkeeping over values; the supervisor thread owns the one `JobSoFar`.
 The decisions themselves are launcher/job/policy/recovery.py's.
@@ -10,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from ..detect.sentinel import BatchSkip
 from ..record import events as ev
 from ..record.states import Failure, JobStatus
 from .recovery import BACKOFF_RESET_S, Budget, backoff_delay
@@ -33,6 +35,7 @@ class JobSoFar:
     backoff_attempt: int = 0  # restarts since the backoff was last reset
     failures: list[Failure] = field(default_factory=list)
     last_counted: bool = False  # the last restart counted against max_restarts
+    skipped: list[BatchSkip] = field(default_factory=list)  # bad batches skipped, in order
     tasks: dict[str, dict[str, Any]] = field(default_factory=dict)  # the last generation's
 
 
@@ -45,8 +48,16 @@ class End:
     stopped_by: str = ""
 
 
+def skip_batch(job: JobSoFar, skip: BatchSkip, max_skips: int) -> ev.BatchSkipped:
+    """Add `skip` to the job's skipped batches (before the restart is counted:
+    the next generation is the first to skip it); its event."""
+    job.skipped.append(skip)
+    return ev.BatchSkipped(generation=job.generation + 1, step=skip.step, epoch=skip.epoch,
+                           batch=skip.batch, skips=len(job.skipped), max_skips=max_skips)
+
+
 def count_restart(job: JobSoFar, policy: Backoff, *, counts: bool, advanced: bool,
-                  trained_s: float, preempted: bool) -> ev.Restart:
+                  trained_s: float, preempted: bool, skipped: bool = False) -> ev.Restart:
     """Count the next restart in `job`; the `restart` event, with its backoff.
     The backoff always applies, doubling; a generation that trained for a
     while (`trained_s`) and advanced proves the failure was no loop: reset."""
@@ -61,7 +72,8 @@ def count_restart(job: JobSoFar, policy: Backoff, *, counts: bool, advanced: boo
         generation=job.generation, restarts=job.restarts, counted=counts, progress=advanced,
         hosts=tuple(job.active), backoff_s=delay, spent=job.budget.spent,
         max_restarts=policy.max_restarts, total=job.budget.total,
-        max_total_restarts=policy.max_total_restarts, preempted=preempted)
+        max_total_restarts=policy.max_total_restarts, preempted=preempted,
+        skipped=skipped or None)
 
 
 def keras_switched(switch: dict[str, Any]) -> ev.KerasSwitched:

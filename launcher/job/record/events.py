@@ -33,6 +33,7 @@ from typing import Any, Protocol
 from ...spec.rundir import EVENTS_SCHEMA, RunRecorder
 from .eventbase import Event, TaskEvent
 from .training_events import (
+    BatchSkipped,
     LossSpike,
     MemoryCopy,
     Nonfinite,
@@ -294,7 +295,7 @@ class LauncherFailed(Event):
 @dataclass(frozen=True, kw_only=True)
 class Restart(Event):
     kind = "restart"
-    optional = ("fence_s",)
+    optional = ("fence_s", "skipped")
     generation: int
     restarts: int = 0
     counted: bool = True
@@ -309,6 +310,8 @@ class Restart(Event):
     # Seconds waited beyond the backoff for a lost host's tasks to be surely
     # over (its agent's lease, then its kill: job/policy/fence.py).
     fence_s: float | None = None
+    # The restart skips a bad batch (`batch_skipped`, just before): free.
+    skipped: bool | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -450,7 +453,7 @@ KINDS: dict[str, type[Event]] = {cls.kind: cls for cls in (
     BadMessage, AgentLog, Restart, Resumed, ResumeBehind, CheckpointPassedOver,
     KerasSwitched, JobDone, TerminalLost, NotifyFailed, MetricsServed, ProgramOver, TailCut,
     Health, Straggler, JobPhase, LauncherFailed, MemoryCopy, Nonfinite, NonfiniteSave,
-    LossSpike)}
+    LossSpike, BatchSkipped)}
 
 # Keys of a progress line that are not metrics.
 _PROGRESS_RESERVED = frozenset({"t", "event", "v", "generation", "task", "host"})

@@ -62,6 +62,10 @@ class ProgressReport:
     # a save of non-finite weights (its step, -1: not read), made or skipped.
     nonfinite: tuple[int, int, int] | None = None
     nonfinite_loss: str | None = None
+    # Whether the launcher may skip that step's batch by its position (a rollback
+    # spike's too): exact (tf_keras, a carried input, one batch a step), or why not.
+    nonfinite_exact: bool = False
+    nonfinite_inexact: str | None = None
     saved_nonfinite: int | None = None
     save_skipped: bool = False
     saved_after_spike: bool = False  # that save's weights finite, trained past a spike
@@ -107,6 +111,8 @@ class ProgressReport:
             steps_per_s=_number(metrics.get("steps_per_s")),
             nonfinite=_position(metrics.get("nonfinite")),
             nonfinite_loss=_text(metrics.get("nonfinite_loss")),
+            nonfinite_exact=bool(metrics.get("nonfinite_exact")),
+            nonfinite_inexact=_text(metrics.get("nonfinite_inexact")),
             saved_nonfinite=_int(metrics.get("saved_nonfinite")),
             save_skipped=bool(metrics.get("save_skipped")),
             saved_after_spike=bool(metrics.get("saved_after_spike")),

@@ -173,7 +173,8 @@ class Story:
     alone: list[ev.TaskRestarted] = field(default_factory=list)  # PS workers restarted alone
     resume_behind: list[ev.ResumeBehind] = field(default_factory=list)
     passed_over: list[ev.CheckpointPassedOver] = field(default_factory=list)  # unreadable
-    # The NaN sentinel's: a loss, a save gone NaN, a loss spike (job/detect/sentinel.py).
+    # The NaN sentinel's: a loss, a save gone NaN, a loss spike, a bad batch skipped
+    # (job/detect/sentinel.py).
     nonfinite: list[ev.Event] = field(default_factory=list)
     stragglers: dict[str, Straggler] = field(default_factory=dict)  # by task, this generation
     straggler_events: list[ev.Event] = field(default_factory=list)  # every one, in order
@@ -374,8 +375,8 @@ class Story:
             **({"keras_switched": ev.fields_of(switched)} if switched is not None else {}),
             "resumed": [ev.fields_of(e) for e in self.resumes],
             "stragglers": self.named(),
-            # the NaN sentinel's (job/detect/sentinel.py): non-finite losses and saves,
-            # and apart, the finite spikes of a loss
+            # the NaN sentinel's (job/detect/sentinel.py): non-finite losses and saves
+            # and the bad batches skipped, and apart, the finite spikes of a loss
             **_listed("nonfinite", [e for e in self.nonfinite if not isinstance(e, ev.LossSpike)]),
             **_listed("loss_spikes", [e for e in self.nonfinite if isinstance(e, ev.LossSpike)]),
         }
@@ -437,6 +438,7 @@ _TELLERS: dict[type, Any] = {
     ev.Nonfinite: lambda s, e: s.nonfinite.append(e),
     ev.NonfiniteSave: lambda s, e: s.nonfinite.append(e),
     ev.LossSpike: lambda s, e: s.nonfinite.append(e),
+    ev.BatchSkipped: lambda s, e: s.nonfinite.append(e),
     ev.OutOfStepAhead: lambda s, e: s.out_of_step.append(e),
     ev.TailCut: lambda s, e: s.tail_cuts.append(e),
     ev.KerasSwitched: lambda s, e: setattr(s, "keras_switched", e),

@@ -1,6 +1,7 @@
 """The training's own events: where a restarted generation resumed, a resume
 behind the last save, the memory tier's copies, a loss or a save gone
-non-finite and a loss spike (the NaN sentinel: launcher/job/detect/sentinel.py).
+non-finite, a loss spike and a bad batch skipped (the NaN sentinel:
+launcher/job/detect/sentinel.py).
 Every kind is listed in launcher/job/record/events.py's `KINDS`, which reads and
 writes their lines.
 
@@ -88,6 +89,23 @@ class NonfiniteSave(TaskEvent):
     directory: str = ""
     # Finite, but trained past a loss spike that `on_spike: rollback` rolls back.
     after_spike: bool | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class BatchSkipped(Event):
+    """A bad batch skipped: its loss went non-finite (or spiked, with `on_spike:
+    rollback`) at the same step `step` again after the restart from the save
+    before it, at the position (epoch, batch) of its epoch, from 0. Generation
+    `generation` and every later one read it and drop it (not trained);
+    `skips` of `sentinel.max_skips` so far."""
+
+    kind = "batch_skipped"
+    generation: int  # the first generation that skips it
+    step: int = 0
+    epoch: int = 0
+    batch: int = 0
+    skips: int = 0
+    max_skips: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)

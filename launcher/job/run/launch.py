@@ -200,7 +200,7 @@ class Launch:
             launcher_info={"launcher_pid": os.getpid(), "launcher_host": socket.gethostname(),
                            "command": tuple(self.reach.command),
                            "hosts": host_facts(connected.hellos())},
-            listeners=views,
+            listeners=views, max_skips=config.max_skips,
         )
         return Job(self, connected, supervisor, recorder, screen, views)
 

@@ -27,19 +27,19 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from ...spec.config import RestartPolicy  # the cluster file's `restart:`, its defaults
+from ...spec.config import DEFAULT_MAX_SKIPS, RestartPolicy  # the cluster file's `restart:`
 from ...spec.plan import Plan
 from ...spec.rundir import RunRecorder
 from ...transport import AgentLink, AgentMessage
 from ..detect import checkpoints, resumes
 from ..detect.blame import repeated_failure
 from ..detect.generation import Generation
-from ..detect.sentinel import Sentinel
+from ..detect.sentinel import BatchSkip, Sentinel
 from ..lines.output import Voice
-from ..policy import keras_fallback
+from ..policy import batchskips, keras_fallback
 from ..policy.hostwait import HostWaiter
 from ..policy.recovery import Budget, HostInfo, NotEnoughHosts, decide_restart
-from ..policy.restarts import End, JobSoFar, count_restart, keras_switched
+from ..policy.restarts import End, JobSoFar, count_restart, keras_switched, skip_batch
 from ..record import events as ev
 from ..record.classify import script_mistake
 from ..record.failkinds import traits
@@ -66,6 +66,7 @@ class Supervisor:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         listeners: Sequence[ev.Listener] = (),
+        max_skips: int = DEFAULT_MAX_SKIPS,
     ) -> None:
         self._make_plan = make_plan
         self._hosts = list(hosts)
@@ -77,7 +78,7 @@ class Supervisor:
         self._clock = clock
         self._keras_switch: dict[str, Any] | None = None  # keras_fallback: once per job
         self._resumes = resumes.Resumes()  # where each restarted generation resumed
-        self._sentinel = Sentinel(story.tell)  # a loss or a save gone non-finite
+        self._sentinel = Sentinel(story.tell, max_skips)  # a loss or a save gone non-finite
         self._runner = runner = GenerationRunner(
             links, events, recorder, voice, story, policy, self._resumes, self._sentinel,
             spares=tuple(h.name for h in hosts if h.spare), checkpoint_probe=checkpoint_probe,
@@ -149,6 +150,7 @@ class Supervisor:
         plan = self._make_plan(job.generation, job.active)
         if self._keras_switch is not None:
             plan = keras_fallback.under_tf_keras(plan)
+        plan = batchskips.with_skips(plan, job.skipped)  # the bad batches skipped so far
         self._runner.place_copies(plan)
         checkpoint_before = self._checkpoint_probe()
         self._resumes.starting(job.generation, checkpoint_before)
@@ -170,11 +172,11 @@ class Supervisor:
         if advanced is None:
             advanced = gen.advanced or checkpoints.advanced(checkpoint_before,
                                                             self._checkpoint_probe())
+        judged = self._sentinel.judged(job.failures, job.skipped)  # free, skip or again
         decision = decide_restart(job.budget, advanced,
                                   preempted=traits(gen.failure.kind).preempted,
                                   repeated=repeated_failure(job.failures),
-                                  mistake=script_mistake(gen.failure.error),
-                                  **self._sentinel.judged(job.failures))  # free, again
+                                  mistake=script_mistake(gen.failure.error), **judged)
         if not decision.restart:
             return End(JobStatus.FAILED, decision.message, decision.stopped_by)
         job.budget = decision.budget
@@ -187,18 +189,23 @@ class Supervisor:
                 return End(JobStatus.INTERRUPTED)
             return End(JobStatus.FAILED, "a lost host did not come back in time", "host_wait")
         job.active = active
-        return self._restart(job, gen, advanced, decision.counts)
+        return self._restart(job, gen, advanced, decision.counts, judged.get("skip"))
 
-    def _restart(self, job: JobSoFar, gen: Generation, advanced: bool, counts: bool) -> End | None:
-        """Tell the restart and wait its backoff; an end when a stop came meanwhile."""
+    def _restart(self, job: JobSoFar, gen: Generation, advanced: bool, counts: bool,
+                 skip: BatchSkip | None = None) -> End | None:
+        """Tell the restart (and the bad batch it skips) and wait its backoff; an
+        end when a stop came meanwhile."""
         assert gen.failure is not None
+        if skip is not None:
+            self._story.tell(skip_batch(job, skip, self._sentinel.max_skips))
         if self._keras_switch is None and keras_fallback.should_switch(gen.plan, gen.failure,
                                                                        gen.stepped):
             self._keras_switch = keras_fallback.switched(job.generation + 1, gen.failure)
             self._story.tell(keras_switched(self._keras_switch))
         restart = count_restart(job, self._policy, counts=counts, advanced=advanced,
                                 trained_s=self._clock() - gen.started_at,
-                                preempted=traits(gen.failure.kind).preempted)
+                                preempted=traits(gen.failure.kind).preempted,
+                                skipped=skip is not None)
         fence = round(max(0.0, gen.fence_until - self._clock() - restart.backoff_s), 1)
         if fence > 0:  # a lost host's tasks may still run: none of the next generation yet
             restart = replace(restart, fence_s=fence)
