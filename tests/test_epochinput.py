@@ -78,10 +78,11 @@ def test_saves_not_taken_mid_epoch_are_not_reported_as_checkpoints(tmp_path):
 
 
 def test_the_skip_list_reads_epoch_batch_pairs_and_leaves_out_the_rest():
-    from launcher.runtime.epochinput import skips_of
+    from launcher.runtime.epochinput import skip_list, skips_of
 
-    assert skips_of("2:19, 3:5,x,4:,-1:2,5:6:7") == {(2, 19), (3, 5)}
+    assert skips_of("2:19, 3:5,x,4:,-1:2,5:6:7,8:9:10:11") == {(2, 19), (3, 5), (5, 6)}
     assert skips_of("") == frozenset()
+    assert skip_list("2:19:100,3:5") == {(2, 19): 100, (3, 5): None}  # the step it went bad at
 
 
 def _model(**compiled):
@@ -94,7 +95,8 @@ def _model(**compiled):
     return model
 
 
-def _trained(model, dataset, epoch: int = 0, step: int = 0) -> dict[int, list[int]]:
+def _trained(model, dataset, epoch: int = 0, step: int = 0,
+             epochs: int = 2) -> dict[int, list[int]]:
     """The batch each step of fit's epochs reads (one a step, as its train
     function does), fit resumed at (epoch, step) as a restore leaves it."""
     from tf_keras.src.engine import data_adapter
@@ -102,7 +104,7 @@ def _trained(model, dataset, epoch: int = 0, step: int = 0) -> dict[int, list[in
     from launcher.runtime import epochinput
 
     epochinput._resume.update(first=0, epoch=epoch, step=step, model=model)  # `_counters`
-    handler = data_adapter.DataHandler(x=dataset, epochs=2, model=model,
+    handler = data_adapter.DataHandler(x=dataset, epochs=epochs, model=model,
                                        steps_per_execution=model._steps_per_execution)
     handler._initial_epoch, handler._initial_step = epoch, step
     seen: dict[int, list[int]] = {}
@@ -125,13 +127,46 @@ def test_a_skipped_batch_is_read_and_dropped_at_its_position_across_resumes(
     # What the sentinel's `nonfinite` report tells the launcher: a skip is exact here.
     assert exactness(model) == {"nonfinite_exact": 1}
     said = capsys.readouterr().err
-    assert "mgpu-launch: skipped batch 4 of epoch 2 (its loss went non-finite at step 1 " \
+    assert "mgpu-launch: skipped batch 4 of epoch 2 (its loss went bad at step 1 " \
         "twice): not trained" in said, said
     assert "skipped batch 7 of epoch 2" in said, said
     # Positions are positions: a resume before a skipped batch skips it again, a
     # resume past it drops it with the batches before the save.
     assert _trained(model, batches, epoch=1, step=2) == {1: [2, 4, 5, 7]}
     assert _trained(model, batches, epoch=1, step=5) == {1: [5, 7]}
+
+
+def test_a_resume_with_only_skipped_batches_left_goes_on_at_the_next_epoch(monkeypatch):
+    # The bad batch was the epoch's last, the save just before it: tf_keras would
+    # end an epoch that trained nothing with "Empty logs", on every restart.
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    monkeypatch.setenv("MGPU_SKIP_BATCHES", "1:7")
+    batches = tf.data.Dataset.range(8).map(lambda i: (tf.cast([i], tf.float32), [0.0])).batch(1)
+
+    class Restored:  # what BackupAndRestore's training state says after a restore
+        def maybe_load_initial_counters_from_ckpt(self, steps_per_epoch, epoch, mode):
+            return 1, 7
+
+    model = _model()
+    model._training_state = Restored()
+    model.fit(batches, epochs=3, verbose=0)  # no ValueError: epoch 3 trained
+    assert int(model.optimizer.iterations.numpy()) == 9  # the skip counted, 8 trained
+    # Not the last one left: the epoch goes on as before.
+    assert _trained(_model(), tf.data.Dataset.range(8).batch(1), epoch=1, step=6,
+                    epochs=3)[1] == [6]
+
+
+def test_a_batch_named_at_another_step_is_trained(monkeypatch, capsys):
+    # Another `fit` of the script (a fine-tuning phase) numbers its epochs from 0
+    # too: the batch at the position named is skipped only at the step that went bad.
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    monkeypatch.setenv("MGPU_SKIP_BATCHES", "0:3:50")
+    batches = tf.data.Dataset.range(8).batch(1)
+    assert _trained(_model(), batches, epochs=1) == {0: list(range(8))}
+    assert "batch 4 of epoch 1 is trained, not skipped: the launcher skips the one that " \
+        "went bad at step 50, this fit is at step 1 there" in capsys.readouterr().err
+    monkeypatch.setenv("MGPU_SKIP_BATCHES", "0:3:1")  # here no step trains: step 1 it is
+    assert _trained(_model(), batches, epochs=1) == {0: [0, 1, 2, 4, 5, 6, 7]}
 
 
 def test_a_batch_is_not_skipped_where_its_position_is_not_exact(monkeypatch, capsys):
@@ -152,3 +187,30 @@ def test_a_batch_is_not_skipped_where_its_position_is_not_exact(monkeypatch, cap
     assert skip_blocker(unseeded) == \
         "the input's position cannot be carried (its shuffle has no seed)"
     assert skip_blocker(object()) == "the input's position is not carried here (Keras 3)"
+
+
+def test_the_sentinel_counts_a_batch_skipped_before_the_first_one_an_epoch_trains(
+        monkeypatch):
+    # Resumed at position 2 (two steps done), its batch skipped before position 3
+    # trains: the step counter moved after on_epoch_begin read it. Position 3 is
+    # step 4, as uninterrupted, not 3 (the bad step 3's again: a skip without replay).
+    import math
+
+    import tf_keras
+
+    from launcher.runtime import sentinel
+
+    reported = []
+    monkeypatch.setattr(sentinel, "report", lambda step, *rest: reported.append(step))
+    model = _model()
+    model.optimizer.iterations.assign(2)
+    watch = sentinel._loss_callback(tf_keras.callbacks)()
+    watch.set_model(model)
+    watch.on_epoch_begin(0)
+    model.optimizer.iterations.assign_add(1)  # position 2 skipped (epochinput._count_skip)
+    model._mgpu_skipped = frozenset({(0, 2)})
+    watch.on_train_batch_begin(3)
+    model.optimizer.iterations.assign_add(1)  # position 3 trained: step 4
+    watch.on_train_batch_end(3, {"loss": math.nan})
+    watch.on_epoch_end(0)
+    assert reported == [4]

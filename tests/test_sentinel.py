@@ -122,7 +122,7 @@ def test_a_bad_batch_that_comes_back_at_its_step_is_skipped_where_the_input_posi
     assert epoch_batches(job, 2) == {2: STEPS_PER_EPOCH - 1, 3: 40, 4: 40, 5: 40}, \
         job.output[-3000:]
     assert "WEIGHTS_FINITE True" in job.output and "WEIGHTS_FINITE False" not in job.output
-    assert "mgpu-launch: skipped batch 20 of epoch 3 (its loss went non-finite at step 100 " \
+    assert "mgpu-launch: skipped batch 20 of epoch 3 (its loss went bad at step 100 " \
         "twice): not trained" in job.output, job.output[-3000:]
     assert "skipping batch 20 of epoch 3 (step 100): its loss went non-finite at that step " \
         "twice" in job.output
@@ -494,7 +494,7 @@ def test_every_later_plan_carries_the_batches_skipped():
     assert with_skips(plan, []) is plan
     skipped = with_skips(plan, [BatchSkip(2, 19, 100), BatchSkip(3, 5, 126)])
     values = {task.env["MGPU_SKIP_BATCHES"] for task in skipped.tasks}
-    assert values == {"2:19,3:5"} and len(skipped.tasks) == len(plan.tasks)
+    assert values == {"2:19:100,3:5:126"} and len(skipped.tasks) == len(plan.tasks)
     assert skips_of(values.pop()) == {(2, 19), (3, 5)}  # as the task reads it
     assert all("MGPU_SKIP_BATCHES" not in task.env for task in plan.tasks)
 
@@ -521,5 +521,6 @@ def test_the_supervisor_skips_a_batch_that_comes_back_and_tells_later_generation
     assert [e.get("skipped", False) for e in h.events("restart")] == [False, True, False, True]
     told = {m["generation"]: m["env"].get("MGPU_SKIP_BATCHES") for m in h.links["host1"].sent
             if m["op"] == "start"}
-    assert told == {0: None, 1: None, 2: "2:19", 3: "2:19", 4: "2:19,3:19"}, told
+    assert told == {0: None, 1: None, 2: "2:19:100", 3: "2:19:100",
+                    4: "2:19:100,3:19:140"}, told
     assert "skipping batch 20 of epoch 4 (step 140)" in h.output.getvalue()

@@ -34,14 +34,16 @@ Zero code, nothing inside a training step:
 
 Where the position is carried and each step trains one batch, a batch can be
 skipped by its position: the launcher names the batches whose loss went bad
-at the same step after the restart before it (MGPU_SKIP_BATCHES="2:19,...",
-epoch:batch from 0, as the sentinel's `nonfinite` report numbers them:
-job/detect/sentinel.py), and in `fit`'s epoch e the step at position b reads
-its batch from the epoch's iterator and drops it (not trained). The step
-counters move past it (the epoch's and the optimizer's), so the epoch keeps
-its length and every later step its number; a resume past it drops its
-position with the others, a resume before it skips it again. Said once per
-batch, by the chief.
+at the same step after the restart before it (MGPU_SKIP_BATCHES="2:19:100,...",
+epoch:batch from 0, as the sentinel's `nonfinite` report numbers them, and
+the step: job/detect/sentinel.py), and in `fit`'s epoch e the step at
+position b, when it is the step that went bad (another `fit` of the script
+numbers its epochs from 0 too), reads its batch from the epoch's iterator and
+drops it (not trained). The step counters move past it (the epoch's and the
+optimizer's), so the epoch keeps its length and every later step its number;
+a resume past it drops its position with the others, a resume before it
+skips it again, a resume with nothing left of its epoch but batches to skip
+goes on at the next epoch. Said once per batch, by the chief.
 
 Standard library only at import time; must not import the launcher side.
 """
@@ -203,6 +205,7 @@ def _epochs(original):
         skip = 0
         if model is not None:
             model._mgpu_input = _verdict(self)
+            plan = _past_a_skipped_tail(self, model, plan)
             skip = _skip(self, plan, not model._mgpu_input)
             self._mgpu_fit = model  # fit's own handler: the skips are its (`_steps`)
         for epoch, iterator in original(self, *args, **kwargs):
@@ -227,15 +230,21 @@ def _drop(iterator, batches: int) -> None:
 
 # --- a bad batch skipped: read and dropped at its position -------------------
 
-def skips_of(text: str) -> frozenset[tuple[int, int]]:
-    """The (epoch, batch) positions MGPU_SKIP_BATCHES names ("2:19,3:5", from
-    0); a malformed entry is left out."""
-    found = set()
+def skip_list(text: str) -> dict[tuple[int, int], int | None]:
+    """What MGPU_SKIP_BATCHES names ("2:19:100,3:5:126"): each (epoch, batch)
+    position, from 0, and the step it went bad at (None where not given); a
+    malformed entry is left out."""
+    found: dict[tuple[int, int], int | None] = {}
     for part in text.split(","):
-        epoch, _, batch = part.strip().partition(":")
-        if epoch.isdigit() and batch.isdigit():
-            found.add((int(epoch), int(batch)))
-    return frozenset(found)
+        fields = part.strip().split(":")
+        if len(fields) in (2, 3) and all(f.isdigit() for f in fields):
+            found[int(fields[0]), int(fields[1])] = int(fields[2]) if len(fields) == 3 else None
+    return found
+
+
+def skips_of(text: str) -> frozenset[tuple[int, int]]:
+    """The (epoch, batch) positions MGPU_SKIP_BATCHES names."""
+    return frozenset(skip_list(text))
 
 
 def skip_blocker(model) -> str:
@@ -266,39 +275,56 @@ def _steps(original):
     yielded; its batch is read and dropped, and the original generator counts
     past it, so the epoch still ends at its full length."""
     def steps(self, *args, **kwargs):
-        wanted = _skips_now(self)
+        model = getattr(self, "_mgpu_fit", None)
+        epoch, iterator = getattr(self, "_mgpu_epoch", (None, None))
+        wanted = _skips_in(model, epoch)
         for step in original(self, *args, **kwargs):
-            if step in wanted:
-                _skip_batch(self, step)
+            if step in wanted and _is_the_one(model, epoch, step, wanted[step]):
+                _drop(iterator, 1)
+                _count_skip(model, epoch, step)
                 continue
             yield step
     return steps
 
 
-def _skips_now(handler) -> frozenset[int]:
-    """The positions of `fit`'s current epoch to skip (none, said once, where
-    a skip could drop another batch than the one named)."""
-    model = getattr(handler, "_mgpu_fit", None)
-    epoch, _ = getattr(handler, "_mgpu_epoch", (None, None))
+def _skips_in(model, epoch: int | None) -> dict[int, int | None]:
+    """The positions of `fit`'s epoch to skip, and the step each went bad at
+    (none, said once, where a skip could drop another batch than the one named)."""
     if model is None or epoch is None:
-        return frozenset()
-    wanted = frozenset(b for e, b in skips_of(os.environ.get(SKIP_ENV, "")) if e == epoch)
+        return {}
+    wanted = {b: s for (e, b), s in skip_list(os.environ.get(SKIP_ENV, "")).items() if e == epoch}
     why = skip_blocker(model) if wanted else ""
     if why:
         _say_once(f"mgpu-launch: the batches the launcher skips ({SKIP_ENV}) are trained "
                   f"instead: {why}")
-        return frozenset()
+        return {}
     return wanted
 
 
-def _skip_batch(handler, position: int) -> None:
-    """Read the batch at `position` of the epoch and drop it. The optimizer's
-    step counter moves past it too: every later step keeps the number it had
-    (the sentinel's, the saves', memory_interval's, a learning-rate schedule's)."""
-    epoch, iterator = handler._mgpu_epoch
-    model = handler._mgpu_fit
-    _drop(iterator, 1)
-    iterations = getattr(getattr(model, "optimizer", None), "iterations", None)
+def _iterations(model):
+    return getattr(getattr(model, "optimizer", None), "iterations", None)
+
+
+def _is_the_one(model, epoch: int, position: int, bad_step: int | None) -> bool:
+    """The batch named is this `fit`'s: the step about to train it is the one
+    that went bad (another `fit` of the script, a fine-tuning phase, numbers
+    its epochs from 0 too: its batch at that position is trained, said once)."""
+    iterations = _iterations(model)
+    if bad_step is None or iterations is None:
+        return True
+    at = int(iterations.numpy()) + 1
+    if at != bad_step:
+        _say_once(f"mgpu-launch: batch {position + 1} of epoch {epoch + 1} is trained, not "
+                  f"skipped: the launcher skips the one that went bad at step {bad_step}, "
+                  f"this fit is at step {at} there")
+    return at == bad_step
+
+
+def _count_skip(model, epoch: int, position: int) -> None:
+    """A batch dropped at `position`: the optimizer's step counter moves past
+    it too, so every later step keeps the number it had (the sentinel's, the
+    saves', memory_interval's, a learning-rate schedule's)."""
+    iterations = _iterations(model)
     step = None
     if iterations is not None:
         iterations.assign_add(1)
@@ -306,7 +332,32 @@ def _skip_batch(handler, position: int) -> None:
     model._mgpu_skipped = frozenset({*getattr(model, "_mgpu_skipped", ()), (epoch, position)})
     at = f" at step {step}" if step is not None else ""
     _say_once(f"mgpu-launch: skipped batch {position + 1} of epoch {epoch + 1} (its loss went "
-              f"non-finite{at} twice): not trained")
+              f"bad{at} twice): not trained")
+
+
+def _past_a_skipped_tail(handler, model, plan: dict) -> dict:
+    """A resume whose epoch has nothing left but batches to skip (the bad one
+    was its last, the save just before it) goes on at the next epoch: tf_keras
+    would end an epoch that trained no step with "Empty logs", on every restart."""
+    steps, epoch, step = handler._inferred_steps, plan.get("epoch"), plan.get("step", 0)
+    if not isinstance(steps, int) or epoch is None or not 0 < step < steps:
+        return plan
+    wanted = _skips_in(model, epoch)
+    iterations = _iterations(model)
+    done = int(iterations.numpy()) if iterations is not None else None  # steps before `step`
+
+    def named(position: int) -> bool:  # to skip, and (where known) at the step that went bad
+        if position not in wanted:
+            return False
+        bad = wanted[position]
+        return bad is None or done is None or bad == done + position - step + 1
+
+    if not all(named(position) for position in range(step, steps)):
+        return plan
+    for position in range(step, steps):
+        _count_skip(model, epoch, position)
+    handler._initial_epoch, handler._initial_step = epoch + 1, 0
+    return {**plan, "epoch": epoch + 1, "step": 0}
 
 
 # --- the saves: mid-epoch only where the position can be carried ------------

@@ -41,6 +41,8 @@ import json
 import os
 from types import ModuleType
 
+from .epochinput import skipped_in  # standard library only at import
+
 ENV = "MGPU_MEMORY_INTERVAL"
 KEY = "mgpu_batches"  # Keras 3's metadata: the batches of its epoch a save holds
 _MARK = "_mgpu_memory_cadence"
@@ -107,6 +109,9 @@ def _batch_begin(original):
     def begin(self, batch, *args, **kwargs):
         if getattr(self, "_mgpu_first", 0) is None:
             self._mgpu_first = batch  # the epoch's first batch run (a resumed one: not 0)
+            # A batch skipped before it (runtime/epochinput.py) moved the step counter
+            # after on_epoch_begin read it.
+            self._mgpu_base += skipped_in(self.model, self._mgpu_epoch, 0, batch - 1)
         return original(self, batch, *args, **kwargs)
     return begin
 
