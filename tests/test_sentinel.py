@@ -124,8 +124,8 @@ def test_a_bad_batch_that_comes_back_at_its_step_is_skipped_where_the_input_posi
     assert "WEIGHTS_FINITE True" in job.output and "WEIGHTS_FINITE False" not in job.output
     assert "mgpu-launch: skipped batch 20 of epoch 3 (its loss went bad at step 100 " \
         "twice): not trained" in job.output, job.output[-3000:]
-    assert "skipping batch 20 of epoch 3 (step 100): its loss went non-finite at that step " \
-        "twice" in job.output
+    assert "skipping batch 20 of epoch 3 (step 100): its loss went bad (non-finite, or a " \
+        "spike rolled back) at that step twice" in job.output
     summary = read_summary(job.run_dir)
     assert summary["status"] == "succeeded" and summary["restarts"] == 2, summary
     assert [e["event"] for e in summary["nonfinite"]].count("batch_skipped") == 1, summary
@@ -437,8 +437,9 @@ def test_the_same_step_again_skips_its_batch_where_its_position_is_exact():
     assert decision.restart and not decision.counts and decision.budget.spent == 1
     event = ev.BatchSkipped(generation=2, step=100, epoch=2, batch=19, skips=1, max_skips=2)
     assert narrate.line(event) == ("notice", (
-        "skipping batch 20 of epoch 3 (step 100): its loss went non-finite at that step "
-        "twice, after a restart from the save before it; 1 of sentinel.max_skips=2"))
+        "skipping batch 20 of epoch 3 (step 100): its loss went bad (non-finite, or a spike "
+        "rolled back) at that step twice, after a restart from the save before it; 1 of "
+        "sentinel.max_skips=2"))
     restart = ev.Restart(generation=2, restarts=2, counted=False, skipped=True, max_restarts=1,
                          total=2)
     assert "(restart 2: a bad batch skipped, not counted against the 1 allowed" in \

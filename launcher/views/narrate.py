@@ -134,7 +134,8 @@ def _nonfinite(event: ev.Nonfinite) -> str:
 def _batch_skipped(event: ev.BatchSkipped) -> str:
     """Epoch and batch counted from 1, as the `nonfinite` warning counts them."""
     return (f"skipping batch {event.batch + 1} of epoch {event.epoch + 1} (step {event.step}): "
-            "its loss went non-finite at that step twice, after a restart from the save "
+            "its loss went bad (non-finite, or a spike rolled back) at that step twice, after a "
+            "restart from the save "
             f"before it; {event.skips} of sentinel.max_skips={event.max_skips}")
 
 
