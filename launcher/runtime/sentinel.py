@@ -191,9 +191,7 @@ def _loss_callback(callbacks_module: ModuleType):
 
         def on_train_batch_begin(self, batch, logs=None):
             if self._first is None:  # where this epoch began (a resume may start mid-epoch)
-                self._first = int(batch)
-                # A batch skipped before it (runtime/epochinput.py) moved the step counter
-                # after on_epoch_begin read it.
+                self._first = int(batch)  # and a skip before it moved the step since read:
                 self._start += skipped_in(self.model, self._epoch, 0, self._first - 1)
 
         def on_train_batch_end(self, batch, logs=None):
