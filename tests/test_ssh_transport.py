@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -25,7 +24,7 @@ import pytest
 from launcher.spec.config import load_config
 from launcher.spec.plan import HostTarget, host_run_dir, host_targets
 from launcher.tools.sshsim import generate_key
-from launcher.transport import HostProblem, TransportError
+from launcher.transport import TransportError
 from launcher.transport._paramiko import paramiko
 from launcher.transport.shipping import bundle_id
 from launcher.transport.ssh import SSHTransport
@@ -398,12 +397,11 @@ def test_transport_error_names_the_host_and_keeps_the_others_closed(cluster, tmp
     assert [p.host for p in caught.value.problems] == ["host0"]
 
 
-def test_a_launch_refused_after_its_connections_opened_says_only_the_refusal(
+def test_a_launch_refused_before_it_reaches_the_hosts_says_only_the_refusal(
         cluster, tmp_path, marker_dir):
-    # The run command opens the connections as soon as the cluster file is
-    # read (SSHTransport.warm); a refusal found after that is said as before,
-    # exit 2, and a host that cannot be reached is not named: the launch
-    # never got to it. A run directory in use is refused before any connection.
+    # A refusal found after the cluster file is read (a bad --metrics-port)
+    # is said alone, exit 2, and a host that cannot be reached is not named:
+    # the launch never got to it. A run directory in use is refused too.
     config = cluster.config_dict()
     config["hosts"].append({"address": "127.0.0.250", "name": "ghost"})
     yaml_path = write_yaml(tmp_path / "cluster.yaml", config)
@@ -415,9 +413,8 @@ def test_a_launch_refused_after_its_connections_opened_says_only_the_refusal(
     assert done.stderr.strip() == ("mgpu-launch: --metrics-port 70000: give a port from 1 "
                                    "to 65535 (or 0 for any free port)"), done.stderr
     assert not run_dir.exists()
-    # The hosts' agents had started meanwhile (SSHTransport.warm): they end
-    # with the launch, and leave no run folder on their hosts.
-    wait_for(lambda: not agent_pids(str(run_dir)), timeout=30, what="the agents' end")
+    # No host was reached: no agent, no run folder on a host.
+    assert not agent_pids(str(run_dir))
     remote = Path(os.path.expanduser(host_run_dir(str(run_dir), "ssh", "host0"))).parent
     assert not remote.exists(), sorted(remote.rglob("*"))
     run_dir.mkdir()
@@ -428,66 +425,6 @@ def test_a_launch_refused_after_its_connections_opened_says_only_the_refusal(
     assert f"run directory {run_dir} is not empty" in done.stderr
     assert "ghost" not in done.stderr
     assert list(marker_dir.iterdir()) == []
-
-
-def test_agents_started_early_are_taken_by_the_connect_or_ended(cluster, tmp_path,
-                                                                monkeypatch):
-    opened: list[tuple[str, paramiko.Transport]] = []
-
-    class Counting(Connector):
-        def open(self, host: HostTarget):
-            transport, ep = super().open(host)
-            opened.append((host.name, transport))
-            return transport, ep
-
-    targets = _targets(cluster)
-    # With the run's folder (the run command's), the agents start at once, and
-    # the connect takes them: one connection and one agent per host. They were
-    # kept past their lease (1 s here) until taken: the transport pinged them
-    # (every 0.2 s here: at 1 s against a lease of 1 s the margin would be too thin).
-    from launcher.transport import ssh_early
-
-    monkeypatch.setattr(ssh_early, "KEEP_LEASE_EVERY_S", 0.2)
-    ssh = SSHTransport(connector=Counting(), lease_s=1.0)
-    early_dir = str(tmp_path / "run-early")
-    ssh.warm(targets, early_dir)
-    started = wait_for(lambda: len(agent_pids(early_dir)) == 2 and agent_pids(early_dir),
-                       timeout=30, what="both agents started before the connect")
-    watched_until = time.monotonic() + 3.0  # three leases
-    wait_for(lambda: sorted(agent_pids(early_dir)) != sorted(started)
-             or time.monotonic() > watched_until, timeout=10, what="three leases")
-    assert sorted(agent_pids(early_dir)) == sorted(started), "an agent's lease ran out"
-    links = ssh.connect(targets, early_dir, queue.Queue())
-    assert sorted(name for name, _ in opened) == ["host0", "host1"]
-    assert sorted(link.hello["pid"] for link in links.values()) == sorted(started)
-    for link in links.values():
-        link.close()
-    ssh.close()
-    # Agents started and never taken (a launch refused meanwhile): they end,
-    # their connections close, and they leave no run folder on their hosts (an
-    # agent asked no task).
-    opened.clear()
-    ssh = SSHTransport(connector=Counting())
-    refused_dir = str(tmp_path / "run-refused")
-    ssh.warm(targets, refused_dir)
-    remote = Path(os.path.expanduser(host_run_dir(refused_dir, "ssh", "host0"))).parent
-    wait_for(lambda: len(list(remote.glob("*/.agent.lock"))) == 2, timeout=30,
-             what="both agents started, each in its host folder")
-    ssh.abort()
-    wait_for(lambda: not agent_pids(refused_dir), timeout=30, what="the agents' end")
-    wait_for(lambda: not any(t.is_active() for _, t in opened), timeout=10,
-             what="the connections closed")
-    assert not remote.exists(), sorted(remote.rglob("*"))
-    # A host that fails early is the connect's problem, for its host.
-    ghost = dataclasses.replace(targets[1], name="ghost", address="127.0.0.250")
-    ssh = SSHTransport()
-    ghost_dir = str(tmp_path / "run2")
-    ssh.warm([targets[0], ghost], ghost_dir)
-    with pytest.raises(TransportError) as caught:
-        ssh.connect([targets[0], ghost], ghost_dir, queue.Queue())
-    assert [p.host for p in caught.value.problems] == ["ghost"]
-    assert "connection refused by 127.0.0.250" in caught.value.problems[0].reason
-    ssh.close()
 
 
 # --------------------------------------------------------------------- pure pieces
@@ -681,29 +618,3 @@ def test_a_host_whose_sftp_home_is_not_the_shells_home_still_runs(tmp_path_facto
         assert not (shell_home / ".cache").exists()
         again = run_marker(sim, tmp_path, sim.config_dict(), marker_dir)  # uploaded already
         assert again.returncode == 0, again.stdout + again.stderr
-
-
-def test_an_early_agent_is_kept_until_taken_and_its_failure_told_at_the_take(monkeypatch):
-    from launcher.transport import ssh_early
-
-    monkeypatch.setattr(ssh_early, "KEEP_LEASE_EVERY_S", 0.01)
-    host = HostTarget("h", "127.0.0.9", "python3", (), None, 22, None, "k", "strict", None, 5.0)
-    pings: list[str] = []
-    early = ssh_early.EarlyAgent(host, "/runs/r")
-    thread = threading.Thread(target=early.run, args=(
-        lambda: "started", threading.Semaphore(1), pings.append))
-    thread.start()
-    wait_for(lambda: len(pings) >= 3, timeout=10, what="the lease kept")
-    assert early.take() == "started"
-    thread.join(timeout=10)  # it pings no more: from now on the link writes alone
-    assert not thread.is_alive() and set(pings) == {"started"}
-    told = len(pings)
-
-    failing = ssh_early.EarlyAgent(host, "/runs/r")
-
-    def refuse() -> str:
-        raise HostProblem("h", "no hello")
-    failing.run(refuse, threading.Semaphore(1), pings.append)  # returns: nothing to keep
-    with pytest.raises(HostProblem, match="no hello"):
-        failing.take()
-    assert len(pings) == told

@@ -46,7 +46,7 @@ def _transport_classes() -> list[str]:
 
 def _is_protocol(annotation: ast.expr | None) -> bool:
     """`Transport`, `Transport | None`, `"Transport"`: the protocol (not one
-    transport's class: `SSHTransport.warm` is its own)."""
+    transport's class: `SSHTransport.time_command` is its own)."""
     if annotation is None:
         return False
     if isinstance(annotation, ast.Constant) and isinstance(annotation.value, str):

@@ -34,8 +34,7 @@ from ..spec import planview, rundir
 from ..spec.config import LoadedConfig
 from ..spec.plan import Plan
 from ..spec.transports import traits as transport_traits
-from ..transport import Transport
-from ..transport.factory import make_transport
+from ..transport.factory import make_transport, quiet_paramiko_logs
 from ..views import narrate, rootcause
 from ..views.live import format_duration
 from . import control, exits, prereqs
@@ -67,12 +66,11 @@ def dry_run(loaded: LoadedConfig, command: list[str], run_dir: Path,
 
 
 def run(loaded: LoadedConfig, command: list[str], run_dir: Path, args: argparse.Namespace,
-        argv: Sequence[str], transport: Transport | None = None) -> int:
+        argv: Sequence[str]) -> int:
     """The run command from its loaded cluster on: the launch in the foreground
-    (or, `--detach`, started in the background); `transport`: the one whose
-    connections the cli opened already (SSH), else made here."""
+    (or, `--detach`, started in the background)."""
     try:
-        return _run(loaded, command, run_dir, args, argv, transport)
+        return _run(loaded, command, run_dir, args, argv)
     except (LaunchRefused, outlets.OutletError) as exc:  # e.g. ports or checkpoint dir taken
         say(f"mgpu-launch: {exc}")
         return exits.USAGE
@@ -99,26 +97,27 @@ def prepare_launch(loaded: LoadedConfig, command: list[str], run_dir: Path, *,
 
 
 def _run(loaded: LoadedConfig, command: list[str], run_dir: Path, args: argparse.Namespace,
-         argv: Sequence[str], transport: Transport | None) -> int:
+         argv: Sequence[str]) -> int:
     launch, first_plan = prepare_launch(loaded, command, run_dir, claim=not args.detach)
     views = outlets.make_outlets(loaded, run_dir, args.metrics_port)  # a busy port: exit 2
     if args.detach:  # the background launcher makes its own
         views.close()
         return control.detach(argv, args.rest, run_dir, loaded.config.name,
                               views.metrics_port, views.said)
-    return _launch(launch, first_plan, args, views, transport)
+    return _launch(launch, first_plan, args, views)
 
 
 def _launch(launch: Launch, first_plan: Plan, args: argparse.Namespace,
-            views: outlets.Outlets, transport: Transport | None) -> int:
+            views: outlets.Outlets) -> int:
     config = launch.loaded.config
     printer = Printer([t.label for t in first_plan.tasks], quiet=args.quiet,
                       verbose=args.verbose, live=None if args.live else False,
                       on_terminal_lost=_stdout_gone)
     previous_hangup = _watch_terminal(printer)
     simulated = transport_traits(config.transport).simulated
-    if transport is None:
-        transport = make_transport(config)
+    if transport_traits(config.transport).ssh and not args.verbose:  # -v: paramiko's tracebacks
+        quiet_paramiko_logs()
+    transport = make_transport(config)
     printer.notice(
         f"job {config.name!r}: {len(first_plan.tasks)} tasks on {len(first_plan.hosts)} "
         f"{'simulated ' if simulated else ''}hosts, "

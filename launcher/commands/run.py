@@ -1,14 +1,11 @@
 """The run command: `mgpu-launch [OPTIONS] CLUSTER.yaml SCRIPT [ARGS...]`
 (`--local N`, `--slurm`, `--dry-run`, `--detach`), from its argv to its exit code.
 
-Parses the arguments, reads the cluster file, checks the run directory and,
-on SSH hosts, starts opening the connections (`SSHTransport.warm` with the
-run directory: each host's connection, login and agent); then hands the run
-to launcher/commands/foreground.py, imported only after that, so the job's
-modules (the launch, its events and states, the printer) load while the hosts
-answer (docs/benchmarks.md, "The launcher's start and end"). Usage, cluster
-file and plan errors are said here, with exit 2; the job's outcome and the
-signals while it runs are foreground.py's. launcher/cli.py dispatches to it
+Parses the arguments, reads the cluster file and checks the run directory;
+then hands the run to launcher/commands/foreground.py, imported only after
+that (the job's modules: the launch, its events and states, the printer).
+Usage, cluster file and plan errors are said here, with exit 2; the job's
+outcome and the signals while it runs are foreground.py's. launcher/cli.py dispatches to it
 (and to the other commands).
 """
 
@@ -19,20 +16,15 @@ import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from .. import __version__
 from ..spec.addresses import AddressError
 from ..spec.allocation import AllocationError
 from ..spec.config import ConfigError, LoadedConfig
-from ..spec.plan import PlanError, host_targets
+from ..spec.plan import PlanError
 from ..spec.rundir import why_unwritable
-from ..spec.transports import traits as transport_traits
 from . import control, exits, loading, usage
 from .usage import say
-
-if TYPE_CHECKING:
-    from ..transport.ssh import SSHTransport
 
 USAGE = """\
 mgpu-launch [OPTIONS] CLUSTER.yaml SCRIPT [ARGS...]   run SCRIPT on every task of the cluster
@@ -189,36 +181,14 @@ def _run(argv: list[str]) -> int:
     if not args.dry_run and not control.run_dir_free(run_dir):
         raise UsageError(f"run directory {run_dir} is not empty: give a new --run-dir "
                          "(each run keeps its own logs, events and summary)")
-    early = None if args.dry_run or args.detach else _reach_early(loaded, run_dir, args.verbose)
-    try:
-        from . import foreground as run  # the job's modules, imported while the hosts answer
+    from . import foreground as run  # the job's modules
 
-        if args.dry_run:
-            from ..spec.planview import NoSuchTask
+    if args.dry_run:
+        from ..spec.planview import NoSuchTask
 
-            try:
-                return run.dry_run(loaded, command, run_dir, args)
-            except NoSuchTask as exc:
-                raise UsageError(str(exc)) from None
-        return run.run(loaded, command, run_dir, args, argv, early)
-    finally:
-        if early is not None:  # whatever the connect did not take (a launch that ended first)
-            early.abort()
+        try:
+            return run.dry_run(loaded, command, run_dir, args)
+        except NoSuchTask as exc:
+            raise UsageError(str(exc)) from None
+    return run.run(loaded, command, run_dir, args, argv)
 
-
-def _reach_early(loaded: LoadedConfig, run_dir: Path, verbose: bool) -> SSHTransport | None:
-    """SSH hosts: the run's transport, its agents starting already (the connect
-    takes them; what is not taken, the caller aborts)."""
-    config = loaded.config
-    if not transport_traits(config.transport).ssh:
-        return None
-    from ..transport.factory import make_transport, quiet_paramiko_logs
-
-    targets = host_targets(config, "python3", loaded.base_dir)
-    if not verbose:  # -v: paramiko's tracebacks
-        quiet_paramiko_logs()
-    # SSH's own method, not the Transport protocol's: no other transport has
-    # connections to open ahead.
-    ssh: SSHTransport = make_transport(config)  # type: ignore[assignment]
-    ssh.warm(targets, str(run_dir))
-    return ssh

@@ -15,7 +15,6 @@ Must not import: supervisor, cli.
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import queue
 import threading
@@ -32,10 +31,9 @@ from ._paramiko import paramiko
 # The lease matters most here: behind a partition no EOF ever reaches an
 # agent, and sshd may keep the session for hours.
 from .child import DEFAULT_LEASE_S
-from .link import PING, AgentLink, AgentMessage
+from .link import AgentLink, AgentMessage
 from .shipping import AGENT_MAIN, bundle_id
 from .ssh_connect import Connector
-from .ssh_early import EarlyAgent
 from .ssh_endpoint import Endpoint, Refused
 from .sshbundle import EXIT_BUNDLE_MISSING, EXIT_UNSAFE_CACHE, agent_command, upload_bundle
 
@@ -133,7 +131,6 @@ class SSHTransport:
         self._sessions: list[_Session] = []
         self._lock = threading.Lock()
         self._closed = False
-        self._early: dict[str, EarlyAgent] = {}  # host -> its agent started early (`warm`)
         # Called with each host's link as soon as its hello is in, while other
         # hosts may still be starting (job/run/reach.py: the firewall rules go then).
         self.on_link: Callable[[AgentLink], None] | None = None
@@ -188,34 +185,9 @@ class SSHTransport:
                 problems.append(HostProblem(host.name, f"{type(outcome).__name__}: {outcome}"))
         return links, problems
 
-    def warm(self, hosts: Sequence[HostTarget], run_dir: str) -> None:
-        """Start every host's agent now, each in a daemon thread, for the
-        connect to take (`_start_host`): the run command calls it as soon as
-        the cluster file is read, so the handshakes, the hosts' logins (their
-        rc files) and the agents' starts go on while the launcher imports the
-        job's modules and plans, not once it is ready. What fails here is told
-        by the connect, for its host, as it would have been. `abort` and
-        `close` end the agents not taken."""
-        gate = threading.Semaphore(max(1, min(self._max_parallel, len(hosts))))
-        for host in hosts:
-            with self._lock:
-                if self._closed:
-                    return
-                job = self._early[host.name] = EarlyAgent(host, run_dir)
-            threading.Thread(target=job.run, daemon=True, name=f"ssh-warm-{host.name}",
-                             args=(functools.partial(self._reach_agent, host, run_dir), gate,
-                                   _ping)).start()
-
     def _start_host(self, host: HostTarget, run_dir: str,
                     events: queue.Queue[AgentMessage]) -> AgentLink:
-        with self._lock:
-            early = self._early.pop(host.name, None)
-        if early is not None and (early.host, early.run_dir) == (host, run_dir):
-            session, stdout, hello = early.take()
-        else:
-            if early is not None:  # another target of that name (not a launch's own)
-                early.cancel(discard=lambda started: started[0].close())
-            session, stdout, hello = self._reach_agent(host, run_dir)
+        session, stdout, hello = self._reach_agent(host, run_dir)
         return self._link_agent(session, stdout, hello, events)
 
     def _reach_agent(self, host: HostTarget, run_dir: str) -> tuple[_Session, Any, dict]:
@@ -391,9 +363,6 @@ class SSHTransport:
         with self._lock:
             self._closed = True
             sessions, self._sessions = self._sessions, []
-            early, self._early = list(self._early.values()), {}
-        for agent in early:
-            agent.cancel()
         for session in sessions:
             session.close()
 
@@ -401,9 +370,6 @@ class SSHTransport:
         with self._lock:
             self._closed = True
             sessions, self._sessions = self._sessions, []
-            early, self._early = list(self._early.values()), {}
-        for agent in early:
-            agent.cancel()
         self._close_sessions(sessions)
         self._connector.close()
 
@@ -420,13 +386,6 @@ class SSHTransport:
             session.close()
         with self._lock:
             self._sessions = [s for s in self._sessions if s not in sessions]
-
-
-def _ping(started: tuple[_Session, Any, dict]) -> None:
-    """Keep an early agent's lease (`--lease`) until its link pings it."""
-    channel = started[0].channel
-    if channel is not None:
-        channel.sendall(PING)
 
 
 def where_of(session: _Session) -> str:
