@@ -31,7 +31,8 @@ DATA = ".data-00000-of-00001"
 
 
 def start(workdir: Path, jobs: list[Job]) -> tuple[Job, Path]:  # noqa: F811
-    # backoff_s: the test damages the checkpoint between the generations.
+    # backoff_s: the test damages the checkpoint between the generations (at
+    # once after the teardown; generation 1 reads it only after importing TF).
     config = write_yaml(workdir / "cluster.yaml", """\
 name: torn
 transport: local
@@ -39,7 +40,7 @@ ports: {base: auto}
 hosts:
   - {address: 127.0.0.1, name: host0}
   - {address: 127.0.0.1, name: host1}
-restart: {max_restarts: 1, backoff_s: 4}
+restart: {max_restarts: 1, backoff_s: 1}
 """)
     directory = workdir / "ckpt"
     return launch(jobs, [str(config), "--no-live", LOOP, str(directory)], workdir), directory

@@ -9,6 +9,8 @@ import json
 import os
 import subprocess
 import sys
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -27,6 +29,13 @@ def run_script(tmp_path: Path, argv: list[str], generation: int, code: int = 0,
                **env: str) -> tuple[list[dict], str]:
     """Run tests/scripts/ARGV[0] as the agent starts a task: its progress
     records, as the launcher would read them, and its output."""
+    return start_script(tmp_path, argv, generation, **env)(code)
+
+
+def start_script(tmp_path: Path, argv: list[str], generation: int,
+                 **env: str) -> Callable[[int], tuple[list[dict], str]]:
+    """Start what `run_script` runs; call the result with the exit code it must
+    end with for its records and output (another can run meanwhile)."""
     read_fd, write_fd = os.pipe()
     env = {**{k: v for k, v in os.environ.items() if k != "TF_CONFIG"},  # unless given
            "MGPU_PROGRESS_FD": str(write_fd), "MGPU_GENERATION": str(generation),
@@ -35,11 +44,21 @@ def run_script(tmp_path: Path, argv: list[str], generation: int, code: int = 0,
                              *argv[1:]], env=env, cwd=tmp_path, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, pass_fds=(write_fd,))
     os.close(write_fd)
-    with os.fdopen(read_fd) as channel:
-        records = [json.loads(line) for line in channel]
-    output, _ = proc.communicate(timeout=120)
-    assert proc.returncode == code, output[-3000:]
-    return records, output
+    records: list[dict] = []
+
+    def read() -> None:
+        with os.fdopen(read_fd) as channel:
+            records.extend(json.loads(line) for line in channel)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+
+    def finish(code: int = 0) -> tuple[list[dict], str]:
+        output, _ = proc.communicate(timeout=120)
+        reader.join(timeout=60)
+        assert proc.returncode == code, output[-3000:]
+        return records, output
+    return finish
 
 
 @pytest.mark.parametrize("keras,backend", [("tf_keras", "tensorflow"), ("keras", "jax")])
@@ -70,6 +89,9 @@ def test_a_graph_mode_fit_reports_steps_saves_and_where_its_load_weights_resumed
     `initial_epoch`: the optimizer's count is read with that session (inside
     epochs, at each save, where the restarted `fit` began)."""
     ckpt = str(tmp_path / "ckpt")
+    # Saved with a TF1 Saver of its own: a run of its own, beside the others.
+    own_run = start_script(tmp_path, ["graph_fit_checkpoint.py", str(tmp_path / "own"), "2",
+                                      "saver"], 0)
     first, output = run_script(tmp_path, ["graph_fit_checkpoint.py", ckpt, "2"], 0,
                                MGPU_STEPS_EVERY_S="0.05")
     assert "TRAINED 16" in output, output[-3000:]
@@ -84,8 +106,7 @@ def test_a_graph_mode_fit_reports_steps_saves_and_where_its_load_weights_resumed
     assert (resumed["resumed"], resumed["resumed_epoch"], resumed["resumed_dir"]) == (16, 2, ckpt)
     assert [r["saved"] for r in again if "saved" in r] == [24], again
     # Saved with a TF1 Saver of its own (no global step in the graph): the same count.
-    own, output = run_script(tmp_path, ["graph_fit_checkpoint.py", str(tmp_path / "own"), "2",
-                                        "saver"], 0)
+    own, output = own_run(0)
     assert [r["saved"] for r in own if "saved" in r] == [8, 16], own
 
 
