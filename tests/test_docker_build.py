@@ -120,7 +120,7 @@ def test_two_containers_train_the_example_and_recover_a_kill_9(hosts: Hosts,
                                                                tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     job = start_cli(["--no-live", "--run-dir", str(run_dir), str(hosts.cluster_yaml()),
-                     EXAMPLE, "--epochs", "10"], tmp_path)
+                     EXAMPLE, "--epochs", "5"], tmp_path)
     try:
         # Past the first epoch's checkpoint, in generation 0: kill worker1's task
         # inside its container, as the OOM killer would.
