@@ -140,8 +140,8 @@ def training_epochs(job: Job, generation: int) -> set[int]:
 
 
 def test_kill_9_mid_epoch_resumes_from_the_checkpoint(workdir: Path, jobs):
-    job = launch(jobs, ["--local", "2", TRAIN, "--epochs", "6"], workdir)
-    # Both workers in (0-based) epoch 2 = the middle of epoch 3 of 6, past its
+    job = launch(jobs, ["--local", "2", TRAIN, "--epochs", "4"], workdir)
+    # Both workers in (0-based) epoch 2 = the middle of epoch 3 of 4, past its
     # second step (the resumed generation trains steps 21 and 22 again).
     wait_for(lambda: all(any(e.get("epoch") == 2 and not e.get("epoch_end")
                              for e in job.events("progress", task=t))
@@ -359,7 +359,7 @@ hosts:
 def test_lost_host_with_shrink_finishes_on_the_remaining_host(workdir: Path, jobs):
     config = write_yaml(workdir / "cluster.yaml", TWO_HOSTS.format(name="shrink") +
                         "restart: {on_host_loss: shrink, min_workers: 1, backoff_s: 0}\n")
-    job = launch(jobs, [str(config), TRAIN, "--epochs", "4"], workdir)
+    job = launch(jobs, [str(config), TRAIN, "--epochs", "3"], workdir)
     wait_for(lambda: all(any(e.get("epoch", -1) >= 1 for e in job.events("progress", task=t))
                          for t in ("worker0", "worker1")),
              timeout=180, what="both workers in epoch 2")
@@ -445,7 +445,7 @@ restart: {{backoff_s: 0}}
 @pytest.mark.parametrize("victim", ["worker0", "ps0"])
 def test_parameter_server_job_survives_a_killed_task(workdir: Path, jobs, victim: str):
     config = write_yaml(workdir / "cluster.yaml", PS_CLUSTER.format(name=f"ps-{victim}"))
-    job = launch(jobs, [str(config), str(SCRIPTS / "fault_ps.py"), "--steps", "40"], workdir)
+    job = launch(jobs, [str(config), str(SCRIPTS / "fault_ps.py"), "--steps", "25"], workdir)
     # A save whose step cannot be read is a progress line without one.
     wait_for(lambda: any(e.get("step", 0) >= 10 for e in job.events("progress", task="chief0")),
              timeout=180, what="the chief at step 10")
@@ -454,7 +454,7 @@ def test_parameter_server_job_survives_a_killed_task(workdir: Path, jobs, victim
     assert code == 0, job.output[-4000:]
     summary = read_summary(job.run_dir)
     assert summary["status"] == "succeeded"
-    assert re.search(r"host0/chief0 +\| DONE step=40", job.output), job.output[-3000:]
+    assert re.search(r"host0/chief0 +\| DONE step=25", job.output), job.output[-3000:]
     if victim == "worker0":
         # The coordinator reschedules the dead worker's closures; the launcher
         # starts that worker alone again, on the same address: a failure on the
@@ -511,7 +511,7 @@ def test_tf1_monitored_session_killed_twice_with_progress_succeeds(workdir: Path
     worker left waiting for a session with the exited chief is named, the job ends."""
     config = write_yaml(workdir / "tf1.yaml", TF1_CLUSTER.format(name="tf1"))
     ckpt = workdir / "own_ckpt"  # the script's own directory, not checkpoint.dir
-    script = [str(SCRIPTS / "tf1_monitored.py"), "--dir", str(ckpt), "--last-step", "400",
+    script = [str(SCRIPTS / "tf1_monitored.py"), "--dir", str(ckpt), "--last-step", "200",
               "--step-s", "0.04"]
     job = launch(jobs, [str(config), *script], workdir)
     for generation in (0, 1):
@@ -523,13 +523,13 @@ def test_tf1_monitored_session_killed_twice_with_progress_succeeds(workdir: Path
     assert shown["status"] == "succeeded" and shown["restarts"] == 2, shown
     assert [e["counted"] for e in job.events("restart")] == [False, False]
     resumed = [e["step"] for e in job.events("resumed")]
-    assert len(resumed) == 2 and 0 < resumed[0] < resumed[1] < 400, resumed
+    assert len(resumed) == 2 and 0 < resumed[0] < resumed[1] < 200, resumed
     steps = {t["task"]: t["last_step"] for t in shown["tasks"]}
-    assert steps["h0/worker0"] >= 400, steps  # the global step, read off the session
+    assert steps["h0/worker0"] >= 200, steps  # the global step, read off the session
     # Worker 1's session may form late (wait_for_session polls every 30 s): it may
     # be killed, and the chief train the last generation, before it ever ran a
     # step, so its steps are not asserted.
-    assert re.search(r"h0/worker0 +worker 0 +succeeded +0 +4\d\d ",
+    assert re.search(r"h0/worker0 +worker 0 +succeeded +0 +2\d\d ",
                      render_status(load_run(job.run_dir))), render_status(load_run(job.run_dir))
     job.assert_nothing_left()
 

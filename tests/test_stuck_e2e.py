@@ -99,7 +99,7 @@ def test_chief_only_evaluate_after_a_fit_that_deletes_its_backup_stops_soon(work
     progress: the job stops after at most 2 restarts, naming evaluate() on the
     chief, with no false "resumed behind the last save" warning."""
     config = workdir / "cluster.yaml"
-    config.write_text(CLUSTER.replace("max_restarts: 0", "max_restarts: 3"))
+    config.write_text(CLUSTER.replace("max_restarts: 0", "max_restarts: 3, backoff_s: 0"))
     run_dir = workdir / "run"
     result = run_cli(["--run-dir", str(run_dir), "--no-live", str(config),
                       str(SCRIPTS / "chief_eval_backup.py"), str(workdir / "backup")],
