@@ -102,7 +102,8 @@ def cut_host(sw: netsim.Switch, cut: list[int], index: int) -> float:
 
 class RigJob(Job):
     def __init__(self, sim, workdir: Path, name: str, restart: dict,
-                 connect_timeout_s: float = 2, python: dict[int, str] | None = None) -> None:
+                 connect_timeout_s: float = 2, python: dict[int, str] | None = None,
+                 hello_timeout_s: float | None = None) -> None:
         self.sim = sim
         self.run_name = name = f"{name}-{secrets.token_hex(3)}"
         self.ckpt = workdir / f"ckpt-{name}"
@@ -111,6 +112,8 @@ class RigJob(Job):
         config["name"] = name
         config["checkpoint"] = {"dir": str(self.ckpt)}
         config["ssh"]["connect_timeout_s"] = connect_timeout_s
+        if hello_timeout_s is not None:
+            config["ssh"]["hello_timeout_s"] = hello_timeout_s
         config["restart"] = {"heartbeat_timeout_s": HEARTBEAT_S, "backoff_s": 0,
                              "warm_standby": "off", **restart}
         config["security"] = {"tf_ports": "open"}  # not under test here
@@ -218,8 +221,9 @@ def test_a_host_cut_during_the_launch_is_named_and_nothing_runs(rig, workdir, ri
     wrapper = workdir / "gated-python"
     wrapper.write_text(GATED_AGENT.format(gate=gate, python=sim.python))
     wrapper.chmod(0o755)
+    # The launch names host2 at `ssh.hello_timeout_s` (30 s by default).
     job = RigJob(sim, workdir, "cut-launch", {"on_host_loss": "shrink"},
-                 python={2: str(wrapper)})
+                 python={2: str(wrapper)}, hello_timeout_s=10)
     rigjobs.append(job)
     with cuttable(sw) as cut:
         wait_for(lambda: (gate / "agent-starting").exists() or job.proc.poll() is not None,
@@ -233,7 +237,8 @@ def test_a_host_cut_during_the_launch_is_named_and_nothing_runs(rig, workdir, ri
         code = job.finish(timeout=45)
         _link(sw, 2, "up")
     assert code == 2, job.output[-3000:]  # a host not reached: as at any launch
-    assert re.search(r"host2: the agent on .* sent no hello within", job.output), job.output
+    assert re.search(r"host2: the agent on .* sent no hello within 10 s \(ssh.hello_timeout_s\)",
+                     job.output), job.output
     assert not list(job.ckpt.glob("started-*")), "a task ran"
     assert not [e for e in job.events() if e["event"] == "task_started"]
     nothing_left(job)

@@ -41,6 +41,10 @@ class SSHSettings(Strict):
     host_key_policy: Literal["strict", "accept-new"] = "strict"
     config_file: str | None = "~/.ssh/config"
     connect_timeout_s: float = Field(default=10.0, gt=0)
+    # From the agent's command to its first line (the login's rc files, a cold
+    # Python start on a loaded host or an NFS home): a host silent this long is
+    # named and the launch stops.
+    hello_timeout_s: float = Field(default=30.0, gt=0)
 
 
 class HostSpec(Strict):

@@ -40,11 +40,15 @@ from .sshbundle import EXIT_BUNDLE_MISSING, EXIT_UNSAFE_CACHE, agent_command, up
 if TYPE_CHECKING:
     from ..spec.config import ClusterConfig
 
+# The cluster file's `ssh.hello_timeout_s` (its default there too): a cold
+# Python start on a loaded host; no TensorFlow import involved.
+HELLO_TIMEOUT_S = 30.0
+
+
 MAX_PARALLEL = 64  # threads mostly wait on the network; bounded so 500 hosts stay sane
 # An agent heartbeats every second: one silent this long is on a dead host or
 # behind a cut link, and waiting for its exit status at close would be in vain.
 SILENT_AGENT_S = 5.0
-HELLO_TIMEOUT_S = 30.0  # cold Python start on a loaded host; no TensorFlow import involved
 REMOTE_CACHE = ".cache/mgpu-launch/code"  # relative to the remote home directory
 
 
@@ -112,7 +116,8 @@ class _Session:
 def from_config(config: ClusterConfig | None, *, checking: bool,
                 lease: dict[str, float]) -> SSHTransport:
     """`transport: ssh` (transport/factory.py); `check` also reaches hosts without TensorFlow."""
-    return SSHTransport(require_tensorflow=not checking, **lease)
+    hello = {} if config is None else {"hello_timeout_s": config.ssh.hello_timeout_s}
+    return SSHTransport(require_tensorflow=not checking, **hello, **lease)
 
 
 class SSHTransport:
@@ -121,7 +126,9 @@ class SSHTransport:
     def __init__(self, *, eof_grace_s: float = 2.0, remote_cache: str = REMOTE_CACHE,
                  require_tensorflow: bool = True, max_parallel: int = MAX_PARALLEL,
                  connector: Connector | None = None,
-                 lease_s: float = DEFAULT_LEASE_S) -> None:
+                 lease_s: float = DEFAULT_LEASE_S,
+                 hello_timeout_s: float = HELLO_TIMEOUT_S) -> None:
+        self._hello_timeout_s = hello_timeout_s
         self._eof_grace_s = eof_grace_s
         self._lease_s = lease_s
         self._remote_cache = remote_cache.strip("/")
@@ -272,7 +279,7 @@ class SSHTransport:
     def _read_hello(self, session: _Session, stdout) -> dict | None:
         """The agent's first line; None when the channel ends without one."""
         assert session.channel is not None
-        session.channel.settimeout(HELLO_TIMEOUT_S)
+        session.channel.settimeout(self._hello_timeout_s)
         try:
             while True:
                 raw = stdout.readline()
@@ -287,7 +294,7 @@ class SSHTransport:
                     return message
         except TimeoutError:
             raise Refused(f"the agent on {where_of(session)} sent no hello within "
-                          f"{HELLO_TIMEOUT_S:g} s") from None
+                          f"{self._hello_timeout_s:g} s (ssh.hello_timeout_s)") from None
 
     def _ensure_bundle(self, session: _Session, version: str) -> str:
         """Upload the bundle unless the SFTP session's home has it; that home."""
