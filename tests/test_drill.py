@@ -36,18 +36,6 @@ FAULT_KEYS = ["fault", "verdict", "reason", "detected_s", "recovered_s", "resume
 NOTHING_RESTORED = ("restarted from step 0: nothing was restored — use BackupAndRestore or "
                     "runtime.callbacks()")
 
-# `--local 2` but for its backoff (1 s, doubling: 7 s over a drill's three
-# restarts), which no test of a whole drill is about.
-LOCAL_NO_BACKOFF = """\
-name: local
-transport: local
-ports: {base: auto}
-hosts:
-  - {address: 127.0.0.1, name: host0}
-  - {address: 127.0.0.1, name: host1}
-restart: {backoff_s: 0}
-"""
-
 
 def run_drill(workdir: Path, args: list[str], timeout: float = 150) -> tuple[int, dict, str]:
     run_dir = workdir / "drill"
@@ -68,9 +56,7 @@ def by_fault(data: dict) -> dict[str, dict]:
 
 @pytest.mark.e2e
 def test_a_script_that_resumes_passes_every_fault(workdir: Path):
-    cluster = workdir / "local.yaml"
-    cluster.write_text(LOCAL_NO_BACKOFF)
-    code, data, output = run_drill(workdir, [str(cluster), "--faults", "kill,preempt,hang",
+    code, data, output = run_drill(workdir, ["--local", "2", "--faults", "kill,preempt,hang",
                                              STEPS])
     assert code == 0, output[-3000:]
     faults = by_fault(data)
@@ -139,9 +125,7 @@ TUTORIAL = str(SCRIPTS / "tutorial_backup.py")  # its own backup dir, no runtime
 @pytest.mark.e2e
 def test_a_tutorial_shaped_script_with_its_own_backup_passes_every_fault(workdir: Path):
     # 6 epochs of 40 steps at 0.05 s: 12 s of training; each fault after a save.
-    cluster = workdir / "local.yaml"
-    cluster.write_text(LOCAL_NO_BACKOFF)
-    code, data, output = run_drill(workdir, [str(cluster), "--faults", "kill,preempt,hang",
+    code, data, output = run_drill(workdir, ["--local", "2", "--faults", "kill,preempt,hang",
                                              TUTORIAL, str(workdir / "backup")], timeout=400)
     assert code == 0, output[-3000:]
     faults = by_fault(data)
