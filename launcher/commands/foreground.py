@@ -114,8 +114,9 @@ def _launch(launch: Launch, first_plan: Plan, args: argparse.Namespace,
                       verbose=args.verbose, live=None if args.live else False,
                       on_terminal_lost=_stdout_gone)
     previous_hangup = _watch_terminal(printer)
-    simulated = transport_traits(config.transport).simulated
-    if transport_traits(config.transport).ssh and not args.verbose:  # -v: paramiko's tracebacks
+    traits = transport_traits(config.transport)
+    simulated = traits.simulated
+    if traits.ssh and not args.verbose:  # -v: paramiko's tracebacks
         quiet_paramiko_logs()
     transport = make_transport(config)
     printer.notice(

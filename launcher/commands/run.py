@@ -5,8 +5,8 @@ Parses the arguments, reads the cluster file and checks the run directory;
 then hands the run to launcher/commands/foreground.py, imported only after
 that (the job's modules: the launch, its events and states, the printer).
 Usage, cluster file and plan errors are said here, with exit 2; the job's
-outcome and the signals while it runs are foreground.py's. launcher/cli.py dispatches to it
-(and to the other commands).
+outcome and the signals while it runs are foreground.py's. launcher/cli.py
+dispatches to it (and to the other commands).
 """
 
 from __future__ import annotations
@@ -191,4 +191,3 @@ def _run(argv: list[str]) -> int:
         except NoSuchTask as exc:
             raise UsageError(str(exc)) from None
     return run.run(loaded, command, run_dir, args, argv)
-

@@ -44,7 +44,6 @@ if TYPE_CHECKING:
 # Python start on a loaded host; no TensorFlow import involved.
 HELLO_TIMEOUT_S = 30.0
 
-
 MAX_PARALLEL = 64  # threads mostly wait on the network; bounded so 500 hosts stay sane
 # An agent heartbeats every second: one silent this long is on a dead host or
 # behind a cut link, and waiting for its exit status at close would be in vain.
