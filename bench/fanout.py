@@ -57,12 +57,18 @@ are ~1.8 s before any Python starts, and the bare-SSH floor line shows the
 whole floor. On real hosts that work runs on each host's own cores; what
 still grows with N is the client CPU column.
 
+With `--netns` (root), the hosts are network namespaces on one bridge
+(launcher/tools/netsim.py, the rig the netns tests use): each host has its own
+address, loopback and nftables ruleset, so each host's firewall holds only its
+own job's rules, as on real hosts, where on the loopback hosts all N agents'
+tables share this machine's one ruleset. The processes still share the 2 cores.
+
 With `--baseline DIR` (another checkout, e.g. `git archive` of the commit
 before a change), each round also runs that tree's launcher (and agent) on the
 same hosts, interleaved: before and after on the same load.
 
     /work/.venv/bin/python bench/fanout.py [--sizes 1,8,32] [--repeat 3] [--firewall]
-                                           [--baseline DIR]
+                                           [--netns] [--baseline DIR]
 """
 
 from __future__ import annotations
@@ -88,6 +94,7 @@ sys.path.insert(0, str(REPO))
 
 from launcher.spec.config import load_config  # noqa: E402
 from launcher.spec.plan import host_targets  # noqa: E402
+from launcher.tools import netsim  # noqa: E402
 from launcher.tools.sshsim import SimCluster, start_cluster  # noqa: E402
 from launcher.transport.ssh_connect import Connector  # noqa: E402
 
@@ -304,9 +311,9 @@ def measure(cluster: SimCluster, count: int, repeat: int, firewall: bool, work: 
     return {key: statistics.median(values) for key, values in samples.items()}
 
 
-def report(rows: dict[int, dict[str, float]], repeat: int) -> None:
+def report(rows: dict[int, dict[str, float]], repeat: int, rig: str) -> None:
     load = os.getloadavg()[0]
-    print(f"fan-out to N simulated SSH hosts, median of {repeat} "
+    print(f"fan-out to N simulated SSH hosts ({rig}), median of {repeat} "
           f"({os.cpu_count()} CPUs, load average {load:.1f} at the end)")
     print(f"{'N':>3}  {'mgpu: all ran':>13}  {'mgpu: command':>13}  {'pdsh':>7}  "
           f"{'ran/pdsh':>8}  {'command/pdsh':>12}  {'client CPU mgpu':>15}  {'pdsh':>6}  "
@@ -350,6 +357,9 @@ def main() -> int:
     parser.add_argument("--firewall", action="store_true",
                         help="also run with security.tf_ports: open, interleaved: the "
                         "firewall's share")
+    parser.add_argument("--netns", action="store_true",
+                        help="hosts as network namespaces on a bridge, each with its own "
+                        "ruleset (root)")
     parser.add_argument("--baseline", type=Path,
                         help="another checkout of mgpu-launch (its root folder), run with the "
                         "default settings in each round too: before and after a change")
@@ -358,13 +368,20 @@ def main() -> int:
     if not shutil.which("pdsh"):
         print("pdsh is not installed (apt-get install pdsh)", file=sys.stderr)
         return 2
+    if args.netns and (why := "run it as root" if os.geteuid() else netsim.available()):
+        print(f"--netns: cannot make network namespaces here: {why}", file=sys.stderr)
+        return 2
     meter = CgroupCPU.open()  # before the hosts start: they are counted with it
+    switch = netsim.make(max(sizes), outsider=False, label="mgpu-fan") if args.netns else None
     try:
         with tempfile.TemporaryDirectory(prefix="mgpu-fanout-") as tmp:
             work = Path(tmp)
             script = work / "trivial.py"
             script.write_text(TRIVIAL)
-            cluster = start_cluster(max(sizes), work / "sim", sys.executable)
+            cluster = start_cluster(
+                max(sizes), work / "sim", sys.executable,
+                addresses=[a for _, a in switch.hosts] if switch else None,
+                netns={i: n for i, (n, _) in enumerate(switch.hosts)} if switch else None)
             try:
                 if meter:
                     meter.resting = meter.processes()
@@ -373,9 +390,11 @@ def main() -> int:
             finally:
                 cluster.stop()
     finally:
+        if switch:
+            netsim.remove(switch)
         if meter:
             meter.close()
-    report(rows, args.repeat)
+    report(rows, args.repeat, "network namespaces" if switch else "loopback addresses")
     return 0
 
 
