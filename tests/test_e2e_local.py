@@ -10,6 +10,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from launcher.transport.ports import ephemeral_range
 from tests.conftest import (
     EXAMPLES,
     REPO,
@@ -43,6 +44,10 @@ def test_example_trains_on_two_simulated_hosts(workdir: Path):
     assert {t["state"] for t in summary["tasks"].values()} == {"succeeded"}
     events = [e["event"] for e in read_events(run_dir)]
     assert events[0] == "launch" and events[-1] == "job_done"
+    # `ports.base: auto`: outside the ephemeral range, which outgoing connections take from.
+    first, last = ephemeral_range()
+    ports = [t["port"] for t in read_events(run_dir)[0]["tasks"]]
+    assert len(set(ports)) == 2 and not any(first <= p <= last for p in ports), ports
     assert events.count("task_started") == 2 and "progress" in events
     logs = sorted(p.name for p in (run_dir / "logs").iterdir())
     assert logs == ["host0-worker0.log", "host1-worker1.log"]

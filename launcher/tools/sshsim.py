@@ -252,8 +252,9 @@ def pick_ssh_port(addresses: list[str], start: int = 2222) -> int:
 def pick_port_base(count: int, start: int = 21000, avoid: tuple[int, ...] = ()) -> int:
     """A base for `count` consecutive task ports free on every interface.
 
-    Below the kernel's ephemeral range (32768+), so `ports: auto` runs of other
-    jobs on this machine do not take them between now and the launch.
+    Below the kernel's ephemeral range (32768+) and above where `ports: auto`
+    picks (launcher/transport/ports.py: AUTO_PORTS), so neither outgoing
+    connections nor other jobs' auto ports take them before the launch.
     """
     base = start
     while base + count < 32768:

@@ -6,12 +6,45 @@ launch does.
 
 from __future__ import annotations
 
+import random
 import socket
 from collections.abc import Sequence
+from itertools import islice
+
+# Where `ports.base: auto` picks, at random: below the kernel's ephemeral range,
+# from which every outgoing TCP connection (gRPC between the workers, SSH)
+# takes its source port. A port picked there (port 0 binds from it) could be
+# taken by one in the 10-40 s before TensorFlow binds it ("Could not start
+# gRPC server"); here nothing takes it unasked. Above the well-known ports and
+# the simulated SSH hosts' 2222+, below the fixed bases launcher/tools/sshsim.py
+# gives simulated clusters (21000+).
+AUTO_PORTS = range(10000, 21000)
+EPHEMERAL = "/proc/sys/net/ipv4/ip_local_port_range"
+EPHEMERAL_DEFAULT = (32768, 60999)  # Linux's, when the file cannot be read
 
 
-def free_ports(count: int) -> list[int]:
-    """`count` distinct ports that are free on this machine right now."""
+def ephemeral_range(path: str = EPHEMERAL) -> tuple[int, int]:
+    """The kernel's ephemeral port range (first, last), both included."""
+    try:
+        with open(path) as handle:
+            first, last = (int(word) for word in handle.read().split())
+    except (OSError, ValueError):
+        return EPHEMERAL_DEFAULT
+    return first, last
+
+
+def free_ports(count: int, among: Sequence[int] = AUTO_PORTS) -> list[int]:
+    """`count` distinct ports free on this machine right now, picked at random
+    `among` those outside the kernel's ephemeral range (see AUTO_PORTS)."""
+    first, last = ephemeral_range()
+    candidates = [p for p in among if not first <= p <= last]
+    free = (p for p in random.sample(candidates, len(candidates)) if not busy_ports([p]))
+    picked = list(islice(free, count))
+    # An ephemeral range over all of them (or all taken): the kernel's picks, racy as they are.
+    return picked + _kernel_ports(count - len(picked))
+
+
+def _kernel_ports(count: int) -> list[int]:
     sockets = []
     try:
         for _ in range(count):

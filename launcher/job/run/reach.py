@@ -86,8 +86,8 @@ class Reach:
     def plan(self, generation: int, active_hosts: Sequence[str] | None = None,
              ports: Sequence[int] | None = None) -> Plan:
         """The plan of `generation`, picking ports as needed: `ports.base: auto`
-        takes ports free here now; simulated hosts whose fixed ports are still
-        held after a restart take fresh ones."""
+        takes ports free here now, outside the ephemeral range (transport/ports.py);
+        simulated hosts whose fixed ports are still held after a restart take fresh ones."""
         config = self.loaded.config
         needed = ports_needed(config, active_hosts)
         if ports is None and config.ports.base == "auto":
