@@ -143,6 +143,54 @@ def test_a_tutorial_shaped_script_with_its_own_backup_passes_every_fault(workdir
 
 
 @pytest.mark.e2e
+@pytest.mark.parametrize("script", ["tutorial", "bundled_example"])
+def test_a_nan_in_one_workers_weights_is_rolled_back_to_the_save_before_it_and_replayed(
+        workdir: Path, script: str):
+    """`drill --nan` on the tutorial shape (Keras 3, its own BackupAndRestore,
+    no runtime calls) and on the bundled example (tf_keras, runtime.callbacks()):
+    worker1's weights go NaN at a step, the all-reduce spreads it, the
+    sentinel sees the loss go bad, the launcher rolls back to the epoch's save
+    before it and the replay passes the step (issue 52). The example's
+    progress reporter once said its epoch's refused save was made: the
+    rollback was judged against a save of NaN weights."""
+    steps = 40 if script == "tutorial" else 22  # an epoch's steps: the saves' spacing
+    args = ([TUTORIAL, str(workdir / "backup")] if script == "tutorial" else
+            [str(EXAMPLES / "digits" / "train.py"), "--epochs", "6"])
+    code, data, output = run_drill(workdir, ["--local", "2", "--faults", "nan", *args],
+                                   timeout=400)
+    assert code == 0, output[-3000:]
+    [nan] = data["faults"]
+    assert nan["verdict"] == "pass", (nan, output[-3000:])
+    said = re.search(r"the loss went bad at step (\d+); rolled back to step (\d+)", nan["reason"])
+    assert said, nan
+    bad, resumed = int(said[1]), int(said[2])
+    assert resumed < bad and resumed == nan["resumed_from_step"], nan
+    assert resumed == nan["last_checkpoint_step"] and resumed % steps == 0, nan  # an epoch's
+    events = [json.loads(line) for line in
+              (workdir / "drill" / "events.jsonl").read_text().splitlines()]
+    kinds = [e["event"] for e in events]
+    assert kinds.count("nonfinite") == 1 and "batch_skipped" not in kinds, kinds
+    assert "drill: nan (one weight made NaN at its next step) of host1/worker1" in output
+
+
+@pytest.mark.e2e
+def test_a_nan_where_no_fit_watches_the_loss_is_no_verdict(workdir: Path):
+    """A script that trains in a loop of its own (here without TensorFlow):
+    no loss is watched, so whether a NaN would be rolled back cannot be told,
+    and the drill says so and what to add; not a PASS, not a FAIL."""
+    code, data, output = run_drill(workdir, ["--local", "2", "--nan", "--faults", "kill",
+                                             STEPS])
+    faults = by_fault(data)
+    assert list(faults) == ["kill", "nan"], faults
+    assert faults["kill"]["verdict"] == "pass", faults
+    nan = faults["nan"]
+    assert nan["verdict"] == "cannot_tell", (nan, output[-3000:])
+    assert "no loss gone bad was seen in the 20 steps" in nan["reason"], nan
+    assert "runtime.report_progress(step, loss=...)" in nan["reason"], nan
+    assert code == 1 and "CANNOT TELL" in output, output[-3000:]
+
+
+@pytest.mark.e2e
 def test_a_script_that_saves_into_a_folder_of_each_host_fails_naming_it(workdir: Path):
     code, data, output = run_drill(workdir, ["--local", "2", "--faults", "kill", TUTORIAL,
                                              str(workdir / "backup"), "per-host"], timeout=300)
@@ -260,8 +308,18 @@ def test_usage_errors_exit_2_and_say_what(workdir: Path, capsys, monkeypatch, ar
     assert said in capsys.readouterr().err
 
 
-def test_the_default_faults_are_those_that_apply():
+def test_the_default_faults_are_those_that_apply(workdir: Path, monkeypatch, capsys):
     assert drill._faults(None, "local") == ["kill", "preempt", "hang"]
+    assert drill._faults("nan,kill", "local") == ["nan", "kill"]
+    args = drill._parser().parse_args(["--local", "2", "--nan", STEPS])
+    assert drill._load(args)[2] == ["kill", "preempt", "hang", "nan"]
+    off = write_yaml(workdir / "off.yaml", {
+        "name": "off", "transport": "local", "sentinel": "off",
+        "hosts": [{"address": "127.0.0.1", "name": f"host{i}"} for i in range(2)],
+        "checkpoint": {"dir": str(workdir / "ckpt")}})
+    monkeypatch.chdir(workdir)
+    assert drill.main(["drill", "--nan", str(off), STEPS]) == 2
+    assert "--nan: the cluster file turns the NaN sentinel off" in capsys.readouterr().err
     assert drill._faults(None, "ssh") == ["kill", "preempt", "hang", "host"]
     with pytest.raises(drill.Usage, match="Slurm"):
         drill._faults("host", "slurm")
@@ -306,6 +364,23 @@ def test_a_resume_whose_step_cannot_be_read_is_no_verdict():
     assert why in verdict.reason
     table = render(report([verdict], [], hosts=2, mtbf_hours=1000.0))
     assert "CANNOT TELL" in table and "PASS" not in table and "FAIL" not in table, table
+
+
+def test_a_nans_rollback_is_judged_by_the_bad_step_and_the_replay():
+    nan = dict(fault="nan", bad_step=215, replay_past=True)
+    ok = judge(observed(**nan))
+    assert ok.verdict == "pass" and ok.reason.startswith(
+        "the loss went bad at step 215; rolled back to step 200, the last save before it"), ok
+    late = judge(observed(**nan, resumed_from_step=220, last_checkpoint_step=220))
+    assert late.verdict == "fail" and "not before the bad step 215" in late.reason, late
+    again = judge(observed(**{**nan, "replay_bad": True}))
+    assert again.verdict == "fail" and "went bad again at step 215" in again.reason, again
+    short = judge(observed(**{**nan, "replay_past": False}))
+    assert short.verdict == "cannot_tell" and "give it more steps" in short.reason, short
+    unread = judge(observed(**{**nan, "bad_step": None}))
+    assert unread.verdict == "cannot_tell", unread
+    unseen = judge(observed(fault="nan", unseen="no loss gone bad was seen"))
+    assert (unseen.verdict, unseen.reason) == ("cannot_tell", "no loss gone bad was seen")
 
 
 def test_the_advice_to_save_on_sigterm_fits_what_the_script_saves_with():

@@ -124,6 +124,9 @@ class Commands:
                 self.profiles.request(self.tasks.running(wanted), wanted, message)
             except (TypeError, ValueError) as exc:
                 raise BadCommand(str(exc)) from exc
+        elif op == "nan" and self.profiles is not None:  # the drill's NaN (`drill --nan`)
+            name = task_name(message.get("task"))
+            self.profiles.poison(self.tasks.running([name]), name)
         elif isinstance(op, str) and op.startswith("peer_") and self.peers is not None:
             try:
                 self.peers.handle(op, message)

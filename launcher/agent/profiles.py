@@ -68,6 +68,16 @@ class Profiles:
                 "id": ident, "seconds": seconds, "start_at": start_at, "logdir": folder}))
             os.replace(path + ".tmp", path)
 
+    def poison(self, tasks: list, name: str) -> None:
+        """The drill's NaN for `name` (running here), in its request file: at its
+        next step its weights go NaN (launcher/runtime/trace.py, sentinel.py)."""
+        if name not in {t.name for t in tasks}:
+            self.emit("log", text=f"drill: no task {name[:200]!r} running here for the NaN")
+            return
+        path = request_path(self.run_dir, name)
+        write_private(path + ".tmp", json.dumps({"id": "drill-nan", "nan": True}))
+        os.replace(path + ".tmp", path)
+
     def answered(self, task, record: object) -> None:
         """A task's `{"profile": record}` from its progress channel."""
         if not isinstance(record, dict):

@@ -35,7 +35,15 @@ from ..spec.config import ConfigError, LoadedConfig
 from ..spec.plan import PlanError
 from ..spec.transports import traits
 from ..transport.factory import make_transport, quiet_paramiko_logs
-from ..views.drill_report import DEFAULT_MTBF_HOURS, FAULTS, Observed, judge, render, report
+from ..views.drill_report import (
+    DEFAULT_MTBF_HOURS,
+    FAULTS,
+    OPT_IN,
+    Observed,
+    judge,
+    render,
+    report,
+)
 from . import control, exits, loading, usage
 from .drill_faults import Heard, Injector
 from .drill_memory import MemoryCosts
@@ -60,8 +68,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--local", type=int, metavar="N", help="N simulated hosts here")
     loading.add_allocation_options(parser, lambda s: f"the nodes of this {s.title} allocation")
     parser.add_argument("--faults", default=None, metavar="LIST",
-                        help="comma-separated, of kill, preempt, hang, host (default: those "
-                        "that apply: host on SSH hosts only)")
+                        help="comma-separated, of kill, preempt, hang, host, nan (default: "
+                        "those that apply: host on SSH hosts only; nan with --nan)")
+    parser.add_argument("--nan", action="store_true",
+                        help="also make one worker's weights NaN at a step: the NaN sentinel "
+                        "must see it, roll back to the save before it and replay past it")
     parser.add_argument("--run-dir", help="run directory (default runs/<name>-drill-<timestamp>)")
     parser.add_argument("--mtbf-hours", type=float, default=DEFAULT_MTBF_HOURS, metavar="H",
                         help="mean time between failures of one host, in hours, for the "
@@ -111,13 +122,17 @@ def _load(args: argparse.Namespace) -> tuple[LoadedConfig, list[str], list[str]]
         settings = loaded.config.checkpoint.model_copy(update={"memory": True})
         loaded = dataclasses.replace(
             loaded, config=loaded.config.model_copy(update={"checkpoint": settings}))
-    return loaded, command, _faults(args.faults, loaded.config.transport)
+    faults = _faults(args.faults, loaded.config.transport)
+    if (args.nan or "nan" in faults) and loaded.config.sentinel == "off":
+        raise Usage("--nan: the cluster file turns the NaN sentinel off (`sentinel: off`): "
+                    "nothing would watch the loss; remove it for the drill")
+    return loaded, command, faults + (["nan"] if args.nan and "nan" not in faults else [])
 
 
 def _faults(given: str | None, name: str) -> list[str]:
     transport = traits(name)
     if given is None:
-        return [f for f in FAULTS if f != "host" or transport.ssh]
+        return [f for f in FAULTS if f not in OPT_IN and (f != "host" or transport.ssh)]
     faults = [f.strip() for f in given.split(",") if f.strip()]
     unknown = [f for f in faults if f not in FAULTS]
     if unknown or not faults:

@@ -33,6 +33,7 @@ from ..views.drill_report import Observed, Point
 POLL_S = 0.1
 DISK_EVERY_S = 1.0  # a look at the checkpoint directory walks it (a shared filesystem)
 DETECT_WAIT_S = 120.0  # a hang is detected in 7-8 s; a lost host's heartbeat in 10 s
+NAN_STEPS = 20  # steps trained after the drill's NaN with no loss gone bad: unseen
 RECOVER_WAIT_S = 600.0  # start, form the cluster, restore, trace the first step
 # Freeze the agent first (it reports nothing more), kill the tasks' process
 # groups, then the agent: a host that dies at once, as far as the job can tell.
@@ -46,7 +47,7 @@ _HOST_DOWN = ("import os, signal, sys\n"
 
 
 _HOW = {"kill": "SIGKILL", "preempt": "SIGTERM, then the grace", "hang": "SIGSTOP",
-        "host": "its agent and tasks killed"}
+        "host": "its agent and tasks killed", "nan": "one weight made NaN at its next step"}
 
 
 class Heard:
@@ -124,6 +125,12 @@ class Heard:
         observed.resumed_from_step = self.history.resumed_at(gen + 1)
         observed.behind = self.behind_said(gen + 1)
         observed.unknown = self.history.unknown.get(gen + 1, "")
+
+    def bad_step(self, gen: int) -> tuple[bool, int | None]:
+        """(the sentinel saw generation `gen`'s loss go bad, at which step)."""
+        bad = [e for e in self.model.nonfinite
+               if isinstance(e, ev.Nonfinite) and e.generation == gen]
+        return (True, bad[0].step) if bad else (False, None)
 
     def behind_said(self, gen: int) -> str:
         """A task of `gen` that resumed behind the last save, in words ("": none)."""
@@ -238,12 +245,7 @@ class Injector:
         with heard.cond:
             victims = heard.victims(gen)
             if heard.ended is not None:
-                ended = heard.ended
-                observed.again = ended.status == "succeeded"
-                observed.not_injected = (
-                    f"the job finished before the {fault}: give it more steps to train"
-                    if ended.status == "succeeded" else
-                    f"the job {ended.status} before the {fault}: {ended.message or 'see its logs'}")
+                _ended_before(observed, heard.ended)
                 return observed
             if not victims:
                 observed.not_injected = f"no task was running to inject the {fault} into"
@@ -265,6 +267,8 @@ class Injector:
                  f"{observed.last_checkpoint_step})")
         if fault == "preempt":
             self._preempt(observed, task, host, t0)
+        if fault == "nan" and not self._nan_seen(observed, gen):
+            return observed
         self._wait(lambda: heard.detected(gen), DETECT_WAIT_S)
         self._wait(lambda: heard.history.first_step(gen + 1), RECOVER_WAIT_S)
         with heard.cond:
@@ -286,10 +290,44 @@ class Injector:
                                          "with nothing left to resume: give it more steps")
                 self.say(f"drill: {observed.not_injected}")
                 return observed
+        if fault == "nan" and observed.recovered_t is not None:
+            self._replay(observed, gen)
         if observed.recovered_t is not None:
             self.say(f"drill: {fault}: training again {observed.recovered_t - t0:.1f} s after "
                      f"it, from step {observed.resumed_from_step}")
         return observed
+
+    def _nan_seen(self, observed: Observed, gen: int) -> bool:
+        """Wait for the sentinel to see the NaN's loss (or NAN_STEPS steps without)."""
+        heard = self.heard
+        since = observed.step_at_fault or 0
+
+        def seen_or_past() -> bool:
+            return heard.bad_step(gen)[0] or (heard.history.furthest(gen) or 0) >= \
+                since + NAN_STEPS
+        self._wait(seen_or_past, DETECT_WAIT_S)
+        with heard.cond:
+            seen, observed.bad_step = heard.bad_step(gen)
+        if not seen:
+            observed.unseen = (
+                f"no loss gone bad was seen in the {NAN_STEPS} steps after the NaN went into "
+                f"{observed.victim}'s weights: the sentinel watches the loss of Keras `fit`; "
+                "a custom loop says its own (runtime.report_progress(step, loss=...))")
+            self.say(f"drill: nan: {observed.unseen}")
+        return seen
+
+    def _replay(self, observed: Observed, gen: int) -> None:
+        """Wait for the replay after the rollback to pass the bad step (or go bad)."""
+        heard, bad = self.heard, observed.bad_step
+        if bad is None:
+            return
+
+        def passed_or_bad() -> bool:
+            return (heard.history.furthest(gen + 1) or 0) > bad or heard.bad_step(gen + 1)[0]
+        self._wait(passed_or_bad, RECOVER_WAIT_S)
+        with heard.cond:
+            observed.replay_bad = heard.bad_step(gen + 1)[0]
+            observed.replay_past = (heard.history.furthest(gen + 1) or 0) > bad
 
     def _send(self, host: str, message: dict[str, Any]) -> bool:
         link = self.job.supervisor.links.get(host)
@@ -307,6 +345,8 @@ class Injector:
             return self._signal(host, task, signal.SIGTERM)
         if fault == "hang":
             return self._signal(host, task, signal.SIGSTOP)
+        if fault == "nan":
+            return self._send(host, {"op": "nan", "task": task})
         link = self.job.supervisor.links.get(host)
         hello = (link.hello if link is not None else None) or {}
         if not hello.get("pid") or not hello.get("python"):
@@ -345,6 +385,16 @@ class Injector:
             exit_ = heard.exit_of(gen, task)
         if exit_ is not None and exit_.exit_code == 42:
             observed.term_saved, observed.term_exit_t = True, exit_.t
+
+
+def _ended_before(observed: Observed, ended: ev.JobDone) -> None:
+    """The job ended before its fault could be injected: why, and whether to try again."""
+    fault = observed.fault
+    observed.again = ended.status == "succeeded"
+    observed.not_injected = (
+        f"the job finished before the {fault}: give it more steps to train"
+        if ended.status == "succeeded" else
+        f"the job {ended.status} before the {fault}: {ended.message or 'see its logs'}")
 
 
 def _rate(series: list[list[Point]]) -> float | None:

@@ -437,11 +437,12 @@ def _progress_callback(keras, every_s: float, batch_level: bool = True,
             now = time.monotonic()
             if saved or now - self.last >= every_s:
                 self.last = now
-                extra = {"checkpoint": 1} if saved else {}
+                extra = {"checkpoint": 1} if saved and not _weights_spoiled() else {}
                 report_progress(self.step, epoch=self.epoch, **extra, **_scalars(logs))
 
         def on_epoch_end(self, epoch, logs=None):
-            saved = save_every_steps is None or _mid_epoch_saves_skipped(self.model)
+            saved = (save_every_steps is None or _mid_epoch_saves_skipped(self.model)) \
+                and not _weights_spoiled()
             report_progress(self.step, epoch=epoch, epoch_end=1, **_scalars(logs),
                             **({"checkpoint": 1} if saved else {}))
 
@@ -459,11 +460,20 @@ def _progress_callback(keras, every_s: float, batch_level: bool = True,
 
         def on_epoch_end(self, epoch, logs=None):
             steps = (self.params or {}).get("steps") or 0
-            extra = {} if save_every_steps is not None else {"checkpoint": 1}
+            extra = {} if save_every_steps is not None or _weights_spoiled() else \
+                {"checkpoint": 1}
             report_progress((epoch + 1) * int(steps), epoch=epoch, epoch_end=1,
                             **extra, **_scalars(logs))
 
     return ProgressReporter() if batch_level else EpochProgressReporter()
+
+
+def _weights_spoiled() -> bool:
+    """The NaN sentinel saw this process's loss go bad: the backup's save after
+    it was refused (runtime/sentinel.py), so none is reported as made."""
+    from .sentinel import spoiled
+
+    return spoiled()
 
 
 def _mid_epoch_saves_skipped(model) -> bool:

@@ -43,6 +43,12 @@ window's median and the z-score); with `sentinel: {on_spike: rollback}`
 (MGPU_ON_SPIKE=rollback) it also spoils the weights as a NaN does: no later
 save is made and the backup is kept, for the launcher's rollback.
 
+The drill's NaN (`mgpu-launch drill --nan`, launcher/commands/drill_faults.py)
+reaches a task as a request (runtime/trace.py's watcher): at its next step the
+loss callback makes one weight of the model NaN, as a flipped bit on a bad
+device would; the all-reduce spreads it to every worker at that step, and the
+sentinel must see it, the launcher roll back and the replay pass the step.
+
 `sentinel: off` in the cluster file (MGPU_SENTINEL=off) turns both off.
 A custom loop's loss is the script's: `runtime.report_progress(step, loss=...)`.
 
@@ -75,6 +81,7 @@ _lock = threading.Lock()
 _told = False  # this process reported its non-finite loss already
 _spoiled = False  # its loss went non-finite, or spiked with `on_spike: rollback`
 _spikes_told = 0
+_poison = threading.Event()  # the drill's NaN: spoil a weight at the next step
 
 
 def enabled() -> bool:
@@ -190,14 +197,14 @@ def _loss_callback(callbacks_module: ModuleType):
                 self._start = steps.step_of(self.model) or 0
 
         def on_train_batch_begin(self, batch, logs=None):
+            _spoil_if_asked(self.model)  # the drill's NaN
             if self._first is None:  # where this epoch began (a resume may start mid-epoch)
                 self._first = int(batch)  # and a skip before it moved the step since read:
                 self._start += skipped_in(self.model, self._epoch, 0, self._first - 1)
 
         def on_train_batch_end(self, batch, logs=None):
-            mean = (logs or {}).get("loss")
             with self._seen:
-                held, self._held = self._held, (int(batch), mean)
+                held, self._held = self._held, (int(batch), (logs or {}).get("loss"))
             if held is not None:
                 self._check(*held)
 
@@ -229,6 +236,29 @@ def _loss_callback(callbacks_module: ModuleType):
                 report_spike(step, epoch, batch, spike, self.model)
 
     return LossSentinel
+
+
+def poison_next_step() -> None:
+    """The drill's NaN fault: one weight of the model `fit` trains here made
+    NaN at its next step (nothing happens where no `fit` is watched)."""
+    _poison.set()
+
+
+def _spoil_if_asked(model: Any) -> None:
+    if _poison.is_set():
+        _poison.clear()
+        spoil_one_weight(model)
+
+
+def spoil_one_weight(model: Any) -> None:
+    """The first floating-point trainable weight of `model`, all NaN."""
+    import numpy as np
+
+    for weight in getattr(model, "trainable_weights", None) or []:
+        value = np.asarray(weight.numpy())
+        if value.dtype.kind == "f":
+            weight.assign(np.full(value.shape, np.nan, value.dtype))
+            return
 
 
 def watch_loss_of(model_class, callbacks_module: ModuleType) -> None:
@@ -328,6 +358,12 @@ def all_finite(variables: list[Any]) -> bool:
         if value.dtype.kind in "fc" and not np.isfinite(value).all():
             return False
     return True
+
+
+def spoiled() -> bool:
+    """This process's loss went bad (or spiked, with `on_spike: rollback`): its
+    weights are not to be saved from here on, and no save is reported."""
+    return _spoiled
 
 
 def spoiled_by_spike() -> bool:

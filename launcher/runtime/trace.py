@@ -16,6 +16,10 @@ waiting for input, the rest is compute) and the summary goes back through the
 progress channel as one record `{"profile": {...}}`, which the agent takes out
 of the progress stream (launcher/agent/profiles.py) and sends on with the file.
 
+The same file carries the drill's NaN (`{"id", "nan": true}`, `mgpu-launch
+drill --nan`): taken as a trace request is, it spoils this task's weights at
+its next step (runtime/sentinel.py), and nothing is traced.
+
 Light at import time (every task imports it at start: os, threading);
 TensorFlow, the summariser and its protos are imported when a trace is asked
 for (they are loaded in a training process by then).
@@ -88,6 +92,8 @@ def take_request(path: str) -> dict | None:
         os.unlink(path)
     except (OSError, ValueError):
         return None
+    if isinstance(request, dict) and request.get("nan") is True:
+        return request  # the drill's NaN: no trace
     if not isinstance(request, dict) or not isinstance(request.get("logdir"), str):
         return None
     try:
@@ -118,7 +124,11 @@ def _watch(path: str) -> None:
         time.sleep(POLL_S)
         if os.path.exists(path):
             request = take_request(path)
-            if request is not None:
+            if request is not None and request.get("nan") is True:
+                from launcher.runtime import sentinel
+
+                sentinel.poison_next_step()
+            elif request is not None:
                 answer(request)
 
 

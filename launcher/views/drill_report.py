@@ -25,7 +25,8 @@ from typing import Any
 
 from ..strategy import Strategy
 
-FAULTS = ("kill", "preempt", "hang", "host")
+FAULTS = ("kill", "preempt", "hang", "host", "nan")
+OPT_IN = ("nan",)  # drilled when asked only (`drill --nan`, or named in --faults)
 DEFAULT_MTBF_HOURS = 1000.0  # per host; docs/drill.md says where it comes from
 SAVE_HINT = "use BackupAndRestore or runtime.callbacks()"
 
@@ -60,6 +61,12 @@ class Observed:
     saved_with: str = ""
     saved_by_runtime: bool = False
     strategy: str = ""
+    # nan only: the step whose loss the sentinel saw go bad in the fault's
+    # generation, or why none was seen; the replay after the rollback.
+    bad_step: int | None = None
+    unseen: str = ""
+    replay_bad: bool = False  # the replay's loss went bad again
+    replay_past: bool = False  # the replay trained past bad_step
 
 
 @dataclass
@@ -107,6 +114,8 @@ def _verdict(o: Observed, lost: int | None) -> tuple[str, str]:
     preempt = _preempt_failure(o)
     if preempt:
         return "fail", preempt
+    if o.fault == "nan" and o.unseen:
+        return "cannot_tell", o.unseen
     if o.unknown and o.recovered_t is not None:
         return "cannot_tell", (f"the job resumed after the {o.fault}, but from which step "
                                f"cannot be told: {o.unknown}")
@@ -127,11 +136,37 @@ def _verdict(o: Observed, lost: int | None) -> tuple[str, str]:
     if resumed < checkpoint:
         return "fail", (f"resumed from step {resumed} but the last checkpoint was at step "
                         f"{checkpoint}: is checkpoint.dir shared by every host?")
+    if o.fault == "nan" and (nan := _nan_verdict(o, resumed)):
+        return nan
     said = (f"resumed from step {resumed} (last checkpoint: step {checkpoint}); "
             f"{lost or 0} step(s) trained again")
+    if o.fault == "nan":
+        said = (f"the loss went bad at step {o.bad_step}; rolled back to step {resumed}, the "
+                f"last save before it, and the replay trained past it; {lost or 0} step(s) "
+                "trained again")
     if o.fault == "preempt":
         said += "; " + _sigterm_note(o, lost)
     return "pass", said
+
+
+def _nan_verdict(o: Observed, resumed: int) -> tuple[str, str] | None:
+    """A NaN's rollback judged: the resume point before the bad step, and a
+    replay that passes it (None: both hold)."""
+    if o.bad_step is None:
+        return "cannot_tell", ("the loss went bad, but at which step was not read: whether "
+                               "the restart rolled back before it cannot be told")
+    if resumed >= o.bad_step:
+        return "fail", (f"resumed from step {resumed}, not before the bad step {o.bad_step}: "
+                        "weights trained past the NaN were restored")
+    if o.replay_bad:
+        return "fail", (f"the replay from step {resumed} went bad again at step "
+                        f"{o.bad_step}: the drill's NaN was one-off, the rollback did not "
+                        "undo it")
+    if not o.replay_past:
+        return "cannot_tell", (f"rolled back to step {resumed}, before the bad step "
+                               f"{o.bad_step}, but the job ended before its replay reached "
+                               "that step: give it more steps")
+    return None
 
 
 def _preempt_failure(o: Observed) -> str:
