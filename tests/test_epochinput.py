@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-tf = pytest.importorskip("tensorflow")
+import tensorflow as tf  # noqa: E402
 
 from launcher.runtime.epochinput import why_not  # noqa: E402
 from launcher.runtime.sentinel import exactness  # noqa: E402
@@ -86,7 +85,8 @@ def test_the_skip_list_reads_epoch_batch_pairs_and_leaves_out_the_rest():
 
 
 def _model(**compiled):
-    keras = pytest.importorskip("tf_keras")
+    import tf_keras as keras
+
     from launcher.runtime import epochinput
 
     epochinput.on_tf_keras(keras)  # the bootstrap's hooks (once per process)

@@ -14,8 +14,7 @@ import re
 from pathlib import Path
 
 import pytest
-
-tf = pytest.importorskip("tensorflow")
+import tensorflow as tf  # noqa: E402
 
 from launcher.runtime import readable  # noqa: E402
 

@@ -64,8 +64,6 @@ def start_script(tmp_path: Path, argv: list[str], generation: int,
 @pytest.mark.parametrize("keras,backend", [("tf_keras", "tensorflow"), ("keras", "jax")])
 def test_a_fit_with_its_own_backup_reports_its_saves_and_where_it_resumed(
         tmp_path: Path, keras: str, backend: str):
-    if backend == "jax":
-        pytest.importorskip("jax", reason="needs the [jax] extra (pip install 'mgpu-launch[jax]')")
     first = run_task(tmp_path, keras, 0, CRASH_AT="1", KERAS_BACKEND=backend)
     saves = [(r["saved"], r["saved_dir"]) for r in first if "saved" in r]
     backup = str(tmp_path / "backup")

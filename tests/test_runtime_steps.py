@@ -189,7 +189,6 @@ def test_counted_steps_are_never_taken_for_a_resume_point(channel):
 def test_keras3_fit_on_jax_reports_steps_inside_each_epoch(tmp_path):
     """A real Keras 3 `fit` on JAX in a task process as the agent starts it: its
     counter lives in the trainer's state during an epoch, read from there."""
-    pytest.importorskip("jax", reason="needs the [jax] extra (pip install 'mgpu-launch[jax]')")
     read_fd, write_fd = os.pipe()  # the progress channel, as the agent opens it
     env = dict(os.environ, MGPU_PROGRESS_FD=str(write_fd), MGPU_STEPS_EVERY_S="0.05",
                PYTHONPATH=str(REPO), KERAS_BACKEND="jax")
