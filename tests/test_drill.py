@@ -170,6 +170,8 @@ def test_a_nan_in_one_workers_weights_is_rolled_back_to_the_save_before_it_and_r
               (workdir / "drill" / "events.jsonl").read_text().splitlines()]
     kinds = [e["event"] for e in events]
     assert kinds.count("nonfinite") == 1 and "batch_skipped" not in kinds, kinds
+    [passed] = [e for e in events if e["event"] == "replay_passed"]  # said by the launcher
+    assert (passed["generation"], passed["step"]) == (1, bad), passed
     assert "drill: nan (one weight made NaN at its next step) of host1/worker1" in output
 
 
@@ -185,7 +187,7 @@ def test_a_nan_where_no_fit_watches_the_loss_is_no_verdict(workdir: Path):
     assert faults["kill"]["verdict"] == "pass", faults
     nan = faults["nan"]
     assert nan["verdict"] == "cannot_tell", (nan, output[-3000:])
-    assert "no loss gone bad was seen in the 20 steps" in nan["reason"], nan
+    assert "host1/worker1 did not take the NaN within 10 s" in nan["reason"], nan
     assert "runtime.report_progress(step, loss=...)" in nan["reason"], nan
     assert code == 1 and "CANNOT TELL" in output, output[-3000:]
 

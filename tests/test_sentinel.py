@@ -90,6 +90,10 @@ def test_a_loss_gone_bad_is_named_at_its_step_and_rolled_back_to_the_save_before
     assert summary["nonfinite"][0]["event"] == "nonfinite", summary["nonfinite"]
     status = render_status(load_run(job.run_dir))
     assert f"loss went inf at step {BAD_STEP} (epoch 3, batch 20 of it" in status, status
+    # Each replay passed its bad step; Keras 3 read other batches there: no verdict.
+    assert [(e["generation"], e["step"], e["exact"]) for e in job.events("replay_passed")] \
+        == [(1, BAD_STEP, False), (2, 180, False)], job.events("replay_passed")
+    assert "whether it was one-off or its batch cannot be told" in status, status
 
 
 def epoch_batches(job: Job, generation: int) -> dict[int, int]:
@@ -130,6 +134,7 @@ def test_a_bad_batch_that_comes_back_at_its_step_is_skipped_where_the_input_posi
     assert summary["status"] == "succeeded" and summary["restarts"] == 2, summary
     assert [e["event"] for e in summary["nonfinite"]].count("batch_skipped") == 1, summary
     assert "skipping batch 20 of epoch 3" in render_status(load_run(job.run_dir))
+    assert job.events("replay_passed") == [], job.events("replay_passed")  # the batch's
 
 
 @pytest.mark.e2e
@@ -210,6 +215,10 @@ def test_a_spike_rolls_back_when_asked(workdir, jobs):  # noqa: F811
     assert "its loss spiked to" in job.output and "WEIGHTS_FINITE True" in job.output
     status = render_status(load_run(job.run_dir))
     assert "loss spiked to" in status and f"at step {BAD_STEP} (epoch 3" in status, status
+    [passed] = job.events("replay_passed")  # the same input at step 100, trained fine
+    assert (passed["generation"], passed["step"], passed["exact"]) == (1, BAD_STEP, True)
+    assert f"generation 1 trained past step {BAD_STEP}, where the loss went bad in " \
+        "generation 0: a one-off fault, not its batch" in job.output, job.output[-3000:]
 
 
 def test_sentinel_off_reaches_every_task_and_turns_the_hooks_off(monkeypatch):
@@ -290,6 +299,33 @@ def test_the_first_stop_is_free_and_the_same_step_again_ends_the_job():
     told.append(ev.Restart(generation=1, counted=False, progress=False, max_restarts=1))
     assert "the first loss gone non-finite, not counted against the 1 allowed" in \
         narrate.line(told[0])[1]
+
+
+def test_a_replay_past_the_bad_step_is_told_once_unless_its_batch_is_skipped():
+    from launcher.job.detect.sentinel import BatchSkip, Sentinel
+    from launcher.job.record.reports import ProgressReport
+
+    told: list[ev.Event] = []
+    sentinel = Sentinel(told.append)
+    sentinel._steps[0], sentinel._where[0] = 100, (2, 19, "")  # exact: a carried input
+    sentinel._first[0] = "host1/worker1"
+    sentinel._replayed(1, ProgressReport(step=140))  # a step past it: not yet (read late)
+    for step in (80, 100, 120, 140):  # saves (checked finite) up to it: nothing; past: once
+        sentinel._replayed(1, ProgressReport(step=step, saved=step))
+    assert told == [ev.ReplayPassed(generation=1, step=100, first="host1/worker1", exact=True)]
+    assert narrate.line(told[0])[1] == (
+        "generation 1 trained past step 100, where the loss went bad in generation 0: a "
+        "one-off fault, not its batch (the replay read the same input at that step); "
+        "host1/worker1 reported it first (the loss is reduced across the workers: the device "
+        "that made it may be any host's)")
+    inexact = ev.ReplayPassed(generation=1, step=100, first="host1/worker1", exact=False)
+    assert "whether it was one-off or its batch cannot be told" in narrate.line(inexact)[1]
+    # The same step bad twice, its batch skipped: passing it is the skip's doing.
+    told.clear()
+    sentinel._steps[1], sentinel._where[1] = 100, (2, 19, "")
+    assert sentinel.judged([_failure(0), _failure(1)]) == {"skip": BatchSkip(2, 19, 100)}
+    sentinel._replayed(2, ProgressReport(step=140, saved=140))
+    assert told == []
 
 
 # ------------------------------------------------------------------ spikes

@@ -27,13 +27,15 @@ from ..job.detect.lockstep import read as read_position
 from ..job.record import events as ev
 from ..job.record import story as model
 from ..job.record.history import Exit, History
+from ..job.record.reports import ProgressReport
 from ..job.run.launch import Job
 from ..views.drill_report import Observed, Point
 
 POLL_S = 0.1
 DISK_EVERY_S = 1.0  # a look at the checkpoint directory walks it (a shared filesystem)
 DETECT_WAIT_S = 120.0  # a hang is detected in 7-8 s; a lost host's heartbeat in 10 s
-NAN_STEPS = 20  # steps trained after the drill's NaN with no loss gone bad: unseen
+NAN_STEPS = 20  # steps trained after the drill's NaN went in with no loss gone bad: unseen
+NAN_TAKEN_S = 10.0  # a task takes the NaN at its next step (its request looked for every 0.2 s)
 RECOVER_WAIT_S = 600.0  # start, form the cluster, restore, trace the first step
 # Freeze the agent first (it reports nothing more), kill the tasks' process
 # groups, then the agent: a host that dies at once, as far as the job can tell.
@@ -65,6 +67,7 @@ class Heard:
         # What made the script's last save (runtime/saves.py): keras3, tf_keras,
         # tensorflow...; and whether it was runtime.callbacks()' own.
         self.saver: tuple[str, bool] = ("", False)
+        self.nan_at: dict[int, int] = {}  # generation: the step the drill's NaN went in at
 
     @property
     def generation(self) -> int:
@@ -94,6 +97,9 @@ class Heard:
                 gen = event.generation
                 self.positions[gen] = read_position(event.metrics,
                                                     self.positions.get(gen, Position()))
+                nan_at = ProgressReport.read(event.metrics).drill_nan
+                if nan_at is not None:
+                    self.nan_at.setdefault(gen, nan_at)
             self.cond.notify_all()
 
     def in_last_epoch(self, gen: int) -> bool:
@@ -131,6 +137,11 @@ class Heard:
         bad = [e for e in self.model.nonfinite
                if isinstance(e, ev.Nonfinite) and e.generation == gen]
         return (True, bad[0].step) if bad else (False, None)
+
+    def passed(self, gen: int) -> bool:
+        """The launcher said generation `gen`'s replay passed the bad step before it."""
+        return any(isinstance(e, ev.ReplayPassed) and e.generation == gen
+                   for e in self.model.nonfinite)
 
     def behind_said(self, gen: int) -> str:
         """A task of `gen` that resumed behind the last save, in words ("": none)."""
@@ -298,36 +309,37 @@ class Injector:
         return observed
 
     def _nan_seen(self, observed: Observed, gen: int) -> bool:
-        """Wait for the sentinel to see the NaN's loss (or NAN_STEPS steps without)."""
+        """Wait for the sentinel to see the NaN's loss: the victim takes it at its
+        next step (it says at which) and the loss is seen within a step or two."""
         heard = self.heard
-        since = observed.step_at_fault or 0
 
         def seen_or_past() -> bool:
-            return heard.bad_step(gen)[0] or (heard.history.furthest(gen) or 0) >= \
-                since + NAN_STEPS
-        self._wait(seen_or_past, DETECT_WAIT_S)
+            at = heard.nan_at.get(gen)
+            return heard.bad_step(gen)[0] or at is not None and \
+                (heard.history.furthest(gen) or 0) >= at + NAN_STEPS
+        self._wait(lambda: heard.bad_step(gen)[0] or gen in heard.nan_at, NAN_TAKEN_S)
+        if gen in heard.nan_at:
+            self._wait(seen_or_past, DETECT_WAIT_S)
         with heard.cond:
-            seen, observed.bad_step = heard.bad_step(gen)
-        if not seen:
-            observed.unseen = (
-                f"no loss gone bad was seen in the {NAN_STEPS} steps after the NaN went into "
-                f"{observed.victim}'s weights: the sentinel watches the loss of Keras `fit`; "
-                "a custom loop says its own (runtime.report_progress(step, loss=...))")
-            self.say(f"drill: nan: {observed.unseen}")
-        return seen
+            (seen, observed.bad_step), at = heard.bad_step(gen), heard.nan_at.get(gen)
+        if seen:
+            return True
+        observed.unseen = (
+            f"the NaN went into {observed.victim}'s weights at step {at}, but no loss gone bad "
+            f"was seen in the {NAN_STEPS} steps after it" if at is not None else
+            f"{observed.victim} did not take the NaN within {NAN_TAKEN_S:g} s: it trains with "
+            "no Keras `fit` the sentinel watches (a custom loop says its own loss: "
+            "runtime.report_progress(step, loss=...))")
+        self.say(f"drill: nan: {observed.unseen}")
+        return False
 
     def _replay(self, observed: Observed, gen: int) -> None:
-        """Wait for the replay after the rollback to pass the bad step (or go bad)."""
-        heard, bad = self.heard, observed.bad_step
-        if bad is None:
-            return
-
-        def passed_or_bad() -> bool:
-            return (heard.history.furthest(gen + 1) or 0) > bad or heard.bad_step(gen + 1)[0]
-        self._wait(passed_or_bad, RECOVER_WAIT_S)
+        """Wait for the launcher to say the replay passed the bad step (or it went bad)."""
+        heard = self.heard
+        self._wait(lambda: heard.passed(gen + 1) or heard.bad_step(gen + 1)[0], RECOVER_WAIT_S)
         with heard.cond:
             observed.replay_bad = heard.bad_step(gen + 1)[0]
-            observed.replay_past = (heard.history.furthest(gen + 1) or 0) > bad
+            observed.replay_past = heard.passed(gen + 1)
 
     def _send(self, host: str, message: dict[str, Any]) -> bool:
         link = self.job.supervisor.links.get(host)

@@ -245,9 +245,13 @@ def poison_next_step() -> None:
 
 
 def _spoil_if_asked(model: Any) -> None:
+    """The drill's NaN, if asked: spoiled, and said (`drill_nan`: the step)."""
     if _poison.is_set():
         _poison.clear()
         spoil_one_weight(model)
+        from launcher import runtime
+
+        runtime.write_progress({"drill_nan": steps.step_of(model) or 0, "time": time.time()})
 
 
 def spoil_one_weight(model: Any) -> None:

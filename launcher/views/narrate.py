@@ -139,6 +139,18 @@ def _batch_skipped(event: ev.BatchSkipped) -> str:
             f"before it; {event.skips} of sentinel.max_skips={event.max_skips}")
 
 
+def _replay_passed(event: ev.ReplayPassed) -> str:
+    said = (f"generation {event.generation} trained past step {event.step}, where the loss "
+            f"went bad in generation {event.generation - 1}")
+    if not event.exact:  # Keras 3 starts its input over: another batch was at that step
+        return (f"{said}: it did not come back there, but whether it was one-off or its batch "
+                "cannot be told: the replay's input at that step was not the same one")
+    first = (f"; {event.first} reported it first (the loss is reduced across the workers: "
+             "the device that made it may be any host's)") if event.first else ""
+    return (f"{said}: a one-off fault, not its batch (the replay read the same input at that "
+            f"step){first}")
+
+
 def _loss_spike(event: ev.LossSpike) -> str:
     then = ("the generation is stopped and rolled back (sentinel.on_spike: rollback)"
             if event.rollback else "training goes on (`sentinel: {on_spike: rollback}` "
@@ -252,6 +264,7 @@ _TELLERS = {
     ev.NonfiniteSave: _nonfinite_save,
     ev.LossSpike: _loss_spike,
     ev.BatchSkipped: _batch_skipped,
+    ev.ReplayPassed: _replay_passed,
     ev.KerasSwitched: _keras,
     ev.JobDone: lambda e: e.message or None,
     ev.BadMessage: lambda e: f"agent {e.host}: ignored a malformed message: {e.reason}",

@@ -27,6 +27,10 @@ them, or where no skip is exact (Keras 3 starts its input again), stops the
 job naming the step, the batches skipped and why no skip. Never a loop: a bad
 step is replayed once before its batch is skipped or the job stops.
 
+A replay that trains past the bad step, its batch not skipped, is told once
+(`replay_passed`): a one-off fault (a device, a flipped bit), with the task that
+reported it first; not the batch's where the replay read the same input there.
+
 A loss spike (runtime/spikes.py: a finite step loss far above its recent
 window) is a `loss_spike` event, once per generation and step, said and
 counted; with `sentinel: {on_spike: rollback}` the task reports it as a
@@ -79,6 +83,9 @@ class Sentinel:
         self._steps: dict[int, int | None] = {}  # generation: its bad step (None: unknown)
         self._spiked: dict[int, str] = {}  # generations whose bad step was a spike's
         self._spike_steps: set[tuple[int, int]] = set()  # (generation, step) told
+        self._first: dict[int, str] = {}  # generation: who reported its bad step first
+        self._skipping: set[int] = set()  # bad steps whose batch later generations skip
+        self._passed: set[int] = set()  # generations whose replay past the bad step was told
 
     def hear(self, gen: Generation, record: TaskRecord, said: ProgressReport) -> Found | None:
         """A progress report of `record`'s task: the failure it is, if any."""
@@ -91,6 +98,7 @@ class Sentinel:
             loss = said.nonfinite_loss or "non-finite"
             self._steps.setdefault(generation, step if step >= 0 else None)
             self._where.setdefault(generation, (epoch, batch, _no_skip(said)))
+            self._first.setdefault(generation, f"{record.task.host}/{record.task.name}")
             self._tell(ev.Nonfinite(**ids, step=self._steps[generation], epoch=epoch,
                                     batch=batch, loss=loss))
             if gen.failure is None and gen.phase.running:  # stop before it saves NaN
@@ -98,6 +106,7 @@ class Sentinel:
                     "loss": loss, "step": step if step >= 0 else "?", "epoch_1": epoch + 1,
                     "batch_1": batch + 1})
         failure = failure or self._spike(gen, record, said, ids)
+        self._replayed(generation, said)
         saved = said.saved_nonfinite
         if saved is not None and generation not in self._saves:
             self._saves.add(generation)
@@ -132,6 +141,21 @@ class Sentinel:
             "loss": loss, "step": step, "epoch_1": epoch + 1, "batch_1": batch + 1,
             "median": median, "z": z})
 
+    def _replayed(self, generation: int, said: ProgressReport) -> None:
+        """The replay after a rollback past the step that went bad in the
+        generation before, its batch not skipped: a one-off fault, told once.
+        Past it means a save after it (checked finite: runtime/sentinel.py); a
+        step report alone may come before the report of the same step gone bad
+        again (the loss is read a step late, Keras 3's callbacks off the thread)."""
+        bad = self._steps.get(generation - 1)
+        if bad is None or said.saved is None or said.saved <= bad or \
+                generation in self._passed or bad in self._skipping:
+            return
+        self._passed.add(generation)
+        exact = not self._where.get(generation - 1, (0, 0, "unknown"))[2]
+        self._tell(ev.ReplayPassed(generation=generation, step=bad, exact=exact,
+                                   first=self._first.get(generation - 1, "")))
+
     def judged(self, failures: list[Failure],
                skipped: Sequence[BatchSkip] = ()) -> dict[str, Any]:
         """What the restart rules need after a generation stopped so
@@ -149,6 +173,7 @@ class Sentinel:
         bad = BatchSkip(epoch, batch, step)
         seen = (epoch, batch) in {(s.epoch, s.batch) for s in skipped}
         if not why and not seen and len(skipped) < self.max_skips:
+            self._skipping.add(step)
             return {"skip": bad}
         went = self._spiked.get(last.generation, "went non-finite")
         return {"again": (f"the loss {went} at step {step} again after the restart from the "

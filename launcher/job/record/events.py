@@ -38,6 +38,7 @@ from .training_events import (
     MemoryCopy,
     Nonfinite,
     NonfiniteSave,
+    ReplayPassed,
     ResumeBehind,
     Resumed,
 )
@@ -453,7 +454,7 @@ KINDS: dict[str, type[Event]] = {cls.kind: cls for cls in (
     BadMessage, AgentLog, Restart, Resumed, ResumeBehind, CheckpointPassedOver,
     KerasSwitched, JobDone, TerminalLost, NotifyFailed, MetricsServed, ProgramOver, TailCut,
     Health, Straggler, JobPhase, LauncherFailed, MemoryCopy, Nonfinite, NonfiniteSave,
-    LossSpike, BatchSkipped)}
+    LossSpike, BatchSkipped, ReplayPassed)}
 
 # Keys of a progress line that are not metrics.
 _PROGRESS_RESERVED = frozenset({"t", "event", "v", "generation", "task", "host"})

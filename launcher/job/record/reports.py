@@ -76,6 +76,7 @@ class ProgressReport:
     loss_spike_median: float | None = None
     loss_spike_z: float | None = None
     loss_spike_rollback: bool = False
+    drill_nan: int | None = None  # the drill's NaN went into this task's weights at this step
     # The program's life (launcher/bootstrap.py): its script returned, the program
     # ended cleanly, the cluster it is joining or joined; a position (`at`).
     returned: bool = False
@@ -121,6 +122,7 @@ class ProgressReport:
             loss_spike_median=_number(metrics.get("loss_spike_median")),
             loss_spike_z=_number(metrics.get("loss_spike_z")),
             loss_spike_rollback=bool(metrics.get("loss_spike_rollback")),
+            drill_nan=_int(metrics.get("drill_nan")),
             returned=bool(metrics.get("returned")), over=bool(metrics.get("over")),
             cluster=cluster if cluster in ("joining", "joined") else None,
             position="at" in metrics)

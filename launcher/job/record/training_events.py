@@ -109,6 +109,21 @@ class BatchSkipped(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class ReplayPassed(Event):
+    """Generation `generation`, restarted from the save before the step whose
+    loss went bad in the generation before, trained past that step with its
+    batch not skipped: a one-off fault. `exact`: the replay read the same input
+    at that step (a carried input), so the batch is cleared too; `first`: the
+    task (host/task) that reported the bad loss first."""
+
+    kind = "replay_passed"
+    generation: int
+    step: int = 0
+    first: str = ""
+    exact: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
 class LossSpike(TaskEvent):
     """A task's step loss far above its recent window (runtime/spikes.py): a
     robust z-score of `z` over the window's `median`. `rollback`: the cluster
