@@ -132,3 +132,23 @@ def test_a_worker_removes_its_scratch_folder_and_the_directory_keeps_every_save(
     assert [f"ckpt-{n}" in state for n in range(1, 6)] == [True] * 5, state
     for n in range(1, 6):
         assert (tmp_path / "ckpt" / "all" / f"ckpt-{n}.index").exists(), n
+
+
+def test_a_workers_scratch_folder_shows_the_files_its_manager_keeps(tmp_path: Path):
+    from launcher.runtime import memslots
+
+    work, scratch = tmp_path / "w", tmp_path / "ckpt" / "workertemp_1"
+    work.mkdir()
+    for name in ("checkpoint", "ckpt-1.index", "ckpt-1.data-00000-of-00001"):
+        (work / name).write_text(name)
+    memslots.mirror(str(work), str(scratch))
+    assert sorted(os.listdir(scratch)) == ["checkpoint", "ckpt-1.data-00000-of-00001",
+                                           "ckpt-1.index"]
+    assert (scratch / "ckpt-1.index").read_text() == "ckpt-1.index"
+    # The next save: the manager deleted ckpt-1; the script's own file is kept.
+    for name in ("ckpt-1.index", "ckpt-1.data-00000-of-00001"):
+        (work / name).unlink()
+    (work / "ckpt-2.index").write_text("2")
+    (scratch / "notes.txt").write_text("mine")
+    memslots.mirror(str(work), str(scratch))
+    assert sorted(os.listdir(scratch)) == ["checkpoint", "ckpt-2.index", "notes.txt"]

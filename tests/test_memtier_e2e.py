@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 from pathlib import Path
 
 import pytest
 
 from launcher.agent.memcopy import job_folder
-from tests.conftest import SCRIPTS, read_events, read_summary, run_cli, start_cli
+from tests.conftest import SCRIPTS, read_events, read_summary, run_cli, start_cli, wait_for
 from tests.slowfs import mounted
+from tests.test_faults import Job, jobs, launch  # noqa: F401 - `jobs` is a fixture
 from tests.test_strategies import explain
 
 SCRIPT = str(SCRIPTS / "tutorial_ctl_big.py")
@@ -95,3 +97,35 @@ def memory_run(workdir: Path, shared: Path) -> str:
     assert {"ckpt-3.index", "ckpt-2.index"} <= set(names), names
     assert "ckpt-1.index" not in names  # max_to_keep=2, as the manager keeps it
     return resumed["copy"]["path"]
+
+
+TUTORIAL = str(SCRIPTS / "tutorial_ctl_model_only.py")  # TF's, as written
+
+
+@pytest.mark.e2e
+def test_tfs_custom_loop_tutorial_as_written_sees_its_saves_and_a_kill_costs_one_restart(
+        workdir: Path, jobs: list[Job]):  # noqa: F811 - `jobs` is a fixture
+    """Issue 55: non-chief workers save into `workertemp_<n>` and remove it
+    with `tf.io.gfile.rmtree`; with the tier on, that folder was never made
+    (NotFoundError, 3 spurious restarts) and holds nothing of the save."""
+    ckpt = workdir / "ckpt"
+    memory = workdir / "memory.yaml"
+    memory.write_text(f"transport: local\nports: {{base: auto}}\n"
+                      f"checkpoint: {{dir: {ckpt}, memory: true}}\n"
+                      "restart: {max_restarts: 3, backoff_s: 0}\n"
+                      "hosts:\n  - {address: 127.0.0.1}\n  - {address: 127.0.0.1}\n")
+    job = launch(jobs, [str(memory), "--no-live", TUTORIAL, str(ckpt), "3", "list"], workdir)
+    wait_for(lambda: [e for e in job.events("progress", generation=0, task="worker1")
+                      if e.get("saved", 0) >= 20], timeout=180, what="worker 1's first save")
+    os.kill(job.pids()[(0, "worker1")], signal.SIGKILL)  # after a save
+    assert job.finish(timeout=180) == 0, job.output[-4000:]
+    assert "checkpoints saved in memory" in job.output, job.output[-3000:]
+    assert "NotFoundError" not in job.output, job.output[-4000:]
+    assert read_summary(job.run_dir)["restarts"] == 1, job.output[-3000:]
+    # What the worker saved is where it saved it, as without the tier: listed,
+    # and the newest checkpoint named there readable.
+    seen = re.findall(r"SCRATCH \[(.*)\] LATEST (\S+)", job.output)
+    assert len(seen) >= 3, job.output[-3000:]  # a save an epoch, one at least replayed
+    for files, latest in seen:
+        assert f"'{latest}.index'" in files and "'checkpoint'" in files, (files, latest)
+    assert not os.path.lexists(ckpt / "workertemp_1" / "ckpt")  # removed by the script

@@ -23,6 +23,7 @@ Standard library only; must not import the launcher side.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -227,6 +228,35 @@ def size_of(path: str) -> int:
     for folder, _dirs, files in os.walk(path):
         total += sum(_size(os.path.join(folder, f)) for f in files)
     return total
+
+
+def mirror(work: str, folder: str) -> None:
+    """A worker's scratch folder (`workertemp_<n>`, never copied) shows what its
+    manager wrote: after each save, a link to each file of the working folder
+    in memory (the links to files the manager has since deleted go). The script
+    lists, reads, copies and removes them where it saved them, as without the
+    tier (TF's custom-loop tutorial `rmtree`s the folder after each save); the
+    bytes stay in memory: the save's stall stays memory's. A filesystem without
+    symbolic links: the folder alone."""
+    os.makedirs(folder, exist_ok=True)
+    names = [n for n in os.listdir(work)
+             if not n.startswith(".") and os.path.isfile(os.path.join(work, n))]
+    try:
+        for name in os.listdir(folder):
+            path = os.path.join(folder, name)
+            if name not in names and os.path.islink(path) \
+                    and os.path.dirname(os.readlink(path)) == work:
+                os.unlink(path)  # a checkpoint the manager deleted
+        for name in names:
+            path, source = os.path.join(folder, name), os.path.join(work, name)
+            if not (os.path.islink(path) and os.readlink(path) == source):
+                aside = os.path.join(folder, f".{name}.mgpu-link")
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(aside)
+                os.symlink(source, aside)
+                os.replace(aside, path)
+    except OSError:
+        pass  # no links there (or the script removed the folder meanwhile)
 
 
 def finish_publish(target: str) -> None:

@@ -318,11 +318,16 @@ def _manager_save(original):
             _to_directory(self, target)
             return original(self, *args, **kwargs)
         _trim_working(self._directory)
-        if getattr(self, "_mgpu_stands_for", target) == memslots.shared_of(target):
-            # The directory the script saved to exists, as after a save of its own:
-            # TF's custom-loop tutorial lists or removes a worker's scratch folder
-            # (`tf.io.gfile.rmtree`) after each save. Not tf_keras' (removed at the
-            # start: it removes its scratch folder through the manager's directory).
+        shared = memslots.shared_of(target)
+        if getattr(self, "_mgpu_stands_for", target) == shared:
+            # The directory the script saved to exists, as after a save of its own;
+            # a worker's scratch folder holds (links to) what it saved: TF's
+            # custom-loop tutorial removes it (`tf.io.gfile.rmtree`) after each
+            # save, scripts list or copy their files. Its bytes stay in memory (a
+            # scratch save is never copied). Not tf_keras' (removed at the start:
+            # it removes its scratch folder through the manager's directory).
+            if target != shared:
+                memslots.mirror(self._directory, target)
             os.makedirs(target, exist_ok=True)
         return path
     return save

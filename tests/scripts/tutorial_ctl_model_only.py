@@ -3,7 +3,9 @@ written: its checkpoint holds the model, the epoch and the step in the epoch,
 but not the optimizer; non-chief workers save into a temporary directory and
 remove it after each save; a restart restores `latest_checkpoint` of the
 chief's directory (its first argument). Small data made here. One change: the
-loss print is skipped for an epoch with no step (below). Knows nothing of
+loss print is skipped for an epoch with no step (below). With `list` as third
+argument a non-chief worker looks at what it saved before removing it, as a
+script that lists or copies its files would (`SCRATCH` line). Knows nothing of
 mgpu-launch."""
 
 import json
@@ -15,6 +17,7 @@ import tensorflow as tf
 
 checkpoint_dir = sys.argv[1]
 epochs = int(sys.argv[2]) if len(sys.argv) > 2 else 4
+look = sys.argv[3:4] == ["list"]
 tf_config = json.loads(os.environ["TF_CONFIG"])
 strategy = tf.distribute.MultiWorkerMirroredStrategy()
 num_workers = len(tf_config["cluster"]["worker"])
@@ -97,6 +100,10 @@ while epoch.numpy() < epochs:
         print(f"Epoch: {epoch.numpy()}, train_loss: {total_loss / num_batches:f}.", flush=True)
     checkpoint_manager.save()
     if not _is_chief(task_type, task_id):
+        if look:
+            latest = tf.train.latest_checkpoint(write_checkpoint_dir)
+            print(f"SCRATCH {sorted(tf.io.gfile.listdir(write_checkpoint_dir))} "
+                  f"LATEST {latest and os.path.basename(latest)}", flush=True)
         tf.io.gfile.rmtree(write_checkpoint_dir)
     epoch.assign_add(1)
     step_in_epoch.assign(0)
