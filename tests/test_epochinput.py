@@ -7,6 +7,9 @@ DataHandler, where a skip can be exact."""
 
 from __future__ import annotations
 
+import json
+import os
+
 import numpy as np
 import pytest
 import tensorflow as tf  # noqa: E402
@@ -161,12 +164,19 @@ def test_a_batch_named_at_another_step_is_trained(monkeypatch, capsys):
     # too: the batch at the position named is skipped only at the step that went bad.
     monkeypatch.delenv("TF_CONFIG", raising=False)
     monkeypatch.setenv("MGPU_SKIP_BATCHES", "0:3:50")
+    read_end, write_end = os.pipe()  # the progress channel: the launcher hears each
+    monkeypatch.setenv("MGPU_PROGRESS_FD", str(write_end))
     batches = tf.data.Dataset.range(8).batch(1)
     assert _trained(_model(), batches, epochs=1) == {0: list(range(8))}
     assert "batch 4 of epoch 1 is trained, not skipped: the launcher skips the one that " \
         "went bad at step 50, this fit is at step 1 there" in capsys.readouterr().err
     monkeypatch.setenv("MGPU_SKIP_BATCHES", "0:3:1")  # here no step trains: step 1 it is
     assert _trained(_model(), batches, epochs=1) == {0: [0, 1, 2, 4, 5, 6, 7]}
+    os.close(write_end)
+    with os.fdopen(read_end) as channel:
+        told = [json.loads(line) for line in channel]
+    said = [(key, r[key]) for r in told for key in ("skip_not", "skip_done") if key in r]
+    assert said == [("skip_not", [1, 0, 3]), ("skip_done", [1, 0, 3])], told
 
 
 def test_a_batch_is_not_skipped_where_its_position_is_not_exact(monkeypatch, capsys):

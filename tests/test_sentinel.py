@@ -135,6 +135,9 @@ def test_a_bad_batch_that_comes_back_at_its_step_is_skipped_where_the_input_posi
     assert [e["event"] for e in summary["nonfinite"]].count("batch_skipped") == 1, summary
     assert "skipping batch 20 of epoch 3" in render_status(load_run(job.run_dir))
     assert job.events("replay_passed") == [], job.events("replay_passed")  # the batch's
+    done = [(e["generation"], e["epoch"], e["batch"], e.get("step"), e["done"])
+            for e in job.events("batch_skip_done")]  # as the task did it
+    assert done == [(2, 2, 19, BAD_STEP, True)], job.events("batch_skip_done")
 
 
 @pytest.mark.e2e
@@ -326,6 +329,22 @@ def test_a_replay_past_the_bad_step_is_told_once_unless_its_batch_is_skipped():
     assert sentinel.judged([_failure(0), _failure(1)]) == {"skip": BatchSkip(2, 19, 100)}
     sentinel._replayed(2, ProgressReport(step=140, saved=140))
     assert told == []
+
+
+def test_a_skip_as_the_task_did_it_is_told_once_per_position():
+    from launcher.job.detect.sentinel import Sentinel
+    from launcher.job.record.reports import ProgressReport
+
+    told: list[ev.Event] = []
+    sentinel = Sentinel(told.append)
+    ids = {"generation": 2, "task": "worker0", "host": "host0"}
+    for _ in range(2):  # every worker says it; the first is told
+        sentinel._skip_done(ProgressReport.read({"skip_done": [100, 2, 19]}), ids)
+    sentinel._skip_done(ProgressReport.read({"skip_not": [7, 0, 3]}), ids)
+    assert [narrate.line(e)[1] for e in told] == [
+        "host0/worker0 skipped batch 20 of epoch 3 at step 100: read and dropped, not trained",
+        "host0/worker0 trained batch 4 of epoch 1 at step 7, not skipped: another fit of the "
+        "script at that position, not the step that went bad"]
 
 
 # ------------------------------------------------------------------ spikes

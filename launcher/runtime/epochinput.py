@@ -141,6 +141,18 @@ def _say_once(message: str) -> None:
             print(message, file=sys.stderr, flush=True)
 
 
+def _tell(key: str, epoch: int, position: int, step: int | None) -> None:
+    """A skip done (`skip_done`) or a batch trained in place of one
+    (`skip_not`), to the launcher: [step, epoch, batch], as `nonfinite` is."""
+    if os.environ.get("MGPU_PROGRESS_FD"):
+        import time
+
+        from launcher import runtime
+
+        runtime.write_progress({key: [-1 if step is None else step, epoch, position],
+                                "time": time.time()})
+
+
 def _wrap(cls: type, name: str, make) -> None:
     original = getattr(cls, name, None)
     if original is None or getattr(original, _MARK, False):
@@ -314,6 +326,7 @@ def _is_the_one(model, epoch: int, position: int, bad_step: int | None) -> bool:
         return True
     at = int(iterations.numpy()) + 1
     if at != bad_step:
+        _tell("skip_not", epoch, position, at)
         _say_once(f"mgpu-launch: batch {position + 1} of epoch {epoch + 1} is trained, not "
                   f"skipped: the launcher skips the one that went bad at step {bad_step}, "
                   f"this fit is at step {at} there")
@@ -330,6 +343,7 @@ def _count_skip(model, epoch: int, position: int) -> None:
         iterations.assign_add(1)
         step = int(iterations.numpy())
     model._mgpu_skipped = frozenset({*getattr(model, "_mgpu_skipped", ()), (epoch, position)})
+    _tell("skip_done", epoch, position, step)
     at = f" at step {step}" if step is not None else ""
     _say_once(f"mgpu-launch: skipped batch {position + 1} of epoch {epoch + 1} (its loss went "
               f"bad{at} twice): not trained")

@@ -139,6 +139,16 @@ def _batch_skipped(event: ev.BatchSkipped) -> str:
             f"before it; {event.skips} of sentinel.max_skips={event.max_skips}")
 
 
+def _batch_skip_done(event: ev.BatchSkipDone) -> str:
+    """Epoch and batch counted from 1, as the `nonfinite` warning counts them."""
+    where = f"batch {event.batch + 1} of epoch {event.epoch + 1}"
+    at = f" at step {event.step}" if event.step is not None else ""
+    if event.done:
+        return f"{event.label} skipped {where}{at}: read and dropped, not trained"
+    return (f"{event.label} trained {where}{at}, not skipped: another fit of the script at that "
+            "position, not the step that went bad")
+
+
 def _replay_passed(event: ev.ReplayPassed) -> str:
     said = (f"generation {event.generation} trained past step {event.step}, where the loss "
             f"went bad in generation {event.generation - 1}")
@@ -265,6 +275,7 @@ _TELLERS = {
     ev.LossSpike: _loss_spike,
     ev.BatchSkipped: _batch_skipped,
     ev.ReplayPassed: _replay_passed,
+    ev.BatchSkipDone: _batch_skip_done,
     ev.KerasSwitched: _keras,
     ev.JobDone: lambda e: e.message or None,
     ev.BadMessage: lambda e: f"agent {e.host}: ignored a malformed message: {e.reason}",

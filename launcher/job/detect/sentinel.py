@@ -86,6 +86,7 @@ class Sentinel:
         self._first: dict[int, str] = {}  # generation: who reported its bad step first
         self._skipping: set[int] = set()  # bad steps whose batch later generations skip
         self._passed: set[int] = set()  # generations whose replay past the bad step was told
+        self._skips_told: set[tuple[int, int, int]] = set()  # (generation, epoch, batch)
 
     def hear(self, gen: Generation, record: TaskRecord, said: ProgressReport) -> Found | None:
         """A progress report of `record`'s task: the failure it is, if any."""
@@ -107,6 +108,7 @@ class Sentinel:
                     "batch_1": batch + 1})
         failure = failure or self._spike(gen, record, said, ids)
         self._replayed(generation, said)
+        self._skip_done(said, ids)
         saved = said.saved_nonfinite
         if saved is not None and generation not in self._saves:
             self._saves.add(generation)
@@ -155,6 +157,19 @@ class Sentinel:
         exact = not self._where.get(generation - 1, (0, 0, "unknown"))[2]
         self._tell(ev.ReplayPassed(generation=generation, step=bad, exact=exact,
                                    first=self._first.get(generation - 1, "")))
+
+    def _skip_done(self, said: ProgressReport, ids: dict[str, Any]) -> None:
+        """A skip as a task did it (or a batch trained in its place), told once
+        per generation and position: the first task that says so."""
+        for position, done in ((said.skip_done, True), (said.skip_not, False)):
+            if position is None:
+                continue
+            step, epoch, batch = position
+            if (ids["generation"], epoch, batch) in self._skips_told:
+                continue
+            self._skips_told.add((ids["generation"], epoch, batch))
+            self._tell(ev.BatchSkipDone(**ids, epoch=epoch, batch=batch, done=done,
+                                        step=step if step >= 0 else None))
 
     def judged(self, failures: list[Failure],
                skipped: Sequence[BatchSkip] = ()) -> dict[str, Any]:

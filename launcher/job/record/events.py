@@ -33,6 +33,7 @@ from typing import Any, Protocol
 from ...spec.rundir import EVENTS_SCHEMA, RunRecorder
 from .eventbase import Event, TaskEvent
 from .training_events import (
+    BatchSkipDone,
     BatchSkipped,
     LossSpike,
     MemoryCopy,
@@ -454,7 +455,7 @@ KINDS: dict[str, type[Event]] = {cls.kind: cls for cls in (
     BadMessage, AgentLog, Restart, Resumed, ResumeBehind, CheckpointPassedOver,
     KerasSwitched, JobDone, TerminalLost, NotifyFailed, MetricsServed, ProgramOver, TailCut,
     Health, Straggler, JobPhase, LauncherFailed, MemoryCopy, Nonfinite, NonfiniteSave,
-    LossSpike, BatchSkipped, ReplayPassed)}
+    LossSpike, BatchSkipped, BatchSkipDone, ReplayPassed)}
 
 # Keys of a progress line that are not metrics.
 _PROGRESS_RESERVED = frozenset({"t", "event", "v", "generation", "task", "host"})

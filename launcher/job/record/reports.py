@@ -77,6 +77,11 @@ class ProgressReport:
     loss_spike_z: float | None = None
     loss_spike_rollback: bool = False
     drill_nan: int | None = None  # the drill's NaN went into this task's weights at this step
+    # A batch the launcher skips, as the task did it (runtime/epochinput.py):
+    # (step, epoch, batch) dropped, not trained; or trained in its place (another
+    # `fit` at that position, at another step).
+    skip_done: tuple[int, int, int] | None = None
+    skip_not: tuple[int, int, int] | None = None
     # The program's life (launcher/bootstrap.py): its script returned, the program
     # ended cleanly, the cluster it is joining or joined; a position (`at`).
     returned: bool = False
@@ -123,6 +128,8 @@ class ProgressReport:
             loss_spike_z=_number(metrics.get("loss_spike_z")),
             loss_spike_rollback=bool(metrics.get("loss_spike_rollback")),
             drill_nan=_int(metrics.get("drill_nan")),
+            skip_done=_position(metrics.get("skip_done")),
+            skip_not=_position(metrics.get("skip_not")),
             returned=bool(metrics.get("returned")), over=bool(metrics.get("over")),
             cluster=cluster if cluster in ("joining", "joined") else None,
             position="at" in metrics)

@@ -440,6 +440,7 @@ _TELLERS: dict[type, Any] = {
     ev.LossSpike: lambda s, e: s.nonfinite.append(e),
     ev.BatchSkipped: lambda s, e: s.nonfinite.append(e),
     ev.ReplayPassed: lambda s, e: s.nonfinite.append(e),
+    ev.BatchSkipDone: lambda s, e: s.nonfinite.append(e),
     ev.OutOfStepAhead: lambda s, e: s.out_of_step.append(e),
     ev.TailCut: lambda s, e: s.tail_cuts.append(e),
     ev.KerasSwitched: lambda s, e: setattr(s, "keras_switched", e),

@@ -109,6 +109,21 @@ class BatchSkipped(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class BatchSkipDone(TaskEvent):
+    """A skip (`batch_skipped`) as the task did it, the first task to say so
+    per generation and position: batch `batch` of epoch `epoch` (from 0) read
+    and dropped at step `step` (`done`), or trained in its place (`done`
+    false: another `fit` of the script at that position, at step `step`)."""
+
+    kind = "batch_skip_done"
+    optional = ("step",)
+    epoch: int = 0
+    batch: int = 0
+    step: int | None = None
+    done: bool = True
+
+
+@dataclass(frozen=True, kw_only=True)
 class ReplayPassed(Event):
     """Generation `generation`, restarted from the save before the step whose
     loss went bad in the generation before, trained past that step with its
