@@ -73,6 +73,35 @@ def test_a_request_is_taken_once_and_a_bad_one_is_dropped(tmp_path: Path):
     assert take_request(str(path)) is None
 
 
+def test_the_drills_nan_has_its_own_file_taken_once_before_its_time(tmp_path: Path):
+    import time
+
+    from launcher.agent import profiles
+    from launcher.runtime import trace
+
+    request = profiles.request_path(str(tmp_path), "worker1")
+    path = trace.nan_path(request)  # where the runtime looks: where the agent writes
+    assert path == profiles.nan_path(request) and path != request
+    Path(path).write_text(json.dumps({"until": time.time() + 30}))
+    assert trace._take_nan(path) and not Path(path).exists()
+    assert not trace._take_nan(path)  # taken once
+    Path(path).write_text(json.dumps({"until": time.time() - 1}))
+    assert not trace._take_nan(path) and not Path(path).exists()  # late: dropped
+    Path(request).write_text("{}")
+    Path(path).write_text("{}")
+    profiles.clear_requests(str(tmp_path), "worker1")  # a task's start: none left
+    assert not Path(request).exists() and not Path(path).exists()
+
+
+def test_a_report_of_the_drills_nan_or_a_skip_is_not_a_position_only():
+    from launcher.job.record.reports import ProgressReport
+
+    at = {"at": "train", "at_step": 3}
+    assert ProgressReport.read(at).position_only
+    for told in ({"drill_nan": 3}, {"skip_done": [100, 2, 19]}, {"skip_not": [7, 0, 3]}):
+        assert not ProgressReport.read({**at, **told}).position_only, told
+
+
 def test_agent_messages_of_a_trace_are_checked():
     clean = check_message({"ev": "profile", "t": 1.0, "task": "worker0", "generation": 0,
                            "id": "20261126-183012", "error": "",

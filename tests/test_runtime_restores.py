@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -58,6 +59,7 @@ def start_script(tmp_path: Path, argv: list[str], generation: int,
         reader.join(timeout=60)
         assert proc.returncode == code, output[-3000:]
         return records, output
+    finish.records = records  # type: ignore[attr-defined]  # as they come in
     return finish
 
 
@@ -214,3 +216,30 @@ def test_a_restore_of_a_checkpoint_without_its_optimizer_says_its_step_is_unknow
     assert "holds no optimizer" in unknown[0]["resumed_unknown"]
     assert unknown[0]["resumed_dir"] == str(tmp_path / "ckpt")
     assert not [r for r in again if "resumed" in r], again  # no guessed step
+
+
+def test_a_save_refused_at_the_step_whose_loss_went_bad_is_not_reported_as_made(
+        tmp_path: Path):
+    """runtime.callbacks(save_freq=1) under tf_keras, and the drill's NaN taken
+    (its file beside the task's trace requests, runtime/trace.py): the save at
+    the bad step is refused (its weights are NaN), and the sentinel reads that
+    step's loss a step later, so the progress reporter must not say that save
+    was made (it did: the launcher took the bad step for a save)."""
+    request = tmp_path / "worker0.request"
+    finish = start_script(tmp_path, ["callbacks_fit_every_step.py", str(tmp_path / "ckpt")], 0,
+                          MGPU_PROFILE_REQUEST=str(request))
+    deadline = time.monotonic() + 120
+    while not any(r.get("saved") for r in list(finish.records)):  # a save made first
+        assert time.monotonic() < deadline, "no save reported in 120 s"
+        time.sleep(0.05)
+    (tmp_path / "worker0.nan").write_text(json.dumps({"until": time.time() + 30}))
+    records, output = finish(0)
+    [took] = [r["drill_nan"] for r in records if "drill_nan" in r]
+    [bad] = [r["nonfinite"][0] for r in records if "nonfinite" in r]
+    assert bad == took + 1, records  # the step it went into, as the optimizer counts
+    said_saved = [r["step"] for r in records if r.get("checkpoint") and "step" in r]
+    assert said_saved and max(said_saved) <= took, (said_saved, took)
+    refused = [r["saved_nonfinite"] for r in records if "saved_nonfinite" in r]
+    assert refused and refused[0] == bad, records
+    assert not (tmp_path / "worker0.nan").exists()  # taken
+

@@ -323,6 +323,17 @@ def test_a_replay_past_the_bad_step_is_told_once_unless_its_batch_is_skipped():
         "that made it may be any host's)")
     inexact = ev.ReplayPassed(generation=1, step=100, first="host1/worker1", exact=False)
     assert "whether it was one-off or its batch cannot be told" in narrate.line(inexact)[1]
+    # A generation that went bad itself (at that step again: its weights finite, as
+    # mixed precision's skipped update leaves them), or resumed past it: no replay.
+    for went_bad, resumed in ((True, None), (False, 120)):
+        other = Sentinel(told.append)
+        other._steps[0] = 100
+        if went_bad:
+            other._steps[1] = 100
+        other._replayed(1, ProgressReport(resumed=resumed))
+        other._replayed(1, ProgressReport(step=140, saved=140))
+        assert other._passed == set(), (went_bad, resumed)
+    told.clear()
     # The same step bad twice, its batch skipped: passing it is the skip's doing.
     told.clear()
     sentinel._steps[1], sentinel._where[1] = 100, (2, 19, "")

@@ -126,7 +126,8 @@ class Commands:
                 raise BadCommand(str(exc)) from exc
         elif op == "nan" and self.profiles is not None:  # the drill's NaN (`drill --nan`)
             name = task_name(message.get("task"))
-            self.profiles.poison(self.tasks.running([name]), name)
+            self.profiles.poison(self.tasks.running([name]), name,
+                                 seconds(message, "within_s", 10.0))
         elif isinstance(op, str) and op.startswith("peer_") and self.peers is not None:
             try:
                 self.peers.handle(op, message)

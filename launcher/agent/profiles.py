@@ -37,6 +37,21 @@ def request_path(run_dir: str, task: str) -> str:
     return os.path.join(private_dir(run_dir, PROFILES), f"{task}.request")
 
 
+def nan_path(request: str) -> str:
+    """Where the drill's NaN for the task of `request` goes (runtime/trace.py's)."""
+    return request.removesuffix(".request") + ".nan"
+
+
+def clear_requests(run_dir: str, task: str) -> None:
+    """A task starts with no request left for its name by an earlier generation."""
+    path = request_path(run_dir, task)
+    for stale in (path, nan_path(path)):
+        try:
+            os.unlink(stale)
+        except OSError:
+            pass
+
+
 class Profiles:
     """Answers `profile` for running tasks (each with `name`, `generation`)."""
 
@@ -68,14 +83,15 @@ class Profiles:
                 "id": ident, "seconds": seconds, "start_at": start_at, "logdir": folder}))
             os.replace(path + ".tmp", path)
 
-    def poison(self, tasks: list, name: str) -> None:
-        """The drill's NaN for `name` (running here), in its request file: at its
-        next step its weights go NaN (launcher/runtime/trace.py, sentinel.py)."""
+    def poison(self, tasks: list, name: str, within_s: float) -> None:
+        """The drill's NaN for `name` (running here), in its own file: taken
+        within `within_s`, its weights go NaN at its next step
+        (launcher/runtime/trace.py, sentinel.py); later, it is dropped."""
         if name not in {t.name for t in tasks}:
             self.emit("log", text=f"drill: no task {name[:200]!r} running here for the NaN")
             return
-        path = request_path(self.run_dir, name)
-        write_private(path + ".tmp", json.dumps({"id": "drill-nan", "nan": True}))
+        path = nan_path(request_path(self.run_dir, name))
+        write_private(path + ".tmp", json.dumps({"until": time.time() + within_s}))
         os.replace(path + ".tmp", path)
 
     def answered(self, task, record: object) -> None:

@@ -34,7 +34,7 @@ from launcher.agent.bundle import CODE_DIR, mark_used
 from launcher.agent.files import private_dir, read_json, unlink, write_private
 from launcher.agent.leftovers import PidRecords
 from launcher.agent.profiles import REQUEST_ENV as PROFILE_REQUEST_ENV
-from launcher.agent.profiles import request_path
+from launcher.agent.profiles import clear_requests, request_path
 from launcher.agent.protocol import (
     CHUNK,
     MAX_ERROR_FILE,
@@ -269,6 +269,7 @@ class Tasks:
         env["MGPU_TF_CONFIG_FILE"] = tf_config_file
         env["MGPU_ERROR_FILE"] = error_file
         env[PROFILE_REQUEST_ENV] = request_path(self.run_dir, name)  # runtime/trace.py
+        clear_requests(self.run_dir, name)  # none of an earlier generation's
         if self.memory is not None:
             self.memory.task_env(name, env)  # the memory tier's folder (memcopy.py)
         env["PYTHONPATH"] = os.pathsep.join(

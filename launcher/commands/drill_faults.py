@@ -336,6 +336,8 @@ class Injector:
     def _replay(self, observed: Observed, gen: int) -> None:
         """Wait for the launcher to say the replay passed the bad step (or it went bad)."""
         heard = self.heard
+        if observed.bad_step is None:  # not read: the verdict cannot rest on it anyway
+            return
         self._wait(lambda: heard.passed(gen + 1) or heard.bad_step(gen + 1)[0], RECOVER_WAIT_S)
         with heard.cond:
             observed.replay_bad = heard.bad_step(gen + 1)[0]
@@ -358,7 +360,7 @@ class Injector:
         if fault == "hang":
             return self._signal(host, task, signal.SIGSTOP)
         if fault == "nan":
-            return self._send(host, {"op": "nan", "task": task})
+            return self._send(host, {"op": "nan", "task": task, "within_s": NAN_TAKEN_S})
         link = self.job.supervisor.links.get(host)
         hello = (link.hello if link is not None else None) or {}
         if not hello.get("pid") or not hello.get("python"):

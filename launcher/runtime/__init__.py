@@ -469,11 +469,14 @@ def _progress_callback(keras, every_s: float, batch_level: bool = True,
 
 
 def _weights_spoiled() -> bool:
-    """The NaN sentinel saw this process's loss go bad: the backup's save after
-    it was refused (runtime/sentinel.py), so none is reported as made."""
+    """The backup's save just now was refused, its weights not finite
+    (runtime/saves.py: the sentinel reads a step's loss a step late, so a
+    save at the bad step is refused before the loss is seen), or the sentinel
+    saw this process's loss go bad: no save is reported as made."""
+    from .saves import last_refused
     from .sentinel import spoiled
 
-    return spoiled()
+    return last_refused() or spoiled()
 
 
 def _mid_epoch_saves_skipped(model) -> bool:

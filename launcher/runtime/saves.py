@@ -124,6 +124,7 @@ def timed(cls: type, name: str, where: Where | None = None, *,
             return result
         saver = args[0] if args else None
         finite = where is None or _finite(saver)
+        _last["refused"] = not finite if where is not None else _last["refused"]
         if not finite:
             _nonfinite(saver, where, args, kwargs, skipped=skip is not None)
             if skip is not None:
@@ -217,6 +218,15 @@ def _completed(saver: object, where: Where, args: tuple, kwargs: dict, result: o
 
     runtime.report_saved(step, os.path.abspath(str(directory)), saved_with=saved_with(saver),
                          by_runtime=bool(getattr(saver, RUNTIME_MARK, False)))
+
+
+_last = {"refused": False}  # the last checked save's weights were not finite
+
+
+def last_refused() -> bool:
+    """The last save checked here was refused (its weights not finite): no save
+    is to be reported for it (runtime.callbacks()' reporter asks)."""
+    return _last["refused"]
 
 
 def _finite(saver: object) -> bool:

@@ -16,9 +16,11 @@ waiting for input, the rest is compute) and the summary goes back through the
 progress channel as one record `{"profile": {...}}`, which the agent takes out
 of the progress stream (launcher/agent/profiles.py) and sends on with the file.
 
-The same file carries the drill's NaN (`{"id", "nan": true}`, `mgpu-launch
-drill --nan`): taken as a trace request is, it spoils this task's weights at
-its next step (runtime/sentinel.py), and nothing is traced.
+The drill's NaN (`mgpu-launch drill --nan`) comes the same way, in a file of
+its own beside it (`<task>.nan`, `{"until": Unix time}`): taken before its
+`until`, it spoils this task's weights at the next step (runtime/sentinel.py);
+a late one is dropped (the drill has given up on it by then). A trace runs in
+a thread of its own, so the NaN's file is looked for during one too.
 
 Light at import time (every task imports it at start: os, threading);
 TensorFlow, the summariser and its protos are imported when a trace is asked
@@ -92,8 +94,6 @@ def take_request(path: str) -> dict | None:
         os.unlink(path)
     except (OSError, ValueError):
         return None
-    if isinstance(request, dict) and request.get("nan") is True:
-        return request  # the drill's NaN: no trace
     if not isinstance(request, dict) or not isinstance(request.get("logdir"), str):
         return None
     try:
@@ -116,20 +116,41 @@ def answer(request: dict) -> None:
     runtime.write_progress({"profile": record})
 
 
+def nan_path(request_path: str) -> str:
+    """Where the drill's NaN for this task comes (beside its trace requests)."""
+    return request_path.removesuffix(".request") + ".nan"
+
+
+def _take_nan(path: str) -> bool:
+    """The drill's NaN asked and not yet expired (its `until`); the file removed."""
+    import json
+
+    try:
+        with open(path, encoding="utf-8") as handle:
+            request = json.load(handle)
+        os.unlink(path)
+    except (OSError, ValueError):
+        return False
+    until = request.get("until") if isinstance(request, dict) else None
+    return isinstance(until, int | float) and time.time() <= until
+
+
 def _watch(path: str) -> None:
     from launcher.runtime.threadname import name_this_thread
 
     name_this_thread("mgpu-profile")
+    nan = nan_path(path)
     while True:
         time.sleep(POLL_S)
+        if os.path.exists(nan) and _take_nan(nan):
+            from launcher.runtime import sentinel
+
+            sentinel.poison_next_step()
         if os.path.exists(path):
             request = take_request(path)
-            if request is not None and request.get("nan") is True:
-                from launcher.runtime import sentinel
-
-                sentinel.poison_next_step()
-            elif request is not None:
-                answer(request)
+            if request is not None:  # seconds of tracing: the NaN's file is still looked for
+                threading.Thread(target=answer, args=(request,), name="mgpu-profile-trace",
+                                 daemon=True).start()
 
 
 def start_watching() -> None:

@@ -87,6 +87,7 @@ class Sentinel:
         self._skipping: set[int] = set()  # bad steps whose batch later generations skip
         self._passed: set[int] = set()  # generations whose replay past the bad step was told
         self._skips_told: set[tuple[int, int, int]] = set()  # (generation, epoch, batch)
+        self._past: set[int] = set()  # generations that resumed past their bad step: no replay
 
     def hear(self, gen: Generation, record: TaskRecord, said: ProgressReport) -> Found | None:
         """A progress report of `record`'s task: the failure it is, if any."""
@@ -150,8 +151,10 @@ class Sentinel:
         step report alone may come before the report of the same step gone bad
         again (the loss is read a step late, Keras 3's callbacks off the thread)."""
         bad = self._steps.get(generation - 1)
-        if bad is None or said.saved is None or said.saved <= bad or \
-                generation in self._passed or bad in self._skipping:
+        if bad is not None and said.resumed is not None and said.resumed >= bad:
+            self._past.add(generation)  # a finite save past it (mixed precision): no replay
+        if bad is None or said.saved is None or said.saved <= bad or generation in self._steps \
+                or generation in self._past | self._passed or bad in self._skipping:
             return
         self._passed.add(generation)
         exact = not self._where.get(generation - 1, (0, 0, "unknown"))[2]

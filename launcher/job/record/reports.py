@@ -145,7 +145,8 @@ class ProgressReport:
         return self.position and not self.has_step and self.saved is None \
             and not self.checkpoint and self.resumed is None \
             and self.resume_unknown is None and self.deleted is None \
-            and self.passed_over is None
+            and self.passed_over is None and self.drill_nan is None \
+            and self.skip_done is None and self.skip_not is None
 
     @property
     def resume_point(self) -> int | None:
