@@ -152,3 +152,10 @@ def test_a_workers_scratch_folder_shows_the_files_its_manager_keeps(tmp_path: Pa
     (scratch / "notes.txt").write_text("mine")
     memslots.mirror(str(work), str(scratch))
     assert sorted(os.listdir(scratch)) == ["checkpoint", "ckpt-2.index", "notes.txt"]
+    # The program's end: its links go (they would dangle once memory is cleared).
+    memslots.unmirror()
+    assert os.listdir(scratch) == ["notes.txt"]
+    # A crash's links, dangling in the next generation: the next save there drops them.
+    os.symlink(str(tmp_path / "gone" / "ckpt-9.index"), scratch / "ckpt-9.index")
+    memslots.mirror(str(work), str(scratch))
+    assert sorted(os.listdir(scratch)) == ["checkpoint", "ckpt-2.index", "notes.txt"]

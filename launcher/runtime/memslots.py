@@ -23,6 +23,7 @@ Standard library only; must not import the launcher side.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import errno
 import hashlib
@@ -241,12 +242,15 @@ def mirror(work: str, folder: str) -> None:
     os.makedirs(folder, exist_ok=True)
     names = [n for n in os.listdir(work)
              if not n.startswith(".") and os.path.isfile(os.path.join(work, n))]
+    if not _mirrored:
+        atexit.register(unmirror)
+    _mirrored.add((work, folder))
     try:
         for name in os.listdir(folder):
             path = os.path.join(folder, name)
-            if name not in names and os.path.islink(path) \
-                    and os.path.dirname(os.readlink(path)) == work:
-                os.unlink(path)  # a checkpoint the manager deleted
+            if os.path.islink(path) and (not os.path.exists(path) or name not in names
+                                         and os.path.dirname(os.readlink(path)) == work):
+                os.unlink(path)  # a checkpoint the manager deleted, or an earlier run's
         for name in names:
             path, source = os.path.join(folder, name), os.path.join(work, name)
             if not (os.path.islink(path) and os.readlink(path) == source):
@@ -257,6 +261,23 @@ def mirror(work: str, folder: str) -> None:
                 os.replace(aside, path)
     except OSError:
         pass  # no links there (or the script removed the folder meanwhile)
+
+
+_mirrored: set[tuple[str, str]] = set()  # (working folder, scratch folder) linked
+
+
+def unmirror() -> None:
+    """At the program's end, the links `mirror` left (a script that did not
+    remove its scratch folder) go: they would dangle once the job's memory
+    folder goes (a copy of the directory would fail on them, or keep links
+    to nothing). A crash leaves them: the next `mirror` there removes them."""
+    for work, folder in list(_mirrored):
+        with contextlib.suppress(OSError):
+            for name in os.listdir(folder):
+                path = os.path.join(folder, name)
+                with contextlib.suppress(OSError):
+                    if os.path.islink(path) and os.path.dirname(os.readlink(path)) == work:
+                        os.unlink(path)
 
 
 def finish_publish(target: str) -> None:
