@@ -57,7 +57,8 @@ def test_fixed_ports_say_which_to_free_and_promise_no_fresh_ones():
     kind, how, facts = exit_of(_exit(), "gpu7", 20001, chosen=False)
     words = say(kind, how, facts)
     assert "port 58945 on gpu7 was taken" in words
-    assert "free port 58945 on gpu7, or choose `ports.base: auto`" in words
+    # (`ports.base: auto` is refused for remote SSH hosts: it says nothing about their ports)
+    assert "free port 58945 on gpu7, or set another `ports.base`" in words
     assert "fresh" not in words
 
 

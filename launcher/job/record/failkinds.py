@@ -149,8 +149,9 @@ KINDS: dict[Kind, Traits] = {
         "chosen": "could not start: port {port} on {host} was taken before its task bound it "
                   "(something else listens there); the restart takes fresh ports",
         "fixed": "could not start: port {port} on {host} was taken before its task bound it "
-                 "(something else listens there): free port {port} on {host}, or choose "
-                 "`ports.base: auto` (fixed ports: the restart binds the same port)"}),
+                 "(something else listens there): free port {port} on {host}, or set another "
+                 "`ports.base` (`mgpu-launch check` tries them; fixed ports: the restart "
+                 "binds the same port)"}),
     # Epoch and batch counted from 1, as Keras' progress bar counts them.
     Kind.NONFINITE: Traits(free_first=True, free_words="the first loss gone non-finite", words={
         "loss": "its loss went {loss} at step {step} (epoch {epoch_1}, batch {batch_1} of it): "
