@@ -108,3 +108,16 @@ def test_the_free_restarts_line_says_why_by_the_kind():
     nan = count_restart(job, policy, counts=False, advanced=False, trained_s=1.0,
                         preempted=False, free=Kind.NONFINITE)
     assert "the first loss gone non-finite, not counted" in narrate.line(nan)[1]
+
+
+def test_the_plan_knows_whether_a_restart_takes_fresh_ports():
+    """`chosen` words (fresh ports) where the launcher picks them: `ports.base:
+    auto`, or simulated hosts (job/run/reach.py trades their busy fixed ports);
+    `fixed` words on SSH hosts' fixed ports, which a restart binds again."""
+    from tests.test_plan import TWO_HOSTS, plan_of
+
+    assert not plan_of(TWO_HOSTS).ports_chosen  # ssh, ports.base 20000 by default
+    loopback = "transport: ssh\nports: {base: auto}\nhosts:\n  - {address: 127.0.0.1}\n"
+    assert plan_of(loopback, ports=[21000]).ports_chosen  # (refused for remote SSH hosts)
+    local = "transport: local\nports: {base: 21000}\nhosts:\n  - {address: 127.0.0.1}\n"
+    assert plan_of(local).ports_chosen
