@@ -163,3 +163,28 @@ def test_busy_port_is_a_clear_error(workdir: Path):
                          timeout=60)
     assert result.returncode == 2
     assert f"port(s) already in use on this machine: {port}" in result.stderr
+
+
+def test_a_port_taken_before_tf_binds_it_restarts_free_on_fresh_ports(workdir: Path):
+    """Worker 0's port is taken between the plan and TF's bind (the script holds
+    it): `port_taken`, not the script's exception; the first is free of
+    max_restarts and the restart takes fresh ports."""
+    run_dir = workdir / "run"
+    result = run_cli(["--local", "2", "--max-restarts", "1", "--run-dir", str(run_dir),
+                      str(SCRIPTS / "port_race.py")], cwd=workdir, timeout=120)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    events = read_events(run_dir)
+    launches = [e for e in events if e["event"] == "launch"]
+    held = launches[0]["tasks"][0]["port"]
+    failure = next(e for e in events if e["event"] == "failure_detected")
+    assert failure["kind"] == "port_taken" and failure["task"] == "worker0"
+    assert (f"failure: host0/worker0 (host host0, generation 0) could not start: port {held} "
+            "on host0 was taken before its task bound it") in result.stdout
+    restart = next(e for e in events if e["event"] == "restart")
+    assert restart["counted"] is False and restart["free"] == "port_taken"
+    assert "the first port taken (not the script's bug), not counted" in result.stdout
+    fresh = [t["port"] for t in launches[1]["tasks"]]
+    assert held not in fresh, (held, fresh)
+    summary = read_summary(run_dir)
+    assert summary["status"] == "succeeded" and summary["restarts"] == 1
+    assert "all-reduced 2 over 2 replicas" in result.stdout

@@ -20,6 +20,7 @@ from typing import Any
 
 from ..fwrules import Seal, allowed, seal_for
 from ..strategy import COLLECTIVE, Strategy
+from . import transports
 from .addresses import TFAddress, choose
 from .config import ClusterConfig, LoadedConfig, effective_roles
 from .hosts import HostSpec
@@ -119,6 +120,9 @@ class Plan:
     addresses: Mapping[str, TFAddress] = field(default_factory=dict, hash=False)
     # Each host's firewall rules for the job's ports (none: security.tf_ports open).
     firewall: Mapping[str, Seal] = field(default_factory=dict, hash=False)
+    # The launcher picks the ports (`ports.base: auto`, or simulated hosts, whose
+    # busy fixed ports a restart trades: job/run/reach.py): a restart takes fresh ones.
+    ports_chosen: bool = False
 
     @property
     def unresolved(self) -> tuple[str, ...]:
@@ -246,9 +250,7 @@ def build_plan(
                    common_env, command, run_dir, workdir)
              for slot in slots]
     return Plan(
-        name=config.name,
-        strategy=config.strategy,
-        transport=config.transport,
+        name=config.name, strategy=config.strategy, transport=config.transport,
         generation=generation,
         run_dir=run_dir,
         checkpoint_dir=checkpoint_dir,
@@ -258,6 +260,7 @@ def build_plan(
         addresses=MappingProxyType(tf_of),
         firewall=MappingProxyType(_seals(config, loaded, default_python, run_dir, tasks,
                                          {**(addresses or {}), **tf_of})),
+        ports_chosen=config.ports.base == "auto" or transports.traits(config.transport).simulated,
     )
 
 

@@ -118,6 +118,8 @@ def repeated_failure(failures: list[Failure]) -> str:
             and last.task == before.task \
             and _out_of_step_cause(last) == _out_of_step_cause(before):
         return f"{last.task} out of step: {_out_of_step_cause(last)}"  # the script's own order
+    if last.kind == before.kind and traits(last.kind).repeats_by_kind:
+        return f"{last.task} {last.reason}"  # a port taken again: fresh ports did not mend it
     where = innermost_frame(last.error)
     if where is None or where != innermost_frame(before.error):
         return ""

@@ -48,7 +48,7 @@ from typing import Any
 
 from ...spec.config import DEFAULT_MAX_SKIPS
 from ..record import events as ev
-from ..record.failkinds import Kind
+from ..record.failkinds import Kind, free_first
 from ..record.reports import ProgressReport
 from ..record.states import Failure, TaskRecord
 from .findings import Found
@@ -186,7 +186,7 @@ class Sentinel:
             return {}
         step, before = self._steps.get(last.generation), self._steps.get(last.generation - 1)
         if step is None or step != before:
-            return {"free": not any(f.kind == Kind.NONFINITE for f in failures[:-1])}
+            return {"free": free_first([f.kind for f in failures])}
         epoch, batch, why = self._where.get(last.generation, (0, 0, "its position is unknown"))
         bad = BatchSkip(epoch, batch, step)
         seen = (epoch, batch) in {(s.epoch, s.batch) for s in skipped}

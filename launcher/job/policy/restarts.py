@@ -57,8 +57,10 @@ def skip_batch(job: JobSoFar, skip: BatchSkip, max_skips: int) -> ev.BatchSkippe
 
 
 def count_restart(job: JobSoFar, policy: Backoff, *, counts: bool, advanced: bool,
-                  trained_s: float, preempted: bool, skipped: bool = False) -> ev.Restart:
+                  trained_s: float, preempted: bool, skipped: bool = False,
+                  free: str | None = None) -> ev.Restart:
     """Count the next restart in `job`; the `restart` event, with its backoff.
+    `free`: the kind whose first failure in the job made it free (failkinds.free_first).
     The backoff always applies, doubling; a generation that trained for a
     while (`trained_s`) and advanced proves the failure was no loop: reset."""
     job.restarts += 1
@@ -73,7 +75,7 @@ def count_restart(job: JobSoFar, policy: Backoff, *, counts: bool, advanced: boo
         hosts=tuple(job.active), backoff_s=delay, spent=job.budget.spent,
         max_restarts=policy.max_restarts, total=job.budget.total,
         max_total_restarts=policy.max_total_restarts, preempted=preempted,
-        skipped=skipped or None)
+        skipped=skipped or None, free=free)
 
 
 def keras_switched(switch: dict[str, Any]) -> ev.KerasSwitched:

@@ -30,6 +30,11 @@ _TASK_NAME = re.compile(r"/job:(\w+)/replica:\d+/task:(\d+)")
 _PROCESS_ID = re.compile(r"^\s*(\d+)\s*$")  # JAX names an unhealthy process by its id
 _DEADLINE = re.compile(r"DEADLINE_EXCEEDED|DeadlineExceededError")
 _UNAVAILABLE = re.compile(r"UNAVAILABLE|UnavailableError")
+# TF's gRPC server could not bind its port (something else took it since the plan):
+# `add_port.cc:83] Failed to add port to server: No address added out of total 1
+# resolved for '0.0.0.0:40395'`, then UnknownError "Could not start gRPC server".
+_ADD_PORT = re.compile(r"Failed to add port to server.*?resolved for '[^']*?:(\d+)'")
+_NO_SERVER = re.compile(r"Could not start gRPC server")
 
 
 # tf_keras (Keras 2) code that Keras 3 refuses: what `tf.keras` is under
@@ -120,11 +125,19 @@ def exit_kind(exit_code: int | None, signum: int | None) -> Kind:
     return Kind.SIGNAL if signum is not None else Kind.EXIT
 
 
-def exit_of(body: dict[str, Any]) -> tuple[Kind, str, dict[str, Any]]:
+def exit_of(body: dict[str, Any], host: str = "", port: int | None = None,
+            chosen: bool = False) -> tuple[Kind, str, dict[str, Any]]:
     """A task's `exited` report (launcher/job/run/protocol.py's, checked) as its
     failure kind and the words of it, most specific first: its host's
-    evidence (launcher/agent/evidence.py) before its code and signal."""
+    evidence (launcher/agent/evidence.py) before its code and signal; a port
+    taken before its TF server bound it (`port`: the plan's, where TF's line
+    names none; `chosen`: the launcher picks the ports, a restart takes fresh ones)."""
     code, signum = body.get("code"), body.get("signal")
+    taken = port_taken(body.get("error"), tuple(body.get("tail") or ())) \
+        if code not in (0, RESTART_ME_EXIT) and signum is None else None
+    if taken is not None:
+        return Kind.PORT_TAKEN, "chosen" if chosen else "fixed", {
+            "port": taken or port or "(its port)", "host": host or "its host"}
     how, facts = exit_words(code, signum, body.get("error"), tuple(body.get("tail") or ()),
                             body.get("signalled") or ())
     oom = (body.get("evidence") or {}).get("oom") or {}
@@ -136,6 +149,18 @@ def exit_of(body: dict[str, Any]) -> tuple[Kind, str, dict[str, Any]]:
         # The host's counter counts every process's kills: a clue, not a verdict.
         return exit_kind(code, signum), "sigkill_oom_on_host", {"count": oom["on_host"]}
     return exit_kind(code, signum), how, facts
+
+
+def port_taken(error: dict | None, last_lines: tuple[str, ...]) -> int | None:
+    """The port TF's gRPC server could not bind (0: it did not say which), or None
+    when the task did not fail so."""
+    error = error or {}
+    said = "\n".join([str(error.get("message", "")), str(error.get("traceback", "")),
+                      *last_lines])
+    found = _ADD_PORT.search(said)
+    if found:
+        return int(found.group(1))
+    return 0 if _NO_SERVER.search(said) else None
 
 
 def classify_exit(exit_code: int | None, signum: int | None, error: dict | None,

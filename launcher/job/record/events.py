@@ -297,7 +297,7 @@ class LauncherFailed(Event):
 @dataclass(frozen=True, kw_only=True)
 class Restart(Event):
     kind = "restart"
-    optional = ("fence_s", "skipped")
+    optional = ("fence_s", "skipped", "free")
     generation: int
     restarts: int = 0
     counted: bool = True
@@ -314,6 +314,9 @@ class Restart(Event):
     fence_s: float | None = None
     # The restart skips a bad batch (`batch_skipped`, just before): free.
     skipped: bool | None = None
+    # Free as the first failure of this kind in the job, not the script's bug
+    # (job/record/failkinds.py's `free_first`: `nonfinite`, `port_taken`).
+    free: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

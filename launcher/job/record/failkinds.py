@@ -9,7 +9,7 @@ its name as events.jsonl writes it, so events and summary.json keep strings.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -28,6 +28,7 @@ class Kind(StrEnum):
     STRAGGLER = "straggler"  # set aside for a spare (restart.on_straggler: replace)
     NONFINITE = "nonfinite"  # its loss went inf or NaN (the NaN sentinel: job/detect/sentinel.py)
     OOM = "oom"  # SIGKILL by the kernel's out-of-memory killer (agent/evidence.py's facts)
+    PORT_TAKEN = "port_taken"  # its TF server's port was taken before it bound it (exit_of)
 
 
 # Exit reasons (the words of `_EXITED`'s "unavailable" and "deadline") that
@@ -58,8 +59,14 @@ class Traits:
     # Its start never happened: the task is over (a version-1 run wrote no start_failed event).
     ends_the_start: bool = False
     # Not the script's bug: its first occurrence in a job is free of max_restarts
-    # (recovery.decide_restart); the same step again stops the job (blame.repeated_failure).
+    # (`free_first`, recovery.decide_restart), said by `free_words` in the restart's
+    # line ("the first ..., not counted against ..."); the same again stops the job
+    # (the sentinel's `again`; `repeats_by_kind`: blame.repeated_failure).
     free_first: bool = False
+    free_words: str = ""
+    # Twice in a row is the same failure, whichever task, port or step
+    # (blame.repeated_failure): another restart would not mend it.
+    repeats_by_kind: bool = False
     # Its words: the part of the failure's sentence after "TASK (host H,
     # generation G)", by how it was found, filled in from the finding's fields
     # (`say`). "": when an event carries no reason (`{exit_code}`, `{signal}`).
@@ -133,8 +140,20 @@ KINDS: dict[Kind, Traits] = {
         "silent": "{cause} (no progress for {silent_s:.0f} s; "
                   "restart.hang_timeout_s={limit_s:g})",
         "aborted": "{cause} (TensorFlow aborted the collectives: {reporter})"}),
+    # The words of TF's bind failure (add_port.cc's line, or "Could not start gRPC
+    # server"), read by classify.exit_of; `{port}`: the add_port line's, else the
+    # plan's. "chosen": the launcher picks the ports (`ports.base: auto`, simulated
+    # hosts: job/run/reach.py's Reach.plan), "fixed": the same port again.
+    Kind.PORT_TAKEN: Traits(free_first=True, repeats_by_kind=True,
+                            free_words="the first port taken (not the script's bug)", words={
+        "chosen": "could not start: port {port} on {host} was taken before its task bound it "
+                  "(something else listens there); the restart takes fresh ports",
+        "fixed": "could not start: port {port} on {host} was taken before its task bound it "
+                 "(something else listens there): free port {port} on {host}, or set another "
+                 "`ports.base` (`mgpu-launch check` tries them; fixed ports: the restart "
+                 "binds the same port)"}),
     # Epoch and batch counted from 1, as Keras' progress bar counts them.
-    Kind.NONFINITE: Traits(free_first=True, words={
+    Kind.NONFINITE: Traits(free_first=True, free_words="the first loss gone non-finite", words={
         "loss": "its loss went {loss} at step {step} (epoch {epoch_1}, batch {batch_1} of it): "
                 "stopped before it saves NaN weights; the restart resumes from the last save "
                 "before it (the NaN sentinel; `sentinel: off` turns it off)",
@@ -163,6 +182,12 @@ def secondary(kind: str, reason: str) -> bool:
     found = traits(kind)
     return found.secondary or (bool(found.symptom_reasons)
                                and reason.startswith(found.symptom_reasons))
+
+
+def free_first(kinds: Sequence[str]) -> bool:
+    """The last of a job's failure `kinds` (oldest first) is free of max_restarts:
+    its kind is not the script's bug (`free_first`) and this is its first in the job."""
+    return bool(kinds) and traits(kinds[-1]).free_first and kinds[-1] not in kinds[:-1]
 
 
 def say(kind: str, how: str, facts: Mapping[str, Any]) -> str:

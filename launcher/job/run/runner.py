@@ -380,7 +380,8 @@ class GenerationRunner:
             generation=gen.plan.generation, task=record.task.name, host=record.task.host,
             exit_code=record.exit_code, signal=record.signal, stopped_by_launcher=stopping))
         tail = tuple(body.get("tail") or ())
-        kind, how, facts = exit_of(body)
+        kind, how, facts = exit_of(body, record.task.host, record.task.port,
+                                   chosen=gen.plan.ports_chosen)
         found = Found(record, kind, how, facts, last_lines=tail, t=body.get("t"),
                       error=body.get("error"))
         if stopped:

@@ -42,7 +42,7 @@ from ..policy.recovery import Budget, HostInfo, NotEnoughHosts, decide_restart
 from ..policy.restarts import End, JobSoFar, count_restart, keras_switched, skip_batch
 from ..record import events as ev
 from ..record.classify import script_mistake
-from ..record.failkinds import traits
+from ..record.failkinds import free_first, traits
 from ..record.phases import Phase
 from ..record.states import JobStatus, RunResult, final_state
 from ..record.story import Beside
@@ -172,7 +172,10 @@ class Supervisor:
         if advanced is None:
             advanced = gen.advanced or checkpoints.advanced(checkpoint_before,
                                                             self._checkpoint_probe())
-        judged = self._sentinel.judged(job.failures, job.skipped)  # free, skip or again
+        # Free: the first failure of a kind that is not the script's bug (a port
+        # taken); the sentinel's: free, or skip or again (the same step twice).
+        judged = {"free": free_first([f.kind for f in job.failures]),
+                  **self._sentinel.judged(job.failures, job.skipped)}
         decision = decide_restart(job.budget, advanced,
                                   preempted=traits(gen.failure.kind).preempted,
                                   repeated=repeated_failure(job.failures),
@@ -189,10 +192,11 @@ class Supervisor:
                 return End(JobStatus.INTERRUPTED)
             return End(JobStatus.FAILED, "a lost host did not come back in time", "host_wait")
         job.active = active
-        return self._restart(job, gen, advanced, decision.counts, judged.get("skip"))
+        return self._restart(job, gen, advanced, decision.counts, judged.get("skip"),
+                             free=bool(judged.get("free")))
 
     def _restart(self, job: JobSoFar, gen: Generation, advanced: bool, counts: bool,
-                 skip: BatchSkip | None = None) -> End | None:
+                 skip: BatchSkip | None = None, free: bool = False) -> End | None:
         """Tell the restart (and the bad batch it skips) and wait its backoff; an
         end when a stop came meanwhile."""
         assert gen.failure is not None
@@ -205,7 +209,8 @@ class Supervisor:
         restart = count_restart(job, self._policy, counts=counts, advanced=advanced,
                                 trained_s=self._clock() - gen.started_at,
                                 preempted=traits(gen.failure.kind).preempted,
-                                skipped=skip is not None)
+                                skipped=skip is not None,
+                                free=gen.failure.kind if free and not counts else None)
         fence = round(max(0.0, gen.fence_until - self._clock() - restart.backoff_s), 1)
         if fence > 0:  # a lost host's tasks may still run: none of the next generation yet
             restart = replace(restart, fence_s=fence)
