@@ -1,4 +1,5 @@
-"""A resumed epoch's input continues where its save left it (tf_keras `fit`).
+"""A resumed epoch's input continues where its save left it (tf_keras `fit`;
+Keras 3 `fit`: runtime/epochinput3.py, with the helpers shared from here).
 
 tf_keras' `BackupAndRestore(save_freq=N)` (and the launcher's own
 `memory_interval` saves, runtime/memcadence.py) resume `fit` at the saved
@@ -32,7 +33,8 @@ Zero code, nothing inside a training step:
   twice (the launcher's extra saves go the same way: `memory_interval` never
   makes a script less exact than it was).
 
-Where the position is carried and each step trains one batch, a batch can be
+Where the position is carried (here, or by runtime/epochinput3.py for Keras 3
+on TensorFlow over a tf.data input) and each step trains one batch, a batch can be
 skipped by its position: the launcher names the batches whose loss went bad
 at the same step after the restart before it (MGPU_SKIP_BATCHES="2:19:100,...",
 epoch:batch from 0, as the sentinel's `nonfinite` report numbers them, and
