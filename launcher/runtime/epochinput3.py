@@ -64,20 +64,37 @@ def _batch_end(original):
     return end
 
 
-def _save(original):
-    """`_save_model`: a mid-epoch save's metadata says its batches."""
-    def save(self, *args, **kwargs):
-        result = original(self, *args, **kwargs)
-        batches = getattr(self, "_mgpu_batches", None)
-        if batches:
-            path = self._training_metadata_path
-            with open(path, encoding="utf-8") as handle:
-                metadata = json.load(handle)
-            metadata[KEY] = batches
-            with open(path, "w", encoding="utf-8") as handle:
-                handle.write(json.dumps(metadata))
-        return result
-    return save
+class _Told:
+    """The `json` Keras' `_save_model` writes its metadata with, for one save:
+    `mgpu_batches` goes into the very write (the file may be the chief's shared
+    one, another worker's scratch copy: keras_savers.py; never read back)."""
+
+    def __init__(self, batches: int) -> None:
+        self.batches = batches
+
+    def __getattr__(self, name: str):
+        return getattr(json, name)
+
+    def dumps(self, value, *args, **kwargs) -> str:
+        if isinstance(value, dict) and "epoch" in value:
+            value = {**value, KEY: self.batches}
+        return json.dumps(value, *args, **kwargs)
+
+
+def _save(module: ModuleType):
+    def make(original):
+        """`_save_model`: a mid-epoch save's metadata says its batches."""
+        def save(self, *args, **kwargs):
+            batches = getattr(self, "_mgpu_batches", None)
+            if not batches or getattr(module, "json", None) is not json:
+                return original(self, *args, **kwargs)
+            module.json = _Told(batches)
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                module.json = json
+        return save
+    return make
 
 
 def _train_begin(original):
@@ -240,7 +257,7 @@ def on_epoch_iterator(module: ModuleType) -> None:
 def on_backup(module: ModuleType) -> None:
     backup = module.BackupAndRestore
     wrap(backup, "on_train_batch_end", _batch_end)
-    wrap(backup, "_save_model", _save)
+    wrap(backup, "_save_model", _save(module))
     wrap(backup, "on_train_begin", _train_begin)
 
 
