@@ -135,6 +135,16 @@ def test_a_named_batch_is_dropped_at_its_step_and_trained_at_another(tmp_path, m
     # The same position at another step (another fit's): trained.
     monkeypatch.setenv("MGPU_SKIP_BATCHES", "1:6:3")
     assert _fit(data)[1] == uninterrupted
+    # Resumed with nothing left of its epoch but the batch to skip (saved after
+    # batch 6, the bad one the last): on at the next epoch, the step counts kept.
+    monkeypatch.delenv("MGPU_SKIP_BATCHES")
+    _, seen = _fit(data, tmp_path / "tail", stop=(1, 7))
+    monkeypatch.setenv("MGPU_SKIP_BATCHES", "1:7:16")
+    model, again = _fit(data, tmp_path / "tail")
+    assert [(e, b) for e, b, _ in again][0] == (2, 0)
+    assert [s for s in seen if (s[0], s[1]) <= (1, 6)] + again == \
+        [s for s in uninterrupted if (s[0], s[1]) != (1, 7)]
+    assert int(model.optimizer.iterations.numpy()) == EPOCHS * STEPS
 
 
 def test_an_input_whose_order_a_restart_cannot_reproduce_is_named(tmp_path):
