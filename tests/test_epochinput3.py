@@ -112,10 +112,13 @@ def test_a_resumed_epoch_trains_the_rest_of_its_seeded_order_once(tmp_path):
     assert exactness(model) == {"nonfinite_exact": 1}
 
 
-def test_a_repeated_stream_and_a_distributed_fit_continue_where_the_save_left_them(tmp_path):
+def test_a_stream_an_unknown_length_and_a_distributed_fit_continue_where_saved(tmp_path):
     stream = lambda: _batches(seeded().repeat())  # noqa: E731
     _, kept, _ = _resumed(tmp_path / "stream", stream, steps_per_epoch=STEPS)
     assert kept == _fit(stream, steps_per_epoch=STEPS)[1]
+    unknown = lambda: _batches(seeded().filter(lambda i: True))  # noqa: E731 - length unknown
+    _, kept, _ = _resumed(tmp_path / "unknown", unknown, stop=(2, 2))
+    assert kept == _fit(unknown)[1]
     # Under a strategy Keras 3 reads a batch first (its symbolic build).
     with tf.distribute.OneDeviceStrategy("/cpu:0").scope():
         data = lambda: _batches(seeded())  # noqa: E731

@@ -16,8 +16,9 @@ is another's. What runtime/epochinput.py does for tf_keras, here for Keras 3:
   random op), the resumed epoch also reads the order it had uninterrupted: a
   dataset read anew each epoch draws its shuffle order from a seed generator
   that advances once per iterator made, and Keras' epoch iterator makes two an
-  epoch (one at its start, one at its end); the resumed process makes (and
-  drops: no element read) as many first. One stream over the epochs (a
+  epoch (one at its start, one at its end; one where the data's length is
+  unknown); the resumed process makes (and drops: no element read) as many
+  first. One stream over the epochs (a
   `repeat()`ed dataset with `steps_per_epoch`) reads and drops the epochs
   before the resumed one too (said);
 - where the position is carried and each step trains one batch, the batches
@@ -206,9 +207,9 @@ def _start(iterator, model) -> tuple[int | None, int, int]:
                   f"dataset): {stream + step} batches of it are read and dropped to "
                   f"continue where the save left it")
         return epoch, step, stream
-    # Two iterators an epoch (its start's, its end's); an epoch that first
-    # learnt the data's length by running out made one.
-    made = 2 * epochs - (0 if iterator.data_adapter.num_batches else 1)
+    # Two iterators an epoch (its start's, its end's); one where the data's
+    # length is unknown (each epoch runs out of its own).
+    made = epochs * (2 if iterator.data_adapter.num_batches else 1)
     for _ in range(made):
         iter(iterator._get_iterator())  # made and dropped: the seed generator advances
     return epoch, step, 0
