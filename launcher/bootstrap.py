@@ -185,6 +185,8 @@ WATCHED: dict[str, tuple[str, ...]] = {
     "calls": ("tensorflow",),
     "sessions": ("tensorflow",),
     "epochinput": ("tf_keras",),
+    "epochinput3": ("keras.src.trainers.epoch_iterator", "keras.src.backend.tensorflow.trainer",
+                    "keras.src.callbacks.backup_and_restore"),
 }
 _COLLECTIVE = WATCHED["guards"][2]  # guards.COLLECTIVE
 _KERAS_DISTRIBUTION = "keras_distribution"  # launcher.strategy's (its enum: not at every start)
@@ -270,9 +272,10 @@ def install_hooks() -> None:
         # Phase, epoch and a custom loop's distributed calls (workers out of step).
         _watch("position", when=several)
         _watch("calls", when=several)
-    # A resumed epoch's input continues where its save left it (tf_keras); last:
-    # its BackupAndRestore._backup wraps saves' (a save it does not take is no save).
+    # A resumed epoch's input continues where its save left it (tf_keras, Keras 3);
+    # last: its BackupAndRestore._backup wraps saves' (a save it does not take is no save).
     _watch("epochinput")
+    _watch("epochinput3")
 
 
 def main() -> None:

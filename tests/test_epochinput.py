@@ -217,7 +217,7 @@ def test_the_sentinel_counts_a_batch_skipped_before_the_first_one_an_epoch_train
     watch = sentinel._loss_callback(tf_keras.callbacks)()
     watch.set_model(model)
     watch.on_epoch_begin(0)
-    model.optimizer.iterations.assign_add(1)  # position 2 skipped (epochinput._count_skip)
+    model.optimizer.iterations.assign_add(1)  # position 2 skipped (epochinput.count_skip)
     model._mgpu_skipped = frozenset({(0, 2)})
     watch.on_train_batch_begin(3)
     model.optimizer.iterations.assign_add(1)  # position 3 trained: step 4

@@ -4,7 +4,9 @@ user would: from the ids each training step saw, taking for each step the
 last generation that trained it (a step trained again after a restart was
 rolled back with the save it came after). Two workers, tf_keras `fit`, a
 kill -9 of worker 1 in the middle of epoch 1, four shapes of the script at
-once (their jobs side by side, ~2 jobs' time on two cores, not four):
+once (their jobs side by side, ~2 jobs' time on two cores, not four), and
+Keras 3's `fit` on TensorFlow beside them (runtime/epochinput3.py) with the
+first shape:
 
 - its own `BackupAndRestore(save_freq=3)` over a seeded reshuffled dataset,
   and over a Python generator (its position cannot be carried: the epoch
@@ -75,6 +77,7 @@ SHAPES = {
     "generator": ("generator", "save_freq", STEPS, True),
     "repeated": ("repeated", "memory", 12, False),
     "memory_generator": ("generator", "memory", STEPS, True),
+    "keras3": ("seeded", "save_freq", 12, False),  # Keras 3 on TensorFlow: epochinput3.py
 }
 
 
@@ -86,6 +89,7 @@ def test_a_mid_epoch_resume_trains_every_sample_of_every_epoch_once(
         folder = workdir / name
         (folder / "ids").mkdir(parents=True)
         monkeypatch.setenv("INPUT", given)  # read as each job starts
+        monkeypatch.setenv("KERAS", "3" if name == "keras3" else "")
         if saves == "save_freq":
             monkeypatch.setenv("SAVE_FREQ", "3")
             (folder / "two.yaml").write_text(LOCAL_CLUSTER)

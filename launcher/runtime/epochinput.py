@@ -1,4 +1,5 @@
-"""A resumed epoch's input continues where its save left it (tf_keras `fit`).
+"""A resumed epoch's input continues where its save left it (tf_keras `fit`;
+Keras 3 `fit`: runtime/epochinput3.py, with the helpers shared from here).
 
 tf_keras' `BackupAndRestore(save_freq=N)` (and the launcher's own
 `memory_interval` saves, runtime/memcadence.py) resume `fit` at the saved
@@ -32,7 +33,8 @@ Zero code, nothing inside a training step:
   twice (the launcher's extra saves go the same way: `memory_interval` never
   makes a script less exact than it was).
 
-Where the position is carried and each step trains one batch, a batch can be
+Where the position is carried (here, or by runtime/epochinput3.py for Keras 3
+on TensorFlow over a tf.data input) and each step trains one batch, a batch can be
 skipped by its position: the launcher names the batches whose loss went bad
 at the same step after the restart before it (MGPU_SKIP_BATCHES="2:19:100,...",
 epoch:batch from 0, as the sentinel's `nonfinite` report numbers them, and
@@ -131,7 +133,7 @@ def _unseeded(dataset) -> bool:
         return True
 
 
-def _say_once(message: str) -> None:
+def say_once(message: str) -> None:
     """Once per process, by the chief only (every worker would say the same)."""
     from launcher import runtime
 
@@ -153,7 +155,7 @@ def _tell(key: str, epoch: int, position: int, step: int | None) -> None:
                                 "time": time.time()})
 
 
-def _wrap(cls: type, name: str, make) -> None:
+def wrap(cls: type, name: str, make) -> None:
     original = getattr(cls, name, None)
     if original is None or getattr(original, _MARK, False):
         return
@@ -201,7 +203,7 @@ def _skip(handler, plan: dict, carried: bool) -> int:
     steps = handler._inferred_steps
     if not isinstance(steps, int) or not epochs:
         return step
-    _say_once(f"mgpu-launch: this fit's input is one stream over its epochs (a repeated "
+    say_once(f"mgpu-launch: this fit's input is one stream over its epochs (a repeated "
               f"dataset): {epochs * steps + step} batches of it are read and dropped to "
               f"continue where the save left it")
     return epochs * steps + step
@@ -261,18 +263,32 @@ def skips_of(text: str) -> frozenset[tuple[int, int]]:
 
 def skip_blocker(model) -> str:
     """Why one batch of this `fit` cannot be skipped alone ("" when it can):
-    its input's position must be carried (tf_keras, an input the launcher
-    follows) and each step must train one batch."""
+    its input's position must be carried (tf_keras, or Keras 3 on TensorFlow
+    (runtime/epochinput3.py), an input the launcher follows) and each step
+    must train one batch."""
     reason = getattr(model, "_mgpu_input", None)
     if reason is None:
-        return "the input's position is not carried here (Keras 3)"
+        backend = _keras3_backend(model)
+        return (f"the input's position is not carried on Keras 3's {backend} backend"
+                if backend not in ("", "tensorflow")
+                else "the input's position is not carried here (Keras 3)")
     if reason:
         return f"the input's position cannot be carried ({reason})"
     if getattr(model, "_autotune_steps_per_execution", False):
         return "steps_per_execution is tuned: a step may train several batches"
-    per = getattr(model, "_steps_per_execution", None)
-    per = int(per.numpy()) if hasattr(per, "numpy") else 1
+    per = getattr(model, "_steps_per_execution", None)  # tf_keras: a variable
+    per = getattr(model, "steps_per_execution", 1) if per is None else per  # Keras 3: an int
+    per = int(per.numpy()) if hasattr(per, "numpy") else int(per or 1)
     return f"steps_per_execution is {per}: a step trains {per} batches" if per != 1 else ""
+
+
+def _keras3_backend(model) -> str:
+    """The Keras 3 backend whose trainer `model` is ("" where none)."""
+    for cls in type(model).__mro__:
+        parts = cls.__module__.split(".")
+        if parts[:3] == ["keras", "src", "backend"] and parts[-1] == "trainer" and len(parts) > 4:
+            return parts[3]
+    return ""
 
 
 def skipped_in(model, epoch: int, first: int, last: int) -> int:
@@ -289,17 +305,17 @@ def _steps(original):
     def steps(self, *args, **kwargs):
         model = getattr(self, "_mgpu_fit", None)
         epoch, iterator = getattr(self, "_mgpu_epoch", (None, None))
-        wanted = _skips_in(model, epoch)
+        wanted = skips_in(model, epoch)
         for step in original(self, *args, **kwargs):
-            if step in wanted and _is_the_one(model, epoch, step, wanted[step]):
+            if step in wanted and is_the_one(model, epoch, step, wanted[step]):
                 _drop(iterator, 1)
-                _count_skip(model, epoch, step)
+                count_skip(model, epoch, step)
                 continue
             yield step
     return steps
 
 
-def _skips_in(model, epoch: int | None) -> dict[int, int | None]:
+def skips_in(model, epoch: int | None) -> dict[int, int | None]:
     """The positions of `fit`'s epoch to skip, and the step each went bad at
     (none, said once, where a skip could drop another batch than the one named)."""
     if model is None or epoch is None:
@@ -307,7 +323,7 @@ def _skips_in(model, epoch: int | None) -> dict[int, int | None]:
     wanted = {b: s for (e, b), s in skip_list(os.environ.get(SKIP_ENV, "")).items() if e == epoch}
     why = skip_blocker(model) if wanted else ""
     if why:
-        _say_once(f"mgpu-launch: the batches the launcher skips ({SKIP_ENV}) are trained "
+        say_once(f"mgpu-launch: the batches the launcher skips ({SKIP_ENV}) are trained "
                   f"instead: {why}")
         return {}
     return wanted
@@ -317,7 +333,7 @@ def _iterations(model):
     return getattr(getattr(model, "optimizer", None), "iterations", None)
 
 
-def _is_the_one(model, epoch: int, position: int, bad_step: int | None) -> bool:
+def is_the_one(model, epoch: int, position: int, bad_step: int | None) -> bool:
     """The batch named is this `fit`'s: the step about to train it is the one
     that went bad (another `fit` of the script, a fine-tuning phase, numbers
     its epochs from 0 too: its batch at that position is trained, said once)."""
@@ -327,13 +343,13 @@ def _is_the_one(model, epoch: int, position: int, bad_step: int | None) -> bool:
     at = int(iterations.numpy()) + 1
     if at != bad_step:
         _tell("skip_not", epoch, position, at)
-        _say_once(f"mgpu-launch: batch {position + 1} of epoch {epoch + 1} is trained, not "
+        say_once(f"mgpu-launch: batch {position + 1} of epoch {epoch + 1} is trained, not "
                   f"skipped: the launcher skips the one that went bad at step {bad_step}, "
                   f"this fit is at step {at} there")
     return at == bad_step
 
 
-def _count_skip(model, epoch: int, position: int) -> None:
+def count_skip(model, epoch: int, position: int) -> None:
     """A batch dropped at `position`: the optimizer's step counter moves past
     it too, so every later step keeps the number it had (the sentinel's, the
     saves', memory_interval's, a learning-rate schedule's)."""
@@ -345,7 +361,7 @@ def _count_skip(model, epoch: int, position: int) -> None:
     model._mgpu_skipped = frozenset({*getattr(model, "_mgpu_skipped", ()), (epoch, position)})
     _tell("skip_done", epoch, position, step)
     at = f" at step {step}" if step is not None else ""
-    _say_once(f"mgpu-launch: skipped batch {position + 1} of epoch {epoch + 1} (its loss went "
+    say_once(f"mgpu-launch: skipped batch {position + 1} of epoch {epoch + 1} (its loss went "
               f"bad{at} twice): not trained")
 
 
@@ -356,7 +372,7 @@ def _past_a_skipped_tail(handler, model, plan: dict) -> dict:
     steps, epoch, step = handler._inferred_steps, plan.get("epoch"), plan.get("step", 0)
     if not isinstance(steps, int) or epoch is None or not 0 < step < steps:
         return plan
-    wanted = _skips_in(model, epoch)
+    wanted = skips_in(model, epoch)
     iterations = _iterations(model)
     done = int(iterations.numpy()) if iterations is not None else None  # steps before `step`
 
@@ -369,7 +385,7 @@ def _past_a_skipped_tail(handler, model, plan: dict) -> dict:
     if not all(named(position) for position in range(step, steps)):
         return plan
     for position in range(step, steps):
-        _count_skip(model, epoch, position)
+        count_skip(model, epoch, position)
     handler._initial_epoch, handler._initial_step = epoch + 1, 0
     return {**plan, "epoch": epoch + 1, "step": 0}
 
@@ -386,7 +402,7 @@ def _backup(original):
         steps = (getattr(self, "params", None) or {}).get("steps")
         reason = getattr(getattr(self, "model", None), "_mgpu_input", "")
         if reason and isinstance(steps, int) and batch < steps - 1:
-            _say_once(f"mgpu-launch: a save in the middle of an epoch (BackupAndRestore's "
+            say_once(f"mgpu-launch: a save in the middle of an epoch (BackupAndRestore's "
                       f"save_freq, the launcher's memory_interval) is not taken: this fit's "
                       f"input cannot continue there after a restart ({reason}); saves are "
                       f"taken at epoch ends instead, and a restart trains its epoch again "
@@ -416,13 +432,13 @@ def _epoch_end(original):
 
 def on_tf_keras(module: ModuleType) -> None:
     engine = module.src.engine
-    _wrap(engine.training.Model, "_maybe_load_initial_counters_from_ckpt", _counters)
-    _wrap(engine.data_adapter.DataHandler, "enumerate_epochs", _epochs)
-    _wrap(engine.data_adapter.DataHandler, "steps", _steps)
+    wrap(engine.training.Model, "_maybe_load_initial_counters_from_ckpt", _counters)
+    wrap(engine.data_adapter.DataHandler, "enumerate_epochs", _epochs)
+    wrap(engine.data_adapter.DataHandler, "steps", _steps)
     backup = getattr(module.callbacks, "BackupAndRestore", None)
     if backup is not None and "_backup" in backup.__dict__:
-        _wrap(backup, "_backup", _backup)
-        _wrap(backup, "on_epoch_end", _epoch_end)
+        wrap(backup, "_backup", _backup)
+        wrap(backup, "on_epoch_end", _epoch_end)
 
 
 HOOKS = {"tf_keras": on_tf_keras}

@@ -21,8 +21,9 @@ code: the extra saves are the script's own saver's, called between two steps:
   whose own restore knows the epoch only, the save's `training_metadata.json`
   also holds `mgpu_batches` (the batches of the epoch done) and the restored
   `fit` skips that many batches of its first epoch (read and dropped, not
-  trained). Either way the epoch then trains the batches the uninterrupted
-  one trained next (arrays, or a dataset read anew each epoch).
+  trained; runtime/epochinput3.py, which on TensorFlow also replays a seeded
+  shuffle's order). Either way the epoch then trains the batches the
+  uninterrupted one trained next (arrays, or a dataset read anew each epoch).
 
 Not for `ModelCheckpoint` (a file per epoch or per best value, which no
 restart reads back by itself) nor a custom loop's `tf.train.CheckpointManager`
@@ -37,16 +38,13 @@ Standard library only at import time; must not import the launcher side.
 from __future__ import annotations
 
 import functools
-import json
 import os
 from types import ModuleType
 
 from .epochinput import skipped_in  # standard library only at import
 
 ENV = "MGPU_MEMORY_INTERVAL"
-KEY = "mgpu_batches"  # Keras 3's metadata: the batches of its epoch a save holds
 _MARK = "_mgpu_memory_cadence"
-_skip = {"batches": 0}  # Keras 3: batches of the next `fit` epoch already trained
 
 
 def interval() -> int:
@@ -92,7 +90,8 @@ def _train_begin(original):
     def begin(self, *args, **kwargs):
         result = original(self, *args, **kwargs)
         self._mgpu_saved_at = _step(self.model)  # the restored step: the last save
-        (_resume_tf_keras if _legacy(self) else _resume_keras)(self)
+        if _legacy(self):  # Keras 3: runtime/epochinput3.py reads its batches back
+            _resume_tf_keras(self)
         return result
     return begin
 
@@ -176,53 +175,6 @@ def _implements_batch_hooks(original):
     return implements
 
 
-# --- Keras 3: the batches a mid-epoch save holds ------------------------------
-
-def _keras_save(original):
-    """Keras 3's `_save_model`: an extra save's metadata says its batches."""
-    def save(self, *args, **kwargs):
-        result = original(self, *args, **kwargs)
-        batches = getattr(self, "_mgpu_batches", None)
-        if batches:
-            path = self._training_metadata_path
-            with open(path, encoding="utf-8") as handle:
-                metadata = json.load(handle)
-            metadata[KEY] = batches
-            with open(path, "w", encoding="utf-8") as handle:
-                handle.write(json.dumps(metadata))
-        return result
-    return save
-
-
-def _resume_keras(callback) -> None:
-    """Keras 3 restored the epoch: the batches of it the save holds are skipped."""
-    try:
-        with open(callback._training_metadata_path, encoding="utf-8") as handle:
-            batches = int(json.load(handle).get(KEY) or 0)
-    except (OSError, ValueError, TypeError, AttributeError):
-        batches = 0
-    _skip["batches"] = batches
-
-
-def _enumerate(original):
-    """EpochIterator's epoch: a resumed first epoch reads the batches trained
-    before the save and drops them (not trained), so the batches it trains
-    are the ones the uninterrupted epoch trained next (arrays, or a dataset
-    read anew each epoch), not its first ones again."""
-    def enumerate_iterator(self, *args, **kwargs):
-        skip, _skip["batches"] = _skip["batches"], 0
-        for item in original(self, *args, **kwargs):
-            if item[1] < skip:  # (begin, end, iterator): trained before the save
-                try:
-                    for _ in range(item[1] - item[0] + 1):
-                        next(item[2])
-                except StopIteration:
-                    return  # the data ran out: so does the epoch
-                continue
-            yield item
-    return enumerate_iterator
-
-
 # --- tf_keras: a mid-epoch save read as one -----------------------------------
 
 def _resume_tf_keras(callback) -> None:
@@ -251,10 +203,7 @@ def on_keras(module: ModuleType) -> None:
         _wrap(backup, name, make)
     if "_backup" in backup.__dict__:  # tf_keras
         _wrap(backup, "_implements_train_batch_hooks", _implements_batch_hooks)
-        return  # its first epoch's input: runtime/epochinput.py
-    _wrap(backup, "_save_model", _keras_save)
-    epoch_iterator = module.src.trainers.epoch_iterator.EpochIterator
-    _wrap(epoch_iterator, "_enumerate_iterator", _enumerate)
+    # Either Keras' first epoch's input: runtime/epochinput.py, epochinput3.py.
 
 
 HOOKS = {"keras": on_keras, "tf_keras": on_keras}

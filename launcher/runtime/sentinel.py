@@ -15,7 +15,7 @@ backups and ends "succeeded". So, in each task of the launcher:
   batch], epoch and batch as Keras' callbacks number them, from 0;
   `nonfinite_loss`: the mean, "nan" or "inf"; `nonfinite_exact: 1` where the
   launcher may skip that batch by its position, else `nonfinite_inexact`: why
-  not, runtime/epochinput.py), once per process, within one step. Keras logs
+  not, runtime/epochinput.py and epochinput3.py), once per process, within one step. Keras logs
   the mean already reduced across the workers (its metrics are read across
   replicas): every worker of a MultiWorkerMirroredStrategy
   job sees the bad step at once, whichever worker's batch it was.
@@ -35,7 +35,8 @@ backups and ends "succeeded". So, in each task of the launcher:
 The launcher stops a generation whose loss went bad and restarts it from
 that last good save (launcher/job/detect/sentinel.py); when the same step
 goes bad again and the report said the skip is exact, every later
-generation skips that step's batch (runtime/epochinput.py).
+generation skips that step's batch (runtime/epochinput.py; Keras 3 on
+TensorFlow: runtime/epochinput3.py).
 
 The same step losses feed the spike test (runtime/spikes.py): a finite loss
 far above its recent window is reported (`loss_spike`, with its loss, the
@@ -122,7 +123,8 @@ def spike_watch() -> Any:
 
 def exactness(model: Any) -> dict[str, Any]:
     """Whether the launcher may skip the bad step's batch by its position
-    (runtime/epochinput.py: tf_keras, a carried input, one batch a step):
+    (runtime/epochinput.py: tf_keras, or Keras 3 on TensorFlow, a carried
+    input, one batch a step):
     `nonfinite_exact: 1`, or `nonfinite_inexact`: why not."""
     try:
         why = skip_blocker(model)

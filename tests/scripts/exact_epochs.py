@@ -1,4 +1,4 @@
-"""tf_keras `fit` of a reshuffled dataset with a mid-epoch BackupAndRestore;
+"""tf_keras `fit` (KERAS=3: Keras 3's) of a reshuffled dataset with a mid-epoch BackupAndRestore;
 knows nothing of mgpu-launch. Records which sample ids each training step saw.
 
 argv: BACKUP_DIR IDS_DIR. The dataset yields 64 samples whose first feature
@@ -22,7 +22,11 @@ import sys
 
 import numpy as np
 import tensorflow as tf
-import tf_keras as keras
+
+if os.environ.get("KERAS") == "3":
+    import keras
+else:
+    import tf_keras as keras
 
 tf_config = json.loads(os.environ.get("TF_CONFIG") or "{}")
 index = tf_config.get("task", {}).get("index", 0)
