@@ -14,9 +14,18 @@ import os
 import numpy as np
 import pytest
 
-os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+# Keras 3 on TensorFlow here, for this import only: a KERAS_BACKEND left in
+# os.environ reaches every task the rest of the session starts (the JAX
+# example's own setdefault("KERAS_BACKEND", "jax") then loses to it).
+_backend = os.environ.get("KERAS_BACKEND")
+os.environ["KERAS_BACKEND"] = "tensorflow"
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
+
+if _backend is None:
+    del os.environ["KERAS_BACKEND"]
+else:
+    os.environ["KERAS_BACKEND"] = _backend
 
 from launcher.runtime import epochinput3  # noqa: E402
 from launcher.runtime.sentinel import exactness  # noqa: E402
