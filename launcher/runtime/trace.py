@@ -84,17 +84,23 @@ def _newest_xplane(logdir: str) -> str | None:
     return max(found, key=os.path.getmtime) if found else None
 
 
-def take_request(path: str) -> dict | None:
-    """The request at `path`, removed; None if there is none or it is malformed."""
+def _take(path: str) -> dict | None:
+    """The JSON object at `path`, the file removed; None: none, or not an object."""
     import json
 
     try:
         with open(path, encoding="utf-8") as handle:
-            request = json.load(handle)
+            found = json.load(handle)
         os.unlink(path)
     except (OSError, ValueError):
         return None
-    if not isinstance(request, dict) or not isinstance(request.get("logdir"), str):
+    return found if isinstance(found, dict) else None
+
+
+def take_request(path: str) -> dict | None:
+    """The request at `path`, removed; None if there is none or it is malformed."""
+    request = _take(path)
+    if request is None or not isinstance(request.get("logdir"), str):
         return None
     try:
         request["seconds"] = min(max(float(request.get("seconds", 2.0)), 0.05), MAX_SECONDS)
@@ -123,15 +129,7 @@ def nan_path(request_path: str) -> str:
 
 def _take_nan(path: str) -> bool:
     """The drill's NaN asked and not yet expired (its `until`); the file removed."""
-    import json
-
-    try:
-        with open(path, encoding="utf-8") as handle:
-            request = json.load(handle)
-        os.unlink(path)
-    except (OSError, ValueError):
-        return False
-    until = request.get("until") if isinstance(request, dict) else None
+    until = (_take(path) or {}).get("until")
     return isinstance(until, int | float) and time.time() <= until
 
 
