@@ -167,13 +167,17 @@ def test_a_loss_gone_bad_at_the_end_of_fit_keeps_the_backup_the_restart_resumes_
     # Step 239 of 240 goes bad: fit ends a step later, before the launcher stops
     # the generation, and BackupAndRestore deletes its backup when fit ends. The
     # backup (step 200, the last good save) is kept: the restart resumes there,
-    # its input starts again from its first batch, and the job succeeds.
+    # its input starts again from its first batch, and the job succeeds. The
+    # script's code after fit (here a print of its weights' health) never runs
+    # on the NaN weights of the generation rolled back: fit holds them back.
     config = cluster(workdir, "keras3", "env: {POISON_AT_STEP: 239}\n")
     job = launch(jobs, [str(config), "--no-live", NAN, str(workdir / "backup")], workdir)
     assert job.finish(timeout=300) == 0, job.output[-3000:]
     assert nonfinite(job) == [(0, 239, 5, 38)], job.events("nonfinite")
     assert [r["step"] for r in job.events("resumed")] == [200], job.events("resumed")
     assert read_summary(job.run_dir)["restarts"] == 1
+    logs = "".join(log.read_text() for log in (job.run_dir / "logs").glob("*.log"))
+    assert logs.count("WEIGHTS_FINITE True") == 2 and "WEIGHTS_FINITE False" not in logs, logs
 
 
 @pytest.mark.e2e

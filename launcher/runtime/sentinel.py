@@ -63,6 +63,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import sys
 import threading
 import time
 from types import ModuleType
@@ -77,10 +78,14 @@ ENV = "MGPU_SENTINEL"
 SPIKE_ENV, SPIKE_Z_ENV, SPIKE_WINDOW_ENV = "MGPU_ON_SPIKE", "MGPU_SPIKE_Z", "MGPU_SPIKE_WINDOW"
 _OFF = frozenset({"off", "0", "false", "no"})
 MAX_SPIKES = 20  # reported by one process at most
+# How long `fit` holds its spoiled weights back from the script, waiting for
+# the launcher to stop the generation (it does so at the report, in seconds).
+HOLD_S = 120.0
 
 _lock = threading.Lock()
 _told = False  # this process reported its non-finite loss already
 _spoiled = False  # its loss went non-finite, or spiked with `on_spike: rollback`
+_spoiled_at: int | None = None  # the step it went bad at, as reported
 _spikes_told = 0
 _poison = threading.Event()  # the drill's NaN: spoil a weight at the next step
 
@@ -136,11 +141,12 @@ def exactness(model: Any) -> dict[str, Any]:
 def report(step: int | None, epoch: int, batch: int, loss: float, model: Any = None) -> None:
     """The first non-finite loss of this process, to the launcher at once
     (with `exactness` of `model`, the model `fit` trains)."""
-    global _told, _spoiled
+    global _told, _spoiled, _spoiled_at
     with _lock:
         if _told:
             return
         _told = _spoiled = True
+        _spoiled_at = step
     from launcher import runtime
 
     # A short list of integers, as a progress value must be (launcher/job/run/protocol.py).
@@ -154,13 +160,14 @@ def report_spike(step: int, epoch: int, batch: int, spike: Any, model: Any = Non
     `on_spike: rollback` the weights are spoiled from here on, as a NaN's are:
     no later save is made (`save_is_finite`), the backup is kept (and the
     launcher told the `exactness` of `model`)."""
-    global _spoiled, _spikes_told
+    global _spoiled, _spoiled_at, _spikes_told
     rollback = on_spike() == "rollback"
     with _lock:
         if _spikes_told >= MAX_SPIKES or (_spoiled and rollback):
             return
         _spikes_told += 1
-        _spoiled = _spoiled or rollback
+        if rollback and not _spoiled:
+            _spoiled, _spoiled_at = True, step
     from launcher import runtime
 
     runtime.write_progress({"loss_spike": [int(step), int(epoch), int(batch)],
@@ -280,10 +287,31 @@ def watch_loss_of(model_class, callbacks_module: ModuleType) -> None:
         # ParameterServerStrategy fit refuses batch-level callbacks: not watched.
         if len(args) <= 5 and not _parameter_server(self):
             kwargs["callbacks"] = [sentinel(), *(kwargs.get("callbacks") or [])]
-        return original(self, *args, **kwargs)
+        history = original(self, *args, **kwargs)
+        hold_spoiled_weights()
+        return history
 
     setattr(fit, _MARK, True)
     model_class.fit = fit
+
+
+def hold_spoiled_weights(hold_s: float | None = None) -> None:
+    """`fit` returned after this process's loss went bad: its weights are
+    spoiled. A bad step near the end of `fit` reaches that end before the
+    launcher's stop lands, and the script's code after `fit` (a final
+    `model.save`, an export, an evaluation, a print of results) must not run on
+    NaN weights in a generation the launcher rolls back. So the task waits for
+    that stop; past `hold_s` (HOLD_S) with none, it raises instead of returning."""
+    if not _spoiled:
+        return
+    hold_s = HOLD_S if hold_s is None else hold_s
+    where = "" if _spoiled_at is None else f" at step {_spoiled_at}"
+    print(f"mgpu-launch: fit() ended after the loss went bad{where}: its weights are not "
+          "handed back to the script; waiting for the launcher to roll back",
+          file=sys.stderr, flush=True)
+    threading.Event().wait(hold_s)  # the launcher's stop (a signal) ends the wait
+    raise RuntimeError(f"mgpu-launch: the loss went bad{where} and the launcher did not stop "
+                       f"this task within {hold_s:.0f} s; fit()'s weights are not finite")
 
 
 def _parameter_server(model: Any) -> bool:
