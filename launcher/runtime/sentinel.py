@@ -264,10 +264,15 @@ def _spoil_if_asked(model: Any) -> None:
 
 
 def spoil_one_weight(model: Any) -> None:
-    """The first floating-point trainable weight of `model`, all NaN."""
+    """The last floating-point trainable weight of `model` (most often the
+    output layer's bias), all NaN. Not the first: a NaN kernel before a ReLU
+    can vanish without a trace, since TensorFlow's fused MatMul+ReLU on some
+    CPUs (oneDNN) maps NaN to 0 and its gradient to 0, so the loss stays
+    finite while that worker's weights stay NaN, and the drill would test
+    nothing the sentinel can see; the output's weights reach the loss."""
     import numpy as np
 
-    for weight in getattr(model, "trainable_weights", None) or []:
+    for weight in reversed(getattr(model, "trainable_weights", None) or []):
         value = np.asarray(weight.numpy())
         if value.dtype.kind == "f":
             weight.assign(np.full(value.shape, np.nan, value.dtype))
