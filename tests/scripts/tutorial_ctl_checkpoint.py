@@ -4,7 +4,10 @@ tutorial, with its own `tf.train.CheckpointManager`; knows nothing of mgpu-launc
 The chief saves into the checkpoint directory (argv[1]), the other workers into
 a temporary one deleted at once, as the tutorial does; every worker restores
 with `restore_or_initialize()`. 6 epochs of 20 steps at 0.05 s a step, a save
-at each epoch's end; prints `EPOCH n` as each epoch starts.
+at each epoch's end; prints `EPOCH n` as each epoch starts and
+`WEIGHTS_FINITE <True|False>` at the end. POISON_AT_STEP=N makes worker 1's
+output bias NaN before step N (a flipped bit; the all-reduce spreads it), in
+generation 0 only (MGPU_GENERATION): nothing reads this loop's loss.
 """
 
 import json
@@ -61,13 +64,21 @@ def train_step(iterator):
                            strategy.run(step_fn, args=(next(iterator),)), axis=None)
 
 
+poison_at = int(os.environ.get("POISON_AT_STEP", "0"))
+if task.get("index", 0) != 1 or os.environ.get("MGPU_GENERATION", "0") != "0":
+    poison_at = 0
 iterator = iter(dist_dataset)
 while int(optimizer.iterations.numpy()) < 6 * steps_per_epoch:
     print(f"EPOCH {int(optimizer.iterations.numpy()) // steps_per_epoch}", flush=True)
     for _ in range(steps_per_epoch):
+        if int(optimizer.iterations.numpy()) + 1 == poison_at:
+            bias = model.trainable_variables[-1]
+            bias.assign(tf.fill(bias.shape, float("nan")))
         train_step(iterator)
         time.sleep(0.05)
     write_manager.save()
     if not is_chief:
         shutil.rmtree(write_dir, ignore_errors=True)
+print("WEIGHTS_FINITE", all(bool(np.isfinite(w).all()) for w in model.get_weights()),
+      flush=True)
 print("TRAINED", flush=True)

@@ -116,6 +116,14 @@ class Sentinel:
             self._tell(ev.NonfiniteSave(**ids, step=saved if saved >= 0 else None,
                                         directory=said.saved_dir or "",
                                         after_spike=said.saved_after_spike or None))
+            # Weights gone bad with no loss seen (a custom loop's loss is its
+            # own; a NaN a ReLU swallowed): every later save would be refused
+            # and the job end "succeeded" on NaN weights. Rolled back as a loss is.
+            if failure is None and not said.saved_after_spike and gen.failure is None \
+                    and gen.phase.running:
+                failure = Found(record, Kind.NONFINITE, "save", {
+                    "step": saved if saved >= 0 else "?",
+                    "directory": said.saved_dir or "its checkpoint directory"})
         return failure
 
     def _spike(self, gen: Generation, record: TaskRecord, said: ProgressReport,

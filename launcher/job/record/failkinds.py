@@ -160,7 +160,12 @@ KINDS: dict[Kind, Traits] = {
         "spike": "its loss spiked to {loss:.4g} at step {step} (epoch {epoch_1}, batch {batch_1} "
                  "of it), {z:.0f} robust standard deviations above the median {median:.4g} of "
                  "its recent steps: stopped, and the restart resumes from the last save "
-                 "before it (sentinel.on_spike: rollback)"}),
+                 "before it (sentinel.on_spike: rollback)",
+        "save": "its weights were not finite at its save of step {step} in {directory}, "
+                "with no loss gone bad seen (a custom loop's loss is its own: "
+                "`runtime.report_progress(step, loss=...)` names the step): not counted as a "
+                "save; stopped, and the restart resumes from the last save before it (the "
+                "NaN sentinel; `sentinel: off` turns it off)"}),
     Kind.STRAGGLER: Traits(words={
         "replaced": "replaced by a spare host at a checkpoint: {slowdown:.2g}x slower than "
                     "its peers (restart.on_straggler: replace)"}),
