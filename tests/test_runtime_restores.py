@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -60,6 +61,7 @@ def start_script(tmp_path: Path, argv: list[str], generation: int,
         assert proc.returncode == code, output[-3000:]
         return records, output
     finish.records = records  # type: ignore[attr-defined]  # as they come in
+    finish.proc = proc  # type: ignore[attr-defined]  # to stop it, as the launcher does
     return finish
 
 
@@ -224,7 +226,9 @@ def test_a_save_refused_at_the_step_whose_loss_went_bad_is_not_reported_as_made(
     (its file beside the task's trace requests, runtime/trace.py): the save at
     the bad step is refused (its weights are NaN), and the sentinel reads that
     step's loss a step later, so the progress reporter must not say that save
-    was made (it did: the launcher took the bad step for a save)."""
+    was made (it did: the launcher took the bad step for a save). Then, as
+    the launcher does at that report, the task is stopped: `fit` held its NaN
+    weights back from the script meanwhile (no WEIGHTS_FINITE line)."""
     request = tmp_path / "worker0.request"
     finish = start_script(tmp_path, ["callbacks_fit_every_step.py", str(tmp_path / "ckpt")], 0,
                           MGPU_PROFILE_REQUEST=str(request))
@@ -233,7 +237,12 @@ def test_a_save_refused_at_the_step_whose_loss_went_bad_is_not_reported_as_made(
         assert time.monotonic() < deadline, "no save reported in 120 s"
         time.sleep(0.05)
     (tmp_path / "worker0.nan").write_text(json.dumps({"until": time.time() + 30}))
-    records, output = finish(0)
+    while not any("nonfinite" in r for r in list(finish.records)):
+        assert time.monotonic() < deadline + 60, "no loss gone bad reported"
+        time.sleep(0.05)
+    finish.proc.terminate()  # the launcher's stop
+    records, output = finish(-signal.SIGTERM)
+    assert "WEIGHTS_FINITE" not in output, output[-3000:]
     [took] = [r["drill_nan"] for r in records if "drill_nan" in r]
     [bad] = [r["nonfinite"][0] for r in records if "nonfinite" in r]
     assert bad == took + 1, records  # the step it went into, as the optimizer counts
