@@ -298,7 +298,9 @@ def test_one_story_with_a_kill_a_restart_a_straggler_and_a_stop_is_the_same_ever
     assert seen["json"]["status"] == summary["status"] == "interrupted"
     assert scraped[("mgpu_job_state", (("job", "agree"), ("state", "interrupted")))] == 1
     assert phases == PHASES and told.job_state == "interrupted"  # the phases, as told
-    assert summary["interrupted_by"] == 15 and "(signal 15)" in seen["json"]["status_detail"]
+    assert summary["interrupted_by"] == 15
+    assert seen["json"]["status_detail"].endswith(", ended by SIGTERM"), seen["json"]
+    assert "status:     interrupted (took " in seen["text"] and "SIGTERM)\n" in seen["text"]
 
     # The straggler.
     assert [(s["task"], s["slowdown"]) for s in summary["stragglers"]] == [("worker1", 1.8)]

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..job.record.classify import signal_name
 from ..job.record.eventlines import version as ev_version
 from ..job.record.events import fields_of
 from ..job.record.goodput import PARTS as GOODPUT_PARTS
@@ -136,8 +137,8 @@ def _finished(summary: dict[str, Any]) -> tuple[str, str]:
     """(status, detail) of a run whose launcher wrote summary.json."""
     wall_s = summary.get("wall_s")
     detail = f"took {wall_s:.1f} s" if isinstance(wall_s, int | float) else "finished"
-    if summary.get("interrupted_by"):
-        detail += f" (signal {summary['interrupted_by']})"
+    if isinstance(summary.get("interrupted_by"), int):  # one parenthesis: status wraps detail
+        detail += f", ended by {signal_name(summary['interrupted_by'])}"
     if summary.get("stopped_by"):  # the restart rule that ended a failed job
         rule = str(summary["stopped_by"])
         why = summary.get("message") or _RULE_WORDS.get(rule, "")
