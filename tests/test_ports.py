@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from launcher.job.run.launch import Launch
+from launcher.spec import slurm
 from launcher.spec.config import local_config
 from launcher.transport.ports import AUTO_PORTS, busy_ports, ephemeral_range, free_ports
 
@@ -61,3 +62,13 @@ def test_a_local_plan_takes_auto_ports_outside_the_ephemeral_range(tmp_path: Pat
         ports = [t.port for t in plan.tasks if t.port]
         assert len(set(ports)) == 4 and _outside_ephemeral(ports), ports
         launch.check_ports(plan)  # free: not refused
+
+
+def test_a_slurm_jobs_auto_ports_stay_below_linuxs_default_ephemeral_range():
+    """Under Slurm the base comes from the job id (the nodes cannot be probed):
+    every job's stretch of ports lies below 32768, where Linux's default
+    ephemeral range begins, and jobs spread over the whole range."""
+    bases = {slurm.auto_port_base(str(job)) for job in range(5000)}
+    assert min(bases) >= 10000 and max(bases) + slurm.AUTO_PORT_STRIDE - 1 <= 32767, \
+        (min(bases), max(bases))
+    assert len(bases) == slurm.AUTO_PORT_SPAN // slurm.AUTO_PORT_STRIDE  # every stretch used

@@ -20,8 +20,12 @@ from .allocation import Allocation, AllocationError, BatchSystem
 
 # Ports for `ports.base: auto` under Slurm: the launcher cannot probe the
 # nodes, so each job gets its own stretch of this range (from its job id),
-# which keeps two jobs sharing a node apart most of the time.
-AUTO_PORT_FIRST, AUTO_PORT_SPAN, AUTO_PORT_STRIDE = 20000, 20000, 64
+# which keeps two jobs sharing a node apart most of the time. Below Linux's
+# default ephemeral range (32768-60999), from which every outgoing connection
+# takes its source port: a base there could be taken before TensorFlow binds
+# it ("Could not start gRPC server"; launcher/transport/ports.py). The last
+# stretch ends at 32767.
+AUTO_PORT_FIRST, AUTO_PORT_SPAN, AUTO_PORT_STRIDE = 12288, 20480, 64
 NODE_BY_POSITION = "slurm:"  # `address: slurm:0` is the allocation's first node (SYSTEM.name)
 
 
