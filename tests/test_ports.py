@@ -72,3 +72,16 @@ def test_a_slurm_jobs_auto_ports_stay_below_linuxs_default_ephemeral_range():
     assert min(bases) >= 10000 and max(bases) + slurm.AUTO_PORT_STRIDE - 1 <= 32767, \
         (min(bases), max(bases))
     assert len(bases) == slurm.AUTO_PORT_SPAN // slurm.AUTO_PORT_STRIDE  # every stretch used
+
+
+def test_a_port_held_over_ipv6_alone_is_busy():
+    """gRPC binds `[::]:port`: a listener holding the port over IPv6 only
+    (IPV6_V6ONLY, as some servers bind) makes TensorFlow fail as surely."""
+    port = free_ports(1)[0]
+    with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as holder:
+        holder.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        holder.bind(("::", port))
+        holder.listen()
+        assert busy_ports([port]) == [port]
+        assert port not in free_ports(50, among=range(port - 25, port + 25))
+    assert busy_ports([port]) == []

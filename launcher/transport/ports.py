@@ -6,6 +6,7 @@ launch does.
 
 from __future__ import annotations
 
+import errno
 import random
 import socket
 from collections.abc import Sequence
@@ -58,15 +59,27 @@ def _kernel_ports(count: int) -> list[int]:
 
 
 def busy_ports(ports: Sequence[int]) -> list[int]:
-    """The ports among `ports` that something on this machine already holds."""
-    busy = []
-    for port in ports:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            # As gRPC binds: connections of an earlier run in TIME_WAIT do not
-            # make a port busy; a listener does.
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                sock.bind(("", port))
-            except OSError:
-                busy.append(port)
-    return busy
+    """The ports among `ports` that something on this machine already holds,
+    over IPv4 or IPv6 (gRPC binds `[::]:port`, both at once where it can)."""
+    return [port for port in ports if _held(socket.AF_INET, "", port)
+            or (socket.has_ipv6 and _held(socket.AF_INET6, "::", port))]
+
+
+def _held(family: socket.AddressFamily, address: str, port: int) -> bool:
+    try:
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    except OSError:  # no such family here (IPv6 off): nothing can hold it there
+        return False
+    with sock:
+        # As gRPC binds: connections of an earlier run in TIME_WAIT do not
+        # make a port busy; a listener does.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:  # the IPv6 side alone: IPv4 was asked first
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        try:
+            sock.bind((address, port))
+        except OSError as exc:
+            # IPv4 refuses for any reason; IPv6 only when the port is taken
+            # (a machine without an IPv6 address says "cannot assign").
+            return family == socket.AF_INET or exc.errno in (errno.EADDRINUSE, errno.EACCES)
+    return False
