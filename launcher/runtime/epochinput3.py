@@ -55,14 +55,22 @@ _resume: dict = {}  # what the restore left: {"model", "epoch", "step"}
 # --- the saves and the restore (BackupAndRestore) ----------------------------
 
 def _batch_end(original):
-    """A save made at a batch's end is one in the middle of its epoch."""
+    """A save made at a batch's end is one in the middle of its epoch; of an
+    input whose position cannot be carried, not taken (`deferred`)."""
     def end(self, batch, *args, **kwargs):
         self._mgpu_batches = int(batch) + 1
+        if _reason(self):  # shadows every wrapper's too: no write, none reported
+            self._save_model = lambda *a, **k: deferred(self, int(batch) + 1) and None
         try:
             return original(self, batch, *args, **kwargs)
         finally:
             self._mgpu_batches = None
+            vars(self).pop("_save_model", None)
     return end
+
+
+def _reason(callback) -> str:
+    return getattr(getattr(callback, "model", None), "_mgpu_input", None) or ""
 
 
 class _Told:
@@ -96,6 +104,37 @@ def _save(module: ModuleType):
                 module.json = json
         return save
     return make
+
+
+def deferred(callback, batches: int) -> bool:
+    """A mid-epoch save (`save_freq`, the launcher's `memory_interval`:
+    runtime/memcadence.py asks before its own) of an input whose position
+    cannot be carried is not taken (said once, when it was one before the
+    epoch's last batch): its epoch's end is saved instead, so a restart trains
+    that epoch again from its start and nothing twice."""
+    reason = _reason(callback)
+    if not reason:
+        return False
+    steps = (getattr(callback, "params", None) or {}).get("steps")
+    if not isinstance(steps, int) or batches < steps:
+        say_once(f"mgpu-launch: a save in the middle of an epoch (BackupAndRestore's "
+                  f"save_freq, the launcher's memory_interval) is not taken: this fit's "
+                  f"input cannot continue there after a restart ({reason}); saves are "
+                  f"taken at epoch ends instead, and a restart trains its epoch again "
+                  f"from the start (nothing twice)")
+    callback._mgpu_owed = True
+    return True
+
+
+def _epoch_end(original):
+    """The epoch's end saved in place of the mid-epoch saves not taken."""
+    def end(self, epoch, *args, **kwargs):
+        owed, self._mgpu_owed = getattr(self, "_mgpu_owed", False), False
+        result = original(self, epoch, *args, **kwargs)
+        if owed and self.save_freq != "epoch":  # "epoch": the original saved it
+            self._save_model()  # the whole epoch: a restart goes on at the next one
+        return result
+    return end
 
 
 def _train_begin(original):
@@ -260,6 +299,7 @@ def on_backup(module: ModuleType) -> None:
     wrap(backup, "on_train_batch_end", _batch_end)
     wrap(backup, "_save_model", _save(module))
     wrap(backup, "on_train_begin", _train_begin)
+    wrap(backup, "on_epoch_end", _epoch_end)
 
 
 HOOKS = {"keras.src.trainers.epoch_iterator": on_epoch_iterator,

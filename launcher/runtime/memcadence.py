@@ -42,6 +42,7 @@ import os
 from types import ModuleType
 
 from .epochinput import skipped_in  # standard library only at import
+from .epochinput3 import deferred
 
 ENV = "MGPU_MEMORY_INTERVAL"
 _MARK = "_mgpu_memory_cadence"
@@ -156,6 +157,8 @@ def _extra_save(callback, batch: int) -> None:
     if _legacy(callback):  # tf_keras: its training state, the batch it holds
         callback._training_state._ckpt_saved_batch.assign(batch)
         callback._backup(epoch=callback._mgpu_epoch, batch=batch)
+        return
+    if deferred(callback, batch + 1):  # an input a restart cannot continue mid-epoch
         return
     callback._current_epoch = callback._mgpu_epoch  # Keras 3 sets it at epoch ends only
     callback._mgpu_batches = batch + 1
