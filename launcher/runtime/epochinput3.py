@@ -25,10 +25,15 @@ is another's. What runtime/epochinput.py does for tf_keras, here for Keras 3:
   the launcher names (MGPU_SKIP_BATCHES, runtime/epochinput.py) are read and
   dropped at their position, when the step is the one that went bad; the
   optimizer's step counter moves past each;
-- elsewhere (the JAX or torch backend, arrays, a Python generator, an
-  unseeded shuffle, `steps_per_epoch` over a finite dataset) the batches done
-  are still dropped so the epoch keeps its length, but the order is not the
-  uninterrupted one: not exact, and `epochinput.skip_blocker` says why.
+- on the TensorFlow backend, for an input whose position cannot be carried
+  (arrays, a Python generator, an unseeded shuffle, `steps_per_epoch` over a
+  finite dataset: `verdict`, which `epochinput.skip_blocker` says), the
+  mid-epoch saves are not taken (said once, at the first), and the epoch's
+  end is saved instead, as tf_keras': a restart trains the epoch again from
+  its start and nothing twice (`deferred`; memcadence.py asks it too);
+- on the JAX or torch backend the batches done are still dropped so the
+  epoch keeps its length, but the order is not the uninterrupted one: not
+  exact, and `epochinput.skip_blocker` says why.
 
 Standard library only at import time; must not import the launcher side.
 """

@@ -22,7 +22,8 @@ code: the extra saves are the script's own saver's, called between two steps:
   also holds `mgpu_batches` (the batches of the epoch done) and the restored
   `fit` skips that many batches of its first epoch (read and dropped, not
   trained; runtime/epochinput3.py, which on TensorFlow also replays a seeded
-  shuffle's order). Either way the epoch then trains the batches the
+  shuffle's order, and keeps an input it cannot carry at epoch ends: its
+  `deferred`). Either way the epoch then trains the batches the
   uninterrupted one trained next (arrays, or a dataset read anew each epoch).
 
 Not for `ModelCheckpoint` (a file per epoch or per best value, which no
