@@ -61,13 +61,16 @@ def test_a_seeded_shuffles_nth_order_follows_the_iterators_made_before():
 
 
 
-def test_saves_not_taken_mid_epoch_are_not_reported_as_checkpoints(tmp_path):
+@pytest.mark.parametrize("flavor", ["tf_keras", "keras3"])
+def test_saves_not_taken_mid_epoch_are_not_reported_as_checkpoints(tmp_path, flavor):
     """An input a restart cannot continue mid-epoch (arrays fit shuffles) keeps
     runtime.callbacks(save_freq=3)'s saves to epoch ends: the progress reports
-    name a checkpoint only there, never one that was not written."""
+    name a checkpoint only there, never one that was not written (tf_keras,
+    and Keras 3 on TensorFlow: runtime/epochinput3.py)."""
     from tests.test_runtime_restores import run_script
 
-    records, output = run_script(tmp_path, ["phantom_saves.py"], 0,
+    argv = ["phantom_saves.py"] + (["keras3"] if flavor == "keras3" else [])
+    records, output = run_script(tmp_path, argv, 0,
                                  MGPU_CHECKPOINT_DIR=str(tmp_path / "ckpt"))
     named = [(r["step"], bool(r.get("epoch_end"))) for r in records  # the step reports'
              if r.get("checkpoint") and "step" in r]

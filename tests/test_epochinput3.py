@@ -168,3 +168,30 @@ def test_an_input_whose_order_a_restart_cannot_reproduce_is_named(tmp_path):
     arrays.fit(np.arange(8.0).reshape(-1, 1), np.zeros((8, 1)), batch_size=4, epochs=1, verbose=0)
     assert exactness(arrays)["nonfinite_inexact"].endswith(
         "(it is not a tf.data dataset (Keras 3 carries those only))")
+
+
+def test_an_input_a_restart_cannot_carry_is_saved_at_epoch_ends_and_trained_once(
+        tmp_path, monkeypatch, capsys):
+    """An unseeded shuffle: its mid-epoch saves are not taken (said once), the
+    epoch's end is, and the resume trains the interrupted epoch from its
+    start: every sample of it once."""
+    from launcher.runtime import epochinput
+
+    monkeypatch.setattr(epochinput, "_said", set())  # said once per process: this test's
+    unseeded = lambda: _batches(tf.data.Dataset.range(SAMPLES).shuffle(SAMPLES))  # noqa: E731
+    _, seen = _fit(unseeded, tmp_path, stop=(1, 5))
+    # Interrupted at batch 5 of epoch 1: the newest save is epoch 0's end
+    # (not batch 2 of epoch 1, save_freq=3's), its batches done not written.
+    saved = json.loads((tmp_path / "training_metadata.json").read_text())
+    assert saved["epoch"] == 1 and epochinput3.KEY not in saved, saved
+    model, again = _fit(unseeded, tmp_path)
+    kept = [s for s in seen if s[0] == 0] + again
+    assert [(e, b) for e, b, _ in again][0] == (1, 0)
+    for epoch in range(EPOCHS):
+        ids = [i for e, _, batch in kept if e == epoch for i in batch]
+        assert sorted(ids) == list(range(SAMPLES)), epoch  # each sample once
+    assert int(model.optimizer.iterations.numpy()) == EPOCHS * STEPS
+    err = capsys.readouterr().err
+    assert err.count("mgpu-launch: a save in the middle of an epoch") == 1, err
+    assert "this fit's input cannot continue there after a restart (its shuffle has no " \
+        "seed); saves are taken at epoch ends instead" in err, err

@@ -6,7 +6,7 @@ rolled back with the save it came after). Two workers, tf_keras `fit`, a
 kill -9 of worker 1 in the middle of epoch 1, four shapes of the script at
 once (their jobs side by side, ~2 jobs' time on two cores, not four), and
 Keras 3's `fit` on TensorFlow beside them (runtime/epochinput3.py) with the
-first shape:
+first shape and both generator ones:
 
 - its own `BackupAndRestore(save_freq=3)` over a seeded reshuffled dataset,
   and over a Python generator (its position cannot be carried: the epoch
@@ -78,6 +78,8 @@ SHAPES = {
     "repeated": ("repeated", "memory", 12, False),
     "memory_generator": ("generator", "memory", STEPS, True),
     "keras3": ("seeded", "save_freq", 12, False),  # Keras 3 on TensorFlow: epochinput3.py
+    "keras3_generator": ("generator", "save_freq", STEPS, True),
+    "keras3_memory_generator": ("generator", "memory", STEPS, True),
 }
 
 
@@ -89,7 +91,7 @@ def test_a_mid_epoch_resume_trains_every_sample_of_every_epoch_once(
         folder = workdir / name
         (folder / "ids").mkdir(parents=True)
         monkeypatch.setenv("INPUT", given)  # read as each job starts
-        monkeypatch.setenv("KERAS", "3" if name == "keras3" else "")
+        monkeypatch.setenv("KERAS", "3" if name.startswith("keras3") else "")
         if saves == "save_freq":
             monkeypatch.setenv("SAVE_FREQ", "3")
             (folder / "two.yaml").write_text(LOCAL_CLUSTER)

@@ -25,10 +25,15 @@ is another's. What runtime/epochinput.py does for tf_keras, here for Keras 3:
   the launcher names (MGPU_SKIP_BATCHES, runtime/epochinput.py) are read and
   dropped at their position, when the step is the one that went bad; the
   optimizer's step counter moves past each;
-- elsewhere (the JAX or torch backend, arrays, a Python generator, an
-  unseeded shuffle, `steps_per_epoch` over a finite dataset) the batches done
-  are still dropped so the epoch keeps its length, but the order is not the
-  uninterrupted one: not exact, and `epochinput.skip_blocker` says why.
+- on the TensorFlow backend, for an input whose position cannot be carried
+  (arrays, a Python generator, an unseeded shuffle, `steps_per_epoch` over a
+  finite dataset: `verdict`, which `epochinput.skip_blocker` says), the
+  mid-epoch saves are not taken (said once, at the first), and the epoch's
+  end is saved instead, as tf_keras': a restart trains the epoch again from
+  its start and nothing twice (`deferred`; memcadence.py asks it too);
+- on the JAX or torch backend the batches done are still dropped so the
+  epoch keeps its length, but the order is not the uninterrupted one: not
+  exact, and `epochinput.skip_blocker` says why.
 
 Standard library only at import time; must not import the launcher side.
 """
@@ -55,14 +60,22 @@ _resume: dict = {}  # what the restore left: {"model", "epoch", "step"}
 # --- the saves and the restore (BackupAndRestore) ----------------------------
 
 def _batch_end(original):
-    """A save made at a batch's end is one in the middle of its epoch."""
+    """A save made at a batch's end is one in the middle of its epoch; of an
+    input whose position cannot be carried, not taken (`deferred`)."""
     def end(self, batch, *args, **kwargs):
         self._mgpu_batches = int(batch) + 1
+        if _reason(self):  # shadows every wrapper's too: no write, none reported
+            self._save_model = lambda *a, **k: deferred(self, int(batch) + 1) and None
         try:
             return original(self, batch, *args, **kwargs)
         finally:
             self._mgpu_batches = None
+            vars(self).pop("_save_model", None)
     return end
+
+
+def _reason(callback) -> str:
+    return getattr(getattr(callback, "model", None), "_mgpu_input", None) or ""
 
 
 class _Told:
@@ -96,6 +109,37 @@ def _save(module: ModuleType):
                 module.json = json
         return save
     return make
+
+
+def deferred(callback, batches: int) -> bool:
+    """A mid-epoch save (`save_freq`, the launcher's `memory_interval`:
+    runtime/memcadence.py asks before its own) of an input whose position
+    cannot be carried is not taken (said once, when it was one before the
+    epoch's last batch): its epoch's end is saved instead, so a restart trains
+    that epoch again from its start and nothing twice."""
+    reason = _reason(callback)
+    if not reason:
+        return False
+    steps = (getattr(callback, "params", None) or {}).get("steps")
+    if not isinstance(steps, int) or batches < steps:
+        say_once(f"mgpu-launch: a save in the middle of an epoch (BackupAndRestore's "
+                  f"save_freq, the launcher's memory_interval) is not taken: this fit's "
+                  f"input cannot continue there after a restart ({reason}); saves are "
+                  f"taken at epoch ends instead, and a restart trains its epoch again "
+                  f"from the start (nothing twice)")
+    callback._mgpu_owed = True
+    return True
+
+
+def _epoch_end(original):
+    """The epoch's end saved in place of the mid-epoch saves not taken."""
+    def end(self, epoch, *args, **kwargs):
+        owed, self._mgpu_owed = getattr(self, "_mgpu_owed", False), False
+        result = original(self, epoch, *args, **kwargs)
+        if owed and self.save_freq != "epoch":  # "epoch": the original saved it
+            self._save_model()  # the whole epoch: a restart goes on at the next one
+        return result
+    return end
 
 
 def _train_begin(original):
@@ -260,6 +304,7 @@ def on_backup(module: ModuleType) -> None:
     wrap(backup, "on_train_batch_end", _batch_end)
     wrap(backup, "_save_model", _save(module))
     wrap(backup, "on_train_begin", _train_begin)
+    wrap(backup, "on_epoch_end", _epoch_end)
 
 
 HOOKS = {"keras.src.trainers.epoch_iterator": on_epoch_iterator,

@@ -22,7 +22,8 @@ code: the extra saves are the script's own saver's, called between two steps:
   also holds `mgpu_batches` (the batches of the epoch done) and the restored
   `fit` skips that many batches of its first epoch (read and dropped, not
   trained; runtime/epochinput3.py, which on TensorFlow also replays a seeded
-  shuffle's order). Either way the epoch then trains the batches the
+  shuffle's order, and keeps an input it cannot carry at epoch ends: its
+  `deferred`). Either way the epoch then trains the batches the
   uninterrupted one trained next (arrays, or a dataset read anew each epoch).
 
 Not for `ModelCheckpoint` (a file per epoch or per best value, which no
@@ -42,6 +43,7 @@ import os
 from types import ModuleType
 
 from .epochinput import skipped_in  # standard library only at import
+from .epochinput3 import deferred
 
 ENV = "MGPU_MEMORY_INTERVAL"
 _MARK = "_mgpu_memory_cadence"
@@ -156,6 +158,8 @@ def _extra_save(callback, batch: int) -> None:
     if _legacy(callback):  # tf_keras: its training state, the batch it holds
         callback._training_state._ckpt_saved_batch.assign(batch)
         callback._backup(epoch=callback._mgpu_epoch, batch=batch)
+        return
+    if deferred(callback, batch + 1):  # an input a restart cannot continue mid-epoch
         return
     callback._current_epoch = callback._mgpu_epoch  # Keras 3 sets it at epoch ends only
     callback._mgpu_batches = batch + 1

@@ -1,11 +1,17 @@
-"""tf_keras `fit` on arrays it shuffles itself (an input a restart cannot continue
-mid-epoch) with runtime.callbacks(save_freq=3): tests/test_epochinput.py."""
+"""`fit` on arrays it shuffles itself (an input a restart cannot continue
+mid-epoch) with runtime.callbacks(save_freq=3): tf_keras, or Keras 3 on
+TensorFlow with the argument `keras3`: tests/test_epochinput.py."""
 
 import os
+import sys
 
-os.environ["TF_USE_LEGACY_KERAS"] = "1"
+if sys.argv[1:] == ["keras3"]:
+    os.environ["KERAS_BACKEND"] = "tensorflow"
+    import keras
+else:
+    os.environ["TF_USE_LEGACY_KERAS"] = "1"
+    import tf_keras as keras
 import numpy as np
-import tf_keras as keras
 
 from launcher import runtime
 
