@@ -86,3 +86,29 @@ def test_no_other_module_reads_a_reports_keys():
             if _READ.search(line):
                 readers.append(f"{relative}:{number}: {line.strip()}")
     assert readers == [], "read them through job/record/reports.py:\n" + "\n".join(readers)
+
+
+def test_a_report_holding_numpy_numbers_reaches_the_launcher_as_numbers(monkeypatch):
+    """A batch skipped after a mid-epoch resume told its position as numpy's
+    int64, which JSON refused: every task crashed in `fit` (TypeError)."""
+    import json
+    import os
+
+    import numpy as np
+
+    from launcher.runtime import epochinput
+
+    read_fd, write_fd = os.pipe()
+    monkeypatch.setenv("MGPU_PROGRESS_FD", str(write_fd))
+    try:
+        epochinput._tell("skip_done", np.int64(2), np.int64(19), np.int64(100))
+        os.close(write_fd)
+        with os.fdopen(read_fd) as channel:
+            [line] = channel.read().splitlines()
+    finally:
+        for fd in (read_fd, write_fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+    assert json.loads(line)["skip_done"] == [100, 2, 19]

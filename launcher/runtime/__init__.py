@@ -240,9 +240,17 @@ def write_progress(record: dict) -> None:
     import json
 
     try:
-        os.write(int(fd), (json.dumps(record) + "\n").encode())
-    except (OSError, ValueError):
+        os.write(int(fd), (json.dumps(record, default=_plain) + "\n").encode())
+    except (OSError, ValueError, TypeError):
         pass  # progress is best effort; never break training over it
+
+
+def _plain(value):
+    """A numpy scalar (a step or position read from a tensor) as the number it holds."""
+    item = getattr(value, "item", None)
+    if callable(item):
+        return item()
+    raise TypeError(f"not JSON: {type(value).__name__}")
 
 
 def report_checkpoint(step: int, **metrics: float) -> None:

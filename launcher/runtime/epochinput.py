@@ -151,8 +151,9 @@ def _tell(key: str, epoch: int, position: int, step: int | None) -> None:
 
         from launcher import runtime
 
-        runtime.write_progress({key: [-1 if step is None else step, epoch, position],
-                                "time": time.time()})
+        # int(): a position read from the input may be numpy's int64, which JSON refuses.
+        runtime.write_progress({key: [-1 if step is None else int(step), int(epoch),
+                                      int(position)], "time": time.time()})
 
 
 def wrap(cls: type, name: str, make) -> None:

@@ -255,6 +255,8 @@ def _nonfinite(saver: object, where: Where, args: tuple, kwargs: dict, skipped: 
 
     if sentinel.spoiled_by_spike():  # finite, but trained past a spike rolled back
         record["saved_after_spike"] = 1
+    if sentinel.loss_watched():  # the loss's own report follows, or came: it decides
+        record["saved_loss_watched"] = 1
     runtime.write_progress(record)
 
 

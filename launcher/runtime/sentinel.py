@@ -86,6 +86,7 @@ _lock = threading.Lock()
 _told = False  # this process reported its non-finite loss already
 _spoiled = False  # its loss went non-finite, or spiked with `on_spike: rollback`
 _spoiled_at: int | None = None  # the step it went bad at, as reported
+_watching = 0  # `fit` calls running with the loss callback (its loss is watched)
 _spikes_told = 0
 _poison = threading.Event()  # the drill's NaN: spoil a weight at the next step
 
@@ -290,9 +291,17 @@ def watch_loss_of(model_class, callbacks_module: ModuleType) -> None:
     def fit(self, *args, **kwargs):
         # callbacks is fit's 6th parameter: given by name or not at all. Under
         # ParameterServerStrategy fit refuses batch-level callbacks: not watched.
-        if len(args) <= 5 and not _parameter_server(self):
+        global _watching
+        watched = len(args) <= 5 and not _parameter_server(self)
+        if watched:
             kwargs["callbacks"] = [sentinel(), *(kwargs.get("callbacks") or [])]
-        history = original(self, *args, **kwargs)
+        with _lock:
+            _watching += watched
+        try:
+            history = original(self, *args, **kwargs)
+        finally:
+            with _lock:
+                _watching -= watched
         hold_spoiled_weights()
         return history
 
@@ -397,6 +406,12 @@ def all_finite(variables: list[Any]) -> bool:
         if value.dtype.kind in "fc" and not np.isfinite(value).all():
             return False
     return True
+
+
+def loss_watched() -> bool:
+    """A `fit` with the loss callback runs in this process: a loss gone bad is
+    reported by it (a step after a save at that step: the loss is read late)."""
+    return _watching > 0
 
 
 def spoiled() -> bool:

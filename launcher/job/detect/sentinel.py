@@ -116,10 +116,7 @@ class Sentinel:
             self._tell(ev.NonfiniteSave(**ids, step=saved if saved >= 0 else None,
                                         directory=said.saved_dir or "",
                                         after_spike=said.saved_after_spike or None))
-            # Weights gone bad with no loss seen (a custom loop's loss is its
-            # own; a NaN a ReLU swallowed): every later save would be refused
-            # and the job end "succeeded" on NaN weights. Rolled back as a loss is.
-            if failure is None and not said.saved_after_spike and gen.failure is None \
+            if failure is None and _rolls_back(said) and gen.failure is None \
                     and gen.phase.running:
                 failure = Found(record, Kind.NONFINITE, "save", {
                     "step": saved if saved >= 0 else "?",
@@ -221,6 +218,18 @@ class Sentinel:
         return (f"{bad} is not skipped: sentinel.max_skips={self.max_skips} bad batches were "
                 f"skipped already ({'; '.join(map(str, skipped))}): {fix}, or allow more "
                 "skips (sentinel.max_skips)")
+
+
+def _rolls_back(said: ProgressReport) -> bool:
+    """A refused save of non-finite weights (`said.saved_nonfinite`) that stops
+    the generation: weights gone bad where no loss is watched (a custom loop's
+    is its own), or every later save would be refused and the job end
+    "succeeded" on NaN weights. Not in a watched `fit`: a save at the bad step
+    is checked before that step's loss is read, and the loss's report (a step
+    later) names the step, for the replay and the skip. Not a save made anyway
+    (`tf.train.Checkpoint.save`/`write`, whose path the script may read): the
+    restart would restore those very weights. Not a finite save after a spike."""
+    return said.save_skipped and not said.saved_loss_watched and not said.saved_after_spike
 
 
 def _no_skip(said: ProgressReport) -> str:

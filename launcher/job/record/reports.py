@@ -69,6 +69,7 @@ class ProgressReport:
     saved_nonfinite: int | None = None
     save_skipped: bool = False
     saved_after_spike: bool = False  # that save's weights finite, trained past a spike
+    saved_loss_watched: bool = False  # ...made in a `fit` whose loss the sentinel reads
     # A loss spike (runtime/spikes.py): (step, epoch, batch), the step's own loss,
     # the window's median, the robust z-score; rollback: `on_spike: rollback`.
     loss_spike: tuple[int, int, int] | None = None
@@ -122,6 +123,7 @@ class ProgressReport:
             saved_nonfinite=_int(metrics.get("saved_nonfinite")),
             save_skipped=bool(metrics.get("save_skipped")),
             saved_after_spike=bool(metrics.get("saved_after_spike")),
+            saved_loss_watched=bool(metrics.get("saved_loss_watched")),
             loss_spike=_position(metrics.get("loss_spike")),
             loss_spike_loss=_number(metrics.get("loss_spike_loss")),
             loss_spike_median=_number(metrics.get("loss_spike_median")),
