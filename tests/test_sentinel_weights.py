@@ -31,14 +31,18 @@ def test_healthy_weights_return_at_once_and_spoiled_ones_never_past_the_bound(
 
 
 @pytest.mark.e2e
+@pytest.mark.parametrize("save_with", ["manager", "checkpoint"])
 def test_a_custom_loop_whose_weights_go_nan_is_rolled_back_at_its_first_refused_save(
-        workdir, jobs):  # noqa: F811
-    """TF's custom-loop tutorial shape (its own CheckpointManager, 20 steps an
-    epoch, a save at each epoch's end, no runtime calls): worker 1's output
-    bias goes NaN before step 30 in generation 0, the all-reduce spreads it.
-    The save of step 40 is refused, the generation stops there, and the
-    restart resumes from step 20, the last good save, and trains clean."""
-    config = cluster(workdir, "tf_keras", "env: {POISON_AT_STEP: 30}\n")
+        workdir, jobs, save_with):  # noqa: F811
+    """TF's custom-loop tutorial shape (20 steps an epoch, a save at each
+    epoch's end, no runtime calls), saving with its own CheckpointManager or
+    with `checkpoint.save(prefix)` and restoring `tf.train.latest_checkpoint`:
+    worker 1's output bias goes NaN before step 30 in generation 0, the
+    all-reduce spreads it. The save of step 40 is refused (the manager's) or
+    made and taken off the directory's newest (Checkpoint.save's: the script
+    holds its path), the generation stops there, and the restart resumes
+    from step 20, the last good save, and trains clean."""
+    config = cluster(workdir, "tf_keras", f"env: {{POISON_AT_STEP: 30, SAVE_WITH: {save_with}}}\n")
     job = launch(jobs, [str(config), "--no-live", CTL, str(workdir / "ckpt")], workdir)
     assert job.finish(timeout=300) == 0, job.output[-3000:]
     [failure] = job.events("failure_detected")
@@ -52,3 +56,24 @@ def test_a_custom_loop_whose_weights_go_nan_is_rolled_back_at_its_first_refused_
     assert summary["status"] == "succeeded" and summary["restarts"] == 1, summary
     logs = "".join(log.read_text() for log in (job.run_dir / "logs").glob("*.log"))
     assert logs.count("WEIGHTS_FINITE True") == 2 and "WEIGHTS_FINITE False" not in logs, logs
+
+
+def test_a_save_taken_off_the_newest_leaves_the_one_before_or_none_and_keeps_its_files(
+        tmp_path):
+    """readable.name_newest, as Checkpoint.save of NaN weights uses it: the
+    state names the save before again (latest_checkpoint, a restart's
+    restore), or is removed when there was none; the bad save's files stay."""
+    import tensorflow as tf
+
+    from launcher.runtime import readable
+
+    checkpoint = tf.train.Checkpoint(v=tf.Variable([1.0]))
+    first, bad = (checkpoint.save(str(tmp_path / "ckpt")) for _ in range(2))
+    assert readable.newest(str(tmp_path)) == bad
+    assert readable.name_newest(str(tmp_path), bad, first)
+    assert tf.train.latest_checkpoint(str(tmp_path)) == first
+    assert not readable.name_newest(str(tmp_path), bad, first)  # not the newest: untouched
+    assert tf.train.latest_checkpoint(str(tmp_path)) == first
+    assert readable.name_newest(str(tmp_path), first, None)  # nothing good before it
+    assert tf.train.latest_checkpoint(str(tmp_path)) is None
+    assert all((tmp_path / f"{name}.index").exists() for name in ("ckpt-1", "ckpt-2"))

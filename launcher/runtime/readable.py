@@ -415,6 +415,51 @@ def _write_state(directory: str, damaged: set[str], chosen: str) -> str | None:
     return aside
 
 
+def newest(directory: str) -> str | None:
+    """The checkpoint `directory`'s state file names newest (its full prefix), or None."""
+    state = _state(directory)
+    return _full(directory, state.model_checkpoint_path) if state is not None else None
+
+
+def name_newest(directory: str, bad: str, previous: str | None) -> bool:
+    """A save of non-finite weights made anyway (`tf.train.Checkpoint.save`,
+    runtime/saves.py): where the state file names `bad` newest, it names
+    `previous` again (the newest before that save, its index still there), or
+    is removed when there is none: `latest_checkpoint`, a restart's restore,
+    is the last good save. `bad`'s files are kept (the script holds its path).
+    Written aside, synced and renamed, as `choose` does; True when done."""
+    state = _state(directory)
+    if state is None or _full(directory, state.model_checkpoint_path) != _full(directory, bad):
+        return False
+    target = os.path.join(directory, "checkpoint")
+    if previous is None or not os.path.exists(previous + ".index"):
+        try:
+            os.unlink(target)  # no good save before it: a restart starts from scratch
+        except OSError as exc:
+            _warn(f"the state file of {directory} could not be removed ({_brief(exc)})")
+            return False
+        return True
+    from google.protobuf import text_format
+
+    new = type(state)()
+    new.model_checkpoint_path = previous
+    new.all_model_checkpoint_paths.append(previous)
+    aside = f"{target}.mgpu-{os.getpid()}-{threading.get_ident()}"
+    try:
+        with open(aside, "w", encoding="utf-8") as handle:
+            handle.write(text_format.MessageToString(new))
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(aside, target)
+        aside = None
+    except OSError as exc:
+        _warn(f"the state file of {directory} could not be rewritten ({_brief(exc)})")
+        return False
+    finally:
+        _unlink(aside)
+    return True
+
+
 def _restore(original):
     def restore(self, save_path, *args, **kwargs):
         if getattr(_inside, "busy", False):

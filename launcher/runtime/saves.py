@@ -19,7 +19,8 @@ Post-import hooks wrap the methods that save a checkpoint:
 Each save that returns (not one that raised, nor an asynchronous write still
 under way) and whose weights are all finite (runtime/sentinel.py: one that is
 not is reported as `saved_nonfinite`, never as a save, and is not made at all
-by a Keras callback or a `CheckpointManager`) is reported to the
+by a Keras callback or a `CheckpointManager`; a `tf.train.Checkpoint.save`'s
+is made, then taken off its directory's newest) is reported to the
 launcher at once: `saved` (the optimizer's step count at the save), `saved_dir`
 (the directory, wherever the script keeps it), `saved_with` (the Keras or
 TensorFlow saver; `saved_by_runtime` for `runtime.callbacks()`' own) and
@@ -95,6 +96,11 @@ StepOf = Callable[[object, tuple, dict, object], "int | None"]
 # A save's step read as it began (instance, args, kwargs) -> step, or None.
 StepBefore = Callable[[object, tuple, dict], "int | None"]
 
+# A save of non-finite weights made anyway (its path is the script's): called
+# as it begins (instance, args, kwargs), it returns what takes the save off the
+# directory's newest once made (its result -> done), so no restart restores it.
+Aside = Callable[[object, tuple, dict], Callable[[object], bool]]
+
 
 class NotWritten(Exception):
     """A saver's call that returned having written nothing."""
@@ -102,14 +108,15 @@ class NotWritten(Exception):
 
 def timed(cls: type, name: str, where: Where | None = None, *,
           decides: bool = False, skip: Skip | None = None, step: StepOf | None = None,
-          first: StepBefore | None = None) -> None:
+          first: StepBefore | None = None, aside: Aside | None = None) -> None:
     """Wrap `cls.<name>` (a method that saves) to time it (once); with `where`,
     a save that returned is reported (`completed`) with its directory, once its
     weights were found finite (runtime/sentinel.py). With `decides` (the method
     may write nothing: ModelCheckpoint's), only a call inside which a write
     returned (`writes`, or a nested timed save) is. A save whose weights are
     not finite is reported as `saved_nonfinite` and, with `skip`, not made at
-    all: the directory's newest save stays the last good one (nothing deleted).
+    all: the directory's newest save stays the last good one (nothing deleted);
+    with `aside`, made, then taken off the newest, then reported.
     With `step`, the save's step is read from the call and its result; with
     `first`, as the call begins (else a graph-mode Keras model's)."""
     original = cls.__dict__.get(name)
@@ -125,8 +132,12 @@ def timed(cls: type, name: str, where: Where | None = None, *,
         saver = args[0] if args else None
         finite = where is None or _finite(saver)
         _last["refused"] = not finite if where is not None else _last["refused"]
+        after = None  # a save of non-finite weights made, to take off the newest
         if not finite:
-            _nonfinite(saver, where, args, kwargs, skipped=skip is not None)
+            if aside is not None and skip is None:
+                after = aside(saver, args, kwargs)
+            else:
+                _nonfinite(saver, where, args, kwargs, skipped=skip is not None)
             if skip is not None:
                 return skip(saver)
         before = _step_before(saver, args, kwargs, first) if where is not None else None
@@ -143,6 +154,9 @@ def timed(cls: type, name: str, where: Where | None = None, *,
             if done and finite and where is not None and not _asynchronous(args, kwargs) \
                     and (_inside.wrote or not decides):
                 _completed(saver, where, args, kwargs, result, step, before)
+            if done and after is not None:  # reported once off the newest: a stop may follow
+                _nonfinite(saver, where, args, kwargs, skipped=False, set_aside=_set(after,
+                                                                                      result))
 
     setattr(save, _MARK, True)
     setattr(cls, name, save)
@@ -235,7 +249,15 @@ def _finite(saver: object) -> bool:
     return sentinel.save_is_finite(saver)
 
 
-def _nonfinite(saver: object, where: Where, args: tuple, kwargs: dict, skipped: bool) -> None:
+def _set(after: Callable[[object], bool], result: object) -> bool:
+    try:
+        return after(result)
+    except Exception:  # noqa: BLE001 - a layout we do not know: left as TensorFlow wrote it
+        return False
+
+
+def _nonfinite(saver: object, where: Where, args: tuple, kwargs: dict, skipped: bool,
+               set_aside: bool = False) -> None:
     """A save of non-finite weights: no progress, no resume point, said as such."""
     from . import steps
 
@@ -251,6 +273,8 @@ def _nonfinite(saver: object, where: Where, args: tuple, kwargs: dict, skipped: 
                     if directory else ""}
     if skipped:
         record["save_skipped"] = 1
+    if set_aside:  # made, but no longer the directory's newest
+        record["save_set_aside"] = 1
     from . import sentinel
 
     if sentinel.spoiled_by_spike():  # finite, but trained past a spike rolled back
@@ -350,12 +374,24 @@ def global_step_of(session) -> int | None:
     return None if tensor is None else int(session.run(tensor))
 
 
+def _off_the_newest(saver, args, kwargs) -> Callable[[object], bool]:
+    """`Checkpoint.save` of non-finite weights: the newest its directory's state
+    named before it is named again once it is made (runtime/readable.py)."""
+    from . import readable
+
+    directory = _prefix_dir(saver, args, kwargs)
+    previous = readable.newest(directory) if directory else None
+    return lambda result: bool(directory) and readable.name_newest(
+        directory, os.path.abspath(os.fspath(result)), previous)
+
+
 def on_tensorflow(module: ModuleType) -> None:
     # Checkpoint.save/write return the path they wrote, which a script may
-    # read: those are said (saved_nonfinite), not skipped.
+    # read: those are made and said (saved_nonfinite), not skipped; a save's is
+    # then taken off its directory's newest (`write` names no newest).
     timed(module.train.CheckpointManager, "save", _manager_dir, skip=_latest)
-    for method in ("save", "write"):
-        timed(module.train.Checkpoint, method, _prefix_dir)
+    timed(module.train.Checkpoint, "save", _prefix_dir, aside=_off_the_newest)
+    timed(module.train.Checkpoint, "write", _prefix_dir)
     saver = sys.modules.get("tensorflow.python.training.saver")  # loaded with TensorFlow
     if saver is not None:
         timed(saver.Saver, "save", _saver_dir, step=_saver_step, first=_saver_before)

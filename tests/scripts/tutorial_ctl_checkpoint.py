@@ -8,6 +8,8 @@ at each epoch's end; prints `EPOCH n` as each epoch starts and
 `WEIGHTS_FINITE <True|False>` at the end. POISON_AT_STEP=N makes worker 1's
 output bias NaN before step N (a flipped bit; the all-reduce spreads it), in
 generation 0 only (MGPU_GENERATION): nothing reads this loop's loss.
+SAVE_WITH=checkpoint saves with `checkpoint.save(prefix)` and restores
+`tf.train.latest_checkpoint` instead of the manager (the other common shape).
 """
 
 import json
@@ -44,7 +46,13 @@ checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
 manager = tf.train.CheckpointManager(checkpoint, directory=checkpoint_dir, max_to_keep=2)
 write_manager = manager if is_chief else tf.train.CheckpointManager(
     checkpoint, directory=write_dir, max_to_keep=1)
-manager.restore_or_initialize()
+by_checkpoint = os.environ.get("SAVE_WITH") == "checkpoint"
+if by_checkpoint:
+    latest = tf.train.latest_checkpoint(checkpoint_dir)
+    if latest:
+        checkpoint.restore(latest)
+else:
+    manager.restore_or_initialize()
 
 
 @tf.function
@@ -76,7 +84,11 @@ while int(optimizer.iterations.numpy()) < 6 * steps_per_epoch:
             bias.assign(tf.fill(bias.shape, float("nan")))
         train_step(iterator)
         time.sleep(0.05)
-    write_manager.save()
+    if by_checkpoint:
+        os.makedirs(write_dir, exist_ok=True)
+        checkpoint.save(os.path.join(write_dir, "ckpt"))
+    else:
+        write_manager.save()
     if not is_chief:
         shutil.rmtree(write_dir, ignore_errors=True)
 print("WEIGHTS_FINITE", all(bool(np.isfinite(w).all()) for w in model.get_weights()),

@@ -226,10 +226,12 @@ def _rolls_back(said: ProgressReport) -> bool:
     is its own), or every later save would be refused and the job end
     "succeeded" on NaN weights. Not in a watched `fit`: a save at the bad step
     is checked before that step's loss is read, and the loss's report (a step
-    later) names the step, for the replay and the skip. Not a save made anyway
-    (`tf.train.Checkpoint.save`/`write`, whose path the script may read): the
-    restart would restore those very weights. Not a finite save after a spike."""
-    return said.save_skipped and not said.saved_loss_watched and not said.saved_after_spike
+    later) names the step, for the replay and the skip. Not a save made and
+    still its directory's newest (`tf.train.Checkpoint.write`, or a `save`
+    whose state file could not be rewritten): the restart would restore those
+    very weights. Not a finite save after a spike."""
+    return (said.save_skipped or said.save_set_aside) and not said.saved_loss_watched \
+        and not said.saved_after_spike
 
 
 def _no_skip(said: ProgressReport) -> str:

@@ -68,6 +68,7 @@ class ProgressReport:
     nonfinite_inexact: str | None = None
     saved_nonfinite: int | None = None
     save_skipped: bool = False
+    save_set_aside: bool = False  # ...made, then no longer its directory's newest
     saved_after_spike: bool = False  # that save's weights finite, trained past a spike
     saved_loss_watched: bool = False  # ...made in a `fit` whose loss the sentinel reads
     # A loss spike (runtime/spikes.py): (step, epoch, batch), the step's own loss,
@@ -122,6 +123,7 @@ class ProgressReport:
             nonfinite_inexact=_text(metrics.get("nonfinite_inexact")),
             saved_nonfinite=_int(metrics.get("saved_nonfinite")),
             save_skipped=bool(metrics.get("save_skipped")),
+            save_set_aside=bool(metrics.get("save_set_aside")),
             saved_after_spike=bool(metrics.get("saved_after_spike")),
             saved_loss_watched=bool(metrics.get("saved_loss_watched")),
             loss_spike=_position(metrics.get("loss_spike")),
