@@ -383,8 +383,6 @@ def _write_state(directory: str, damaged: set[str], chosen: str) -> str | None:
     """The directory's state file as it is now (read again: a save made since
     stays listed) without the `damaged` checkpoints, written aside and synced;
     its name, to be renamed into place (None: nothing to change)."""
-    from google.protobuf import text_format
-
     state = _state(directory)
     if state is None:
         return None
@@ -403,10 +401,17 @@ def _write_state(directory: str, damaged: set[str], chosen: str) -> str | None:
         new.all_model_checkpoint_timestamps.extend(stamps[i] for i in keep)
     if newest_damaged:
         new.model_checkpoint_path = paths[keep[-1]] if keep else chosen
+    return _write_aside(directory, new)
+
+
+def _write_aside(directory: str, state) -> str:
+    """`state` written beside `directory`'s state file and synced; its name."""
+    from google.protobuf import text_format
+
     aside = f"{os.path.join(directory, 'checkpoint')}.mgpu-{os.getpid()}-{threading.get_ident()}"
     try:
         with open(aside, "w", encoding="utf-8") as handle:
-            handle.write(text_format.MessageToString(new))
+            handle.write(text_format.MessageToString(state))
             handle.flush()
             os.fsync(handle.fileno())  # a host crash leaves the old state, never an empty one
     except OSError:
@@ -439,17 +444,12 @@ def name_newest(directory: str, bad: str, previous: str | None) -> bool:
             _warn(f"the state file of {directory} could not be removed ({_brief(exc)})")
             return False
         return True
-    from google.protobuf import text_format
-
     new = type(state)()
     new.model_checkpoint_path = previous
     new.all_model_checkpoint_paths.append(previous)
-    aside = f"{target}.mgpu-{os.getpid()}-{threading.get_ident()}"
+    aside = None
     try:
-        with open(aside, "w", encoding="utf-8") as handle:
-            handle.write(text_format.MessageToString(new))
-            handle.flush()
-            os.fsync(handle.fileno())
+        aside = _write_aside(directory, new)
         os.replace(aside, target)
         aside = None
     except OSError as exc:
