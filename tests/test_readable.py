@@ -23,10 +23,11 @@ PROBE = str(SCRIPTS / "ckpt_probe.py")
 DATA = ".data-00000-of-00001"
 
 
-def start(tmp_path: Path, *args: str, tf_config: str = "") -> tuple[subprocess.Popen, int]:
+def start(tmp_path: Path, *args: str, tf_config: str = "",
+          **more: str) -> tuple[subprocess.Popen, int]:
     read_fd, write_fd = os.pipe()
     env = dict(os.environ, MGPU_PROGRESS_FD=str(write_fd), MGPU_GENERATION="1",
-               PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2")
+               PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2", **more)
     env.pop("TF_CONFIG", None)
     if tf_config:
         env["TF_CONFIG"] = tf_config
@@ -47,8 +48,8 @@ def finish(proc: subprocess.Popen, read_fd: int) -> tuple[int, str, list[dict], 
     return proc.returncode, output, records, restored[0] if restored else None
 
 
-def run(tmp_path: Path, *args: str) -> tuple[int, str, list[dict], dict | None]:
-    return finish(*start(tmp_path, *args))
+def run(tmp_path: Path, *args: str, **env: str) -> tuple[int, str, list[dict], dict | None]:
+    return finish(*start(tmp_path, *args, **env))
 
 
 @pytest.fixture(scope="module")
@@ -116,6 +117,32 @@ def test_a_torn_newest_checkpoint_is_passed_over_kept_aside_and_never_overwritte
     assert (kept / f"ckpt-4{DATA}").stat().st_size == size
     assert [r["resumed"] for r in records if "resumed" in r] == [30], records
     assert "cannot be read" in output and str(kept) in output
+
+
+@pytest.mark.parametrize("sentinel", ["on", "off"])
+def test_a_newest_checkpoint_holding_nan_is_passed_over_unless_the_sentinel_is_off(
+        tmp_path, sentinel):
+    """Saved without the launcher (a run before it, or one with no save check):
+    the newest checkpoint's kernel holds a NaN. A restore takes the one before,
+    keeping the NaN one aside; `sentinel: off` restores what the script asked."""
+    directory = tmp_path / "ckpt"
+    made = subprocess.run([sys.executable, PROBE, "save", str(directory), "4", "nan"],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert made.returncode == 0, made.stderr[-3000:]
+    code, output, records, restored = run(tmp_path, "manager", str(directory),
+                                          MGPU_SENTINEL=sentinel)
+    assert code == 0, output[-3000:]
+    if sentinel == "off":
+        assert restored == {"step": 40, "latest": str(directory / "ckpt-4")}, output[-3000:]
+        assert not passed_over(records)
+        return
+    assert restored == {"step": 30, "latest": str(directory / "ckpt-3")}, output[-3000:]
+    [(name, why)] = passed_over(records)
+    assert name == "ckpt-4" and "holds NaN" in why, why  # named by its checkpoint key
+    [kept] = (directory / "damaged").iterdir()
+    assert (kept / f"ckpt-4{DATA}").exists() and (kept / "ckpt-4.index").exists()
+    assert 'model_checkpoint_path: "ckpt-3"' in state(directory)
 
 
 def test_a_restore_of_tf_train_latest_checkpoint_passes_over_each_damaged_one(tmp_path, saved):

@@ -21,8 +21,11 @@ bootstrap, once TensorFlow is imported):
 
 Verified: TensorFlow's reader opens the index and reads every tensor (each
 tensor's crc32c is checked as it is read), one tensor at a time. A checkpoint
-whose bytes say it is damaged is passed over for the next newest the state
-file lists (`all_model_checkpoint_paths`), verified the same way, and so on.
+whose bytes say it is damaged, or whose values are not finite (a NaN, or an
+infinity beyond a scalar: a save after the weights went bad that the
+sentinel's save check did not see, unless `sentinel: off`), is passed over for
+the next newest the state file lists (`all_model_checkpoint_paths`), verified
+the same way, and so on.
 Its files are moved to `damaged/<name>-<time it was saved>/` beside it (never
 deleted: the next save would take its name) and the state file is rewritten
 without it (written aside, then renamed). Each worker verifies the same
@@ -93,17 +96,49 @@ def damage(prefix: str, fresh: bool = False) -> str | None:
         return _verified[key]
     import tensorflow as tf
 
+    check = _checks_values()
     try:
         reader = tf.train.load_checkpoint(prefix)
-        for name in reader.get_variable_to_shape_map():
-            reader.get_tensor(name)
         why = ""
+        # The model's names first: an optimizer's copy of a weight names it worse.
+        for name in sorted(reader.get_variable_to_shape_map(),
+                           key=lambda name: (name.startswith("optimizer"), name)):
+            value = reader.get_tensor(name)
+            if check and not why:
+                why = _not_finite(name, value)
     except Exception as exc:  # noqa: BLE001 - judged by what it says
         why = _words(exc, prefix)
         if why is None:
             return None
     _verified[key] = why
     return why
+
+
+def _checks_values() -> bool:
+    """The values are checked too unless `sentinel: off` (its save check's twin)."""
+    from . import sentinel
+
+    return sentinel.enabled()
+
+
+def _not_finite(name: str, value: object) -> str:
+    """Words when a floating tensor of a checkpoint holds a NaN, or an infinity
+    in a tensor of rank 1 or more (a scalar infinity is a common first "best so
+    far"); "" otherwise."""
+    import numpy as np
+
+    try:
+        array = np.asarray(value)
+        if array.dtype.kind != "f":
+            if array.dtype.name != "bfloat16":
+                return ""
+            array = array.astype(np.float32)
+        bad = "NaN" if np.isnan(array).any() else \
+            "an infinity" if array.ndim and np.isinf(array).any() else ""
+    except (TypeError, ValueError):
+        return ""
+    variable = name.removesuffix("/.ATTRIBUTES/VARIABLE_VALUE")
+    return f"its tensor {variable} holds {bad} (saved after the weights went bad)" if bad else ""
 
 
 def _words(exc: Exception, prefix: str) -> str | None:

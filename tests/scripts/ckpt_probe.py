@@ -1,7 +1,8 @@
 """A custom loop's checkpoints, saved and restored as the script asks (argv):
 
-- `save DIR N`: N saves of a `tf.train.CheckpointManager(max_to_keep=3)`, the
-  optimizer's step 10, 20, ... in each;
+- `save DIR N [nan]`: N saves of a `tf.train.CheckpointManager(max_to_keep=3)`,
+  the optimizer's step 10, 20, ... in each (`nan`: the last save's first kernel
+  holds a NaN, as a save made after the loss went bad does);
 - `manager DIR [save]`: `checkpoint.restore(manager.latest_checkpoint)`, then
   (with `save`) one more save;
 - `latest DIR`: `checkpoint.restore(tf.train.latest_checkpoint(DIR))`.
@@ -26,6 +27,9 @@ manager = tf.train.CheckpointManager(checkpoint, directory, max_to_keep=3) \
 if mode == "save":
     for i in range(int(sys.argv[3])):
         optimizer.iterations.assign(10 * (i + 1))
+        if sys.argv[4:] == ["nan"] and i == int(sys.argv[3]) - 1:
+            kernel = model.layers[0].kernel
+            kernel.assign(tf.tensor_scatter_nd_update(kernel, [[0, 0]], [float("nan")]))
         manager.save()
     sys.exit(0)
 if mode == "manager":
