@@ -107,7 +107,7 @@ def test_the_free_restarts_line_says_why_by_the_kind():
                                  "counted against the 1 allowed without progress") in said[1]
     nan = count_restart(job, policy, counts=False, advanced=False, trained_s=1.0,
                         preempted=False, free=Kind.NONFINITE)
-    assert "the first loss gone non-finite, not counted" in narrate.line(nan)[1]
+    assert "the first loss or weights gone non-finite, not counted" in narrate.line(nan)[1]
 
 
 def test_the_plan_knows_whether_a_restart_takes_fresh_ports():

@@ -195,7 +195,8 @@ def test_the_same_step_going_bad_after_its_free_restart_stops_the_job_naming_it(
     assert [(g, step) for g, step, _, _ in nonfinite(job)] == [(0, 30), (1, 30)]
     [restart] = job.events("restart")
     assert restart["counted"] is False and restart["progress"] is False, restart
-    assert "the first loss gone non-finite, not counted" in job.output, job.output[-3000:]
+    assert "the first loss or weights gone non-finite, not counted" in job.output, \
+        job.output[-3000:]
     summary = read_summary(job.run_dir)
     assert summary["status"] == "failed" and summary["stopped_by"] == "nonfinite", summary
     assert "the loss went non-finite at step 30 again" in summary["message"], summary
@@ -304,7 +305,7 @@ def test_the_first_stop_is_free_and_the_same_step_again_ends_the_job():
     sentinel._steps[1] = 180
     assert sentinel.judged([_failure(0), _failure(1)]) == {"free": False}
     told.append(ev.Restart(generation=1, counted=False, progress=False, max_restarts=1))
-    assert "the first loss gone non-finite, not counted against the 1 allowed" in \
+    assert "the first loss or weights gone non-finite, not counted against the 1 allowed" in \
         narrate.line(told[0])[1]
 
 

@@ -49,7 +49,7 @@ def _restart(event: ev.Restart) -> str:
     free = "preempted" if event.preempted else "a bad batch skipped" if event.skipped \
         else "the checkpoint advanced" if event.progress \
         else traits(event.free).free_words or f"the first {event.free} failure" if event.free \
-        else "the first loss gone non-finite"  # a run before `free`: the NaN sentinel's
+        else "the first loss or weights gone non-finite"  # a run before `free`: the NaN sentinel's
     why = f"{event.spent} of {allowed}" if event.counted else \
         f"{free}, not counted against {allowed}"
     fence = event.fence_s or 0.0

@@ -153,7 +153,8 @@ KINDS: dict[Kind, Traits] = {
                  "`ports.base` (`mgpu-launch check` tries them; fixed ports: the restart "
                  "binds the same port)"}),
     # Epoch and batch counted from 1, as Keras' progress bar counts them.
-    Kind.NONFINITE: Traits(free_first=True, free_words="the first loss gone non-finite", words={
+    Kind.NONFINITE: Traits(free_first=True,
+                           free_words="the first loss or weights gone non-finite", words={
         "loss": "its loss went {loss} at step {step} (epoch {epoch_1}, batch {batch_1} of it): "
                 "stopped before it saves NaN weights; the restart resumes from the last save "
                 "before it (the NaN sentinel; `sentinel: off` turns it off)",
