@@ -77,3 +77,33 @@ def test_a_save_taken_off_the_newest_leaves_the_one_before_or_none_and_keeps_its
     assert readable.name_newest(str(tmp_path), first, None)  # nothing good before it
     assert tf.train.latest_checkpoint(str(tmp_path)) is None
     assert all((tmp_path / f"{name}.index").exists() for name in ("ckpt-1", "ckpt-2"))
+
+
+def test_a_save_check_reads_moving_statistics_and_forgives_a_scalar_infinity():
+    """A BatchNormalization's moving variance gone NaN (trained on a bad batch,
+    not a trainable weight) makes a save of the model refused, through a Keras
+    saver's model and a tf.train.Checkpoint alike; a scalar `best = inf` does
+    not, and the restore's rule (runtime/readable.py) is the same one."""
+    import numpy as np
+    import tensorflow as tf
+
+    model = tf.keras.Sequential([tf.keras.layers.Input((4,)), tf.keras.layers.Dense(3),
+                                 tf.keras.layers.BatchNormalization()])
+    best = tf.Variable(np.inf)
+    checkpoint = tf.train.Checkpoint(model=model, best=best)
+
+    class Saver:  # what a Keras callback is to the check: its `model`
+        pass
+
+    saver = Saver()
+    saver.model = model
+    assert sentinel.all_finite(sentinel.saved_variables(checkpoint))
+    assert sentinel.all_finite(sentinel.saved_variables(saver))
+    variance = model.layers[-1].moving_variance
+    variance.assign(tf.constant([1.0, float("nan"), 1.0]))
+    assert any(v is variance for v in sentinel.saved_variables(checkpoint))
+    assert not sentinel.all_finite(sentinel.saved_variables(checkpoint))
+    assert not sentinel.all_finite(sentinel.saved_variables(saver))
+    assert (sentinel.not_finite(np.inf), sentinel.not_finite([1.0, -np.inf]),
+            sentinel.not_finite(np.array([np.nan], dtype=np.float16)),
+            sentinel.not_finite(np.array([7]))) == ("", "an infinity", "NaN", "")

@@ -122,19 +122,12 @@ def _checks_values() -> bool:
 
 
 def _not_finite(name: str, value: object) -> str:
-    """Words when a floating tensor of a checkpoint holds a NaN, or an infinity
-    in a tensor of rank 1 or more (a scalar infinity is a common first "best so
-    far"); "" otherwise."""
-    import numpy as np
+    """Words when a tensor of a checkpoint is not finite (the save check's
+    rule: sentinel.not_finite), "" otherwise."""
+    from .sentinel import not_finite
 
     try:
-        array = np.asarray(value)
-        if array.dtype.kind != "f":
-            if array.dtype.name != "bfloat16":
-                return ""
-            array = array.astype(np.float32)
-        bad = "NaN" if np.isnan(array).any() else \
-            "an infinity" if array.ndim and np.isinf(array).any() else ""
+        bad = not_finite(value)
     except (TypeError, ValueError):
         return ""
     variable = name.removesuffix("/.ATTRIBUTES/VARIABLE_VALUE")

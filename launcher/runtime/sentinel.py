@@ -371,11 +371,13 @@ HOOKS = {"keras": on_keras, "tf_keras": on_keras}
 
 def saved_variables(saver: object) -> list[Any]:
     """The variables a save writes that the check reads: a Keras saver's model's
-    trainable weights, a `tf.train.Checkpoint`'s (or its manager's) objects'
-    trainable variables, one level down ([] when none can be found)."""
+    weights, trainable or not (a BatchNormalization's moving statistics go NaN
+    too), a `tf.train.Checkpoint`'s (or its manager's) objects' (a Keras
+    model's or layer's weights; else their trainable variables: an
+    optimizer's slots are not read), one level down ([] when none can be found)."""
     model = getattr(saver, "model", None)
     if model is not None:
-        return list(getattr(model, "trainable_weights", None) or [])
+        return list(getattr(model, "weights", None) or [])
     checkpoint = getattr(saver, "_checkpoint", saver)  # a CheckpointManager's
     children = getattr(checkpoint, "_trackable_children", None)
     if children is None:
@@ -385,25 +387,40 @@ def saved_variables(saver: object) -> list[Any]:
         if hasattr(child, "numpy") and hasattr(child, "dtype"):  # a variable itself
             found.append(child)
             continue
-        for name in ("trainable_weights", "trainable_variables"):
+        names = ("weights",) if hasattr(child, "trainable_weights") else ()
+        for name in (*names, "trainable_weights", "trainable_variables"):
             values = getattr(child, name, None)
-            if values:
+            if values and not callable(values):
                 found.extend(values)
                 break
     return found
 
 
-def all_finite(variables: list[Any]) -> bool:
-    """Every floating-point value of `variables` finite (numpy is loaded with
-    TensorFlow and Keras by then)."""
+def not_finite(value: Any) -> str:
+    """What is not finite in an array: "NaN" (anywhere), "an infinity" (in
+    any but a scalar, where a first "best so far" may start), else "". The
+    save check's and the restore's (runtime/readable.py) one rule."""
     import numpy as np
 
+    array = np.asarray(value)
+    if array.dtype.kind not in "fc":
+        if array.dtype.name != "bfloat16":
+            return ""
+        array = array.astype(np.float32)
+    if np.isnan(array).any():
+        return "NaN"
+    return "an infinity" if array.ndim and np.isinf(array).any() else ""
+
+
+def all_finite(variables: list[Any]) -> bool:
+    """Every floating-point value of `variables` finite by `not_finite`'s rule
+    (numpy is loaded with TensorFlow and Keras by then)."""
     for variable in variables:
         try:
-            value = np.asarray(variable.numpy() if hasattr(variable, "numpy") else variable)
+            bad = not_finite(variable.numpy() if hasattr(variable, "numpy") else variable)
         except Exception:  # noqa: BLE001 - a variable that cannot be read here: not judged
             continue
-        if value.dtype.kind in "fc" and not np.isfinite(value).all():
+        if bad:
             return False
     return True
 
