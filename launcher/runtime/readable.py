@@ -21,11 +21,11 @@ bootstrap, once TensorFlow is imported):
 
 Verified: TensorFlow's reader opens the index and reads every tensor (each
 tensor's crc32c is checked as it is read), one tensor at a time. A checkpoint
-whose bytes say it is damaged, or whose values are not finite (a NaN, or an
-infinity beyond a scalar: a save after the weights went bad that the
-sentinel's save check did not see, unless `sentinel: off`), is passed over for
-the next newest the state file lists (`all_model_checkpoint_paths`), verified
-the same way, and so on.
+whose bytes say it is damaged, or whose values are not finite (a NaN or an
+infinity in a tensor of two or more dimensions: a save after the weights
+went bad that the sentinel's save check did not see; not with `sentinel:
+off`), is passed over for the next newest the state file lists
+(`all_model_checkpoint_paths`), verified the same way, and so on.
 Its files are moved to `damaged/<name>-<time it was saved>/` beside it (never
 deleted: the next save would take its name) and the state file is rewritten
 without it (written aside, then renamed). Each worker verifies the same
@@ -106,6 +106,7 @@ def damage(prefix: str, fresh: bool = False) -> str | None:
             value = reader.get_tensor(name)
             if check and not why:
                 why = _not_finite(name, value)
+            del value  # one tensor held at a time, as before the values were read
     except Exception as exc:  # noqa: BLE001 - judged by what it says
         why = _words(exc, prefix)
         if why is None:
@@ -122,16 +123,20 @@ def _checks_values() -> bool:
 
 
 def _not_finite(name: str, value: object) -> str:
-    """Words when a tensor of a checkpoint is not finite (the save check's
-    rule: sentinel.not_finite), "" otherwise."""
+    """Words when a tensor of two or more dimensions holds a NaN or an
+    infinity, "" otherwise. Weights trained on a NaN hold it in every kernel
+    (a matrix or more); a vector or a scalar may hold one by design (a running
+    minimum starting at infinity, a "not yet set" marker) and is not judged:
+    the save check (sentinel.all_finite) judges a model's vectors as it saves."""
     from .sentinel import not_finite
 
     try:
-        bad = not_finite(value)
+        bad = not_finite(value, min_rank=2)
     except (TypeError, ValueError):
         return ""
     variable = name.removesuffix("/.ATTRIBUTES/VARIABLE_VALUE")
-    return f"its tensor {variable} holds {bad} (saved after the weights went bad)" if bad else ""
+    return f"its tensor {variable} holds {bad} (trained after the loss went bad; " \
+        "`sentinel: off` restores such a checkpoint as asked)" if bad else ""
 
 
 def _words(exc: Exception, prefix: str) -> str | None:

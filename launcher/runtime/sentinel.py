@@ -396,28 +396,35 @@ def saved_variables(saver: object) -> list[Any]:
     return found
 
 
-def not_finite(value: Any) -> str:
-    """What is not finite in an array: "NaN" (anywhere), "an infinity" (in
-    any but a scalar, where a first "best so far" may start), else "". The
-    save check's and the restore's (runtime/readable.py) one rule."""
+def not_finite(value: Any, nan_only: bool = False, min_rank: int = 0) -> str:
+    """What is not finite in an array: "NaN", "an infinity" (unless `nan_only`),
+    else "" (and "" for an array of fewer than `min_rank` dimensions)."""
     import numpy as np
 
     array = np.asarray(value)
+    if array.ndim < min_rank:
+        return ""
     if array.dtype.kind not in "fc":
         if array.dtype.name != "bfloat16":
             return ""
         array = array.astype(np.float32)
     if np.isnan(array).any():
         return "NaN"
-    return "an infinity" if array.ndim and np.isinf(array).any() else ""
+    return "" if nan_only or not np.isinf(array).any() else "an infinity"
 
 
 def all_finite(variables: list[Any]) -> bool:
-    """Every floating-point value of `variables` finite by `not_finite`'s rule
-    (numpy is loaded with TensorFlow and Keras by then)."""
+    """No NaN or infinity in a trainable weight (none is ever right there); no
+    NaN in a scalar or another variable (a BatchNormalization's moving
+    statistics), where an infinity may be a start: a `best = tf.Variable(inf)`,
+    a running minimum. Numpy is loaded by then."""
+    import numpy as np
+
     for variable in variables:
         try:
-            bad = not_finite(variable.numpy() if hasattr(variable, "numpy") else variable)
+            value = variable.numpy() if hasattr(variable, "numpy") else variable
+            nan_only = getattr(variable, "trainable", True) is False or np.ndim(value) == 0
+            bad = not_finite(value, nan_only=nan_only)
         except Exception:  # noqa: BLE001 - a variable that cannot be read here: not judged
             continue
         if bad:

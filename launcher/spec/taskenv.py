@@ -93,9 +93,10 @@ def shared_env(config: ClusterConfig, checkpoint_dir: str, generation: int,
         "MGPU_KERAS": config.keras,
         "MGPU_SAVE_FREQ": str(config.checkpoint.save_freq),
     }
-    if config.sentinel == "off":  # runtime/sentinel.py's ENV
-        shared_env["MGPU_SENTINEL"] = "off"
-    elif not isinstance(config.sentinel, str):  # `{on_spike: ...}`: runtime/sentinel.py's
+    # runtime/sentinel.py's ENV, said either way: a value inherited from one
+    # host's environment must not make its restores judge apart from its peers'.
+    shared_env["MGPU_SENTINEL"] = "off" if config.sentinel == "off" else "on"
+    if not isinstance(config.sentinel, str):  # `{on_spike: ...}`: runtime/sentinel.py's
         spikes = config.sentinel
         shared_env["MGPU_ON_SPIKE"] = spikes.on_spike
         if spikes.spike_z is not None:
