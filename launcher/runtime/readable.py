@@ -96,7 +96,9 @@ def damage(prefix: str, fresh: bool = False) -> str | None:
         return _verified[key]
     import tensorflow as tf
 
-    check = _checks_values()
+    from .sentinel import enabled
+
+    check = enabled()  # the values too, unless `sentinel: off`
     try:
         reader = tf.train.load_checkpoint(prefix)
         why = ""
@@ -104,22 +106,16 @@ def damage(prefix: str, fresh: bool = False) -> str | None:
         for name in sorted(reader.get_variable_to_shape_map(),
                            key=lambda name: (name.startswith("optimizer"), name)):
             value = reader.get_tensor(name)
-            if check and not why:
-                why = _not_finite(name, value)
+            why = _not_finite(name, value) if check else ""
             del value  # one tensor held at a time, as before the values were read
+            if why:
+                break  # damaged: the rest need not be read
     except Exception as exc:  # noqa: BLE001 - judged by what it says
         why = _words(exc, prefix)
         if why is None:
             return None
     _verified[key] = why
     return why
-
-
-def _checks_values() -> bool:
-    """The values are checked too unless `sentinel: off` (its save check's twin)."""
-    from . import sentinel
-
-    return sentinel.enabled()
 
 
 def _not_finite(name: str, value: object) -> str:

@@ -17,7 +17,7 @@ import signal as signals
 from ..job.detect.checkpoints import Moved
 from ..job.detect.stragglers import describe as describe_evidence
 from ..job.record import events as ev
-from ..job.record.failkinds import traits
+from ..job.record.failkinds import Kind, traits
 from ..job.record.states import sentence
 
 Said = tuple[str, str]  # ("notice" | "debug", text)
@@ -49,7 +49,7 @@ def _restart(event: ev.Restart) -> str:
     free = "preempted" if event.preempted else "a bad batch skipped" if event.skipped \
         else "the checkpoint advanced" if event.progress \
         else traits(event.free).free_words or f"the first {event.free} failure" if event.free \
-        else "the first loss or weights gone non-finite"  # a run before `free`: the NaN sentinel's
+        else traits(Kind.NONFINITE).free_words  # a run before `free`: the NaN sentinel's
     why = f"{event.spent} of {allowed}" if event.counted else \
         f"{free}, not counted against {allowed}"
     fence = event.fence_s or 0.0
