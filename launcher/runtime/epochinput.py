@@ -226,8 +226,12 @@ def _epochs(original):
         for epoch, iterator in original(self, *args, **kwargs):
             _drop(iterator, skip)
             skip = 0
-            self._mgpu_epoch = (epoch, iterator)
-            yield epoch, iterator
+            if model is not None:
+                self._mgpu_epoch = (epoch, iterator)
+            try:
+                yield epoch, iterator
+            finally:
+                self._mgpu_epoch = (None, None)
     return enumerate_epochs
 
 
