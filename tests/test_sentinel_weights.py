@@ -15,6 +15,7 @@ from tests.test_faults import jobs, launch  # noqa: F401 - `jobs` is a fixture
 from tests.test_sentinel import cluster
 
 CTL = str(SCRIPTS / "tutorial_ctl_checkpoint.py")
+NAN_FIT = str(SCRIPTS / "tutorial_nan.py")
 
 
 def test_healthy_weights_return_at_once_and_spoiled_ones_never_past_the_bound(
@@ -28,6 +29,43 @@ def test_healthy_weights_return_at_once_and_spoiled_ones_never_past_the_bound(
         sentinel.hold_spoiled_weights(hold_s=0.05)
     assert "fit() ended after the loss went bad at step 239: its weights are not handed " \
         "back to the script" in capsys.readouterr().err
+    monkeypatch.setattr(sentinel, "_spoiled", False)  # a loss that stayed finite:
+    monkeypatch.setattr(sentinel, "_weights_bad_at", 80)  # its save of step 80 refused
+    with pytest.raises(RuntimeError, match=r"its weights went non-finite \(its save of step 80 "
+                                           r"refused\) and the launcher did not stop"):
+        sentinel.hold_spoiled_weights(hold_s=0.05)
+
+
+def test_a_refused_save_reads_the_loss_of_its_step_first(monkeypatch):
+    """A save's weights checked at a batch's end, before the loss callback has
+    read that batch's loss (tf_keras logs tensors, read a step late): the
+    refused save reads it first. A bad one is reported before the save (it
+    names the step for the replay and the skip); a finite one makes the save's
+    own report the cause, and `fit` keeps the backup and holds its weights."""
+    import math
+
+    import tf_keras
+
+    from launcher import runtime
+
+    said: list[dict] = []
+    monkeypatch.setattr(runtime, "write_progress", said.append)
+    for name, value in (("_spoiled", False), ("_told", False), ("_weights_bad_at", None)):
+        monkeypatch.setattr(sentinel, name, value)
+    assert sentinel.loss_at_save(8, rolled_back=True) == ""  # no fit watched: its own words
+    watch = sentinel._loss_callback(tf_keras.callbacks)()
+    monkeypatch.setattr(sentinel, "_active", [watch])
+    watch.on_epoch_begin(0)
+    watch.on_train_batch_begin(0)
+    watch.on_train_batch_end(0, {"loss": 0.5})
+    assert sentinel.loss_at_save(1, rolled_back=False) == "finite" and not said
+    assert sentinel._weights_bad_at is None  # a save the launcher does not roll back
+    watch.on_train_batch_end(1, {"loss": 0.4})
+    assert sentinel.loss_at_save(2, rolled_back=True) == "finite"
+    assert sentinel._weights_bad_at == 2  # held back from the script, the backup kept
+    watch.on_train_batch_end(2, {"loss": math.nan})
+    assert sentinel.loss_at_save(3, rolled_back=True) == "bad"
+    assert [record["nonfinite"] for record in said] == [[3, 0, 2]]
 
 
 @pytest.mark.e2e
@@ -52,6 +90,34 @@ def test_a_custom_loop_whose_weights_go_nan_is_rolled_back_at_its_first_refused_
     assert [r["step"] for r in job.events("resumed")] == [20], job.events("resumed")
     assert "its weights were not finite at its save of step 40" in job.output, \
         job.output[-3000:]
+    summary = read_summary(job.run_dir)
+    assert summary["status"] == "succeeded" and summary["restarts"] == 1, summary
+    logs = "".join(log.read_text() for log in (job.run_dir / "logs").glob("*.log"))
+    assert logs.count("WEIGHTS_FINITE True") == 2 and "WEIGHTS_FINITE False" not in logs, logs
+
+
+@pytest.mark.e2e
+def test_a_fit_whose_weights_go_nan_while_its_loss_stays_finite_is_rolled_back(
+        workdir, jobs):  # noqa: F811
+    """A tutorial-shaped tf_keras `fit` (its own BackupAndRestore, a save
+    each epoch of 40 steps) with a BatchNormalization whose moving variance
+    goes NaN at step 50 of generation 0: training reads the batch's own
+    statistics, so the loss stays finite and the sentinel's loss watch sees
+    nothing. The save of step 80 is refused, the generation stops there, the
+    restart resumes from step 40 and the job ends with finite weights (before:
+    "succeeded", every later save refused, the backup deleted, NaN weights)."""
+    config = cluster(workdir, "tf_keras",
+                     "env: {POISON_AT_STEP: 50, POISON_BY: stats, POISON_ONCE: 1}\n")
+    job = launch(jobs, [str(config), "--no-live", NAN_FIT, str(workdir / "backup")], workdir)
+    assert job.finish(timeout=300) == 0, job.output[-3000:]
+    [failure] = job.events("failure_detected")
+    assert failure["kind"] == "nonfinite" and failure["generation"] == 0, failure
+    assert not job.events("nonfinite"), job.events("nonfinite")  # no loss went bad
+    assert [e["step"] for e in job.events("nonfinite_save")] == [80], \
+        job.events("nonfinite_save")
+    assert [r["step"] for r in job.events("resumed")] == [40], job.events("resumed")
+    assert "its weights were not finite at its save of step 80" in job.output and \
+        "though its loss was" in job.output, job.output[-3000:]
     summary = read_summary(job.run_dir)
     assert summary["status"] == "succeeded" and summary["restarts"] == 1, summary
     logs = "".join(log.read_text() for log in (job.run_dir / "logs").glob("*.log"))

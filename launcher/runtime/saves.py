@@ -279,8 +279,9 @@ def _nonfinite(saver: object, where: Where, args: tuple, kwargs: dict, skipped: 
 
     if sentinel.spoiled_by_spike():  # finite, but trained past a spike rolled back
         record["saved_after_spike"] = 1
-    if sentinel.loss_watched():  # the loss's own report follows, or came: it decides
-        record["saved_loss_watched"] = 1
+    said = sentinel.loss_at_save(step, rolled_back=skipped or set_aside)
+    if said:  # "bad": the loss's own report (told first) decides; "finite": this one
+        record["saved_loss"] = said
     runtime.write_progress(record)
 
 

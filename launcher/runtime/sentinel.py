@@ -86,7 +86,10 @@ _lock = threading.Lock()
 _told = False  # this process reported its non-finite loss already
 _spoiled = False  # its loss went non-finite, or spiked with `on_spike: rollback`
 _spoiled_at: int | None = None  # the step it went bad at, as reported
-_watching = 0  # `fit` calls running with the loss callback (its loss is watched)
+# Its weights went non-finite with the loss finite (a refused save the launcher
+# rolls back): the save's step. Held back from the script as a bad loss's are.
+_weights_bad_at: int | None = None
+_active: list[Any] = []  # the loss callbacks of the `fit` calls running
 _spikes_told = 0
 _poison = threading.Event()  # the drill's NaN: spoil a weight at the next step
 
@@ -186,10 +189,36 @@ def step_loss(before: tuple[int, float], count: int, mean: float) -> float:
     return (count * mean - before[0] * before[1]) / (count - before[0])
 
 
+class _LossReads:
+    """The loss sentinel's reads of a logged mean (its state is the callback's,
+    `_loss_callback`): a non-finite one reported, a finite one a spike's sample."""
+
+    def _check(self, batch: int, mean: Any) -> None:
+        value = _number(mean)
+        if value is None:
+            return
+        first = self._first if self._first is not None else 0
+        if not math.isfinite(value):
+            report(self._start + batch - first + 1, self._epoch, batch, value, self.model)
+        elif self._spikes is not None:
+            self._spike(batch, batch - first + 1, value)
+
+    def _spike(self, batch: int, ran: int, mean: float) -> None:  # ran: skipped ones too
+        with self._seen:  # Keras 3 may call back out of order: an older mean is passed
+            # The mean is of the batches trained, not those skipped (runtime/epochinput.py).
+            count = ran - skipped_in(self.model, self._epoch, self._first or 0, batch)
+            before, self._read = self._read, max(self._read, (count, mean))
+            spike = self._spikes.add(step_loss(before, count, mean)) \
+                if count > before[0] else None
+            epoch, step = self._epoch, self._start + ran
+        if spike is not None:
+            report_spike(step, epoch, batch, spike, self.model)
+
+
 def _loss_callback(callbacks_module: ModuleType):
     """A Keras callback (of the script's Keras) that watches each step's loss."""
 
-    class LossSentinel(callbacks_module.Callback):
+    class LossSentinel(_LossReads, callbacks_module.Callback):
         _supports_tf_logs = True  # tf_keras: the step's tensors, read a step later
         async_safe = True  # Keras 3: may run off the training thread
 
@@ -219,31 +248,15 @@ def _loss_callback(callbacks_module: ModuleType):
                 self._check(*held)
 
         def on_epoch_end(self, epoch, logs=None):  # first of the callbacks: before a save
+            self.settle()
+
+        def settle(self) -> None:
+            """Read the loss held since the last batch's end now (a save checks
+            its weights: a bad loss at its step is told first)."""
             with self._seen:
                 held, self._held = self._held, None
             if held is not None:
                 self._check(*held)
-
-        def _check(self, batch: int, mean: Any) -> None:
-            value = _number(mean)
-            if value is None:
-                return
-            first = self._first if self._first is not None else 0
-            if not math.isfinite(value):
-                report(self._start + batch - first + 1, self._epoch, batch, value, self.model)
-            elif self._spikes is not None:
-                self._spike(batch, batch - first + 1, value)
-
-        def _spike(self, batch: int, ran: int, mean: float) -> None:  # ran: skipped ones too
-            with self._seen:  # Keras 3 may call back out of order: an older mean is passed
-                # The mean is of the batches trained, not those skipped (runtime/epochinput.py).
-                count = ran - skipped_in(self.model, self._epoch, self._first or 0, batch)
-                before, self._read = self._read, max(self._read, (count, mean))
-                spike = self._spikes.add(step_loss(before, count, mean)) \
-                    if count > before[0] else None
-                epoch, step = self._epoch, self._start + ran
-            if spike is not None:
-                report_spike(step, epoch, batch, spike, self.model)
 
     return LossSentinel
 
@@ -291,17 +304,17 @@ def watch_loss_of(model_class, callbacks_module: ModuleType) -> None:
     def fit(self, *args, **kwargs):
         # callbacks is fit's 6th parameter: given by name or not at all. Under
         # ParameterServerStrategy fit refuses batch-level callbacks: not watched.
-        global _watching
-        watched = len(args) <= 5 and not _parameter_server(self)
-        if watched:
-            kwargs["callbacks"] = [sentinel(), *(kwargs.get("callbacks") or [])]
-        with _lock:
-            _watching += watched
+        watch = sentinel() if len(args) <= 5 and not _parameter_server(self) else None
+        if watch is not None:
+            kwargs["callbacks"] = [watch, *(kwargs.get("callbacks") or [])]
+            with _lock:
+                _active.append(watch)
         try:
             history = original(self, *args, **kwargs)
         finally:
-            with _lock:
-                _watching -= watched
+            if watch is not None:
+                with _lock:
+                    _active.remove(watch)
         hold_spoiled_weights()
         return history
 
@@ -316,16 +329,18 @@ def hold_spoiled_weights(hold_s: float | None = None) -> None:
     `model.save`, an export, an evaluation, a print of results) must not run on
     NaN weights in a generation the launcher rolls back. So the task waits for
     that stop; past `hold_s` (HOLD_S) with none, it raises instead of returning."""
-    if not _spoiled:
+    if _spoiled:
+        what = "the loss went bad" + ("" if _spoiled_at is None else f" at step {_spoiled_at}")
+    elif _weights_bad_at is not None:
+        what = f"its weights went non-finite (its save of step {_weights_bad_at} refused)"
+    else:
         return
     hold_s = HOLD_S if hold_s is None else hold_s
-    where = "" if _spoiled_at is None else f" at step {_spoiled_at}"
-    print(f"mgpu-launch: fit() ended after the loss went bad{where}: its weights are not "
-          "handed back to the script; waiting for the launcher to roll back",
-          file=sys.stderr, flush=True)
+    print(f"mgpu-launch: fit() ended after {what}: its weights are not handed back to the "
+          "script; waiting for the launcher to roll back", file=sys.stderr, flush=True)
     threading.Event().wait(hold_s)  # the launcher's stop (a signal) ends the wait
-    raise RuntimeError(f"mgpu-launch: the loss went bad{where} and the launcher did not stop "
-                       f"this task within {hold_s:.0f} s; fit()'s weights are not finite")
+    raise RuntimeError(f"mgpu-launch: {what} and the launcher did not stop this task within "
+                       f"{hold_s:.0f} s; fit()'s weights are not finite")
 
 
 def _parameter_server(model: Any) -> bool:
@@ -346,7 +361,7 @@ def keep_backup_after_bad_loss(backup_class) -> None:
 
     def make(original):
         def on_train_end(self, *args, **kwargs):
-            if _spoiled:
+            if _spoiled or _weights_bad_at is not None:
                 return None
             return original(self, *args, **kwargs)
         return on_train_end
@@ -432,10 +447,26 @@ def all_finite(variables: list[Any]) -> bool:
     return True
 
 
-def loss_watched() -> bool:
-    """A `fit` with the loss callback runs in this process: a loss gone bad is
-    reported by it (a step after a save at that step: the loss is read late)."""
-    return _watching > 0
+def loss_at_save(step: int | None, rolled_back: bool) -> str:
+    """What the loss says of a save refused for non-finite weights: "" (no
+    `fit` loss is watched here), "bad" (it went bad or spiked: its report, told
+    first, decides) or "finite" (weights gone bad that the loss does not show:
+    a BatchNormalization's moving statistics, a NaN a fused ReLU hides). The
+    loss of the save's own step is read a step late: read now. A finite one
+    whose save the launcher rolls back (`rolled_back`) also keeps the backup
+    and holds `fit`'s weights back, as a bad loss does."""
+    global _weights_bad_at
+    with _lock:
+        watching = list(_active)
+    for watch in watching:
+        watch.settle()
+    if not watching:
+        return ""
+    if _spoiled:
+        return "bad"
+    if rolled_back and _weights_bad_at is None:
+        _weights_bad_at = -1 if step is None else int(step)
+    return "finite"
 
 
 def spoiled() -> bool:

@@ -17,6 +17,9 @@ poisons generation 0 only (a one-off fault: MGPU_GENERATION). POISON_BY=step
 makes it come back at the same step whatever the Keras: the
 weights of the first layer are set to 1e30 just before the optimizer's step
 POISON_AT_STEP, on every worker (the bad state of a step, not a batch).
+POISON_BY=stats puts a BatchNormalization after the first layer and makes
+its moving variance NaN there instead: the weights go bad, the loss (which
+training computes from the batch's own statistics) stays finite.
 Worker 0 prints `EPOCH_BATCHES <generation> <epoch> <n>` at each epoch's end
 (the batches it trained in it) and `WEIGHTS_FINITE <True|False>` at the end.
 """
@@ -43,7 +46,8 @@ rng = np.random.default_rng(0)
 batch = 16 * num_workers  # the global batch: 16 a worker
 x = rng.normal(size=(STEPS * EPOCHS * batch, 8)).astype("float32")
 y = x.sum(axis=-1, keepdims=True) * 0.5
-by_step = os.environ.get("POISON_BY") == "step"
+by_step = os.environ.get("POISON_BY") in ("step", "stats")
+by_stats = os.environ.get("POISON_BY") == "stats"
 # A bad batch: the poison_at-th step of the run.
 for step in poison_at if worker == poisoned and not by_step else ():
     x[(step - 1) * batch:step * batch] = float(os.environ.get("POISON_VALUE", "1e30"))
@@ -54,6 +58,7 @@ with strategy.scope():
     model = tf.keras.Sequential([
         tf.keras.layers.Input(shape=(8,)),
         tf.keras.layers.Dense(8, activation="relu"),
+        *([tf.keras.layers.BatchNormalization()] if by_stats else []),
         tf.keras.layers.Dense(1),
     ])
     model.compile(optimizer=tf.keras.optimizers.SGD(0.01), loss="mse")
@@ -62,7 +67,10 @@ with strategy.scope():
 
 class PoisonAtStep(tf.keras.callbacks.Callback):
     def on_train_batch_begin(self, batch, logs=None):
-        if int(self.model.optimizer.iterations.numpy()) + 1 in poison_at:
+        if int(self.model.optimizer.iterations.numpy()) + 1 in poison_at and by_stats:
+            variance = self.model.layers[1].moving_variance
+            variance.assign(tf.fill(variance.shape, float("nan")))
+        elif int(self.model.optimizer.iterations.numpy()) + 1 in poison_at:
             kernel = self.model.layers[0].kernel
             kernel.assign(tf.fill(kernel.shape, 1e30))
 

@@ -118,7 +118,8 @@ class Sentinel:
                                         after_spike=said.saved_after_spike or None))
             if failure is None and _rolls_back(said) and gen.failure is None \
                     and gen.phase.running:
-                failure = Found(record, Kind.NONFINITE, "save", {
+                failure = Found(record, Kind.NONFINITE,
+                                "weights" if said.saved_loss == "finite" else "save", {
                     "step": saved if saved >= 0 else "?",
                     "directory": said.saved_dir or "its checkpoint directory"})
         return failure
@@ -223,14 +224,14 @@ class Sentinel:
 def _rolls_back(said: ProgressReport) -> bool:
     """A refused save of non-finite weights (`said.saved_nonfinite`) that stops
     the generation: weights gone bad where no loss is watched (a custom loop's
-    is its own), or every later save would be refused and the job end
-    "succeeded" on NaN weights. Not in a watched `fit`: a save at the bad step
-    is checked before that step's loss is read, and the loss's report (a step
-    later) names the step, for the replay and the skip. Not a save made and
-    still its directory's newest (`tf.train.Checkpoint.write`, or a `save`
-    whose state file could not be rewritten): the restart would restore those
-    very weights. Not a finite save after a spike."""
-    return (said.save_skipped or said.save_set_aside) and not said.saved_loss_watched \
+    is its own) or where the loss stayed finite (`said.saved_loss`), else every
+    later save would be refused and the job end "succeeded" on NaN weights.
+    Not where that step's loss went bad: its report, told first, names the
+    step for the replay and the skip. Not a save made and still its
+    directory's newest (`tf.train.Checkpoint.write`, or a `save` whose state
+    file could not be rewritten): the restart would restore those very
+    weights. Not a finite save after a spike."""
+    return (said.save_skipped or said.save_set_aside) and said.saved_loss != "bad" \
         and not said.saved_after_spike
 
 

@@ -166,7 +166,13 @@ KINDS: dict[Kind, Traits] = {
                 "with no loss gone bad seen (a custom loop's loss is its own: "
                 "`runtime.report_progress(step, loss=...)` names the step): not counted as a "
                 "save; stopped, and the restart resumes from the last save before it (the "
-                "NaN sentinel; `sentinel: off` turns it off)"}),
+                "NaN sentinel; `sentinel: off` turns it off)",
+        "weights": "its weights were not finite at its save of step {step} in {directory}, "
+                   "though its loss was: a weight the loss does not read (a "
+                   "BatchNormalization's moving statistics) or a NaN it hides (a fused "
+                   "ReLU maps NaN to 0): not counted as a save; stopped, and the restart "
+                   "resumes from the last save before it (the NaN sentinel; "
+                   "`sentinel: off` turns it off)"}),
     Kind.STRAGGLER: Traits(words={
         "replaced": "replaced by a spare host at a checkpoint: {slowdown:.2g}x slower than "
                     "its peers (restart.on_straggler: replace)"}),

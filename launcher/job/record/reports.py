@@ -70,7 +70,9 @@ class ProgressReport:
     save_skipped: bool = False
     save_set_aside: bool = False  # ...made, then no longer its directory's newest
     saved_after_spike: bool = False  # that save's weights finite, trained past a spike
-    saved_loss_watched: bool = False  # ...made in a `fit` whose loss the sentinel reads
+    # ...in a `fit` whose loss the sentinel reads: "bad" (its loss went bad: that
+    # report decides) or "finite" (weights gone bad that the loss does not show).
+    saved_loss: str | None = None
     # A loss spike (runtime/spikes.py): (step, epoch, batch), the step's own loss,
     # the window's median, the robust z-score; rollback: `on_spike: rollback`.
     loss_spike: tuple[int, int, int] | None = None
@@ -125,7 +127,7 @@ class ProgressReport:
             save_skipped=bool(metrics.get("save_skipped")),
             save_set_aside=bool(metrics.get("save_set_aside")),
             saved_after_spike=bool(metrics.get("saved_after_spike")),
-            saved_loss_watched=bool(metrics.get("saved_loss_watched")),
+            saved_loss=_text(metrics.get("saved_loss")),
             loss_spike=_position(metrics.get("loss_spike")),
             loss_spike_loss=_number(metrics.get("loss_spike_loss")),
             loss_spike_median=_number(metrics.get("loss_spike_median")),
