@@ -68,6 +68,21 @@ def test_a_refused_save_reads_the_loss_of_its_step_first(monkeypatch):
     assert [record["nonfinite"] for record in said] == [[3, 0, 2]]
 
 
+def test_a_refused_save_in_a_workers_scratch_folder_names_the_directory_it_stands_for(
+        monkeypatch, tmp_path):
+    """TF's custom-loop tutorial saves a non-chief worker's copy into
+    `DIR/workertemp_<n>` and removes it: a refused save there names DIR, the
+    directory the user knows and the restart reads, whichever worker told first."""
+    from launcher import runtime
+    from launcher.runtime import saves
+
+    said: list[dict] = []
+    monkeypatch.setattr(runtime, "write_progress", said.append)
+    scratch = tmp_path / "ckpt" / "workertemp_1"
+    saves._nonfinite(object(), lambda saver, args, kwargs: str(scratch), (), {}, skipped=True)
+    assert said[0]["saved_dir"] == str(tmp_path / "ckpt") and said[0]["save_skipped"] == 1
+
+
 @pytest.mark.e2e
 @pytest.mark.parametrize("save_with", ["manager", "checkpoint"])
 def test_a_custom_loop_whose_weights_go_nan_is_rolled_back_at_its_first_refused_save(

@@ -268,8 +268,12 @@ def _nonfinite(saver: object, where: Where, args: tuple, kwargs: dict, skipped: 
         directory, step = "", None
     from launcher import runtime
 
+    from . import memslots
+
+    # A non-chief worker's scratch folder (`workertemp_<n>`) named as the
+    # directory it stands for: the one the user knows and the restart reads.
     record: dict = {"saved_nonfinite": -1 if step is None else int(step), "time": time.time(),
-                    "saved_dir": runtime.short_path(os.path.abspath(str(directory)))
+                    "saved_dir": runtime.short_path(memslots.shared_of(str(directory)))
                     if directory else ""}
     if skipped:
         record["save_skipped"] = 1
