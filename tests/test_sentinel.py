@@ -104,13 +104,15 @@ def epoch_batches(job: Job, generation: int) -> dict[int, int]:
 
 
 @pytest.mark.e2e
+@pytest.mark.parametrize("keras", ["tf_keras", "keras3"])
 def test_a_bad_batch_that_comes_back_at_its_step_is_skipped_where_the_input_position_is_carried(
-        workdir, jobs):  # noqa: F811
-    """tf_keras: the restart from step 80 continues the input where the save
-    left it (runtime/epochinput.py), so the bad batch is read at step 100
-    again: the batch, not a one-off fault. Generation 2 skips exactly it
-    (read and dropped, not trained) and the job succeeds."""
-    job = launch(jobs, [str(cluster(workdir, "tf_keras")), "--no-live", NAN,
+        workdir, jobs, keras):  # noqa: F811
+    """The restart from step 80 continues the input where the save left it (runtime/
+    epochinput.py; Keras 3's epochinput3.py: its input one stream over the epochs), so
+    the bad batch is read at step 100 again: the batch, not a one-off fault.
+    Generation 2 skips exactly it (read and dropped, not trained); the job succeeds."""
+    extra = "env: {INPUT: repeat}\n" if keras == "keras3" else ""
+    job = launch(jobs, [str(cluster(workdir, keras, extra)), "--no-live", NAN,
                         str(workdir / "backup")], workdir)
     assert job.finish(timeout=400) == 0, job.output[-3000:]
     assert nonfinite(job) == [(0, BAD_STEP, 2, 19), (1, BAD_STEP, 2, 19)], \

@@ -20,8 +20,10 @@ POISON_AT_STEP, on every worker (the bad state of a step, not a batch).
 POISON_BY=stats puts a BatchNormalization after the first layer and makes
 its moving variance NaN there instead: the weights go bad, the loss (which
 training computes from the batch's own statistics) stays finite.
-Worker 0 prints `EPOCH_BATCHES <generation> <epoch> <n>` at each epoch's end
-(the batches it trained in it) and `WEIGHTS_FINITE <True|False>` at the end.
+INPUT=repeat makes the input one stream over the epochs (`repeat()`), a
+position Keras 3 carries too. Worker 0 prints `EPOCH_BATCHES <generation>
+<epoch> <n>` at each epoch's end (the batches it trained in it) and
+`WEIGHTS_FINITE <True|False>` at the end.
 """
 
 import json
@@ -53,6 +55,8 @@ for step in poison_at if worker == poisoned and not by_step else ():
     x[(step - 1) * batch:step * batch] = float(os.environ.get("POISON_VALUE", "1e30"))
 # Sharded by data, as TensorFlow shards it: step k gets worker w's half of batch k - 1.
 dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch)
+if os.environ.get("INPUT") == "repeat":  # one stream over the epochs (Keras 3 carries it)
+    dataset = dataset.repeat()
 
 with strategy.scope():
     model = tf.keras.Sequential([
