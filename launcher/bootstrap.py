@@ -186,6 +186,7 @@ WATCHED: dict[str, tuple[str, ...]] = {
     "sessions": ("tensorflow",),
     "epochinput": ("tf_keras",),
     "epochinput3": ("keras.src.trainers.epoch_iterator", "keras.src.backend.tensorflow.trainer",
+                    "keras.src.backend.jax.trainer", "keras.src.backend.torch.trainer",
                     "keras.src.callbacks.backup_and_restore"),
 }
 _COLLECTIVE = WATCHED["guards"][2]  # guards.COLLECTIVE

@@ -31,9 +31,11 @@ is another's. What runtime/epochinput.py does for tf_keras, here for Keras 3:
   mid-epoch saves are not taken (said once, at the first), and the epoch's
   end is saved instead, as tf_keras': a restart trains the epoch again from
   its start and nothing twice (`deferred`; memcadence.py asks it too);
-- on the JAX or torch backend the batches done are still dropped so the
-  epoch keeps its length, but the order is not the uninterrupted one: not
-  exact, and `epochinput.skip_blocker` says why.
+- on the JAX or torch backend the position is not carried: a mid-epoch save
+  is taken only for arrays `fit` does not shuffle (every process reads them
+  in one order: the batches done are dropped, exact); for any other input it
+  is not taken, as above (`order_elsewhere`); no batch is skipped there
+  (`epochinput.skip_blocker` says why).
 
 Standard library only at import time; must not import the launcher side.
 """
@@ -75,7 +77,8 @@ def _batch_end(original):
 
 
 def _reason(callback) -> str:
-    return getattr(getattr(callback, "model", None), "_mgpu_input", None) or ""
+    model = getattr(callback, "model", None)
+    return getattr(model, "_mgpu_input", None) or getattr(model, "_mgpu_order", None) or ""
 
 
 class _Told:
@@ -158,6 +161,41 @@ def _train_begin(original):
             self._last_batch_seen = step - 1  # its save cadence counts on from there
         return result
     return begin
+
+
+# --- fit on JAX or torch: whether its order is the same in a new process ---
+
+def _fitting_elsewhere(backend: str):
+    """`fit` on the JAX or torch backend: its epoch's order, which the launcher
+    does not carry there, is the same in a new process only for arrays that
+    `fit` does not shuffle; else its mid-epoch saves are not taken (`deferred`)."""
+    def make(original):
+        def fit(self, *args, **kwargs):
+            self._mgpu_order = order_elsewhere(backend, args, kwargs)
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                self._mgpu_order = None
+        return fit
+    return make
+
+
+def order_elsewhere(backend: str, args: tuple, kwargs: dict) -> str:
+    """Why a `fit(*args, **kwargs)` on `backend` cannot resume in the middle of
+    an epoch in the order it had ("" for arrays in order: `shuffle=False`)."""
+    data = kwargs.get("x", args[0] if args else None)
+    shuffle = kwargs.get("shuffle", args[8] if len(args) > 8 else True)
+    parts = list(data.values()) if isinstance(data, dict) else \
+        list(data) if isinstance(data, list | tuple) else [data]
+    arrays = bool(parts) and all(type(p).__module__.partition(".")[0] in ("numpy", "jax",
+                                                                          "jaxlib", "torch")
+                                 and hasattr(p, "shape") for p in parts)
+    if arrays and shuffle is False:
+        return ""
+    if arrays:
+        return (f"fit shuffles its arrays (shuffle={shuffle!r}) and Keras 3's {backend} "
+                "backend draws another order in a new process")
+    return f"the input's position is not carried on Keras 3's {backend} backend"
 
 
 # --- fit's training iterator (TensorFlow backend) ----------------------------
@@ -307,6 +345,16 @@ def on_backup(module: ModuleType) -> None:
     wrap(backup, "on_epoch_end", _epoch_end)
 
 
+def on_jax_trainer(module: ModuleType) -> None:
+    wrap(module.JAXTrainer, "fit", _fitting_elsewhere("jax"))
+
+
+def on_torch_trainer(module: ModuleType) -> None:
+    wrap(module.TorchTrainer, "fit", _fitting_elsewhere("torch"))
+
+
 HOOKS = {"keras.src.trainers.epoch_iterator": on_epoch_iterator,
          "keras.src.backend.tensorflow.trainer": on_tf_trainer,
+         "keras.src.backend.jax.trainer": on_jax_trainer,
+         "keras.src.backend.torch.trainer": on_torch_trainer,
          "keras.src.callbacks.backup_and_restore": on_backup}
