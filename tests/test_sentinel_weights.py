@@ -30,7 +30,8 @@ def test_healthy_weights_return_at_once_and_spoiled_ones_never_past_the_bound(
     assert "fit() ended after the loss went bad at step 239: its weights are not handed " \
         "back to the script" in capsys.readouterr().err
     monkeypatch.setattr(sentinel, "_spoiled", False)  # a loss that stayed finite:
-    monkeypatch.setattr(sentinel, "_weights_bad_at", 80)  # its save of step 80 refused
+    monkeypatch.setattr(sentinel, "_weights_bad", True)  # its save of step 80 refused
+    monkeypatch.setattr(sentinel, "_weights_bad_at", 80)
     with pytest.raises(RuntimeError, match=r"its weights went non-finite \(its save of step 80 "
                                            r"refused\) and the launcher did not stop"):
         sentinel.hold_spoiled_weights(hold_s=0.05)
@@ -50,22 +51,60 @@ def test_a_refused_save_reads_the_loss_of_its_step_first(monkeypatch):
 
     said: list[dict] = []
     monkeypatch.setattr(runtime, "write_progress", said.append)
-    for name, value in (("_spoiled", False), ("_told", False), ("_weights_bad_at", None)):
+    for name, value in (("_spoiled", False), ("_told", False), ("_weights_bad", False),
+                        ("_weights_bad_at", None)):
         monkeypatch.setattr(sentinel, name, value)
-    assert sentinel.loss_at_save(8, rolled_back=True) == ""  # no fit watched: its own words
+    monkeypatch.delenv("TF_CONFIG", raising=False)  # alone: the chief
+    assert sentinel.loss_at_save(8, rolled_back=False) == ""  # no fit watched: its own words
     watch = sentinel._loss_callback(tf_keras.callbacks)()
     monkeypatch.setattr(sentinel, "_active", [watch])
     watch.on_epoch_begin(0)
     watch.on_train_batch_begin(0)
     watch.on_train_batch_end(0, {"loss": 0.5})
     assert sentinel.loss_at_save(1, rolled_back=False) == "finite" and not said
-    assert sentinel._weights_bad_at is None  # a save the launcher does not roll back
+    assert not sentinel._weights_bad  # a save the launcher does not roll back
     watch.on_train_batch_end(1, {"loss": 0.4})
+    monkeypatch.setenv("TF_CONFIG", '{"cluster": {"worker": ["a:1", "b:1"]}, '
+                                    '"task": {"type": "worker", "index": 1}}')
+    assert sentinel.loss_at_save(2, rolled_back=True) == "finite"
+    assert not sentinel._weights_bad  # a worker's own NaN: the chief's saves are good
+    monkeypatch.delenv("TF_CONFIG")
     assert sentinel.loss_at_save(2, rolled_back=True) == "finite"
     assert sentinel._weights_bad_at == 2  # held back from the script, the backup kept
     watch.on_train_batch_end(2, {"loss": math.nan})
     assert sentinel.loss_at_save(3, rolled_back=True) == "bad"
     assert [record["nonfinite"] for record in said] == [[3, 0, 2]]
+
+
+def test_the_launcher_rolls_back_a_finite_losss_refused_save_on_the_chief_at_any_report():
+    """Where the loss stayed finite, a refused save rolls back when it is the
+    chief's (its saves are the job's; a worker's own NaN, a fused ReLU's,
+    leaves them good: a warning), whether or not a report of the generation
+    came before it; a bad loss's save is the loss's to judge."""
+    from types import SimpleNamespace
+
+    from launcher.job.detect.sentinel import Sentinel
+    from launcher.job.record.failkinds import Kind
+    from launcher.job.record.reports import ProgressReport
+
+    gen = SimpleNamespace(plan=SimpleNamespace(generation=0), failure=None,
+                          phase=SimpleNamespace(running=True))
+
+    def hear(sentinel: Sentinel, task: str, report: dict):
+        record = SimpleNamespace(task=SimpleNamespace(name=task, host="host" + task[-1]))
+        return sentinel.hear(gen, record, ProgressReport.read(report))
+
+    refused = {"saved_nonfinite": 80, "saved_dir": "/ckpt", "save_skipped": 1,
+               "saved_loss": "finite"}
+    sentinel = Sentinel(lambda event: None)
+    assert hear(sentinel, "worker1", refused) is None
+    found = hear(sentinel, "worker0", {**refused, "chief": 1})  # the generation's second
+    assert found is not None and (found.kind, found.how) == (Kind.NONFINITE, "weights")
+    assert hear(Sentinel(lambda event: None), "worker0",
+                {**refused, "chief": 1, "saved_loss": "bad"}) is None
+    unwatched = hear(Sentinel(lambda event: None), "worker1",
+                     {key: v for key, v in refused.items() if key != "saved_loss"})
+    assert unwatched is not None and unwatched.how == "save"  # no loss read: any worker's
 
 
 def test_a_refused_save_in_a_workers_scratch_folder_names_the_directory_it_stands_for(

@@ -272,8 +272,10 @@ def _nonfinite(saver: object, where: Where, args: tuple, kwargs: dict, skipped: 
 
     # A non-chief worker's scratch folder (`workertemp_<n>`) named as the
     # directory it stands for: the one the user knows and the restart reads.
+    directory = str(directory)
     record: dict = {"saved_nonfinite": -1 if step is None else int(step), "time": time.time(),
-                    "saved_dir": runtime.short_path(memslots.shared_of(str(directory)))
+                    "saved_dir": runtime.short_path(directory if "://" in directory else
+                                                    memslots.shared_of(directory))
                     if directory else ""}
     if skipped:
         record["save_skipped"] = 1
@@ -283,9 +285,14 @@ def _nonfinite(saver: object, where: Where, args: tuple, kwargs: dict, skipped: 
 
     if sentinel.spoiled_by_spike():  # finite, but trained past a spike rolled back
         record["saved_after_spike"] = 1
-    said = sentinel.loss_at_save(step, rolled_back=skipped or set_aside)
+    try:
+        said = sentinel.loss_at_save(step, rolled_back=skipped or set_aside)
+    except Exception:  # noqa: BLE001 - a loss that cannot be read: judged as unwatched
+        said = ""
     if said:  # "bad": the loss's own report (told first) decides; "finite": this one
         record["saved_loss"] = said
+    if runtime.is_chief():  # a finite loss's NaN weights roll back on the chief only
+        record["chief"] = 1
     runtime.write_progress(record)
 
 

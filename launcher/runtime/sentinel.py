@@ -86,8 +86,10 @@ _lock = threading.Lock()
 _told = False  # this process reported its non-finite loss already
 _spoiled = False  # its loss went non-finite, or spiked with `on_spike: rollback`
 _spoiled_at: int | None = None  # the step it went bad at, as reported
-# Its weights went non-finite with the loss finite (a refused save the launcher
-# rolls back): the save's step. Held back from the script as a bad loss's are.
+# Its weights went non-finite with the loss finite or unwatched (a refused save
+# the launcher rolls back), at that save's step (None: not read). Held back from
+# the script, and its backup kept, as a bad loss's are.
+_weights_bad = False
 _weights_bad_at: int | None = None
 _active: list[Any] = []  # the loss callbacks of the `fit` calls running
 _spikes_told = 0
@@ -331,8 +333,10 @@ def hold_spoiled_weights(hold_s: float | None = None) -> None:
     that stop; past `hold_s` (HOLD_S) with none, it raises instead of returning."""
     if _spoiled:
         what = "the loss went bad" + ("" if _spoiled_at is None else f" at step {_spoiled_at}")
-    elif _weights_bad_at is not None:
-        what = f"its weights went non-finite (its save of step {_weights_bad_at} refused)"
+    elif _weights_bad:
+        what = "its weights went non-finite (" + ("a save" if _weights_bad_at is None else
+                                                 f"its save of step {_weights_bad_at}") + \
+            " refused)"
     else:
         return
     hold_s = HOLD_S if hold_s is None else hold_s
@@ -361,7 +365,7 @@ def keep_backup_after_bad_loss(backup_class) -> None:
 
     def make(original):
         def on_train_end(self, *args, **kwargs):
-            if _spoiled or _weights_bad_at is not None:
+            if _spoiled or _weights_bad:
                 return None
             return original(self, *args, **kwargs)
         return on_train_end
@@ -452,21 +456,26 @@ def loss_at_save(step: int | None, rolled_back: bool) -> str:
     `fit` loss is watched here), "bad" (it went bad or spiked: its report, told
     first, decides) or "finite" (weights gone bad that the loss does not show:
     a BatchNormalization's moving statistics, a NaN a fused ReLU hides). The
-    loss of the save's own step is read a step late: read now. A finite one
-    whose save the launcher rolls back (`rolled_back`) also keeps the backup
-    and holds `fit`'s weights back, as a bad loss does."""
-    global _weights_bad_at
+    loss of the save's own step is read a step late: read now. Where the
+    launcher rolls that save back (`rolled_back`: skipped or set aside, and
+    the launcher's `_rolls_back`: no loss watched, or a finite one on the chief,
+    whose saves are the job's; a worker's own NaN leaves those good), `fit`
+    keeps its backup and holds its weights back from the script, as for a bad
+    loss."""
+    global _weights_bad, _weights_bad_at
     with _lock:
         watching = list(_active)
     for watch in watching:
         watch.settle()
-    if not watching:
-        return ""
     if _spoiled:
         return "bad"
-    if rolled_back and _weights_bad_at is None:
-        _weights_bad_at = -1 if step is None else int(step)
-    return "finite"
+    from launcher import runtime
+
+    if rolled_back and (not watching or runtime.is_chief()):
+        with _lock:
+            if not _weights_bad:
+                _weights_bad, _weights_bad_at = True, step
+    return "finite" if watching else ""
 
 
 def spoiled() -> bool:

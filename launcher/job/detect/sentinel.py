@@ -111,17 +111,18 @@ class Sentinel:
         self._replayed(generation, said)
         self._skip_done(said, ids)
         saved = said.saved_nonfinite
-        if saved is not None and generation not in self._saves:
+        if saved is not None and generation not in self._saves:  # told once
             self._saves.add(generation)
             self._tell(ev.NonfiniteSave(**ids, step=saved if saved >= 0 else None,
                                         directory=said.saved_dir or "",
                                         after_spike=said.saved_after_spike or None))
-            if failure is None and _rolls_back(said) and gen.failure is None \
-                    and gen.phase.running:
-                failure = Found(record, Kind.NONFINITE,
-                                "weights" if said.saved_loss == "finite" else "save", {
-                    "step": saved if saved >= 0 else "?",
-                    "directory": said.saved_dir or "its checkpoint directory"})
+        # Each judged, not only the first: a later one may roll back (its task holds).
+        if saved is not None and failure is None and _rolls_back(said) \
+                and gen.failure is None and gen.phase.running:
+            failure = Found(record, Kind.NONFINITE,
+                            "weights" if said.saved_loss == "finite" else "save", {
+                                "step": saved if saved >= 0 else "?",
+                                "directory": said.saved_dir or "its checkpoint directory"})
         return failure
 
     def _spike(self, gen: Generation, record: TaskRecord, said: ProgressReport,
@@ -224,14 +225,17 @@ class Sentinel:
 def _rolls_back(said: ProgressReport) -> bool:
     """A refused save of non-finite weights (`said.saved_nonfinite`) that stops
     the generation: weights gone bad where no loss is watched (a custom loop's
-    is its own) or where the loss stayed finite (`said.saved_loss`), else every
-    later save would be refused and the job end "succeeded" on NaN weights.
+    is its own), or where the loss stayed finite on the chief (`said.saved_loss`:
+    the chief's saves are the job's; a worker's own NaN, a fused ReLU's, leaves
+    them good and is a warning), else every later save would be refused and the
+    job end "succeeded" on NaN weights.
     Not where that step's loss went bad: its report, told first, names the
     step for the replay and the skip. Not a save made and still its
     directory's newest (`tf.train.Checkpoint.write`, or a `save` whose state
     file could not be rewritten): the restart would restore those very
     weights. Not a finite save after a spike."""
-    return (said.save_skipped or said.save_set_aside) and said.saved_loss != "bad" \
+    loss_allows = not said.saved_loss or (said.saved_loss == "finite" and said.chief)
+    return (said.save_skipped or said.save_set_aside) and loss_allows \
         and not said.saved_after_spike
 
 
