@@ -182,20 +182,28 @@ def _fitting_elsewhere(backend: str):
 
 def order_elsewhere(backend: str, args: tuple, kwargs: dict) -> str:
     """Why a `fit(*args, **kwargs)` on `backend` cannot resume in the middle of
-    an epoch in the order it had ("" for arrays in order: `shuffle=False`)."""
-    data = kwargs.get("x", args[0] if args else None)
-    shuffle = kwargs.get("shuffle", args[8] if len(args) > 8 else True)
-    parts = list(data.values()) if isinstance(data, dict) else \
-        list(data) if isinstance(data, list | tuple) else [data]
-    arrays = bool(parts) and all(type(p).__module__.partition(".")[0] in ("numpy", "jax",
-                                                                          "jaxlib", "torch")
-                                 and hasattr(p, "shape") for p in parts)
-    if arrays and shuffle is False:
-        return ""
-    if arrays:
+    an epoch in the order it had ("" for arrays read in order: not shuffled,
+    each epoch a whole pass from the first batch)."""
+    try:
+        data = kwargs.get("x", args[0] if args else None)
+        shuffle = kwargs.get("shuffle", args[8] if len(args) > 8 else True)
+        per_epoch = kwargs.get("steps_per_epoch", args[12] if len(args) > 12 else None)
+        parts = list(data.values()) if isinstance(data, dict) else \
+            list(data) if isinstance(data, list | tuple) else [data]
+        arrays = bool(parts) and all(
+            type(p).__module__.partition(".")[0] in ("numpy", "jax", "jaxlib", "torch")
+            and hasattr(p, "shape") for p in parts)
+    except Exception as exc:  # noqa: BLE001 - arguments of a shape not known here
+        return f"the launcher cannot follow its input ({type(exc).__name__})"
+    if not arrays:
+        return f"the input's position is not carried on Keras 3's {backend} backend"
+    if shuffle:  # Keras' array adapter tests its truth
         return (f"fit shuffles its arrays (shuffle={shuffle!r}) and Keras 3's {backend} "
                 "backend draws another order in a new process")
-    return f"the input's position is not carried on Keras 3's {backend} backend"
+    if per_epoch:
+        return ("steps_per_epoch cuts its arrays (their iterator runs on across epochs, "
+                "a new process's starts at the first batch)")
+    return ""
 
 
 # --- fit's training iterator (TensorFlow backend) ----------------------------

@@ -285,10 +285,7 @@ def _nonfinite(saver: object, where: Where, args: tuple, kwargs: dict, skipped: 
 
     if sentinel.spoiled_by_spike():  # finite, but trained past a spike rolled back
         record["saved_after_spike"] = 1
-    try:
-        said = sentinel.loss_at_save(step, rolled_back=skipped or set_aside)
-    except Exception:  # noqa: BLE001 - a loss that cannot be read: judged as unwatched
-        said = ""
+    said = sentinel.loss_at_save(step, rolled_back=skipped or set_aside)
     if said:  # "bad": the loss's own report (told first) decides; "finite": this one
         record["saved_loss"] = said
     if runtime.is_chief():  # a finite loss's NaN weights roll back on the chief only

@@ -217,12 +217,24 @@ class _LossReads:
             report_spike(step, epoch, batch, spike, self.model)
 
 
+def _off_thread_safe() -> bool:
+    """Whether Keras 3 may run the loss callback off the training thread: on
+    TensorFlow only. On JAX that raced the next step's donated buffers (a
+    `fit` with no other batch callback failed at its second step: "Buffer has
+    been deleted or donated")."""
+    keras = sys.modules.get("keras")
+    try:
+        return keras is not None and keras.backend.backend() == "tensorflow"
+    except Exception:  # noqa: BLE001 - a Keras without backends (Keras 2): not asked
+        return False
+
+
 def _loss_callback(callbacks_module: ModuleType):
     """A Keras callback (of the script's Keras) that watches each step's loss."""
 
     class LossSentinel(_LossReads, callbacks_module.Callback):
         _supports_tf_logs = True  # tf_keras: the step's tensors, read a step later
-        async_safe = True  # Keras 3: may run off the training thread
+        async_safe = _off_thread_safe()  # Keras 3 on TensorFlow: may run off its thread
 
         def __init__(self) -> None:
             super().__init__()
@@ -466,7 +478,10 @@ def loss_at_save(step: int | None, rolled_back: bool) -> str:
     with _lock:
         watching = list(_active)
     for watch in watching:
-        watch.settle()
+        try:
+            watch.settle()
+        except Exception:  # noqa: BLE001, S110 - a loss that cannot be read: the weights say
+            pass
     if _spoiled:
         return "bad"
     from launcher import runtime
