@@ -58,6 +58,7 @@ def test_a_refused_save_reads_the_loss_of_its_step_first(monkeypatch):
     assert sentinel.loss_at_save(8, rolled_back=False) == ""  # no fit watched: its own words
     watch = sentinel._loss_callback(tf_keras.callbacks)()
     monkeypatch.setattr(sentinel, "_active", [watch])
+    monkeypatch.setattr(sentinel, "_fits", 1)  # in its `fit`
     watch.on_epoch_begin(0)
     watch.on_train_batch_begin(0)
     watch.on_train_batch_end(0, {"loss": 0.5})
@@ -76,11 +77,33 @@ def test_a_refused_save_reads_the_loss_of_its_step_first(monkeypatch):
     assert [record["nonfinite"] for record in said] == [[3, 0, 2]]
 
 
+def test_a_refused_save_in_a_fit_whose_loss_is_not_read_holds_on_the_chief_only(monkeypatch):
+    """A `fit` the sentinel cannot watch (its callbacks given by position): as
+    the launcher judges it, a worker's refused save is a warning (nothing held,
+    its backup deleted as usual), the chief's rolls back (held, kept)."""
+    for name, value in (("_spoiled", False), ("_weights_bad", False), ("_active", []),
+                        ("_fits", 1)):
+        monkeypatch.setattr(sentinel, name, value)
+    monkeypatch.setenv("TF_CONFIG", '{"cluster": {"worker": ["a:1", "b:1"]}, '
+                                    '"task": {"type": "worker", "index": 1}}')
+    assert sentinel.loss_at_save(40, rolled_back=True) == "unwatched"
+    assert not sentinel._weights_bad
+    monkeypatch.delenv("TF_CONFIG")
+    assert sentinel.loss_at_save(40, rolled_back=True) == "unwatched"
+    assert sentinel._weights_bad
+    monkeypatch.setattr(sentinel, "_fits", 0)  # a custom loop: any worker's rolls back
+    monkeypatch.setattr(sentinel, "_weights_bad", False)
+    monkeypatch.setenv("TF_CONFIG", '{"cluster": {"worker": ["a:1", "b:1"]}, '
+                                    '"task": {"type": "worker", "index": 1}}')
+    assert sentinel.loss_at_save(40, rolled_back=True) == "" and sentinel._weights_bad
+
+
 def test_the_launcher_rolls_back_a_finite_losss_refused_save_on_the_chief_at_any_report():
-    """Where the loss stayed finite, a refused save rolls back when it is the
-    chief's (its saves are the job's; a worker's own NaN, a fused ReLU's,
-    leaves them good: a warning), whether or not a report of the generation
-    came before it; a bad loss's save is the loss's to judge."""
+    """In a `fit` whose loss stayed finite or is not read, a refused save rolls
+    back when it is the chief's (its saves are the job's; a worker's own NaN, a
+    fused ReLU's, leaves them good: a warning), whether or not a report of the
+    generation came before it; a custom loop's, any worker's; a bad loss's save
+    is the loss's to judge."""
     from types import SimpleNamespace
 
     from launcher.job.detect.sentinel import Sentinel
@@ -102,9 +125,13 @@ def test_the_launcher_rolls_back_a_finite_losss_refused_save_on_the_chief_at_any
     assert found is not None and (found.kind, found.how) == (Kind.NONFINITE, "weights")
     assert hear(Sentinel(lambda event: None), "worker0",
                 {**refused, "chief": 1, "saved_loss": "bad"}) is None
-    unwatched = hear(Sentinel(lambda event: None), "worker1",
-                     {key: v for key, v in refused.items() if key != "saved_loss"})
-    assert unwatched is not None and unwatched.how == "save"  # no loss read: any worker's
+    custom = hear(Sentinel(lambda event: None), "worker1",
+                  {key: v for key, v in refused.items() if key != "saved_loss"})
+    assert custom is not None and custom.how == "save"  # a custom loop's: any worker's
+    unwatched = {**refused, "saved_loss": "unwatched"}  # a fit whose loss is not read
+    assert hear(Sentinel(lambda event: None), "worker1", unwatched) is None
+    found = hear(Sentinel(lambda event: None), "worker0", {**unwatched, "chief": 1})
+    assert found is not None and found.how == "save"
 
 
 def test_a_refused_save_in_a_workers_scratch_folder_names_the_directory_it_stands_for(

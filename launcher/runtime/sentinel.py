@@ -92,6 +92,7 @@ _spoiled_at: int | None = None  # the step it went bad at, as reported
 _weights_bad = False
 _weights_bad_at: int | None = None
 _active: list[Any] = []  # the loss callbacks of the `fit` calls running
+_fits = 0  # `fit` calls running, watched or not
 _spikes_told = 0
 _poison = threading.Event()  # the drill's NaN: spoil a weight at the next step
 
@@ -318,16 +319,19 @@ def watch_loss_of(model_class, callbacks_module: ModuleType) -> None:
     def fit(self, *args, **kwargs):
         # callbacks is fit's 6th parameter: given by name or not at all. Under
         # ParameterServerStrategy fit refuses batch-level callbacks: not watched.
+        global _fits
         watch = sentinel() if len(args) <= 5 and not _parameter_server(self) else None
         if watch is not None:
             kwargs["callbacks"] = [watch, *(kwargs.get("callbacks") or [])]
-            with _lock:
-                _active.append(watch)
+        with _lock:
+            _active.extend([watch] if watch is not None else [])
+            _fits += 1
         try:
             history = original(self, *args, **kwargs)
         finally:
-            if watch is not None:
-                with _lock:
+            with _lock:
+                _fits -= 1
+                if watch is not None:
                     _active.remove(watch)
         hold_spoiled_weights()
         return history
@@ -465,18 +469,19 @@ def all_finite(variables: list[Any]) -> bool:
 
 def loss_at_save(step: int | None, rolled_back: bool) -> str:
     """What the loss says of a save refused for non-finite weights: "" (no
-    `fit` loss is watched here), "bad" (it went bad or spiked: its report, told
-    first, decides) or "finite" (weights gone bad that the loss does not show:
-    a BatchNormalization's moving statistics, a NaN a fused ReLU hides). The
-    loss of the save's own step is read a step late: read now. Where the
-    launcher rolls that save back (`rolled_back`: skipped or set aside, and
-    the launcher's `_rolls_back`: no loss watched, or a finite one on the chief,
-    whose saves are the job's; a worker's own NaN leaves those good), `fit`
-    keeps its backup and holds its weights back from the script, as for a bad
-    loss."""
+    `fit` runs here: a custom loop's), "unwatched" (a `fit` whose loss is not
+    read: its callbacks given by position, ParameterServerStrategy), "bad" (it
+    went bad or spiked: its report, told first, decides) or "finite" (weights
+    gone bad that the loss does not show: a BatchNormalization's moving
+    statistics, a NaN a fused ReLU hides). The loss of the save's own step is
+    read a step late: read now. Where the launcher rolls that save back
+    (`rolled_back`: skipped or set aside; and detect/sentinel.py's `_rolls_back`:
+    in a `fit`, the chief's only, whose saves are the job's, since a worker's
+    own NaN leaves those good), `fit` keeps its backup and holds its weights
+    back from the script, as for a bad loss."""
     global _weights_bad, _weights_bad_at
     with _lock:
-        watching = list(_active)
+        watching, fitting = list(_active), _fits > 0
     for watch in watching:
         try:
             watch.settle()
@@ -486,11 +491,11 @@ def loss_at_save(step: int | None, rolled_back: bool) -> str:
         return "bad"
     from launcher import runtime
 
-    if rolled_back and (not watching or runtime.is_chief()):
+    if rolled_back and (not fitting or runtime.is_chief()):
         with _lock:
             if not _weights_bad:
                 _weights_bad, _weights_bad_at = True, step
-    return "finite" if watching else ""
+    return "finite" if watching else "unwatched" if fitting else ""
 
 
 def spoiled() -> bool:

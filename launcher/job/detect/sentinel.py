@@ -224,17 +224,18 @@ class Sentinel:
 
 def _rolls_back(said: ProgressReport) -> bool:
     """A refused save of non-finite weights (`said.saved_nonfinite`) that stops
-    the generation: weights gone bad where no loss is watched (a custom loop's
-    is its own), or where the loss stayed finite on the chief (`said.saved_loss`:
-    the chief's saves are the job's; a worker's own NaN, a fused ReLU's, leaves
-    them good and is a warning), else every later save would be refused and the
-    job end "succeeded" on NaN weights.
+    the generation: weights gone bad in a custom loop (its loss is its own: any
+    worker's, the all-reduce spreads a NaN), or in a `fit` whose loss stayed
+    finite or is not read, on the chief (`said.saved_loss`: the chief's saves
+    are the job's; a worker's own NaN, a fused ReLU's, leaves them good and is a
+    warning), else every later save would be refused and the job end
+    "succeeded" on NaN weights.
     Not where that step's loss went bad: its report, told first, names the
     step for the replay and the skip. Not a save made and still its
     directory's newest (`tf.train.Checkpoint.write`, or a `save` whose state
     file could not be rewritten): the restart would restore those very
     weights. Not a finite save after a spike."""
-    loss_allows = not said.saved_loss or (said.saved_loss == "finite" and said.chief)
+    loss_allows = not said.saved_loss or (said.saved_loss != "bad" and said.chief)
     return (said.save_skipped or said.save_set_aside) and loss_allows \
         and not said.saved_after_spike
 

@@ -70,8 +70,8 @@ class ProgressReport:
     save_skipped: bool = False
     save_set_aside: bool = False  # ...made, then no longer its directory's newest
     saved_after_spike: bool = False  # that save's weights finite, trained past a spike
-    # ...in a `fit` whose loss the sentinel reads: "bad" (its loss went bad: that
-    # report decides) or "finite" (weights gone bad that the loss does not show).
+    # ...in a `fit`: "bad" (its loss went bad: that report decides), "finite"
+    # (weights gone bad that the loss does not show) or "unwatched" (not read).
     saved_loss: str | None = None
     # A loss spike (runtime/spikes.py): (step, epoch, batch), the step's own loss,
     # the window's median, the robust z-score; rollback: `on_spike: rollback`.
