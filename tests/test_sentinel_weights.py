@@ -134,6 +134,43 @@ def test_the_launcher_rolls_back_a_finite_losss_refused_save_on_the_chief_at_any
     assert found is not None and found.how == "save"
 
 
+def test_weights_refused_at_the_same_save_twice_in_a_row_stop_the_job_and_at_another_do_not():
+    """Sentinel.judged after two generations' weights were refused: at the
+    same save, no loss gone bad first, the job stops naming the save and why no
+    batch is skipped (a custom loop: its loss is not read); at another save, or
+    after a loss that went bad (its own rule), restarted as before."""
+    from types import SimpleNamespace
+
+    from launcher.job.detect.sentinel import Sentinel
+    from launcher.job.record.reports import ProgressReport
+    from launcher.job.record.states import Failure
+
+    def judged(saves: list[int], report: dict, loss_step: int | None = None) -> dict:
+        sentinel = Sentinel(lambda event: None)
+        for generation, step in enumerate(saves):
+            gen = SimpleNamespace(plan=SimpleNamespace(generation=generation), failure=None,
+                                  phase=SimpleNamespace(running=True))
+            record = SimpleNamespace(task=SimpleNamespace(name="worker0", host="host0"))
+            said = [{"nonfinite": [loss_step, 1, 9], "nonfinite_loss": "nan"}] \
+                if loss_step is not None else []
+            found = [sentinel.hear(gen, record, ProgressReport.read(report)) for report in
+                     [*said, {**report, "saved_nonfinite": step}]]
+            assert found[0] is not None  # the generation's failure
+        return sentinel.judged([Failure(task="host0/worker0", host="host0", generation=g, t=0.0,
+                                        kind="nonfinite", reason="x") for g in range(len(saves))])
+
+    refused = {"saved_dir": "/ckpt", "save_skipped": 1, "chief": 1}
+    custom = judged([80, 80], refused)["again"]
+    assert custom.startswith("the weights were not finite at the save of step 80 again") \
+        and "the loss of a custom loop is its own, not read" in custom, custom
+    assert "its loss stayed finite" in judged([80, 80], {**refused, "saved_loss": "finite"})[
+        "again"]
+    assert judged([80, 120], refused) == {"free": False}  # another save: counted, restarted
+    assert judged([80], refused) == {"free": True}
+    after_loss = judged([80, 80], {**refused, "saved_loss": "bad"}, loss_step=70)["again"]
+    assert after_loss.startswith("the loss went non-finite at step 70 again"), after_loss
+
+
 def test_a_refused_save_in_a_workers_scratch_folder_names_the_directory_it_stands_for(
         monkeypatch, tmp_path):
     """TF's custom-loop tutorial saves a non-chief worker's copy into
@@ -203,6 +240,32 @@ def test_a_fit_whose_weights_go_nan_while_its_loss_stays_finite_is_rolled_back(
     assert summary["status"] == "succeeded" and summary["restarts"] == 1, summary
     logs = "".join(log.read_text() for log in (job.run_dir / "logs").glob("*.log"))
     assert logs.count("WEIGHTS_FINITE True") == 2 and "WEIGHTS_FINITE False" not in logs, logs
+
+
+@pytest.mark.e2e
+def test_weights_that_go_nan_again_before_the_same_save_stop_the_job_saying_so(
+        workdir, jobs):  # noqa: F811
+    """The same fit with its moving variance going NaN at step 50 in every
+    generation (bad state that comes back, not a one-off): the replay from
+    step 40 refuses the save of step 80 again. No step can be skipped (the
+    loss stayed finite: which step spoiled the weights is not known), so the
+    job stops after that one replay, saying why and keeping the good backup;
+    before: a restart counted each time until `max_restarts`, in a crash
+    loop's words."""
+    config = cluster(workdir, "tf_keras", "env: {POISON_AT_STEP: 50, POISON_BY: stats}\n")
+    job = launch(jobs, [str(config), "--no-live", "--max-restarts", "3", NAN_FIT,
+                        str(workdir / "backup")], workdir)
+    assert job.finish(timeout=300) != 0, job.output[-3000:]
+    assert [e["step"] for e in job.events("nonfinite_save")] == [80, 80], \
+        job.events("nonfinite_save")
+    assert [r["step"] for r in job.events("resumed")] == [40], job.events("resumed")
+    summary = read_summary(job.run_dir)
+    assert summary["status"] == "failed" and summary["stopped_by"] == "nonfinite", summary
+    assert summary["restarts"] == 1, summary
+    assert "the weights were not finite at the save of step 80 again" in summary["message"] \
+        and "its loss stayed finite" in summary["message"], summary["message"]
+    assert "job succeeded" not in job.output and "crash loop" not in job.output
+    assert any((workdir / "backup").rglob("*.index")), "the good backup is kept"
 
 
 def test_a_save_taken_off_the_newest_leaves_the_one_before_or_none_and_keeps_its_files(

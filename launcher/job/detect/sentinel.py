@@ -25,7 +25,10 @@ the restart is free and every later generation reads it and drops it
 `sentinel: {max_skips}` (default 2) in a job. A batch that comes back past
 them, or where no skip is exact (Keras 3 starts its input again), stops the
 job naming the step, the batches skipped and why no skip. Never a loop: a bad
-step is replayed once before its batch is skipped or the job stops.
+step is replayed once before its batch is skipped or the job stops. Weights
+refused at the same save in two generations in a row, no loss gone bad first
+(a custom loop, a finite or unread loss: no step known to skip), stop the job
+too, naming that save.
 
 A replay that trains past the bad step, its batch not skipped, is told once
 (`replay_passed`): a one-off fault (a device, a flipped bit), with the task that
@@ -88,6 +91,9 @@ class Sentinel:
         self._passed: set[int] = set()  # generations whose replay past the bad step was told
         self._skips_told: set[tuple[int, int, int]] = set()  # (generation, epoch, batch)
         self._past: set[int] = set()  # generations that resumed past their bad step: no replay
+        # generation: the save its weights were refused at, where no loss went bad first
+        # (a finite or unread loss), and how the loss was read then ("": a custom loop)
+        self._refused: dict[int, tuple[int, str]] = {}
 
     def hear(self, gen: Generation, record: TaskRecord, said: ProgressReport) -> Found | None:
         """A progress report of `record`'s task: the failure it is, if any."""
@@ -119,6 +125,7 @@ class Sentinel:
         # Each judged, not only the first: a later one may roll back (its task holds).
         if saved is not None and failure is None and _rolls_back(said) \
                 and gen.failure is None and gen.phase.running:
+            self._refused.setdefault(generation, (saved, said.saved_loss or ""))
             failure = Found(record, Kind.NONFINITE,
                             "weights" if said.saved_loss == "finite" else "save", {
                                 "step": saved if saved >= 0 else "?",
@@ -187,11 +194,18 @@ class Sentinel:
         (recovery.decide_restart): `free`, its first in the job; when the same
         step went bad twice in a row, `skip`, its batch (exact, not skipped
         before, fewer than `max_skips` in `skipped`), or `again`, why the job
-        stops."""
+        stops (so too weights refused at the same save twice in a row)."""
         last = failures[-1] if failures else None
         if last is None or last.kind != Kind.NONFINITE:
             return {}
         step, before = self._steps.get(last.generation), self._steps.get(last.generation - 1)
+        if step is None and before is None and len(failures) > 1 \
+                and failures[-2].kind == Kind.NONFINITE \
+                and failures[-2].generation == last.generation - 1:
+            again = _refused_again(self._refused.get(last.generation),
+                                   self._refused.get(last.generation - 1))
+            if again:
+                return {"again": again}
         if step is None or step != before:
             return {"free": free_first([f.kind for f in failures])}
         epoch, batch, why = self._where.get(last.generation, (0, 0, "its position is unknown"))
@@ -238,6 +252,24 @@ def _rolls_back(said: ProgressReport) -> bool:
     loss_allows = not said.saved_loss or (said.saved_loss != "bad" and said.chief)
     return (said.save_skipped or said.save_set_aside) and loss_allows \
         and not said.saved_after_spike
+
+
+def _refused_again(now: tuple[int, str] | None, before: tuple[int, str] | None) -> str:
+    """Why the job stops when weights went non-finite before the same save in
+    two generations in a row, its loss not gone bad first ("": they did not):
+    the replay from the save before it spoiled them again, so the cause comes
+    back; no batch can be skipped, for no step is known to be the bad one."""
+    if now is None or before is None or now[0] != before[0] or now[0] < 0:
+        return ""
+    step, loss = now
+    unknown = ("the loss of a custom loop is its own, not read" if not loss else
+               "its loss stayed finite" if loss == "finite" else "its loss is not read")
+    return (f"the weights were not finite at the save of step {step} again after the restart "
+            "from the last save before it: the bad input or state comes back before that "
+            f"save; no batch is skipped: {unknown}, so which step spoiled them is not known "
+            "(a NaN in a BatchNormalization's moving statistics, a weight the loss does not "
+            "read): fix the data or the step, then launch again (the checkpoints before it "
+            "are kept)")
 
 
 def _no_skip(said: ProgressReport) -> str:
