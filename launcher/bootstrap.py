@@ -180,6 +180,7 @@ WATCHED: dict[str, tuple[str, ...]] = {
     "saves": _KERAS_TF,
     "restores": _KERAS_TF,
     "readable": ("tensorflow",),
+    "ownposition": ("tensorflow",),
     "sentinel": _KERAS,
     "position": _KERAS_TF,
     "calls": ("tensorflow",),
@@ -264,6 +265,9 @@ def install_hooks() -> None:
                 hooks.when_imported(name, hook)
         for name, hook in memtier.HOOKS.items():
             hooks.when_imported(name, hook)
+    # A custom loop's iterator in its checkpoint: each worker's own position (before
+    # readable's: the restore it wraps reads the checkpoint readable chose).
+    _watch("ownposition", when=several)
     if os.environ.get("MGPU_PROGRESS_FD"):  # checkpoint saves and restores: progress, resume
         _watch("saves")
         _watch("restores")

@@ -295,6 +295,12 @@ def _manager_init(original):
     return init
 
 
+def directory_of(manager) -> str:
+    """The directory a `CheckpointManager` saves for, as the script named it:
+    its `directory` is the working folder in memory while the tier holds its saves."""
+    return getattr(manager, "_mgpu_target", None) or os.fspath(manager.directory)
+
+
 def _manager_save(original):
     def save(self, *args, **kwargs):
         target = getattr(self, "_mgpu_target", None)
