@@ -25,7 +25,9 @@ copy's write failed; another number of workers), it says once that this
 worker continues from the chief's position, so nothing is silent.
 
 Bounded: a worker keeps the copies of the saves its directory's state file
-still lists and any newer (at most `KEEP` without a state file). The cost: one
+still lists and any newer (at most `KEEP` without a state file); a restore
+of `ckpt-N` removes its copies numbered above N (a run gone back from, whose
+numbers the next saves use again, maybe at other steps). The cost: one
 more serialization of the iterators (their shuffle buffers) per save, on the
 workers that are not the chief. A failure here is said, never raised into
 the script's save or restore.
@@ -118,8 +120,12 @@ def take_own(checkpoint: object, restored: object) -> None:
     import tensorflow as tf
 
     match = _NUMBERED.search(path)
-    copy = os.path.join(_folder(os.path.dirname(path)), f"ckpt-{match.group(1)}") \
-        if match else ""
+    folder = _folder(os.path.dirname(path))
+    copy = os.path.join(folder, f"ckpt-{match.group(1)}") if match else ""
+    try:  # copies of later saves are of a run the restore went back from: stale
+        _remove(folder, lambda number: bool(match) and number > int(match.group(1)))
+    except OSError:
+        pass  # kept: a copy is read only for its own number's restore
     if not copy or not os.path.exists(copy + ".index"):
         _say(f"{os.path.basename(path)} holds the chief's input position (its iterator's "
              "state) and this worker kept none of its own for it (a save by `write`, or by "
@@ -141,15 +147,26 @@ def _sweep(folder: str, directory: str) -> None:
     (the chief's); without one, all but the newest KEEP."""
     import tensorflow as tf
 
-    numbers = sorted({int(m.group(1)) for name in os.listdir(folder)
-                      if (m := re.match(r"ckpt-(\d+)\.", name))})
+    numbers = sorted(set(_numbers(folder).values()))
     state = tf.train.get_checkpoint_state(_shared(directory))
     listed = [int(m.group(1)) for p in (state.all_model_checkpoint_paths if state else ())
               if (m := _NUMBERED.search(p))]
     oldest = min(listed) if listed else (numbers[-KEEP] if len(numbers) > KEEP else 0)
-    for name in os.listdir(folder):
-        m = re.match(r"ckpt-(\d+)\.", name)
-        if m and int(m.group(1)) < oldest:
+    _remove(folder, lambda number: number < oldest)
+
+
+def _numbers(folder: str) -> dict[str, int]:
+    """The copies' files in `folder`: name, the save's number."""
+    try:
+        names = os.listdir(folder)
+    except FileNotFoundError:
+        return {}
+    return {name: int(m.group(1)) for name in names if (m := re.match(r"ckpt-(\d+)\.", name))}
+
+
+def _remove(folder: str, which) -> None:
+    for name, number in _numbers(folder).items():
+        if which(number):
             path = os.path.join(folder, name)
             shutil.rmtree(path) if os.path.isdir(path) else os.unlink(path)
 
