@@ -116,3 +116,24 @@ def test_with_no_readable_checkpoint_left_the_job_stops_saying_so(workdir: Path,
     assert all(name in summary["message"] for name in names), summary
     assert sorted(os.listdir(directory)) == before  # nothing moved, nothing deleted
     assert not job.events("checkpoint_passed_over")
+
+
+def test_every_task_is_told_the_directories_the_job_saved_to(tmp_path: Path):
+    """Where a damaged checkpoint may be mended (runtime/jobdirs.py): the first
+    generation is told none (set, empty: a warm start's directory is only
+    read), each later one every directory a task reported a save into."""
+    from tests.fake_agents import harness
+
+    def script(generation: int, name: str):
+        if generation:
+            return [(1.0, "exit", {"code": 0})]
+        return [(0.5, "progress", {"data": {"step": 10, "saved": 10,
+                                            "saved_dir": f"/ckpt/{name}", "checkpoint": 1}}),
+                (1.0, "exit", {"code": 1})]
+
+    h = harness(tmp_path, script, max_restarts=2)
+    assert h.supervisor.run().status == "succeeded"
+    told = {m["generation"]: m["env"].get("MGPU_SAVE_DIRS") for m in h.links["host1"].sent
+            if m["op"] == "start"}
+    assert told[0] == "" and set(told[1].split(os.pathsep)) == {"/ckpt/worker0",
+                                                                "/ckpt/worker1"}, told

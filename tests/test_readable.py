@@ -216,3 +216,32 @@ def test_an_error_that_is_not_the_checkpoints_changes_nothing():
     assert readable._words(OSError("/x/ckpt-4.data-00000-of-00001; Permission denied"),
                            "/x/ckpt-4") is None
     assert readable._words(IndexError("Read less bytes than requested"), "/x/ckpt-4")
+
+
+@pytest.mark.parametrize("told", ["elsewhere", "this"])
+def test_a_damaged_checkpoint_in_a_directory_the_job_only_reads_is_passed_over_read_only(
+        tmp_path, saved, told):
+    """A warm start from a directory the job never saved to (the launcher told
+    the task other directories: MGPU_SAVE_DIRS, job/policy/savedirs.py; no
+    CheckpointManager built for it): the torn newest is passed over all the
+    same, but its files and the state file, which others may read, stay as
+    they are, and that is said. Told the directory (a save of an earlier
+    generation went there), the chief mends it as before."""
+    directory = saved(tmp_path, 4)
+    tear(directory / f"ckpt-4{DATA}")
+    before = state(directory)
+    dirs = str(tmp_path / "ours") if told == "elsewhere" else f"/x{os.pathsep}{directory}"
+    code, output, records, restored = run(tmp_path, "latest", str(directory),
+                                          MGPU_SAVE_DIRS=dirs,
+                                          MGPU_CHECKPOINT_DIR=str(tmp_path / "ours"))
+    assert code == 0, output[-3000:]
+    assert restored["step"] == 30, output[-3000:]
+    [(name, why)] = passed_over(records)
+    assert name == "ckpt-4", records
+    if told == "elsewhere":
+        assert why.endswith("not a directory this job saves to: its files and state file "
+                            "are left as they are"), why
+        assert state(directory) == before and not (directory / "damaged").exists()
+        assert (directory / f"ckpt-4{DATA}").exists() and "left as they are" in output
+    else:
+        assert "ckpt-4" not in state(directory) and (directory / "damaged").is_dir(), output

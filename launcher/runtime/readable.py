@@ -26,7 +26,9 @@ infinity in a tensor of two or more dimensions: a save after the weights
 went bad that the sentinel's save check did not see; not with `sentinel:
 off`), is passed over for the next newest the state file lists
 (`all_model_checkpoint_paths`), verified the same way, and so on.
-Its files are moved to `damaged/<name>-<time it was saved>/` beside it (never
+In a directory the job saves to (runtime/jobdirs.py; another, a warm
+start's, is only read, and said so), its files are moved to
+`damaged/<name>-<time it was saved>/` beside it (never
 deleted: the next save would take its name) and the state file is rewritten
 without it (written aside, then renamed). Each worker verifies the same
 candidates in the same order, reading the same files, so every worker
@@ -210,6 +212,10 @@ def choose(prefix: object) -> object:
         if not reason:
             if not passed:
                 return candidate
+            if not _ours(directory):  # a warm start's, a shared model's: read only
+                _report(passed, {}, candidate, "not a directory this job saves to: its "
+                        "files and state file are left as they are")
+                return candidate
             if _mover():
                 _pass_over(directory, passed, candidate)
                 return candidate
@@ -219,6 +225,12 @@ def choose(prefix: object) -> object:
     raise NoReadableCheckpoint(
         f"no checkpoint in {directory} can be read ({said}); their files are kept as they "
         "are")
+
+
+def _ours(directory: str) -> bool:
+    from .jobdirs import ours
+
+    return ours(directory)
 
 
 def _listed(directory: str, state) -> list[str]:
@@ -528,7 +540,9 @@ def _manager_init(original):
         try:
             folder = os.fspath(directory)
             if "://" not in folder:
-                from . import memslots
+                from . import jobdirs, memslots
+
+                jobdirs.manager_built(folder)  # the job saves there: damaged files moved
 
                 if os.environ.get("MGPU_MEMORY_DIR"):  # the tier's copy under way: in place first
                     memslots.wait_for_copy(memslots.shared_of(folder))

@@ -53,6 +53,8 @@ from ..record import events as ev
 from ..record.reports import ProgressReport
 from .checkpoints import State
 
+SAVE_DIRS_KEPT = 32  # directories saved to that a task is told (job/policy/savedirs.py)
+
 
 class Resumes:
     """The generations' resume points, in order, and the last completed save."""
@@ -62,6 +64,7 @@ class Resumes:
         self._waiting: int | None = None  # a restarted generation not yet heard from
         self._checkpoint: State | None = None
         self.last_save: dict[str, Any] | None = None  # {step, dir, task}, the job's latest
+        self.save_dirs: list[str] = []  # every directory saved to, the newest SAVE_DIRS_KEPT
         self._saved_before: dict[str, Any] | None = None  # as the current generation began
         self._generation = 0
         self._told_behind = False
@@ -121,6 +124,9 @@ class Resumes:
         step = report.saved
         if step is None:
             return
+        if report.saved_dir and report.saved_dir not in self.save_dirs:
+            self.save_dirs.append(report.saved_dir)  # the job's: job/policy/savedirs.py
+            del self.save_dirs[:-SAVE_DIRS_KEPT]  # a templated path makes one a save
         if self._best_now is None or step > self._best_now:
             self._best_now = step
         # The chief's saves are the ones restored from (the others' may go to

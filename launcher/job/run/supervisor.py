@@ -36,7 +36,7 @@ from ..detect.blame import repeated_failure
 from ..detect.generation import Generation
 from ..detect.sentinel import BatchSkip, Sentinel
 from ..lines.output import Voice
-from ..policy import batchskips, keras_fallback
+from ..policy import batchskips, keras_fallback, savedirs
 from ..policy.hostwait import HostWaiter
 from ..policy.recovery import Budget, HostInfo, NotEnoughHosts, decide_restart
 from ..policy.restarts import End, JobSoFar, count_restart, keras_switched, skip_batch
@@ -151,6 +151,7 @@ class Supervisor:
         if self._keras_switch is not None:
             plan = keras_fallback.under_tf_keras(plan)
         plan = batchskips.with_skips(plan, job.skipped)  # the bad batches skipped so far
+        plan = savedirs.with_save_dirs(plan, self._resumes.save_dirs)  # where it may mend
         self._runner.place_copies(plan)
         checkpoint_before = self._checkpoint_probe()
         self._resumes.starting(job.generation, checkpoint_before)
