@@ -22,6 +22,8 @@ from tests.test_faults import Job, jobs, launch  # noqa: F401 - `jobs` is a fixt
 
 SCRIPT = str(SCRIPTS / "ctl_iterator.py")
 OWN = "this worker's input continues from its own position at ckpt-4"
+MEMORY_CLUSTER = ("name: two\ntransport: local\nrestart: {backoff_s: 0}\n"
+                  "checkpoint: {memory: true}\nhosts:\n" + "  - {address: 127.0.0.1}\n" * 2)
 
 
 @pytest.mark.e2e
@@ -30,17 +32,23 @@ def test_a_custom_loop_resumed_mid_epoch_with_its_iterator_restored_trains_each_
     """TF's custom-loop tutorial shape (tests/scripts/ctl_iterator.py): two
     workers, each its own shard of a seeded reshuffled stream, the iterator in
     the checkpoint saved every 3 steps by its CheckpointManager or by
-    `Checkpoint.save`, worker 1 killed after step 14 (epoch 1 of 8-step
+    `Checkpoint.save`, or (memory tier on) by every worker's manager on the
+    directory and restored by `manager.latest_checkpoint` (a path in the
+    tier's working folder), worker 1 killed after step 14 (epoch 1 of 8-step
     epochs). The restart resumes at step 12 and each epoch trains its 64
     samples once. Before: worker 1 restored the chief's iterator and read the
     chief's shard: 5 samples twice and 5 never."""
     monkeypatch.setenv("KILL_AT_STEP", "14")
     started: dict[str, tuple[Job, Path]] = {}
-    for save_with in ("manager", "checkpoint"):  # side by side: ~1 job's time
+    for save_with in ("manager", "checkpoint", "shared"):  # side by side
         folder = workdir / save_with
         (folder / "ids").mkdir(parents=True)
         monkeypatch.setenv("SAVE_WITH", save_with)  # read as each job starts
-        started[save_with] = (launch(jobs, ["--local", "2", "--max-restarts", "1", "--no-live",
+        cluster = ["--local", "2"]
+        if save_with == "shared":  # the memory tier: restored from its working folder
+            (folder / "two.yaml").write_text(MEMORY_CLUSTER)
+            cluster = [str(folder / "two.yaml")]
+        started[save_with] = (launch(jobs, [*cluster, "--max-restarts", "1", "--no-live",
                                             SCRIPT, str(folder / "ckpt"), str(folder / "ids")],
                                      folder), folder)
     for save_with, (job, folder) in started.items():
@@ -113,3 +121,52 @@ ckpt.read(os.path.join("ckpt", "workertemp_1", "ckpt-2"))
     assert not list(folder.glob("*.index")), sorted(p.name for p in folder.iterdir())
     chief = _probe(tmp_path, PROBE.format(index=0, body=save.replace("workertemp_1", "c0")), 0)
     assert not (tmp_path / "ckpt" / ownposition.FOLDER / "2w-worker-0").exists(), chief
+
+
+def test_two_savers_of_one_directory_keep_their_own_copies(tmp_path):
+    """Worker 1's manager of `ckpt` saves (the iterator in them) and a second
+    manager of `model` saves (the model only) in the same directory, taking
+    turns: the state file names the other saver's each time, and no copy of
+    `ckpt` is swept for it (before: every copy, the state file's names taken
+    for its own); a restore of `ckpt-3` reads its own copy."""
+    body = """
+model = tf.Variable([[1.0]])
+ckpts = tf.train.CheckpointManager(ckpt, "d", max_to_keep=2)
+models = tf.train.CheckpointManager(tf.train.Checkpoint(model=model), "d", max_to_keep=2,
+                                    checkpoint_name="model")
+for n in range(4):
+    next(it)
+    ckpts.save()
+    models.save(checkpoint_number=1000 * (n + 1))
+for _ in range(5):
+    next(it)
+ckpt.read(os.path.join("d", "ckpt-3"))
+print("NEXT", int(next(it)))
+"""
+    said = _probe(tmp_path, PROBE.format(index=1, body=body), 1)
+    folder = tmp_path / "d" / ownposition.FOLDER / "2w-worker-1"
+    # None swept for the other saver's names; ckpt-4's removed by the restore of ckpt-3.
+    assert sorted(p.name for p in folder.glob("*.index")) == [
+        "ckpt-1.index", "ckpt-2.index", "ckpt-3.index"], said
+    assert "NEXT 7" in said and OWN.replace("ckpt-4", "ckpt-3") in said, said  # 1, 3, 5 read
+
+
+def test_a_torn_newest_checkpoint_holding_an_iterator_is_passed_over(tmp_path):
+    """An iterator's state is a variant tensor, which has no numpy value: the
+    restore's check (runtime/readable.py) reads its bytes another way, so a
+    torn newest save holding one is passed over for the one before, as any
+    other (before: "cannot be told", and the restore failed on the torn file)."""
+    body = """
+from launcher.runtime import readable
+readable.on_tensorflow(tf)
+manager = tf.train.CheckpointManager(ckpt, "d", max_to_keep=3)
+for n in range(3):
+    next(it)
+    manager.save()
+data = os.path.join("d", "ckpt-3.data-00000-of-00001")
+os.truncate(data, os.path.getsize(data) // 2)
+ckpt.read(tf.train.latest_checkpoint("d"))
+print("NEXT", int(next(it)))
+"""
+    said = _probe(tmp_path, PROBE.format(index=0, body=body), 0)  # the chief: it mends
+    assert "NEXT 4" in said and "cannot be read" in said, said  # ckpt-2's: 0, 2 read

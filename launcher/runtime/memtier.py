@@ -46,6 +46,7 @@ _pending: dict[tuple[str, ...], str] = {}
 END_WAIT_S = 600.0  # at most, at the program's end, for the last copies
 _seeded: set[str] = set()  # working folders filled in this process (a second saver shares it)
 _built: list[str] = []  # the directories of this process's managers, in order
+_working: dict[str, str] = {}  # a manager's working folder in memory: the directory it stands for
 
 
 def enabled() -> bool:
@@ -285,6 +286,7 @@ def _manager_init(original):
             _fall_back(f"{type(exc).__name__}: {exc}")
             return original(self, checkpoint, directory, *args, **kwargs)
         original(self, checkpoint, work, *args, **kwargs)
+        _working[os.path.normpath(work)] = target
         self._mgpu_target = target
         self._mgpu_stands_for = stands_for
         _built.append(stands_for)
@@ -299,6 +301,11 @@ def directory_of(manager) -> str:
     """The directory a `CheckpointManager` saves for, as the script named it:
     its `directory` is the working folder in memory while the tier holds its saves."""
     return getattr(manager, "_mgpu_target", None) or os.fspath(manager.directory)
+
+
+def stands_for(folder: str) -> str | None:
+    """The directory a manager's working folder in memory saves for (None: not one)."""
+    return _working.get(os.path.normpath(folder))
 
 
 def _manager_save(original):

@@ -103,10 +103,13 @@ def damage(prefix: str, fresh: bool = False) -> str | None:
     check = enabled()  # the values too, unless `sentinel: off`
     try:
         reader = tf.train.load_checkpoint(prefix)
-        why = ""
+        why, dtypes = "", reader.get_variable_to_dtype_map()
         # The model's names first: an optimizer's copy of a weight names it worse.
-        for name in sorted(reader.get_variable_to_shape_map(),
-                           key=lambda name: (name.startswith("optimizer"), name)):
+        for name in sorted(dtypes, key=lambda name: (name.startswith("optimizer"), name)):
+            if dtypes[name] == tf.variant:  # an iterator's state: no numpy value, its bytes read
+                tf.raw_ops.RestoreV2(prefix=prefix, tensor_names=[name],
+                                     shape_and_slices=[""], dtypes=[tf.variant])
+                continue
             value = reader.get_tensor(name)
             why = _not_finite(name, value) if check else ""
             del value  # one tensor held at a time, as before the values were read

@@ -12,7 +12,9 @@ tutorial's `distribute_datasets_from_function`, and SHARD=data,
 to be a trackable object").
 `tf.train.Checkpoint(model, optimizer, iterator=iterator, epoch,
 step_in_epoch)` saved every 3 steps by a `CheckpointManager` (SAVE_WITH=checkpoint:
-`checkpoint.save(prefix)`; the chief into
+`checkpoint.save(prefix)`; SAVE_WITH=shared: every worker's manager on
+CKPT_DIR, restored by `manager.latest_checkpoint`, for the memory tier,
+which keeps a worker's saves in memory; else the chief into
 CKPT_DIR, a worker into `CKPT_DIR/workertemp_<i>`, removed after: the
 tutorial's), `tf.train.latest_checkpoint(CKPT_DIR)` restored at the start.
 Each worker appends `{"step": S, "ids": [...]}` per step to
@@ -77,9 +79,10 @@ iterator = iter(dataset)
 checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, iterator=iterator,
                                  epoch=epoch, step_in_epoch=step_in_epoch)
 chief = index == 0
-directory = sys.argv[1] if chief else os.path.join(sys.argv[1], f"workertemp_{index}")
+shared = os.environ.get("SAVE_WITH") == "shared"  # every worker's manager on the directory
+directory = sys.argv[1] if chief or shared else os.path.join(sys.argv[1], f"workertemp_{index}")
 manager = tf.train.CheckpointManager(checkpoint, directory, max_to_keep=3)
-latest = tf.train.latest_checkpoint(sys.argv[1])
+latest = manager.latest_checkpoint if shared else tf.train.latest_checkpoint(sys.argv[1])
 if latest:
     checkpoint.restore(latest)
 ids_path = os.path.join(sys.argv[2], f"g{os.environ.get('MGPU_GENERATION', '0')}-w{index}.jsonl")
@@ -99,7 +102,7 @@ while epoch.numpy() < EPOCHS:
                 checkpoint.save(os.path.join(directory, "ckpt"))
             else:
                 manager.save()
-            if not chief:
+            if not chief and not shared:
                 tf.io.gfile.rmtree(directory)
         if step == kill_at and index == 1 and os.environ.get("MGPU_GENERATION") == "0":
             os.kill(os.getpid(), signal.SIGKILL)
