@@ -169,9 +169,19 @@ def wrap(cls: type, name: str, make) -> None:
 
 def _counters(original):
     """`fit` asks where to start (after BackupAndRestore restored): kept for
-    its epoch loop, which comes next."""
+    its epoch loop, which comes next. An input of unknown length (no
+    steps_per_epoch) is backed up at epoch ends only (`_backup`), which
+    tf_keras cannot tell from a save in the middle (`batch == None - 1`:
+    a TypeError on every restore): the next epoch."""
     def load(self, steps_per_epoch, initial_epoch, *args, **kwargs):
-        epoch, step = original(self, steps_per_epoch, initial_epoch, *args, **kwargs)
+        try:
+            epoch, step = original(self, steps_per_epoch, initial_epoch, *args, **kwargs)
+        except TypeError:
+            state = getattr(self, "_training_state", None)
+            if steps_per_epoch is not None or state is None \
+                    or int(state._ckpt_saved_batch.numpy()) < 0:
+                raise
+            epoch, step = int(state._ckpt_saved_epoch.numpy()) + 1, 0
         _resume.clear()
         _resume.update(first=int(initial_epoch), epoch=int(epoch), step=int(step), model=self)
         return epoch, step
@@ -406,7 +416,9 @@ def _backup(original):
             return original(self, epoch, *args, **kwargs)
         steps = (getattr(self, "params", None) or {}).get("steps")
         reason = getattr(getattr(self, "model", None), "_mgpu_input", "")
-        if reason and isinstance(steps, int) and batch < steps - 1:
+        if not isinstance(steps, int):  # tf_keras cannot resume it in the middle (`_counters`)
+            reason = "its length is unknown and fit was given no steps_per_epoch"
+        if reason and (not isinstance(steps, int) or batch < steps - 1):
             say_once(f"mgpu-launch: a save in the middle of an epoch (BackupAndRestore's "
                       f"save_freq, the launcher's memory_interval) is not taken: this fit's "
                       f"input cannot continue there after a restart ({reason}); saves are "
@@ -431,6 +443,8 @@ def _epoch_end(original):
             if state is not None:
                 state._ckpt_saved_batch.assign(steps - 1)
             self._backup(epoch=epoch, batch=steps - 1)
+        elif getattr(self, "_mgpu_owed", None) == epoch:  # unknown length: `_counters` reads
+            self._backup(epoch=epoch)  # its last batch as the epoch's end
         return result
     return end
 

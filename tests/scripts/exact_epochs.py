@@ -8,8 +8,10 @@ reshuffle_each_iteration=True)`; with INPUT=repeated, that shuffle
 `repeat()`ed and `steps_per_epoch=8` (one stream over the epochs); with
 INPUT=generator, by a Python generator (a new numpy permutation each epoch,
 whose position a restart cannot carry; `assert_cardinality` gives its
-length). `BackupAndRestore(save_freq=SAVE_FREQ)` (default: epoch). Each
-worker appends `{"step": S, "ids": [...]}` per step to
+length); with INPUT=unknown, the seeded shuffle through a `filter` (a length
+Keras cannot know, no steps_per_epoch).
+`BackupAndRestore(save_freq=SAVE_FREQ)` (default: epoch). Each worker appends
+`{"step": S, "ids": [...]}` per step to
 IDS_DIR/g<generation>-w<index>.jsonl (the ids its replica trained at the
 optimizer's step S). KILL_AT_STEP=S: in the first generation, worker 1 kills
 itself (SIGKILL) right after step S.
@@ -51,6 +53,8 @@ if os.environ.get("INPUT") == "generator":
 else:
     ids = tf.data.Dataset.range(64).shuffle(64, seed=7, reshuffle_each_iteration=True)
     ids = ids.repeat() if os.environ.get("INPUT") == "repeated" else ids
+if os.environ.get("INPUT") == "unknown":  # a length Keras cannot know (a filter)
+    ids = ids.filter(lambda i: True)
 dataset = ids.map(sample).batch(8)
 seen: list[int] = []
 
