@@ -170,3 +170,31 @@ print("NEXT", int(next(it)))
 """
     said = _probe(tmp_path, PROBE.format(index=0, body=body), 0)  # the chief: it mends
     assert "NEXT 4" in said and "cannot be read" in said, said  # ckpt-2's: 0, 2 read
+
+
+def test_a_manager_numbered_by_a_step_variable_and_an_interval_keeps_a_copy_per_save_made(
+        tmp_path):
+    """`manager.save(checkpoint_number=step)` with a step variable made under a
+    strategy (read as the manager reads it; `int()` of it failed, and no copy
+    was kept), every step, the manager's `checkpoint_interval` taking one in
+    10: a copy for each save the manager makes (before: one per call, 40),
+    and a file of another name that merely starts alike is not a copy."""
+    body = """
+with tf.distribute.MirroredStrategy().scope():
+    step = tf.Variable(0, dtype=tf.int64, trainable=False)
+manager = tf.train.CheckpointManager(ckpt, "d", max_to_keep=3, step_counter=step,
+                                     checkpoint_interval=10)
+os.makedirs(os.path.join("d", ".mgpu-positions", "2w-worker-1"))
+open(os.path.join("d", ".mgpu-positions", "2w-worker-1", "ckpt-5_best-2.index"), "w").close()
+for n in range(40):
+    step.assign_add(1)
+    next(it)
+    manager.save(checkpoint_number=step)
+print("SAVES", sorted(int(p.rsplit("-", 1)[1]) for p in manager.checkpoints))
+"""
+    said = _probe(tmp_path, PROBE.format(index=1, body=body), 1)
+    assert "SAVES [11, 21, 31]" in said, said
+    folder = tmp_path / "d" / ownposition.FOLDER / "2w-worker-1"
+    assert sorted(p.name for p in folder.iterdir()) == [
+        *(f"ckpt-{n}{ext}" for n in (1, 11, 21, 31)
+          for ext in (".data-00000-of-00001", ".index")), "ckpt-5_best-2.index"], said

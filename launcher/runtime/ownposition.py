@@ -105,8 +105,32 @@ def _unwrapped(name: str):
 
 def _number_next(checkpoint: object, given: object) -> int:
     """The number the save about to be made takes: `given` (a manager's
-    `checkpoint_number`), else the save counter's next."""
-    return int(given) if given is not None else int(checkpoint.save_counter) + 1
+    `checkpoint_number`: an int, a tensor or a step variable, read as the
+    manager reads it), else the save counter's next."""
+    if given is None:
+        return int(checkpoint.save_counter) + 1
+    if isinstance(given, int):
+        return given
+    from tensorflow.python.training import training_util
+
+    return int(training_util.global_step(sess=None, global_step_tensor=given))
+
+
+def _skipped_by_interval(manager, check_interval: bool) -> bool:
+    """The manager's `checkpoint_interval` will skip this save (its own test)."""
+    interval = getattr(manager, "_checkpoint_interval", None)
+    last = getattr(manager, "_last_checkpoint_step", None)
+    if interval is None or last is None or not check_interval:
+        return False
+    from tensorflow.python.training import training_util
+
+    step = training_util.global_step(sess=None, global_step_tensor=manager._step_counter)
+    return int(step) < last + interval
+
+
+def _asynchronous(options: object) -> bool:
+    """An async checkpoint: its thread saves later, the iterator moved on by then."""
+    return bool(getattr(options, "experimental_enable_async_checkpoint", False))
 
 
 def keep_own(checkpoint: object, directory: str, name: str, given: object = None) -> None:
@@ -122,7 +146,13 @@ def keep_own(checkpoint: object, directory: str, name: str, given: object = None
         return
     import tensorflow as tf
 
-    number = _number_next(checkpoint, given)
+    try:
+        number = _number_next(checkpoint, given)
+    except Exception as exc:  # noqa: BLE001 - a counter read only in a graph, say
+        _say(f"this worker's input position is not kept at {name}'s saves: their number "
+             f"cannot be read before the save ({type(exc).__name__}): a restore continues "
+             "from the chief's position")
+        return
     folder = _folder(directory)
     try:
         _remove(folder, name, lambda n: n == number)
@@ -197,7 +227,7 @@ def _copies(folder: str, name: str) -> dict[str, int]:
         found = os.listdir(folder)
     except FileNotFoundError:
         return {}
-    pattern = re.compile(re.escape(name) + r"-(\d+)[._]")
+    pattern = re.compile(re.escape(name) + r"-(\d+)(\.index|\.data-\d+-of-\d+|_temp.*)$")
     return {f: int(m.group(1)) for f in found if (m := pattern.match(f))}
 
 
@@ -217,7 +247,8 @@ def _say(text: str) -> None:
 def _save(original):
     def save(self, file_prefix, *args, **kwargs):
         try:
-            if _a_worker_not_the_chief():
+            if _a_worker_not_the_chief() \
+                    and not _asynchronous(kwargs.get("options", args[0] if args else None)):
                 prefix = os.fspath(file_prefix)
                 keep_own(self, os.path.dirname(prefix), os.path.basename(prefix))
         except Exception:  # noqa: BLE001, S110 - a prefix of a shape we do not know: as asked
@@ -231,8 +262,11 @@ def _manager_save(original):
     def save(self, *args, **kwargs):
         try:
             prefix = getattr(self, "_checkpoint_prefix", None)  # TensorFlow's: <dir>/<name>
-            if prefix is not None and _a_worker_not_the_chief():
-                given = kwargs.get("checkpoint_number", args[0] if args else None)
+            given = kwargs.get("checkpoint_number", args[0] if args else None)
+            check = kwargs.get("check_interval", args[1] if len(args) > 1 else True)
+            options = kwargs.get("options", args[2] if len(args) > 2 else None)
+            if prefix is not None and _a_worker_not_the_chief() and not _asynchronous(options) \
+                    and not _skipped_by_interval(self, check):
                 directory = os.fspath(self.directory)
                 if os.environ.get("MGPU_MEMORY_DIR"):  # the tier's: saved in memory for it
                     from .memtier import directory_of

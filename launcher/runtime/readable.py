@@ -57,6 +57,8 @@ import threading
 import time
 from types import ModuleType
 
+from . import jobdirs
+
 _MARK = "_mgpu_passes_damaged"
 DAMAGED = "damaged"  # the folder beside, for the checkpoints passed over
 RECHECKS, RECHECK_S = 2, 0.5  # a file missing: looked at again, this often, this long apart
@@ -97,6 +99,7 @@ def damage(prefix: str, fresh: bool = False) -> str | None:
     if key in _verified and not fresh:
         return _verified[key]
     import tensorflow as tf
+    from tensorflow.python.eager import context
 
     from .sentinel import enabled
 
@@ -107,8 +110,9 @@ def damage(prefix: str, fresh: bool = False) -> str | None:
         # The model's names first: an optimizer's copy of a weight names it worse.
         for name in sorted(dtypes, key=lambda name: (name.startswith("optimizer"), name)):
             if dtypes[name] == tf.variant:  # an iterator's state: no numpy value, its bytes read
-                tf.raw_ops.RestoreV2(prefix=prefix, tensor_names=[name],
-                                     shape_and_slices=[""], dtypes=[tf.variant])
+                with context.eager_mode():  # run, not built into a TF1 graph
+                    tf.raw_ops.RestoreV2(prefix=prefix, tensor_names=[name],
+                                         shape_and_slices=[""], dtypes=[tf.variant])
                 continue
             value = reader.get_tensor(name)
             why = _not_finite(name, value) if check else ""
@@ -143,9 +147,9 @@ def _not_finite(name: str, value: object) -> str:
 def _words(exc: Exception, prefix: str) -> str | None:
     text = str(exc)
     data = os.path.basename(prefix) + ".data-"
-    if isinstance(exc, IndexError) and "less bytes" in text:
+    if "less bytes" in text:  # IndexError from the reader, OutOfRangeError from RestoreV2
         return "its data file is shorter than its index says (a torn or unfinished write)"
-    if "Checksum does not match" in text:
+    if "checksum does not match" in text.lower() or "the checksum after" in text.lower():
         return "a tensor's checksum does not match (its data file is corrupt)"
     if "No such file or directory" in text and data in text:
         return _DATA_MISSING
@@ -215,9 +219,10 @@ def choose(prefix: object) -> object:
         if not reason:
             if not passed:
                 return candidate
-            if not _ours(directory):  # a warm start's, a shared model's: read only
-                _report(passed, {}, candidate, "not a directory this job saves to: its "
-                        "files and state file are left as they are")
+            if not jobdirs.ours(directory):  # a warm start's, a shared model's: read only
+                if _mover():  # said once (a peer that counts it as the job's may move it)
+                    _report(passed, {}, candidate, "not a directory this job saves to: its "
+                            "files and state file are left as they are")
                 return candidate
             if _mover():
                 _pass_over(directory, passed, candidate)
@@ -228,12 +233,6 @@ def choose(prefix: object) -> object:
     raise NoReadableCheckpoint(
         f"no checkpoint in {directory} can be read ({said}); their files are kept as they "
         "are")
-
-
-def _ours(directory: str) -> bool:
-    from .jobdirs import ours
-
-    return ours(directory)
 
 
 def _listed(directory: str, state) -> list[str]:
@@ -543,7 +542,7 @@ def _manager_init(original):
         try:
             folder = os.fspath(directory)
             if "://" not in folder:
-                from . import jobdirs, memslots
+                from . import memslots
 
                 jobdirs.manager_built(folder)  # the job saves there: damaged files moved
 

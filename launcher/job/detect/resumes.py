@@ -124,7 +124,9 @@ class Resumes:
         step = report.saved
         if step is None:
             return
-        if report.saved_dir and report.saved_dir not in self.save_dirs:
+        if report.saved_dir and not report.saved_dir.startswith("…"):  # not cut short
+            if report.saved_dir in self.save_dirs:  # the most recently saved to kept last
+                self.save_dirs.remove(report.saved_dir)
             self.save_dirs.append(report.saved_dir)  # the job's: job/policy/savedirs.py
             del self.save_dirs[:-SAVE_DIRS_KEPT]  # a templated path makes one a save
         if self._best_now is None or step > self._best_now:
