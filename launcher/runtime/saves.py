@@ -286,9 +286,9 @@ def _nonfinite(saver: object, where: Where, args: tuple, kwargs: dict, skipped: 
     if sentinel.spoiled_by_spike():  # finite, but trained past a spike rolled back
         record["saved_after_spike"] = 1
     said = sentinel.loss_at_save(step, rolled_back=skipped or set_aside)
-    if said:  # "bad": the loss's own report (told first) decides; "finite": this one
-        record["saved_loss"] = said
-    if runtime.is_chief():  # a finite loss's NaN weights roll back on the chief only
+    if said:  # "bad": the loss's own report (told first) decides; else ("finite",
+        record["saved_loss"] = said  # "unwatched") this one, on the chief only
+    if runtime.is_chief():  # a fit's refused save rolls back on the chief only
         record["chief"] = 1
     runtime.write_progress(record)
 
