@@ -30,7 +30,10 @@ Owns what must happen in the task process before and around the user's code:
   task without JAX's exit barrier, where its peers wait for it
   (`_leave_jax_cluster`);
 - a program that ended cleanly says so (`ProgramOver`, after every exit
-  handler): the launcher need not wait for the interpreter's teardown;
+  handler): the launcher need not wait for the interpreter's teardown; with
+  TensorFlow or JAX loaded it then collects once and freezes the garbage
+  collector's objects: that teardown takes 0.2-0.4 s, not 1-3 s
+  (`_skip_final_collections`);
 - Python stacks on demand: `faulthandler` dumps every thread's stack into
   `MGPU_STACKS_FILE` (set by the agent) on `MGPU_STACKS_SIGNAL` (a name or a
   number; default SIGUSR1; `off` disables). The agent sends that signal
@@ -385,6 +388,28 @@ class ProgramOver:
             return
         _flush_open_files()
         _tell(b'{"over": 1}\n')
+        _skip_final_collections()
+
+
+def _skip_final_collections() -> None:
+    """With TensorFlow (or JAX) loaded, the interpreter's teardown is mostly
+    its garbage collector walking the ~390,000 objects it tracks, once per
+    pass of the module teardown: 1.1-3.0 s after a small `fit`, where frozen
+    it takes 0.2-0.4 s (a script timed side by side), and a synchronous job's
+    end waits for every task's exit. One collection first (~0.2 s of CPU)
+    finalizes the garbage there is now, the script's own globals included (a
+    summary writer it never closed is flushed, as before); then `gc.freeze()`
+    leaves the rest out of the teardown's collections. The teardown itself
+    still runs (module attributes cleared, objects freed by their counts with
+    their `__del__`, C++ destructors); only what becomes garbage in a
+    reference cycle during it is left to the process's end, whose finalizers
+    Python never promises at exit."""
+    if "tensorflow" not in sys.modules and "jax" not in sys.modules:
+        return
+    import gc
+
+    gc.collect()
+    gc.freeze()
 
 
 def _tell(line: bytes) -> None:

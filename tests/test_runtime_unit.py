@@ -179,3 +179,49 @@ def test_a_task_that_imports_neither_tensorflow_nor_keras_loads_no_hook_module(t
     os.close(read)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == ["[]", "[]", "True True"]
+
+
+# Read in the module teardown, after every exit handler (the bootstrap's last).
+FROZEN_AT_TEARDOWN = """\
+import gc, json, os, sys, types
+if sys.argv[1:] == ["tf"]:
+    sys.modules["tensorflow"] = types.ModuleType("tensorflow")  # a stand-in: loaded
+
+class Probe:
+    def __del__(self, write=os.write, frozen=gc.get_freeze_count):
+        write(1, b"frozen %d\\n" % (frozen() > 0))
+
+class Cycle:
+    def __del__(self, write=os.write):
+        write(1, b"cycle finalized\\n")
+
+json._probe = Probe()  # freed with the json module, by its count
+gc.disable()  # no collection of its own: the garbage below is the end's to collect
+cycle = Cycle()
+cycle.me = cycle
+del cycle
+"""
+
+
+@pytest.mark.parametrize("loaded", ["tf", "plain"])
+def test_a_clean_end_with_tensorflow_loaded_leaves_the_teardown_no_collections(
+        tmp_path, loaded):
+    # The teardown's collections over TensorFlow's objects are 1-3 s of a task's
+    # exit: once the program is over they are collected once and frozen; a plain
+    # script's are not. The garbage there was is finalized, and what the
+    # teardown frees by reference counts still runs its __del__.
+    script = tmp_path / "end.py"
+    script.write_text(FROZEN_AT_TEARDOWN)
+    read, write = os.pipe()
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
+           "MGPU_PROGRESS_FD": str(write)}
+    out = subprocess.run([sys.executable, "-m", "launcher.bootstrap", str(script), loaded],
+                         env=env, cwd=tmp_path, capture_output=True, timeout=60,
+                         pass_fds=(write,))
+    os.close(write)
+    with os.fdopen(read, "rb") as said:
+        told = said.read()
+    assert out.returncode == 0, out.stderr
+    assert b'{"over": 1}' in told, told
+    assert sorted(out.stdout.decode().splitlines()) == [
+        "cycle finalized", f"frozen {int(loaded == 'tf')}"], out
