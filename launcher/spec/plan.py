@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import shlex
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -128,6 +128,11 @@ class Plan:
     def unresolved(self) -> tuple[str, ...]:
         """Hosts whose address waits for their agent's hello (network_interface)."""
         return tuple(name for name, tf in self.addresses.items() if tf.address is None)
+
+    def with_task_env(self, env: Mapping[str, str]) -> Plan:
+        """This plan with `env` added to every task's environment."""
+        return replace(self, tasks=tuple(replace(task, env={**task.env, **env})
+                                         for task in self.tasks))
 
 
 def plain(value: Any) -> Any:

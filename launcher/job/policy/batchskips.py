@@ -16,7 +16,6 @@ Pure functions over the plan; no I/O.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 
 from ...spec.plan import Plan
 from ..detect.sentinel import BatchSkip
@@ -34,5 +33,4 @@ def with_skips(plan: Plan, skipped: Sequence[BatchSkip]) -> Plan:
     if not skipped:
         return plan
     value = skip_value(skipped)
-    return replace(plan, tasks=tuple(replace(task, env={**task.env, SKIP_ENV: value})
-                                     for task in plan.tasks))
+    return plan.with_task_env({SKIP_ENV: value})

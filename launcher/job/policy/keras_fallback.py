@@ -25,7 +25,6 @@ Pure functions over the plan and the failure; no I/O.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 from ...spec.plan import Plan
@@ -67,5 +66,4 @@ def switched(generation: int, failure: Failure) -> dict[str, Any]:
 
 def under_tf_keras(plan: Plan) -> Plan:
     """`plan` with every task under tf_keras."""
-    return replace(plan, tasks=tuple(replace(task, env={**task.env, **TF_KERAS_ENV})
-                                     for task in plan.tasks))
+    return plan.with_task_env(TF_KERAS_ENV)

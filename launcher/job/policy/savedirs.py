@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import replace
 
 from ...spec.plan import Plan
 
@@ -28,5 +27,4 @@ def with_save_dirs(plan: Plan, directories: Sequence[str]) -> Plan:
     usable = [d for d in directories if d and "://" not in d and not d.startswith("…")
               and os.pathsep not in d]
     value = os.pathsep.join(usable)
-    return replace(plan, tasks=tuple(replace(task, env={**task.env, SAVE_DIRS_ENV: value})
-                                     for task in plan.tasks))
+    return plan.with_task_env({SAVE_DIRS_ENV: value})
