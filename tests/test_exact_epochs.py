@@ -113,7 +113,8 @@ def test_a_mid_epoch_resume_trains_every_sample_of_every_epoch_once(
         _given, _saves, resume, said = SHAPES[name]
         assert job.finish(timeout=240) == 0, (name, job.output[-3000:])
         summary = read_summary(job.run_dir)
-        assert summary["status"] == "succeeded" and summary["restarts"] == 1, (name, summary)
+        failures = [e["reason"] for e in job.events("failure_detected")]
+        assert summary["status"] == "succeeded" and summary["restarts"] == 1, (name, failures)
         epochs = trained_per_epoch(ids)
         assert twice_and_never(epochs) == (0, 0), (name, [sorted(e.items()) for e in epochs])
         assert all(set(epoch) == set(range(SAMPLES)) for epoch in epochs), name

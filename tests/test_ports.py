@@ -4,14 +4,26 @@ one before TensorFlow binds it."""
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
 from launcher.job.run.launch import Launch
 from launcher.spec import slurm
 from launcher.spec.config import local_config
-from launcher.transport.ports import AUTO_PORTS, busy_ports, ephemeral_range, free_ports
+from launcher.transport.ports import (
+    AUTO_PORTS,
+    RESERVED_FOR_S,
+    busy_ports,
+    ephemeral_range,
+    free_ports,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _outside_ephemeral(ports: list[int]) -> bool:
@@ -85,3 +97,58 @@ def test_a_port_held_over_ipv6_alone_is_busy():
         assert busy_ports([port]) == [port]
         assert port not in free_ports(50, among=range(port - 25, port + 25))
     assert busy_ports([port]) == []
+
+
+PICKER = """
+import sys
+from pathlib import Path
+from launcher.transport.ports import free_ports
+first, last = int(sys.argv[1]), int(sys.argv[2])
+print(" ".join(map(str, free_ports((last - first) // 2, among=range(first, last)))), flush=True)
+sys.stdin.read()  # alive (its reservations held) until the test has both picks
+"""
+
+
+def test_two_launchers_picking_at_once_never_take_the_same_port(tmp_path: Path):
+    """Two jobs launched together (a sweep of `--local 2` runs) each pick half
+    of a window of free ports: without reservations they would share ~1/4 of
+    them, and one job would lose a generation to `port_taken`."""
+    window = next(range(p, p + 200) for p in AUTO_PORTS[::200]
+                  if p + 200 <= AUTO_PORTS.stop and not busy_ports(range(p, p + 200)))
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    pickers = [subprocess.Popen([sys.executable, "-c", PICKER, str(window.start), str(window.stop)],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+               for _ in range(2)]
+    try:
+        picks = [set(map(int, picker.stdout.readline().split())) for picker in pickers]
+    finally:
+        for picker in pickers:
+            picker.communicate(timeout=60)
+    assert [len(p) for p in picks] == [100, 100] and not picks[0] & picks[1], picks
+    assert picks[0] | picks[1] == set(window)
+    # Their launchers gone, the ports are anyone's again.
+    folder = tmp_path / "mgpu-launch" / "ports"
+    assert len(free_ports(200, among=window, reservations=folder)) == 200
+
+
+def test_a_reservation_holds_while_its_launcher_lives_and_is_young(tmp_path: Path):
+    window = next(range(p, p + 5) for p in AUTO_PORTS[::5] if not busy_ports(range(p, p + 5)))
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    host = socket.gethostname()
+    owners = [f"{host} {gone}",      # its launcher ended: free
+              f"{host} 1",           # alive, but reserved long ago: free
+              f"{host} 1",           # alive and young: held
+              f"elsewhere {gone}",   # another machine sharing this home: held
+              ""]                    # being written: held
+    for port, owner in zip(window, owners, strict=True):
+        (tmp_path / str(port)).write_text(owner)
+    old = time.time() - RESERVED_FOR_S - 1
+    os.utime(tmp_path / str(window[1]), (old, old))
+    assert sorted(free_ports(5, among=window, reservations=tmp_path))[:2] == list(window[:2])
+    assert not {window[2], window[3], window[4]} & set(
+        free_ports(5, among=window, reservations=tmp_path))
+    # The folder cannot be made (a file in its way): ports are picked as before.
+    (tmp_path / "file").write_text("")
+    assert sorted(free_ports(5, among=window, reservations=tmp_path / "file" / "ports")) \
+        == list(window)

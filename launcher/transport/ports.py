@@ -7,10 +7,13 @@ launch does.
 from __future__ import annotations
 
 import errno
+import os
 import random
 import socket
+import time
 from collections.abc import Sequence
 from itertools import islice
+from pathlib import Path
 
 # Where `ports.base: auto` picks, at random: below the kernel's ephemeral range,
 # from which every outgoing TCP connection (gRPC between the workers, SSH)
@@ -22,6 +25,12 @@ from itertools import islice
 AUTO_PORTS = range(10000, 21000)
 EPHEMERAL = "/proc/sys/net/ipv4/ip_local_port_range"
 EPHEMERAL_DEFAULT = (32768, 60999)  # Linux's, when the file cannot be read
+# A port picked is reserved for this long against this user's other launchers
+# on this machine: free until its task binds it, 10-45 s later under load
+# (measured: 8 jobs on two cores). Two launchers started together otherwise
+# drew the same port now and then (34 picks of 11000: ~5 % a run), and one
+# job lost a generation to `port_taken`.
+RESERVED_FOR_S = 600.0
 
 
 def ephemeral_range(path: str = EPHEMERAL) -> tuple[int, int]:
@@ -34,15 +43,92 @@ def ephemeral_range(path: str = EPHEMERAL) -> tuple[int, int]:
     return first, last
 
 
-def free_ports(count: int, among: Sequence[int] = AUTO_PORTS) -> list[int]:
+def free_ports(count: int, among: Sequence[int] = AUTO_PORTS,
+               reservations: Path | None = None) -> list[int]:
     """`count` distinct ports free on this machine right now, picked at random
-    `among` those outside the kernel's ephemeral range (see AUTO_PORTS)."""
+    `among` those outside the kernel's ephemeral range (see AUTO_PORTS), none
+    that another launcher of this user here reserved (`reserve`)."""
     first, last = ephemeral_range()
     candidates = [p for p in among if not first <= p <= last]
-    free = (p for p in random.sample(candidates, len(candidates)) if not busy_ports([p]))
+    folder = reservations or reservations_folder()
+    sweep(folder)
+    free = (p for p in random.sample(candidates, len(candidates))
+            if not busy_ports([p]) and reserve(folder, p))
     picked = list(islice(free, count))
     # An ephemeral range over all of them (or all taken): the kernel's picks, racy as they are.
     return picked + _kernel_ports(count - len(picked))
+
+
+def reservations_folder() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    return Path(base) / "mgpu-launch" / "ports"
+
+
+def _owner() -> str:
+    return f"{socket.gethostname()} {os.getpid()}"
+
+
+def _stale(path: Path, now: float) -> bool:
+    """A reservation older than RESERVED_FOR_S (its task has bound the port,
+    or never will), or whose launcher, on this machine, is gone."""
+    try:
+        if now - path.stat().st_mtime > RESERVED_FOR_S:
+            return True
+        host, pid = path.read_text().split()
+        # A home shared with another machine: its pids mean nothing here.
+        return host == socket.gethostname() and not _alive(int(pid))
+    except (OSError, ValueError):
+        return False  # swept already, or young and being written: held
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's
+    return True
+
+
+def sweep(folder: Path) -> None:
+    """Remove stale reservations: the folder holds at most the ports picked in
+    the last RESERVED_FOR_S by launchers still alive."""
+    try:
+        names = [entry for entry in os.scandir(folder) if entry.name.isdigit()]
+    except OSError:
+        return
+    now = time.time()
+    for entry in names:
+        if _stale(Path(entry.path), now):
+            try:
+                os.unlink(entry.path)
+            except OSError:
+                pass  # another launcher swept it
+
+
+def reserve(folder: Path, port: int) -> bool:
+    """Reserve `port` for this launcher; False when another live launcher of
+    this user here holds it. Best effort: where the folder cannot be written
+    (a read-only home) every port is taken as free, as before reservations (a
+    collision then costs a free restart, `port_taken`)."""
+    path = folder / str(port)
+    try:
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        try:
+            if path.read_text().split() == _owner().split():
+                os.utime(path)  # this launcher's own, from an earlier generation
+                return True
+        except OSError:
+            pass
+        return False
+    except OSError:
+        return True
+    with os.fdopen(fd, "w") as handle:
+        handle.write(_owner() + "\n")
+    return True
 
 
 def _kernel_ports(count: int) -> list[int]:
