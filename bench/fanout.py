@@ -24,8 +24,12 @@ Each round runs them all in turn, its order turned by one place from the
 round before: a run's time depends on the run before it (in a fixed order,
 the same launcher tree took 0.13-0.36 s longer in the round's first place than
 in its last, four runs of four; docs/benchmarks.md), so with `--repeat` a
-multiple of the runs per round (3; 4 with `--firewall` or `--baseline`, 5 with
-both) every run takes every place equally often.
+multiple of the runs per round (3, one more for each of `--firewall`,
+`--baseline` and `--serial`) every run takes every place equally often.
+
+With `--serial`, each round also connects the bare SSH floor one host at a
+time: against the floor's `MAX_PARALLEL` at a time, what the launcher's
+parallel handshakes (launcher/transport/ssh.py) gain.
 
 Prints the median of a few runs each and the ratios, plus the CPU time each
 client spent (the launcher process vs pdsh and its ssh processes). Simulated
@@ -96,6 +100,7 @@ from launcher.spec.config import load_config  # noqa: E402
 from launcher.spec.plan import host_targets  # noqa: E402
 from launcher.tools import netsim  # noqa: E402
 from launcher.tools.sshsim import SimCluster, start_cluster  # noqa: E402
+from launcher.transport.ssh import MAX_PARALLEL  # noqa: E402
 from launcher.transport.ssh_connect import Connector  # noqa: E402
 
 TRIVIAL = "import os\nprint('ran on', os.environ.get('MGPU_HOST', os.uname().nodename))\n"
@@ -220,8 +225,9 @@ def run_launcher(yaml_path: Path, script: Path, work: Path,
     return last_exit - started, whole
 
 
-def run_bare_ssh(yaml_path: Path) -> float:
-    """Seconds to connect to every host in parallel and run `true` on each."""
+def run_bare_ssh(yaml_path: Path, parallel: int = 64) -> float:
+    """Seconds to connect to every host, `parallel` at a time (the launcher's
+    MAX_PARALLEL: 64), and run `true` on each."""
     hosts = host_targets(load_config(yaml_path).config, sys.executable, yaml_path.parent)
 
     def login(host) -> None:
@@ -238,7 +244,7 @@ def run_bare_ssh(yaml_path: Path) -> float:
     started = time.time()
     connector = Connector()
     try:
-        with ThreadPoolExecutor(min(64, len(hosts))) as pool:
+        with ThreadPoolExecutor(min(parallel, len(hosts))) as pool:
             list(pool.map(login, hosts))
     finally:
         connector.close()
@@ -264,7 +270,7 @@ def run_pdsh(cluster: SimCluster, count: int, script: Path) -> float:
 
 def measure(cluster: SimCluster, count: int, repeat: int, firewall: bool, work: Path,
             script: Path, meter: CgroupCPU | None,
-            baseline: Path | None = None) -> dict[str, float]:
+            baseline: Path | None = None, serial: bool = False) -> dict[str, float]:
     """Medians over `repeat` interleaved rounds at `count` hosts (both tools
     see the same load), each round's order turned by one place: with `repeat`
     a multiple of the runs per round (3, one more with `--firewall`, one more
@@ -302,6 +308,7 @@ def measure(cluster: SimCluster, count: int, repeat: int, firewall: bool, work: 
     runs = [launch, pdsh, lambda: {"bare": run_bare_ssh(yaml_path)}]
     runs += [launch_open] if firewall else []
     runs += [launch_baseline] if baseline else []
+    runs += [lambda: {"serial": run_bare_ssh(yaml_path, parallel=1)}] if serial else []
     samples: dict[str, list[float]] = {}
     for round_no in range(repeat):
         at = round_no % len(runs)  # one place further on each round (the docstring)
@@ -346,6 +353,10 @@ def report(rows: dict[int, dict[str, float]], repeat: int, rig: str) -> None:
         print(f"N={count}: idle core-seconds while each ran ({os.cpu_count()} cores): "
               f"mgpu-launch {r['idle']:.2f}s, pdsh {r['idle_pdsh']:.2f}s")
     for count, r in rows.items():
+        if "serial" in r:
+            print(f"N={count}: bare SSH {MAX_PARALLEL} at a time {r['bare']:.2f}s, one at a time "
+                  f"{r['serial']:.2f}s: {r['serial'] / r['bare']:.2f}x")
+    for count, r in rows.items():
         if "base" in r:
             print(f"N={count}: command {r['whole']:.2f}s, baseline tree {r['base']:.2f}s")
 
@@ -363,6 +374,9 @@ def main() -> int:
     parser.add_argument("--baseline", type=Path,
                         help="another checkout of mgpu-launch (its root folder), run with the "
                         "default settings in each round too: before and after a change")
+    parser.add_argument("--serial", action="store_true",
+                        help="also connect the bare SSH floor one host at a time: what the "
+                        "launcher's parallel handshakes (MAX_PARALLEL) gain")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     if not shutil.which("pdsh"):
@@ -386,7 +400,8 @@ def main() -> int:
                 if meter:
                     meter.resting = meter.processes()
                 rows = {count: measure(cluster, count, args.repeat, args.firewall, work,
-                                       script, meter, args.baseline) for count in sizes}
+                                       script, meter, args.baseline, args.serial)
+                        for count in sizes}
             finally:
                 cluster.stop()
     finally:
