@@ -152,3 +152,44 @@ def test_a_reservation_holds_while_its_launcher_lives_and_is_young(tmp_path: Pat
     (tmp_path / "file").write_text("")
     assert sorted(free_ports(5, among=window, reservations=tmp_path / "file" / "ports")) \
         == list(window)
+
+
+FULL_DISK = """
+import resource, sys
+from pathlib import Path
+from launcher.transport.ports import free_ports
+resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))  # every write fails (EFBIG), as on a full disk
+first, last, folder = int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
+print(" ".join(map(str, free_ports(last - first, among=range(first, last), reservations=folder))))
+"""
+
+
+def test_whatever_is_in_the_reservations_folder_a_launch_still_gets_its_ports(tmp_path: Path):
+    """Junk planted in the folder (a FIFO that would block a read, a link, bytes
+    that are no text, a pid too large), a folder another user owns, and a disk
+    too full to write a reservation: the ports are picked all the same."""
+    window = next(range(p, p + 5) for p in AUTO_PORTS[::5] if not busy_ports(range(p, p + 5)))
+    folder = tmp_path / "ports"
+    folder.mkdir(mode=0o700)
+    os.mkfifo(folder / str(window[0]))
+    (folder / str(window[1])).symlink_to("/dev/zero")
+    (folder / str(window[2])).write_bytes(b"\xff\xfe\x00 12")
+    (folder / str(window[3])).write_text(f"{socket.gethostname()} 99999999999999999999")
+    # The FIFO and the link are swept at once, the pid that cannot be is gone;
+    # the undecodable one, young, is held.
+    assert sorted(free_ports(5, among=window, reservations=folder))[:4] == \
+        [window[0], window[1], window[3], window[4]]
+    assert not (folder / str(window[1])).is_symlink()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    full = tmp_path / "full"
+    picked = subprocess.run([sys.executable, "-c", FULL_DISK, str(window.start),
+                             str(window.stop), str(full)], env=env, capture_output=True,
+                            text=True, timeout=60)
+    assert sorted(map(int, picked.stdout.split())) == list(window), picked.stderr
+    assert list(full.iterdir()) == []  # no empty reservation left behind
+    if os.geteuid() == 0:  # a folder another user made (a shared /tmp): not trusted, not used
+        theirs = tmp_path / "theirs"
+        theirs.mkdir(mode=0o777)
+        os.chown(theirs, 65534, 65534)
+        assert sorted(free_ports(5, among=window, reservations=theirs)) == list(window)
+        assert list(theirs.iterdir()) == []

@@ -10,6 +10,7 @@ import errno
 import os
 import random
 import socket
+import stat
 import time
 from collections.abc import Sequence
 from itertools import islice
@@ -50,10 +51,11 @@ def free_ports(count: int, among: Sequence[int] = AUTO_PORTS,
     that another launcher of this user here reserved (`reserve`)."""
     first, last = ephemeral_range()
     candidates = [p for p in among if not first <= p <= last]
-    folder = reservations or reservations_folder()
-    sweep(folder)
+    folder = _private(reservations or reservations_folder())
+    if folder is not None:
+        sweep(folder)
     free = (p for p in random.sample(candidates, len(candidates))
-            if not busy_ports([p]) and reserve(folder, p))
+            if not busy_ports([p]) and (folder is None or reserve(folder, p)))
     picked = list(islice(free, count))
     # An ephemeral range over all of them (or all taken): the kernel's picks, racy as they are.
     return picked + _kernel_ports(count - len(picked))
@@ -64,36 +66,72 @@ def reservations_folder() -> Path:
     return Path(base) / "mgpu-launch" / "ports"
 
 
+def _private(folder: Path) -> Path | None:
+    """`folder`, made if need be, when it is a directory of this user's that
+    no one else may write; else None: reservations are off, and every port
+    free is taken as before them (a collision then costs a free restart,
+    `port_taken`). So a read-only home, a file in the way, or a folder
+    another user made on a shared /tmp never stops a launch."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        info = os.lstat(folder)
+    except OSError:
+        return None
+    mine = info.st_uid == os.geteuid() and not info.st_mode & 0o022
+    return folder if stat.S_ISDIR(info.st_mode) and mine else None
+
+
 def _owner() -> str:
     return f"{socket.gethostname()} {os.getpid()}"
 
 
+def _read(path: Path) -> str:
+    """A reservation's text: a regular file's first bytes (never a link's
+    target, never a FIFO's wait). OSError otherwise."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path} is not a regular file")
+        return os.read(fd, 128).decode("ascii", "replace")
+    finally:
+        os.close(fd)
+
+
 def _stale(path: Path, now: float) -> bool:
     """A reservation older than RESERVED_FOR_S (its task has bound the port,
-    or never will), or whose launcher, on this machine, is gone."""
+    or never will), whose launcher, on this machine, is gone, or that is not
+    a regular file at all."""
     try:
-        if now - path.stat().st_mtime > RESERVED_FOR_S:
-            return True
-        host, pid = path.read_text().split()
+        info = os.lstat(path)
+    except OSError:
+        return False  # swept already
+    if not stat.S_ISREG(info.st_mode) or now - info.st_mtime > RESERVED_FOR_S:
+        return True
+    try:
+        host, pid = _read(path).split()
         # A home shared with another machine: its pids mean nothing here.
         return host == socket.gethostname() and not _alive(int(pid))
     except (OSError, ValueError):
-        return False  # swept already, or young and being written: held
+        return False  # young and being written: held
 
 
 def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
     except PermissionError:
         return True  # another user's
+    except (OSError, OverflowError):
+        return False  # no such process (or no such pid at all)
     return True
 
 
 def sweep(folder: Path) -> None:
     """Remove stale reservations: the folder holds at most the ports picked in
-    the last RESERVED_FOR_S by launchers still alive."""
+    the last RESERVED_FOR_S by launchers still alive. (Two launchers sweeping
+    the same stale file while a third reserves its port afresh could remove
+    the new one: the port would have to be drawn again within that instant.)"""
     try:
         names = [entry for entry in os.scandir(folder) if entry.name.isdigit()]
     except OSError:
@@ -101,33 +139,40 @@ def sweep(folder: Path) -> None:
     now = time.time()
     for entry in names:
         if _stale(Path(entry.path), now):
-            try:
-                os.unlink(entry.path)
-            except OSError:
-                pass  # another launcher swept it
+            _forget(Path(entry.path))
+
+
+def _forget(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass  # another launcher swept it
 
 
 def reserve(folder: Path, port: int) -> bool:
-    """Reserve `port` for this launcher; False when another live launcher of
-    this user here holds it. Best effort: where the folder cannot be written
-    (a read-only home) every port is taken as free, as before reservations (a
-    collision then costs a free restart, `port_taken`)."""
+    """Reserve `port` for this launcher in `folder` (see `_private`); False
+    when another live launcher of this user here holds it. Best effort: a
+    reservation that cannot be written (a full disk, a quota) is no
+    reservation, and the port is taken as before them."""
     path = folder / str(port)
     try:
-        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     except FileExistsError:
         try:
-            if path.read_text().split() == _owner().split():
-                os.utime(path)  # this launcher's own, from an earlier generation
+            if _read(path).split() == _owner().split():
+                os.utime(path, follow_symlinks=False)  # this launcher's own, from before
                 return True
         except OSError:
             pass
         return False
     except OSError:
         return True
-    with os.fdopen(fd, "w") as handle:
-        handle.write(_owner() + "\n")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(_owner() + "\n")
+    except OSError:
+        _forget(path)
+        return True
     return True
 
 
