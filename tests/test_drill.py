@@ -435,3 +435,16 @@ def test_a_save_reported_at_an_epochs_end_is_timed():
               (2.0, 15, False), (2.5, 20, False), (3.0, 20, True), (3.5, 25, False)]
     cost, rate, interval = cost_and_rate([points])
     assert (cost, rate, interval) == (0.5, 10.0, 1.5)
+
+
+def test_short_generations_each_cut_after_their_first_save_still_give_a_rate():
+    """Each fault right after a generation's first save (the drill's own
+    timing): two reports with a step a generation, the first after the
+    start-up. Their spans are counted rather than no rate at all (and so no
+    interval)."""
+    generations = [[(1.0, 16, False), (2.5, 40, True)], [(11.0, 56, False), (12.5, 80, True)]]
+    cost, rate, interval = cost_and_rate(generations)
+    assert rate == 16.0, rate
+    data = report([judge(observed())], generations, hosts=2, mtbf_hours=2.0,
+                  save_steps=[40, 80])
+    assert data["current_interval_s"] is not None and data["steps_per_s"] == rate, data

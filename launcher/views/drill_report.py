@@ -234,13 +234,36 @@ def cost_and_rate(series: list[list[Point]]) -> tuple[float | None, float | None
     all of them); a report
     that says a checkpoint was saved took that save's time on top of its
     steps: what it took beyond its steps at that rate is the save's cost.
-    A generation's first report (start-up, tracing) is left out."""
+    A generation's first report (start-up, tracing) is left out, unless no
+    generation has two reports besides it (each fault right after the first
+    save of a short generation): then it is counted, a little low."""
+    spans = _spans(series, skip=1)
+    if not spans["all_time"]:
+        spans = _spans(series, skip=0)
+    pure_steps, pure_time = spans["pure_steps"], spans["pure_time"]
+    all_steps, all_time = spans["all_steps"], spans["all_time"]
+    saves, gaps = spans["saves"], spans["gaps"]
+    # No two reports without a save between (a save every report or so): the
+    # rate with the saves in it, a little low.
+    rate = pure_steps / pure_time if pure_time > 0 else (
+        all_steps / all_time if all_time > 0 else None)
+    cost = None
+    if saves and rate:
+        cost = max(0.0, statistics.median(dt - ds / rate for dt, ds in saves))
+    interval = statistics.median(gaps) if gaps else None
+    return (_round(cost, 3), _round(rate, 2), _round(interval, 2))
+
+
+def _spans(series: list[list[Point]], skip: int) -> dict[str, Any]:
+    """The steps and seconds between consecutive reports of each generation
+    (its first `skip` reports left out): with no save between (`pure_`), in
+    all (`all_`); the saves' (seconds, steps) spans and the gaps between saves."""
     pure_steps = pure_time = all_steps = all_time = 0.0
     saves: list[tuple[float, int]] = []
     gaps: list[float] = []
     for points in map(_one_per_step, series):
         last_save: float | None = None
-        for (ta, sa, _), (tb, sb, saved) in zip(points[1:], points[2:], strict=False):
+        for (ta, sa, _), (tb, sb, saved) in zip(points[skip:], points[skip + 1:], strict=False):
             if sb <= sa or tb <= ta:
                 continue
             all_steps, all_time = all_steps + sb - sa, all_time + tb - ta
@@ -252,15 +275,8 @@ def cost_and_rate(series: list[list[Point]]) -> tuple[float | None, float | None
             else:
                 pure_steps += sb - sa
                 pure_time += tb - ta
-    # No two reports without a save between (a save every report or so): the
-    # rate with the saves in it, a little low.
-    rate = pure_steps / pure_time if pure_time > 0 else (
-        all_steps / all_time if all_time > 0 else None)
-    cost = None
-    if saves and rate:
-        cost = max(0.0, statistics.median(dt - ds / rate for dt, ds in saves))
-    interval = statistics.median(gaps) if gaps else None
-    return (_round(cost, 3), _round(rate, 2), _round(interval, 2))
+    return {"pure_steps": pure_steps, "pure_time": pure_time, "all_steps": all_steps,
+            "all_time": all_time, "saves": saves, "gaps": gaps}
 
 
 def _one_per_step(points: list[Point]) -> list[Point]:
