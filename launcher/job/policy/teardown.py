@@ -28,11 +28,10 @@ from ..record.states import Failure, TaskRecord, TaskState
 TEARDOWN_SLACK_S = 5.0
 # Grace of a teardown after a crash or hang (the full `grace_s` is kept for a
 # stop the user asked for and for preemption, where tasks save a checkpoint).
-# The peers of a dead worker cannot save a consistent checkpoint: a long grace
-# only delays the restart. (Measured before runtime/guards.py gave SIGTERM back
-# to Python: TensorFlow's preemption notifier swallowed it in every MWMS worker
-# and the whole grace was spent on every crash teardown; a script that catches
-# SIGTERM itself may still use it all.)
+# TensorFlow's coordination service catches SIGTERM in every MWMS worker (its
+# preemption notifier) and the worker keeps running, and the peers of a dead
+# worker cannot save a consistent checkpoint anyway: a long grace only delays
+# the restart. Measured: the whole grace was spent on every crash teardown.
 CRASH_GRACE_S = 0.5
 # Before a hang teardown, how long to wait for the tasks' Python stacks (each
 # agent gives its tasks ~1 s to dump them; a stopped task never answers).
