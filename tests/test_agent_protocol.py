@@ -146,6 +146,7 @@ def test_the_agent_refuses_bad_commands_and_stays_up(tmp_path):
             {"op": "signal", "task": "worker0", "signum": 10**6},
             {"op": "stop", "tasks": 5},
             {"op": "stop", "tasks": None, "grace_s": "soon"},
+            {"op": "stop", "tasks": None, "grace_s": 1, "settle_s": -1},
             {"op": "stacks", "tasks": "worker0"},
             {"op": "exec_check", "id": 1, "argv": "notalist"},
             {"op": "start", "task": 5, "argv": ["true"], "tf_config": "{}"},
@@ -171,8 +172,9 @@ def test_the_agent_refuses_bad_commands_and_stays_up(tmp_path):
         assert set(failed) == {"../../../evil", "..", "a/b", "w1", "w2", "w3", "w4", "w5"}
         assert all(e.startswith("refused") for t, e in failed.items() if t != "w5"), failed
         logs = [m["text"] for m in agent.events("log")]
-        assert len(logs) == 13, logs  # every other bad line: one log each
+        assert len(logs) == 14, logs  # every other bad line: one log each
         assert any(f"longer than {MAX_COMMAND_BYTES}" in t for t in logs)
+        assert any("settle_s must be a number of seconds" in t for t in logs), logs
         # Nothing was written anywhere but the run dir (and not under a bad name).
         assert sorted(p.name for p in tmp_path.iterdir()) == ["hosts"]
         assert sorted(p.name for p in (tmp_path / "hosts").iterdir()) == ["h1"]
@@ -265,3 +267,34 @@ def test_a_pipe_held_open_after_the_task_is_reaped_ends_after_the_drain(monkeypa
     finally:
         pipe.close()
         os.close(write_fd)
+
+
+# Says when SIGTERM came, then exits 0; otherwise sleeps.
+TERM_TIMED = """\
+import signal, sys, time
+def on_term(*_):
+    print("TERM", time.monotonic(), flush=True)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, on_term)
+print("ready", flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_stop_with_a_settle_sends_sigterm_only_after_it_and_counts_the_exit_as_stopped(
+        tmp_path):
+    # After a collective abort the teardown leaves the peers `settle_s` to exit
+    # (and report) by themselves: SIGTERM ends an MWMS task at once.
+    agent = AgentProc(tmp_path / "run")
+    try:
+        agent.hello()
+        agent.start_task("w", [sys.executable, "-c", TERM_TIMED])
+        wait_for(lambda: "ready" in agent.output("w"), timeout=30, what="the task's handler")
+        sent = time.monotonic()
+        agent.send({"op": "stop", "tasks": None, "grace_s": 5.0, "settle_s": 1.5})
+        exited = agent.wait_event("exited", task="w")
+        term = next(line for line in agent.output("w") if line.startswith("TERM"))
+        assert float(term.split()[1]) - sent >= 1.5, (sent, term)  # timers never fire early
+        assert exited["code"] == 0 and exited["stopping"] is True, exited
+    finally:
+        agent.close()

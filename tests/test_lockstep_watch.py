@@ -155,3 +155,7 @@ def test_an_aborts_cause_is_named_from_the_reports_that_trail_it(tmp_path: Path)
     # First told as TF said it, then named from the positions.
     assert h.events("failure_detected")[0]["kind"] == "collective_abort"
     assert h.events("root_cause")[-1]["kind"] == "out_of_step"
+    # The teardown's SIGTERM waits a moment: it ends MWMS tasks at once, and the
+    # reports that name the cause come at the peers' own exits.
+    stops = [m for m in h.links["host0"].sent if m["op"] == "stop"]
+    assert stops[0]["settle_s"] == 0.5 and stops[0]["grace_s"] == 0.5, stops

@@ -112,7 +112,8 @@ class Commands:
             by = message.get("by")  # who asked (the drill), said with the task's exit
             self.tasks.signal(name, signum, by[:40] if isinstance(by, str) else "")
         elif op == "stop":
-            self.tasks.stop(names(message.get("tasks")), seconds(message, "grace_s", 3.0))
+            self.tasks.stop(names(message.get("tasks")), seconds(message, "grace_s", 3.0),
+                            seconds(message, "settle_s", 0.0))
         elif op == "exec_check":
             self.exec_check_later(message)
         elif op == "stacks":

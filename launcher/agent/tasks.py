@@ -28,6 +28,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 
 from launcher.agent import evidence, hostfacts
 from launcher.agent.bundle import CODE_DIR, mark_used
@@ -84,7 +85,7 @@ class RunningTask:
         self.readers: list[threading.Thread] = []
         self.waiter: threading.Thread | None = None  # reports its exit (Tasks._wait)
         self.progress_reader: threading.Thread | None = None
-        self.stopping = False  # the agent sent SIGTERM
+        self.stopping = False  # the agent is stopping it (SIGTERM sent, or due after a settle)
         self.killed = False  # the agent sent SIGKILL
         # The signals a `signal` op sent it (signal, time, who asked): told with its exit.
         self.signalled: list[dict] = []
@@ -380,20 +381,20 @@ class Tasks:
             return [t for n, t in self.tasks.items()
                     if (names is None or n in names) and t.alive()]
 
-    def stop(self, names: list[str] | None, grace_s: float) -> None:
-        """SIGTERM now, SIGKILL whatever is left after the grace period."""
+    def stop(self, names: list[str] | None, grace_s: float, settle_s: float = 0.0) -> None:
+        """SIGTERM after `settle_s` (a task may end by itself meanwhile: its exit
+        counts as stopped), SIGKILL whatever is left after the grace period."""
         with self.lock:
             victims = [t for n, t in self.tasks.items() if (names is None or n in names)]
         victims = [t for t in victims if t.alive()]
         for task in victims:
             task.stopping = True
-            task.signal_tree(signal.SIGTERM)
-            # A stopped (SIGSTOP) process acts on SIGTERM only once continued.
-            task.signal_tree(signal.SIGCONT)
-        if victims:
-            timer = threading.Timer(grace_s, _kill_leftovers, args=(victims,))
-            timer.daemon = True
-            timer.start()
+        if not victims:
+            return
+        if settle_s > 0:
+            _later(settle_s, _terminate, victims, grace_s)
+        else:
+            _terminate(victims, grace_s)
 
     def wait_all(self, timeout_s: float) -> None:
         """Wait for every task to exit (SIGKILL the trees of those that do not),
@@ -434,6 +435,22 @@ class Tasks:
             tasks = list(self.tasks.values())
         now = time.monotonic()
         return [t for t in tasks if now - t.born >= FIRST_FIGURES_S and t.alive()]
+
+
+def _later(delay_s: float, call: Callable[..., None], *args: object) -> None:
+    timer = threading.Timer(delay_s, call, args=args)
+    timer.daemon = True
+    timer.start()
+
+
+def _terminate(victims: list[RunningTask], grace_s: float) -> None:
+    """SIGTERM the live ones, SIGKILL what is left after `grace_s`."""
+    for task in victims:
+        if task.alive():
+            task.signal_tree(signal.SIGTERM)
+            # A stopped (SIGSTOP) process acts on SIGTERM only once continued.
+            task.signal_tree(signal.SIGCONT)
+    _later(grace_s, _kill_leftovers, victims)
 
 
 def _kill_leftovers(victims: list[RunningTask]) -> None:

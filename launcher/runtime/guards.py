@@ -17,6 +17,12 @@ Owns post-import hooks on TensorFlow's distribute modules:
   left alone (shortening it hangs exits).
   This reaches private TensorFlow code: if it moved, the task keeps TF's
   defaults and says so in one warning line.
+- SIGTERM given back to Python after MWMS's cluster setup, which installs
+  TensorFlow's own handler (a C++ preemption notifier) over Python's: a
+  SIGTERM then did nothing unless a `PreemptionCheckpointHandler` listened,
+  so every stop of the job (Ctrl-C, a teardown after a failure, a
+  preemption) waited out the launcher's grace for its SIGKILL, and a
+  script's own SIGTERM handler, set before the strategy, never ran.
 - `Server.join()` waits in Python, so the launcher's SIGTERM ends a ps task
   with exit code 0 instead of death by signal.
 
@@ -28,6 +34,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import threading
 from types import ModuleType
 
 SERVER_LIB = "tensorflow.python.training.server_lib"
@@ -160,11 +168,24 @@ def on_collective(module: ModuleType) -> None:
         if seconds is not None:
             configure_coordination_service(cluster_resolver, seconds, module)
         result = original(self, cluster_resolver, *args, **kwargs)
+        give_sigterm_back()
         report_cluster("joined")
         return result
 
     extended._initialize_multi_worker = _initialize_multi_worker
     setattr(extended, _MARK, True)
+
+
+def give_sigterm_back() -> None:
+    """Put back Python's SIGTERM handler (the default, to end; or the script's
+    own) over the one TensorFlow's cluster setup installed in C++, which
+    Python does not see (`signal.getsignal` still names Python's). A
+    `PreemptionCheckpointHandler` (tf_keras' `save_before_preemption`,
+    `runtime.callbacks(save_on_sigterm=True)`) installs its own later, as
+    before. Only the main thread may set a handler: elsewhere, left as is."""
+    handler = signal.getsignal(signal.SIGTERM)
+    if handler is not None and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, handler)
 
 
 def warn_tf_moved(what: str) -> None:

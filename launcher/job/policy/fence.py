@@ -3,8 +3,8 @@
 A host lost by silence (a cut link: no FIN, no RST) still runs its tasks: its
 agent stops them only when its lease runs out (`restart.heartbeat_timeout_s`
 of hearing nothing from the launcher), with SIGTERM and, `AGENT_EOF_GRACE_S`
-later, SIGKILL; TensorFlow's MWMS workers catch SIGTERM, so the SIGKILL is
-what ends them. Until then a task behind the cut may still write to the shared
+later, SIGKILL (a script that catches SIGTERM, or saves on it, may run until
+the SIGKILL). Until then a task behind the cut may still write to the shared
 checkpoint directory (a save under way, a save on SIGTERM, a script's own
 files): a new generation that restored meanwhile would find its checkpoint
 moved under it. So the next generation starts no sooner than `tasks_over_by`.

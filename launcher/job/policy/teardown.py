@@ -28,11 +28,18 @@ from ..record.states import Failure, TaskRecord, TaskState
 TEARDOWN_SLACK_S = 5.0
 # Grace of a teardown after a crash or hang (the full `grace_s` is kept for a
 # stop the user asked for and for preemption, where tasks save a checkpoint).
-# TensorFlow's coordination service catches SIGTERM in every MWMS worker (its
-# preemption notifier) and the worker keeps running, and the peers of a dead
-# worker cannot save a consistent checkpoint anyway: a long grace only delays
-# the restart. Measured: the whole grace was spent on every crash teardown.
+# The peers of a dead worker cannot save a consistent checkpoint: a long grace
+# only delays the restart. (Measured before runtime/guards.py gave SIGTERM back
+# to Python: TensorFlow's preemption notifier swallowed it in every MWMS worker
+# and the whole grace was spent on every crash teardown; a script that catches
+# SIGTERM itself may still use it all.)
 CRASH_GRACE_S = 0.5
+# Before the SIGTERM of a teardown after a failure that blames a peer (a
+# collective abort, a lost peer): the peers' own exits and last position
+# reports, which may name the real cause (job/detect/blame.py), come within
+# moments; SIGTERM ends an MWMS task at once (runtime/guards.py) and would cut
+# them off.
+SETTLE_S = 0.5
 # Before a hang teardown, how long to wait for the tasks' Python stacks (each
 # agent gives its tasks ~1 s to dump them; a stopped task never answers).
 STACKS_WAIT_S = 3.0
@@ -65,10 +72,12 @@ class Teardown:
         """Stop every task of a failed generation (its stacks were taken)."""
         assert gen.failure is not None
         gen.enter(Phase.TEARING_DOWN)
-        self.stop_tasks(gen, "failure", failure_grace(gen.failure, gen.plan))
+        settle = SETTLE_S if gen.failure.secondary else 0.0
+        self.stop_tasks(gen, "failure", failure_grace(gen.failure, gen.plan), settle)
 
-    def stop_tasks(self, gen: Generation, why: str, grace: float) -> None:
-        """Tell every agent of the generation to stop its tasks within `grace`."""
+    def stop_tasks(self, gen: Generation, why: str, grace: float, settle: float = 0.0) -> None:
+        """Tell every agent of the generation to stop its tasks within `grace`,
+        SIGTERM `settle` seconds from now."""
         self._happen(gen, ev.TeardownBegun(generation=gen.plan.generation, why=why,
                                            grace_s=grace))
         # Every host of the job, whatever we believe of its tasks: stopping is
@@ -76,8 +85,8 @@ class Teardown:
         for host in {t.host for t in gen.plan.tasks} - gen.lost_hosts:
             link = self._links.get(host)
             if link is not None:
-                link.send({"op": "stop", "tasks": None, "grace_s": grace})
-        gen.teardown_deadline = self._clock() + grace + TEARDOWN_SLACK_S
+                link.send({"op": "stop", "tasks": None, "grace_s": grace, "settle_s": settle})
+        gen.teardown_deadline = self._clock() + settle + grace + TEARDOWN_SLACK_S
 
     def collecting_stacks(self, gen: Generation) -> bool:
         """True while a stuck job's Python stacks are on their way: asked for

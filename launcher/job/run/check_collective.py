@@ -27,7 +27,7 @@ from ...transport import AgentLink, AgentMessage
 
 PROBE_MODULE = "launcher.runtime.probe_collective"
 DEFAULT_TIMEOUT_S = 60.0  # TensorFlow start-up (~3-10 s), joining, two steps: seconds
-STOP_GRACE_S = 1.0  # MWMS tasks catch SIGTERM: SIGKILL after this
+STOP_GRACE_S = 1.0  # SIGTERM, then SIGKILL after this
 STOP_WAIT_S = 5.0  # for the stopped tasks' exits (their ports free again)
 TAIL_LINES = 12
 
