@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from itertools import islice
 from pathlib import Path
 
+from .shipping import default_cache_root
+
 # Where `ports.base: auto` picks, at random: below the kernel's ephemeral range,
 # from which every outgoing TCP connection (gRPC between the workers, SSH)
 # takes its source port. A port picked there (port 0 binds from it) could be
@@ -62,8 +64,8 @@ def free_ports(count: int, among: Sequence[int] = AUTO_PORTS,
 
 
 def reservations_folder() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
-    return Path(base) / "mgpu-launch" / "ports"
+    """Beside the code cache: `$XDG_CACHE_HOME/mgpu-launch/ports`."""
+    return default_cache_root().parent / "ports"
 
 
 def _private(folder: Path) -> Path | None:

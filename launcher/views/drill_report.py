@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..strategy import Strategy
 
@@ -238,26 +238,34 @@ def cost_and_rate(series: list[list[Point]]) -> tuple[float | None, float | None
     generation has two reports besides it (each fault right after the first
     save of a short generation): then it is counted, a little low."""
     spans = _spans(series, skip=1)
-    if not spans["all_time"]:
+    if not spans.all_time:
         spans = _spans(series, skip=0)
-    pure_steps, pure_time = spans["pure_steps"], spans["pure_time"]
-    all_steps, all_time = spans["all_steps"], spans["all_time"]
-    saves, gaps = spans["saves"], spans["gaps"]
     # No two reports without a save between (a save every report or so): the
     # rate with the saves in it, a little low.
-    rate = pure_steps / pure_time if pure_time > 0 else (
-        all_steps / all_time if all_time > 0 else None)
+    rate = spans.pure_steps / spans.pure_time if spans.pure_time > 0 else (
+        spans.all_steps / spans.all_time if spans.all_time > 0 else None)
     cost = None
-    if saves and rate:
-        cost = max(0.0, statistics.median(dt - ds / rate for dt, ds in saves))
-    interval = statistics.median(gaps) if gaps else None
+    if spans.saves and rate:
+        cost = max(0.0, statistics.median(dt - ds / rate for dt, ds in spans.saves))
+    interval = statistics.median(spans.gaps) if spans.gaps else None
     return (_round(cost, 3), _round(rate, 2), _round(interval, 2))
 
 
-def _spans(series: list[list[Point]], skip: int) -> dict[str, Any]:
-    """The steps and seconds between consecutive reports of each generation
-    (its first `skip` reports left out): with no save between (`pure_`), in
-    all (`all_`); the saves' (seconds, steps) spans and the gaps between saves."""
+class _Spans(NamedTuple):
+    """Steps and seconds between consecutive reports: with no save between
+    (`pure_`), in all (`all_`); the saves' (seconds, steps) spans; the
+    seconds between saves."""
+
+    pure_steps: float
+    pure_time: float
+    all_steps: float
+    all_time: float
+    saves: list[tuple[float, int]]
+    gaps: list[float]
+
+
+def _spans(series: list[list[Point]], skip: int) -> _Spans:
+    """The spans of each generation's reports, its first `skip` left out."""
     pure_steps = pure_time = all_steps = all_time = 0.0
     saves: list[tuple[float, int]] = []
     gaps: list[float] = []
@@ -275,8 +283,7 @@ def _spans(series: list[list[Point]], skip: int) -> dict[str, Any]:
             else:
                 pure_steps += sb - sa
                 pure_time += tb - ta
-    return {"pure_steps": pure_steps, "pure_time": pure_time, "all_steps": all_steps,
-            "all_time": all_time, "saves": saves, "gaps": gaps}
+    return _Spans(pure_steps, pure_time, all_steps, all_time, saves, gaps)
 
 
 def _one_per_step(points: list[Point]) -> list[Point]:
