@@ -57,6 +57,10 @@ def test_a_fault_then_a_resume_from_an_earlier_checkpoint_is_recovery_then_redon
                progress(170, 0, generation=1, epoch=2, start_epoch=1, start_step=20)]
     records += [progress(172 + 4 * i, 2 + 4 * i, generation=1) for i in range(11)]  # ..212
     records.append(event(215, "job_done", status="succeeded", restarts=1, wall_s=115.0))
+    steps = goodput.from_records(records)["steps"]
+    assert steps == {"reached": 62, "generations": [
+        {"generation": 0, "resumed_at": 0, "reached": 50, "redone": 0},
+        {"generation": 1, "resumed_at": 20, "reached": 62, "redone": 30}]}
     got = parts(records)
     assert got["startup"] == pytest.approx(10)
     # At 1 step/s, steps 21..22 were trained from 170 on: 20..50 again, 170..200.
@@ -119,6 +123,10 @@ def test_a_generation_that_failed_before_training_starts_the_recovery_at_its_fau
     got = parts(records)
     assert got["startup"] == pytest.approx(10) and got["recovery"] == pytest.approx(20)
     assert got["training"] == pytest.approx(10) and got["redone"] == 0
+    # Generation 1 never said where it resumed: its re-done steps are unknown, not 0.
+    assert goodput.from_records(records)["steps"]["generations"] == [
+        {"generation": 0, "resumed_at": 0, "reached": None, "redone": 0},
+        {"generation": 1, "resumed_at": None, "reached": 11, "redone": None}]
 
 
 def test_a_save_is_timed_once_and_rides_on_the_next_step_report(monkeypatch):

@@ -111,6 +111,10 @@ def test_after_a_kill_every_view_says_the_jobs_step_and_where_it_resumed(workdir
     assert [r["step"] for r in view["resumed"]] == [resumed], view["resumed"]
     assert [t["last_progress"].get("job_step") for t in summary["tasks"].values()] \
         == [last, last], summary["tasks"]
+    # The goodput ledger's steps: the same step reached and resume point.
+    steps = summary["goodput"]["steps"]
+    assert steps["reached"] == last, steps
+    assert [g["resumed_at"] for g in steps["generations"]] == [0, resumed], steps
 
     page = workdir / "report.html"
     run_cli(["report", str(run_dir), "-o", str(page)], cwd=workdir, timeout=60)

@@ -222,7 +222,23 @@ def _account(start: float, end: float, done: bool, gens: dict[int, _Gen],
     wall = max(end - start, 0.0)
     parts["other"] += wall - sum(parts.values())  # rounding only: the spans tile the run
     rounded = {k: round(max(v, 0.0), 3) for k, v in parts.items()}
-    return {"wall_s": round(wall, 3), "productive_s": rounded["training"], "parts": rounded}
+    return {"wall_s": round(wall, 3), "productive_s": rounded["training"], "parts": rounded,
+            "steps": _steps(gens)}
+
+
+def _steps(gens: dict[int, _Gen]) -> dict[str, Any]:
+    """The steps behind the seconds: the job's highest step, and per
+    generation where it resumed, how far it got and how many steps it trained
+    again (None where unknown: a restarted generation's resume not read)."""
+    rows = []
+    for number in sorted(gens):
+        gen = gens[number]
+        resumed = 0 if number == 0 and gen.resume is None else gen.resume
+        rows.append({"generation": number, "resumed_at": resumed,
+                     "reached": gen.last[1] if gen.last else None,
+                     "redone": None if resumed is None else max(0, gen.high - resumed)})
+    reached = [row["reached"] for row in rows if row["reached"] is not None]
+    return {"reached": max(reached, default=None), "generations": rows}
 
 
 def _redone(gen: _Gen, cursor: float, stop: float) -> tuple[float, float]:
