@@ -12,7 +12,9 @@ stops the job. Then reads the run's `events.jsonl` and prints, side by side:
 - kill -> failure_detected, kill -> teardown_done, kill -> first step of
   generation 1 (the first `progress` event of generation 1: a step done);
 - the cold start of the same run: launch -> first step of generation 0;
-- recovery / cold start, and which start generation 1 got (warm/cold).
+- recovery / cold start, and which start generation 1 got (warm/cold);
+- the Ctrl-C (SIGINT to the launcher) that ends each run, to the launcher's
+  exit: every task stopped with the full `grace_s`.
 
 With `--repeat N` every row is run N times, interleaved, and the medians are
 printed. Targets, standbys on: crash recovery <= 0.5 x cold start; a hang
@@ -112,12 +114,14 @@ def run_fault(fault: str, standby: str, workdir: Path, backoff: float, grace: fl
         wait_until(lambda: first(read_events(run_dir), "progress", generation=1),
                    "the first step of generation 1")
     finally:
-        proc.send_signal(signal.SIGINT)
+        interrupted = time.monotonic()
+        proc.send_signal(signal.SIGINT)  # a Ctrl-C: every task stopped with the full grace
         try:
             proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        stopped = time.monotonic() - interrupted
     events = read_events(run_dir)
     launch = first(events, "launch", generation=0)["t"]
     cold = first(events, "progress", generation=0)["t"] - launch
@@ -136,6 +140,7 @@ def run_fault(fault: str, standby: str, workdir: Path, backoff: float, grace: fl
         "cold_cmd": first(events, "progress", generation=0)["t"] - spawned,
         "ratio_cmd": recovered / (first(events, "progress", generation=0)["t"] - spawned),
         "start": "/".join(sorted(starts)),
+        "stop": stopped,  # the Ctrl-C to the launcher's exit
     }
 
 
@@ -174,7 +179,8 @@ def main() -> None:
                 runs[(fault, standby)].append(m)
                 print(f"run {round_no + 1}: {fault:5} standby {standby:4}: 1st step "
                       f"{m['recovered']:5.2f} s after the fault, cold start {m['cold']:5.2f} s, "
-                      f"ratio {m['ratio']:.2f} ({m['start']})", flush=True)
+                      f"ratio {m['ratio']:.2f} ({m['start']}), Ctrl-C to exit "
+                      f"{m['stop']:.2f} s", flush=True)
     print(f"\n2 workers, digits example, restart.backoff_s={args.backoff:g}, "
           f"grace_s={args.grace:g}, {args.repeat} run(s) per row (medians); seconds from the "
           "fault (kill -9 / SIGSTOP of worker1)")
@@ -182,12 +188,12 @@ def main() -> None:
           "from command: the mgpu-launch command -> that step")
     print(f"{'fault':6} {'standby':8} {'start':6} {'detected':>9} {'torn down':>10} "
           f"{'1st step':>9} {'cold start':>11} {'recovery/cold':>14} {'from command':>13} "
-          f"{'recovery/cmd':>13}")
+          f"{'recovery/cmd':>13} {'Ctrl-C->exit':>13}")
     medians = {row: median_row(runs[row]) for row in rows}
     for (fault, standby), m in medians.items():
         print(f"{fault:6} {standby:8} {m['start']:6} {m['detect']:9.2f} {m['teardown']:10.2f} "
               f"{m['recovered']:9.2f} {m['cold']:11.2f} {m['ratio']:14.2f} "
-              f"{m['cold_cmd']:13.2f} {m['ratio_cmd']:13.2f}")
+              f"{m['cold_cmd']:13.2f} {m['ratio_cmd']:13.2f} {m['stop']:13.2f}")
     for (fault, standby), m in medians.items():
         if (fault, standby) not in ratio_targets:
             continue
