@@ -25,7 +25,8 @@ round before: a run's time depends on the run before it (in a fixed order,
 the same launcher tree took 0.13-0.36 s longer in the round's first place than
 in its last, four runs of four; docs/benchmarks.md), so with `--repeat` a
 multiple of the runs per round (3, one more for each of `--firewall`,
-`--baseline` and `--serial`) every run takes every place equally often.
+`--baseline`, `--serial` and `--cold-cache`) every run takes every place
+equally often.
 
 With `--serial`, each round also connects the bare SSH floor one host at a
 time: against the floor's `MAX_PARALLEL` at a time, what the launcher's
@@ -67,12 +68,23 @@ address, loopback and nftables ruleset, so each host's firewall holds only its
 own job's rules, as on real hosts, where on the loopback hosts all N agents'
 tables share this machine's one ruleset. The processes still share the 2 cores.
 
+With `--cold-cache`, each round also launches after the agent's bundle was
+removed from the hosts' code cache (`~/.cache/mgpu-launch/code/<version>`),
+so that launch uploads it over SFTP as the first launch of a version does
+(transport/ssh.py, transport/sshbundle.py): the default launch finds it there.
+It runs a copy of this tree whose bundle is the bench's own (`ColdTree`), and
+prints the cold/warm ratio per size. The simulated hosts share one home, so
+one cache: at N > 1 the first host to look uploads and the others find its
+copy (one staging folder per cold launch at 8 and at 32 hosts, watched), so
+N = 1 is the figure of one host's upload; on real hosts each uploads its own.
+
 With `--baseline DIR` (another checkout, e.g. `git archive` of the commit
 before a change), each round also runs that tree's launcher (and agent) on the
 same hosts, interleaved: before and after on the same load.
 
     /work/.venv/bin/python bench/fanout.py [--sizes 1,8,32] [--repeat 3] [--firewall]
-                                           [--netns] [--baseline DIR]
+                                           [--netns] [--baseline DIR] [--serial]
+                                           [--cold-cache]
 """
 
 from __future__ import annotations
@@ -81,6 +93,7 @@ import argparse
 import contextlib
 import json
 import os
+import pwd
 import resource
 import shutil
 import statistics
@@ -100,7 +113,8 @@ from launcher.spec.config import load_config  # noqa: E402
 from launcher.spec.plan import host_targets  # noqa: E402
 from launcher.tools import netsim  # noqa: E402
 from launcher.tools.sshsim import SimCluster, start_cluster  # noqa: E402
-from launcher.transport.ssh import MAX_PARALLEL  # noqa: E402
+from launcher.transport.shipping import AGENT_MAIN  # noqa: E402
+from launcher.transport.ssh import MAX_PARALLEL, REMOTE_CACHE  # noqa: E402
 from launcher.transport.ssh_connect import Connector  # noqa: E402
 
 TRIVIAL = "import os\nprint('ran on', os.environ.get('MGPU_HOST', os.uname().nodename))\n"
@@ -268,18 +282,56 @@ def run_pdsh(cluster: SimCluster, count: int, script: Path) -> float:
     return elapsed
 
 
+class ColdTree:
+    """`--cold-cache`: a copy of this tree whose bundle is the bench's alone
+    (one comment added to a shipped file: a new bundle id), launched after
+    that bundle is removed from the hosts' code cache, so each such launch
+    uploads it (transport/ssh.py: the agent's probe exits 98, SFTP, again).
+    The simulated hosts share this user's home, so one cache: emptying the
+    tree's own bundle could pull it from under another launch of the same
+    code on this machine."""
+
+    def __init__(self, work: Path) -> None:
+        self.root = work / "cold-tree"
+        shutil.copytree(REPO / "launcher", self.root / "launcher",
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        with open(self.root / "launcher" / "agent" / "__init__.py", "a") as handle:
+            handle.write(f"# bench/fanout.py --cold-cache {os.getpid()} {time.time()}\n")
+        found = subprocess.run(
+            [sys.executable, "-c",
+             "from launcher.transport.shipping import bundle_id; print(bundle_id())"],
+            cwd=self.root, env=dict(os.environ, PYTHONPATH=str(self.root)),
+            capture_output=True, text=True, check=True)
+        home = pwd.getpwuid(os.getuid()).pw_dir  # the hosts' SFTP home: where it goes
+        self.bundle = Path(home, REMOTE_CACHE, found.stdout.strip())
+
+    def empty(self) -> None:
+        shutil.rmtree(self.bundle, ignore_errors=True)
+
+    def launch(self, counted, yaml_path: Path, script: Path, work: Path) -> dict[str, float]:
+        self.empty()  # before the count starts
+        (ran, total), cpu_all = counted(lambda: run_launcher(yaml_path, script, work, self.root))
+        if not (self.bundle / AGENT_MAIN).is_file():
+            raise RuntimeError(f"the cold launch left no bundle at {self.bundle}")
+        return {"cold": total, "cold_ran": ran, "all_cold": cpu_all}
+
+
 def measure(cluster: SimCluster, count: int, repeat: int, firewall: bool, work: Path,
             script: Path, meter: CgroupCPU | None,
-            baseline: Path | None = None, serial: bool = False) -> dict[str, float]:
+            baseline: Path | None = None, serial: bool = False,
+            cold: ColdTree | None = None) -> dict[str, float]:
     """Medians over `repeat` interleaved rounds at `count` hosts (both tools
     see the same load), each round's order turned by one place: with `repeat`
-    a multiple of the runs per round (3, one more with `--firewall`, one more
-    with `--baseline`), every run is measured in every place equally often."""
+    a multiple of the runs per round (3, one more for each of `--firewall`,
+    `--baseline`, `--serial` and `--cold-cache`), every run is measured in
+    every place equally often. `cold/warm`: the median of the rounds' ratios."""
     yaml_path = cluster_yaml(cluster, count, work / f"cluster-{count}.yaml")
     open_path = cluster_yaml(cluster, count, work / f"open-{count}.yaml", "open")
     run_launcher(yaml_path, script, work)  # warm-up: uploads the agent bundle
     if baseline:
         run_launcher(yaml_path, script, work, baseline)  # and the baseline's
+    if cold:
+        run_launcher(yaml_path, script, work, cold.root)  # its launcher's bytecode
     run_pdsh(cluster, count, script)
 
     def counted(run):  # (its result, the CPU of all it started; nan without a cgroup)
@@ -309,12 +361,16 @@ def measure(cluster: SimCluster, count: int, repeat: int, firewall: bool, work: 
     runs += [launch_open] if firewall else []
     runs += [launch_baseline] if baseline else []
     runs += [lambda: {"serial": run_bare_ssh(yaml_path, parallel=1)}] if serial else []
+    runs += [lambda: cold.launch(counted, yaml_path, script, work)] if cold else []
     samples: dict[str, list[float]] = {}
     for round_no in range(repeat):
         at = round_no % len(runs)  # one place further on each round (the docstring)
         for run in runs[at:] + runs[:at]:
             for key, value in run().items():
                 samples.setdefault(key, []).append(value)
+    if cold:  # the same round's launches, side by side
+        samples["cold/warm"] = [c / w for c, w in zip(samples["cold"], samples["whole"],
+                                                      strict=True)]
     return {key: statistics.median(values) for key, values in samples.items()}
 
 
@@ -359,6 +415,22 @@ def report(rows: dict[int, dict[str, float]], repeat: int, rig: str) -> None:
     for count, r in rows.items():
         if "base" in r:
             print(f"N={count}: command {r['whole']:.2f}s, baseline tree {r['base']:.2f}s")
+    report_cold(rows)
+
+
+def report_cold(rows: dict[int, dict[str, float]]) -> None:
+    """`--cold-cache`: the launch that uploads the bundle against the one that finds it."""
+    for count, r in rows.items():
+        if "cold" not in r:
+            continue
+        print(f"N={count}: command with the bundle in the hosts' cache {r['whole']:.2f}s, "
+              f"uploaded first {r['cold']:.2f}s: {r['cold'] - r['whole']:+.2f}s, "
+              f"{r['cold'] / r['whole']:.2f}x (the rounds' ratios: median {r['cold/warm']:.2f}x); "
+              f"all ran {r['ran']:.2f}s against {r['cold_ran']:.2f}s")
+        if r["all"] == r["all"]:  # not nan: counted in a cgroup
+            print(f"N={count}: CPU of all processes per launch, bundle in the cache "
+                  f"{r['all']:.2f}s, uploaded first {r['all_cold']:.2f}s: "
+                  f"{r['all_cold'] - r['all']:+.2f}s")
 
 
 def main() -> int:
@@ -377,6 +449,9 @@ def main() -> int:
     parser.add_argument("--serial", action="store_true",
                         help="also connect the bare SSH floor one host at a time: what the "
                         "launcher's parallel handshakes (MAX_PARALLEL) gain")
+    parser.add_argument("--cold-cache", action="store_true",
+                        help="also launch after the agent's bundle is removed from the hosts' "
+                        "code cache (so it is uploaded): what the cache saves per launch")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     if not shutil.which("pdsh"):
@@ -396,14 +471,18 @@ def main() -> int:
                 max(sizes), work / "sim", sys.executable,
                 addresses=[a for _, a in switch.hosts] if switch else None,
                 netns={i: n for i, (n, _) in enumerate(switch.hosts)} if switch else None)
+            cold = None
             try:
+                cold = ColdTree(work) if args.cold_cache else None
                 if meter:
                     meter.resting = meter.processes()
                 rows = {count: measure(cluster, count, args.repeat, args.firewall, work,
-                                       script, meter, args.baseline, args.serial)
+                                       script, meter, args.baseline, args.serial, cold)
                         for count in sizes}
             finally:
                 cluster.stop()
+                if cold:
+                    cold.empty()  # no bundle of this run's own left behind
     finally:
         if switch:
             netsim.remove(switch)
