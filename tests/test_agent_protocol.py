@@ -281,20 +281,28 @@ time.sleep(120)
 """
 
 
-def test_a_stop_with_a_settle_sends_sigterm_only_after_it_and_counts_the_exit_as_stopped(
+def test_a_stop_with_a_settle_sends_sigterm_only_after_it_and_hears_an_exit_before_it(
         tmp_path):
     # After a collective abort the teardown leaves the peers `settle_s` to exit
-    # (and report) by themselves: SIGTERM ends an MWMS task at once.
+    # (and report) by themselves: SIGTERM ends an MWMS task at once. A task
+    # that exits meanwhile exits as itself (its own error heard), not stopped.
     agent = AgentProc(tmp_path / "run")
+    go = tmp_path / "go"
     try:
         agent.hello()
         agent.start_task("w", [sys.executable, "-c", TERM_TIMED])
+        agent.start_task("own", [sys.executable, "-c", "import os, sys, time\n"
+                                 f"while not os.path.exists({str(go)!r}): time.sleep(0.01)\n"
+                                 "sys.exit(3)"])
         wait_for(lambda: "ready" in agent.output("w"), timeout=30, what="the task's handler")
         sent = time.monotonic()
-        agent.send({"op": "stop", "tasks": None, "grace_s": 5.0, "settle_s": 1.5})
+        agent.send({"op": "stop", "tasks": None, "grace_s": 5.0, "settle_s": 3.0})
+        go.touch()
+        own = agent.wait_event("exited", task="own")
+        assert own["code"] == 3 and own["stopping"] is False, own
         exited = agent.wait_event("exited", task="w")
         term = next(line for line in agent.output("w") if line.startswith("TERM"))
-        assert float(term.split()[1]) - sent >= 1.5, (sent, term)  # timers never fire early
+        assert float(term.split()[1]) - sent >= 3.0, (sent, term)  # timers never fire early
         assert exited["code"] == 0 and exited["stopping"] is True, exited
     finally:
         agent.close()

@@ -201,3 +201,29 @@ def test_the_live_table_title_says_the_goodput_so_far():
     finally:
         printer.close()
     assert "goodput 50 %" in out.getvalue(), out.getvalue()
+
+
+def test_steps_redone_count_only_what_a_generation_trained_again():
+    # Generation 1 resumes at 20 and dies at 30 (the job had reached 50): 10
+    # steps trained again; generation 2 resumes at 20 and trains none.
+    records = [launch(100), *[progress(100 + 10 * i, 10 * i) for i in range(1, 6)],
+               event(152, "failure_detected", generation=0, task="worker1", host="h1",
+                     kind="crashed"),
+               launch(160, generation=1),
+               progress(170, 0, generation=1, epoch=2, start_epoch=1, start_step=20),
+               progress(175, 10, generation=1),
+               event(180, "failure_detected", generation=1, task="worker1", host="h1",
+                     kind="crashed"),
+               launch(190, generation=2),
+               progress(195, 0, generation=2, epoch=2, start_epoch=1, start_step=20),
+               event(200, "job_done", status="failed", restarts=2, wall_s=100.0)]
+    assert [(g["resumed_at"], g["reached"], g["redone"])
+            for g in goodput.from_records(records)["steps"]["generations"]] == [
+        (0, 50, 0), (20, 30, 10), (20, None, 0)]
+
+
+def test_a_first_generation_that_restored_a_save_says_where():
+    records = [launch(100), progress(105, 0, epoch=3, start_epoch=3, start_step=5000),
+               progress(110, 20), event(120, "job_done", status="succeeded", wall_s=20.0)]
+    assert goodput.from_records(records)["steps"] == {"reached": 5020, "generations": [
+        {"generation": 0, "resumed_at": 5000, "reached": 5020, "redone": 0}]}

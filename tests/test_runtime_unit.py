@@ -225,3 +225,41 @@ def test_a_clean_end_with_tensorflow_loaded_leaves_the_teardown_no_collections(
     assert b'{"over": 1}' in told, told
     assert sorted(out.stdout.decode().splitlines()) == [
         "cycle finalized", f"frozen {int(loaded == 'tf')}"], out
+
+
+# A save (position's save phase, as Keras' save_weights gets it) that a SIGTERM
+# hits halfway: it ends, then the task dies by that SIGTERM. Before the save,
+# and with no save open, a SIGTERM ends it at once.
+SAVE_HIT_BY_SIGTERM = """
+import os, signal, sys
+from launcher.runtime import guards, position
+guards.give_sigterm_back()
+
+class Model:
+    def save_weights(self, path):
+        os.kill(os.getpid(), signal.SIGTERM)  # a stop, halfway through the file
+        with open(path, "w") as f:
+            f.write("whole")
+
+position.keep_phase(Model, "save_weights", position.SAVE, None)
+Model().save_weights(sys.argv[1])
+print("after the save", flush=True)
+"""
+
+
+def test_a_sigterm_during_a_save_ends_the_task_at_the_saves_end(tmp_path: Path):
+    saved = tmp_path / "latest.weights.h5"
+    run = subprocess.run([sys.executable, "-c", SAVE_HIT_BY_SIGTERM, str(saved)],
+                         capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)})
+    assert run.returncode == -15, (run.returncode, run.stderr)  # by the SIGTERM itself
+    assert saved.read_text() == "whole"  # the file written to its end
+    assert "after the save" not in run.stdout  # and not one step further
+    at_once = subprocess.run(
+        [sys.executable, "-c", "import os, signal, time\n"
+         "from launcher.runtime import guards\nguards.give_sigterm_back()\n"
+         "guards.hold_sigterm(); guards.release_sigterm()\n"
+         "os.kill(os.getpid(), signal.SIGTERM); time.sleep(30)"],
+        capture_output=True, text=True, timeout=20,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)})
+    assert at_once.returncode == -15, at_once.stderr

@@ -85,7 +85,7 @@ class RunningTask:
         self.readers: list[threading.Thread] = []
         self.waiter: threading.Thread | None = None  # reports its exit (Tasks._wait)
         self.progress_reader: threading.Thread | None = None
-        self.stopping = False  # the agent is stopping it (SIGTERM sent, or due after a settle)
+        self.stopping = False  # the agent sent SIGTERM
         self.killed = False  # the agent sent SIGKILL
         # The signals a `signal` op sent it (signal, time, who asked): told with its exit.
         self.signalled: list[dict] = []
@@ -382,13 +382,12 @@ class Tasks:
                     if (names is None or n in names) and t.alive()]
 
     def stop(self, names: list[str] | None, grace_s: float, settle_s: float = 0.0) -> None:
-        """SIGTERM after `settle_s` (a task may end by itself meanwhile: its exit
-        counts as stopped), SIGKILL whatever is left after the grace period."""
+        """SIGTERM after `settle_s` (a task that ends by itself meanwhile ends
+        as it did: its own error is heard), SIGKILL whatever is left after the
+        grace period."""
         with self.lock:
             victims = [t for n, t in self.tasks.items() if (names is None or n in names)]
         victims = [t for t in victims if t.alive()]
-        for task in victims:
-            task.stopping = True
         if not victims:
             return
         if settle_s > 0:
@@ -447,6 +446,7 @@ def _terminate(victims: list[RunningTask], grace_s: float) -> None:
     """SIGTERM the live ones, SIGKILL what is left after `grace_s`."""
     for task in victims:
         if task.alive():
+            task.stopping = True
             task.signal_tree(signal.SIGTERM)
             # A stopped (SIGSTOP) process acts on SIGTERM only once continued.
             task.signal_tree(signal.SIGCONT)

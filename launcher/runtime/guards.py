@@ -22,7 +22,11 @@ Owns post-import hooks on TensorFlow's distribute modules:
   SIGTERM then did nothing unless a `PreemptionCheckpointHandler` listened,
   so every stop of the job (Ctrl-C, a teardown after a failure, a
   preemption) waited out the launcher's grace for its SIGKILL, and a
-  script's own SIGTERM handler, set before the strategy, never ran.
+  script's own SIGTERM handler, set before the strategy, never ran. A
+  SIGTERM during a save (runtime/position.py's save phase: Keras' `save`,
+  `save_weights`, a `tf.train.Checkpoint`'s or its manager's) waits for the
+  save's end, so a file Keras writes in place (`latest.weights.h5`) is never
+  cut in half by a stop; the grace's SIGKILL still bounds it.
 - `Server.join()` waits in Python, so the launcher's SIGTERM ends a ps task
   with exit code 0 instead of death by signal.
 
@@ -183,9 +187,50 @@ def give_sigterm_back() -> None:
     `PreemptionCheckpointHandler` (tf_keras' `save_before_preemption`,
     `runtime.callbacks(save_on_sigterm=True)`) installs its own later, as
     before. Only the main thread may set a handler: elsewhere, left as is."""
+    global _sigterm_ours
     handler = signal.getsignal(signal.SIGTERM)
     if handler is not None and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, handler)
+        _sigterm_ours = handler is signal.SIG_DFL
+
+
+_sigterm_ours = False  # SIGTERM given back with nothing of the script's on it
+_saves_open = 0  # saves begun in the main thread and not ended
+_sigterm_deferred = False
+
+
+def hold_sigterm() -> None:
+    """A save begins: a SIGTERM that comes now ends the task at the save's end
+    (`release_sigterm`), not halfway through its files. Only where SIGTERM was
+    given back and is still the default (a script's or a preemption handler's
+    own is left to decide), in the main thread (the only one that may set a
+    handler)."""
+    global _saves_open
+    if not _sigterm_ours or threading.current_thread() is not threading.main_thread():
+        return
+    _saves_open += 1
+    if _saves_open == 1 and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _defer_sigterm)
+
+
+def release_sigterm() -> None:
+    """A save ended (or raised): the default again, and a SIGTERM that came
+    meanwhile ends the task now, by SIGTERM, as it would have."""
+    global _saves_open
+    if not _saves_open or threading.current_thread() is not threading.main_thread():
+        return
+    _saves_open -= 1
+    if _saves_open:
+        return
+    if signal.getsignal(signal.SIGTERM) is _defer_sigterm:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if _sigterm_deferred:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _defer_sigterm(signum: int, frame: object) -> None:
+    global _sigterm_deferred
+    _sigterm_deferred = True
 
 
 def warn_tf_moved(what: str) -> None:

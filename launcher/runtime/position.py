@@ -35,6 +35,8 @@ import sys
 import threading
 from types import ModuleType
 
+from . import guards
+
 _MARK = "_mgpu_keeps_position"
 # The phases, as the launcher reads them (launcher/job/detect/lockstep.py PHASES).
 TRAIN, EVALUATE, PREDICT, SAVE, OUTSIDE = "train", "evaluate", "predict", "save", "outside"
@@ -163,6 +165,8 @@ def keep_phase(cls: type, name: str, phase: str, callbacks_module: ModuleType | 
                 # First: an epoch's end is marked before the script's callbacks run
                 # (a slow chief-only one there is not a worker stuck in a step).
                 kwargs["callbacks"] = [epoch(), *(kwargs.get("callbacks") or [])]
+        if phase == SAVE:
+            guards.hold_sigterm()  # a stop now waits for the save's end
         enter(phase)
         try:
             result = original(self, *args, **kwargs)
@@ -174,6 +178,9 @@ def keep_phase(cls: type, name: str, phase: str, callbacks_module: ModuleType | 
                 with _lock:
                     _state["at_stopping"] = 1
             raise
+        finally:
+            if phase == SAVE:
+                guards.release_sigterm()
         leave()
         return result
 
