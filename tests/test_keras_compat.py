@@ -184,3 +184,18 @@ def test_every_fix_applies_to_the_installed_keras():
     assert {fixes.pop("symbolic build"), fixes.pop("gradient all-reduce")} == {
         "patched", "not needed"}
     assert set(fixes.values()) == {"patched"}, fixes
+
+
+def test_the_chiefs_backup_is_written_aside_under_tensorflow_too():
+    # Keras 3 writes latest.weights.h5 in place: a chief killed halfway through a
+    # save (a SIGKILL after the crash teardown's grace) would leave it torn.
+    probe = textwrap.dedent("""
+        from keras.src.callbacks import backup_and_restore
+        from launcher.runtime import keras_compat
+        keras_compat.on_backup(backup_and_restore)
+        print("ATOMIC", backup_and_restore.BackupAndRestore.__dict__.get("_mgpu_atomic"))
+    """)
+    env = {**cli_env(), "MGPU_NUM_WORKERS": "2", "MGPU_STRATEGY": "multi_worker_mirrored"}
+    result = subprocess.run([PYTHON, "-c", probe], capture_output=True, text=True,
+                            timeout=120, env=env)
+    assert "ATOMIC True" in result.stdout, result.stdout[-1000:] + result.stderr[-2000:]

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from launcher.runtime import keras_jax
+from launcher.runtime import keras_jax, keras_savers
 from launcher.spec.config import ConfigError, parse_config
 from launcher.spec.plan import build_plan
 from tests.conftest import EXAMPLES, SCRIPTS, read_events, read_summary, run_cli
@@ -312,7 +312,7 @@ def test_the_chiefs_backup_is_renamed_into_place_and_keeps_its_previous_copy(tmp
             Path(path).write_text(f"epoch {self._current_epoch}")
 
     Backup._save_model = fake_inner_save
-    keras_jax._atomic_backups(Backup, is_chief=lambda: True)
+    keras_savers.atomic_backups(Backup, chief=lambda: True)
     backup = Backup(str(tmp_path / "b"), double_checkpoint=True)
     for epoch in (1, 2):
         backup._current_epoch = epoch

@@ -53,6 +53,7 @@ from .keras_patch import (
     allow_unfixed,
     announce,
     expect_params,
+    is_chief,
     is_proven,
     keras_version,
     multi_worker_job,
@@ -60,7 +61,7 @@ from .keras_patch import (
     refusal_message,
     source_of,
 )
-from .keras_savers import fix_backup_and_restore, fix_model_checkpoint
+from .keras_savers import atomic_backups, fix_backup_and_restore, fix_model_checkpoint
 
 TRAINER = "keras.src.backend.tensorflow.trainer"
 OPTIMIZER = "keras.src.backend.tensorflow.optimizer"
@@ -132,6 +133,9 @@ def on_optimizer(module: ModuleType) -> None:
 def on_backup(module: ModuleType) -> None:
     if multi_worker_job():
         _callback_fix(module, "BackupAndRestore", fix_backup_and_restore)
+        cls = getattr(module, "BackupAndRestore", None)
+        if cls is not None and cls not in _unfixable_callbacks:
+            atomic_backups(cls, is_chief)
 
 
 def on_checkpoint(module: ModuleType) -> None:

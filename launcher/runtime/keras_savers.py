@@ -7,6 +7,7 @@ shared backup on restart, so all of them resume from the chief's state. Each
 fix checks first that the code it patches is what it expects (`CannotPatch`
 otherwise) and that upstream has not made the callback chief-aware itself.
 
+The chief's backup is written aside and renamed into place (`atomic_backups`).
 Applied under TensorFlow (runtime/keras_compat.py's hooks) and JAX
 (runtime/keras_jax.py). Standard library only; must not import the launcher
 side.
@@ -15,6 +16,7 @@ side.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 from .keras_patch import (
     MARK,
@@ -136,3 +138,48 @@ def fix_model_checkpoint(cls: type) -> str:
     cls._save_model = _save_model
     setattr(cls, MARK, True)
     return "patched"
+
+
+def atomic_backups(cls: type, chief: Callable[[], bool]) -> None:
+    """The chief writes its backup beside the real files, then renames them
+    into place: Keras 3 writes `latest.weights.h5` in place, and a chief
+    stopped mid-save by a teardown (a peer died) left a truncated file that
+    every later generation failed to load (seen under JAX; under TensorFlow
+    a save outlasting the crash teardown's grace could do the same)."""
+    if cls.__dict__.get("_mgpu_atomic"):
+        return
+    inner = cls._save_model
+    names = ("_weights_path", "_training_metadata_path")  # metadata last: it names the epoch
+
+    def _save_model(self):
+        if not chief():
+            return inner(self)
+        import shutil
+        import tempfile
+
+        final = {name: getattr(self, name) for name in names}
+        # Beside the files (the backup directory, or the memory tier's folder
+        # in /dev/shm it pointed them to): a rename across filesystems fails.
+        folder = os.path.dirname(final["_weights_path"]) or self.backup_dir
+        os.makedirs(folder, exist_ok=True)
+        scratch = tempfile.mkdtemp(prefix=".mgpu-saving-", dir=folder)
+        if self.double_checkpoint:  # Keras' own copy would look in the scratch dir
+            for current, previous in ((self._weights_path, self._prev_weights_path),
+                                      (self._training_metadata_path,
+                                       self._prev_training_metadata_path)):
+                if os.path.exists(current):
+                    shutil.copyfile(current, previous)
+        try:
+            for name in names:
+                setattr(self, name, os.path.join(scratch, os.path.basename(final[name])))
+            result = inner(self)
+            for name in names:
+                os.replace(getattr(self, name), final[name])
+            return result
+        finally:
+            for name, path in final.items():
+                setattr(self, name, path)
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    cls._save_model = _save_model
+    cls._mgpu_atomic = True
