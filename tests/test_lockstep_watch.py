@@ -159,3 +159,4 @@ def test_an_aborts_cause_is_named_from_the_reports_that_trail_it(tmp_path: Path)
     # reports that name the cause come at the peers' own exits.
     stops = [m for m in h.links["host0"].sent if m["op"] == "stop"]
     assert stops[0]["settle_s"] == 0.5 and stops[0]["grace_s"] == 0.5, stops
+    assert h.events("teardown_begun")[0]["settle_s"] == 0.5

@@ -79,7 +79,7 @@ class Teardown:
         """Tell every agent of the generation to stop its tasks within `grace`,
         SIGTERM `settle` seconds from now."""
         self._happen(gen, ev.TeardownBegun(generation=gen.plan.generation, why=why,
-                                           grace_s=grace))
+                                           grace_s=grace, settle_s=settle))
         # Every host of the job, whatever we believe of its tasks: stopping is
         # idempotent, and a task we think is over may still be running.
         for host in {t.host for t in gen.plan.tasks} - gen.lost_hosts:

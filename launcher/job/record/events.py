@@ -201,6 +201,7 @@ class TeardownBegun(Event):
     # (job/detect/tailcut.py)
     why: str = ""
     grace_s: float = 0.0
+    settle_s: float = 0.0  # the SIGTERM this much later (the peers' own exits heard first)
 
 
 @dataclass(frozen=True, kw_only=True)
