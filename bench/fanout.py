@@ -453,7 +453,10 @@ def main() -> int:
                         help="also launch after the agent's bundle is removed from the hosts' "
                         "code cache (so it is uploaded): what the cache saves per launch")
     args = parser.parse_args()
-    sizes = [int(s) for s in args.sizes.split(",")]
+    try:
+        sizes = [int(s) for s in args.sizes.split(",")]
+    except ValueError:
+        parser.error(f"--sizes: numbers of hosts separated by commas, not {args.sizes!r}")
     if not shutil.which("pdsh"):
         print("pdsh is not installed (apt-get install pdsh)", file=sys.stderr)
         return 2
