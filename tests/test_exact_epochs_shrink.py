@@ -8,9 +8,9 @@ middle of epoch 1, after the save at step 12, so generation 1 runs on host0
 alone. The seeded dataset is auto-sharded by DATA: MultiWorkerMirroredStrategy
 splits each global batch among the workers, so the batches and their order
 are the same on two workers or one, and the position carries as is. (Over
-TFRecord files, sharded by FILE, it does not: `INPUT=files` of the script
-gave 19 samples twice and 19 never under tf_keras, 17 and 17 under Keras 3;
-docs/fault-tolerance.md, "What exactly once does not cover".)
+TFRecord files, sharded by FILE, it does not: the same ids in 4 TFRecord
+files gave 19 samples twice and 19 never under tf_keras, 17 and 17 under
+Keras 3; docs/fault-tolerance.md, "What exactly once does not cover".)
 
 Counted per sample, as a user would: a step is one global batch of 8 (the
 dataset is batched by 8 before MultiWorkerMirroredStrategy splits it, so an

@@ -8,10 +8,8 @@ reshuffle_each_iteration=True)`; with INPUT=repeated, that shuffle
 `repeat()`ed and `steps_per_epoch=8` (one stream over the epochs); with
 INPUT=generator, by a Python generator (a new numpy permutation each epoch,
 whose position a restart cannot carry; `assert_cardinality` gives its
-length); with INPUT=files, the same ids read from 4 TFRecord files (16
-each, written beside IDS_DIR: auto-sharded by FILE), the seeded shuffle
-`repeat()`ed with `steps_per_epoch=8`; with INPUT=unknown, the seeded
-shuffle through a `filter` (a length Keras cannot know, no steps_per_epoch).
+length); with INPUT=unknown, the seeded shuffle through a `filter` (a length
+Keras cannot know, no steps_per_epoch).
 `BackupAndRestore(save_freq=SAVE_FREQ)` (default: epoch). Each worker appends
 `{"step": S, "ids": [...]}` per step to
 IDS_DIR/g<generation>-w<index>.jsonl (the ids its replica trained at the
@@ -25,7 +23,6 @@ import json
 import os
 import signal
 import sys
-import time
 
 import numpy as np
 import tensorflow as tf
@@ -52,27 +49,9 @@ def permutation():
     yield from rng.permutation(64)
 
 
-def record_files(folder: str) -> list[str]:
-    """Ids 16 * f .. 16 * f + 15 in file f (written once, atomically)."""
-    os.makedirs(folder, exist_ok=True)
-    paths = [os.path.join(folder, f"ids-{f}.tfrecord") for f in range(4)]
-    for f, path in enumerate(paths):
-        if not os.path.exists(path):
-            temporary = f"{path}.{os.getpid()}"
-            with tf.io.TFRecordWriter(temporary) as out:
-                for i in range(16 * f, 16 * f + 16):
-                    out.write(tf.io.serialize_tensor(tf.constant(i, tf.int64)).numpy())
-            os.replace(temporary, path)
-    return paths
-
-
 if os.environ.get("INPUT") == "generator":
     ids = tf.data.Dataset.from_generator(permutation, output_signature=tf.TensorSpec([], tf.int64))
     ids = ids.apply(tf.data.experimental.assert_cardinality(64))
-elif os.environ.get("INPUT") == "files":  # 4 TFRecord files of 16 ids: sharded by FILE
-    ids = tf.data.TFRecordDataset(record_files(os.path.join(sys.argv[2], "..", "records")))
-    ids = ids.map(lambda r: tf.ensure_shape(tf.io.parse_tensor(r, tf.int64), []))
-    ids = ids.shuffle(64, seed=7, reshuffle_each_iteration=True).repeat()
 else:
     ids = tf.data.Dataset.range(64).shuffle(64, seed=7, reshuffle_each_iteration=True)
     ids = ids.repeat() if os.environ.get("INPUT") == "repeated" else ids
@@ -117,12 +96,12 @@ class Record(keras.callbacks.Callback):
         at = os.environ.get("HOLD_AT_STEP")
         if at and os.environ.get("MGPU_GENERATION") == "0" and index == 1 and step == int(at):
             while True:  # until its host is lost (the test kills that host's agent)
-                time.sleep(1)
+                signal.pause()
 
 
 save_freq = os.environ.get("SAVE_FREQ", "epoch")
 backup = keras.callbacks.BackupAndRestore(
     sys.argv[1], save_freq=save_freq if save_freq == "epoch" else int(save_freq))
-steps = 8 if os.environ.get("INPUT") in ("repeated", "files") else None
+steps = 8 if os.environ.get("INPUT") == "repeated" else None
 model.fit(dataset, epochs=3, steps_per_epoch=steps, verbose=0, callbacks=[backup, Record()])
 print("STEPS_DONE", int(model.optimizer.iterations.numpy()), flush=True)

@@ -64,7 +64,7 @@ class _Gen:
     last: tuple[float, int] | None = None  # the last (t, job-wide step)
     caught_up_t: float | None = None  # when its steps passed `high`
     saves: list[tuple[float, float]] = field(default_factory=list)  # (start, end)
-    restored: int | None = None  # the step it said it restored (any generation)
+    restored: int | None = None  # the first generation's: the step it said it restored
 
 
 def ledger(events: Iterable[ev.Event], now: float | None = None) -> dict[str, Any] | None:
@@ -161,7 +161,7 @@ def _on_progress(gen: _Gen, event: ev.Progress, t: float,
     r = ProgressReport.read(event.metrics)
     if r.save_s and r.save_s > 0:
         gen.saves.append((t - r.save_s, t))
-    if gen.restored is None:
+    if gen.restored is None and event.generation == 0:  # later ones: `resume`
         gen.restored = r.resumed if r.resumed is not None else (
             r.start_step if r.start and not r.counted else None)
     if r.resumed is not None and event.generation > 0 and gen.resume is None:
@@ -238,11 +238,11 @@ def _steps(gens: dict[int, _Gen]) -> dict[str, Any]:
     for number in sorted(gens):
         gen = gens[number]
         # The first generation starts from 0 unless it said it restored a save.
-        resumed = gen.restored if number == 0 else gen.resume
-        resumed = 0 if number == 0 and resumed is None else resumed
+        resumed = (gen.restored or 0) if number == 0 else gen.resume
         reached = gen.last[1] if gen.last else None
-        redone = None if resumed is None else \
-            max(0, min(reached if reached is not None else resumed, gen.high) - resumed)
+        redone = None  # the steps from its resume up to where it or the earlier ones stopped
+        if resumed is not None:
+            redone = max(0, min(gen.high, resumed if reached is None else reached) - resumed)
         rows.append({"generation": number, "resumed_at": resumed, "reached": reached,
                      "redone": redone})
     reached = [row["reached"] for row in rows if row["reached"] is not None]
